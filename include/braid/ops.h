@@ -1,0 +1,180 @@
+// The public tensor operations. Every op validates its arguments at the front door (throwing an
+// Error that names the op and the operands), dispatches to the device's backend primitives, and,
+// when an input requires a gradient, records its backward formula for autograd.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "braid/random.h"
+#include "braid/tensor.h"
+
+namespace braid {
+
+// ---- creation ----
+Tensor empty(const Shape& shape, DType dtype = kFloat32, Device device = cpu());
+Tensor zeros(const Shape& shape, DType dtype = kFloat32, Device device = cpu());
+Tensor ones(const Shape& shape, DType dtype = kFloat32, Device device = cpu());
+Tensor full(const Shape& shape, double value, DType dtype = kFloat32, Device device = cpu());
+Tensor zeros_like(const Tensor& t);
+Tensor ones_like(const Tensor& t);
+Tensor full_like(const Tensor& t, double value);
+/// A 0-d tensor holding value.
+Tensor scalar_tensor(double value, DType dtype = kFloat32, Device device = cpu());
+/// Values start, start+step, ... below end (above end for a negative step).
+Tensor arange(double start, double end, double step = 1.0, DType dtype = kFloat32);
+Tensor arange(int64_t end, DType dtype = kInt64);
+/// steps values evenly spaced from start to end inclusive.
+Tensor linspace(double start, double end, int64_t steps, DType dtype = kFloat32);
+Tensor eye(int64_t n, DType dtype = kFloat32);
+/// Copies count = numel(shape) elements of dtype from data.
+Tensor from_buffer(const void* data, const Shape& shape, DType dtype);
+/// Wraps data without copying; the caller keeps it alive while any view of the tensor lives.
+Tensor from_blob(void* data, const Shape& shape, DType dtype);
+Tensor tensor(const std::vector<float>& values, const Shape& shape);
+Tensor tensor(const std::vector<double>& values, const Shape& shape);
+Tensor tensor(const std::vector<int64_t>& values, const Shape& shape);
+Tensor tensor(const std::vector<int32_t>& values, const Shape& shape);
+Tensor tensor_bool(const std::vector<bool>& values, const Shape& shape);
+/// Uniform on [low, high).
+Tensor rand(const Shape& shape, DType dtype = kFloat32, Generator* gen = nullptr, double low = 0.0, double high = 1.0);
+/// Normal with the given mean and standard deviation.
+Tensor randn(const Shape& shape, DType dtype = kFloat32, Generator* gen = nullptr, double mean = 0.0, double std = 1.0);
+/// 1 with probability p, else 0, in dtype.
+Tensor bernoulli(const Shape& shape, double p, DType dtype = kFloat32, Generator* gen = nullptr);
+/// Integers uniform on [low, high).
+Tensor randint(int64_t low, int64_t high, const Shape& shape, DType dtype = kInt64, Generator* gen = nullptr);
+/// A random permutation of 0..n-1.
+Tensor randperm(int64_t n, Generator* gen = nullptr);
+
+// ---- elementwise unary ----
+Tensor neg(const Tensor& x);
+Tensor abs(const Tensor& x);
+Tensor exp(const Tensor& x);
+Tensor log(const Tensor& x);
+Tensor log1p(const Tensor& x);
+Tensor expm1(const Tensor& x);
+Tensor sqrt(const Tensor& x);
+Tensor rsqrt(const Tensor& x);
+Tensor square(const Tensor& x);
+Tensor reciprocal(const Tensor& x);
+Tensor sin(const Tensor& x);
+Tensor cos(const Tensor& x);
+Tensor tanh(const Tensor& x);
+Tensor sigmoid(const Tensor& x);
+Tensor relu(const Tensor& x);
+Tensor leaky_relu(const Tensor& x, double negative_slope = 0.01);
+Tensor elu(const Tensor& x, double alpha = 1.0);
+Tensor silu(const Tensor& x);
+Tensor softplus(const Tensor& x);
+/// approximate: "none" (exact, with erf) or "tanh".
+Tensor gelu(const Tensor& x, const std::string& approximate = "none");
+Tensor erf(const Tensor& x);
+Tensor pow(const Tensor& x, double exponent);
+/// Either bound may be absent.
+Tensor clamp(const Tensor& x, std::optional<double> min, std::optional<double> max);
+Tensor sign(const Tensor& x);
+Tensor floor(const Tensor& x);
+Tensor ceil(const Tensor& x);
+Tensor round(const Tensor& x);
+Tensor logical_not(const Tensor& x);
+Tensor isnan(const Tensor& x);
+
+// ---- elementwise binary, NumPy broadcasting ----
+Tensor add(const Tensor& a, const Tensor& b, double alpha = 1.0);
+Tensor sub(const Tensor& a, const Tensor& b, double alpha = 1.0);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);
+Tensor pow(const Tensor& a, const Tensor& b);
+Tensor maximum(const Tensor& a, const Tensor& b);
+Tensor minimum(const Tensor& a, const Tensor& b);
+Tensor eq(const Tensor& a, const Tensor& b);
+Tensor ne(const Tensor& a, const Tensor& b);
+Tensor lt(const Tensor& a, const Tensor& b);
+Tensor le(const Tensor& a, const Tensor& b);
+Tensor gt(const Tensor& a, const Tensor& b);
+Tensor ge(const Tensor& a, const Tensor& b);
+Tensor logical_and(const Tensor& a, const Tensor& b);
+Tensor logical_or(const Tensor& a, const Tensor& b);
+Tensor logical_xor(const Tensor& a, const Tensor& b);
+/// cond ? a : b, all three broadcast together.
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
+/// The shape a and b broadcast to; throws ValueError naming op when they do not.
+Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op = "broadcast");
+
+// ---- reductions (axes empty = all axes; negative axes count from the end) ----
+Tensor sum(const Tensor& x, const std::vector<int64_t>& axes = {}, bool keepdim = false);
+Tensor mean(const Tensor& x, const std::vector<int64_t>& axes = {}, bool keepdim = false);
+Tensor prod(const Tensor& x, const std::vector<int64_t>& axes = {}, bool keepdim = false);
+Tensor amax(const Tensor& x, const std::vector<int64_t>& axes = {}, bool keepdim = false);
+Tensor amin(const Tensor& x, const std::vector<int64_t>& axes = {}, bool keepdim = false);
+Tensor argmax(const Tensor& x, int64_t axis, bool keepdim = false);
+Tensor argmin(const Tensor& x, int64_t axis, bool keepdim = false);
+/// correction 1 is the unbiased (Bessel) estimate, 0 the population variance.
+Tensor var(const Tensor& x, const std::vector<int64_t>& axes = {}, int64_t correction = 1, bool keepdim = false);
+Tensor std(const Tensor& x, const std::vector<int64_t>& axes = {}, int64_t correction = 1, bool keepdim = false);
+Tensor logsumexp(const Tensor& x, const std::vector<int64_t>& axes, bool keepdim = false);
+Tensor softmax(const Tensor& x, int64_t axis);
+Tensor log_softmax(const Tensor& x, int64_t axis);
+/// Sums x over broadcast axes so that it has shape (the reverse of expand).
+Tensor sum_to(const Tensor& x, const Shape& shape);
+
+// ---- linear algebra ----
+/// 1-d, 2-d and batched (broadcast batch axes) matrix product, as numpy.matmul.
+Tensor matmul(const Tensor& a, const Tensor& b);
+
+// ---- shape and indexing ----
+Tensor reshape(const Tensor& x, const Shape& shape);
+Tensor permute(const Tensor& x, const std::vector<int64_t>& order);
+Tensor transpose(const Tensor& x, int64_t a, int64_t b);
+Tensor narrow(const Tensor& x, int64_t axis, int64_t start, int64_t length);
+Tensor slice(const Tensor& x, int64_t axis, int64_t start, int64_t end, int64_t step = 1);
+Tensor expand(const Tensor& x, const Shape& shape);
+Tensor squeeze(const Tensor& x, std::optional<int64_t> axis = std::nullopt);
+Tensor unsqueeze(const Tensor& x, int64_t axis);
+Tensor flatten(const Tensor& x, int64_t start = 0, int64_t end = -1);
+Tensor contiguous(const Tensor& x);
+Tensor cast(const Tensor& x, DType dtype);
+Tensor concat(const std::vector<Tensor>& xs, int64_t axis);
+Tensor stack(const std::vector<Tensor>& xs, int64_t axis);
+/// Pieces of the given sizes along axis (they must add up to the axis' size).
+std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, int64_t axis);
+/// n pieces of equal size (the last may be smaller), as torch.chunk.
+std::vector<Tensor> chunk(const Tensor& x, int64_t n, int64_t axis);
+/// out[i][j] = x[index[i][j]][j] for axis 0 (torch.gather).
+Tensor gather(const Tensor& x, int64_t axis, const Tensor& index);
+/// Rows of x along axis chosen by the 1-d index.
+Tensor index_select(const Tensor& x, int64_t axis, const Tensor& index);
+/// A copy of x with src added at index along axis (torch.scatter_add).
+Tensor scatter_add(const Tensor& x, int64_t axis, const Tensor& index, const Tensor& src);
+/// Pads with pairs (before, after) for the last axes, innermost pair first as torch.nn.functional.pad.
+/// mode: "constant", "reflect" or "replicate".
+Tensor pad(const Tensor& x, const std::vector<int64_t>& pads, const std::string& mode = "constant", double value = 0.0);
+/// One-hot rows of num_classes for integer labels (num_classes -1: max label + 1).
+Tensor one_hot(const Tensor& labels, int64_t num_classes = -1, DType dtype = kInt64);
+Tensor tril(const Tensor& x, int64_t diagonal = 0);
+Tensor triu(const Tensor& x, int64_t diagonal = 0);
+
+// ---- comparison helpers for tests and users ----
+/// |a - b| <= atol + rtol * |b| elementwise, for all elements.
+bool allclose(const Tensor& a, const Tensor& b, double rtol = 1e-5, double atol = 1e-8);
+/// Bitwise equality of shape, dtype and values.
+bool equal(const Tensor& a, const Tensor& b);
+
+// ---- operators ----
+Tensor operator+(const Tensor& a, const Tensor& b);
+Tensor operator-(const Tensor& a, const Tensor& b);
+Tensor operator*(const Tensor& a, const Tensor& b);
+Tensor operator/(const Tensor& a, const Tensor& b);
+Tensor operator-(const Tensor& a);
+Tensor operator+(const Tensor& a, double s);
+Tensor operator-(const Tensor& a, double s);
+Tensor operator*(const Tensor& a, double s);
+Tensor operator/(const Tensor& a, double s);
+Tensor operator+(double s, const Tensor& a);
+Tensor operator-(double s, const Tensor& a);
+Tensor operator*(double s, const Tensor& a);
+Tensor operator/(double s, const Tensor& a);
+
+}  // namespace braid

@@ -1,0 +1,43 @@
+// Reference-counted, 64-byte aligned memory shared by a tensor and all of its views. A storage may
+// also wrap a user's buffer without owning it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+
+#include "braid/dtype.h"
+
+namespace braid {
+
+/// A block of memory on one device. Views of a tensor hold the same Storage.
+class Storage {
+ public:
+  /// Allocates nbytes (rounded up to 64) of 64-byte aligned memory on device.
+  static std::shared_ptr<Storage> allocate(int64_t nbytes, Device device = cpu());
+  /// Wraps memory the caller owns and keeps alive for the storage's lifetime; nothing is freed.
+  static std::shared_ptr<Storage> wrap(void* data, int64_t nbytes, Device device = cpu());
+
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+
+  void* data() const { return data_; }
+  int64_t nbytes() const { return nbytes_; }
+  Device device() const { return device_; }
+  bool owns_memory() const { return owned_; }
+
+  /// Bytes currently held by all owning storages on the CPU (for memory tests and benchmarks).
+  static int64_t live_bytes();
+
+ private:
+  Storage(void* data, int64_t nbytes, Device device, bool owned)
+      : data_(data), nbytes_(nbytes), device_(device), owned_(owned) {}
+  void* data_;
+  int64_t nbytes_;
+  Device device_;
+  bool owned_;
+};
+
+}  // namespace braid

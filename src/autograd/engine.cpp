@@ -1,0 +1,253 @@
+// The reverse-mode engine: recording (record), the backward pass and the autograd methods of
+// Tensor. Backward walks the graph iteratively (no recursion, so a chain of 100,000 ops is fine),
+// newest node first, and frees each node's saved tensors as soon as it has run.
+#include <atomic>
+#include <queue>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "autograd/function.h"
+#include "braid/autograd.h"
+#include "braid/ops.h"
+
+namespace braid {
+
+namespace {
+thread_local bool g_grad_enabled = true;
+std::atomic<uint64_t> g_sequence{0};
+}  // namespace
+
+bool is_grad_enabled() { return g_grad_enabled; }
+void set_grad_enabled(bool enabled) { g_grad_enabled = enabled; }
+
+namespace detail {
+
+// Note [Iterative graph destruction]
+// A chain of n ops is n Nodes, each owning the next through shared_ptr (edges and the tensors its
+// formula saved). Letting the destructors recurse overflows the stack for long chains, so a dying
+// Node moves what it owns onto a thread-local list, and the outermost destructor drains the list.
+namespace {
+thread_local std::vector<std::shared_ptr<Node>> t_dying_nodes;
+thread_local std::vector<BackwardFn> t_dying_fns;
+thread_local bool t_draining = false;
+}  // namespace
+
+Node::~Node() {
+  for (Edge& e : inputs)
+    if (e.node) t_dying_nodes.push_back(std::move(e.node));
+  if (backward) t_dying_fns.push_back(std::move(backward));
+  if (t_draining) return;
+  t_draining = true;
+  while (!t_dying_nodes.empty() || !t_dying_fns.empty()) {
+    if (!t_dying_fns.empty()) {
+      BackwardFn f = std::move(t_dying_fns.back());
+      t_dying_fns.pop_back();
+    } else {
+      std::shared_ptr<Node> n = std::move(t_dying_nodes.back());
+      t_dying_nodes.pop_back();
+    }
+  }
+  t_draining = false;
+}
+
+bool needs_grad(const Tensor& t) { return g_grad_enabled && t.defined() && t.requires_grad(); }
+
+bool needs_grad(const std::vector<Tensor>& inputs) {
+  if (!g_grad_enabled) return false;
+  for (const Tensor& t : inputs)
+    if (t.defined() && t.requires_grad()) return true;
+  return false;
+}
+
+Tensor record(const char* name, Tensor out, const std::vector<Tensor>& inputs, BackwardFn fn) {
+  if (!needs_grad(inputs)) return out;
+  BRAID_ASSERT(is_floating(out.dtype()), name, " recorded a gradient for a ", dtype_name(out.dtype()), " output");
+  auto node = std::make_shared<Node>();
+  node->name = name;
+  node->sequence = g_sequence++;
+  node->backward = std::move(fn);
+  node->inputs.reserve(inputs.size());
+  for (const Tensor& t : inputs) {
+    Edge e;
+    if (t.defined()) {
+      e.shape = t.shape();
+      e.dtype = t.dtype();
+      auto& meta = t.impl().autograd;
+      if (meta && meta->grad_fn) e.node = meta->grad_fn;
+      else if (meta && meta->requires_grad) e.leaf = meta;
+    }
+    node->inputs.push_back(std::move(e));
+  }
+  auto meta = std::make_shared<AutogradMeta>();
+  meta->requires_grad = true;
+  meta->grad_fn = node;
+  node->output = meta;
+  out.impl().autograd = std::move(meta);
+  return out;
+}
+
+void check_inplace(const Tensor& t, const char* op) {
+  BRAID_CHECK(!(g_grad_enabled && t.requires_grad()), op, ": a tensor that requires grad (shape ",
+              shape_str(t.shape()), ") cannot be modified in place while grad mode is on; "
+              "do the update inside a NoGradGuard, or on a detached tensor");
+}
+
+namespace {
+
+Tensor accumulate(const Tensor& acc, const Tensor& g) { return acc.defined() ? add(acc, g) : g; }
+
+// A gradient handed to a leaf must not share memory with anything else, since optimizers and
+// clipping update .grad in place.
+Tensor own(const Tensor& g) {
+  bool unique = g.impl_ptr().use_count() == 1 && g.storage().use_count() == 1 && g.is_contiguous();
+  return unique ? g : g.clone();
+}
+
+Tensor fit_to_edge(Tensor g, const Edge& e, const Node& node, size_t i) {
+  if (g.shape() != e.shape) {
+    g = sum_to(g, e.shape);
+    BRAID_ASSERT(g.shape() == e.shape, "backward of ", node.name, " gave input ", i, " a gradient of shape ",
+                 shape_str(g.shape()), " for shape ", shape_str(e.shape));
+  }
+  if (g.dtype() != e.dtype) g = cast(g, e.dtype);
+  return g;
+}
+
+void accumulate_leaf(AutogradMeta& leaf, const Tensor& g) {
+  leaf.grad = leaf.grad.defined() ? add(leaf.grad, g) : own(g);
+}
+
+void run_backward(const Tensor& root, const Tensor& root_grad, bool retain_graph) {
+  NoGradGuard no_grad;
+  auto& meta = root.impl().autograd;
+  if (!meta || !meta->grad_fn) {
+    accumulate_leaf(*meta, root_grad);
+    return;
+  }
+  // Count, for every node reachable from the root, how many edges lead into it.
+  std::unordered_map<Node*, int> pending;
+  std::vector<Node*> stack{meta->grad_fn.get()};
+  std::unordered_set<Node*> seen{meta->grad_fn.get()};
+  while (!stack.empty()) {
+    Node* n = stack.back();
+    stack.pop_back();
+    for (Edge& e : n->inputs) {
+      if (!e.node) continue;
+      pending[e.node.get()]++;
+      if (seen.insert(e.node.get()).second) stack.push_back(e.node.get());
+    }
+  }
+  auto newer = [](Node* a, Node* b) { return a->sequence < b->sequence; };
+  std::priority_queue<Node*, std::vector<Node*>, decltype(newer)> ready(newer);
+  std::unordered_map<Node*, Tensor> grads;
+  // Keep the root's node alive while it runs even if the root tensor is the only owner.
+  std::shared_ptr<Node> root_node = meta->grad_fn;
+  grads[root_node.get()] = root_grad;
+  ready.push(root_node.get());
+  while (!ready.empty()) {
+    Node* n = ready.top();
+    ready.pop();
+    Tensor g;
+    if (auto it = grads.find(n); it != grads.end()) {
+      g = std::move(it->second);
+      grads.erase(it);
+    }
+    if (!g.defined()) {  // no gradient flows through n; its inputs still wait on it
+      for (Edge& e : n->inputs)
+        if (e.node && --pending[e.node.get()] == 0) ready.push(e.node.get());
+      continue;
+    }
+    BRAID_CHECK(n->backward != nullptr, "backward: the graph through '", n->name,
+                "' was already freed by an earlier backward; pass retain_graph=true to the first backward "
+                "to run backward twice");
+    if (auto out = n->output.lock(); out && out->retain_grad) out->grad = accumulate(out->grad, g);
+    std::vector<bool> needs;
+    for (Edge& e : n->inputs) needs.push_back(e.node != nullptr || (e.leaf && e.leaf->requires_grad));
+    Grads result(std::move(needs));
+    n->backward(g, result);
+    g = Tensor();
+    if (!retain_graph) BackwardFn().swap(n->backward);
+    for (size_t i = 0; i < n->inputs.size(); ++i) {
+      Edge& e = n->inputs[i];
+      Tensor gi = std::move(result.all()[i]);
+      if (e.node) {
+        if (gi.defined()) {
+          Tensor& slot = grads[e.node.get()];
+          slot = accumulate(slot, fit_to_edge(std::move(gi), e, *n, i));
+        }
+        if (--pending[e.node.get()] == 0) ready.push(e.node.get());
+      } else if (e.leaf && gi.defined()) {
+        accumulate_leaf(*e.leaf, fit_to_edge(std::move(gi), e, *n, i));
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace detail
+
+bool Tensor::requires_grad() const {
+  auto& m = impl().autograd;
+  return m && m->requires_grad;
+}
+
+Tensor& Tensor::set_requires_grad(bool value) {
+  auto& m = impl().autograd;
+  BRAID_CHECK(!(m && m->grad_fn), "set_requires_grad: only leaf tensors can change requires_grad (this one was made by ",
+              m ? m->grad_fn->name : "", "); use detach() first");
+  BRAID_CHECK_T(TypeError, !value || is_floating(dtype()), "set_requires_grad: only floating-point tensors can require "
+                "gradients, got ", dtype_name(dtype()));
+  if (!m) m = std::make_shared<detail::AutogradMeta>();
+  m->requires_grad = value;
+  return *this;
+}
+
+bool Tensor::is_leaf() const {
+  auto& m = impl().autograd;
+  return !m || !m->grad_fn;
+}
+
+Tensor Tensor::grad() const {
+  auto& m = impl().autograd;
+  return m ? m->grad : Tensor();
+}
+
+void Tensor::set_grad(const Tensor& g) {
+  BRAID_CHECK(!g.defined() || g.shape() == shape(), "set_grad: gradient shape ", shape_str(g.shape()),
+              " does not match tensor shape ", shape_str(shape()));
+  auto& m = impl().autograd;
+  if (!m) m = std::make_shared<detail::AutogradMeta>();
+  m->grad = g;
+}
+
+void Tensor::retain_grad() {
+  BRAID_CHECK(requires_grad(), "retain_grad: the tensor does not require grad");
+  impl().autograd->retain_grad = true;
+}
+
+std::string Tensor::grad_fn_name() const {
+  auto& m = impl().autograd;
+  return m && m->grad_fn ? m->grad_fn->name : "";
+}
+
+void Tensor::backward(const Tensor& gradient, bool retain_graph) const {
+  BRAID_CHECK(requires_grad(), "backward: the tensor (shape ", shape_str(shape()),
+              ") does not require grad and has no grad_fn; did a parameter miss set_requires_grad, or did the "
+              "computation run inside NoGradGuard?");
+  Tensor g = gradient;
+  if (!g.defined()) {
+    BRAID_CHECK(numel() == 1, "backward: a gradient can be implied only for a one-element output, got shape ",
+                shape_str(shape()), "; pass the output's gradient explicitly");
+    g = ones(shape(), dtype());
+  }
+  BRAID_CHECK(g.shape() == shape(), "backward: gradient shape ", shape_str(g.shape()), " does not match output shape ",
+              shape_str(shape()));
+  detail::run_backward(*this, g.dtype() == dtype() ? g : cast(g, dtype()), retain_graph);
+}
+
+Tensor Tensor::detach() const {
+  return Tensor(std::make_shared<TensorImpl>(TensorImpl{impl().storage, impl().shape, impl().strides,
+                                                        impl().offset, impl().dtype, nullptr}));
+}
+
+}  // namespace braid

@@ -1,0 +1,84 @@
+// Element-type facts and the promotion rule binary ops use.
+#include "braid/dtype.h"
+
+#include <limits>
+
+#include "braid/error.h"
+
+namespace braid {
+
+int64_t dtype_size(DType t) {
+  switch (t) {
+    case DType::Float32: return 4;
+    case DType::Float64: return 8;
+    case DType::Int64: return 8;
+    case DType::Int32: return 4;
+    case DType::Bool: return 1;
+    case DType::Float16: return 2;
+    case DType::BFloat16: return 2;
+  }
+  return 0;
+}
+
+std::string dtype_name(DType t) {
+  switch (t) {
+    case DType::Float32: return "float32";
+    case DType::Float64: return "float64";
+    case DType::Int64: return "int64";
+    case DType::Int32: return "int32";
+    case DType::Bool: return "bool";
+    case DType::Float16: return "float16";
+    case DType::BFloat16: return "bfloat16";
+  }
+  return "unknown";
+}
+
+bool is_floating(DType t) {
+  return t == DType::Float32 || t == DType::Float64 || t == DType::Float16 || t == DType::BFloat16;
+}
+
+bool is_compute_type(DType t) { return t != DType::Float16 && t != DType::BFloat16; }
+
+// Note [Type promotion]
+// As in NumPy and PyTorch for tensor-tensor operands: bool < int32 < int64 < float32 < float64.
+// Half types promote to float32, since kernels do not compute in them.
+DType promote_types(DType a, DType b) {
+  auto rank = [](DType t) {
+    switch (t) {
+      case DType::Bool: return 0;
+      case DType::Int32: return 1;
+      case DType::Int64: return 2;
+      case DType::Float16:
+      case DType::BFloat16:
+      case DType::Float32: return 3;
+      case DType::Float64: return 4;
+    }
+    return 0;
+  };
+  static const DType by_rank[] = {DType::Bool, DType::Int32, DType::Int64, DType::Float32, DType::Float64};
+  return by_rank[std::max(rank(a), rank(b))];
+}
+
+std::string Device::str() const { return type == DeviceType::CPU ? "cpu" : "cuda:" + std::to_string(index); }
+
+std::string shape_str(const Shape& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (i) out += ", ";
+    out += std::to_string(s[i]);
+  }
+  return out + "]";
+}
+
+int64_t shape_numel(const Shape& s) {
+  int64_t n = 1;
+  for (int64_t d : s) {
+    BRAID_CHECK(d >= 0, "shape ", shape_str(s), " has a negative size");
+    BRAID_CHECK(d == 0 || n <= std::numeric_limits<int64_t>::max() / d, "shape ", shape_str(s),
+                " has more elements than fit in int64");
+    n *= d;
+  }
+  return n;
+}
+
+}  // namespace braid

@@ -1,0 +1,23 @@
+// Internal helpers of the tensor core shared by ops and backends: building tensors from parts and
+// normalising axes. Not installed.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "braid/tensor.h"
+
+namespace braid::detail {
+
+/// A tensor over storage with the given layout.
+Tensor make_tensor(std::shared_ptr<Storage> storage, Shape shape, Shape strides, int64_t offset, DType dtype);
+/// A new contiguous tensor; contents uninitialised.
+Tensor new_tensor(const Shape& shape, DType dtype, Device device = cpu());
+/// A view of t with another layout over the same storage (no autograd).
+Tensor as_strided(const Tensor& t, Shape shape, Shape strides, int64_t offset);
+/// axis in [-ndim, ndim) -> [0, ndim); IndexError naming op otherwise.
+int64_t normalize_axis(int64_t axis, int64_t ndim, const char* op);
+/// Normalised, sorted, unique axes; empty means all axes.
+std::vector<int64_t> normalize_axes(const std::vector<int64_t>& axes, int64_t ndim, const char* op);
+
+}  // namespace braid::detail

@@ -1,0 +1,182 @@
+// Tensor metadata, element access and printing. Methods that are ops (views, reductions, in-place
+// updates) forward to the free functions of ops.h so that autograd sees them.
+#include "braid/tensor.h"
+
+#include <cmath>
+#include <cstring>
+#include <iomanip>
+#include <sstream>
+
+#include "backend/backend.h"
+#include "braid/autograd.h"
+#include "braid/ops.h"
+#include "core/internal.h"
+
+namespace braid {
+
+namespace detail {
+
+Tensor make_tensor(std::shared_ptr<Storage> storage, Shape shape, Shape strides, int64_t offset, DType dtype) {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = std::move(storage);
+  impl->shape = std::move(shape);
+  impl->strides = std::move(strides);
+  impl->offset = offset;
+  impl->dtype = dtype;
+  return Tensor(std::move(impl));
+}
+
+Tensor new_tensor(const Shape& shape, DType dtype, Device device) {
+  int64_t n = shape_numel(shape);
+  auto storage = Storage::allocate(n * dtype_size(dtype), device);
+  return make_tensor(std::move(storage), shape, contiguous_strides(shape), 0, dtype);
+}
+
+Tensor as_strided(const Tensor& t, Shape shape, Shape strides, int64_t offset) {
+  return make_tensor(t.storage(), std::move(shape), std::move(strides), offset, t.dtype());
+}
+
+int64_t normalize_axis(int64_t axis, int64_t ndim, const char* op) {
+  int64_t lo = ndim == 0 ? -1 : -ndim, hi = ndim == 0 ? 0 : ndim - 1;
+  BRAID_CHECK_T(IndexError, axis >= lo && axis <= hi, op, ": axis ", axis, " is out of range for a tensor of ",
+                ndim, " dimension", ndim == 1 ? "" : "s", " (expected ", lo, " to ", hi, ")");
+  return axis < 0 ? axis + std::max<int64_t>(ndim, 1) : axis;
+}
+
+std::vector<int64_t> normalize_axes(const std::vector<int64_t>& axes, int64_t ndim, const char* op) {
+  std::vector<int64_t> out;
+  if (axes.empty()) {
+    for (int64_t i = 0; i < ndim; ++i) out.push_back(i);
+    return out;
+  }
+  std::vector<bool> seen(std::max<int64_t>(ndim, 1), false);
+  for (int64_t a : axes) {
+    int64_t n = normalize_axis(a, ndim, op);
+    BRAID_CHECK(!seen[n], op, ": axis ", a, " appears more than once");
+    seen[n] = true;
+  }
+  for (int64_t i = 0; i < std::max<int64_t>(ndim, 1); ++i)
+    if (seen[i] && i < ndim) out.push_back(i);
+  return out;
+}
+
+}  // namespace detail
+
+Shape contiguous_strides(const Shape& shape) {
+  Shape strides(shape.size());
+  int64_t s = 1;
+  for (size_t i = shape.size(); i-- > 0;) {
+    strides[i] = s;
+    s *= std::max<int64_t>(shape[i], 1);
+  }
+  return strides;
+}
+
+int64_t Tensor::numel() const {
+  int64_t n = 1;
+  for (int64_t d : impl().shape) n *= d;
+  return n;
+}
+
+int64_t Tensor::size(int64_t axis) const { return shape()[detail::normalize_axis(axis, dim(), "size")]; }
+
+bool Tensor::is_contiguous() const {
+  int64_t expected = 1;
+  for (size_t i = impl().shape.size(); i-- > 0;) {
+    if (impl().shape[i] == 1) continue;
+    if (impl().strides[i] != expected) return false;
+    expected *= impl().shape[i];
+  }
+  return true;
+}
+
+void* Tensor::raw_data() const {
+  return static_cast<char*>(impl().storage->data()) + impl().offset * element_size();
+}
+
+double Tensor::item() const {
+  BRAID_CHECK(numel() == 1, "item: expected a tensor with one element, got shape ", shape_str(shape()));
+  double v = 0;
+  Tensor out = detail::make_tensor(Storage::wrap(&v, sizeof v), {}, {}, 0, kFloat64);
+  detail::backend_for(device()).copy(reshape({}), out);
+  return v;
+}
+
+template <typename T>
+std::vector<T> Tensor::to_vector() const {
+  constexpr DType target = detail::dtype_of<T>();
+  Tensor c = detail::new_tensor(shape(), target);
+  {
+    NoGradGuard guard;
+    detail::backend_for(device()).copy(*this, c);
+  }
+  const T* p = static_cast<const T*>(c.raw_data());
+  return std::vector<T>(p, p + c.numel());
+}
+
+template <>
+std::vector<bool> Tensor::to_vector<bool>() const {
+  std::vector<int32_t> v = to_vector<int32_t>();
+  return std::vector<bool>(v.begin(), v.end());
+}
+
+template std::vector<float> Tensor::to_vector<float>() const;
+template std::vector<double> Tensor::to_vector<double>() const;
+template std::vector<int64_t> Tensor::to_vector<int64_t>() const;
+template std::vector<int32_t> Tensor::to_vector<int32_t>() const;
+
+std::string Tensor::to_string() const {
+  if (!defined()) return "Tensor(undefined)";
+  std::ostringstream os;
+  os << "Tensor(shape=" << shape_str(shape()) << ", dtype=" << dtype_name(dtype());
+  if (requires_grad()) os << ", requires_grad=true";
+  os << ", values=[";
+  std::vector<double> v = to_vector<double>();
+  const size_t shown = std::min<size_t>(v.size(), 20);
+  os << std::setprecision(6);
+  for (size_t i = 0; i < shown; ++i) os << (i ? ", " : "") << v[i];
+  if (v.size() > shown) os << ", ... (" << v.size() << " values)";
+  os << "])";
+  return os.str();
+}
+
+// ---- methods that forward to ops ----
+Tensor Tensor::reshape(const Shape& s) const { return braid::reshape(*this, s); }
+Tensor Tensor::view(const Shape& s) const {
+  Tensor r = braid::reshape(*this, s);
+  BRAID_CHECK(r.storage() == storage(), "view: shape ", shape_str(s), " is not compatible with the strides ",
+              shape_str(strides()), " of a tensor of shape ", shape_str(shape()), "; use reshape (which copies)");
+  return r;
+}
+Tensor Tensor::flatten(int64_t start, int64_t end) const { return braid::flatten(*this, start, end); }
+Tensor Tensor::permute(const std::vector<int64_t>& order) const { return braid::permute(*this, order); }
+Tensor Tensor::transpose(int64_t a, int64_t b) const { return braid::transpose(*this, a, b); }
+Tensor Tensor::mT() const {
+  BRAID_CHECK(dim() >= 2, "mT: expected at least 2 dimensions, got shape ", shape_str(shape()));
+  return braid::transpose(*this, -2, -1);
+}
+Tensor Tensor::narrow(int64_t axis, int64_t start, int64_t length) const {
+  return braid::narrow(*this, axis, start, length);
+}
+Tensor Tensor::slice(int64_t axis, int64_t start, int64_t end, int64_t step) const {
+  return braid::slice(*this, axis, start, end, step);
+}
+Tensor Tensor::select(int64_t axis, int64_t index) const {
+  int64_t a = detail::normalize_axis(axis, dim(), "select");
+  int64_t n = shape()[a];
+  BRAID_CHECK_T(IndexError, index >= -n && index < n, "select: index ", index, " is out of range for axis ", axis,
+                " of size ", n);
+  if (index < 0) index += n;
+  return braid::squeeze(braid::narrow(*this, a, index, 1), a);
+}
+Tensor Tensor::expand(const Shape& s) const { return braid::expand(*this, s); }
+Tensor Tensor::squeeze() const { return braid::squeeze(*this); }
+Tensor Tensor::squeeze(int64_t axis) const { return braid::squeeze(*this, axis); }
+Tensor Tensor::unsqueeze(int64_t axis) const { return braid::unsqueeze(*this, axis); }
+Tensor Tensor::contiguous() const { return braid::contiguous(*this); }
+Tensor Tensor::to(DType t) const { return braid::cast(*this, t); }
+Tensor Tensor::sum(const std::vector<int64_t>& axes, bool keepdim) const { return braid::sum(*this, axes, keepdim); }
+Tensor Tensor::mean(const std::vector<int64_t>& axes, bool keepdim) const { return braid::mean(*this, axes, keepdim); }
+Tensor Tensor::matmul(const Tensor& other) const { return braid::matmul(*this, other); }
+
+}  // namespace braid

@@ -1,0 +1,94 @@
+// Raw building blocks for the ops: primitives run into fresh outputs, without autograd.
+#include "ops/common.h"
+
+#include <cmath>
+
+namespace braid::detail {
+
+Tensor broadcast_view(const Tensor& t, const Shape& shape) {
+  if (t.shape() == shape) return t;
+  const size_t nd = shape.size(), td = t.shape().size();
+  Shape strides(nd, 0);
+  for (size_t i = 0; i < td; ++i) {
+    size_t o = nd - td + i;
+    strides[o] = t.shape()[i] == 1 && shape[o] != 1 ? 0 : t.strides()[i];
+  }
+  return as_strided(t.detach(), shape, strides, t.offset());
+}
+
+Tensor cast_raw(const Tensor& t, DType dtype) {
+  if (t.dtype() == dtype) return t;
+  Tensor out = new_tensor(t.shape(), dtype, t.device());
+  backend_of(t).copy(t, out);
+  return out;
+}
+
+Tensor contiguous_raw(const Tensor& t) {
+  if (t.is_contiguous()) return t;
+  Tensor out = new_tensor(t.shape(), t.dtype(), t.device());
+  backend_of(t).copy(t, out);
+  return out;
+}
+
+Tensor unary_raw(UnaryOp op, const Tensor& x, double p0, double p1, DType out_dtype, bool keep_dtype) {
+  Tensor out = new_tensor(x.shape(), keep_dtype ? x.dtype() : out_dtype, x.device());
+  backend_of(x).unary(op, x, out, p0, p1);
+  return out;
+}
+
+Tensor binary_raw(BinaryOp op, const Tensor& a, const Tensor& b, DType compute, DType out_dtype, const char* name) {
+  check_same_device(a, b, name);
+  Shape s = broadcast_shapes(a.shape(), b.shape(), name);
+  Tensor out = new_tensor(s, out_dtype, a.device());
+  backend_of(a).binary(op, broadcast_view(cast_raw(a, compute), s), broadcast_view(cast_raw(b, compute), s), out);
+  return out;
+}
+
+Tensor reduce_raw(ReduceOp op, const Tensor& x, const std::vector<int64_t>& axes, DType out_dtype) {
+  Shape s = x.shape();
+  for (int64_t a : axes) s[a] = 1;
+  Tensor out = new_tensor(s, out_dtype, x.device());
+  backend_of(x).reduce(op, x, axes, out);
+  return out;
+}
+
+Shape reduced_shape(const Shape& s, const std::vector<int64_t>& axes, bool keepdim) {
+  Shape out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    bool reduced = std::find(axes.begin(), axes.end(), static_cast<int64_t>(i)) != axes.end();
+    if (!reduced) out.push_back(s[i]);
+    else if (keepdim) out.push_back(1);
+  }
+  return out;
+}
+
+Tensor scalar_operand(const Tensor& t, double v) {
+  DType dt = t.dtype();
+  bool integral_value = std::isfinite(v) && v == std::floor(v);
+  if (!is_floating(dt)) dt = integral_value ? (dt == kBool ? kInt64 : dt) : kFloat32;
+  if (!is_compute_type(dt)) dt = kFloat32;
+  return scalar_tensor(v, dt, t.device());
+}
+
+Tensor checked_index(const Tensor& index, int64_t size, const char* op, int64_t axis) {
+  BRAID_CHECK_T(TypeError, index.dtype() == kInt64 || index.dtype() == kInt32, op,
+                ": index must be int64 or int32, got ", dtype_name(index.dtype()));
+  Tensor idx = cast_raw(index, kInt64);
+  if (idx.numel() == 0) return idx;
+  std::vector<int64_t> all(idx.shape().size());
+  for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int64_t>(i);
+  int64_t lo = static_cast<int64_t>(reduce_raw(ReduceOp::Min, idx, all, kInt64).item());
+  int64_t hi = static_cast<int64_t>(reduce_raw(ReduceOp::Max, idx, all, kInt64).item());
+  BRAID_CHECK_T(IndexError, lo >= -size && hi < size, op, ": index ", (lo < -size ? lo : hi),
+                " is out of range for axis ", axis, " of size ", size);
+  if (lo < 0) {  // wrap negative indices as Python does
+    Tensor wrapped = new_tensor(idx.shape(), kInt64, idx.device());
+    Tensor neg = binary_raw(BinaryOp::Lt, idx, scalar_tensor(0, kInt64), kInt64, kBool, op);
+    Tensor plus = binary_raw(BinaryOp::Add, idx, scalar_tensor(static_cast<double>(size), kInt64), kInt64, kInt64, op);
+    backend_of(idx).where(neg, plus, idx, wrapped);
+    return wrapped;
+  }
+  return idx;
+}
+
+}  // namespace braid::detail

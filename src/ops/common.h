@@ -1,0 +1,52 @@
+// Helpers shared by the op implementations: the front-door checks every op uses, and raw (not
+// recorded) building blocks that run a backend primitive into a fresh output.
+#pragma once
+
+#include "autograd/function.h"
+#include "backend/backend.h"
+#include "braid/autograd.h"
+#include "braid/ops.h"
+#include "core/internal.h"
+
+namespace braid::detail {
+
+inline Backend& backend_of(const Tensor& t) { return backend_for(t.device()); }
+
+/// Rejects undefined tensors and the storage-only half types.
+inline void check_compute(const Tensor& t, const char* op) {
+  BRAID_CHECK(t.defined(), op, ": got an undefined tensor");
+  BRAID_CHECK_T(TypeError, is_compute_type(t.dtype()), op, ": ", dtype_name(t.dtype()),
+                " is a storage type; cast to float32 first (x.to(kFloat32))");
+}
+
+/// Floating-point ops promote integer and bool input to float32, as PyTorch does.
+inline Tensor float_input(const Tensor& t, const char* op) {
+  check_compute(t, op);
+  return is_floating(t.dtype()) ? t : cast(t, kFloat32);
+}
+
+inline void check_same_device(const Tensor& a, const Tensor& b, const char* op) {
+  BRAID_CHECK_T(TypeError, a.device() == b.device(), op, ": tensors are on different devices (", a.device().str(),
+                " and ", b.device().str(), ")");
+}
+
+/// A stride-0 view of t broadcast to shape (no autograd; shapes already checked).
+Tensor broadcast_view(const Tensor& t, const Shape& shape);
+/// t converted to dtype without recording (t itself when it already has it).
+Tensor cast_raw(const Tensor& t, DType dtype);
+/// A contiguous copy without recording (t itself when already contiguous).
+Tensor contiguous_raw(const Tensor& t);
+/// Runs a unary primitive into a new tensor of out_dtype.
+Tensor unary_raw(UnaryOp op, const Tensor& x, double p0 = 0, double p1 = 0, DType out_dtype = kFloat32, bool keep_dtype = true);
+/// Runs a binary primitive with broadcasting into a new tensor; operands are cast to compute.
+Tensor binary_raw(BinaryOp op, const Tensor& a, const Tensor& b, DType compute, DType out_dtype, const char* name);
+/// Reduces over normalised axes into keepdim shape (no recording).
+Tensor reduce_raw(ReduceOp op, const Tensor& x, const std::vector<int64_t>& axes, DType out_dtype);
+/// Removes the reduced axes from a keepdim-shaped result.
+Shape reduced_shape(const Shape& s, const std::vector<int64_t>& axes, bool keepdim);
+/// A 0-d tensor holding v in the dtype a scalar operand of t should have.
+Tensor scalar_operand(const Tensor& t, double v);
+/// Checks that integer index values lie in [0, size) (negative ones wrap, as Python) and returns int64 indices.
+Tensor checked_index(const Tensor& index, int64_t size, const char* op, int64_t axis);
+
+}  // namespace braid::detail

@@ -1,0 +1,102 @@
+// Indexing ops: gather, index_select, scatter_add and one_hot. Index values are checked against
+// the axis size at the front door, so the kernels never read or write out of bounds.
+#include "ops/common.h"
+
+namespace braid {
+
+using namespace detail;
+
+namespace {
+void check_index_shape(const Tensor& x, int64_t a, const Tensor& index, const char* op) {
+  BRAID_CHECK(index.dim() == x.dim(), op, ": index has ", index.dim(), " dimensions but input has ", x.dim(),
+              " (shapes ", shape_str(index.shape()), " and ", shape_str(x.shape()), ")");
+  for (int64_t d = 0; d < x.dim(); ++d)
+    BRAID_CHECK(d == a || index.shape()[d] <= x.shape()[d], op, ": index shape ", shape_str(index.shape()),
+                " is larger than input shape ", shape_str(x.shape()), " at axis ", d);
+}
+
+Tensor gather_raw(const Tensor& x, int64_t a, const Tensor& idx) {
+  Tensor out = new_tensor(idx.shape(), x.dtype(), x.device());
+  backend_of(x).gather(x, a, idx, out);
+  return out;
+}
+}  // namespace
+
+Tensor gather(const Tensor& x, int64_t axis, const Tensor& index) {
+  check_compute(x, "gather");
+  int64_t a = normalize_axis(axis, x.dim(), "gather");
+  check_index_shape(x, a, index, "gather");
+  Tensor idx = checked_index(index, x.dim() == 0 ? 1 : x.shape()[a], "gather", axis);
+  Tensor out = gather_raw(x, a, idx);
+  if (!is_floating(x.dtype())) return out;
+  Shape in_shape = x.shape();
+  return record("gather", out, {x}, [idx, a, in_shape](const Tensor& g, Grads& r) {
+    r.set(0, scatter_add(zeros(in_shape, g.dtype(), g.device()), a, idx, g));
+  });
+}
+
+Tensor index_select(const Tensor& x, int64_t axis, const Tensor& index) {
+  check_compute(x, "index_select");
+  int64_t a = normalize_axis(axis, x.dim(), "index_select");
+  BRAID_CHECK(index.dim() <= 1, "index_select: index must be 1-d, got shape ", shape_str(index.shape()));
+  Tensor idx = checked_index(index.reshape({-1}), x.shape()[a], "index_select", axis);
+  // As a gather whose index is broadcast (stride 0) along every other axis.
+  Shape out_shape = x.shape(), view_shape(x.dim(), 1);
+  out_shape[a] = idx.numel();
+  view_shape[a] = idx.numel();
+  Tensor wide = broadcast_view(idx.reshape(view_shape), out_shape);
+  Tensor out = gather_raw(x, a, wide);
+  if (!is_floating(x.dtype())) return out;
+  Shape in_shape = x.shape();
+  return record("index_select", out, {x}, [wide, a, in_shape](const Tensor& g, Grads& r) {
+    r.set(0, scatter_add(zeros(in_shape, g.dtype(), g.device()), a, wide, g));
+  });
+}
+
+Tensor scatter_add(const Tensor& x, int64_t axis, const Tensor& index, const Tensor& src) {
+  check_compute(x, "scatter_add");
+  check_compute(src, "scatter_add");
+  int64_t a = normalize_axis(axis, x.dim(), "scatter_add");
+  BRAID_CHECK(index.shape() == src.shape() || index.dim() == src.dim(), "scatter_add: index shape ",
+              shape_str(index.shape()), " and src shape ", shape_str(src.shape()), " differ");
+  for (int64_t d = 0; d < index.dim(); ++d)
+    BRAID_CHECK(index.shape()[d] <= src.shape()[d], "scatter_add: index shape ", shape_str(index.shape()),
+                " is larger than src shape ", shape_str(src.shape()), " at axis ", d);
+  check_index_shape(x, a, index, "scatter_add");
+  Tensor idx = checked_index(index, x.shape()[a], "scatter_add", axis);
+  Tensor s = src.shape() == idx.shape() ? src : src.detach();
+  if (src.shape() != idx.shape()) {  // use the leading window of src, as torch does
+    for (int64_t d = 0; d < idx.dim(); ++d) s = s.narrow(d, 0, idx.shape()[d]);
+  }
+  Tensor out = new_tensor(x.shape(), x.dtype(), x.device());
+  backend_of(x).copy(x, out);
+  backend_of(x).scatter_add(out, a, idx, cast_raw(s, x.dtype()));
+  if (!is_floating(x.dtype())) return out;
+  return record("scatter_add", out, {x, src}, [idx, a, src_shape = src.shape()](const Tensor& g, Grads& r) {
+    r.set(0, g);
+    if (r.needs(1)) {
+      Tensor gs = gather(g, a, idx);
+      std::vector<int64_t> pads;  // zero gradient outside the window of src that was used
+      for (size_t d = src_shape.size(); d-- > 0;) pads.insert(pads.end(), {0, src_shape[d] - gs.shape()[d]});
+      r.set(1, gs.shape() == src_shape ? gs : pad(gs, pads));
+    }
+  });
+}
+
+Tensor one_hot(const Tensor& labels, int64_t num_classes, DType dtype) {
+  check_compute(labels, "one_hot");
+  BRAID_CHECK_T(TypeError, labels.dtype() == kInt64 || labels.dtype() == kInt32,
+                "one_hot: labels must be int64 or int32, got ", dtype_name(labels.dtype()));
+  if (num_classes < 0) {
+    BRAID_CHECK(labels.numel() > 0, "one_hot: cannot infer num_classes from empty labels; pass it explicitly");
+    num_classes = static_cast<int64_t>(amax(labels).item()) + 1;
+  }
+  if (labels.numel() > 0) {
+    int64_t lo = static_cast<int64_t>(amin(labels).item()), hi = static_cast<int64_t>(amax(labels).item());
+    BRAID_CHECK_T(IndexError, lo >= 0 && hi < num_classes, "one_hot: label ", lo < 0 ? lo : hi,
+                  " is out of range for ", num_classes, " classes");
+  }
+  return cast(eq(labels.unsqueeze(-1), arange(num_classes, labels.dtype())), dtype);
+}
+
+}  // namespace braid

@@ -1,0 +1,177 @@
+// Reductions over any set of axes (with keepdim), the statistics composed from them, and the
+// numerically stable softmax family. Gradients of reductions broadcast back over reduced axes.
+#include <cmath>
+
+#include "ops/common.h"
+
+namespace braid {
+
+using namespace detail;
+
+namespace {
+
+Shape keep_shape(const Shape& s, const std::vector<int64_t>& axes) {
+  Shape k = s;
+  for (int64_t a : axes) k[a] = 1;
+  return k;
+}
+
+// Integer and bool sums and products accumulate in int64, as in PyTorch.
+DType accumulate_type(DType t) { return is_floating(t) ? t : kInt64; }
+
+void check_nonempty(const Tensor& x, const std::vector<int64_t>& axes, const char* op) {
+  for (int64_t a : axes)
+    BRAID_CHECK(x.shape()[a] > 0, op, ": cannot reduce over axis ", a, " of size 0 (shape ", shape_str(x.shape()),
+                ") because the result has no identity");
+}
+
+}  // namespace
+
+Tensor sum(const Tensor& x, const std::vector<int64_t>& axes_in, bool keepdim) {
+  check_compute(x, "sum");
+  std::vector<int64_t> axes = normalize_axes(axes_in, x.dim(), "sum");
+  DType t = accumulate_type(x.dtype());
+  Tensor out = reduce_raw(ReduceOp::Sum, cast_raw(x, t), axes, t);
+  Shape k = out.shape();
+  out = as_strided(out, reduced_shape(x.shape(), axes, keepdim), contiguous_strides(reduced_shape(x.shape(), axes, keepdim)), 0);
+  if (!is_floating(t)) return out;
+  Shape in_shape = x.shape();
+  return record("sum", out, {x}, [k, in_shape](const Tensor& g, Grads& r) { r.set(0, g.reshape(k).expand(in_shape)); });
+}
+
+Tensor mean(const Tensor& x, const std::vector<int64_t>& axes_in, bool keepdim) {
+  Tensor xf = float_input(x, "mean");
+  std::vector<int64_t> axes = normalize_axes(axes_in, x.dim(), "mean");
+  int64_t n = 1;
+  for (int64_t a : axes) n *= x.shape()[a];
+  return sum(xf, axes, keepdim) / static_cast<double>(n);
+}
+
+Tensor prod(const Tensor& x, const std::vector<int64_t>& axes_in, bool keepdim) {
+  check_compute(x, "prod");
+  std::vector<int64_t> axes = normalize_axes(axes_in, x.dim(), "prod");
+  DType t = accumulate_type(x.dtype());
+  Tensor kept = reduce_raw(ReduceOp::Prod, cast_raw(x, t), axes, t);
+  Shape rs = reduced_shape(x.shape(), axes, keepdim);
+  Tensor out = as_strided(kept, rs, contiguous_strides(rs), 0);
+  if (!is_floating(t)) return out;
+  return record("prod", out, {x}, [x = x.detach(), kept, axes](const Tensor& g, Grads& r) {
+    // d prod / d x_i = product of the others. Where a group holds one zero, that element's gradient
+    // is the product of the non-zero rest; with two or more zeros every gradient is zero.
+    Tensor zero = zeros({}, x.dtype()), one = ones({}, x.dtype());
+    Tensor is_zero = eq(x, zero);
+    Tensor zeros_in_group = sum(cast(is_zero, kInt64), axes, true);
+    Tensor prod_nonzero = prod(where(is_zero, one, x), axes, true);
+    Tensor ones_zero = eq(zeros_in_group, ones({}, kInt64));
+    Tensor others = where(eq(zeros_in_group, zeros({}, kInt64)), kept / x,
+                          where(logical_and(ones_zero, is_zero), prod_nonzero, zero));
+    r.set(0, g.reshape(kept.shape()) * others);
+  });
+}
+
+namespace {
+Tensor extremum(const char* name, ReduceOp op, const Tensor& x, const std::vector<int64_t>& axes_in, bool keepdim) {
+  check_compute(x, name);
+  std::vector<int64_t> axes = normalize_axes(axes_in, x.dim(), name);
+  check_nonempty(x, axes, name);
+  Tensor kept = reduce_raw(op, x, axes, x.dtype());
+  Shape rs = reduced_shape(x.shape(), axes, keepdim);
+  Tensor out = as_strided(kept, rs, contiguous_strides(rs), 0);
+  if (!is_floating(x.dtype())) return out;
+  return record(name, out, {x}, [x = x.detach(), kept, axes](const Tensor& g, Grads& r) {
+    // Ties share the gradient evenly (torch.amax's rule).
+    Tensor mask = cast(eq(x, kept), x.dtype());
+    r.set(0, g.reshape(kept.shape()) * mask / sum(mask, axes, true));
+  });
+}
+
+Tensor arg_extremum(const char* name, ReduceOp op, const Tensor& x, int64_t axis, bool keepdim) {
+  check_compute(x, name);
+  int64_t a = normalize_axis(axis, x.dim(), name);
+  Tensor xs = x.dim() == 0 ? x.reshape({1}) : x;
+  check_nonempty(xs, {a}, name);
+  Tensor kept = reduce_raw(op, xs, {a}, kInt64);
+  Shape rs = x.dim() == 0 ? Shape{} : reduced_shape(x.shape(), {a}, keepdim);
+  return as_strided(kept, rs, contiguous_strides(rs), 0);
+}
+}  // namespace
+
+Tensor amax(const Tensor& x, const std::vector<int64_t>& axes, bool keepdim) {
+  return extremum("amax", ReduceOp::Max, x, axes, keepdim);
+}
+Tensor amin(const Tensor& x, const std::vector<int64_t>& axes, bool keepdim) {
+  return extremum("amin", ReduceOp::Min, x, axes, keepdim);
+}
+Tensor argmax(const Tensor& x, int64_t axis, bool keepdim) {
+  return arg_extremum("argmax", ReduceOp::ArgMax, x, axis, keepdim);
+}
+Tensor argmin(const Tensor& x, int64_t axis, bool keepdim) {
+  return arg_extremum("argmin", ReduceOp::ArgMin, x, axis, keepdim);
+}
+
+Tensor var(const Tensor& x_in, const std::vector<int64_t>& axes_in, int64_t correction, bool keepdim) {
+  Tensor x = float_input(x_in, "var");
+  std::vector<int64_t> axes = normalize_axes(axes_in, x.dim(), "var");
+  int64_t n = 1;
+  for (int64_t a : axes) n *= x.shape()[a];
+  BRAID_CHECK(correction >= 0, "var: correction must be non-negative, got ", correction);
+  Tensor centred = x - mean(x, axes, true);
+  // With n <= correction the estimate is undefined; like PyTorch, return nan (0/0) or inf.
+  return sum(centred * centred, axes, keepdim) / static_cast<double>(n - correction);
+}
+
+Tensor std(const Tensor& x, const std::vector<int64_t>& axes, int64_t correction, bool keepdim) {
+  return sqrt(var(x, axes, correction, keepdim));
+}
+
+Tensor logsumexp(const Tensor& x_in, const std::vector<int64_t>& axes_in, bool keepdim) {
+  Tensor x = float_input(x_in, "logsumexp");
+  std::vector<int64_t> axes = normalize_axes(axes_in, x.dim(), "logsumexp");
+  check_nonempty(x, axes, "logsumexp");
+  // Shifting by the (constant) max keeps exp in range and does not change the gradient.
+  Tensor m = amax(x.detach(), axes, true);
+  m = where(isnan(m - m), zeros({}, m.dtype()), m);  // an infinite max shifts by 0
+  Tensor out = log(sum(exp(x - m), axes, true)) + m;
+  return keepdim ? out : out.reshape(reduced_shape(x.shape(), axes, false));
+}
+
+Tensor softmax(const Tensor& x_in, int64_t axis) {
+  Tensor x = float_input(x_in, "softmax");
+  int64_t a = normalize_axis(axis, x.dim(), "softmax");
+  Tensor y;
+  {
+    NoGradGuard no_grad;
+    Tensor e = exp(x - amax(x, {a}, true));
+    y = e / sum(e, {a}, true);
+  }
+  return record("softmax", y, {x}, [y = y.detach(), a](const Tensor& g, Grads& r) {
+    r.set(0, y * (g - sum(g * y, {a}, true)));
+  });
+}
+
+Tensor log_softmax(const Tensor& x_in, int64_t axis) {
+  Tensor x = float_input(x_in, "log_softmax");
+  int64_t a = normalize_axis(axis, x.dim(), "log_softmax");
+  Tensor y;
+  {
+    NoGradGuard no_grad;
+    Tensor shifted = x - amax(x, {a}, true);
+    y = shifted - log(sum(exp(shifted), {a}, true));
+  }
+  return record("log_softmax", y, {x}, [y = y.detach(), a](const Tensor& g, Grads& r) {
+    r.set(0, g - exp(y) * sum(g, {a}, true));
+  });
+}
+
+Tensor sum_to(const Tensor& x, const Shape& shape) {
+  if (x.shape() == shape) return x;
+  BRAID_CHECK(broadcast_shapes(shape, x.shape(), "sum_to") == x.shape(), "sum_to: shape ", shape_str(shape),
+              " does not broadcast to ", shape_str(x.shape()));
+  const size_t lead = x.shape().size() - shape.size();
+  std::vector<int64_t> axes;
+  for (size_t i = 0; i < x.shape().size(); ++i)
+    if (i < lead || (shape[i - lead] == 1 && x.shape()[i] != 1)) axes.push_back(static_cast<int64_t>(i));
+  return sum(x, axes, true).reshape(shape);
+}
+
+}  // namespace braid

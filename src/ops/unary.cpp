@@ -1,0 +1,194 @@
+// Elementwise unary ops and their backward formulas. Floating-point ops promote integer input to
+// float32; formulas are written with forward ops so that they run on every backend.
+#include <cmath>
+#include <limits>
+
+#include "ops/common.h"
+
+namespace braid {
+
+using namespace detail;
+
+namespace {
+
+constexpr double kSqrt2 = 1.4142135623730951;
+constexpr double kInvSqrt2Pi = 0.3989422804014327;  // 1 / sqrt(2 pi)
+constexpr double kTwoOverSqrtPi = 1.1283791670955126;
+constexpr double kGeluK = 0.7978845608028654;  // sqrt(2 / pi)
+constexpr double kGeluC = 0.044715;
+
+// y = op(x) for a floating op, with backward grad = formula(g, x, y) (x, y detached).
+template <typename F>
+Tensor float_unary(const char* name, UnaryOp op, const Tensor& input, F formula, double p0 = 0, double p1 = 0) {
+  Tensor x = float_input(input, name);
+  Tensor y = unary_raw(op, x, p0, p1);
+  return record(name, y, {x}, [x = x.detach(), y = y.detach(), formula](const Tensor& g, Grads& r) {
+    r.set(0, formula(g, x, y));
+  });
+}
+
+// Ops that keep integer dtypes (neg, abs, relu, ...); the gradient applies to floating input only.
+template <typename F>
+Tensor any_unary(const char* name, UnaryOp op, const Tensor& x, F formula, double p0 = 0, double p1 = 0) {
+  check_compute(x, name);
+  BRAID_CHECK_T(TypeError, x.dtype() != kBool, name, ": not defined for bool tensors");
+  Tensor y = unary_raw(op, x, p0, p1);
+  if (!is_floating(x.dtype())) return y;
+  return record(name, y, {x}, [x = x.detach(), y = y.detach(), formula](const Tensor& g, Grads& r) {
+    r.set(0, formula(g, x, y));
+  });
+}
+
+Tensor step_mask(const Tensor& x) { return cast(gt(x, zeros({}, x.dtype())), x.dtype()); }
+
+}  // namespace
+
+Tensor neg(const Tensor& x) {
+  return any_unary("neg", UnaryOp::Neg, x, [](const Tensor& g, const Tensor&, const Tensor&) { return -g; });
+}
+Tensor abs(const Tensor& x) {
+  return any_unary("abs", UnaryOp::Abs, x, [](const Tensor& g, const Tensor& x, const Tensor&) { return g * sign(x); });
+}
+Tensor exp(const Tensor& x) {
+  return float_unary("exp", UnaryOp::Exp, x, [](const Tensor& g, const Tensor&, const Tensor& y) { return g * y; });
+}
+Tensor log(const Tensor& x) {
+  return float_unary("log", UnaryOp::Log, x, [](const Tensor& g, const Tensor& x, const Tensor&) { return g / x; });
+}
+Tensor log1p(const Tensor& x) {
+  return float_unary("log1p", UnaryOp::Log1p, x,
+                     [](const Tensor& g, const Tensor& x, const Tensor&) { return g / (x + 1.0); });
+}
+Tensor expm1(const Tensor& x) {
+  return float_unary("expm1", UnaryOp::Expm1, x,
+                     [](const Tensor& g, const Tensor&, const Tensor& y) { return g * (y + 1.0); });
+}
+Tensor sqrt(const Tensor& x) {
+  return float_unary("sqrt", UnaryOp::Sqrt, x,
+                     [](const Tensor& g, const Tensor&, const Tensor& y) { return g * 0.5 / y; });
+}
+Tensor rsqrt(const Tensor& x) {
+  return float_unary("rsqrt", UnaryOp::Rsqrt, x,
+                     [](const Tensor& g, const Tensor&, const Tensor& y) { return g * -0.5 * y * y * y; });
+}
+Tensor square(const Tensor& x) {
+  return any_unary("square", UnaryOp::Square, x,
+                   [](const Tensor& g, const Tensor& x, const Tensor&) { return g * 2.0 * x; });
+}
+Tensor reciprocal(const Tensor& x) {
+  return float_unary("reciprocal", UnaryOp::Reciprocal, x,
+                     [](const Tensor& g, const Tensor&, const Tensor& y) { return -g * y * y; });
+}
+Tensor sin(const Tensor& x) {
+  return float_unary("sin", UnaryOp::Sin, x, [](const Tensor& g, const Tensor& x, const Tensor&) { return g * cos(x); });
+}
+Tensor cos(const Tensor& x) {
+  return float_unary("cos", UnaryOp::Cos, x, [](const Tensor& g, const Tensor& x, const Tensor&) { return -g * sin(x); });
+}
+Tensor tanh(const Tensor& x) {
+  return float_unary("tanh", UnaryOp::Tanh, x,
+                     [](const Tensor& g, const Tensor&, const Tensor& y) { return g * (1.0 - y * y); });
+}
+Tensor sigmoid(const Tensor& x) {
+  return float_unary("sigmoid", UnaryOp::Sigmoid, x,
+                     [](const Tensor& g, const Tensor&, const Tensor& y) { return g * y * (1.0 - y); });
+}
+Tensor relu(const Tensor& x) {
+  return any_unary("relu", UnaryOp::Relu, x,
+                   [](const Tensor& g, const Tensor& x, const Tensor&) { return g * step_mask(x); });
+}
+Tensor leaky_relu(const Tensor& x, double slope) {
+  return float_unary(
+      "leaky_relu", UnaryOp::LeakyRelu, x,
+      [slope](const Tensor& g, const Tensor& x, const Tensor&) {
+        return g * where(gt(x, zeros({}, x.dtype())), ones({}, x.dtype()), full({}, slope, x.dtype()));
+      },
+      slope);
+}
+Tensor elu(const Tensor& x, double alpha) {
+  return float_unary(
+      "elu", UnaryOp::Elu, x,
+      [alpha](const Tensor& g, const Tensor& x, const Tensor& y) {
+        return g * where(gt(x, zeros({}, x.dtype())), ones({}, x.dtype()), y + alpha);
+      },
+      alpha);
+}
+Tensor silu(const Tensor& x) { return x * sigmoid(x); }
+Tensor softplus(const Tensor& x) {
+  return float_unary("softplus", UnaryOp::Softplus, x,
+                     [](const Tensor& g, const Tensor& x, const Tensor&) { return g * sigmoid(x); });
+}
+Tensor erf(const Tensor& x) {
+  return float_unary("erf", UnaryOp::Erf, x, [](const Tensor& g, const Tensor& x, const Tensor&) {
+    return g * kTwoOverSqrtPi * exp(-(x * x));
+  });
+}
+
+Tensor gelu(const Tensor& input, const std::string& approximate) {
+  BRAID_CHECK(approximate == "none" || approximate == "tanh", "gelu: approximate must be 'none' or 'tanh', got '",
+              approximate, "'");
+  if (approximate == "tanh") {
+    return float_unary("gelu", UnaryOp::GeluTanh, input, [](const Tensor& g, const Tensor& x, const Tensor&) {
+      Tensor x2 = x * x;
+      Tensor t = tanh(kGeluK * (x + kGeluC * x2 * x));
+      return g * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * kGeluK * (1.0 + 3.0 * kGeluC * x2));
+    });
+  }
+  // Exact GELU, x * Phi(x), composed from erf; its derivative is Phi(x) + x * phi(x).
+  Tensor x = float_input(input, "gelu");
+  Tensor phi_cdf, y;
+  {
+    NoGradGuard no_grad;
+    phi_cdf = 0.5 * (1.0 + erf(x / kSqrt2));
+    y = x * phi_cdf;
+  }
+  return record("gelu", y, {x}, [x = x.detach(), phi_cdf](const Tensor& g, Grads& r) {
+    r.set(0, g * (phi_cdf + x * kInvSqrt2Pi * exp(-0.5 * x * x)));
+  });
+}
+
+Tensor pow(const Tensor& x, double p) {
+  return float_unary(
+      "pow", UnaryOp::PowScalar, x,
+      [p](const Tensor& g, const Tensor& x, const Tensor&) {
+        return p == 0 ? zeros_like(g) : g * p * pow(x, p - 1);
+      },
+      p);
+}
+
+Tensor clamp(const Tensor& x, std::optional<double> lo, std::optional<double> hi) {
+  constexpr double inf = std::numeric_limits<double>::infinity();
+  double a = lo.value_or(-inf), b = hi.value_or(inf);
+  BRAID_CHECK(!(a > b), "clamp: min ", a, " is greater than max ", b);
+  return any_unary(
+      "clamp", UnaryOp::Clamp, x,
+      [a, b](const Tensor& g, const Tensor& x, const Tensor&) {
+        return g * cast(logical_and(ge(x, full({}, a, x.dtype())), le(x, full({}, b, x.dtype()))), x.dtype());
+      },
+      a, b);
+}
+
+namespace {
+// Piecewise-constant ops: their gradient is zero wherever it exists (as in PyTorch).
+Tensor flat_unary(const char* name, UnaryOp op, const Tensor& x) {
+  return any_unary(name, op, x, [](const Tensor& g, const Tensor&, const Tensor&) { return zeros_like(g); });
+}
+}  // namespace
+
+Tensor sign(const Tensor& x) { return flat_unary("sign", UnaryOp::Sign, x); }
+Tensor floor(const Tensor& x) { return flat_unary("floor", UnaryOp::Floor, x); }
+Tensor ceil(const Tensor& x) { return flat_unary("ceil", UnaryOp::Ceil, x); }
+Tensor round(const Tensor& x) { return flat_unary("round", UnaryOp::Round, x); }
+
+Tensor logical_not(const Tensor& x) {
+  check_compute(x, "logical_not");
+  return unary_raw(UnaryOp::LogicalNot, x, 0, 0, kBool, false);
+}
+
+Tensor isnan(const Tensor& x) {
+  check_compute(x, "isnan");
+  if (!is_floating(x.dtype())) return zeros(x.shape(), kBool, x.device());
+  return unary_raw(UnaryOp::IsNan, x, 0, 0, kBool, false);
+}
+
+}  // namespace braid

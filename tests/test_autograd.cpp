@@ -1,0 +1,177 @@
+// The autograd engine itself: accumulation, retain_graph, no_grad, detach, long chains, and that
+// saved buffers and graphs are released. Expected gradients are closed forms.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "braid/braid.h"
+
+namespace braid {
+namespace {
+
+Tensor vec(std::vector<double> v) { return tensor(v, {static_cast<int64_t>(v.size())}); }
+
+TEST(Autograd, AccumulatesWhenATensorIsUsedTwice) {
+  Tensor x = vec({1, -2, 3}).set_requires_grad();
+  Tensor y = (x * x + x * 3.0).sum();  // dy/dx = 2x + 3
+  y.backward();
+  EXPECT_EQ(x.grad().to_vector<double>(), (std::vector<double>{5, -1, 9}));
+}
+
+TEST(Autograd, GradientsAccumulateAcrossBackwardCalls) {
+  Tensor x = vec({2}).set_requires_grad();
+  (x * x).sum().backward();
+  (x * x).sum().backward();
+  EXPECT_DOUBLE_EQ(x.grad().item(), 8.0);
+}
+
+TEST(Autograd, BroadcastGradientIsReducedToOperandShape) {
+  Tensor a = ones({2, 3}, kFloat64).set_requires_grad();
+  Tensor b = vec({1, 2, 3}).set_requires_grad();
+  (a * b).sum().backward();
+  EXPECT_EQ(b.grad().shape(), (Shape{3}));
+  EXPECT_EQ(b.grad().to_vector<double>(), (std::vector<double>{2, 2, 2}));
+  EXPECT_EQ(a.grad().to_vector<double>(), (std::vector<double>{1, 2, 3, 1, 2, 3}));
+}
+
+TEST(Autograd, SecondBackwardWithoutRetainGraphFailsClearly) {
+  Tensor x = vec({1, 2}).set_requires_grad();
+  Tensor y = exp(x).sum();
+  y.backward();
+  try {
+    y.backward();
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("retain_graph"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Autograd, RetainGraphAllowsASecondBackward) {
+  Tensor x = vec({0.5}).set_requires_grad();
+  Tensor y = exp(x).sum();
+  y.backward(Tensor(), true);
+  y.backward();
+  EXPECT_NEAR(x.grad().item(), 2 * std::exp(0.5), 1e-15);
+}
+
+TEST(Autograd, NoGradRecordsNothing) {
+  Tensor x = vec({1, 2}).set_requires_grad();
+  Tensor y;
+  {
+    NoGradGuard guard;
+    y = x * 2.0;
+  }
+  EXPECT_FALSE(y.requires_grad());
+  EXPECT_TRUE(is_grad_enabled());
+  EXPECT_THROW(y.sum().backward(), Error);
+}
+
+TEST(Autograd, DetachStopsGradientButSharesStorage) {
+  Tensor x = vec({3}).set_requires_grad();
+  Tensor d = x.detach();
+  EXPECT_EQ(d.storage(), x.storage());
+  EXPECT_FALSE(d.requires_grad());
+  (x * d).sum().backward();  // d is a constant: dy/dx = d = 3
+  EXPECT_DOUBLE_EQ(x.grad().item(), 3.0);
+}
+
+TEST(Autograd, ExplicitOutputGradient) {
+  Tensor x = vec({1, 2, 3}).set_requires_grad();
+  Tensor y = x * x;
+  y.backward(vec({1, 0, -1}));
+  EXPECT_EQ(x.grad().to_vector<double>(), (std::vector<double>{2, 0, -6}));
+}
+
+TEST(Autograd, NonScalarOutputNeedsAGradient) {
+  Tensor x = vec({1, 2}).set_requires_grad();
+  EXPECT_THROW((x * 2.0).backward(), ValueError);
+  EXPECT_THROW((x * 2.0).backward(vec({1, 2, 3})), ValueError);
+}
+
+TEST(Autograd, RetainGradKeepsNonLeafGradient) {
+  Tensor x = vec({1, 2}).set_requires_grad();
+  Tensor h = x * 3.0;
+  h.retain_grad();
+  (h * h).sum().backward();
+  EXPECT_EQ(h.grad().to_vector<double>(), (std::vector<double>{6, 12}));
+  EXPECT_EQ(x.grad().to_vector<double>(), (std::vector<double>{18, 36}));
+}
+
+TEST(Autograd, LeafGradDoesNotAliasOtherGradients) {
+  Tensor a = vec({1}).set_requires_grad(), b = vec({1}).set_requires_grad();
+  (a + b).sum().backward();
+  EXPECT_NE(a.grad().storage(), b.grad().storage());
+}
+
+TEST(Autograd, OnlyFloatingLeavesRequireGrad) {
+  Tensor i = arange(3);
+  EXPECT_THROW(i.set_requires_grad(), TypeError);
+  Tensor x = vec({1}).set_requires_grad();
+  Tensor y = x * 2.0;
+  EXPECT_THROW(y.set_requires_grad(false), ValueError);
+}
+
+TEST(Autograd, InPlaceOnTrackedTensorIsRefused) {
+  Tensor x = vec({1}).set_requires_grad();
+  EXPECT_THROW(x.add_(vec({1})), ValueError);
+  {
+    NoGradGuard guard;
+    x.add_(vec({1}));
+  }
+  EXPECT_DOUBLE_EQ(x.item(), 2.0);
+}
+
+TEST(Autograd, ChainOf100000OpsRunsBackwardWithoutRecursion) {
+  const int n = 100000;
+  Tensor x = vec({1.0}).set_requires_grad();
+  Tensor y = x;
+  for (int i = 0; i < n; ++i) y = y * 1.00001;
+  y.sum().backward();
+  EXPECT_NEAR(x.grad().item(), std::pow(1.00001, n), 1e-9);
+  // Dropping y destroys the 100,000-node graph, which must not recurse either.
+  y = Tensor();
+}
+
+TEST(Autograd, SavedBuffersAreFreedDuringBackward) {
+  Tensor x = randn({1000}, kFloat64).set_requires_grad();
+  Tensor y = exp(x);  // exp saves its output
+  std::weak_ptr<Storage> saved = y.storage();
+  Tensor loss = (y * 2.0).sum();
+  y = Tensor();
+  EXPECT_FALSE(saved.expired());  // the graph still holds exp's output
+  loss.backward();
+  EXPECT_TRUE(saved.expired());  // freed once exp's backward ran
+}
+
+TEST(Autograd, GraphIsReleasedAfterBackward) {
+  const int64_t before = Storage::live_bytes();
+  {
+    Tensor x = randn({256, 256}, kFloat64).set_requires_grad();
+    Tensor loss = sum(tanh(matmul(x, x)) * sigmoid(x));
+    loss.backward();
+    EXPECT_TRUE(x.grad().defined());
+  }
+  EXPECT_EQ(Storage::live_bytes(), before);
+}
+
+TEST(Autograd, UnreachedBranchStillLetsSharedNodesRun) {
+  // y depends on h through a path with no gradient (argmax) and one with; h must still run.
+  Tensor x = vec({1, 2}).set_requires_grad();
+  Tensor h = x * 2.0;
+  Tensor idx = argmax(h, 0);
+  Tensor y = (h * h).sum() + cast(idx, kFloat64);
+  y.backward();
+  EXPECT_EQ(x.grad().to_vector<double>(), (std::vector<double>{8, 16}));
+}
+
+TEST(Autograd, GradFnNames) {
+  Tensor x = vec({1}).set_requires_grad();
+  EXPECT_EQ(x.grad_fn_name(), "");
+  EXPECT_EQ(exp(x).grad_fn_name(), "exp");
+  EXPECT_EQ(matmul(x, x).grad_fn_name(), "reshape");  // 1-d . 1-d squeezes the 2-d product
+  EXPECT_TRUE(x.is_leaf());
+  EXPECT_FALSE(exp(x).is_leaf());
+}
+
+}  // namespace
+}  // namespace braid
