@@ -30,6 +30,8 @@ class Storage {
 
   /// Bytes currently held by all owning storages on the CPU (for memory tests and benchmarks).
   static int64_t live_bytes();
+  /// Returns the blocks kept for reuse (see Note [Block cache] in storage.cpp) to the system.
+  static void empty_cache();
 
  private:
   Storage(void* data, int64_t nbytes, Device device, bool owned)

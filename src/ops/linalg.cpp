@@ -12,6 +12,7 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   check_same_device(a_in, b_in, "matmul");
   BRAID_CHECK(a_in.dim() >= 1 && b_in.dim() >= 1, "matmul: both operands need at least 1 dimension, got shapes ",
               shape_str(a_in.shape()), " and ", shape_str(b_in.shape()));
+  if (a_in.dim() == 1 && b_in.dim() == 1) return matmul(a_in.unsqueeze(0), b_in.unsqueeze(1)).reshape({});
   if (a_in.dim() == 1) return matmul(a_in.unsqueeze(0), b_in).squeeze(-2);
   if (b_in.dim() == 1) return matmul(a_in, b_in.unsqueeze(1)).squeeze(-1);
   DType t = promote_types(a_in.dtype(), b_in.dtype());

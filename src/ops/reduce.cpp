@@ -10,12 +10,6 @@ using namespace detail;
 
 namespace {
 
-Shape keep_shape(const Shape& s, const std::vector<int64_t>& axes) {
-  Shape k = s;
-  for (int64_t a : axes) k[a] = 1;
-  return k;
-}
-
 // Integer and bool sums and products accumulate in int64, as in PyTorch.
 DType accumulate_type(DType t) { return is_floating(t) ? t : kInt64; }
 

@@ -1,0 +1,28 @@
+// The CPU backend: the Backend primitives run with OpenMP threads over strided loops, OpenBLAS for
+// floating matmul and Philox for random numbers. Each primitive lives in the .cpp file named after
+// its kind (copy.cpp, elementwise.cpp, reduce.cpp, matmul.cpp, index.cpp, random.cpp).
+#pragma once
+
+#include "backend/backend.h"
+
+namespace braid::detail {
+
+class CpuBackend final : public Backend {
+ public:
+  void copy(const Tensor& src, const Tensor& dst) override;
+  void fill(const Tensor& dst, double value) override;
+  void iota(const Tensor& dst, double start, double step) override;
+  void unary(UnaryOp op, const Tensor& x, const Tensor& out, double p0, double p1) override;
+  void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) override;
+  void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) override;
+  void reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t>& axes, const Tensor& out) override;
+  void matmul(const Tensor& a, const Tensor& b, const Tensor& out) override;
+  void gather(const Tensor& x, int64_t axis, const Tensor& index, const Tensor& out) override;
+  void scatter_add(const Tensor& out, int64_t axis, const Tensor& index, const Tensor& src) override;
+  void random(RandomKind kind, const Tensor& out, uint64_t seed, uint64_t counter, double a, double b) override;
+};
+
+/// The process's one CPU backend.
+Backend& cpu_backend();
+
+}  // namespace braid::detail

@@ -1,0 +1,164 @@
+// Unary elementwise primitives and where. Each op is a small lambda mapped over a StridedLoop; the
+// loop's contiguous fast path is a plain indexed loop, so ops built from arithmetic and the
+// fast_math.h polynomials (exp, tanh, sigmoid on float32) vectorise, while libm calls do not.
+#include <cmath>
+#include <type_traits>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/dispatch.h"
+#include "backend/cpu/fast_math.h"
+#include "backend/cpu/loop.h"
+
+namespace braid::detail {
+namespace {
+
+const char* unary_name(UnaryOp op) {
+  static const char* const kNames[] = {
+      "neg",  "abs",   "exp",   "log",   "log1p", "expm1",       "sqrt",  "rsqrt",      "square",    "reciprocal",
+      "sin",  "cos",   "tanh",  "sigmoid", "relu", "erf",        "sign",  "floor",      "ceil",      "round",
+      "logical_not", "isnan", "pow", "clamp", "leaky_relu", "elu", "softplus", "gelu_tanh"};
+  return kNames[static_cast<int>(op)];
+}
+
+// out (n) = f(x (n)), both with the loop's strides.
+template <typename O, typename T, typename F>
+void map_unary(const StridedLoop& loop, F f) {
+  loop.run([&f](char* const* p, const int64_t* s, int64_t n) {
+    O* __restrict o = reinterpret_cast<O*>(p[0]);
+    const T* __restrict x = reinterpret_cast<const T*>(p[1]);
+    if (s[0] == 1 && s[1] == 1) {
+      for (int64_t i = 0; i < n; ++i) o[i] = f(x[i]);
+    } else {
+      for (int64_t i = 0; i < n; ++i) o[i * s[0]] = f(x[i * s[1]]);
+    }
+  });
+}
+
+template <typename T>
+T exp_t(T x) {
+  if constexpr (std::is_same_v<T, float>) return exp_f32(x);
+  else return std::exp(x);
+}
+
+template <typename T>
+T tanh_t(T x) {
+  if constexpr (std::is_same_v<T, float>) return tanh_f32(x);
+  else return std::tanh(x);
+}
+
+template <typename T>
+T sigmoid_t(T x) {
+  if constexpr (std::is_same_v<T, float>) {
+    return sigmoid_f32(x);
+  } else {
+    const T e = std::exp(-std::fabs(x));  // never overflows; see sigmoid_f32
+    return (x >= 0 ? T(1) : e) / (T(1) + e);
+  }
+}
+
+template <typename T>
+void float_unary(UnaryOp op, const StridedLoop& loop, double p0d, double p1d) {
+  const T p0 = static_cast<T>(p0d), p1 = static_cast<T>(p1d);
+  switch (op) {
+    case UnaryOp::Neg: return map_unary<T, T>(loop, [](T x) { return -x; });
+    case UnaryOp::Abs: return map_unary<T, T>(loop, [](T x) { return std::fabs(x); });
+    case UnaryOp::Exp: return map_unary<T, T>(loop, [](T x) { return exp_t(x); });
+    case UnaryOp::Log: return map_unary<T, T>(loop, [](T x) { return std::log(x); });
+    case UnaryOp::Log1p: return map_unary<T, T>(loop, [](T x) { return std::log1p(x); });
+    case UnaryOp::Expm1: return map_unary<T, T>(loop, [](T x) { return std::expm1(x); });
+    case UnaryOp::Sqrt: return map_unary<T, T>(loop, [](T x) { return std::sqrt(x); });
+    case UnaryOp::Rsqrt: return map_unary<T, T>(loop, [](T x) { return T(1) / std::sqrt(x); });
+    case UnaryOp::Square: return map_unary<T, T>(loop, [](T x) { return x * x; });
+    case UnaryOp::Reciprocal: return map_unary<T, T>(loop, [](T x) { return T(1) / x; });
+    case UnaryOp::Sin: return map_unary<T, T>(loop, [](T x) { return std::sin(x); });
+    case UnaryOp::Cos: return map_unary<T, T>(loop, [](T x) { return std::cos(x); });
+    case UnaryOp::Tanh: return map_unary<T, T>(loop, [](T x) { return tanh_t(x); });
+    case UnaryOp::Sigmoid: return map_unary<T, T>(loop, [](T x) { return sigmoid_t(x); });
+    case UnaryOp::Relu: return map_unary<T, T>(loop, [](T x) { return x < 0 ? T(0) : x; });  // NaN stays
+    case UnaryOp::Erf: return map_unary<T, T>(loop, [](T x) { return std::erf(x); });
+    case UnaryOp::Sign:  // NaN stays NaN, as in NumPy
+      return map_unary<T, T>(loop, [](T x) { return x != x ? x : T((x > 0) - (x < 0)); });
+    case UnaryOp::Floor: return map_unary<T, T>(loop, [](T x) { return std::floor(x); });
+    case UnaryOp::Ceil: return map_unary<T, T>(loop, [](T x) { return std::ceil(x); });
+    case UnaryOp::Round: return map_unary<T, T>(loop, [](T x) { return std::nearbyint(x); });  // half to even
+    case UnaryOp::PowScalar:
+      if (p0d == 2) return map_unary<T, T>(loop, [](T x) { return x * x; });
+      if (p0d == 0.5) return map_unary<T, T>(loop, [](T x) { return std::sqrt(x); });
+      if (p0d == 1) return map_unary<T, T>(loop, [](T x) { return x; });
+      if (p0d == -1) return map_unary<T, T>(loop, [](T x) { return T(1) / x; });
+      return map_unary<T, T>(loop, [p0](T x) { return std::pow(x, p0); });
+    case UnaryOp::Clamp:  // NaN stays; an infinite bound never binds
+      return map_unary<T, T>(loop, [p0, p1](T x) { return x < p0 ? p0 : (x > p1 ? p1 : x); });
+    case UnaryOp::LeakyRelu: return map_unary<T, T>(loop, [p0](T x) { return select(x > 0, x, p0 * x); });
+    case UnaryOp::Elu: return map_unary<T, T>(loop, [p0](T x) { return x > 0 ? x : p0 * std::expm1(x); });
+    case UnaryOp::Softplus:  // max(x, 0) + log1p(exp(-|x|)): no overflow for large |x|
+      return map_unary<T, T>(loop, [](T x) { return (x < 0 ? T(0) : x) + std::log1p(exp_t(-std::fabs(x))); });
+    case UnaryOp::GeluTanh:  // 0.5 (1 + tanh(u)) = sigmoid(2u), which does not cancel for x << 0
+      return map_unary<T, T>(loop, [](T x) {
+        const T k = T(2 * 0.7978845608028654);  // 2 sqrt(2 / pi)
+        return x * sigmoid_t(k * (x + T(0.044715) * x * x * x));
+      });
+    case UnaryOp::LogicalNot:
+    case UnaryOp::IsNan: break;  // bool output, handled by the caller
+  }
+  BRAID_ASSERT(false, "unhandled unary op ", unary_name(op));
+}
+
+// Integers take the sign and clamp family; arithmetic wraps as two's complement.
+template <typename T>
+void int_unary(UnaryOp op, const StridedLoop& loop, double p0d, double p1d, DType dtype) {
+  switch (op) {
+    case UnaryOp::Neg: return map_unary<T, T>(loop, [](T x) { return wrap_sub(T(0), x); });
+    case UnaryOp::Abs: return map_unary<T, T>(loop, [](T x) { return x < 0 ? wrap_sub(T(0), x) : x; });
+    case UnaryOp::Square: return map_unary<T, T>(loop, [](T x) { return wrap_mul(x, x); });
+    case UnaryOp::Sign: return map_unary<T, T>(loop, [](T x) { return T((x > 0) - (x < 0)); });
+    case UnaryOp::Relu: return map_unary<T, T>(loop, [](T x) { return x < 0 ? T(0) : x; });
+    case UnaryOp::Clamp: {
+      const T lo = convert<T>(p0d), hi = convert<T>(p1d);  // an infinite bound saturates to the type's range
+      return map_unary<T, T>(loop, [lo, hi](T x) { return x < lo ? lo : (x > hi ? hi : x); });
+    }
+    default: unsupported_dtype(unary_name(op), dtype);
+  }
+}
+
+}  // namespace
+
+void CpuBackend::unary(UnaryOp op, const Tensor& x, const Tensor& out, double p0, double p1) {
+  const char* name = unary_name(op);
+  const bool bool_out = op == UnaryOp::LogicalNot || op == UnaryOp::IsNan;
+  BRAID_ASSERT(out.dtype() == (bool_out ? kBool : x.dtype()) && out.shape() == x.shape(), name, ": got ",
+               dtype_name(x.dtype()), " ", shape_str(x.shape()), " -> ", dtype_name(out.dtype()), " ",
+               shape_str(out.shape()));
+  StridedLoop loop(out.shape(), {loop_operand(out), loop_operand(x)});
+  dispatch_compute(x.dtype(), name, [&]<typename T>() {
+    if (op == UnaryOp::LogicalNot) return map_unary<bool, T>(loop, [](T v) { return v == T(0); });
+    if (op == UnaryOp::IsNan) {
+      if constexpr (std::is_floating_point_v<T>) return map_unary<bool, T>(loop, [](T v) { return v != v; });
+      else return map_unary<bool, T>(loop, [](T) { return false; });
+    }
+    if constexpr (std::is_floating_point_v<T>) float_unary<T>(op, loop, p0, p1);
+    else if constexpr (kIsInt<T>) int_unary<T>(op, loop, p0, p1, x.dtype());
+    else unsupported_dtype(name, x.dtype());
+  });
+}
+
+void CpuBackend::where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) {
+  BRAID_ASSERT(cond.dtype() == kBool && a.dtype() == out.dtype() && b.dtype() == out.dtype(),
+               "where: dtypes do not match");
+  StridedLoop loop(out.shape(), {loop_operand(out), loop_operand(cond), loop_operand(a), loop_operand(b)});
+  dispatch_compute(out.dtype(), "where", [&]<typename T>() {
+    loop.run([](char* const* p, const int64_t* s, int64_t n) {
+      T* __restrict o = reinterpret_cast<T*>(p[0]);
+      const bool* __restrict c = reinterpret_cast<const bool*>(p[1]);
+      const T* __restrict x = reinterpret_cast<const T*>(p[2]);
+      const T* __restrict y = reinterpret_cast<const T*>(p[3]);
+      if (s[0] == 1 && s[1] == 1 && s[2] == 1 && s[3] == 1) {
+        for (int64_t i = 0; i < n; ++i) o[i] = c[i] ? x[i] : y[i];
+      } else {
+        for (int64_t i = 0; i < n; ++i) o[i * s[0]] = c[i * s[1]] ? x[i * s[2]] : y[i * s[3]];
+      }
+    });
+  });
+}
+
+}  // namespace braid::detail

@@ -1,0 +1,109 @@
+// The strided loop's set-up (dropping size-1 dimensions, ordering by the first operand's strides,
+// merging dimensions that are contiguous in every operand) and its run walker. Kept out of line so
+// that each kernel instantiates only its inner loop, not the walker.
+#include "backend/cpu/loop.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdlib>
+
+#include "braid/parallel.h"
+
+namespace braid::detail {
+
+StridedLoop::StridedLoop(const Shape& shape, std::initializer_list<LoopOperand> operands)
+    : nops_(static_cast<int>(operands.size())) {
+  BRAID_ASSERT(nops_ >= 1 && nops_ <= kMaxOperands, "a loop takes 1 to ", kMaxOperands, " operands");
+  const LoopOperand* ops = operands.begin();
+  for (int k = 0; k < nops_; ++k) base_[k] = ops[k].data;
+  numel_ = 1;
+  for (int64_t s : shape) numel_ *= s;
+  if (numel_ == 0) return;
+
+  // Dimensions of size 1 never move a pointer; the rest are ordered by the first operand's
+  // stride (largest first) so that an output that is a permuted view is still walked in memory order.
+  std::vector<int> dims;
+  for (size_t d = 0; d < shape.size(); ++d)
+    if (shape[d] != 1) dims.push_back(static_cast<int>(d));
+  std::stable_sort(dims.begin(), dims.end(), [&](int x, int y) {
+    return std::llabs(ops[0].strides[x]) > std::llabs(ops[0].strides[y]);
+  });
+
+  // Merge from the innermost outwards: dimension d folds into the one inside it when every operand
+  // steps over the inner one exactly once per step of d.
+  std::vector<int64_t> sizes;
+  std::vector<std::array<int64_t, kMaxOperands>> strides;  // elements, innermost first
+  for (size_t i = dims.size(); i-- > 0;) {
+    int d = dims[i];
+    std::array<int64_t, kMaxOperands> st{};
+    for (int k = 0; k < nops_; ++k) st[k] = ops[k].strides[d];
+    bool merge = !sizes.empty();
+    for (int k = 0; merge && k < nops_; ++k) merge = st[k] == strides.back()[k] * sizes.back();
+    if (merge) {
+      sizes.back() *= shape[d];
+    } else {
+      sizes.push_back(shape[d]);
+      strides.push_back(st);
+    }
+  }
+  if (sizes.empty()) {  // a single element
+    sizes.push_back(1);
+    strides.push_back({});
+  }
+  BRAID_CHECK_T(NotImplementedError, sizes.size() <= static_cast<size_t>(kMaxLoopDims),
+                "CPU kernels support at most ", kMaxLoopDims, " non-mergeable dimensions, got ", sizes.size(),
+                " for shape ", shape_str(shape), "; call contiguous() first");
+  ndim_ = static_cast<int>(sizes.size());
+  for (int i = 0; i < ndim_; ++i) {
+    int d = ndim_ - 1 - i;
+    shape_[d] = sizes[i];
+    for (int k = 0; k < nops_; ++k) bytes_[d][k] = strides[i][k] * ops[k].elem_size;
+  }
+  for (int k = 0; k < nops_; ++k) inner_strides_[k] = strides[0][k];
+}
+
+void StridedLoop::run(RunFn fn, int64_t work_per_element) const {
+  if (numel_ == 0) return;
+  const int nt = get_num_threads();
+  const bool small = numel_ <= kParallelGrain / std::max<int64_t>(work_per_element, 1);
+  if (nt <= 1 || small || omp_in_parallel()) {
+    run_range(base_.data(), 0, numel_, fn);
+    return;
+  }
+#pragma omp parallel num_threads(nt)
+  {
+    auto [begin, end] = thread_range(numel_, omp_get_thread_num(), omp_get_num_threads());
+    run_range(base_.data(), begin, end, fn);
+  }
+}
+
+void StridedLoop::run_range(char* const* base, int64_t begin, int64_t end, RunFn fn) const {
+  if (begin >= end) return;
+  const int last = ndim_ - 1;
+  std::array<int64_t, kMaxLoopDims> idx{};
+  std::array<int64_t, kMaxOperands> off{};  // bytes from base, per operand
+  int64_t rem = begin;
+  for (int d = last; d >= 0; --d) {
+    idx[d] = rem % shape_[d];
+    rem /= shape_[d];
+    for (int k = 0; k < nops_; ++k) off[k] += idx[d] * bytes_[d][k];
+  }
+  std::array<char*, kMaxOperands> ptrs{};
+  for (int64_t pos = begin;;) {
+    const int64_t n = std::min(shape_[last] - idx[last], end - pos);
+    for (int k = 0; k < nops_; ++k) ptrs[k] = base[k] + off[k];
+    fn(ptrs.data(), inner_strides_.data(), n);
+    pos += n;
+    if (pos >= end) return;
+    idx[last] += n;
+    for (int k = 0; k < nops_; ++k) off[k] += n * bytes_[last][k];
+    for (int d = last; d > 0 && idx[d] == shape_[d]; --d) {  // carry into the outer dimensions
+      idx[d] = 0;
+      ++idx[d - 1];
+      for (int k = 0; k < nops_; ++k) off[k] += bytes_[d - 1][k] - shape_[d] * bytes_[d][k];
+    }
+  }
+}
+
+}  // namespace braid::detail
