@@ -3,6 +3,7 @@
 
 #include "braid/autograd.h"
 #include "braid/config.h"
+#include "braid/conv.h"
 #include "braid/dtype.h"
 #include "braid/error.h"
 #include "braid/ops.h"

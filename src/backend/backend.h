@@ -4,7 +4,9 @@
 // outputs that are freshly allocated or valid views. Everything else is composite code in src/ops.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "braid/tensor.h"
@@ -27,6 +29,23 @@ enum class BinaryOp { Add, Sub, Mul, Div, Pow, Max, Min, Eq, Ne, Lt, Le, Gt, Ge,
 enum class ReduceOp { Sum, Prod, Max, Min, ArgMax, ArgMin };
 
 enum class RandomKind { Uniform, Normal, Bernoulli };
+
+/// A 2-d sliding window over (h, w) planes, as convolution and pooling use it: output position
+/// (oy, ox) covers input rows oy * sh - ph + i * dh for i < kh, and columns likewise; positions
+/// outside [0, h) x [0, w) are padding. The output size (oh, ow) is set by the op, which has
+/// already checked that it is positive.
+struct Window2d {
+  int64_t h, w;    // input plane
+  int64_t oh, ow;  // output plane
+  int64_t kh, kw, sh, sw, ph, pw, dh, dw;
+};
+
+/// The taps [lo, hi) of a window starting at start (dilation, k taps) that fall in [0, size).
+inline std::pair<int64_t, int64_t> window_taps(int64_t start, int64_t dilation, int64_t k, int64_t size) {
+  const int64_t lo = start >= 0 ? 0 : std::min(k, (-start + dilation - 1) / dilation);
+  const int64_t hi = start >= size ? 0 : std::min(k, (size - 1 - start) / dilation + 1);
+  return {lo, std::max(lo, hi)};
+}
 
 class Backend {
  public:
@@ -52,6 +71,21 @@ class Backend {
   virtual void scatter_add(const Tensor& out, int64_t axis, const Tensor& index, const Tensor& src) = 0;
   /// Fills out from the Philox stream (seed, first block counter).
   virtual void random(RandomKind kind, const Tensor& out, uint64_t seed, uint64_t counter, double a, double b) = 0;
+  /// cols (C * kh * kw, N * oh * ow) from x (N, C, h, w), both contiguous: row (c, i, j) holds tap
+  /// (i, j) of channel c for every sample and output position, 0 in the padding.
+  virtual void im2col(const Tensor& x, const Window2d& win, const Tensor& cols) = 0;
+  /// x (N, C, h, w) += the adjoint of im2col applied to cols (C * kh * kw, N * oh * ow); both contiguous.
+  virtual void col2im(const Tensor& cols, const Window2d& win, const Tensor& x) = 0;
+  /// out (N, C, oh, ow) = the max of each window of x (N, C, h, w), padding excluded, NaN winning;
+  /// indices (int64, out's shape) = its position y * w + x in the plane. Every window holds an
+  /// element of x. All contiguous.
+  virtual void max_pool2d(const Tensor& x, const Window2d& win, const Tensor& out, const Tensor& indices) = 0;
+  /// out (N, C, oh, ow) = each window's sum over x (N, C, h, w) (dilation 1) divided by its size
+  /// clipped to [-ph, h + ph) x [-pw, w + pw) when count_include_pad, else to the input. All contiguous.
+  virtual void avg_pool2d(const Tensor& x, const Window2d& win, bool count_include_pad, const Tensor& out) = 0;
+  /// grad_x (N, C, h, w) += the adjoint of avg_pool2d applied to grad (N, C, oh, ow). All contiguous.
+  virtual void avg_pool2d_backward(const Tensor& grad, const Window2d& win, bool count_include_pad,
+                                   const Tensor& grad_x) = 0;
 };
 
 /// The backend that runs tensors on device.

@@ -1,6 +1,7 @@
 // The CPU backend: the Backend primitives run with OpenMP threads over strided loops, OpenBLAS for
 // floating matmul and Philox for random numbers. Each primitive lives in the .cpp file named after
-// its kind (copy.cpp, elementwise.cpp, reduce.cpp, matmul.cpp, index.cpp, random.cpp).
+// its kind (copy.cpp, elementwise.cpp, reduce.cpp, matmul.cpp, index.cpp, random.cpp,
+// conv.cpp, pool.cpp).
 #pragma once
 
 #include "backend/backend.h"
@@ -20,6 +21,12 @@ class CpuBackend final : public Backend {
   void gather(const Tensor& x, int64_t axis, const Tensor& index, const Tensor& out) override;
   void scatter_add(const Tensor& out, int64_t axis, const Tensor& index, const Tensor& src) override;
   void random(RandomKind kind, const Tensor& out, uint64_t seed, uint64_t counter, double a, double b) override;
+  void im2col(const Tensor& x, const Window2d& win, const Tensor& cols) override;
+  void col2im(const Tensor& cols, const Window2d& win, const Tensor& x) override;
+  void max_pool2d(const Tensor& x, const Window2d& win, const Tensor& out, const Tensor& indices) override;
+  void avg_pool2d(const Tensor& x, const Window2d& win, bool count_include_pad, const Tensor& out) override;
+  void avg_pool2d_backward(const Tensor& grad, const Window2d& win, bool count_include_pad,
+                           const Tensor& grad_x) override;
 };
 
 /// The process's one CPU backend.

@@ -3,6 +3,7 @@
 // dtype; an unsupported dtype becomes a TypeError naming the op instead of a crash.
 #pragma once
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -45,14 +46,30 @@ constexpr bool kIsHalfType = std::is_same_v<T, Half> || std::is_same_v<T, BFloat
 template <typename T>
 constexpr bool kIsInt = std::is_same_v<T, int32_t> || std::is_same_v<T, int64_t>;
 
+// Note [Rounding to half without double rounding]
+// double -> float -> half can round twice (a double just above a half tie rounds to the tie in
+// float, then to even). Rounding to float "to odd" (an inexact result gets an odd last bit) keeps
+// the information, and float's 13 extra bits make the final round-to-nearest-even exact.
+inline float to_float_round_odd(double x) {
+  float f = static_cast<float>(x);
+  uint32_t bits = std::bit_cast<uint32_t>(f);
+  if (static_cast<double>(f) != x && x == x && (bits & 1u) == 0) {
+    bits = std::fabs(static_cast<double>(f)) > std::fabs(x) ? bits - 1 : bits + 1;  // the odd neighbour
+    f = std::bit_cast<float>(bits);
+  }
+  return f;
+}
+
 /// Converts between element types as a C++ cast would, except that float -> int saturates (NaN
-/// gives 0) instead of being undefined, and the half types round to nearest even through float.
+/// gives 0) instead of being undefined, and the half types round to nearest even, once.
 template <typename To, typename From>
 To convert(From x) {
   if constexpr (std::is_same_v<From, Half>) {
     return convert<To>(half_to_float(x.bits));
   } else if constexpr (std::is_same_v<From, BFloat16>) {
     return convert<To>(bfloat16_to_float(x.bits));
+  } else if constexpr (kIsHalfType<To> && (std::is_same_v<From, double> || kIsInt<From>)) {
+    return convert<To>(to_float_round_odd(static_cast<double>(x)));
   } else if constexpr (std::is_same_v<To, Half>) {
     return Half{float_to_half(static_cast<float>(x))};
   } else if constexpr (std::is_same_v<To, BFloat16>) {

@@ -104,7 +104,7 @@ void float_unary(UnaryOp op, const StridedLoop& loop, double p0d, double p1d) {
   BRAID_ASSERT(false, "unhandled unary op ", unary_name(op));
 }
 
-// Integers take the sign and clamp family; arithmetic wraps as two's complement.
+// Integers take the sign, rounding and clamp families; arithmetic wraps as two's complement.
 template <typename T>
 void int_unary(UnaryOp op, const StridedLoop& loop, double p0d, double p1d, DType dtype) {
   switch (op) {
@@ -113,6 +113,9 @@ void int_unary(UnaryOp op, const StridedLoop& loop, double p0d, double p1d, DTyp
     case UnaryOp::Square: return map_unary<T, T>(loop, [](T x) { return wrap_mul(x, x); });
     case UnaryOp::Sign: return map_unary<T, T>(loop, [](T x) { return T((x > 0) - (x < 0)); });
     case UnaryOp::Relu: return map_unary<T, T>(loop, [](T x) { return x < 0 ? T(0) : x; });
+    case UnaryOp::Floor:
+    case UnaryOp::Ceil:
+    case UnaryOp::Round: return map_unary<T, T>(loop, [](T x) { return x; });  // integers are whole already
     case UnaryOp::Clamp: {
       const T lo = convert<T>(p0d), hi = convert<T>(p1d);  // an infinite bound saturates to the type's range
       return map_unary<T, T>(loop, [lo, hi](T x) { return x < lo ? lo : (x > hi ? hi : x); });

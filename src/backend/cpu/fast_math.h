@@ -58,7 +58,7 @@ inline float tanh_f32(float x) {
   p = p * z + 1.33314422036e-1f;
   p = p * z - 3.33332819422e-1f;
   const float small = p * z * ax + ax;
-  const float e = exp_f32(2.0f * select(ax > 9.0f, 9.0f, ax));  // tanh(9) is 1 in float
+  const float e = exp_f32(2.0f * select(ax > 10.0f, 10.0f, ax));  // tanh(x > 9.1) rounds to 1
   const float large = 1.0f - 2.0f / (e + 1.0f);
   return std::copysign(select(ax < 0.625f, small, large), x);
 }

@@ -1,0 +1,237 @@
+// Module bookkeeping: registration, dotted names, train/eval, state dicts, and the containers.
+#include "braid/nn/module.h"
+
+#include <sstream>
+
+#include "braid/autograd.h"
+#include "braid/ops.h"
+
+namespace braid::nn {
+
+namespace {
+std::string join(const std::string& prefix, const std::string& name) { return prefix.empty() ? name : prefix + "." + name; }
+}  // namespace
+
+void Module::check_new_name(const std::string& name) const {
+  BRAID_CHECK(!name.empty() && name.find('.') == std::string::npos, type_name_, ": invalid name '", name,
+              "' (names are non-empty and contain no '.')");
+  auto taken = [&](const auto& list) {
+    for (const auto& [n, v] : list)
+      if (n == name) return true;
+    return false;
+  };
+  BRAID_CHECK(!taken(params_) && !taken(buffers_) && !taken(children_), type_name_, ": name '", name,
+              "' is already registered");
+}
+
+Tensor Module::register_parameter(const std::string& name, Tensor value, bool requires_grad) {
+  check_new_name(name);
+  BRAID_CHECK(value.defined(), type_name_, ": parameter '", name, "' is undefined");
+  if (requires_grad) value.set_requires_grad(true);
+  params_.emplace_back(name, value);
+  return value;
+}
+
+Tensor Module::register_buffer(const std::string& name, Tensor value) {
+  check_new_name(name);
+  buffers_.emplace_back(name, value);
+  return value;
+}
+
+void Module::set_buffer(const std::string& name, Tensor value) {
+  for (auto& [n, t] : buffers_)
+    if (n == name) {
+      t = std::move(value);
+      return;
+    }
+  throw IndexError(detail::cat(type_name_, ": no buffer named '", name, "'"));
+}
+
+void Module::add_child(const std::string& name, ModulePtr m) {
+  check_new_name(name);
+  BRAID_CHECK(m != nullptr, type_name_, ": child '", name, "' is null");
+  children_.emplace_back(name, std::move(m));
+}
+
+NamedTensors Module::named_parameters(bool recurse) const {
+  NamedTensors out = params_;
+  if (recurse)
+    for (const auto& [name, c] : children_)
+      for (auto& [n, t] : c->named_parameters(true)) out.emplace_back(join(name, n), t);
+  return out;
+}
+
+std::vector<Tensor> Module::parameters(bool recurse) const {
+  std::vector<Tensor> out;
+  for (auto& [n, t] : named_parameters(recurse)) out.push_back(t);
+  return out;
+}
+
+NamedTensors Module::named_buffers(bool recurse) const {
+  NamedTensors out;
+  for (const auto& [n, t] : buffers_)
+    if (t.defined()) out.emplace_back(n, t);
+  if (recurse)
+    for (const auto& [name, c] : children_)
+      for (auto& [n, t] : c->named_buffers(true)) out.emplace_back(join(name, n), t);
+  return out;
+}
+
+std::vector<std::pair<std::string, ModulePtr>> Module::named_modules() {
+  std::vector<std::pair<std::string, ModulePtr>> out;
+  std::vector<std::pair<std::string, Module*>> stack;
+  for (auto it = children_.rbegin(); it != children_.rend(); ++it) stack.emplace_back(it->first, it->second.get());
+  while (!stack.empty()) {
+    auto [path, m] = stack.back();
+    stack.pop_back();
+    ModulePtr self = child(path);
+    out.emplace_back(path, self);
+    for (auto it = m->children_.rbegin(); it != m->children_.rend(); ++it)
+      stack.emplace_back(join(path, it->first), it->second.get());
+  }
+  return out;
+}
+
+ModulePtr Module::child(const std::string& path) const {
+  const Module* m = this;
+  ModulePtr found;
+  std::stringstream ss(path);
+  std::string part;
+  while (std::getline(ss, part, '.')) {
+    found = nullptr;
+    std::string known;
+    for (const auto& [n, c] : m->children_) {
+      if (n == part) found = c;
+      known += (known.empty() ? "" : ", ") + n;
+    }
+    BRAID_CHECK_T(IndexError, found != nullptr, m->type_name_, ": no child named '", part, "' in path '", path,
+                  "'; known: ", known.empty() ? "(none)" : known);
+    m = found.get();
+  }
+  return found;
+}
+
+void Module::replace_child(const std::string& path, ModulePtr replacement) {
+  BRAID_CHECK(replacement != nullptr, "replace_child: replacement for '", path, "' is null");
+  auto dot = path.rfind('.');
+  Module* parent = this;
+  ModulePtr holder;
+  if (dot != std::string::npos) {
+    holder = child(path.substr(0, dot));
+    parent = holder.get();
+  }
+  std::string last = dot == std::string::npos ? path : path.substr(dot + 1);
+  for (auto& [n, c] : parent->children_)
+    if (n == last) {
+      c = std::move(replacement);
+      return;
+    }
+  child(path);  // throws with the list of known names
+}
+
+void Module::train(bool on) {
+  training_ = on;
+  for (auto& [n, c] : children_) c->train(on);
+}
+
+StateDict Module::state_dict() const {
+  StateDict out;
+  for (auto& [n, t] : named_parameters()) out[n] = t;
+  for (auto& [n, t] : named_buffers()) out[n] = t;
+  return out;
+}
+
+void Module::load_state_dict(const StateDict& state, bool strict) {
+  StateDict mine = state_dict();
+  // Check everything before writing anything, so that a bad dict leaves the model untouched.
+  for (const auto& [name, t] : mine) {
+    auto it = state.find(name);
+    BRAID_CHECK(it != state.end() || !strict, "load_state_dict: missing entry '", name, "' for ", type_name_);
+    if (it == state.end()) continue;
+    BRAID_CHECK(it->second.shape() == t.shape(), "load_state_dict: '", name, "' has shape ",
+                shape_str(it->second.shape()), " in the state dict but ", shape_str(t.shape()), " in the model");
+  }
+  if (strict)
+    for (const auto& [name, t] : state)
+      BRAID_CHECK(mine.count(name), "load_state_dict: unexpected entry '", name, "' (the model has no such parameter or buffer)");
+  NoGradGuard no_grad;
+  for (auto& [name, t] : mine) {
+    auto it = state.find(name);
+    if (it != state.end()) t.copy_(it->second);
+  }
+}
+
+void Module::zero_grad() {
+  for (Tensor& p : parameters()) p.set_grad(Tensor());
+}
+
+// Note [Module::to]
+// Layers keep handles to their parameters (weight_ = register_parameter(...)), so conversion must
+// not hand out new tensors. As PyTorch's param.data = ..., it repoints each tensor's own impl at
+// converted storage; autograd state (requires_grad) stays, views taken earlier keep the old data.
+void Module::to(DType dtype) {
+  BRAID_CHECK_T(TypeError, is_floating(dtype) && is_compute_type(dtype), type_name_,
+                ".to: expected float32 or float64, got ", dtype_name(dtype));
+  NoGradGuard no_grad;
+  auto convert = [dtype](Tensor t) {
+    if (!t.defined() || !is_floating(t.dtype()) || t.dtype() == dtype) return;
+    Tensor c = t.detach().to(dtype).contiguous();
+    Tensor g = t.grad();
+    TensorImpl& impl = t.impl();
+    impl.storage = c.storage();
+    impl.strides = c.strides();
+    impl.offset = c.offset();
+    impl.dtype = dtype;
+    if (g.defined()) t.set_grad(g.to(dtype));
+  };
+  for (auto& [n, t] : params_) convert(t);
+  for (auto& [n, t] : buffers_) convert(t);
+  for (auto& [n, c] : children_) c->to(dtype);
+}
+
+int64_t Module::num_parameters() const {
+  int64_t n = 0;
+  for (const Tensor& p : parameters()) n += p.numel();
+  return n;
+}
+
+std::string Module::to_string() const {
+  std::ostringstream os;
+  os << describe();
+  if (!children_.empty()) {
+    os << " (\n";
+    for (const auto& [n, c] : children_) {
+      std::string inner = c->to_string(), indented;
+      for (char ch : inner) indented += ch == '\n' ? std::string("\n  ") : std::string(1, ch);
+      os << "  (" << n << "): " << indented << "\n";
+    }
+    os << ")";
+  }
+  return os.str();
+}
+
+Sequential::Sequential(const std::vector<ModulePtr>& modules) : Module("Sequential") {
+  for (const ModulePtr& m : modules) add(m);
+}
+
+Sequential& Sequential::add(ModulePtr m, const std::string& name) {
+  register_module(name.empty() ? std::to_string(size()) : name, std::move(m));
+  return *this;
+}
+
+Tensor Sequential::forward(const Tensor& x) {
+  Tensor h = x;
+  for (auto& [n, m] : named_children()) h = m->forward(h);
+  return h;
+}
+
+ModuleList& ModuleList::add(ModulePtr m) {
+  register_module(std::to_string(size()), std::move(m));
+  return *this;
+}
+
+Tensor ModuleList::forward(const Tensor&) {
+  throw NotImplementedError("ModuleList has no forward of its own; call its modules from the owning module");
+}
+
+}  // namespace braid::nn

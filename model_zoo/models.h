@@ -1,0 +1,25 @@
+// The model zoo: reference models built only from braid's layers, so that the same definitions
+// train on one process and, unchanged, data-parallel or pipelined across ranks.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "braid/nn/nn.h"
+
+namespace braid::zoo {
+
+/// Flatten + Linear/ReLU stack for (N, C, H, W) or (N, F) input.
+nn::ModulePtr mlp(int64_t in_features = 784, const std::vector<int64_t>& hidden = {256, 128}, int64_t classes = 10);
+/// A LeNet-style CNN with BatchNorm for (N, 1, 28, 28) images: two conv-BN-ReLU-pool stages and
+/// two Linear layers.
+nn::ModulePtr small_cnn(int64_t in_channels = 1, int64_t classes = 10);
+/// A ResNet-style CNN for (N, 3, 32, 32) images: a stem and three stages of residual basic blocks
+/// (widths w, 2w, 4w; stride 2 between stages), global average pooling and a Linear head.
+nn::ModulePtr resnet(int64_t in_channels = 3, int64_t classes = 10, int64_t width = 16, int64_t blocks_per_stage = 1);
+
+/// Builds a model by name ("mlp", "cnn", "resnet") for inputs of in_channels.
+nn::ModulePtr make_model(const std::string& name, int64_t in_channels, int64_t classes);
+std::vector<std::string> model_names();
+
+}  // namespace braid::zoo

@@ -1,0 +1,222 @@
+// braid-train: the main training program. Trains a model-zoo network on an IDX image data set
+// (the real Fashion-MNIST by default), with a progress bar, a per-epoch evaluation, a checkpoint
+// that --resume continues from, a CSV log and an SVG plot of the loss and accuracy curves.
+#include <sys/stat.h>
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <string>
+
+#include "braid/braid.h"
+#include "braid/checkpoint.h"
+#include "braid/data.h"
+#include "braid/nn/loss.h"
+#include "braid/optim.h"
+#include "models.h"
+#include "plot.h"
+#include "progress.h"
+
+using namespace braid;
+
+namespace {
+
+struct Args {
+  std::string model = "cnn", data = "/usr/share/datasets/fashion-mnist", out = "runs/fashion-mnist";
+  std::string optimizer = "adam", resume;
+  int64_t epochs = 3, batch_size = 64, limit = 0, threads = 0;
+  double lr = 0;  // 0: the optimizer's default below
+  uint64_t seed = 0;
+};
+
+void usage() {
+  std::printf(
+      "usage: braid-train [--model cnn|mlp|resnet] [--data DIR] [--epochs N] [--batch-size N]\n"
+      "                   [--optimizer adam|sgd] [--lr X] [--seed N] [--out DIR] [--resume CKPT]\n"
+      "                   [--limit N (train on the first N images)] [--threads N]\n");
+}
+
+Args parse(int argc, char** argv) {
+  Args a;
+  std::map<std::string, std::string*> strings{{"--model", &a.model}, {"--data", &a.data}, {"--out", &a.out},
+                                             {"--optimizer", &a.optimizer}, {"--resume", &a.resume}};
+  std::map<std::string, int64_t*> ints{{"--epochs", &a.epochs}, {"--batch-size", &a.batch_size},
+                                      {"--limit", &a.limit}, {"--threads", &a.threads}};
+  for (int i = 1; i < argc; ++i) {
+    std::string k = argv[i];
+    if (k == "--help" || k == "-h") {
+      usage();
+      std::exit(0);
+    }
+    BRAID_CHECK(i + 1 < argc, "braid-train: option ", k, " needs a value");
+    std::string v = argv[++i];
+    if (strings.count(k)) *strings[k] = v;
+    else if (ints.count(k)) *ints[k] = std::stoll(v);
+    else if (k == "--lr") a.lr = std::stod(v);
+    else if (k == "--seed") a.seed = std::stoull(v);
+    else throw ValueError("braid-train: unknown option '" + k + "' (see --help)");
+  }
+  BRAID_CHECK(a.optimizer == "adam" || a.optimizer == "sgd", "braid-train: --optimizer must be adam or sgd, got '",
+              a.optimizer, "'");
+  BRAID_CHECK(a.epochs > 0 && a.batch_size > 0, "braid-train: --epochs and --batch-size must be positive");
+  if (a.lr == 0) a.lr = a.optimizer == "adam" ? 2e-3 : 0.05;
+  return a;
+}
+
+std::shared_ptr<data::TensorDataset> first_n(std::shared_ptr<data::TensorDataset> d, int64_t n) {
+  if (n <= 0 || n >= d->size()) return d;
+  return std::make_shared<data::TensorDataset>(d->inputs().narrow(0, 0, n), d->targets().narrow(0, 0, n));
+}
+
+struct EvalResult {
+  double loss, accuracy;
+};
+
+EvalResult evaluate(nn::Module& model, data::DataLoader& loader) {
+  NoGradGuard no_grad;
+  model.eval();
+  double loss = 0;
+  int64_t correct = 0, seen = 0;
+  data::Batch b;
+  while (loader.next(b)) {
+    Tensor logits = model(b.input);
+    loss += nn::cross_entropy(logits, b.target, Tensor(), -100, "sum").item();
+    correct += static_cast<int64_t>(sum(eq(argmax(logits, 1), b.target)).item());
+    seen += b.input.size(0);
+  }
+  model.train();
+  return {loss / static_cast<double>(seen), static_cast<double>(correct) / static_cast<double>(seen)};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  Args args = parse(argc, argv);
+  if (args.threads > 0) set_num_threads(static_cast<int>(args.threads));
+  manual_seed(args.seed);
+  ::mkdir(args.out.c_str(), 0755);
+
+  auto train_set = first_n(data::load_mnist(args.data, true), args.limit);
+  auto test_set = data::load_mnist(args.data, false);
+  // Fashion-MNIST's pixel mean and standard deviation over the training set.
+  auto normalize = std::make_shared<data::Normalize>(std::vector<double>{0.2860}, std::vector<double>{0.3530});
+  data::DataLoaderOptions train_opts;
+  train_opts.batch_size = args.batch_size;
+  train_opts.shuffle = true;
+  train_opts.seed = args.seed;
+  train_opts.transforms = {normalize};
+  data::DataLoader train_loader(train_set, train_opts);
+  data::DataLoaderOptions test_opts;
+  test_opts.batch_size = 500;
+  test_opts.transforms = {normalize};
+  data::DataLoader test_loader(test_set, test_opts);
+
+  nn::ModulePtr model = zoo::make_model(args.model, 1, 10);
+  std::unique_ptr<optim::Optimizer> opt;
+  if (args.optimizer == "adam") {
+    optim::AdamOptions o;
+    o.lr = args.lr;
+    opt = std::make_unique<optim::Adam>(model->parameters(), o);
+  } else {
+    optim::SGDOptions o;
+    o.lr = args.lr;
+    o.momentum = 0.9;
+    o.nesterov = true;
+    o.weight_decay = 5e-4;
+    opt = std::make_unique<optim::SGD>(model->parameters(), o);
+  }
+  const int64_t steps_per_epoch = train_loader.num_batches(), total_steps = steps_per_epoch * args.epochs;
+  optim::CosineWithWarmup schedule(*opt, std::min<int64_t>(200, total_steps / 10), total_steps, args.lr * 0.01);
+
+  int64_t step = 0;
+  const std::string ckpt_path = args.out + "/checkpoint.braid";
+  if (!args.resume.empty()) {
+    Checkpoint ck = load_checkpoint(args.resume);
+    restore_state(ck, "model.", *model);
+    restore_state(ck, "optim.", *opt);
+    restore_state(ck, "sched.", schedule);
+    restore_state(ck, "rng.", default_generator());
+    restore_state(ck, "loader.", train_loader);
+    step = ck.integer("step");
+    std::printf("resumed from %s at step %lld (epoch %lld)\n", args.resume.c_str(), static_cast<long long>(step),
+                static_cast<long long>(train_loader.epoch()));
+  }
+
+  std::printf("braid-train: model %s (%lld parameters), %s lr %g, batch %lld, %lld epochs, %lld train / %lld test "
+              "images, %d threads\n",
+              args.model.c_str(), static_cast<long long>(model->num_parameters()), args.optimizer.c_str(), args.lr,
+              static_cast<long long>(args.batch_size), static_cast<long long>(args.epochs),
+              static_cast<long long>(train_set->size()), static_cast<long long>(test_set->size()), get_num_threads());
+
+  std::ofstream log(args.out + "/log.csv", args.resume.empty() ? std::ios::trunc : std::ios::app);
+  if (args.resume.empty()) log << "step,epoch,train_loss,train_accuracy,test_loss,test_accuracy,lr\n";
+  zoo::Series train_loss{"train loss", {}, {}, "#1f77b4"}, test_loss{"test loss", {}, {}, "#d62728"};
+  zoo::Series train_acc{"train accuracy", {}, {}, "#1f77b4"}, test_acc{"test accuracy", {}, {}, "#d62728"};
+  double final_accuracy = 0;
+
+  model->train();
+  while (train_loader.epoch() < args.epochs) {
+    const int64_t epoch = train_loader.epoch();
+    zoo::ProgressBar bar("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(args.epochs), steps_per_epoch, "img");
+    double loss_sum = 0, window_loss = 0;
+    int64_t correct = 0, seen = 0, window = 0, images = 0;
+    data::Batch b;
+    while (train_loader.next(b)) {
+      Tensor logits = (*model)(b.input);
+      Tensor loss = nn::cross_entropy(logits, b.target);
+      opt->zero_grad();
+      loss.backward();
+      opt->step();
+      schedule.step();
+      ++step;
+      const double l = loss.item();
+      const int64_t n = b.input.size(0);
+      loss_sum += l * static_cast<double>(n);
+      window_loss += l;
+      ++window;
+      correct += static_cast<int64_t>(sum(eq(argmax(logits.detach(), 1), b.target)).item());
+      seen += n;
+      images += n;
+      if (window == 50) {
+        train_loss.x.push_back(static_cast<double>(step) / static_cast<double>(steps_per_epoch));
+        train_loss.y.push_back(window_loss / static_cast<double>(window));
+        window = 0;
+        window_loss = 0;
+      }
+      bar.update(b.index + 1, images, {{"loss", loss_sum / static_cast<double>(seen)},
+                                       {"acc", static_cast<double>(correct) / static_cast<double>(seen)}});
+    }
+    const double tl = loss_sum / static_cast<double>(std::max<int64_t>(seen, 1));
+    const double ta = static_cast<double>(correct) / static_cast<double>(std::max<int64_t>(seen, 1));
+    bar.finish({{"loss", tl}, {"acc", ta}});
+    EvalResult ev = evaluate(*model, test_loader);
+    final_accuracy = ev.accuracy;
+    std::printf("epoch %lld: train loss %.4f acc %.4f | test loss %.4f acc %.4f\n", static_cast<long long>(epoch + 1),
+                tl, ta, ev.loss, ev.accuracy);
+    log << step << "," << epoch + 1 << "," << tl << "," << ta << "," << ev.loss << "," << ev.accuracy << ","
+        << schedule.get_last_lr()[0] << "\n";
+    log.flush();
+    const double e = static_cast<double>(epoch + 1);
+    test_loss.x.push_back(e), test_loss.y.push_back(ev.loss);
+    train_acc.x.push_back(e), train_acc.y.push_back(ta);
+    test_acc.x.push_back(e), test_acc.y.push_back(ev.accuracy);
+
+    Checkpoint ck;
+    store_state(ck, "model.", *model);
+    store_state(ck, "optim.", *opt);
+    store_state(ck, "sched.", schedule);
+    store_state(ck, "rng.", default_generator());
+    store_state(ck, "loader.", train_loader);
+    ck.integers["step"] = step;
+    save_checkpoint(ckpt_path, ck);
+  }
+  zoo::write_svg_chart(args.out + "/curves.svg", "braid-train: " + args.model + " on " + args.data,
+                       {{"cross-entropy", {train_loss, test_loss}}, {"accuracy", {train_acc, test_acc}}});
+  std::printf("final test accuracy %.4f; checkpoint %s, log %s/log.csv, plot %s/curves.svg\n", final_accuracy,
+              ckpt_path.c_str(), args.out.c_str(), args.out.c_str());
+  return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "braid-train: error: %s\n", e.what());
+  return 1;
+}

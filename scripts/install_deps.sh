@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Installs, on a fresh Debian 12 machine as root, exactly what braid needs to build, test and benchmark.
+# It asks dpkg first and runs apt-get only when a package is missing, so a repeat run is fast and
+# works offline; the list is the one the README's Quick start promises.
+set -euo pipefail
+export DEBIAN_FRONTEND=noninteractive
+
+packages=(
+  build-essential g++ meson ninja-build pkg-config
+  libopenblas-dev libgtest-dev libbenchmark-dev
+  mpich libmpich-dev
+  python3 python3-numpy
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  # "install ok installed" is the only state in which the package is usable; half-configured counts as missing.
+  status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
+  if [[ "$status" != "install ok installed" ]]; then
+    missing+=("$p")
+  fi
+done
+
+if ((${#missing[@]} == 0)); then
+  echo "install_deps: all ${#packages[@]} packages present"
+  exit 0
+fi
+
+if [[ $(id -u) -ne 0 ]]; then
+  echo "install_deps: missing ${missing[*]}; run as root (apt-get needs it)" >&2
+  exit 1
+fi
+
+echo "install_deps: installing ${missing[*]}"
+apt-get update -q
+apt-get install -y -q --no-install-recommends "${missing[@]}"

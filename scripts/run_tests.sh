@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Builds braid twice and runs every unit test in both trees: build/ (release, -Wall -Wextra -Werror)
+# and build-asan/ (AddressSanitizer + UndefinedBehaviorSanitizer). CI reads only the last line, the
+# count of individual GoogleTest cases over both trees, so nothing may be printed after it.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+jobs=${BRAID_JOBS:-2}  # CI has 2 cores; more jobs would only thrash memory
+start=$(date +%s)
+failed_steps=()
+
+# setup_tree DIR OPTIONS...: configure DIR afresh, or reconfigure it in place so that a repeat run only
+# recompiles what changed; wipe it when reconfiguring fails (e.g. a Meson upgrade).
+setup_tree() {
+  local dir=$1
+  shift
+  if [[ -f "$dir/meson-private/coredata.dat" ]]; then
+    meson setup --reconfigure "$dir" "$@" || meson setup --wipe "$dir" "$@"
+  else
+    rm -rf "$dir"
+    meson setup "$dir" "$@"
+  fi
+}
+
+# run_tree NAME DIR TIMEOUT_MULTIPLIER OPTIONS...: build and test one tree; a failed step is recorded,
+# not fatal, so that the other tree still runs and the count still comes out.
+run_tree() {
+  local name=$1 dir=$2 mult=$3
+  shift 3
+  echo "==== $name: configure ($*)"
+  # A log or gtest XML left by an earlier run would be counted as this run's result.
+  rm -f "$dir/meson-logs/testlog.json" "$dir/meson-logs/testlog.junit.xml"
+  if ! setup_tree "$dir" "$@"; then
+    failed_steps+=("$name: meson setup failed")
+    return
+  fi
+  echo "==== $name: build"
+  if ! ninja -C "$dir" -j "$jobs"; then
+    failed_steps+=("$name: build failed")
+    return
+  fi
+  python3 scripts/test_summary.py --clean-gtest-xml "$dir"
+  echo "==== $name: test"
+  # meson's exit status is not used: the summary reads every test's result from the logs.
+  meson test -C "$dir" --print-errorlogs --num-processes "$jobs" --timeout-multiplier "$mult" || true
+}
+
+run_tree build build "${BRAID_TIMEOUT_MULTIPLIER:-4}" \
+  -Dbuildtype=release -Dwerror=true -Db_sanitize=none -Dtests=enabled -Dbenchmarks=enabled
+
+export ASAN_OPTIONS=detect_leaks=1
+export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+run_tree build-asan build-asan "${BRAID_ASAN_TIMEOUT_MULTIPLIER:-10}" \
+  -Dbuildtype=debugoptimized -Db_sanitize=address,undefined -Db_lundef=false -Dtests=enabled -Dbenchmarks=disabled
+
+echo "==== run_tests.sh took $(($(date +%s) - start)) s"
+args=()
+for s in "${failed_steps[@]+"${failed_steps[@]}"}"; do
+  args+=(--step-failure "$s")
+done
+python3 scripts/test_summary.py "${args[@]+"${args[@]}"}" build build-asan

@@ -1,0 +1,106 @@
+// im2col and its adjoint col2im: the CPU primitives under convolution (src/ops/conv.cpp turns a
+// convolution into one GEMM over their columns). Both split the work so that no two threads write
+// one element: im2col over (column row, sample) pairs, col2im over (sample, channel) planes.
+#include <omp.h>
+
+#include <algorithm>
+#include <type_traits>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/dispatch.h"
+#include "backend/cpu/loop.h"
+#include "braid/parallel.h"
+
+namespace braid::detail {
+namespace {
+
+int threads_for(int64_t work) { return work > kParallelGrain && !omp_in_parallel() ? get_num_threads() : 1; }
+
+template <typename T>
+void im2col_kernel(const T* x, T* cols, int64_t n, int64_t c, const Window2d& win) {
+  const int64_t p = win.oh * win.ow, taps = win.kh * win.kw, plane = win.h * win.w;
+  const int64_t tasks = c * taps * n;
+  const int nt = threads_for(tasks * p);
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (int64_t task = 0; task < tasks; ++task) {
+    const int64_t row = task / n, b = task % n;  // row = (channel, i, j)
+    const int64_t ch = row / taps, i = row / win.kw % win.kh, j = row % win.kw;
+    const T* src = x + (b * c + ch) * plane;  // (h, w)
+    T* dst = cols + row * n * p + b * p;      // (oh, ow)
+    const int64_t x0 = j * win.dw - win.pw;
+    const auto [lo, hi] = window_taps(x0, win.sw, win.ow, win.w);  // output columns that read x
+    for (int64_t oy = 0; oy < win.oh; ++oy) {
+      T* d = dst + oy * win.ow;
+      const int64_t iy = oy * win.sh - win.ph + i * win.dh;
+      if (iy < 0 || iy >= win.h || lo == hi) {
+        std::fill(d, d + win.ow, T(0));
+        continue;
+      }
+      std::fill(d, d + lo, T(0));
+      const T* s = src + iy * win.w + x0 + lo * win.sw;  // column of output lo
+      if (win.sw == 1)
+        std::copy(s, s + (hi - lo), d + lo);
+      else
+        for (int64_t k = 0; k < hi - lo; ++k) d[lo + k] = s[k * win.sw];
+      std::fill(d + hi, d + win.ow, T(0));
+    }
+  }
+}
+
+template <typename T>
+void col2im_kernel(const T* cols, T* x, int64_t n, int64_t c, const Window2d& win) {
+  const int64_t p = win.oh * win.ow, plane = win.h * win.w;
+  const int64_t planes = n * c;
+  const int nt = threads_for(planes * win.kh * win.kw * p);
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (int64_t task = 0; task < planes; ++task) {
+    const int64_t b = task / c, ch = task % c;
+    T* dst = x + task * plane;  // (h, w)
+    for (int64_t i = 0; i < win.kh; ++i) {
+      for (int64_t j = 0; j < win.kw; ++j) {
+        const T* src = cols + ((ch * win.kh + i) * win.kw + j) * n * p + b * p;  // (oh, ow)
+        const int64_t x0 = j * win.dw - win.pw;
+        const auto [lo, hi] = window_taps(x0, win.sw, win.ow, win.w);
+        if (lo == hi) continue;
+        for (int64_t oy = 0; oy < win.oh; ++oy) {
+          const int64_t iy = oy * win.sh - win.ph + i * win.dh;
+          if (iy < 0 || iy >= win.h) continue;
+          T* d = dst + iy * win.w + x0 + lo * win.sw;  // column of output lo
+          const T* s = src + oy * win.ow + lo;
+          if (win.sw == 1)
+            for (int64_t k = 0; k < hi - lo; ++k) d[k] += s[k];
+          else
+            for (int64_t k = 0; k < hi - lo; ++k) d[k * win.sw] += s[k];
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void CpuBackend::im2col(const Tensor& x, const Window2d& win, const Tensor& cols) {
+  BRAID_ASSERT(x.dim() == 4 && x.is_contiguous() && cols.is_contiguous() && x.dtype() == cols.dtype(),
+               "im2col: x (N, C, h, w) and cols must be contiguous and of one dtype");
+  if (cols.numel() == 0) return;
+  dispatch_compute(x.dtype(), "im2col", [&]<typename T>() {
+    if constexpr (std::is_floating_point_v<T>)
+      im2col_kernel<T>(x.data<T>(), cols.data<T>(), x.shape()[0], x.shape()[1], win);
+    else
+      unsupported_dtype("im2col", x.dtype());
+  });
+}
+
+void CpuBackend::col2im(const Tensor& cols, const Window2d& win, const Tensor& x) {
+  BRAID_ASSERT(x.dim() == 4 && x.is_contiguous() && cols.is_contiguous() && x.dtype() == cols.dtype(),
+               "col2im: x (N, C, h, w) and cols must be contiguous and of one dtype");
+  if (cols.numel() == 0) return;
+  dispatch_compute(x.dtype(), "col2im", [&]<typename T>() {
+    if constexpr (std::is_floating_point_v<T>)
+      col2im_kernel<T>(cols.data<T>(), x.data<T>(), x.shape()[0], x.shape()[1], win);
+    else
+      unsupported_dtype("col2im", x.dtype());
+  });
+}
+
+}  // namespace braid::detail

@@ -1,0 +1,155 @@
+// 2-d max and average pooling (and average pooling's adjoint) over (N, C, h, w) planes. Threads
+// split the N * C planes, so each writes only its own planes. Max pooling's backward is a
+// scatter_add through the indices it returns, so it needs no kernel here.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <type_traits>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/dispatch.h"
+#include "backend/cpu/loop.h"
+#include "braid/parallel.h"
+
+namespace braid::detail {
+namespace {
+
+int threads_for(int64_t work) { return work > kParallelGrain && !omp_in_parallel() ? get_num_threads() : 1; }
+
+template <typename T>
+void max_pool_kernel(const T* x, T* out, int64_t* indices, int64_t planes, const Window2d& win) {
+  const int64_t plane = win.h * win.w, p = win.oh * win.ow;
+  const int nt = threads_for(planes * p * win.kh * win.kw);
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (int64_t t = 0; t < planes; ++t) {
+    const T* src = x + t * plane;   // (h, w)
+    T* o = out + t * p;             // (oh, ow)
+    int64_t* at = indices + t * p;  // (oh, ow)
+    for (int64_t oy = 0; oy < win.oh; ++oy) {
+      const int64_t y0 = oy * win.sh - win.ph;
+      const auto [ilo, ihi] = window_taps(y0, win.dh, win.kh, win.h);
+      for (int64_t ox = 0; ox < win.ow; ++ox) {
+        const int64_t x0 = ox * win.sw - win.pw;
+        const auto [jlo, jhi] = window_taps(x0, win.dw, win.kw, win.w);
+        int64_t best_at = (y0 + ilo * win.dh) * win.w + x0 + jlo * win.dw;
+        T best = src[best_at];
+        for (int64_t i = ilo; i < ihi; ++i) {
+          const int64_t row = (y0 + i * win.dh) * win.w + x0;
+          for (int64_t j = jlo; j < jhi; ++j) {
+            const T v = src[row + j * win.dw];
+            if (v > best || std::isnan(v)) {  // NaN propagates, as in PyTorch
+              best = v;
+              best_at = row + j * win.dw;
+            }
+          }
+        }
+        o[oy * win.ow + ox] = best;
+        at[oy * win.ow + ox] = best_at;
+      }
+    }
+  }
+}
+
+// One average-pooling window: its clipped bounds in the input and the divisor (PyTorch's rule: the
+// window clipped to the padded input when count_include_pad, else to the input itself).
+struct AvgWindow {
+  int64_t y0, y1, x0, x1;
+  double divisor;
+};
+
+AvgWindow avg_window(const Window2d& win, int64_t oy, int64_t ox, bool count_include_pad) {
+  const int64_t ys = oy * win.sh - win.ph, xs = ox * win.sw - win.pw;
+  const int64_t ye = std::min(ys + win.kh, win.h + win.ph), xe = std::min(xs + win.kw, win.w + win.pw);
+  AvgWindow a{std::max<int64_t>(ys, 0), std::min(ye, win.h), std::max<int64_t>(xs, 0), std::min(xe, win.w), 0};
+  a.divisor = static_cast<double>(count_include_pad ? (ye - ys) * (xe - xs) : (a.y1 - a.y0) * (a.x1 - a.x0));
+  return a;
+}
+
+template <typename T>
+void avg_pool_kernel(const T* x, T* out, int64_t planes, const Window2d& win, bool count_include_pad) {
+  const int64_t plane = win.h * win.w, p = win.oh * win.ow;
+  const int nt = threads_for(planes * p * win.kh * win.kw);
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (int64_t t = 0; t < planes; ++t) {
+    const T* src = x + t * plane;  // (h, w)
+    T* o = out + t * p;            // (oh, ow)
+    for (int64_t oy = 0; oy < win.oh; ++oy) {
+      for (int64_t ox = 0; ox < win.ow; ++ox) {
+        const AvgWindow a = avg_window(win, oy, ox, count_include_pad);
+        T sum = 0;
+        for (int64_t y = a.y0; y < a.y1; ++y)
+          for (int64_t xx = a.x0; xx < a.x1; ++xx) sum += src[y * win.w + xx];
+        o[oy * win.ow + ox] = sum / static_cast<T>(a.divisor);
+      }
+    }
+  }
+}
+
+template <typename T>
+void avg_pool_backward_kernel(const T* grad, T* gx, int64_t planes, const Window2d& win, bool count_include_pad) {
+  const int64_t plane = win.h * win.w, p = win.oh * win.ow;
+  const int nt = threads_for(planes * p * win.kh * win.kw);
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (int64_t t = 0; t < planes; ++t) {
+    const T* g = grad + t * p;  // (oh, ow)
+    T* dst = gx + t * plane;    // (h, w)
+    for (int64_t oy = 0; oy < win.oh; ++oy) {
+      for (int64_t ox = 0; ox < win.ow; ++ox) {
+        const AvgWindow a = avg_window(win, oy, ox, count_include_pad);
+        const T share = g[oy * win.ow + ox] / static_cast<T>(a.divisor);
+        for (int64_t y = a.y0; y < a.y1; ++y)
+          for (int64_t xx = a.x0; xx < a.x1; ++xx) dst[y * win.w + xx] += share;
+      }
+    }
+  }
+}
+
+void check_planes(const Tensor& x, const Tensor& out, const char* op) {
+  BRAID_ASSERT(x.dim() == 4 && out.dim() == 4 && x.is_contiguous() && out.is_contiguous() && x.dtype() == out.dtype() &&
+                   x.shape()[0] * x.shape()[1] == out.shape()[0] * out.shape()[1],
+               op, ": operands must be contiguous (N, C, *, *) tensors of one dtype");
+}
+
+}  // namespace
+
+void CpuBackend::max_pool2d(const Tensor& x, const Window2d& win, const Tensor& out, const Tensor& indices) {
+  check_planes(x, out, "max_pool2d");
+  BRAID_ASSERT(indices.dtype() == kInt64 && indices.is_contiguous() && indices.shape() == out.shape(),
+               "max_pool2d: indices must be contiguous int64 of out's shape");
+  const int64_t planes = out.shape()[0] * out.shape()[1];
+  if (out.numel() == 0) return;
+  dispatch_compute(x.dtype(), "max_pool2d", [&]<typename T>() {
+    if constexpr (std::is_floating_point_v<T>)
+      max_pool_kernel<T>(x.data<T>(), out.data<T>(), indices.data<int64_t>(), planes, win);
+    else
+      unsupported_dtype("max_pool2d", x.dtype());
+  });
+}
+
+void CpuBackend::avg_pool2d(const Tensor& x, const Window2d& win, bool count_include_pad, const Tensor& out) {
+  check_planes(x, out, "avg_pool2d");
+  const int64_t planes = out.shape()[0] * out.shape()[1];
+  if (out.numel() == 0) return;
+  dispatch_compute(x.dtype(), "avg_pool2d", [&]<typename T>() {
+    if constexpr (std::is_floating_point_v<T>)
+      avg_pool_kernel<T>(x.data<T>(), out.data<T>(), planes, win, count_include_pad);
+    else
+      unsupported_dtype("avg_pool2d", x.dtype());
+  });
+}
+
+void CpuBackend::avg_pool2d_backward(const Tensor& grad, const Window2d& win, bool count_include_pad,
+                                     const Tensor& grad_x) {
+  check_planes(grad_x, grad, "avg_pool2d_backward");
+  const int64_t planes = grad.shape()[0] * grad.shape()[1];
+  if (grad.numel() == 0) return;
+  dispatch_compute(grad.dtype(), "avg_pool2d_backward", [&]<typename T>() {
+    if constexpr (std::is_floating_point_v<T>)
+      avg_pool_backward_kernel<T>(grad.data<T>(), grad_x.data<T>(), planes, win, count_include_pad);
+    else
+      unsupported_dtype("avg_pool2d_backward", grad.dtype());
+  });
+}
+
+}  // namespace braid::detail

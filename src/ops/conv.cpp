@@ -1,0 +1,355 @@
+// Convolution and pooling (braid/conv.h), composed from the backend's im2col/col2im and pooling
+// primitives and matmul. Each op checks its arguments at the front door and records one autograd
+// node. Three building blocks serve every formula: conv2d's input gradient is conv_transpose2d's
+// forward and the other way round, and one weight-gradient product serves both.
+#include "braid/conv.h"
+
+#include <algorithm>
+
+#include "ops/common.h"
+
+namespace braid {
+
+using namespace detail;
+
+namespace {
+
+// Note [Channel-major columns]
+// im2col writes cols as (C * kh * kw, N * oh * ow), the whole batch side by side, rather than one
+// (C * K, P) matrix per sample: then conv2d with groups = 1 is one large GEMM, W (C_out, C * K) x
+// cols (C * K, N * P), which OpenBLAS threads well, and so are the weight gradient
+// (C_out, N * P) x (N * P, C * K) and the column gradient. With groups the leading axis splits into
+// (G, C / G * K) and the product is a batch of G GEMMs. The price is that outputs and output
+// gradients travel channel-major, (C_out, N * P); the transposes to and from (N, C_out, P) touch
+// C_out * N * P elements, C * K / C_out times fewer than cols, and the forward one is fused with
+// the bias add.
+
+// Spreads a PyTorch int-or-tuple argument over n axes.
+std::vector<int64_t> per_axis(const std::vector<int64_t>& v, size_t n, const char* op, const char* name) {
+  BRAID_CHECK(v.size() == 1 || v.size() == n, op, ": ", name, " must have 1 or ", n, " values, got ", v.size(), " (",
+              shape_str(v), ")");
+  return v.size() == 1 ? std::vector<int64_t>(n, v[0]) : v;
+}
+
+void check_positive(const std::vector<int64_t>& v, const char* op, const char* name) {
+  for (int64_t e : v) BRAID_CHECK(e > 0, op, ": ", name, " must be positive, got ", shape_str(v));
+}
+
+void check_non_negative(const std::vector<int64_t>& v, const char* op, const char* name) {
+  for (int64_t e : v) BRAID_CHECK(e >= 0, op, ": ", name, " must be non-negative, got ", shape_str(v));
+}
+
+void check_float(const Tensor& t, const char* op, const char* what) {
+  check_compute(t, op);
+  BRAID_CHECK_T(TypeError, is_floating(t.dtype()), op, ": ", what, " must be floating-point, got ",
+                dtype_name(t.dtype()));
+}
+
+// x (N, C, *spatial) and weight (C_out, C / groups, *kernel), or (C, C_out / groups, *kernel) when
+// transposed, plus the optional bias (C_out).
+void check_conv(const char* op, const Tensor& x, const Tensor& w, const Tensor& bias, int64_t groups, int64_t spatial,
+                bool transposed) {
+  check_float(x, op, "input");
+  check_float(w, op, "weight");
+  const char* dims = spatial == 1 ? "L" : "H, W";
+  BRAID_CHECK(x.dim() == spatial + 2, op, ": expected a ", spatial + 1, "-d (C, ", dims, ") or ", spatial + 2,
+              "-d (N, C, ", dims, ") input, got shape ", shape_str(x.shape()));
+  BRAID_CHECK(w.dim() == spatial + 2, op, ": expected a ", spatial + 2, "-d weight, got shape ", shape_str(w.shape()));
+  BRAID_CHECK_T(TypeError, x.dtype() == w.dtype(), op, ": input is ", dtype_name(x.dtype()), " but weight is ",
+                dtype_name(w.dtype()), "; cast one to the other's dtype");
+  check_same_device(x, w, op);
+  BRAID_CHECK(groups > 0, op, ": groups must be positive, got ", groups);
+  if (!bias.defined()) return;
+  const int64_t bias_size = transposed ? w.shape()[1] * groups : w.shape()[0];
+  check_float(bias, op, "bias");
+  check_same_device(x, bias, op);
+  BRAID_CHECK_T(TypeError, bias.dtype() == x.dtype(), op, ": bias is ", dtype_name(bias.dtype()), " but input is ",
+                dtype_name(x.dtype()));
+  BRAID_CHECK(bias.dim() == 1 && bias.shape()[0] == bias_size, op, ": bias must have shape [", bias_size, "], got ",
+              shape_str(bias.shape()));
+}
+
+// Floor division, for output-size formulas whose numerator may be negative.
+int64_t floor_div(int64_t a, int64_t b) { return a / b - ((a % b != 0) && ((a < 0) != (b < 0))); }
+
+// One spatial axis of a window op: the input and output sizes and the window's arguments.
+struct Axis {
+  int64_t in, out, k, stride, pad, dilation;
+};
+
+Window2d make_window(const Axis& y, const Axis& x) {
+  return {y.in, x.in, y.out, x.out, y.k, x.k, y.stride, x.stride, y.pad, x.pad, y.dilation, x.dilation};
+}
+
+Tensor new_like(const Tensor& t, const Shape& shape, DType dtype) { return new_tensor(shape, dtype, t.device()); }
+
+// (N, C, h, w) -> (G, C / G, N * h * w), the layout of Note [Channel-major columns].
+Tensor channel_major(const Tensor& t, int64_t groups) {
+  const Shape& s = t.shape();
+  return contiguous(t.permute({1, 0, 2, 3})).view({groups, s[1] / groups, s[0] * s[2] * s[3]});
+}
+
+// cols (G, C / G * kh * kw, N * oh * ow) of x (N, C, h, w).
+Tensor im2col(const Tensor& x, const Window2d& win, int64_t groups) {
+  const Shape& s = x.shape();
+  Tensor cols = new_like(x, {s[1] * win.kh * win.kw, s[0] * win.oh * win.ow}, x.dtype());
+  backend_of(x).im2col(contiguous(x), win, cols);
+  return cols.view({groups, cols.shape()[0] / groups, cols.shape()[1]});
+}
+
+// The building blocks take detached tensors and record nothing.
+
+// y (N, C_out, oh, ow) = w (C_out, C / G, kh, kw) convolved with x (N, C, h, w), plus bias.
+Tensor conv_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Window2d& win, int64_t groups) {
+  const int64_t n = x.shape()[0], c_out = w.shape()[0];
+  Tensor y = matmul(w.reshape({groups, c_out / groups, -1}), im2col(x, win, groups));  // (G, C_out / G, N * P)
+  Tensor yt = y.view({c_out, n, win.oh, win.ow}).permute({1, 0, 2, 3});
+  return bias.defined() ? yt + bias.view({1, c_out, 1, 1}) : contiguous(yt);
+}
+
+// x (x_shape) = bias + the adjoint of x -> conv_forward(x, w) applied to z, given zcm =
+// channel_major(z) (G, C_out / G, N * oh * ow).
+Tensor conv_adjoint(const Tensor& zcm, const Tensor& w, const Window2d& win, const Shape& x_shape, const Tensor& bias) {
+  const int64_t groups = zcm.shape()[0];
+  Tensor cols = matmul(w.reshape({groups, zcm.shape()[1], -1}).mT(), zcm);  // (G, C / G * K, N * P)
+  Tensor x = new_like(zcm, x_shape, zcm.dtype());
+  if (bias.defined())
+    backend_of(x).copy(broadcast_view(bias.view({1, x_shape[1], 1, 1}), x_shape), x);
+  else
+    backend_of(x).fill(x, 0.0);
+  backend_of(x).col2im(cols, win, x);
+  return x;
+}
+
+// dL/dw (w_shape) from the convolution's input x (N, C, h, w) and gcm = channel_major(dL/dy).
+Tensor conv_weight_grad(const Tensor& x, const Tensor& gcm, const Window2d& win, const Shape& w_shape) {
+  return matmul(gcm, im2col(x, win, gcm.shape()[0]).mT()).view(w_shape);
+}
+
+// conv over 4-d x and w (checked), recorded as one node.
+Tensor conv_recorded(const Tensor& x, const Tensor& w, const Tensor& bias, const Window2d& win, int64_t groups) {
+  Tensor out = conv_forward(x.detach(), w.detach(), bias.defined() ? bias.detach() : bias, win, groups);
+  return record("conv2d", out, {x, w, bias}, [x = x.detach(), w = w.detach(), win, groups](const Tensor& g, Grads& r) {
+    Tensor gcm = channel_major(g, groups);
+    if (r.needs(0)) r.set(0, conv_adjoint(gcm, w, win, x.shape(), Tensor()));
+    if (r.needs(1)) r.set(1, conv_weight_grad(x, gcm, win, w.shape()));
+    if (r.needs(2)) r.set(2, sum(g, {0, 2, 3}));
+  });
+}
+
+// conv1d and conv2d after the tensor checks: the geometry per spatial axis (pads as {before, after}).
+Tensor conv_nd(const char* op, const Tensor& x, const Tensor& w, const Tensor& bias, const std::vector<int64_t>& stride,
+               const std::vector<int64_t>& pads, const std::vector<int64_t>& dilation, int64_t groups) {
+  check_positive(stride, op, "stride");
+  check_positive(dilation, op, "dilation");
+  check_non_negative(pads, op, "padding");
+  const int64_t c = x.shape()[1], c_out = w.shape()[0], spatial = x.dim() - 2;
+  BRAID_CHECK(c == w.shape()[1] * groups, op, ": input has ", c, " channels but weight expects ", w.shape()[1] * groups,
+              " (groups=", groups, "), input shape ", shape_str(x.shape()), ", weight shape ", shape_str(w.shape()));
+  BRAID_CHECK(c_out % groups == 0, op, ": weight has ", c_out, " output channels, not divisible by groups=", groups,
+              " (weight shape ", shape_str(w.shape()), ")");
+  std::vector<Axis> axes;
+  Shape padded, span;
+  for (int64_t a = 0; a < spatial; ++a) {
+    const int64_t in = x.shape()[2 + a], k = w.shape()[2 + a];
+    padded.push_back(in + pads[2 * a] + pads[2 * a + 1]);
+    span.push_back(dilation[a] * (k - 1) + 1);
+    axes.push_back({in, (padded.back() - span.back()) / stride[a] + 1, k, stride[a], pads[2 * a], dilation[a]});
+  }
+  for (int64_t a = 0; a < spatial; ++a)
+    BRAID_CHECK(span[a] <= padded[a], op, ": the kernel (spanning ", shape_str(span), " with dilation ",
+                shape_str(dilation), ") is larger than the padded input ", shape_str(padded), " (input shape ",
+                shape_str(x.shape()), ", weight shape ", shape_str(w.shape()), ")");
+  if (spatial == 2) return conv_recorded(x, w, bias, make_window(axes[0], axes[1]), groups);
+  const Axis unit{1, 1, 1, 1, 0, 1};  // conv1d is conv2d over a height of 1
+  return conv_recorded(x.unsqueeze(2), w.unsqueeze(2), bias, make_window(unit, axes[0]), groups).squeeze(2);
+}
+
+// PyTorch's pooling output size: floor (or ceil) of the window count, where with ceil_mode the
+// last window must start inside the input or its left padding.
+int64_t pool_out(int64_t in, int64_t k, int64_t stride, int64_t pad, int64_t dilation, bool ceil_mode) {
+  int64_t out = floor_div(in + 2 * pad - dilation * (k - 1) - 1 + (ceil_mode ? stride - 1 : 0), stride) + 1;
+  if (ceil_mode && (out - 1) * stride >= in + pad) --out;
+  return out;
+}
+
+// x (N, C, h, w) checked; the window of a pooling op with PyTorch's rules.
+Window2d pool_window(const char* op, const Tensor& x, const std::vector<int64_t>& kernel_in,
+                     const std::vector<int64_t>& stride_in, const std::vector<int64_t>& padding_in,
+                     const std::vector<int64_t>& dilation_in, bool ceil_mode) {
+  const std::vector<int64_t> kernel = per_axis(kernel_in, 2, op, "kernel_size");
+  const std::vector<int64_t> stride = stride_in.empty() ? kernel : per_axis(stride_in, 2, op, "stride");
+  const std::vector<int64_t> pad = per_axis(padding_in, 2, op, "padding");
+  const std::vector<int64_t> dilation = per_axis(dilation_in, 2, op, "dilation");
+  check_positive(kernel, op, "kernel_size");
+  check_positive(stride, op, "stride");
+  check_positive(dilation, op, "dilation");
+  check_non_negative(pad, op, "padding");
+  Axis axes[2];
+  for (int a = 0; a < 2; ++a) {
+    BRAID_CHECK(pad[a] <= kernel[a] / 2, op, ": padding ", shape_str(pad), " must be at most half the kernel size ",
+                shape_str(kernel));
+    const int64_t in = x.shape()[2 + a];
+    axes[a] = {in,        pool_out(in, kernel[a], stride[a], pad[a], dilation[a], ceil_mode),
+               kernel[a], stride[a],
+               pad[a],    dilation[a]};
+    BRAID_CHECK(axes[a].out > 0, op, ": input shape ", shape_str(x.shape()), " is too small for kernel ",
+                shape_str(kernel), " with padding ", shape_str(pad), " and dilation ", shape_str(dilation));
+    // A dilated window can skip the whole input; it would have no maximum.
+    for (int64_t o = 0; o < axes[a].out; ++o) {
+      auto [lo, hi] = window_taps(o * stride[a] - pad[a], dilation[a], kernel[a], in);
+      BRAID_CHECK(lo < hi, op, ": window ", o, " along axis ", a + 2, " covers only padding (input shape ",
+                  shape_str(x.shape()), ", kernel ", shape_str(kernel), ", dilation ", shape_str(dilation), ")");
+    }
+  }
+  return make_window(axes[0], axes[1]);
+}
+
+void check_pool_input(const Tensor& x, const char* op) {
+  check_float(x, op, "input");
+  BRAID_CHECK(x.dim() == 4, op, ": expected a 3-d (C, H, W) or 4-d (N, C, H, W) input, got shape ",
+              shape_str(x.shape()));
+}
+
+// (out, in) matrix whose row i averages PyTorch's adaptive window [floor(i in / out), ceil((i+1) in / out)).
+Tensor adaptive_matrix(int64_t out, int64_t in, DType dtype) {
+  std::vector<double> m(static_cast<size_t>(out * in), 0.0);
+  for (int64_t i = 0; i < out; ++i) {
+    const int64_t begin = i * in / out, end = ((i + 1) * in + out - 1) / out;
+    for (int64_t j = begin; j < end; ++j) m[static_cast<size_t>(i * in + j)] = 1.0 / static_cast<double>(end - begin);
+  }
+  return cast(tensor(m, {out, in}), dtype);
+}
+
+}  // namespace
+
+Tensor conv1d(const Tensor& x, const Tensor& weight, const Tensor& bias, int64_t stride, int64_t padding,
+              int64_t dilation, int64_t groups) {
+  if (x.defined() && x.dim() == 2)
+    return conv1d(x.unsqueeze(0), weight, bias, stride, padding, dilation, groups).squeeze(0);
+  check_conv("conv1d", x, weight, bias, groups, 1, false);
+  return conv_nd("conv1d", x, weight, bias, {stride}, {padding, padding}, {dilation}, groups);
+}
+
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const std::vector<int64_t>& stride,
+              const std::vector<int64_t>& padding, const std::vector<int64_t>& dilation, int64_t groups) {
+  if (x.defined() && x.dim() == 3)
+    return conv2d(x.unsqueeze(0), weight, bias, stride, padding, dilation, groups).squeeze(0);
+  check_conv("conv2d", x, weight, bias, groups, 2, false);
+  BRAID_CHECK(padding.size() == 1 || padding.size() == 2 || padding.size() == 4,
+              "conv2d: padding must have 1, 2 or 4 values, got ", shape_str(padding));
+  std::vector<int64_t> pads = padding;
+  if (padding.size() < 4) {
+    const std::vector<int64_t> p = per_axis(padding, 2, "conv2d", "padding");
+    pads = {p[0], p[0], p[1], p[1]};
+  }
+  return conv_nd("conv2d", x, weight, bias, per_axis(stride, 2, "conv2d", "stride"), pads,
+                 per_axis(dilation, 2, "conv2d", "dilation"), groups);
+}
+
+std::vector<int64_t> conv_padding_same(const std::vector<int64_t>& kernel, const std::vector<int64_t>& dilation) {
+  const std::vector<int64_t> d = per_axis(dilation, kernel.size(), "conv_padding_same", "dilation");
+  check_positive(kernel, "conv_padding_same", "kernel");
+  check_positive(d, "conv_padding_same", "dilation");
+  std::vector<int64_t> pads;
+  for (size_t a = 0; a < kernel.size(); ++a) {
+    const int64_t total = d[a] * (kernel[a] - 1);
+    pads.insert(pads.end(), {total / 2, total - total / 2});
+  }
+  return pads;
+}
+
+Tensor conv_transpose2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                        const std::vector<int64_t>& stride_in, const std::vector<int64_t>& padding_in,
+                        const std::vector<int64_t>& output_padding_in, int64_t groups,
+                        const std::vector<int64_t>& dilation_in) {
+  const char* op = "conv_transpose2d";
+  if (x.defined() && x.dim() == 3)
+    return conv_transpose2d(x.unsqueeze(0), weight, bias, stride_in, padding_in, output_padding_in, groups, dilation_in)
+        .squeeze(0);
+  check_conv(op, x, weight, bias, groups, 2, true);
+  const std::vector<int64_t> stride = per_axis(stride_in, 2, op, "stride"),
+                             pad = per_axis(padding_in, 2, op, "padding");
+  const std::vector<int64_t> out_pad = per_axis(output_padding_in, 2, op, "output_padding");
+  const std::vector<int64_t> dilation = per_axis(dilation_in, 2, op, "dilation");
+  check_positive(stride, op, "stride");
+  check_positive(dilation, op, "dilation");
+  check_non_negative(pad, op, "padding");
+  check_non_negative(out_pad, op, "output_padding");
+  const int64_t c = x.shape()[1], c_out = weight.shape()[1] * groups;
+  BRAID_CHECK(c == weight.shape()[0], op, ": input has ", c, " channels but weight expects ", weight.shape()[0],
+              " (weight shape (C_in, C_out / groups, kH, kW) = ", shape_str(weight.shape()), ", input shape ",
+              shape_str(x.shape()), ")");
+  BRAID_CHECK(c % groups == 0, op, ": input channels ", c, " are not divisible by groups=", groups);
+  Axis axes[2];
+  for (int a = 0; a < 2; ++a) {
+    BRAID_CHECK(out_pad[a] < std::max(stride[a], dilation[a]), op, ": output_padding ", shape_str(out_pad),
+                " must be smaller than either stride ", shape_str(stride), " or dilation ", shape_str(dilation));
+    const int64_t in = x.shape()[2 + a], k = weight.shape()[2 + a];
+    const int64_t out = (in - 1) * stride[a] - 2 * pad[a] + dilation[a] * (k - 1) + out_pad[a] + 1;
+    BRAID_CHECK(out > 0, op, ": the output would be empty along axis ", a + 2, " (input shape ", shape_str(x.shape()),
+                ", weight shape ", shape_str(weight.shape()), ", padding ", shape_str(pad), ")");
+    // The window is that of the convolution this op is the adjoint of: output -> input.
+    axes[a] = {out, in, k, stride[a], pad[a], dilation[a]};
+  }
+  const Window2d win = make_window(axes[0], axes[1]);
+  const Shape out_shape{x.shape()[0], c_out, win.h, win.w};
+  Tensor out = conv_adjoint(channel_major(x.detach(), groups), weight.detach(), win, out_shape,
+                            bias.defined() ? bias.detach() : bias);
+  return record(op, out, {x, weight, bias},
+                [x = x.detach(), w = weight.detach(), win, groups](const Tensor& g, Grads& r) {
+                  if (r.needs(0)) r.set(0, conv_forward(g, w, Tensor(), win, groups));
+                  if (r.needs(1)) r.set(1, conv_weight_grad(g, channel_major(x, groups), win, w.shape()));
+                  if (r.needs(2)) r.set(2, sum(g, {0, 2, 3}));
+                });
+}
+
+Tensor max_pool2d(const Tensor& x, const std::vector<int64_t>& kernel, const std::vector<int64_t>& stride,
+                  const std::vector<int64_t>& padding, const std::vector<int64_t>& dilation, bool ceil_mode) {
+  if (x.defined() && x.dim() == 3)
+    return max_pool2d(x.unsqueeze(0), kernel, stride, padding, dilation, ceil_mode).squeeze(0);
+  check_pool_input(x, "max_pool2d");
+  const Window2d win = pool_window("max_pool2d", x, kernel, stride, padding, dilation, ceil_mode);
+  const int64_t n = x.shape()[0], c = x.shape()[1];
+  Tensor out = new_like(x, {n, c, win.oh, win.ow}, x.dtype()), indices = new_like(x, out.shape(), kInt64);
+  backend_of(x).max_pool2d(contiguous(x.detach()), win, out, indices);
+  return record("max_pool2d", out, {x}, [indices, x_shape = x.shape()](const Tensor& g, Grads& r) {
+    // Each output's gradient goes to the element it took, through the flattened planes.
+    const Shape flat{x_shape[0], x_shape[1], -1};
+    Tensor gx = zeros({x_shape[0], x_shape[1], x_shape[2] * x_shape[3]}, g.dtype(), g.device());
+    backend_of(g).scatter_add(gx, 2, indices.view(flat), g.reshape(flat));
+    r.set(0, gx.view(x_shape));
+  });
+}
+
+Tensor avg_pool2d(const Tensor& x, const std::vector<int64_t>& kernel, const std::vector<int64_t>& stride,
+                  const std::vector<int64_t>& padding, bool ceil_mode, bool count_include_pad) {
+  if (x.defined() && x.dim() == 3)
+    return avg_pool2d(x.unsqueeze(0), kernel, stride, padding, ceil_mode, count_include_pad).squeeze(0);
+  check_pool_input(x, "avg_pool2d");
+  const Window2d win = pool_window("avg_pool2d", x, kernel, stride, padding, {1, 1}, ceil_mode);
+  Tensor out = new_like(x, {x.shape()[0], x.shape()[1], win.oh, win.ow}, x.dtype());
+  backend_of(x).avg_pool2d(contiguous(x.detach()), win, count_include_pad, out);
+  return record("avg_pool2d", out, {x}, [win, count_include_pad, x_shape = x.shape()](const Tensor& g, Grads& r) {
+    Tensor gx = zeros(x_shape, g.dtype(), g.device());
+    backend_of(g).avg_pool2d_backward(contiguous(g), win, count_include_pad, gx);
+    r.set(0, gx);
+  });
+}
+
+Tensor adaptive_avg_pool2d(const Tensor& x, const std::vector<int64_t>& output_size) {
+  const char* op = "adaptive_avg_pool2d";
+  check_float(x, op, "input");
+  BRAID_CHECK(x.dim() == 3 || x.dim() == 4, op, ": expected a 3-d (C, H, W) or 4-d (N, C, H, W) input, got shape ",
+              shape_str(x.shape()));
+  const std::vector<int64_t> size = per_axis(output_size, 2, op, "output_size");
+  check_positive(size, op, "output_size");
+  const int64_t h = x.size(-2), w = x.size(-1);
+  BRAID_CHECK(h > 0 && w > 0, op, ": input shape ", shape_str(x.shape()), " has an empty plane");
+  // Equal windows are plain average pooling; otherwise the windows overlap or vary in size, and
+  // the pooling is the product of an averaging matrix on each side.
+  if (h % size[0] == 0 && w % size[1] == 0) return avg_pool2d(x, {h / size[0], w / size[1]});
+  return matmul(matmul(adaptive_matrix(size[0], h, x.dtype()), x), adaptive_matrix(size[1], w, x.dtype()).mT());
+}
+
+}  // namespace braid

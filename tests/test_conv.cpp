@@ -1,0 +1,426 @@
+// Tests of braid/conv.h against independent numbers: float64 central-difference gradient checks of
+// every op and configuration; PyTorch's outputs and gradients (tests/data/conv_reference.txt and
+// conv_pool_reference.txt, written by make_conv_reference.py) in float64 and float32; a direct
+// loop convolution and adjoint identities at sizes where the kernels run multi-threaded; and the
+// front door's error messages.
+#include <gtest/gtest.h>
+
+#include <cctype>
+#include <cmath>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "gradcheck.h"
+
+namespace braid {
+namespace {
+
+using testing::Fn;
+using V = const std::vector<Tensor>&;
+
+// ---- float64 central differences ----
+
+struct GradCase {
+  std::string name;
+  std::vector<Shape> shapes;
+  Fn f;
+};
+
+void PrintTo(const GradCase& c, std::ostream* os) { *os << c.name; }
+
+std::vector<GradCase> grad_cases() {
+  return {
+      {"conv2d_basic", {{2, 3, 5, 4}, {4, 3, 3, 3}, {4}}, [](V x) { return conv2d(x[0], x[1], x[2]); }},
+      {"conv2d_no_bias", {{2, 3, 5, 5}, {4, 3, 3, 3}}, [](V x) { return conv2d(x[0], x[1], Tensor()); }},
+      {"conv2d_stride2_pad1", {{2, 3, 6, 5}, {4, 3, 3, 3}, {4}},
+       [](V x) { return conv2d(x[0], x[1], x[2], {2, 2}, {1, 1}); }},
+      {"conv2d_rect_stride_pad", {{1, 2, 7, 6}, {3, 2, 2, 3}, {3}},
+       [](V x) { return conv2d(x[0], x[1], x[2], {2, 1}, {0, 1}); }},
+      {"conv2d_dilation2", {{1, 2, 7, 7}, {2, 2, 3, 3}, {2}},
+       [](V x) { return conv2d(x[0], x[1], x[2], {1}, {2}, {2}); }},
+      {"conv2d_dilation_stride_mixed", {{1, 2, 8, 7}, {2, 2, 2, 3}, {2}},
+       [](V x) { return conv2d(x[0], x[1], x[2], {2, 3}, {1, 2}, {3, 2}); }},
+      {"conv2d_groups2", {{2, 4, 4, 4}, {4, 2, 3, 3}, {4}},
+       [](V x) { return conv2d(x[0], x[1], x[2], {1, 1}, {1, 1}, {1, 1}, 2); }},
+      {"conv2d_depthwise", {{2, 3, 5, 5}, {3, 1, 3, 3}, {3}},
+       [](V x) { return conv2d(x[0], x[1], x[2], {2, 2}, {1, 1}, {1, 1}, 3); }},
+      {"conv2d_depthwise_multiplier2", {{1, 2, 4, 4}, {4, 1, 3, 3}},
+       [](V x) { return conv2d(x[0], x[1], Tensor(), {1, 1}, {1, 1}, {1, 1}, 2); }},
+      {"conv2d_pointwise", {{2, 3, 3, 4}, {2, 3, 1, 1}, {2}}, [](V x) { return conv2d(x[0], x[1], x[2]); }},
+      {"conv2d_asymmetric_padding", {{1, 2, 4, 5}, {2, 2, 2, 3}, {2}},
+       [](V x) { return conv2d(x[0], x[1], x[2], {1, 1}, {0, 1, 2, 1}); }},
+      {"conv2d_padding_same_even_kernel", {{1, 2, 5, 4}, {2, 2, 4, 2}, {2}},
+       [](V x) { return conv2d(x[0], x[1], x[2], {1, 1}, conv_padding_same({4, 2}, {1, 1})); }},
+      {"conv2d_unbatched", {{2, 4, 4}, {3, 2, 2, 2}, {3}}, [](V x) { return conv2d(x[0], x[1], x[2]); }},
+      {"conv2d_strided_input", {{2, 4, 5, 3}, {2, 3, 2, 2}},
+       [](V x) { return conv2d(x[0].permute({0, 3, 1, 2}), x[1], Tensor(), {1, 1}, {1, 0}); }},
+      {"conv1d_basic", {{2, 3, 7}, {4, 3, 3}, {4}}, [](V x) { return conv1d(x[0], x[1], x[2]); }},
+      {"conv1d_stride_pad_dilation", {{2, 2, 9}, {3, 2, 3}, {3}},
+       [](V x) { return conv1d(x[0], x[1], x[2], 2, 2, 2); }},
+      {"conv1d_groups_no_bias", {{1, 4, 6}, {4, 2, 2}},
+       [](V x) { return conv1d(x[0], x[1], Tensor(), 1, 1, 1, 2); }},
+      {"conv1d_unbatched", {{3, 6}, {2, 3, 3}, {2}}, [](V x) { return conv1d(x[0], x[1], x[2], 1, 1); }},
+      {"conv_transpose2d_basic", {{2, 3, 3, 3}, {3, 2, 3, 3}, {2}},
+       [](V x) { return conv_transpose2d(x[0], x[1], x[2]); }},
+      {"conv_transpose2d_stride2_outpad1", {{1, 2, 3, 3}, {2, 3, 3, 3}, {3}},
+       [](V x) { return conv_transpose2d(x[0], x[1], x[2], {2, 2}, {1, 1}, {1, 1}); }},
+      {"conv_transpose2d_groups2", {{1, 4, 3, 3}, {4, 1, 2, 2}, {2}},
+       [](V x) { return conv_transpose2d(x[0], x[1], x[2], {2, 1}, {0, 0}, {1, 0}, 2); }},
+      {"conv_transpose2d_dilation", {{1, 2, 3, 3}, {2, 2, 2, 3}, {2}},
+       [](V x) { return conv_transpose2d(x[0], x[1], x[2], {1, 1}, {1, 0}, {0, 0}, 1, {2, 2}); }},
+      {"conv_transpose2d_outpad_below_dilation", {{1, 2, 3, 3}, {2, 2, 2, 2}},
+       [](V x) { return conv_transpose2d(x[0], x[1], Tensor(), {1, 1}, {0, 0}, {2, 1}, 1, {3, 3}); }},
+      {"max_pool2d_k2s2", {{2, 2, 4, 4}}, [](V x) { return max_pool2d(x[0], {2, 2}); }},
+      {"max_pool2d_k3s2p1", {{1, 2, 5, 5}}, [](V x) { return max_pool2d(x[0], {3, 3}, {2, 2}, {1, 1}); }},
+      {"max_pool2d_overlapping", {{1, 2, 5, 4}}, [](V x) { return max_pool2d(x[0], {3, 2}, {1, 1}); }},
+      {"max_pool2d_dilation", {{1, 2, 6, 5}}, [](V x) { return max_pool2d(x[0], {2, 3}, {1, 2}, {1, 1}, {2, 2}); }},
+      {"max_pool2d_ceil_mode", {{1, 2, 5, 6}}, [](V x) { return max_pool2d(x[0], {3, 2}, {2, 2}, {0, 0}, {1, 1}, true); }},
+      {"max_pool2d_ceil_mode_pad", {{1, 1, 6, 6}},
+       [](V x) { return max_pool2d(x[0], {3, 3}, {2, 2}, {1, 1}, {1, 1}, true); }},
+      {"max_pool2d_unbatched", {{2, 4, 4}}, [](V x) { return max_pool2d(x[0], {2}); }},
+      {"avg_pool2d_k2s2", {{2, 2, 4, 4}}, [](V x) { return avg_pool2d(x[0], {2, 2}); }},
+      {"avg_pool2d_include_pad", {{1, 2, 5, 4}}, [](V x) { return avg_pool2d(x[0], {3, 3}, {2, 2}, {1, 1}); }},
+      {"avg_pool2d_exclude_pad", {{1, 2, 5, 4}},
+       [](V x) { return avg_pool2d(x[0], {3, 3}, {2, 2}, {1, 1}, false, false); }},
+      {"avg_pool2d_ceil_include_pad", {{1, 2, 6, 5}},
+       [](V x) { return avg_pool2d(x[0], {3, 2}, {2, 2}, {1, 1}, true, true); }},
+      {"avg_pool2d_ceil_exclude_pad", {{1, 2, 6, 5}},
+       [](V x) { return avg_pool2d(x[0], {3, 2}, {2, 2}, {1, 1}, true, false); }},
+      {"adaptive_avg_pool2d_non_divisible", {{1, 2, 5, 7}}, [](V x) { return adaptive_avg_pool2d(x[0], {3, 4}); }},
+      {"adaptive_avg_pool2d_divisible", {{1, 2, 6, 4}}, [](V x) { return adaptive_avg_pool2d(x[0], {3, 2}); }},
+      {"adaptive_avg_pool2d_global", {{2, 3, 3, 4}}, [](V x) { return adaptive_avg_pool2d(x[0], {1}); }},
+      {"adaptive_avg_pool2d_upsampling", {{1, 1, 3, 2}}, [](V x) { return adaptive_avg_pool2d(x[0], {4, 3}); }},
+      {"conv_relu_pool_chain", {{1, 2, 6, 6}, {3, 2, 3, 3}, {3}},
+       [](V x) { return avg_pool2d(tanh(conv2d(x[0], x[1], x[2], {1, 1}, {1, 1})), {2, 2}); }},
+  };
+}
+
+class ConvGradCheck : public ::testing::TestWithParam<GradCase> {};
+
+TEST_P(ConvGradCheck, MatchesCentralDifferences) {
+  const GradCase& c = GetParam();
+  Generator gen(std::hash<std::string>{}(c.name));
+  std::vector<Tensor> inputs;
+  for (const Shape& s : c.shapes) inputs.push_back(randn(s, kFloat64, &gen));
+  std::string where;
+  double err = testing::gradcheck_error(c.f, inputs, 1e-6, &where);
+  EXPECT_LE(err, 1e-6) << c.name << ": worst at " << where;
+}
+
+INSTANTIATE_TEST_SUITE_P(Conv, ConvGradCheck, ::testing::ValuesIn(grad_cases()),
+                         [](const ::testing::TestParamInfo<GradCase>& info) { return info.param.name; });
+
+// ---- PyTorch references ----
+
+struct RefCase {
+  std::string name;
+  std::map<std::string, std::vector<int64_t>> params;
+  std::map<std::string, Tensor> tensors;
+  std::string op() const { return name.substr(0, name.find('/')); }
+  const std::vector<int64_t>& p(const std::string& key) const { return params.at(key); }
+};
+
+void PrintTo(const RefCase& c, std::ostream* os) { *os << c.name; }
+
+std::vector<RefCase> load_reference(const std::string& file) {
+  std::ifstream in(std::string(BRAID_TEST_DATA) + "/" + file);
+  std::vector<RefCase> cases;
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream ls(line);
+    std::string kind;
+    ls >> kind;
+    if (kind == "case") {
+      cases.emplace_back();
+      ls >> cases.back().name;
+    } else if (kind == "param") {
+      std::string key;
+      ls >> key;
+      std::vector<int64_t>& v = cases.back().params[key];
+      for (int64_t e; ls >> e;) v.push_back(e);
+    } else if (kind == "tensor") {
+      std::string key, shape_text;
+      ls >> key >> shape_text;
+      Shape shape;
+      std::istringstream ss(shape_text);
+      for (std::string d; std::getline(ss, d, ',');) shape.push_back(std::stoll(d));
+      std::vector<double> values;
+      for (double e; ls >> e;) values.push_back(e);
+      cases.back().tensors[key] = tensor(values, shape);
+    }
+  }
+  return cases;
+}
+
+std::vector<RefCase> all_reference_cases() {
+  std::vector<RefCase> cases = load_reference("conv_reference.txt");
+  for (RefCase& c : load_reference("conv_pool_reference.txt")) cases.push_back(std::move(c));
+  return cases;
+}
+
+Tensor run_reference_op(const RefCase& c, const std::map<std::string, Tensor>& in) {
+  const Tensor& x = in.at("x");
+  const Tensor w = in.count("weight") ? in.at("weight") : Tensor();
+  const Tensor b = in.count("bias") ? in.at("bias") : Tensor();
+  const std::string op = c.op();
+  if (op == "conv2d") return conv2d(x, w, b, c.p("stride"), c.p("padding"), c.p("dilation"), c.p("groups")[0]);
+  if (op == "conv2d_same")
+    return conv2d(x, w, b, {1, 1}, conv_padding_same({w.size(2), w.size(3)}, c.p("dilation")), c.p("dilation"));
+  if (op == "conv1d") return conv1d(x, w, b, c.p("stride")[0], c.p("padding")[0], c.p("dilation")[0], c.p("groups")[0]);
+  if (op == "conv_transpose2d")
+    return conv_transpose2d(x, w, b, c.p("stride"), c.p("padding"), c.p("output_padding"), c.p("groups")[0],
+                            c.p("dilation"));
+  if (op == "max_pool2d")
+    return max_pool2d(x, c.p("kernel"), c.p("stride"), c.p("padding"), c.p("dilation"), c.p("ceil_mode")[0] != 0);
+  if (op == "avg_pool2d")
+    return avg_pool2d(x, c.p("kernel"), c.p("stride"), c.p("padding"), c.p("ceil_mode")[0] != 0,
+                      c.p("count_include_pad")[0] != 0);
+  if (op == "adaptive_avg_pool2d") return adaptive_avg_pool2d(x, c.p("output_size"));
+  throw std::runtime_error("reference case " + c.name + " has an unknown op");
+}
+
+// |got - want| <= atol + rtol * |want| everywhere, reporting the first element that is not.
+void expect_close(const Tensor& got, const Tensor& want, double rtol, double atol, const std::string& what) {
+  ASSERT_TRUE(got.defined()) << what << " is undefined";
+  ASSERT_EQ(got.shape(), want.shape()) << what;
+  std::vector<double> g = got.to_vector<double>(), w = want.to_vector<double>();
+  for (size_t i = 0; i < g.size(); ++i)
+    ASSERT_LE(std::fabs(g[i] - w[i]), atol + rtol * std::fabs(w[i]))
+        << what << " element " << i << ": got " << g[i] << ", PyTorch " << w[i];
+}
+
+class ConvReference : public ::testing::TestWithParam<RefCase> {};
+
+void check_reference(const RefCase& c, DType dtype, double rtol, double atol) {
+  std::map<std::string, Tensor> inputs;
+  for (const char* k : {"x", "weight", "bias"})
+    if (c.tensors.count(k)) inputs[k] = c.tensors.at(k).to(dtype).set_requires_grad();
+  Tensor out = run_reference_op(c, inputs);
+  EXPECT_EQ(out.dtype(), dtype);
+  expect_close(out, c.tensors.at("out"), rtol, atol, "out");
+  out.backward(c.tensors.at("grad_out").to(dtype));
+  for (const auto& [k, t] : inputs) expect_close(t.grad(), c.tensors.at("grad_" + k), rtol, atol, "grad_" + k);
+}
+
+TEST_P(ConvReference, Float64MatchesPyTorch) { check_reference(GetParam(), kFloat64, 1e-10, 1e-12); }
+
+TEST_P(ConvReference, Float32MatchesPyTorch) { check_reference(GetParam(), kFloat32, 1e-4, 1e-4); }
+
+INSTANTIATE_TEST_SUITE_P(Conv, ConvReference, ::testing::ValuesIn(all_reference_cases()),
+                         [](const ::testing::TestParamInfo<RefCase>& info) {
+                           std::string n = info.param.name;
+                           for (char& ch : n)
+                             if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           return n;
+                         });
+
+TEST(ConvReferenceFiles, HoldEveryCase) {
+  EXPECT_EQ(load_reference("conv_reference.txt").size(), 21u);
+  EXPECT_EQ(load_reference("conv_pool_reference.txt").size(), 14u);
+}
+
+// ---- larger shapes (above the CPU kernels' parallel grain of 32768 elements, so they run on all
+// threads): a direct loop and adjoint identities ----
+
+// out[n][o][y][x] = b[o] + sum over the group's channels and taps, written as the definition.
+std::vector<double> direct_conv2d(const Tensor& x, const Tensor& w, const Tensor& b, int64_t sh, int64_t sw, int64_t p,
+                                  int64_t d, int64_t groups, int64_t oh, int64_t ow) {
+  const int64_t n = x.size(0), c = x.size(1), h = x.size(2), wd = x.size(3), co = w.size(0), cg = w.size(1);
+  const int64_t kh = w.size(2), kw = w.size(3), cog = co / groups;
+  std::vector<double> xv = x.to_vector<double>(), wv = w.to_vector<double>(), bv = b.to_vector<double>();
+  std::vector<double> out(static_cast<size_t>(n * co * oh * ow));
+  for (int64_t in = 0; in < n; ++in)
+    for (int64_t o = 0; o < co; ++o)
+      for (int64_t y = 0; y < oh; ++y)
+        for (int64_t xx = 0; xx < ow; ++xx) {
+          double acc = bv[o];
+          for (int64_t ci = 0; ci < cg; ++ci)
+            for (int64_t i = 0; i < kh; ++i)
+              for (int64_t j = 0; j < kw; ++j) {
+                const int64_t iy = y * sh - p + i * d, ix = xx * sw - p + j * d, ch = o / cog * cg + ci;
+                if (iy < 0 || iy >= h || ix < 0 || ix >= wd) continue;
+                acc += xv[((in * c + ch) * h + iy) * wd + ix] * wv[((o * cg + ci) * kh + i) * kw + j];
+              }
+          out[((in * co + o) * oh + y) * ow + xx] = acc;
+        }
+  return out;
+}
+
+double dot(const Tensor& a, const Tensor& b) { return sum(a * b).item(); }
+
+TEST(ConvLarge, Conv2dMatchesDirectLoopAndAdjointIdentities) {
+  Generator gen(11);
+  for (int64_t groups : {1, 2}) {
+    Tensor x = randn({4, 8, 16, 15}, kFloat64, &gen).set_requires_grad();
+    Tensor w = randn({6, 8 / groups, 3, 3}, kFloat64, &gen).set_requires_grad();
+    Tensor b = randn({6}, kFloat64, &gen).set_requires_grad();
+    Tensor y = conv2d(x, w, b, {1, 2}, {2, 2}, {2, 2}, groups);
+    ASSERT_EQ(y.shape(), (Shape{4, 6, 16, 8}));
+    expect_close(y, tensor(direct_conv2d(x, w, b, 1, 2, 2, 2, groups, 16, 8), y.shape()), 1e-12, 1e-12, "conv2d");
+    Tensor g = randn(y.shape(), kFloat64, &gen);
+    y.backward(g);
+    // y is affine in each argument: <g, y - b> = <grad_x, x> = <grad_w, w>, and grad_b = sum of g.
+    NoGradGuard no_grad;
+    const double gy = dot(g, y) - dot(sum(g, {0, 2, 3}), b);
+    EXPECT_NEAR(dot(x.grad(), x), gy, 1e-9 * std::fabs(gy));
+    EXPECT_NEAR(dot(w.grad(), w), gy, 1e-9 * std::fabs(gy));
+    expect_close(b.grad(), sum(g, {0, 2, 3}), 1e-12, 1e-12, "grad_bias");
+  }
+}
+
+TEST(ConvLarge, ConvTransposeIsTheAdjointOfConv) {
+  Generator gen(12);
+  Tensor x = randn({4, 6, 33, 32}, kFloat64, &gen), w = randn({6, 3, 3, 3}, kFloat64, &gen);
+  Tensor z = randn({4, 6, 17, 16}, kFloat64, &gen);
+  Tensor y = conv2d(x, w, Tensor(), {2, 2}, {1, 1}, {1, 1}, 2);
+  ASSERT_EQ(y.shape(), z.shape());
+  Tensor t = conv_transpose2d(z, w, Tensor(), {2, 2}, {1, 1}, {0, 1}, 2);  // back to x's shape
+  ASSERT_EQ(t.shape(), x.shape());
+  const double lhs = dot(y, z), rhs = dot(x, t);
+  EXPECT_NEAR(lhs, rhs, 1e-10 * std::fabs(lhs));
+}
+
+TEST(ConvLarge, PoolingMatchesDirectLoopAndAdjoints) {
+  Generator gen(13);
+  Tensor x = randn({8, 16, 16, 15}, kFloat64, &gen).set_requires_grad();
+  Tensor m = max_pool2d(x, {3, 3}, {1, 1}, {1, 1});
+  Tensor a = avg_pool2d(x, {3, 3}, {1, 1}, {1, 1}, false, false);
+  ASSERT_EQ(m.shape(), x.shape());
+  std::vector<double> xv = x.to_vector<double>(), mv = m.to_vector<double>(), av = a.to_vector<double>();
+  const int64_t h = 16, w = 15;
+  for (int64_t plane = 0; plane < 8 * 16; plane += 7)
+    for (int64_t y = 0; y < h; ++y)
+      for (int64_t xx = 0; xx < w; ++xx) {
+        double mx = -INFINITY, total = 0;
+        int count = 0;
+        for (int64_t iy = std::max<int64_t>(0, y - 1); iy <= std::min(h - 1, y + 1); ++iy)
+          for (int64_t ix = std::max<int64_t>(0, xx - 1); ix <= std::min(w - 1, xx + 1); ++ix) {
+            mx = std::max(mx, xv[(plane * h + iy) * w + ix]);
+            total += xv[(plane * h + iy) * w + ix];
+            ++count;
+          }
+        ASSERT_EQ(mv[(plane * h + y) * w + xx], mx);
+        ASSERT_NEAR(av[(plane * h + y) * w + xx], total / count, 1e-14);
+      }
+  Tensor gm = randn(m.shape(), kFloat64, &gen), ga = randn(a.shape(), kFloat64, &gen);
+  m.backward(gm);
+  Tensor grad_max = x.grad();
+  x.set_grad(Tensor());
+  a.backward(ga);
+  Tensor grad_avg = x.grad();
+  // Max pooling is linear in x near x (each output is one element of x), average pooling is linear.
+  NoGradGuard no_grad;
+  EXPECT_NEAR(dot(grad_max, x), dot(gm, m), 1e-10 * std::fabs(dot(gm, m)));
+  EXPECT_NEAR(dot(grad_avg, x), dot(ga, a), 1e-10 * std::fabs(dot(ga, a)));
+}
+
+// ---- closed forms ----
+
+TEST(ConvPaddingSame, SplitsTheSpanWithTheExtraAfter) {
+  EXPECT_EQ(conv_padding_same({3, 4}, {1, 1}), (std::vector<int64_t>{1, 1, 1, 2}));
+  EXPECT_EQ(conv_padding_same({4, 3}, {2, 3}), (std::vector<int64_t>{3, 3, 3, 3}));
+  EXPECT_EQ(conv_padding_same({2}, {1}), (std::vector<int64_t>{0, 1}));
+}
+
+TEST(ConvClosedForm, MaxPoolRoutesGradientToTheWinner) {
+  Tensor x = tensor(std::vector<double>{1, 5, 2, 0, 3, 4, 9, 8, 7, 6, -1, -2, 0, 0, 0, 0}, {1, 1, 4, 4})
+                 .set_requires_grad();
+  Tensor y = max_pool2d(x, {2, 2});
+  EXPECT_EQ(y.to_vector<double>(), (std::vector<double>{5, 9, 7, 0}));
+  y.backward(tensor(std::vector<double>{10, 20, 30, 40}, {1, 1, 2, 2}));
+  // The last window's maximum 0 is tied; the first of the tie (row 3, column 2) takes it, as in PyTorch.
+  EXPECT_EQ(x.grad().to_vector<double>(),
+            (std::vector<double>{0, 10, 0, 0, 0, 0, 20, 0, 30, 0, 0, 0, 0, 0, 40, 0}));
+}
+
+TEST(ConvClosedForm, MaxPoolPropagatesNaN) {
+  Tensor x = tensor(std::vector<double>{1, NAN, 2, 3}, {1, 1, 2, 2});
+  EXPECT_TRUE(std::isnan(max_pool2d(x, {2, 2}).item()));
+}
+
+TEST(ConvClosedForm, Conv2dRecordsOneNode) {
+  Tensor x = randn({1, 2, 4, 4}, kFloat64).set_requires_grad();
+  Tensor w = randn({3, 2, 3, 3}, kFloat64).set_requires_grad();
+  EXPECT_EQ(conv2d(x, w, Tensor()).grad_fn_name(), "conv2d");
+}
+
+// ---- front-door errors ----
+
+template <typename E, typename F>
+void expect_error(F&& f, const std::string& expected) {
+  try {
+    f();
+    ADD_FAILURE() << "no exception; expected: " << expected;
+  } catch (const E& e) {
+    EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << "message: " << e.what();
+  }
+}
+
+TEST(ConvErrors, ChannelMismatchNamesShapes) {
+  expect_error<ValueError>([] { conv2d(zeros({2, 3, 8, 8}), zeros({6, 4, 3, 3}), Tensor()); },
+                           "conv2d: input has 3 channels but weight expects 4 (groups=1), input shape [2, 3, 8, 8], "
+                           "weight shape [6, 4, 3, 3]");
+  expect_error<ValueError>([] { conv1d(zeros({2, 3, 8}), zeros({6, 2, 3}), Tensor(), 1, 0, 1, 2); },
+                           "conv1d: input has 3 channels but weight expects 4 (groups=2)");
+  expect_error<ValueError>([] { conv_transpose2d(zeros({1, 3, 4, 4}), zeros({4, 2, 3, 3}), Tensor()); },
+                           "conv_transpose2d: input has 3 channels but weight expects 4");
+}
+
+TEST(ConvErrors, KernelLargerThanPaddedInput) {
+  expect_error<ValueError>([] { conv2d(zeros({1, 1, 4, 4}), zeros({1, 1, 5, 3}), Tensor(), {1}, {0, 0}); },
+                           "conv2d: the kernel (spanning [5, 3] with dilation [1, 1]) is larger than the padded "
+                           "input [4, 4]");
+  expect_error<ValueError>([] { conv1d(zeros({1, 1, 4}), zeros({1, 1, 3}), Tensor(), 1, 0, 2); },
+                           "conv1d: the kernel (spanning [5] with dilation [2]) is larger than the padded input [4]");
+}
+
+TEST(ConvErrors, BadArguments) {
+  expect_error<ValueError>([] { conv2d(zeros({1, 1, 4, 4}), zeros({1, 1, 3, 3}), Tensor(), {0, 1}); },
+                           "conv2d: stride must be positive, got [0, 1]");
+  expect_error<ValueError>([] { conv2d(zeros({1, 1, 4, 4}), zeros({1, 1, 3, 3}), Tensor(), {1}, {-1}); },
+                           "conv2d: padding must be non-negative");
+  expect_error<ValueError>([] { conv2d(zeros({1, 1, 4, 4}), zeros({1, 1, 3, 3}), Tensor(), {1, 1, 1}); },
+                           "conv2d: stride must have 1 or 2 values, got 3");
+  expect_error<ValueError>([] { conv2d(zeros({1, 4, 5, 5}), zeros({3, 2, 3, 3}), Tensor(), {1}, {0}, {1}, 2); },
+                           "conv2d: weight has 3 output channels, not divisible by groups=2");
+  expect_error<ValueError>([] { conv2d(zeros({1, 4, 5, 5}), zeros({4, 4, 3, 3}), Tensor(), {1}, {0}, {1}, 0); },
+                           "conv2d: groups must be positive, got 0");
+  expect_error<ValueError>([] { conv2d(zeros({1, 1, 4, 4}), zeros({2, 1, 3, 3}), zeros({3})); },
+                           "conv2d: bias must have shape [2], got [3]");
+  expect_error<ValueError>([] { conv2d(zeros({4, 4}), zeros({2, 1, 3, 3}), Tensor()); },
+                           "conv2d: expected a 3-d (C, H, W) or 4-d (N, C, H, W) input, got shape [4, 4]");
+  expect_error<ValueError>([] { conv2d(zeros({1, 1, 4, 4}), zeros({2, 1, 3}), Tensor()); },
+                           "conv2d: expected a 4-d weight, got shape [2, 1, 3]");
+  expect_error<ValueError>(
+      [] { conv_transpose2d(zeros({1, 2, 4, 4}), zeros({2, 2, 3, 3}), Tensor(), {2, 2}, {0, 0}, {2, 0}); },
+      "conv_transpose2d: output_padding [2, 0] must be smaller than either stride [2, 2] or dilation [1, 1]");
+}
+
+TEST(ConvErrors, DtypesAreTypeErrors) {
+  expect_error<TypeError>([] { conv2d(zeros({1, 1, 4, 4}), zeros({1, 1, 3, 3}, kFloat64), Tensor()); },
+                          "conv2d: input is float32 but weight is float64");
+  expect_error<TypeError>([] { conv2d(zeros({1, 1, 4, 4}, kInt64), zeros({1, 1, 3, 3}, kInt64), Tensor()); },
+                          "conv2d: input must be floating-point, got int64");
+  expect_error<TypeError>([] { max_pool2d(zeros({1, 1, 4, 4}, kInt32), {2}); },
+                          "max_pool2d: input must be floating-point, got int32");
+}
+
+TEST(ConvErrors, PoolingArguments) {
+  expect_error<ValueError>([] { max_pool2d(zeros({1, 1, 6, 6}), {3, 3}, {1, 1}, {2, 2}); },
+                           "max_pool2d: padding [2, 2] must be at most half the kernel size [3, 3]");
+  expect_error<ValueError>([] { avg_pool2d(zeros({1, 1, 2, 2}), {3, 3}); },
+                           "avg_pool2d: input shape [1, 1, 2, 2] is too small for kernel [3, 3]");
+  expect_error<ValueError>([] { max_pool2d(zeros({1, 1, 1, 4}), {2, 1}, {1, 1}, {1, 0}, {2, 1}); },
+                           "max_pool2d: window 0 along axis 2 covers only padding");
+  expect_error<ValueError>([] { max_pool2d(zeros({1, 1, 4, 4}), {0, 2}); },
+                           "max_pool2d: kernel_size must be positive");
+  expect_error<ValueError>([] { adaptive_avg_pool2d(zeros({1, 1, 4, 4}), {0, 2}); },
+                           "adaptive_avg_pool2d: output_size must be positive, got [0, 2]");
+}
+
+}  // namespace
+}  // namespace braid
