@@ -44,11 +44,6 @@ Tensor additive_mask(const Tensor& mask, DType dtype, const char* name) {
   return mask.to(dtype);
 }
 
-Tensor project(const Tensor& x, const Tensor& w, const Tensor& b) {
-  Tensor y = matmul(x, w.mT());
-  return b.defined() ? y + b : y;
-}
-
 }  // namespace
 
 Tensor MultiheadAttention::forward(const Tensor& x) { return forward_all(x, x, x)[0]; }
@@ -80,12 +75,12 @@ std::vector<Tensor> MultiheadAttention::forward_all(const Tensor& query, const T
               shape_str(key.shape()), " and ", shape_str(value.shape()), batch_first_ ? " (batch_first)" : "");
 
   if (query.is_same(key) && key.is_same(value)) {  // self-attention: one product for q, k and v
-    std::vector<Tensor> qkv = chunk(project(q, in_proj_weight_, in_proj_bias_), 3, -1);
+    std::vector<Tensor> qkv = chunk(linear(q, in_proj_weight_, in_proj_bias_), 3, -1);
     q = qkv[0], k = qkv[1], v = qkv[2];
   } else {
     std::vector<Tensor> w = chunk(in_proj_weight_, 3, 0), b(3);
     if (in_proj_bias_.defined()) b = chunk(in_proj_bias_, 3, 0);
-    q = project(q, w[0], b[0]), k = project(k, w[1], b[1]), v = project(v, w[2], b[2]);
+    q = linear(q, w[0], b[0]), k = linear(k, w[1], b[1]), v = linear(v, w[2], b[2]);
   }
   auto heads = [&](const Tensor& t, int64_t len) { return t.reshape({N, len, H, Dh}).permute({0, 2, 1, 3}); };
   Tensor scores = matmul(heads(q, L) * (1.0 / std::sqrt(static_cast<double>(Dh))), heads(k, S).mT());  // (N, H, L, S)

@@ -53,39 +53,30 @@ Tensor batched_input(const std::string& layer, const Tensor& x, int64_t spatial,
   return x.dim() == spatial + 2 ? x : x.unsqueeze(0);
 }
 
-// Note [padding='same']
-// The total padding d * (k - 1) per axis is split as PyTorch splits it: half on each side and the
-// odd remainder on the right (end). The convolution pads symmetrically by the smaller half; the
-// extra element is padded onto the input first, only when some axis needs it.
-Tensor pad_for_same(const Tensor& x, const std::vector<int64_t>& kernel, const std::vector<int64_t>& dilation,
-                    std::vector<int64_t>& symmetric) {
-  std::vector<int64_t> extra;  // innermost axis first, as pad() takes it
-  bool any = false;
-  symmetric.assign(kernel.size(), 0);
-  for (size_t i = kernel.size(); i-- > 0;) {
-    int64_t total = dilation[i] * (kernel[i] - 1);
-    symmetric[i] = total / 2;
-    extra.insert(extra.end(), {0, total % 2});
-    any = any || total % 2;
-  }
-  return any ? pad(x, extra) : x;
-}
-
 Tensor unbatch_like(const Tensor& y, const Tensor& x, int64_t spatial) { return x.dim() == spatial + 1 ? y.squeeze(0) : y; }
 
 }  // namespace
 
+// 'same' padding is split as PyTorch splits it (conv_padding_same): half of d (k - 1) on each side
+// and an odd remainder on the right, which conv1d cannot take, so it is padded onto the input first.
 Conv1d::Conv1d(int64_t in_channels, int64_t out_channels, int64_t kernel_size, int64_t stride, Padding padding,
                int64_t dilation, int64_t groups, bool bias)
     : Module("Conv1d"), in_(in_channels), out_(out_channels), kernel_(kernel_size), stride_(stride),
-      dilation_(dilation), groups_(groups), padding_(std::move(padding)) {
+      dilation_(dilation), groups_(groups), same_(padding.is_same()) {
   check_channels("Conv1d", in_, out_, groups_);
   check_at_least("Conv1d", "kernel_size", {kernel_}, 1);
   check_at_least("Conv1d", "stride", {stride_}, 1);
   check_at_least("Conv1d", "dilation", {dilation_}, 1);
-  if (!padding_.is_same()) check_at_least("Conv1d", "padding", padding_.sizes().expand(1, "Conv1d", "padding"), 0);
-  BRAID_CHECK(!padding_.is_same() || stride_ == 1, "Conv1d: padding='same' is not supported for strided convolutions "
-              "(stride=", stride_, ")");
+  BRAID_CHECK(!same_ || stride_ == 1, "Conv1d: padding='same' is not supported for strided convolutions (stride=",
+              stride_, ")");
+  if (same_) {
+    std::vector<int64_t> p = conv_padding_same({kernel_}, {dilation_});
+    padding_ = p[0];
+    extra_right_ = p[1] - p[0];
+  } else {
+    padding_ = padding.sizes().expand(1, "Conv1d", "padding")[0];
+    check_at_least("Conv1d", "padding", {padding_}, 0);
+  }
   weight_ = register_parameter("weight", empty({out_, in_ / groups_, kernel_}));
   if (bias) bias_ = register_parameter("bias", empty({out_}));
   init_conv(weight_, bias_);
@@ -93,22 +84,15 @@ Conv1d::Conv1d(int64_t in_channels, int64_t out_channels, int64_t kernel_size, i
 
 Tensor Conv1d::forward(const Tensor& x) {
   Tensor xb = batched_input("Conv1d", x, 1, in_);
-  int64_t padding = 0;
-  if (padding_.is_same()) {
-    std::vector<int64_t> symmetric;
-    xb = pad_for_same(xb, {kernel_}, {dilation_}, symmetric);
-    padding = symmetric[0];
-  } else {
-    padding = padding_.sizes().expand(1, "Conv1d", "padding")[0];
-  }
-  return unbatch_like(conv1d(xb, weight_, bias_, stride_, padding, dilation_, groups_), x, 1);
+  if (extra_right_ > 0) xb = pad(xb, {0, extra_right_});
+  return unbatch_like(conv1d(xb, weight_, bias_, stride_, padding_, dilation_, groups_), x, 1);
 }
 
 std::string Conv1d::describe() const {
   std::ostringstream os;
   os << "Conv1d(" << in_ << ", " << out_ << ", kernel_size=(" << kernel_ << ",), stride=(" << stride_ << ",)";
-  if (padding_.is_same()) os << ", padding=same";
-  else if (padding_.sizes().values()[0] != 0) os << ", padding=" << tuple(padding_.sizes().expand(1, "", ""));
+  if (same_) os << ", padding=same";
+  else if (padding_ != 0) os << ", padding=(" << padding_ << ",)";
   if (dilation_ != 1) os << ", dilation=(" << dilation_ << ",)";
   if (groups_ != 1) os << ", groups=" << groups_;
   if (!bias_.defined()) os << ", bias=False";
@@ -127,7 +111,8 @@ Conv2d::Conv2d(int64_t in_channels, int64_t out_channels, Ints kernel_size, Ints
   check_at_least("Conv2d", "dilation", dilation_, 1);
   BRAID_CHECK(!same_ || (stride_[0] == 1 && stride_[1] == 1), "Conv2d: padding='same' is not supported for strided "
               "convolutions (stride=", tuple(stride_), ")");
-  padding_ = same_ ? std::vector<int64_t>{0, 0} : padding.sizes().expand(2, "Conv2d", "padding");
+  // {top, bottom, left, right} for 'same', split as PyTorch splits it.
+  padding_ = same_ ? conv_padding_same(kernel_, dilation_) : padding.sizes().expand(2, "Conv2d", "padding");
   check_at_least("Conv2d", "padding", padding_, 0);
   weight_ = register_parameter("weight", empty({out_, in_ / groups_, kernel_[0], kernel_[1]}));
   if (bias) bias_ = register_parameter("bias", empty({out_}));
@@ -136,9 +121,7 @@ Conv2d::Conv2d(int64_t in_channels, int64_t out_channels, Ints kernel_size, Ints
 
 Tensor Conv2d::forward(const Tensor& x) {
   Tensor xb = batched_input("Conv2d", x, 2, in_);
-  std::vector<int64_t> padding = padding_;
-  if (same_) xb = pad_for_same(xb, kernel_, dilation_, padding);
-  return unbatch_like(conv2d(xb, weight_, bias_, stride_, padding, dilation_, groups_), x, 2);
+  return unbatch_like(conv2d(xb, weight_, bias_, stride_, padding_, dilation_, groups_), x, 2);
 }
 
 std::string Conv2d::describe() const {

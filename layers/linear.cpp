@@ -8,6 +8,19 @@
 
 namespace braid::nn {
 
+// Leading axes are folded into one before the product, so that (N, L, in) inputs run as one GEMM
+// rather than a batch of small ones against a broadcast weight.
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  BRAID_CHECK(x.dim() >= 1 && weight.dim() == 2 && x.size(-1) == weight.size(1), "linear: input shape ",
+              shape_str(x.shape()), " does not match weight shape ", shape_str(weight.shape()));
+  Tensor y = x.dim() <= 2 ? matmul(x, weight.mT()) : matmul(x.reshape({-1, x.size(-1)}), weight.mT());
+  if (bias.defined()) y = y + bias;
+  if (x.dim() <= 2) return y;
+  Shape out = x.shape();
+  out.back() = weight.size(0);
+  return y.reshape(out);
+}
+
 Linear::Linear(int64_t in_features, int64_t out_features, bool bias)
     : Module("Linear"), in_(in_features), out_(out_features) {
   BRAID_CHECK(in_features >= 0 && out_features >= 0, "Linear: feature counts must be non-negative, got in_features=",
@@ -22,8 +35,7 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool bias)
 Tensor Linear::forward(const Tensor& x) {
   BRAID_CHECK(x.dim() >= 1 && x.size(-1) == in_, "Linear: expected input with last dimension ", in_,
               " (in_features), got shape ", shape_str(x.shape()));
-  Tensor y = matmul(x, weight_.mT());
-  return bias_.defined() ? y + bias_ : y;
+  return linear(x, weight_, bias_);
 }
 
 std::string Linear::describe() const {

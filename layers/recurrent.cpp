@@ -25,11 +25,6 @@ void unstack_into(const Tensor& x, std::vector<Tensor>& out) {
   unstack_into(x.narrow(0, n / 2, n - n / 2), out);
 }
 
-Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
-  Tensor y = matmul(x, w.mT());
-  return b.defined() ? y + b : y;
-}
-
 }  // namespace
 
 RNNBase::RNNBase(std::string type, int64_t gates, bool cell_state, int64_t input_size, int64_t hidden_size,

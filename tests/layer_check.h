@@ -203,6 +203,9 @@ inline std::vector<LayerCase> differentiable_rows(const std::vector<LayerCase>& 
   return out;
 }
 
+/// gtest prints a row by its case name.
+inline void PrintTo(const LayerCase& row, std::ostream* os) { *os << row.file << ": " << row.name; }
+
 inline std::string layer_case_name(const ::testing::TestParamInfo<LayerCase>& info) { return gtest_name(info.param.name); }
 
 /// Gradient-checks m on inputs and expects an error of at most 1e-6.

@@ -19,6 +19,7 @@
 #include "braid/braid.h"
 #include "braid/checkpoint.h"
 #include "braid/data.h"
+#include "braid/nn/loss.h"
 #include "braid/nn/nn.h"
 #include "braid/optim.h"
 
@@ -416,7 +417,7 @@ TEST(CheckpointRestore, OptimizerSchedulerGeneratorAndLoader) {
 
 // A small image classifier trained with dropout (default generator), a shuffled, augmented,
 // prefetching loader and a learning-rate schedule: every piece of state a resume must restore.
-struct Run {
+struct Trainer {
   std::shared_ptr<nn::Sequential> model;
   std::unique_ptr<optim::Optimizer> opt;
   std::unique_ptr<optim::LRScheduler> sched;
@@ -429,9 +430,9 @@ std::shared_ptr<data::TensorDataset> toy_images() {
   return std::make_shared<data::TensorDataset>(rand({37, 1, 4, 4}, kFloat32, &g), randint(0, 3, {37}, kInt64, &g));
 }
 
-Run make_run(bool adam, uint64_t init_seed) {
+Trainer make_run(bool adam, uint64_t init_seed) {
   manual_seed(init_seed);
-  Run r;
+  Trainer r;
   r.model = std::make_shared<nn::Sequential>();
   r.model->add(std::make_shared<nn::Flatten>())
       .add(std::make_shared<nn::Linear>(16, 12))
@@ -451,7 +452,7 @@ Run make_run(bool adam, uint64_t init_seed) {
   return r;
 }
 
-void train(Run& r, int64_t until) {
+void train(Trainer& r, int64_t until) {
   data::Batch b;
   while (r.step < until) {
     if (!r.loader->next(b)) continue;  // end of an epoch
@@ -464,7 +465,7 @@ void train(Run& r, int64_t until) {
   }
 }
 
-Checkpoint capture(const Run& r) {
+Checkpoint capture(const Trainer& r) {
   Checkpoint c;
   store_state(c, "model.", *r.model);
   store_state(c, "optim.", *r.opt);
@@ -475,7 +476,7 @@ Checkpoint capture(const Run& r) {
   return c;
 }
 
-bool same_weights(const Run& a, const Run& b) {
+bool same_weights(const Trainer& a, const Trainer& b) {
   bool same = true;
   for (const auto& [name, t] : a.model->state_dict()) same &= equal(b.model->state_dict().at(name), t);
   return same;
@@ -488,16 +489,16 @@ TEST_P(Resume, FromStepKEqualsUninterruptedTrainingBitwise) {
   const int64_t k = 7, n = 13;  // 5 batches per epoch: k is mid-epoch 1, n in epoch 2
   TempDir dir;
 
-  Run whole = make_run(adam, 1);
+  Trainer whole = make_run(adam, 1);
   train(whole, n);
 
-  Run first = make_run(adam, 1);
+  Trainer first = make_run(adam, 1);
   train(first, k);
   save_checkpoint(dir.file("k.ckpt"), capture(first));
-  first = Run();  // nothing survives but the file
+  first = Trainer();  // nothing survives but the file
 
   auto resume = [&](bool restore_rng) {
-    Run r = make_run(adam, 2);  // another initialisation, which the checkpoint must overwrite
+    Trainer r = make_run(adam, 2);  // another initialisation, which the checkpoint must overwrite
     manual_seed(777);           // and another RNG state
     const Checkpoint c = load_checkpoint(dir.file("k.ckpt"));
     restore_state(c, "model.", *r.model);
@@ -512,7 +513,7 @@ TEST_P(Resume, FromStepKEqualsUninterruptedTrainingBitwise) {
     return r;
   };
   EXPECT_FALSE(same_weights(whole, make_run(adam, 1))) << "training did not change the weights";
-  Run resumed = resume(true);
+  Trainer resumed = resume(true);
   EXPECT_TRUE(same_weights(whole, resumed)) << "resumed training differs from uninterrupted training";
   const optim::OptimizerState a = whole.opt->state_dict(), b = resumed.opt->state_dict();
   EXPECT_EQ(a.scalars, b.scalars);

@@ -70,8 +70,11 @@ std::string error_of(F f) {
 
 // A dataset whose example i is input [i, -i] (float32) and target i (int64).
 Tensor ramp_inputs(int64_t n) {
-  std::vector<float> v;
-  for (int64_t i = 0; i < n; ++i) v.insert(v.end(), {static_cast<float>(i), static_cast<float>(-i)});
+  std::vector<float> v(static_cast<size_t>(2 * n));
+  for (int64_t i = 0; i < n; ++i) {
+    v[2 * i] = static_cast<float>(i);
+    v[2 * i + 1] = static_cast<float>(-i);
+  }
   return tensor(v, {n, 2});
 }
 std::shared_ptr<data::TensorDataset> ramp(int64_t n) {
@@ -226,7 +229,9 @@ TEST(DataLoader, EmptyLastBatchWhenRemainderIsSmallerThanShards) {
     ASSERT_TRUE(loader.next(b));
     EXPECT_EQ(b.input.shape(), (Shape{r == 0 ? 1 : 0, 2}));
     EXPECT_EQ(b.target.shape(), (Shape{r == 0 ? 1 : 0}));
-    if (r == 0) EXPECT_EQ(b.indices, (std::vector<int64_t>{8}));
+    if (r == 0) {
+      EXPECT_EQ(b.indices, (std::vector<int64_t>{8}));
+    }
     EXPECT_FALSE(loader.next(b));
   }
 }
@@ -424,7 +429,7 @@ TEST(Transforms, NormalizeIsPerChannelAffine) {
 }
 
 TEST(Transforms, RandomCropCutsThePaddedImageAtTheDrawnOffsets) {
-  const int64_t n = 300, c = 2, h = 5, w = 6, pad = 2, size = 4;
+  const int64_t n = 1000, c = 2, h = 5, w = 6, pad = 2, size = 4;
   Generator g(3);
   Tensor x = rand({n, c, h, w}, kFloat32, &g);
   Generator draw(77), replay(77);
@@ -699,7 +704,7 @@ TEST(Npy, RefusesWhatItDoesNotSupportNamingTheFile) {
     EXPECT_CONTAINS(msg, dir.file(name));
     EXPECT_CONTAINS(msg, part);
   };
-  expect_error("cut_data", good.substr(0, good.size() - 3), "truncated: expected 24 bytes of array data");
+  expect_error("cut_data", good.substr(0, good.size() - 3), "truncated or corrupt: shape [3, 2] of <i4 needs more bytes");
   expect_error("cut_header", good.substr(0, 50), "truncated");
   expect_error("trailing", good + "?", "unexpected data after the array data");
   expect_error("magic", "\x93NUMPZ" + good.substr(6), "not a .npy file");

@@ -64,7 +64,7 @@ Tensor read_idx(const std::string& path, DType dtype) {
                        (uint64_t{dims[4 * d + 2]} << 8) | uint64_t{dims[4 * d + 3]};
     shape.push_back(static_cast<int64_t>(s));
     if (__builtin_mul_overflow(numel, s, &numel) || numel > in.max_bytes())
-      file_error(path, "the IDX header claims shape " + shape_str(shape) + (d + 1 < ndim ? "..." : "") +
+      file_error(path, "truncated or corrupt: the IDX header claims shape " + shape_str(shape) + (d + 1 < ndim ? "..." : "") +
                            ", more values than the file can hold (" + std::to_string(in.max_bytes()) + " bytes left)");
   }
   Tensor out = empty(shape, dtype);

@@ -141,7 +141,8 @@ Tensor read_npy(const std::string& path) {
   in.read_exact(len_bytes, major == 1 ? 2 : 4, "the header length");
   const uint64_t header_len = len_bytes[0] | (len_bytes[1] << 8) | (uint64_t{len_bytes[2]} << 16) | (uint64_t{len_bytes[3]} << 24);
   if (header_len > in.max_bytes())
-    file_error(path, "header length " + std::to_string(header_len) + " exceeds the file");
+    file_error(path, "truncated or corrupt: header length " + std::to_string(header_len) + " exceeds the file (" +
+                         std::to_string(in.max_bytes()) + " bytes left)");
   std::string header(header_len, '\0');
   in.read_exact(header.data(), header_len, "the header");
 
@@ -161,7 +162,7 @@ Tensor read_npy(const std::string& path) {
   uint64_t nbytes = static_cast<uint64_t>(type->itemsize);
   for (int64_t s : shape)
     if (__builtin_mul_overflow(nbytes, static_cast<uint64_t>(s), &nbytes) || nbytes > in.max_bytes())
-      file_error(path, "shape " + shape_str(shape) + " of " + descr + " needs more bytes than the file holds (" +
+      file_error(path, "truncated or corrupt: shape " + shape_str(shape) + " of " + descr + " needs more bytes than the file holds (" +
                            std::to_string(in.max_bytes()) + " after the header)");
 
   Tensor out = empty(shape, type->dtype);

@@ -51,6 +51,9 @@ class Padding {
   bool same_ = false;
 };
 
+/// x W^T + b over the last axis of x (torch.nn.functional.linear); b may be undefined.
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
+
 /// y = x W^T + b over the last axis. weight (out_features, in_features), bias (out_features).
 class Linear : public Module {
  public:
@@ -76,7 +79,8 @@ class Conv1d : public Module {
 
  private:
   int64_t in_, out_, kernel_, stride_, dilation_, groups_;
-  Padding padding_;
+  bool same_;
+  int64_t padding_ = 0, extra_right_ = 0;  // padding on both sides, and more on the right ('same')
   Tensor weight_, bias_;
 };
 
@@ -91,8 +95,9 @@ class Conv2d : public Module {
 
  private:
   int64_t in_, out_, groups_;
-  std::vector<int64_t> kernel_, stride_, padding_, dilation_;
+  std::vector<int64_t> kernel_, stride_, dilation_;
   bool same_;
+  std::vector<int64_t> padding_;  // {h, w}, or {top, bottom, left, right} for 'same'
   Tensor weight_, bias_;
 };
 
