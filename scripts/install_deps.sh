@@ -7,10 +7,16 @@ export DEBIAN_FRONTEND=noninteractive
 
 packages=(
   build-essential g++ meson ninja-build pkg-config
-  libopenblas-dev libgtest-dev libbenchmark-dev
+  libopenblas-dev libgtest-dev libbenchmark-dev zlib1g-dev
   mpich libmpich-dev
   python3 python3-numpy
+  dataset-fashion-mnist
 )
+# The PyTorch comparisons (benchmarks/train_step.py, the reference scripts in tests/data) also need
+# python3-torch; set BRAID_WITH_TORCH=1 to install it. The tests themselves do not.
+if [[ "${BRAID_WITH_TORCH:-0}" == 1 ]]; then
+  packages+=(python3-torch)
+fi
 
 missing=()
 for p in "${packages[@]}"; do

@@ -53,17 +53,17 @@ def case_outcome(case):
 
 class Tally:
     def __init__(self):
-        self.suites = OrderedDict()  # (tree, suite) -> {"passed": n, "failed": n, "skipped": n}
+        self.rows = OrderedDict()  # (tree, test program) -> {"passed": n, "failed": n, "skipped": n}
         self.failures = []  # "tree: program/case" strings
 
-    def add(self, tree, suite, outcome, label):
-        counts = self.suites.setdefault((tree, suite), {"passed": 0, "failed": 0, "skipped": 0})
+    def add(self, tree, program, outcome, label):
+        counts = self.rows.setdefault((tree, program), {"passed": 0, "failed": 0, "skipped": 0})
         counts[outcome] += 1
         if outcome == "failed":
             self.failures.append(f"{tree}: {label}")
 
     def total(self, outcome):
-        return sum(c[outcome] for c in self.suites.values())
+        return sum(c[outcome] for c in self.rows.values())
 
 
 def read_program_results(tree):
@@ -100,9 +100,9 @@ def count_from_stdout(tree, name, entry, tally):
     for (suite, case), kind in verdicts.items():
         outcome = {"OK": "passed", "SKIPPED": "skipped"}.get(kind, "failed")
         label = f"{name} {suite}.{case}" + (f" (was running when the program ended: {why})" if kind == "RUN" else "")
-        tally.add(tree, suite, outcome, label)
+        tally.add(tree, name, outcome, label)
     if all(kind in ("OK", "SKIPPED") for kind in verdicts.values()):
-        tally.add(tree, f"[{name}]", "failed", f"{name}: ended {why} outside any test case")
+        tally.add(tree, name, "failed", f"{name}: ended {why} outside any test case")
     return True
 
 
@@ -130,17 +130,17 @@ def count_tree(tree, tally):
             for case in suite.iter("testcase"):
                 outcome = case_outcome(case)
                 failed_cases += outcome == "failed"
-                tally.add(tree, suite_name, outcome, f"{name} {suite_name}.{case.get('name')}")
+                tally.add(tree, name, outcome, f"{name} {suite_name}.{case.get('name')}")
         if not gtest_suites and result in BAD_RESULTS and count_from_stdout(tree, name, entry, tally):
             pass  # a gtest program that died before writing its XML; its console log named the cases
         elif not gtest_suites:
             # Not a gtest program, or one that printed nothing usable: one result for the program.
             outcome = "skipped" if result == "SKIP" else "failed" if result in BAD_RESULTS else "passed"
-            tally.add(tree, f"[{name}]", outcome, f"{name} ({result}, exit status {entry.get('returncode')})")
+            tally.add(tree, name, outcome, f"{name} ({result}, exit status {entry.get('returncode')})")
         elif result in BAD_RESULTS and failed_cases == 0:
             # Every case passed but the program did not (a sanitizer report at exit, a timeout, a crash in
             # a destructor): count the program itself as one failure.
-            tally.add(tree, f"[{name}]", "failed",
+            tally.add(tree, name, "failed",
                       f"{name}: all cases passed but the program ended {result} (exit status {entry.get('returncode')})")
 
 
@@ -162,7 +162,7 @@ def main():
     broken = {s.split(":", 1)[0]: s for s in args.step_failure}
     for tree in args.trees:
         if tree in broken:
-            tally.add(tree, "[build]", "failed", broken[tree])
+            tally.add(tree, "[build]", "failed", broken[tree].split(":", 1)[1].strip())
             continue
         try:
             count_tree(tree, tally)
@@ -172,19 +172,20 @@ def main():
         if s.split(":", 1)[0] not in args.trees:
             tally.add("?", "[build]", "failed", s)
 
-    if not tally.suites:
+    if not tally.rows:
         tally.add("-", "[none]", "failed", "no test ran")
 
-    # One line per suite, the trees side by side, so that the summary stays short.
-    trees = list(OrderedDict.fromkeys(t for t, _ in tally.suites))
-    suites = list(OrderedDict.fromkeys(s for _, s in tally.suites))
-    width = max(len(s) for s in suites)
-    print("==== test cases per suite (passed/failed/skipped)")
-    print(f"{'suite':<{width}}  " + "  ".join(f"{t:>16}" for t in trees))
-    for s in suites:
+    # One line per test program (Meson test), the trees side by side, so that the summary stays short;
+    # the failed cases are named below it.
+    trees = list(OrderedDict.fromkeys(t for t, _ in tally.rows))
+    programs = list(OrderedDict.fromkeys(p for _, p in tally.rows))
+    width = max(len(p) for p in programs)
+    print("==== test cases per program (passed/failed/skipped)")
+    print(f"{'program':<{width}}  " + "  ".join(f"{t:>16}" for t in trees))
+    for s in programs:
         cells = []
         for t in trees:
-            c = tally.suites.get((t, s))
+            c = tally.rows.get((t, s))
             cells.append(f"{c['passed']}/{c['failed']}/{c['skipped']}" if c else "-")
         print(f"{s:<{width}}  " + "  ".join(f"{c:>16}" for c in cells))
     if tally.failures:

@@ -211,6 +211,17 @@ Tensor cast(const Tensor& x, DType dtype) {
 
 // ---- in-place updates: for optimizers and initialisers, outside the graph ----
 
+namespace {
+// A source that shares memory with the destination of an in-place update is read through a copy,
+// since the kernels write elements the source may still have to read (x.copy_(x.mT())).
+Tensor unaliased(const Tensor& src, const Tensor& dst) {
+  if (src.storage() != dst.storage()) return src;
+  Tensor copy = new_tensor(src.shape(), src.dtype(), src.device());
+  backend_of(src).copy(src, copy);
+  return copy;
+}
+}  // namespace
+
 Tensor& Tensor::fill_(double value) {
   check_inplace(*this, "fill_");
   backend_of(*this).fill(*this, value);
@@ -224,7 +235,7 @@ Tensor& Tensor::copy_(const Tensor& src) {
   check_same_device(*this, src, "copy_");
   BRAID_CHECK(broadcast_shapes(src.shape(), shape(), "copy_") == shape(), "copy_: source shape ",
               shape_str(src.shape()), " does not broadcast to destination shape ", shape_str(shape()));
-  backend_of(*this).copy(broadcast_view(src, shape()), *this);
+  backend_of(*this).copy(broadcast_view(unaliased(src, *this), shape()), *this);
   return *this;
 }
 
@@ -235,7 +246,7 @@ Tensor& Tensor::add_(const Tensor& other, double alpha) {
   if (alpha != 1.0) o = binary_raw(BinaryOp::Mul, other, scalar_tensor(alpha, other.dtype()), other.dtype(), other.dtype(), "add_");
   BRAID_CHECK(broadcast_shapes(o.shape(), shape(), "add_") == shape(), "add_: shape ", shape_str(o.shape()),
               " does not broadcast to ", shape_str(shape()));
-  backend_of(*this).binary(BinaryOp::Add, *this, broadcast_view(cast_raw(o, dtype()), shape()), *this);
+  backend_of(*this).binary(BinaryOp::Add, *this, broadcast_view(cast_raw(unaliased(o, *this), dtype()), shape()), *this);
   return *this;
 }
 

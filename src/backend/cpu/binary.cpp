@@ -18,13 +18,15 @@ const char* binary_name(BinaryOp op) {
   return kNames[static_cast<int>(op)];
 }
 
-// out (n) = f(a (n), b (n)), all with the loop's strides.
+// out (n) = f(a (n), b (n)), all with the loop's strides. In-place updates pass the output as an
+// input too (x.add_(y)), so the pointers carry no __restrict; GCC still vectorises behind a
+// runtime overlap check.
 template <typename O, typename T, typename F>
 void map_binary(const StridedLoop& loop, F f) {
   loop.run([&f](char* const* p, const int64_t* s, int64_t n) {
-    O* __restrict o = reinterpret_cast<O*>(p[0]);
-    const T* __restrict a = reinterpret_cast<const T*>(p[1]);
-    const T* __restrict b = reinterpret_cast<const T*>(p[2]);
+    O* o = reinterpret_cast<O*>(p[0]);
+    const T* a = reinterpret_cast<const T*>(p[1]);
+    const T* b = reinterpret_cast<const T*>(p[2]);
     if (s[0] == 1 && s[1] == 1 && s[2] == 1) {
       for (int64_t i = 0; i < n; ++i) o[i] = f(a[i], b[i]);
     } else if (s[0] == 1 && s[1] == 1 && s[2] == 0) {

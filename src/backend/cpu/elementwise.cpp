@@ -24,8 +24,8 @@ const char* unary_name(UnaryOp op) {
 template <typename O, typename T, typename F>
 void map_unary(const StridedLoop& loop, F f) {
   loop.run([&f](char* const* p, const int64_t* s, int64_t n) {
-    O* __restrict o = reinterpret_cast<O*>(p[0]);
-    const T* __restrict x = reinterpret_cast<const T*>(p[1]);
+    O* o = reinterpret_cast<O*>(p[0]);
+    const T* x = reinterpret_cast<const T*>(p[1]);
     if (s[0] == 1 && s[1] == 1) {
       for (int64_t i = 0; i < n; ++i) o[i] = f(x[i]);
     } else {
