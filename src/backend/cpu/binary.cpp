@@ -3,6 +3,7 @@
 // 0) has its own vectorised loop, since `x * 0.5` and optimiser updates are that shape.
 #include <atomic>
 #include <cmath>
+#include <iterator>
 #include <type_traits>
 
 #include "backend/cpu/cpu_backend.h"
@@ -13,9 +14,10 @@ namespace braid::detail {
 namespace {
 
 const char* binary_name(BinaryOp op) {
-  static const char* const kNames[] = {"add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq",
+  static const char* const kNames[] = {"add", "sub", "mul", "div", "pow", "maximum",     "minimum",    "eq",
                                        "ne",  "lt",  "le",  "gt",  "ge",  "logical_and", "logical_or", "logical_xor"};
-  return kNames[static_cast<int>(op)];
+  const auto i = static_cast<size_t>(op);
+  return i < std::size(kNames) ? kNames[i] : "unknown";
 }
 
 // out (n) = f(a (n), b (n)), all with the loop's strides. In-place updates pass the output as an
@@ -87,22 +89,32 @@ void arithmetic(BinaryOp op, const StridedLoop& loop, DType dtype) {
   if constexpr (std::is_same_v<T, bool>) {  // bool arithmetic is logic: + is or, * is and
     switch (op) {
       case BinaryOp::Add:
-      case BinaryOp::Max: return map_binary<T, T>(loop, [](T a, T b) { return a | b; });
+      case BinaryOp::Max:
+        return map_binary<T, T>(loop, [](T a, T b) { return a | b; });
       case BinaryOp::Mul:
-      case BinaryOp::Min: return map_binary<T, T>(loop, [](T a, T b) { return a & b; });
-      default: unsupported_dtype(binary_name(op), dtype);
+      case BinaryOp::Min:
+        return map_binary<T, T>(loop, [](T a, T b) { return a & b; });
+      default:
+        unsupported_dtype(binary_name(op), dtype);
     }
   } else {
     switch (op) {
-      case BinaryOp::Add: return map_binary<T, T>(loop, [](T a, T b) { return wrap_add(a, b); });
-      case BinaryOp::Sub: return map_binary<T, T>(loop, [](T a, T b) { return wrap_sub(a, b); });
-      case BinaryOp::Mul: return map_binary<T, T>(loop, [](T a, T b) { return wrap_mul(a, b); });
-      case BinaryOp::Div: return divide<T>(loop);
-      case BinaryOp::Pow: return power<T>(loop);
+      case BinaryOp::Add:
+        return map_binary<T, T>(loop, [](T a, T b) { return wrap_add(a, b); });
+      case BinaryOp::Sub:
+        return map_binary<T, T>(loop, [](T a, T b) { return wrap_sub(a, b); });
+      case BinaryOp::Mul:
+        return map_binary<T, T>(loop, [](T a, T b) { return wrap_mul(a, b); });
+      case BinaryOp::Div:
+        return divide<T>(loop);
+      case BinaryOp::Pow:
+        return power<T>(loop);
       case BinaryOp::Max:  // NaN wins, as torch.maximum
         return map_binary<T, T>(loop, [](T a, T b) { return (a > b) | (a != a) ? a : b; });
-      case BinaryOp::Min: return map_binary<T, T>(loop, [](T a, T b) { return (a < b) | (a != a) ? a : b; });
-      default: BRAID_ASSERT(false, "unhandled binary op ", binary_name(op));
+      case BinaryOp::Min:
+        return map_binary<T, T>(loop, [](T a, T b) { return (a < b) | (a != a) ? a : b; });
+      default:
+        BRAID_ASSERT(false, "unhandled binary op ", binary_name(op));
     }
   }
 }
@@ -110,16 +122,26 @@ void arithmetic(BinaryOp op, const StridedLoop& loop, DType dtype) {
 template <typename T>
 void compare_or_logic(BinaryOp op, const StridedLoop& loop) {
   switch (op) {
-    case BinaryOp::Eq: return map_binary<bool, T>(loop, [](T a, T b) { return a == b; });
-    case BinaryOp::Ne: return map_binary<bool, T>(loop, [](T a, T b) { return a != b; });
-    case BinaryOp::Lt: return map_binary<bool, T>(loop, [](T a, T b) { return a < b; });
-    case BinaryOp::Le: return map_binary<bool, T>(loop, [](T a, T b) { return a <= b; });
-    case BinaryOp::Gt: return map_binary<bool, T>(loop, [](T a, T b) { return a > b; });
-    case BinaryOp::Ge: return map_binary<bool, T>(loop, [](T a, T b) { return a >= b; });
-    case BinaryOp::And: return map_binary<bool, T>(loop, [](T a, T b) { return (a != T(0)) & (b != T(0)); });
-    case BinaryOp::Or: return map_binary<bool, T>(loop, [](T a, T b) { return (a != T(0)) | (b != T(0)); });
-    case BinaryOp::Xor: return map_binary<bool, T>(loop, [](T a, T b) { return (a != T(0)) != (b != T(0)); });
-    default: BRAID_ASSERT(false, "unhandled binary op ", binary_name(op));
+    case BinaryOp::Eq:
+      return map_binary<bool, T>(loop, [](T a, T b) { return a == b; });
+    case BinaryOp::Ne:
+      return map_binary<bool, T>(loop, [](T a, T b) { return a != b; });
+    case BinaryOp::Lt:
+      return map_binary<bool, T>(loop, [](T a, T b) { return a < b; });
+    case BinaryOp::Le:
+      return map_binary<bool, T>(loop, [](T a, T b) { return a <= b; });
+    case BinaryOp::Gt:
+      return map_binary<bool, T>(loop, [](T a, T b) { return a > b; });
+    case BinaryOp::Ge:
+      return map_binary<bool, T>(loop, [](T a, T b) { return a >= b; });
+    case BinaryOp::And:
+      return map_binary<bool, T>(loop, [](T a, T b) { return (a != T(0)) & (b != T(0)); });
+    case BinaryOp::Or:
+      return map_binary<bool, T>(loop, [](T a, T b) { return (a != T(0)) | (b != T(0)); });
+    case BinaryOp::Xor:
+      return map_binary<bool, T>(loop, [](T a, T b) { return (a != T(0)) != (b != T(0)); });
+    default:
+      BRAID_ASSERT(false, "unhandled binary op ", binary_name(op));
   }
 }
 
@@ -135,8 +157,10 @@ void CpuBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, const Ten
                shape_str(b.shape()), " -> ", dtype_name(out.dtype()), " ", shape_str(out.shape()));
   StridedLoop loop(out.shape(), {loop_operand(out), loop_operand(a), loop_operand(b)});
   dispatch_compute(a.dtype(), name, [&]<typename T>() {
-    if (is_bool_result(op)) compare_or_logic<T>(op, loop);
-    else arithmetic<T>(op, loop, a.dtype());
+    if (is_bool_result(op))
+      compare_or_logic<T>(op, loop);
+    else
+      arithmetic<T>(op, loop, a.dtype());
   });
 }
 

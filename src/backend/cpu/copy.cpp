@@ -98,11 +98,16 @@ void CpuBackend::copy(const Tensor& src, const Tensor& dst) {
   StridedLoop loop(dst.shape(), {loop_operand(dst), loop_operand(src)});
   if (same_type) {
     switch (dst.element_size()) {
-      case 1: return copy_bits<uint8_t>(loop);
-      case 2: return copy_bits<uint16_t>(loop);
-      case 4: return copy_bits<uint32_t>(loop);
-      case 8: return copy_bits<uint64_t>(loop);
-      default: unsupported_dtype("copy", dst.dtype());
+      case 1:
+        return copy_bits<uint8_t>(loop);
+      case 2:
+        return copy_bits<uint16_t>(loop);
+      case 4:
+        return copy_bits<uint32_t>(loop);
+      case 8:
+        return copy_bits<uint64_t>(loop);
+      default:
+        unsupported_dtype("copy", dst.dtype());
     }
   }
   dispatch_all(dst.dtype(), "copy", [&]<typename D>() {

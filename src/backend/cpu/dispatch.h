@@ -21,12 +21,18 @@ namespace braid::detail {
 template <typename F>
 decltype(auto) dispatch_compute(DType t, const char* op, F&& f) {
   switch (t) {
-    case DType::Float32: return f.template operator()<float>();
-    case DType::Float64: return f.template operator()<double>();
-    case DType::Int64: return f.template operator()<int64_t>();
-    case DType::Int32: return f.template operator()<int32_t>();
-    case DType::Bool: return f.template operator()<bool>();
-    default: break;
+    case DType::Float32:
+      return f.template operator()<float>();
+    case DType::Float64:
+      return f.template operator()<double>();
+    case DType::Int64:
+      return f.template operator()<int64_t>();
+    case DType::Int32:
+      return f.template operator()<int32_t>();
+    case DType::Bool:
+      return f.template operator()<bool>();
+    default:
+      break;
   }
   unsupported_dtype(op, t);
 }
@@ -35,9 +41,12 @@ decltype(auto) dispatch_compute(DType t, const char* op, F&& f) {
 template <typename F>
 decltype(auto) dispatch_all(DType t, const char* op, F&& f) {
   switch (t) {
-    case DType::Float16: return f.template operator()<Half>();
-    case DType::BFloat16: return f.template operator()<BFloat16>();
-    default: return dispatch_compute(t, op, std::forward<F>(f));
+    case DType::Float16:
+      return f.template operator()<Half>();
+    case DType::BFloat16:
+      return f.template operator()<BFloat16>();
+    default:
+      return dispatch_compute(t, op, std::forward<F>(f));
   }
 }
 

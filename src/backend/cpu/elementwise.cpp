@@ -2,6 +2,7 @@
 // loop's contiguous fast path is a plain indexed loop, so ops built from arithmetic and the
 // fast_math.h polynomials (exp, tanh, sigmoid on float32) vectorise, while libm calls do not.
 #include <cmath>
+#include <iterator>
 #include <type_traits>
 
 #include "backend/cpu/cpu_backend.h"
@@ -14,20 +15,24 @@ namespace {
 
 const char* unary_name(UnaryOp op) {
   static const char* const kNames[] = {
-      "neg",  "abs",   "exp",   "log",   "log1p", "expm1",       "sqrt",  "rsqrt",      "square",    "reciprocal",
-      "sin",  "cos",   "tanh",  "sigmoid", "relu", "erf",        "sign",  "floor",      "ceil",      "round",
-      "logical_not", "isnan", "pow", "clamp", "leaky_relu", "elu", "softplus", "gelu_tanh"};
-  return kNames[static_cast<int>(op)];
+      "neg",         "abs",   "exp",  "log",     "log1p",      "expm1", "sqrt",     "rsqrt",    "square", "reciprocal",
+      "sin",         "cos",   "tanh", "sigmoid", "relu",       "erf",   "sign",     "floor",    "ceil",   "round",
+      "logical_not", "isnan", "pow",  "clamp",   "leaky_relu", "elu",   "softplus", "gelu_tanh"};
+  const auto i = static_cast<size_t>(op);
+  return i < std::size(kNames) ? kNames[i] : "unknown";
 }
 
-// out (n) = f(x (n)), both with the loop's strides.
+// out (n) = f(x (n)), both with the loop's strides; contiguous runs go to `contiguous` when given.
 template <typename O, typename T, typename F>
-void map_unary(const StridedLoop& loop, F f) {
-  loop.run([&f](char* const* p, const int64_t* s, int64_t n) {
+void map_unary(const StridedLoop& loop, F f, void (*contiguous)(O*, const T*, int64_t) = nullptr) {
+  loop.run([&f, contiguous](char* const* p, const int64_t* s, int64_t n) {
     O* o = reinterpret_cast<O*>(p[0]);
     const T* x = reinterpret_cast<const T*>(p[1]);
     if (s[0] == 1 && s[1] == 1) {
-      for (int64_t i = 0; i < n; ++i) o[i] = f(x[i]);
+      if (contiguous)
+        contiguous(o, x, n);
+      else
+        for (int64_t i = 0; i < n; ++i) o[i] = f(x[i]);
     } else {
       for (int64_t i = 0; i < n; ++i) o[i * s[0]] = f(x[i * s[1]]);
     }
@@ -36,14 +41,18 @@ void map_unary(const StridedLoop& loop, F f) {
 
 template <typename T>
 T exp_t(T x) {
-  if constexpr (std::is_same_v<T, float>) return exp_f32(x);
-  else return std::exp(x);
+  if constexpr (std::is_same_v<T, float>)
+    return exp_f32(x);
+  else
+    return std::exp(x);
 }
 
 template <typename T>
 T tanh_t(T x) {
-  if constexpr (std::is_same_v<T, float>) return tanh_f32(x);
-  else return std::tanh(x);
+  if constexpr (std::is_same_v<T, float>)
+    return tanh_f32(x);
+  else
+    return std::tanh(x);
 }
 
 template <typename T>
@@ -56,31 +65,94 @@ T sigmoid_t(T x) {
   }
 }
 
+// 0.5 x (1 + tanh(u)) = x sigmoid(2u), which does not cancel for x << 0.
+template <typename T>
+T gelu_tanh_t(T x) {
+  const T k = T(2 * 0.7978845608028654);  // 2 sqrt(2 / pi)
+  return x * sigmoid_t(k * (x + T(0.044715) * x * x * x));
+}
+
+// Note [AVX2 clones]
+// The float32 polynomial kernels are compute-bound at SSE2 width, the x86-64 baseline braid is
+// built for. target_clones also compiles them for AVX2 (twice the width, 2x faster) and the loader
+// picks the copy the CPU runs. Both copies do the same IEEE operations (-std=c++20 turns off FMA
+// contraction, and "avx2" does not enable FMA), so results do not depend on the machine.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define BRAID_AVX2_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define BRAID_AVX2_CLONES
+#endif
+
+BRAID_AVX2_CLONES void exp_run(float* o, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) o[i] = exp_f32(x[i]);
+}
+BRAID_AVX2_CLONES void tanh_run(float* o, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) o[i] = tanh_f32(x[i]);
+}
+BRAID_AVX2_CLONES void sigmoid_run(float* o, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) o[i] = sigmoid_f32(x[i]);
+}
+BRAID_AVX2_CLONES void gelu_tanh_run(float* o, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) o[i] = gelu_tanh_t(x[i]);
+}
+
+// The float32 clone as map_unary's contiguous kernel; none for double, whose kernels call libm.
+template <typename T>
+auto clone_for(void (*f32)(float*, const float*, int64_t)) {
+  void (*none)(T*, const T*, int64_t) = nullptr;
+  if constexpr (std::is_same_v<T, float>)
+    return f32;
+  else
+    return none;
+}
+
 template <typename T>
 void float_unary(UnaryOp op, const StridedLoop& loop, double p0d, double p1d) {
   const T p0 = static_cast<T>(p0d), p1 = static_cast<T>(p1d);
   switch (op) {
-    case UnaryOp::Neg: return map_unary<T, T>(loop, [](T x) { return -x; });
-    case UnaryOp::Abs: return map_unary<T, T>(loop, [](T x) { return std::fabs(x); });
-    case UnaryOp::Exp: return map_unary<T, T>(loop, [](T x) { return exp_t(x); });
-    case UnaryOp::Log: return map_unary<T, T>(loop, [](T x) { return std::log(x); });
-    case UnaryOp::Log1p: return map_unary<T, T>(loop, [](T x) { return std::log1p(x); });
-    case UnaryOp::Expm1: return map_unary<T, T>(loop, [](T x) { return std::expm1(x); });
-    case UnaryOp::Sqrt: return map_unary<T, T>(loop, [](T x) { return std::sqrt(x); });
-    case UnaryOp::Rsqrt: return map_unary<T, T>(loop, [](T x) { return T(1) / std::sqrt(x); });
-    case UnaryOp::Square: return map_unary<T, T>(loop, [](T x) { return x * x; });
-    case UnaryOp::Reciprocal: return map_unary<T, T>(loop, [](T x) { return T(1) / x; });
-    case UnaryOp::Sin: return map_unary<T, T>(loop, [](T x) { return std::sin(x); });
-    case UnaryOp::Cos: return map_unary<T, T>(loop, [](T x) { return std::cos(x); });
-    case UnaryOp::Tanh: return map_unary<T, T>(loop, [](T x) { return tanh_t(x); });
-    case UnaryOp::Sigmoid: return map_unary<T, T>(loop, [](T x) { return sigmoid_t(x); });
-    case UnaryOp::Relu: return map_unary<T, T>(loop, [](T x) { return x < 0 ? T(0) : x; });  // NaN stays
-    case UnaryOp::Erf: return map_unary<T, T>(loop, [](T x) { return std::erf(x); });
+    case UnaryOp::Neg:
+      return map_unary<T, T>(loop, [](T x) { return -x; });
+    case UnaryOp::Abs:
+      return map_unary<T, T>(loop, [](T x) { return std::fabs(x); });
+    case UnaryOp::Exp:
+      return map_unary<T, T>(
+          loop, [](T x) { return exp_t(x); }, clone_for<T>(exp_run));
+    case UnaryOp::Log:
+      return map_unary<T, T>(loop, [](T x) { return std::log(x); });
+    case UnaryOp::Log1p:
+      return map_unary<T, T>(loop, [](T x) { return std::log1p(x); });
+    case UnaryOp::Expm1:
+      return map_unary<T, T>(loop, [](T x) { return std::expm1(x); });
+    case UnaryOp::Sqrt:
+      return map_unary<T, T>(loop, [](T x) { return std::sqrt(x); });
+    case UnaryOp::Rsqrt:
+      return map_unary<T, T>(loop, [](T x) { return T(1) / std::sqrt(x); });
+    case UnaryOp::Square:
+      return map_unary<T, T>(loop, [](T x) { return x * x; });
+    case UnaryOp::Reciprocal:
+      return map_unary<T, T>(loop, [](T x) { return T(1) / x; });
+    case UnaryOp::Sin:
+      return map_unary<T, T>(loop, [](T x) { return std::sin(x); });
+    case UnaryOp::Cos:
+      return map_unary<T, T>(loop, [](T x) { return std::cos(x); });
+    case UnaryOp::Tanh:
+      return map_unary<T, T>(
+          loop, [](T x) { return tanh_t(x); }, clone_for<T>(tanh_run));
+    case UnaryOp::Sigmoid:
+      return map_unary<T, T>(
+          loop, [](T x) { return sigmoid_t(x); }, clone_for<T>(sigmoid_run));
+    case UnaryOp::Relu:
+      return map_unary<T, T>(loop, [](T x) { return x < 0 ? T(0) : x; });  // NaN stays
+    case UnaryOp::Erf:
+      return map_unary<T, T>(loop, [](T x) { return std::erf(x); });
     case UnaryOp::Sign:  // NaN stays NaN, as in NumPy
       return map_unary<T, T>(loop, [](T x) { return x != x ? x : T((x > 0) - (x < 0)); });
-    case UnaryOp::Floor: return map_unary<T, T>(loop, [](T x) { return std::floor(x); });
-    case UnaryOp::Ceil: return map_unary<T, T>(loop, [](T x) { return std::ceil(x); });
-    case UnaryOp::Round: return map_unary<T, T>(loop, [](T x) { return std::nearbyint(x); });  // half to even
+    case UnaryOp::Floor:
+      return map_unary<T, T>(loop, [](T x) { return std::floor(x); });
+    case UnaryOp::Ceil:
+      return map_unary<T, T>(loop, [](T x) { return std::ceil(x); });
+    case UnaryOp::Round:
+      return map_unary<T, T>(loop, [](T x) { return std::nearbyint(x); });  // half to even
     case UnaryOp::PowScalar:
       if (p0d == 2) return map_unary<T, T>(loop, [](T x) { return x * x; });
       if (p0d == 0.5) return map_unary<T, T>(loop, [](T x) { return std::sqrt(x); });
@@ -89,17 +161,18 @@ void float_unary(UnaryOp op, const StridedLoop& loop, double p0d, double p1d) {
       return map_unary<T, T>(loop, [p0](T x) { return std::pow(x, p0); });
     case UnaryOp::Clamp:  // NaN stays; an infinite bound never binds
       return map_unary<T, T>(loop, [p0, p1](T x) { return x < p0 ? p0 : (x > p1 ? p1 : x); });
-    case UnaryOp::LeakyRelu: return map_unary<T, T>(loop, [p0](T x) { return select(x > 0, x, p0 * x); });
-    case UnaryOp::Elu: return map_unary<T, T>(loop, [p0](T x) { return x > 0 ? x : p0 * std::expm1(x); });
+    case UnaryOp::LeakyRelu:
+      return map_unary<T, T>(loop, [p0](T x) { return select(x > 0, x, p0 * x); });
+    case UnaryOp::Elu:
+      return map_unary<T, T>(loop, [p0](T x) { return x > 0 ? x : p0 * std::expm1(x); });
     case UnaryOp::Softplus:  // max(x, 0) + log1p(exp(-|x|)): no overflow for large |x|
       return map_unary<T, T>(loop, [](T x) { return (x < 0 ? T(0) : x) + std::log1p(exp_t(-std::fabs(x))); });
-    case UnaryOp::GeluTanh:  // 0.5 (1 + tanh(u)) = sigmoid(2u), which does not cancel for x << 0
-      return map_unary<T, T>(loop, [](T x) {
-        const T k = T(2 * 0.7978845608028654);  // 2 sqrt(2 / pi)
-        return x * sigmoid_t(k * (x + T(0.044715) * x * x * x));
-      });
+    case UnaryOp::GeluTanh:
+      return map_unary<T, T>(
+          loop, [](T x) { return gelu_tanh_t(x); }, clone_for<T>(gelu_tanh_run));
     case UnaryOp::LogicalNot:
-    case UnaryOp::IsNan: break;  // bool output, handled by the caller
+    case UnaryOp::IsNan:
+      break;  // bool output, handled by the caller
   }
   BRAID_ASSERT(false, "unhandled unary op ", unary_name(op));
 }
@@ -108,19 +181,26 @@ void float_unary(UnaryOp op, const StridedLoop& loop, double p0d, double p1d) {
 template <typename T>
 void int_unary(UnaryOp op, const StridedLoop& loop, double p0d, double p1d, DType dtype) {
   switch (op) {
-    case UnaryOp::Neg: return map_unary<T, T>(loop, [](T x) { return wrap_sub(T(0), x); });
-    case UnaryOp::Abs: return map_unary<T, T>(loop, [](T x) { return x < 0 ? wrap_sub(T(0), x) : x; });
-    case UnaryOp::Square: return map_unary<T, T>(loop, [](T x) { return wrap_mul(x, x); });
-    case UnaryOp::Sign: return map_unary<T, T>(loop, [](T x) { return T((x > 0) - (x < 0)); });
-    case UnaryOp::Relu: return map_unary<T, T>(loop, [](T x) { return x < 0 ? T(0) : x; });
+    case UnaryOp::Neg:
+      return map_unary<T, T>(loop, [](T x) { return wrap_sub(T(0), x); });
+    case UnaryOp::Abs:
+      return map_unary<T, T>(loop, [](T x) { return x < 0 ? wrap_sub(T(0), x) : x; });
+    case UnaryOp::Square:
+      return map_unary<T, T>(loop, [](T x) { return wrap_mul(x, x); });
+    case UnaryOp::Sign:
+      return map_unary<T, T>(loop, [](T x) { return T((x > 0) - (x < 0)); });
+    case UnaryOp::Relu:
+      return map_unary<T, T>(loop, [](T x) { return x < 0 ? T(0) : x; });
     case UnaryOp::Floor:
     case UnaryOp::Ceil:
-    case UnaryOp::Round: return map_unary<T, T>(loop, [](T x) { return x; });  // integers are whole already
+    case UnaryOp::Round:
+      return map_unary<T, T>(loop, [](T x) { return x; });  // integers are whole already
     case UnaryOp::Clamp: {
       const T lo = convert<T>(p0d), hi = convert<T>(p1d);  // an infinite bound saturates to the type's range
       return map_unary<T, T>(loop, [lo, hi](T x) { return x < lo ? lo : (x > hi ? hi : x); });
     }
-    default: unsupported_dtype(unary_name(op), dtype);
+    default:
+      unsupported_dtype(unary_name(op), dtype);
   }
 }
 
@@ -136,12 +216,17 @@ void CpuBackend::unary(UnaryOp op, const Tensor& x, const Tensor& out, double p0
   dispatch_compute(x.dtype(), name, [&]<typename T>() {
     if (op == UnaryOp::LogicalNot) return map_unary<bool, T>(loop, [](T v) { return v == T(0); });
     if (op == UnaryOp::IsNan) {
-      if constexpr (std::is_floating_point_v<T>) return map_unary<bool, T>(loop, [](T v) { return v != v; });
-      else return map_unary<bool, T>(loop, [](T) { return false; });
+      if constexpr (std::is_floating_point_v<T>)
+        return map_unary<bool, T>(loop, [](T v) { return v != v; });
+      else
+        return map_unary<bool, T>(loop, [](T) { return false; });
     }
-    if constexpr (std::is_floating_point_v<T>) float_unary<T>(op, loop, p0, p1);
-    else if constexpr (kIsInt<T>) int_unary<T>(op, loop, p0, p1, x.dtype());
-    else unsupported_dtype(name, x.dtype());
+    if constexpr (std::is_floating_point_v<T>)
+      float_unary<T>(op, loop, p0, p1);
+    else if constexpr (kIsInt<T>)
+      int_unary<T>(op, loop, p0, p1, x.dtype());
+    else
+      unsupported_dtype(name, x.dtype());
   });
 }
 

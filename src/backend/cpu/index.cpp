@@ -18,43 +18,50 @@ namespace {
 template <typename U>
 void gather_bits(const StridedLoop& loop, int64_t axis_stride) {
   loop.run([axis_stride](char* const* p, const int64_t* s, int64_t n) {
-    U* o = reinterpret_cast<U*>(p[0]);                             // (n) outputs
+    U* o = reinterpret_cast<U*>(p[0]);                            // (n) outputs
     const int64_t* idx = reinterpret_cast<const int64_t*>(p[1]);  // (n) positions along the axis
-    const U* x = reinterpret_cast<const U*>(p[2]);                 // (n) row starts in x
+    const U* x = reinterpret_cast<const U*>(p[2]);                // (n) row starts in x
     for (int64_t i = 0; i < n; ++i) o[i * s[0]] = x[i * s[2] + idx[i * s[1]] * axis_stride];
   });
 }
 
 template <typename T>
 void accumulate(T& dst, T v) {
-  if constexpr (std::is_same_v<T, bool>) dst = dst | v;
-  else dst = wrap_add(dst, v);
+  if constexpr (std::is_same_v<T, bool>)
+    dst = dst | v;
+  else
+    dst = wrap_add(dst, v);
 }
 
 }  // namespace
 
 void CpuBackend::gather(const Tensor& x, int64_t axis, const Tensor& index, const Tensor& out) {
-  BRAID_ASSERT(index.dtype() == kInt64 && index.shape() == out.shape() && x.dtype() == out.dtype() &&
-                   x.dim() == out.dim(),
-               "gather: index must be int64 of out's shape");
+  BRAID_ASSERT(
+      index.dtype() == kInt64 && index.shape() == out.shape() && x.dtype() == out.dtype() && x.dim() == out.dim(),
+      "gather: index must be int64 of out's shape");
   Shape xs = x.strides();
   const int64_t axis_stride = xs[axis];
   xs[axis] = 0;
   StridedLoop loop(out.shape(), {loop_operand(out), loop_operand(index),
                                  LoopOperand{static_cast<char*>(x.raw_data()), xs.data(), x.element_size()}});
   switch (x.element_size()) {
-    case 1: return gather_bits<uint8_t>(loop, axis_stride);
-    case 2: return gather_bits<uint16_t>(loop, axis_stride);
-    case 4: return gather_bits<uint32_t>(loop, axis_stride);
-    case 8: return gather_bits<uint64_t>(loop, axis_stride);
-    default: unsupported_dtype("gather", x.dtype());
+    case 1:
+      return gather_bits<uint8_t>(loop, axis_stride);
+    case 2:
+      return gather_bits<uint16_t>(loop, axis_stride);
+    case 4:
+      return gather_bits<uint32_t>(loop, axis_stride);
+    case 8:
+      return gather_bits<uint64_t>(loop, axis_stride);
+    default:
+      unsupported_dtype("gather", x.dtype());
   }
 }
 
 void CpuBackend::scatter_add(const Tensor& out, int64_t axis, const Tensor& index, const Tensor& src) {
-  BRAID_ASSERT(index.dtype() == kInt64 && index.shape() == src.shape() && src.dtype() == out.dtype() &&
-                   src.dim() == out.dim(),
-               "scatter_add: index must be int64 of src's shape");
+  BRAID_ASSERT(
+      index.dtype() == kInt64 && index.shape() == src.shape() && src.dtype() == out.dtype() && src.dim() == out.dim(),
+      "scatter_add: index must be int64 of src's shape");
   const int64_t len = src.shape()[axis];
   if (src.numel() == 0) return;
   Shape rest = src.shape();  // the positions off the axis

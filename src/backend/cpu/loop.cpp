@@ -26,9 +26,8 @@ StridedLoop::StridedLoop(const Shape& shape, std::initializer_list<LoopOperand> 
   std::vector<int> dims;
   for (size_t d = 0; d < shape.size(); ++d)
     if (shape[d] != 1) dims.push_back(static_cast<int>(d));
-  std::stable_sort(dims.begin(), dims.end(), [&](int x, int y) {
-    return std::llabs(ops[0].strides[x]) > std::llabs(ops[0].strides[y]);
-  });
+  std::stable_sort(dims.begin(), dims.end(),
+                   [&](int x, int y) { return std::llabs(ops[0].strides[x]) > std::llabs(ops[0].strides[y]); });
 
   // Merge from the innermost outwards: dimension d folds into the one inside it when every operand
   // steps over the inner one exactly once per step of d.
@@ -51,9 +50,9 @@ StridedLoop::StridedLoop(const Shape& shape, std::initializer_list<LoopOperand> 
     sizes.push_back(1);
     strides.push_back({});
   }
-  BRAID_CHECK_T(NotImplementedError, sizes.size() <= static_cast<size_t>(kMaxLoopDims),
-                "CPU kernels support at most ", kMaxLoopDims, " non-mergeable dimensions, got ", sizes.size(),
-                " for shape ", shape_str(shape), "; call contiguous() first");
+  BRAID_CHECK_T(NotImplementedError, sizes.size() <= static_cast<size_t>(kMaxLoopDims), "CPU kernels support at most ",
+                kMaxLoopDims, " non-mergeable dimensions, got ", sizes.size(), " for shape ", shape_str(shape),
+                "; call contiguous() first");
   ndim_ = static_cast<int>(sizes.size());
   for (int i = 0; i < ndim_; ++i) {
     int d = ndim_ - 1 - i;

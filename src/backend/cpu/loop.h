@@ -23,11 +23,10 @@ class FunctionRef;
 template <typename R, typename... Args>
 class FunctionRef<R(Args...)> {
  public:
-  template <typename F>
-    requires(!std::is_same_v<std::remove_cvref_t<F>, FunctionRef>)
+  // Not a copy constructor: a FunctionRef passed on is copied, not wrapped.
+  template <typename F, typename = std::enable_if_t<!std::is_same_v<std::remove_cvref_t<F>, FunctionRef>>>
   FunctionRef(F&& f)  // NOLINT(google-explicit-constructor): passed as a lambda at every call site
-      : obj_(const_cast<void*>(static_cast<const void*>(std::addressof(f)))),
-        call_([](void* obj, Args... args) -> R {
+      : obj_(const_cast<void*>(static_cast<const void*>(std::addressof(f)))), call_([](void* obj, Args... args) -> R {
           return (*static_cast<std::remove_reference_t<F>*>(obj))(std::forward<Args>(args)...);
         }) {}
   R operator()(Args... args) const { return call_(obj_, std::forward<Args>(args)...); }
@@ -63,6 +62,8 @@ class StridedLoop {
   StridedLoop(const Shape& shape, std::initializer_list<LoopOperand> operands);
 
   int64_t numel() const { return numel_; }
+  /// Dimensions left after coalescing (at least 1).
+  int ndim() const { return ndim_; }
   /// Operand k's step along the innermost (coalesced) dimension, in elements.
   int64_t inner_stride(int k) const { return inner_strides_[k]; }
   char* const* base() const { return base_.data(); }
@@ -78,9 +79,9 @@ class StridedLoop {
   int ndim_ = 0;
   int64_t numel_ = 0;
   std::array<char*, kMaxOperands> base_{};
-  std::array<int64_t, kMaxLoopDims> shape_{};                       // coalesced, outermost first
+  std::array<int64_t, kMaxLoopDims> shape_{};                            // coalesced, outermost first
   std::array<std::array<int64_t, kMaxOperands>, kMaxLoopDims> bytes_{};  // byte strides [dim][operand]
-  std::array<int64_t, kMaxOperands> inner_strides_{};               // element strides of the last dim
+  std::array<int64_t, kMaxOperands> inner_strides_{};                    // element strides of the last dim
 };
 
 /// [begin, end) of thread t of nt over n items, in chunks that are multiples of 16 elements so

@@ -84,16 +84,16 @@ int blas_int(int64_t v) {
   return static_cast<int>(v);
 }
 
-void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
-          int64_t ldb, float* c, int64_t ldc) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, blas_int(m),
-              blas_int(n), blas_int(k), 1.0f, a, blas_int(lda), b, blas_int(ldb), 0.0f, c, blas_int(ldc));
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb,
+          float* c, int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, blas_int(m), blas_int(n),
+              blas_int(k), 1.0f, a, blas_int(lda), b, blas_int(ldb), 0.0f, c, blas_int(ldc));
 }
 
-void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const double* a, int64_t lda, const double* b,
-          int64_t ldb, double* c, int64_t ldc) {
-  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, blas_int(m),
-              blas_int(n), blas_int(k), 1.0, a, blas_int(lda), b, blas_int(ldb), 0.0, c, blas_int(ldc));
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const double* a, int64_t lda, const double* b, int64_t ldb,
+          double* c, int64_t ldc) {
+  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, blas_int(m), blas_int(n),
+              blas_int(k), 1.0, a, blas_int(lda), b, blas_int(ldb), 0.0, c, blas_int(ldc));
 }
 
 // The matrix of batch i, in place or packed row-major into buf.
@@ -152,7 +152,7 @@ void loop_matmul(const Tensor& a, const Tensor& b, const Tensor& out, int64_t ba
   for (int64_t row = 0; row < rows; ++row) {
     const int64_t i = row / m, r = row % m;
     const T* arow = pa + oa.batch_offsets[i] + r * oa.rs;  // (K) with stride cs
-    const T* bmat = pb + ob.batch_offsets[i];             // (K, N)
+    const T* bmat = pb + ob.batch_offsets[i];              // (K, N)
     T* crow = pc + row * n;                                // (N)
     std::fill(crow, crow + n, T(0));
     for (int64_t kk = 0; kk < k; ++kk) {
@@ -175,9 +175,12 @@ void CpuBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& out) {
   const int64_t k = a.shape()[nd - 1];
   if (k == 0) return fill(out, 0.0);  // an empty sum; BLAS need not write C when K is 0
   dispatch_compute(out.dtype(), "matmul", [&]<typename T>() {
-    if constexpr (std::is_floating_point_v<T>) blas_matmul<T>(a, b, out, batches);
-    else if constexpr (kIsInt<T>) loop_matmul<T>(a, b, out, batches);
-    else unsupported_dtype("matmul", out.dtype());
+    if constexpr (std::is_floating_point_v<T>)
+      blas_matmul<T>(a, b, out, batches);
+    else if constexpr (kIsInt<T>)
+      loop_matmul<T>(a, b, out, batches);
+    else
+      unsupported_dtype("matmul", out.dtype());
   });
 }
 

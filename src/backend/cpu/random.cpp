@@ -59,9 +59,8 @@ void CpuBackend::random(RandomKind kind, const Tensor& out, uint64_t seed, uint6
   BRAID_ASSERT(out.is_contiguous(), "random: out must be contiguous");
   dispatch_all(out.dtype(), "random", [&]<typename T>() {
     if (kind == RandomKind::Bernoulli) {  // any dtype; u = lane0 / 2^32 exactly
-      return generate<T>(out, seed, counter, [a](Block r) {
-        return convert<T>(static_cast<double>(r.v[0]) * 0x1p-32 < a ? 1.0 : 0.0);
-      });
+      return generate<T>(out, seed, counter,
+                         [a](Block r) { return convert<T>(static_cast<double>(r.v[0]) * 0x1p-32 < a ? 1.0 : 0.0); });
     }
     if constexpr (std::is_same_v<T, double>) {
       if (kind == RandomKind::Uniform)
@@ -78,7 +77,7 @@ void CpuBackend::random(RandomKind kind, const Tensor& out, uint64_t seed, uint6
         });
       return generate<T>(out, seed, counter, [fa, fb](Block r) {
         const float u1 = static_cast<float>((static_cast<double>(r.v[0]) + 1.0) * 0x1p-32);  // (0, 1]
-        const float u2 = static_cast<float>(r.v[1] >> 8) * 0x1p-24f;                          // [0, 1)
+        const float u2 = static_cast<float>(r.v[1] >> 8) * 0x1p-24f;                         // [0, 1)
         const float z = std::sqrt(-2.0f * std::log(u1)) * std::cos(2.0f * std::numbers::pi_v<float> * u2);
         return convert<T>(fa + fb * z);
       });

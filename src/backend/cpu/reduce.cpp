@@ -6,7 +6,6 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <cmath>
 #include <limits>
 #include <memory>
 #include <type_traits>
@@ -21,8 +20,10 @@ namespace {
 
 template <typename T>
 bool is_nan(T x) {
-  if constexpr (std::is_floating_point_v<T>) return x != x;
-  else return false;
+  if constexpr (std::is_floating_point_v<T>)
+    return x != x;
+  else
+    return false;
 }
 
 // Floats accumulate in double, so that a float32 sum of millions of terms keeps float precision;
@@ -48,15 +49,18 @@ struct ProdR {
   static T finish(Acc a) { return static_cast<T>(a); }
 };
 
-// Max and Min propagate NaN: once the accumulator is NaN no comparison replaces it.
+// Max and Min propagate NaN: a NaN x is taken (every comparison with it is false) and a NaN
+// accumulator is kept. Written with the accumulator first, the form GCC vectorises.
 template <typename T>
 struct MaxR {
   using Acc = T;
   static Acc init() {
-    if constexpr (std::is_floating_point_v<T>) return -std::numeric_limits<T>::infinity();
-    else return std::numeric_limits<T>::lowest();
+    if constexpr (std::is_floating_point_v<T>)
+      return -std::numeric_limits<T>::infinity();
+    else
+      return std::numeric_limits<T>::lowest();
   }
-  static Acc step(Acc a, T x) { return (x > a) | is_nan(x) ? x : a; }
+  static Acc step(Acc a, T x) { return (a > x) | is_nan(a) ? a : x; }
   static Acc combine(Acc a, Acc b) { return step(a, b); }
   static T finish(Acc a) { return a; }
 };
@@ -65,10 +69,12 @@ template <typename T>
 struct MinR {
   using Acc = T;
   static Acc init() {
-    if constexpr (std::is_floating_point_v<T>) return std::numeric_limits<T>::infinity();
-    else return std::numeric_limits<T>::max();
+    if constexpr (std::is_floating_point_v<T>)
+      return std::numeric_limits<T>::infinity();
+    else
+      return std::numeric_limits<T>::max();
   }
-  static Acc step(Acc a, T x) { return (x < a) | is_nan(x) ? x : a; }
+  static Acc step(Acc a, T x) { return (a < x) | is_nan(a) ? a : x; }
   static Acc combine(Acc a, Acc b) { return step(a, b); }
   static T finish(Acc a) { return a; }
 };
@@ -96,8 +102,7 @@ class Reduction {
  public:
   using Acc = typename R::Acc;
 
-  Reduction(const Tensor& x, const StridedLoop& kloop, const StridedLoop& rloop)
-      : kloop_(kloop), rloop_(rloop), x_(x) {
+  Reduction(const Tensor& x, const StridedLoop& kloop, const StridedLoop& rloop) : kloop_(kloop), rloop_(rloop), x_(x) {
     // Column mode when the reduced run is not contiguous but the run of outputs is.
     column_ = rloop.inner_stride(0) != 1 && kloop.inner_stride(1) == 1;
   }
@@ -109,12 +114,17 @@ class Reduction {
     D* out = reinterpret_cast<D*>(p[0]);
     const int64_t xs = s[1] * static_cast<int64_t>(sizeof(T));
     if (!column_) {
+      const int64_t rs = rloop_.inner_stride(0);
       for (int64_t i = 0; i < n; ++i) {
         Acc acc = R::init();
         char* base = p[1] + i * xs;
-        rloop_.run_range(&base, rb, re, [&acc](char* const* q, const int64_t* qs, int64_t m) {
-          acc = reduce_run<R>(acc, reinterpret_cast<const T*>(q[0]), qs[0], m);
-        });
+        if (rloop_.ndim() == 1) {  // one run per output (the common case): no walker
+          acc = reduce_run<R>(acc, reinterpret_cast<const T*>(base) + rb * rs, rs, re - rb);
+        } else {
+          rloop_.run_range(&base, rb, re, [&acc](char* const* q, const int64_t* qs, int64_t m) {
+            acc = reduce_run<R>(acc, reinterpret_cast<const T*>(q[0]), qs[0], m);
+          });
+        }
         out[i * s[0]] = store<D>(acc);
       }
       return;
@@ -138,7 +148,8 @@ class Reduction {
   void operator()(const Tensor& out) const {
     const int64_t nout = kloop_.numel(), nred = rloop_.numel();
     const int nt = get_num_threads();
-    const bool few_outputs = nout <= 64 * static_cast<int64_t>(nt) && nred > kParallelGrain / std::max<int64_t>(nout, 1);
+    const bool few_outputs =
+        nout <= 64 * static_cast<int64_t>(nt) && nred > kParallelGrain / std::max<int64_t>(nout, 1);
     if (nt <= 1 || !few_outputs || omp_in_parallel()) {
       kloop_.run([this, nred](char* const* p, const int64_t* s, int64_t n) { run<T>(p, s, n, 0, nred); }, nred);
       return;
@@ -155,9 +166,7 @@ class Reduction {
       const int t = omp_get_thread_num(), count = omp_get_num_threads();
       const int64_t rb = nred * t / count, re = nred * (t + 1) / count;
       char* base[2] = {reinterpret_cast<char*>(partial.get() + t * nout), ploop.base()[1]};
-      ploop.run_range(base, 0, nout, [&](char* const* p, const int64_t* s, int64_t n) {
-        run<Acc>(p, s, n, rb, re);
-      });
+      ploop.run_range(base, 0, nout, [&](char* const* p, const int64_t* s, int64_t n) { run<Acc>(p, s, n, rb, re); });
     }
     T* o = static_cast<T*>(out.raw_data());
     for (int64_t i = 0; i < nout; ++i) {
@@ -170,8 +179,10 @@ class Reduction {
  private:
   template <typename D>
   static D store(Acc acc) {
-    if constexpr (std::is_same_v<D, T>) return R::finish(acc);
-    else return acc;
+    if constexpr (std::is_same_v<D, T>)
+      return R::finish(acc);
+    else
+      return acc;
   }
 
   const StridedLoop& kloop_;
@@ -234,12 +245,18 @@ void CpuBackend::reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t>
   if (arg) BRAID_ASSERT(axes.size() == 1, name, " reduces exactly one axis");
   dispatch_compute(x.dtype(), name, [&]<typename T>() {
     switch (op) {
-      case ReduceOp::Sum: return reduce_with<SumR<T>, T>(x, rshape, out);
-      case ReduceOp::Prod: return reduce_with<ProdR<T>, T>(x, rshape, out);
-      case ReduceOp::Max: return reduce_with<MaxR<T>, T>(x, rshape, out);
-      case ReduceOp::Min: return reduce_with<MinR<T>, T>(x, rshape, out);
-      case ReduceOp::ArgMax: return arg_reduce<T, true>(x, axes[0], out);
-      case ReduceOp::ArgMin: return arg_reduce<T, false>(x, axes[0], out);
+      case ReduceOp::Sum:
+        return reduce_with<SumR<T>, T>(x, rshape, out);
+      case ReduceOp::Prod:
+        return reduce_with<ProdR<T>, T>(x, rshape, out);
+      case ReduceOp::Max:
+        return reduce_with<MaxR<T>, T>(x, rshape, out);
+      case ReduceOp::Min:
+        return reduce_with<MinR<T>, T>(x, rshape, out);
+      case ReduceOp::ArgMax:
+        return arg_reduce<T, true>(x, axes[0], out);
+      case ReduceOp::ArgMin:
+        return arg_reduce<T, false>(x, axes[0], out);
     }
   });
 }
