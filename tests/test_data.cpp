@@ -394,8 +394,12 @@ TEST(DataLoader, PrefetchIsBoundedAndDestructionMidEpochReturns) {
     DataLoader loader(ds, {.batch_size = 2, .prefetch = 3});
     Batch b;
     ASSERT_TRUE(loader.next(b));
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // ample time to run ahead
-    // prefetch queued batches plus the one the worker holds while waiting for room.
+    // The worker runs ahead by prefetch queued batches plus the one it holds while waiting for room,
+    // and no further: wait for it to get there (however loaded the machine), then give it time to overshoot.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (ds->calls.load() < 1 + 3 + 1 && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
     EXPECT_EQ(ds->calls.load(), 1 + 3 + 1);
     for (int i = 0; i < 10; ++i) ASSERT_TRUE(loader.next(b));
     EXPECT_EQ(b.indices, (std::vector<int64_t>{20, 21}));
