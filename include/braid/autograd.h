@@ -1,5 +1,10 @@
-// Reverse-mode autograd: the grad-mode switch. Recording and backward live in src/autograd.
+// Reverse-mode autograd: the grad-mode switch and the hooks that let code outside the model (the
+// data-parallel reducer) act while backward runs. Recording and backward live in src/autograd.
 #pragma once
+
+#include <functional>
+
+#include "braid/tensor.h"
 
 namespace braid {
 
@@ -18,5 +23,15 @@ class NoGradGuard {
  private:
   bool prev_;
 };
+
+/// Calls fn each time a backward pass has finished accumulating into leaf's .grad: after the last
+/// of that pass's contributions, not after each (a parameter used twice fires once). A leaf that
+/// receives no gradient in a pass does not fire. Returns an id for remove_grad_ready_hook.
+int add_grad_ready_hook(const Tensor& leaf, std::function<void()> fn);
+void remove_grad_ready_hook(const Tensor& leaf, int id);
+
+/// Queues fn to run once the backward pass in progress on this thread has finished, before
+/// backward() returns (as PyTorch's queue_callback). Throws outside a backward pass.
+void queue_backward_callback(std::function<void()> fn);
 
 }  // namespace braid

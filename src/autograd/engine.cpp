@@ -117,31 +117,71 @@ void accumulate_leaf(AutogradMeta& leaf, const Tensor& g) {
   leaf.grad = leaf.grad.defined() ? add(leaf.grad, g) : own(g);
 }
 
+thread_local std::vector<std::function<void()>>* t_backward_callbacks = nullptr;
+
+void fire_grad_ready(const AutogradMeta& leaf) {
+  // Copy: a hook may remove itself.
+  auto hooks = leaf.grad_ready_hooks;
+  for (auto& [id, fn] : hooks) fn();
+}
+
+void run_graph(AutogradMeta& meta, const Tensor& root_grad, bool retain_graph);
+
+// Note [Backward callbacks]
+// Hooks (the data-parallel reducer's) may queue work that must run after the whole pass, such as
+// waiting for the last bucket's all-reduce. The queue is per thread and per outermost backward; a
+// callback may itself queue more.
 void run_backward(const Tensor& root, const Tensor& root_grad, bool retain_graph) {
   NoGradGuard no_grad;
   auto& meta = root.impl().autograd;
-  if (!meta || !meta->grad_fn) {
+  std::vector<std::function<void()>> callbacks;
+  auto* outer = t_backward_callbacks;
+  t_backward_callbacks = &callbacks;
+  struct Restore {
+    std::vector<std::function<void()>>*& slot;
+    std::vector<std::function<void()>>* prev;
+    ~Restore() { slot = prev; }
+  } restore{t_backward_callbacks, outer};
+  if (!meta->grad_fn) {
     accumulate_leaf(*meta, root_grad);
-    return;
+    fire_grad_ready(*meta);
+  } else {
+    run_graph(*meta, root_grad, retain_graph);
   }
-  // Count, for every node reachable from the root, how many edges lead into it.
+  for (size_t i = 0; i < callbacks.size(); ++i) {
+    auto fn = std::move(callbacks[i]);
+    fn();
+  }
+}
+
+void run_graph(AutogradMeta& meta, const Tensor& root_grad, bool retain_graph) {
+  // Count, for every node reachable from the root, how many edges lead into it, and for every leaf
+  // how many edges lead into it (so that its grad-ready hooks fire after the last one).
   std::unordered_map<Node*, int> pending;
-  std::vector<Node*> stack{meta->grad_fn.get()};
-  std::unordered_set<Node*> seen{meta->grad_fn.get()};
+  std::unordered_map<AutogradMeta*, int> pending_leaf;
+  std::unordered_set<AutogradMeta*> leaf_got_grad;
+  std::vector<Node*> stack{meta.grad_fn.get()};
+  std::unordered_set<Node*> seen{meta.grad_fn.get()};
   while (!stack.empty()) {
     Node* n = stack.back();
     stack.pop_back();
     for (Edge& e : n->inputs) {
+      if (e.leaf && !e.leaf->grad_ready_hooks.empty()) pending_leaf[e.leaf.get()]++;
       if (!e.node) continue;
       pending[e.node.get()]++;
       if (seen.insert(e.node.get()).second) stack.push_back(e.node.get());
     }
   }
+  auto leaf_done = [&](AutogradMeta* leaf) {
+    auto it = pending_leaf.find(leaf);
+    if (it == pending_leaf.end()) return;
+    if (--it->second == 0 && leaf_got_grad.count(leaf)) fire_grad_ready(*leaf);
+  };
   auto newer = [](Node* a, Node* b) { return a->sequence < b->sequence; };
   std::priority_queue<Node*, std::vector<Node*>, decltype(newer)> ready(newer);
   std::unordered_map<Node*, Tensor> grads;
   // Keep the root's node alive while it runs even if the root tensor is the only owner.
-  std::shared_ptr<Node> root_node = meta->grad_fn;
+  std::shared_ptr<Node> root_node = meta.grad_fn;
   grads[root_node.get()] = root_grad;
   ready.push(root_node.get());
   while (!ready.empty()) {
@@ -153,8 +193,10 @@ void run_backward(const Tensor& root, const Tensor& root_grad, bool retain_graph
       grads.erase(it);
     }
     if (!g.defined()) {  // no gradient flows through n; its inputs still wait on it
-      for (Edge& e : n->inputs)
+      for (Edge& e : n->inputs) {
         if (e.node && --pending[e.node.get()] == 0) ready.push(e.node.get());
+        if (e.leaf) leaf_done(e.leaf.get());
+      }
       continue;
     }
     BRAID_CHECK(n->backward != nullptr, "backward: the graph through '", n->name,
@@ -176,8 +218,12 @@ void run_backward(const Tensor& root, const Tensor& root_grad, bool retain_graph
           slot = accumulate(slot, fit_to_edge(std::move(gi), e, *n, i));
         }
         if (--pending[e.node.get()] == 0) ready.push(e.node.get());
-      } else if (e.leaf && gi.defined()) {
-        accumulate_leaf(*e.leaf, fit_to_edge(std::move(gi), e, *n, i));
+      } else if (e.leaf) {
+        if (gi.defined()) {
+          accumulate_leaf(*e.leaf, fit_to_edge(std::move(gi), e, *n, i));
+          if (!e.leaf->grad_ready_hooks.empty()) leaf_got_grad.insert(e.leaf.get());
+        }
+        leaf_done(e.leaf.get());
       }
     }
   }
@@ -185,6 +231,27 @@ void run_backward(const Tensor& root, const Tensor& root_grad, bool retain_graph
 
 }  // namespace
 }  // namespace detail
+
+int add_grad_ready_hook(const Tensor& leaf, std::function<void()> fn) {
+  BRAID_CHECK(leaf.defined() && leaf.requires_grad() && leaf.is_leaf(),
+              "add_grad_ready_hook: expected a leaf tensor that requires grad (a parameter)");
+  static std::atomic<int> next_id{1};
+  const int id = next_id++;
+  leaf.impl().autograd->grad_ready_hooks.emplace_back(id, std::move(fn));
+  return id;
+}
+
+void remove_grad_ready_hook(const Tensor& leaf, int id) {
+  if (!leaf.defined() || !leaf.impl().autograd) return;
+  auto& hooks = leaf.impl().autograd->grad_ready_hooks;
+  std::erase_if(hooks, [id](const auto& h) { return h.first == id; });
+}
+
+void queue_backward_callback(std::function<void()> fn) {
+  BRAID_CHECK(detail::t_backward_callbacks != nullptr,
+              "queue_backward_callback: no backward pass is running on this thread");
+  detail::t_backward_callbacks->push_back(std::move(fn));
+}
 
 bool Tensor::requires_grad() const {
   auto& m = impl().autograd;

@@ -18,6 +18,7 @@ struct AutogradMeta {
   bool retain_grad = false;
   Tensor grad;
   std::shared_ptr<Node> grad_fn;  // null for a leaf
+  std::vector<std::pair<int, std::function<void()>>> grad_ready_hooks;  // leaves only
 };
 
 /// What a backward formula fills: one gradient per input, only where needs(i).

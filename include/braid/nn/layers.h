@@ -162,6 +162,11 @@ class BatchNorm : public Module {
  public:
   Tensor forward(const Tensor& x) override;
   std::string describe() const override;
+  int64_t num_features() const { return num_features_; }
+  double eps() const { return eps_; }
+  std::optional<double> momentum() const { return momentum_; }
+  bool affine() const { return affine_; }
+  bool track_running_stats() const { return track_; }
 
  protected:
   BatchNorm(std::string type, std::vector<int64_t> ranks, int64_t num_features, double eps,

@@ -1,0 +1,262 @@
+// DistributedDataParallel: model check and broadcast at start, gradient buckets filled by
+// grad-ready hooks and all-reduced on the group's worker while backward goes on, and a callback at
+// the end of backward that waits for the last buckets and writes the averaged gradients back.
+#include "braid/distributed/data_parallel.h"
+
+#include <chrono>
+#include <sstream>
+
+#include "braid/autograd.h"
+#include "braid/ops.h"
+#include "distributed/internal.h"
+
+namespace braid::distributed {
+
+namespace {
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+std::string describe_tensor(const std::string& kind, const std::string& name, const Tensor& t) {
+  return kind + " '" + name + "' " + dtype_name(t.dtype()) + " " + shape_str(t.shape());
+}
+
+/// Every rank's list of lines (all_gather of lengths, then of the padded text).
+std::vector<std::vector<std::string>> gather_lines(ProcessGroup& g, const std::vector<std::string>& lines) {
+  std::string joined;
+  for (const auto& l : lines) joined += l + "\n";
+  Tensor len = full({1}, static_cast<double>(joined.size()), kInt64);
+  const auto lens = g.all_gather(len).to_vector<int64_t>();
+  int64_t longest = 0;
+  for (int64_t l : lens) longest = std::max(longest, l);
+  Tensor text = zeros({longest}, kInt32);
+  auto* p = text.data<int32_t>();
+  for (size_t i = 0; i < joined.size(); ++i) p[i] = static_cast<unsigned char>(joined[i]);
+  Tensor all = g.all_gather(text);
+  std::vector<std::vector<std::string>> out(static_cast<size_t>(g.size()));
+  for (int r = 0; r < g.size(); ++r) {
+    const auto v = all.select(0, r).to_vector<int32_t>();
+    std::string cur;
+    for (int64_t i = 0; i < lens[static_cast<size_t>(r)]; ++i) {
+      const char c = static_cast<char>(v[static_cast<size_t>(i)]);
+      if (c == '\n') {
+        out[static_cast<size_t>(r)].push_back(cur);
+        cur.clear();
+      } else {
+        cur += c;
+      }
+    }
+  }
+  return out;
+}
+
+void check_same_model(ProcessGroup& g, const std::vector<std::string>& lines) {
+  std::string joined;
+  for (const auto& l : lines) joined += l + "\n";
+  const uint64_t h = detail::fnv1a(joined.data(), joined.size());
+  Tensor mine = full({1}, 0.0, kInt64);
+  mine.data<int64_t>()[0] = static_cast<int64_t>(h);
+  const auto hashes = g.all_gather(mine).to_vector<int64_t>();
+  bool same = true;
+  for (int64_t x : hashes) same = same && x == hashes[0];
+  if (same) return;
+  const auto all = gather_lines(g, lines);
+  const auto& ref = all[0];
+  for (int r = 1; r < g.size(); ++r) {
+    const auto& other = all[static_cast<size_t>(r)];
+    if (other == ref) continue;
+    size_t i = 0;
+    while (i < ref.size() && i < other.size() && ref[i] == other[i]) ++i;
+    std::ostringstream os;
+    os << "DistributedDataParallel: the ranks built different models (group '" << g.name() << "'): ";
+    if (i < ref.size() && i < other.size())
+      os << "entry " << i << " is " << ref[i] << " on rank " << g.world_rank(0) << " but " << other[i] << " on rank "
+         << g.world_rank(r);
+    else if (i < ref.size())
+      os << "rank " << g.world_rank(r) << " has no " << ref[i] << " (rank " << g.world_rank(0) << " has "
+         << ref.size() << " entries, rank " << g.world_rank(r) << " " << other.size() << ")";
+    else
+      os << "rank " << g.world_rank(r) << " has an extra " << other[i] << " that rank " << g.world_rank(0)
+         << " does not";
+    os << "; every rank must construct the same model";
+    throw DistributedError(os.str());
+  }
+}
+
+}  // namespace
+
+struct DistributedDataParallel::Bucket {
+  DType dtype = kFloat32;
+  std::vector<size_t> params;
+  std::vector<int64_t> offsets;
+  int64_t numel = 0;
+  size_t pending = 0;
+  Tensor flat;
+  WorkPtr work;
+};
+
+DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> module, ProcessGroupPtr group,
+                                                 const DataParallelOptions& options)
+    : module_(std::move(module)), group_(group ? std::move(group) : world()), options_(options) {
+  BRAID_CHECK(module_ != nullptr, "DistributedDataParallel: the module is null");
+  BRAID_CHECK(options_.bucket_cap_mb >= 0, "DistributedDataParallel: bucket_cap_mb must be >= 0, got ",
+              options_.bucket_cap_mb);
+  std::vector<std::string> lines;
+  for (const auto& [name, p] : module_->named_parameters()) {
+    lines.push_back(describe_tensor("parameter", name, p));
+    if (!p.requires_grad()) continue;
+    names_.push_back(name);
+    params_.push_back(p);
+  }
+  const auto buffers = module_->named_buffers();
+  for (const auto& [name, b] : buffers) lines.push_back(describe_tensor("buffer", name, b));
+  check_same_model(*group_, lines);
+  {
+    NoGradGuard no_grad;
+    for (const auto& [name, p] : module_->named_parameters()) group_->broadcast(p, 0);
+    if (options_.broadcast_buffers)
+      for (const auto& [name, b] : buffers) group_->broadcast(b, 0);
+  }
+
+  // Buckets in reverse registration order: backward produces the last layers' gradients first.
+  const double cap = options_.bucket_cap_mb * 1024.0 * 1024.0;
+  bucket_of_.assign(params_.size(), 0);
+  std::vector<Bucket*> open;  // the bucket being filled, per dtype
+  for (size_t k = params_.size(); k-- > 0;) {
+    const Tensor& p = params_[k];
+    Bucket* b = nullptr;
+    for (Bucket* o : open)
+      if (o->dtype == p.dtype()) b = o;
+    const double bytes = static_cast<double>(p.numel() * p.element_size());
+    if (b && (cap == 0 || static_cast<double>(b->numel * p.element_size()) + bytes > cap)) {
+      std::erase(open, b);
+      b = nullptr;
+    }
+    if (!b) {
+      buckets_.push_back(std::make_unique<Bucket>());
+      b = buckets_.back().get();
+      b->dtype = p.dtype();
+      open.push_back(b);
+    }
+    b->params.push_back(k);
+    b->offsets.push_back(b->numel);
+    b->numel += p.numel();
+    for (size_t i = 0; i < buckets_.size(); ++i)
+      if (buckets_[i].get() == b) bucket_of_[k] = i;
+  }
+  for (auto& b : buckets_) b->flat = zeros({b->numel}, b->dtype);
+  ready_.assign(params_.size(), false);
+  for (size_t k = 0; k < params_.size(); ++k)
+    hook_ids_.push_back(add_grad_ready_hook(params_[k], [this, k] { on_grad_ready(k); }));
+}
+
+DistributedDataParallel::~DistributedDataParallel() {
+  for (size_t k = 0; k < params_.size(); ++k) remove_grad_ready_hook(params_[k], hook_ids_[k]);
+  for (auto& b : buckets_) {
+    if (!b->work) continue;
+    try {
+      b->work->wait();
+    } catch (...) {  // the error was (or will be) reported by the backward that launched it
+    }
+  }
+}
+
+std::vector<std::vector<std::string>> DistributedDataParallel::bucket_names() const {
+  std::vector<std::vector<std::string>> out;
+  for (const auto& b : buckets_) {
+    auto& names = out.emplace_back();
+    for (size_t k : b->params) names.push_back(names_[k]);
+  }
+  return out;
+}
+
+void DistributedDataParallel::on_grad_ready(size_t k) {
+  if (!sync_) return;
+  if (!in_backward_) {
+    in_backward_ = true;
+    std::fill(ready_.begin(), ready_.end(), false);
+    for (auto& b : buckets_) b->pending = b->params.size();
+    next_launch_ = 0;
+    first_launch_time_ = now_seconds();
+    queue_backward_callback([this] { finish_backward(); });
+  }
+  if (ready_[k]) return;
+  ready_[k] = true;
+  if (--buckets_[bucket_of_[k]]->pending == 0) launch_ready_buckets();
+}
+
+// Buckets are launched strictly in index order, so that every rank issues its all-reduces in the
+// same order even when gradients become ready in a different order on different ranks.
+void DistributedDataParallel::launch_ready_buckets() {
+  while (next_launch_ < buckets_.size() && buckets_[next_launch_]->pending == 0) launch(next_launch_++);
+}
+
+void DistributedDataParallel::launch(size_t i) {
+  Bucket& b = *buckets_[i];
+  NoGradGuard no_grad;
+  for (size_t j = 0; j < b.params.size(); ++j) {
+    const Tensor& p = params_[b.params[j]];
+    Tensor slot = b.flat.narrow(0, b.offsets[j], p.numel());
+    const Tensor g = p.grad();
+    if (g.defined() && ready_[b.params[j]]) slot.copy_(g.reshape({p.numel()}));
+    else slot.zero_();
+  }
+  AllReduceOptions o;
+  o.wire_dtype = options_.wire_dtype;
+  o.deterministic = options_.deterministic;
+  b.work = group_->all_reduce_async(b.flat, ReduceOp::Average, o);
+}
+
+void DistributedDataParallel::finish_backward() {
+  in_backward_ = false;
+  std::vector<std::string> unused;
+  for (size_t k = 0; k < params_.size(); ++k)
+    if (!ready_[k]) unused.push_back(names_[k]);
+  if (!unused.empty() && !options_.find_unused_parameters) {
+    // Still reduce, so that the other ranks are not left waiting, then report.
+    for (auto& b : buckets_) b->pending = 0;
+    launch_ready_buckets();
+    for (auto& b : buckets_) b->work->wait();
+    std::ostringstream os;
+    for (size_t i = 0; i < unused.size() && i < 10; ++i) os << (i ? ", " : "") << "'" << unused[i] << "'";
+    if (unused.size() > 10) os << " and " << unused.size() - 10 << " more";
+    throw ValueError(::braid::detail::cat(
+        "DistributedDataParallel: ", unused.size(), " of ", params_.size(), " parameters received no gradient in "
+        "this backward on rank ", group_->world_rank(group_->rank()), ": ", os.str(),
+        ". Construct it with find_unused_parameters = true, or use them in forward"));
+  }
+  for (auto& b : buckets_) b->pending = 0;
+  launch_ready_buckets();
+  const double t0 = now_seconds();
+  for (auto& b : buckets_) b->work->wait();
+  const double t1 = now_seconds();
+  Tensor used;
+  if (options_.find_unused_parameters) {
+    used = zeros({static_cast<int64_t>(params_.size())}, kFloat32);
+    auto* u = used.data<float>();
+    for (size_t k = 0; k < params_.size(); ++k) u[k] = ready_[k] ? 1.0f : 0.0f;
+    group_->all_reduce(used, ReduceOp::Max);
+  }
+  NoGradGuard no_grad;
+  stats_ = {};
+  for (auto& b : buckets_) {
+    for (size_t j = 0; j < b->params.size(); ++j) {
+      Tensor p = params_[b->params[j]];
+      if (used.defined() && used.data<float>()[b->params[j]] == 0.0f) {
+        p.set_grad(Tensor());
+        continue;
+      }
+      Tensor avg = b->flat.narrow(0, b->offsets[j], p.numel()).view(p.shape());
+      Tensor g = p.grad();
+      if (g.defined()) g.copy_(avg);
+      else p.set_grad(avg.clone());
+    }
+    stats_.buckets += 1;
+    stats_.bytes += b->numel * dtype_size(b->dtype);
+  }
+  stats_.backward_seconds = t0 - first_launch_time_;
+  stats_.exposed_seconds = t1 - t0;
+}
+
+}  // namespace braid::distributed

@@ -1,0 +1,55 @@
+// What the distributed runtime's files share: the process-wide settings, the validation every
+// group applies at its front door, and the registry that lets a rank answer a peer's question
+// "how far have you got on group g?" when a collective times out.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "braid/distributed/process_group.h"
+#include "braid/error.h"
+
+namespace braid::distributed::detail {
+
+struct Settings {
+  std::atomic<double> timeout_seconds{600};
+  std::atomic<bool> debug{false};
+};
+Settings& settings();
+
+/// Progress of one group on this rank, readable by the control thread.
+struct GroupProgress {
+  uint64_t id = 0;
+  std::string name;
+  std::atomic<int64_t> called{0};     // collectives the program has called (the newest's number)
+  std::atomic<int64_t> completed{0};  // collectives finished
+};
+void register_group(GroupProgress* g);
+void unregister_group(GroupProgress* g);
+/// (called, completed) of group id on this rank; (-1, -1) when this rank has no such group.
+std::pair<int64_t, int64_t> group_progress(uint64_t id);
+
+/// 64-bit FNV-1a, for group ids and model fingerprints.
+uint64_t fnv1a(const void* data, size_t n, uint64_t h = 1469598103934665603ull);
+
+/// Front-door checks shared by every group.
+void check_collective_tensor(const Tensor& t, const char* op);
+void check_peer(int peer, int size, const char* op);
+void check_all_reduce(const Tensor& t, ReduceOp op, const AllReduceOptions& options);
+
+/// "all_reduce(sum, 1000 float32)".
+std::string describe_op(const char* op, const Tensor& t, const std::string& extra = "");
+
+/// The world of one: every collective is an identity (Average divides by one).
+ProcessGroupPtr make_local_group();
+
+#ifdef BRAID_DISTRIBUTED_MPI
+/// The MPI world (MPI is initialised by then).
+ProcessGroupPtr make_mpi_world();
+void stop_mpi_groups();
+#endif
+
+}  // namespace braid::distributed::detail

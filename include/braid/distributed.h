@@ -1,0 +1,5 @@
+// The distributed runtime: process groups over MPI (or a world of one) and data-parallel training.
+#pragma once
+
+#include "braid/distributed/data_parallel.h"
+#include "braid/distributed/process_group.h"

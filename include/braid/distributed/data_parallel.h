@@ -1,0 +1,121 @@
+// Data-parallel training: every rank holds the whole model and a shard of each batch, and the
+// gradients are averaged across ranks while backward is still running. The model code does not
+// change: DistributedDataParallel attaches to a Module's parameters (it does not wrap forward), so
+// names, state dicts and checkpoints stay those of the model.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "braid/distributed/process_group.h"
+#include "braid/nn/module.h"
+
+namespace braid::distributed {
+
+struct DataParallelOptions {
+  /// Gradients are fused into buckets of about this many megabytes (2^20 bytes); each bucket's
+  /// all-reduce starts as soon as backward has produced all of its gradients. 0 puts every
+  /// parameter in its own bucket.
+  double bucket_cap_mb = 25;
+  /// Allow parameters that receive no gradient in a backward pass (they still take part, with
+  /// zeros; one that no rank used keeps an undefined gradient). Off, such a parameter is an error
+  /// naming it, as in PyTorch.
+  bool find_unused_parameters = false;
+  /// Send gradients as float16/bfloat16 (halves the traffic; see WireDType).
+  WireDType wire_dtype = WireDType::Native;
+  /// Fixed reduction order: N ranks give bitwise the same weights on every run.
+  bool deterministic = false;
+  /// Copy rank 0's buffers (BatchNorm running statistics) to every rank at construction.
+  bool broadcast_buffers = true;
+};
+
+/// Timings of the latest synchronised backward pass, for benchmarks and logs.
+struct DataParallelStats {
+  double backward_seconds = 0;  ///< from the first bucket launch to the end of backward's own work
+  double exposed_seconds = 0;   ///< time backward's end spent waiting for all-reduces
+  int64_t buckets = 0;
+  int64_t bytes = 0;
+};
+
+class DistributedDataParallel {
+ public:
+  /// Broadcasts module's parameters (and buffers) from rank 0 after checking that every rank built
+  /// the same model (names, shapes, dtypes); a difference stops every rank with an error naming the
+  /// first differing parameter and the ranks. Collective: every rank of group calls it.
+  explicit DistributedDataParallel(std::shared_ptr<nn::Module> module, ProcessGroupPtr group = nullptr,
+                                   const DataParallelOptions& options = {});
+  ~DistributedDataParallel();
+  DistributedDataParallel(const DistributedDataParallel&) = delete;
+  DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
+
+  /// The model's forward (a convenience; calling the module directly is the same).
+  Tensor forward(const Tensor& x) { return module_->forward(x); }
+  Tensor operator()(const Tensor& x) { return forward(x); }
+  nn::Module& module() { return *module_; }
+  const ProcessGroupPtr& group() const { return group_; }
+
+  /// While a NoSync guard lives, backward accumulates gradients locally without communicating
+  /// (gradient accumulation); the first backward after it all-reduces what was accumulated.
+  class NoSync {
+   public:
+    explicit NoSync(DistributedDataParallel& ddp) : ddp_(ddp), prev_(ddp.sync_) { ddp_.sync_ = false; }
+    ~NoSync() { ddp_.sync_ = prev_; }
+    NoSync(const NoSync&) = delete;
+    NoSync& operator=(const NoSync&) = delete;
+
+   private:
+    DistributedDataParallel& ddp_;
+    bool prev_;
+  };
+
+  /// Names of the parameters in each bucket, in launch order (the reverse of registration).
+  std::vector<std::vector<std::string>> bucket_names() const;
+  const DataParallelStats& last_stats() const { return stats_; }
+
+ private:
+  struct Bucket;
+  void on_grad_ready(size_t param);
+  void launch_ready_buckets();
+  void launch(size_t bucket);
+  void finish_backward();
+
+  std::shared_ptr<nn::Module> module_;
+  ProcessGroupPtr group_;
+  DataParallelOptions options_;
+  std::vector<std::string> names_;
+  std::vector<Tensor> params_;
+  std::vector<int> hook_ids_;
+  std::vector<size_t> bucket_of_;  // parameter index -> bucket
+  std::vector<std::unique_ptr<Bucket>> buckets_;
+  std::vector<bool> ready_;
+  size_t next_launch_ = 0;
+  bool sync_ = true;
+  bool in_backward_ = false;
+  double first_launch_time_ = 0;
+  DataParallelStats stats_;
+};
+
+/// BatchNorm whose batch statistics are those of the whole global batch: the per-rank sums are
+/// all-reduced in forward, and autograd all-reduces their gradients in backward. Same parameters,
+/// buffers and names as BatchNorm1d/2d; on a world of one it is BatchNorm.
+class SyncBatchNorm : public nn::Module {
+ public:
+  SyncBatchNorm(int64_t num_features, double eps = 1e-5, double momentum = 0.1, bool affine = true,
+                ProcessGroupPtr group = nullptr);
+  Tensor forward(const Tensor& x) override;
+  std::string describe() const override;
+
+ private:
+  int64_t num_features_;
+  double eps_, momentum_;
+  bool affine_;
+  ProcessGroupPtr group_;
+  Tensor weight_, bias_, running_mean_, running_var_, num_batches_tracked_;
+};
+
+/// Replaces every BatchNorm1d/2d under module with a SyncBatchNorm holding the same tensors (as
+/// torch.nn.SyncBatchNorm.convert_sync_batchnorm); returns the number replaced.
+int convert_sync_batchnorm(nn::Module& module, ProcessGroupPtr group = nullptr);
+
+}  // namespace braid::distributed
