@@ -122,7 +122,7 @@ class CollectiveWork : public Work {
 
 struct Task {
   Signature sig;
-  std::function<void()> run;
+  std::function<void(const Signature&)> run;
   std::shared_ptr<CollectiveWork> work;
 };
 
@@ -216,7 +216,7 @@ class MpiGroup : public ProcessGroup {
     const bool floating = is_floating(t.dtype());
     const bool half = t.dtype() == DType::Float16 || t.dtype() == DType::BFloat16;
     Signature sig{0, kAllReduce, static_cast<int64_t>(t.dtype()), t.numel(), static_cast<int64_t>(op)};
-    return submit(sig, [this, t, op, options, floating, half, sig] {
+    return submit(sig, [this, t, op, options, floating, half](const Signature& sig) {
       if (size_ == 1 || t.numel() == 0) return;
       const bool sum_like = op == ReduceOp::Sum || op == ReduceOp::Average;
       const bool ring = floating && sum_like &&
@@ -242,7 +242,7 @@ class MpiGroup : public ProcessGroup {
     check_collective_tensor(t, "broadcast");
     check_peer(root, size_, "broadcast");
     Signature sig{0, kBroadcast, static_cast<int64_t>(t.dtype()), t.numel(), root};
-    submit(sig, [this, t, root, sig] {
+    submit(sig, [this, t, root](const Signature& sig) {
       const int64_t bytes = t.numel() * t.element_size();
       std::vector<MPI_Request> reqs;
       for (int64_t off = 0; off < bytes; off += kMaxMessage) {
@@ -265,7 +265,7 @@ class MpiGroup : public ProcessGroup {
     shape.insert(shape.begin(), size_);
     Tensor out = empty(shape, t.dtype());
     Signature sig{0, kAllGather, static_cast<int64_t>(t.dtype()), t.numel(), 0};
-    submit(sig, [this, t, out, bytes, sig] {
+    submit(sig, [this, t, out, bytes](const Signature& sig) {
       std::vector<MPI_Request> req(1);
       check_mpi(MPI_Iallgather(t.raw_data(), static_cast<int>(bytes), MPI_BYTE, out.raw_data(), static_cast<int>(bytes),
                                MPI_BYTE, comm_, req.data()),
@@ -287,7 +287,7 @@ class MpiGroup : public ProcessGroup {
     shape[0] /= size_;
     Tensor out = empty(shape, t.dtype());
     Signature sig{0, kReduceScatter, static_cast<int64_t>(t.dtype()), t.numel(), static_cast<int64_t>(op)};
-    submit(sig, [this, t, out, op, sig] {
+    submit(sig, [this, t, out, op](const Signature& sig) {
       BRAID_CHECK(out.numel() < kMaxMessage, "reduce_scatter: ", out.numel(), " elements per rank is too many for one "
                   "MPI message");
       std::vector<MPI_Request> req(1);
@@ -305,7 +305,7 @@ class MpiGroup : public ProcessGroup {
 
   void barrier() override {
     Signature sig{0, kBarrier, -1, 0, 0};
-    submit(sig, [this, sig] {
+    submit(sig, [this](const Signature& sig) {
       std::vector<MPI_Request> req(1);
       check_mpi(MPI_Ibarrier(comm_, req.data()), "MPI_Ibarrier");
       wait(req, sig);
@@ -328,7 +328,7 @@ class MpiGroup : public ProcessGroup {
     Signature sig{0, kSplit, -1, 0, 0};
     const int64_t index = ++splits_;
     MPI_Comm child = MPI_COMM_NULL;
-    submit(sig, [this, color, key, &child] {
+    submit(sig, [this, color, key, &child](const Signature&) {
       check_mpi(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &child), "MPI_Comm_split");
     })->wait();
     if (child == MPI_COMM_NULL) return nullptr;
@@ -346,7 +346,7 @@ class MpiGroup : public ProcessGroup {
  private:
   static constexpr int64_t kMaxMessage = int64_t{1} << 30;
 
-  std::shared_ptr<CollectiveWork> submit(Signature sig, std::function<void()> run) {
+  std::shared_ptr<CollectiveWork> submit(Signature sig, std::function<void(const Signature&)> run) {
     auto work = std::make_shared<CollectiveWork>();
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -376,7 +376,7 @@ class MpiGroup : public ProcessGroup {
                                                       "failed: ", failed_));
         if (settings().debug) check_same_call(task.sig);
         NoGradGuard no_grad;
-        task.run();
+        task.run(task.sig);
         progress_.completed = task.sig.seq;
         task.work->finish(nullptr);
       } catch (const DistributedError& e) {

@@ -7,11 +7,17 @@
 // number and the ranks that did not arrive; (2) installs, on worlds of more than one rank, a
 // terminate handler and fatal-signal handlers that print which rank failed and why and then call
 // MPI_Abort, which Hydra's mpiexec (and srun -K) turn into the end of every rank. A rank killed
-// with SIGKILL cannot speak for itself; the launcher reports its pid and rank_table() maps pids to
-// ranks.
+// with SIGKILL cannot speak for itself, so (3) a monitor thread watches the other ranks on the same
+// node through pidfds, and when one ends before finalize() it names it (rank, pid, host) and ends
+// the job. This races with Hydra's own clean-up, which kills the survivors at once and prints only a
+// pid (sometimes a survivor's); on this 2-core machine the monitor's line gets out in about three
+// runs of four. Peers on other nodes that die are caught by the collective deadline ("no answer:
+// dead or hung").
 #include "distributed/mpi_runtime.h"
 
 #include <mpi.h>
+#include <poll.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -79,6 +85,9 @@ constexpr int kReplyTag = 7002;
 
 MPI_Comm g_control = MPI_COMM_NULL;
 std::thread g_control_thread;
+std::thread g_monitor_thread;
+std::atomic<bool> g_finishing{false};
+int g_monitor_wake[2] = {-1, -1};  // a pipe that stops the monitor's poll
 std::atomic<bool> g_stop{false};
 std::mutex g_ask_mu;
 int g_world_rank = 0;
@@ -110,6 +119,43 @@ void control_loop() {
   }
 }
 
+// Gives the launcher a moment to forward what this rank just printed before it tears the job down.
+void let_output_drain() {
+  timespec ts{0, 300 * 1000 * 1000};
+  nanosleep(&ts, nullptr);
+}
+
+// Watches same-node peers: a pidfd becomes readable when its process ends.
+void monitor_loop(std::vector<std::pair<int, int64_t>> peers, std::string host) {
+  std::vector<pollfd> fds;
+  std::vector<std::pair<int, int64_t>> watched;
+  for (auto [rank, pid] : peers) {
+    const int fd = static_cast<int>(syscall(SYS_pidfd_open, static_cast<pid_t>(pid), 0));
+    if (fd < 0) continue;  // an older kernel: the launcher alone reports
+    fds.push_back({fd, POLLIN, 0});
+    watched.emplace_back(rank, pid);
+  }
+  fds.push_back({g_monitor_wake[0], POLLIN, 0});
+  while (!g_stop.load()) {
+    if (poll(fds.data(), fds.size(), -1) <= 0) continue;
+    if (fds.back().revents) break;
+    for (size_t i = 0; i + 1 < fds.size(); ++i) {
+      if (!fds[i].revents || fds[i].fd < 0) continue;
+      if (!g_finishing.load()) {
+        std::fprintf(stderr, "%s: rank %d (pid %lld on %s) ended before the job finished; ending the job\n",
+                     g_prefix, watched[i].first, static_cast<long long>(watched[i].second), host.c_str());
+        std::fflush(stderr);
+        let_output_drain();
+        if (!g_finishing.load()) MPI_Abort(MPI_COMM_WORLD, 1);
+      }
+      close(fds[i].fd);
+      fds[i].fd = -1;  // poll ignores negative descriptors
+    }
+  }
+  for (size_t i = 0; i + 1 < fds.size(); ++i)
+    if (fds[i].fd >= 0) close(fds[i].fd);
+}
+
 void write_str(const char* s) {
   ssize_t ignored = write(2, s, std::strlen(s));
   (void)ignored;
@@ -138,6 +184,7 @@ void on_signal(int sig) {
   write_str(num);
   write_str(name);
   write_str("; the launcher ends the other ranks\n");
+  let_output_drain();
   std::signal(sig, SIG_DFL);
   std::raise(sig);
 }
@@ -156,6 +203,7 @@ void on_terminate() {
   std::fprintf(stderr, "%s failed: %s\nbraid: ending the job because rank %d failed (MPI_Abort)\n", g_prefix,
                what.c_str(), g_world_rank);
   std::fflush(stderr);
+  let_output_drain();
   MPI_Abort(MPI_COMM_WORLD, 1);
   std::_Exit(1);
 }
@@ -228,18 +276,37 @@ void mpi_start(const Launch& launch, bool handle_failures, WorldInfo& info, std:
   check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &g_control), "MPI_Comm_dup");
   MPI_Comm_set_errhandler(g_control, MPI_ERRORS_RETURN);
   g_stop = false;
+  g_finishing = false;
   g_control_thread = std::thread(control_loop);
+  std::vector<std::pair<int, int64_t>> peers;
+  for (int r = 0; r < size; ++r)
+    if (r != rank && std::strcmp(all[static_cast<size_t>(r)].host, mine.host) == 0)
+      peers.emplace_back(r, all[static_cast<size_t>(r)].pid);
+  if (!peers.empty() && pipe(g_monitor_wake) == 0) g_monitor_thread = std::thread(monitor_loop, peers, info.host);
   if (handle_failures && size > 1) {
     std::set_terminate(on_terminate);
     for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTERM}) std::signal(sig, on_signal);
+    // A write to a dead peer's socket must come back as an error for the monitor or the deadline
+    // to report, not kill this rank silently.
+    std::signal(SIGPIPE, SIG_IGN);
   }
 }
 
 void mpi_stop() {
   g_stop = true;
   if (g_control_thread.joinable()) g_control_thread.join();
-  // Every rank must stop answering before any frees the control communicator.
+  // Every rank must stop answering before any frees the control communicator; once all have
+  // arrived here, a peer that exits is finishing, not failing.
   MPI_Barrier(MPI_COMM_WORLD);
+  g_finishing = true;
+  if (g_monitor_thread.joinable()) {
+    char c = 0;
+    ssize_t ignored = write(g_monitor_wake[1], &c, 1);
+    (void)ignored;
+    g_monitor_thread.join();
+    close(g_monitor_wake[0]);
+    close(g_monitor_wake[1]);
+  }
   if (g_control != MPI_COMM_NULL) MPI_Comm_free(&g_control);
   int finalized = 0;
   MPI_Finalized(&finalized);
@@ -249,6 +316,7 @@ void mpi_stop() {
 void mpi_abort(const std::string& message, int code) {
   std::fprintf(stderr, "%s: %s\n", g_prefix, message.c_str());
   std::fflush(stderr);
+  let_output_drain();
   MPI_Abort(MPI_COMM_WORLD, code);
   std::_Exit(code);
 }
