@@ -48,11 +48,20 @@ int env_int(const char* name) {
 
 }  // namespace
 
+// Note [Launch detection]
+// Hydra (mpiexec) gives its ranks PMI_RANK/PMI_SIZE and MPI_LOCALNRANKS; srun --mpi=pmi2 gives
+// PMI_* and SLURM_*; srun --mpi=none gives SLURM_* only. Inside a Slurm allocation Hydra starts its
+// proxies with srun, so its ranks also carry the proxy step's SLURM_* (one task per node): PMI_SIZE,
+// when present, is therefore the size the launcher promised, and SLURM_STEP_NUM_TASKS only counts
+// when no PMI is there at all (the tasks were not wired together).
 Launch detect_launch() {
   Launch l;
   const bool slurm_task = env("SLURM_PROCID") && env("SLURM_STEP_ID");
-  if (env("HYDI_CONTROL_FD") || env("PMI_RANK") || env("PMI_FD") || env("PMI_SIZE")) {
-    l.kind = env("HYDI_CONTROL_FD") ? "mpiexec" : slurm_task ? "srun" : "mpi";
+  const bool pmi = env("PMI_RANK") || env("PMI_FD") || env("PMI_SIZE");
+  if (env("HYDI_CONTROL_FD") || env("MPI_LOCALNRANKS")) {
+    l.kind = "mpiexec";
+  } else if (pmi) {
+    l.kind = slurm_task ? "srun" : "mpi";
   } else if (env("PMIX_RANK") || env("OMPI_COMM_WORLD_SIZE")) {
     l.kind = "mpi";
   } else if (slurm_task) {
@@ -61,7 +70,10 @@ Launch detect_launch() {
     return l;
   }
   l.expected_size = 0;
-  if (l.kind == "srun") {
+  if (env("PMI_SIZE")) {
+    l.expected_size = env_int("PMI_SIZE");
+    l.expected_from = "PMI_SIZE";
+  } else if (l.kind == "srun") {
     for (const char* v : {"SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS"}) {
       if (env(v)) {
         l.expected_size = env_int(v);
@@ -69,9 +81,6 @@ Launch detect_launch() {
         break;
       }
     }
-  } else if (env("PMI_SIZE")) {
-    l.expected_size = env_int("PMI_SIZE");
-    l.expected_from = "PMI_SIZE";
   }
   return l;
 }
@@ -180,7 +189,7 @@ void on_signal(int sig) {
                      : sig == SIGABRT ? " (aborted)"
                                       : "";
   write_str(g_prefix);
-  write_str(" failed: killed by signal ");
+  write_str(": killed by signal ");
   write_str(num);
   write_str(name);
   write_str("; the launcher ends the other ranks\n");

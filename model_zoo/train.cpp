@@ -1,10 +1,12 @@
 // braid-train: the main training program. Trains a model-zoo network on an IDX image data set
 // (the real Fashion-MNIST by default), with a progress bar, a per-epoch evaluation, a checkpoint
 // that --resume continues from, a CSV log and an SVG plot of the loss and accuracy curves.
-#include <sys/stat.h>
-
+// Run plainly it trains on one process; under `mpiexec -n N` or `srun` the same program trains
+// data-parallel: --batch-size is the global batch, split evenly over the ranks, so N ranks follow
+// the one-process run step for step; rank 0 alone prints, logs and writes checkpoints.
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <string>
@@ -12,6 +14,7 @@
 #include "braid/braid.h"
 #include "braid/checkpoint.h"
 #include "braid/data.h"
+#include "braid/distributed.h"
 #include "braid/nn/loss.h"
 #include "braid/optim.h"
 #include "models.h"
@@ -25,8 +28,9 @@ namespace {
 struct Args {
   std::string model = "cnn", data = "/usr/share/datasets/fashion-mnist", out = "runs/fashion-mnist";
   std::string optimizer = "adam", resume;
-  int64_t epochs = 3, batch_size = 64, limit = 0, threads = 0;
+  int64_t epochs = 3, batch_size = 64, limit = 0, threads = 0, sync_bn = 0;
   double lr = 0;  // 0: the optimizer's default below
+  double bucket_mb = 25;
   uint64_t seed = 0;
 };
 
@@ -34,7 +38,9 @@ void usage() {
   std::printf(
       "usage: braid-train [--model cnn|mlp|resnet] [--data DIR] [--epochs N] [--batch-size N]\n"
       "                   [--optimizer adam|sgd] [--lr X] [--seed N] [--out DIR] [--resume CKPT]\n"
-      "                   [--limit N (train on the first N images)] [--threads N]\n");
+      "                   [--limit N (train on the first N images)] [--threads N (per rank)]\n"
+      "                   [--sync-bn 0|1 (BatchNorm statistics over all ranks)] [--bucket-mb X]\n"
+      "--batch-size is the global batch; under mpiexec -n N each rank takes batch-size / N of it.\n");
 }
 
 Args parse(int argc, char** argv) {
@@ -42,7 +48,7 @@ Args parse(int argc, char** argv) {
   std::map<std::string, std::string*> strings{{"--model", &a.model}, {"--data", &a.data}, {"--out", &a.out},
                                              {"--optimizer", &a.optimizer}, {"--resume", &a.resume}};
   std::map<std::string, int64_t*> ints{{"--epochs", &a.epochs}, {"--batch-size", &a.batch_size},
-                                      {"--limit", &a.limit}, {"--threads", &a.threads}};
+                                      {"--limit", &a.limit}, {"--threads", &a.threads}, {"--sync-bn", &a.sync_bn}};
   for (int i = 1; i < argc; ++i) {
     std::string k = argv[i];
     if (k == "--help" || k == "-h") {
@@ -54,6 +60,7 @@ Args parse(int argc, char** argv) {
     if (strings.count(k)) *strings[k] = v;
     else if (ints.count(k)) *ints[k] = std::stoll(v);
     else if (k == "--lr") a.lr = std::stod(v);
+    else if (k == "--bucket-mb") a.bucket_mb = std::stod(v);
     else if (k == "--seed") a.seed = std::stoull(v);
     else throw ValueError("braid-train: unknown option '" + k + "' (see --help)");
   }
@@ -73,46 +80,73 @@ struct EvalResult {
   double loss, accuracy;
 };
 
+/// Sums values over the ranks (metrics are reduced so that rank 0 prints the whole job's numbers).
+std::vector<double> sum_over_ranks(const std::vector<double>& values) {
+  Tensor t = zeros({static_cast<int64_t>(values.size())}, kFloat64);
+  for (size_t i = 0; i < values.size(); ++i) t.data<double>()[i] = values[i];
+  distributed::world()->all_reduce(t, distributed::ReduceOp::Sum);
+  return t.to_vector<double>();
+}
+
+/// Every rank evaluates its shard of the test set; the sums are reduced over the ranks.
 EvalResult evaluate(nn::Module& model, data::DataLoader& loader) {
   NoGradGuard no_grad;
   model.eval();
-  double loss = 0;
-  int64_t correct = 0, seen = 0;
+  double loss = 0, correct = 0, seen = 0;
   data::Batch b;
   while (loader.next(b)) {
+    if (b.input.size(0) == 0) continue;
     Tensor logits = model(b.input);
     loss += nn::cross_entropy(logits, b.target, Tensor(), -100, "sum").item();
-    correct += static_cast<int64_t>(sum(eq(argmax(logits, 1), b.target)).item());
-    seen += b.input.size(0);
+    correct += sum(eq(argmax(logits, 1), b.target)).item();
+    seen += static_cast<double>(b.input.size(0));
   }
   model.train();
-  return {loss / static_cast<double>(seen), static_cast<double>(correct) / static_cast<double>(seen)};
+  const auto total = sum_over_ranks({loss, correct, seen});
+  return {total[0] / total[2], total[1] / total[2]};
 }
 
-}  // namespace
-
-int main(int argc, char** argv) try {
+int run(int argc, char** argv) {
   Args args = parse(argc, argv);
+  const auto& world = distributed::init();
+  const bool lead = world.rank == 0;
+  BRAID_CHECK(args.batch_size % world.size == 0, "braid-train: --batch-size ", args.batch_size,
+              " (the global batch) must divide evenly over the ", world.size, " ranks");
   if (args.threads > 0) set_num_threads(static_cast<int>(args.threads));
   manual_seed(args.seed);
-  ::mkdir(args.out.c_str(), 0755);
+  if (lead) {
+    std::error_code ec;
+    std::filesystem::create_directories(args.out, ec);
+    BRAID_CHECK(!ec, "braid-train: cannot create the output folder '", args.out, "': ", ec.message());
+  }
 
   auto train_set = first_n(data::load_mnist(args.data, true), args.limit);
   auto test_set = data::load_mnist(args.data, false);
   // Fashion-MNIST's pixel mean and standard deviation over the training set.
   auto normalize = std::make_shared<data::Normalize>(std::vector<double>{0.2860}, std::vector<double>{0.3530});
+  // Each rank takes its shard of every global batch (Note [Sharding rule] in braid/data/loader.h);
+  // the last, short global batch is left out so that every step averages equal shares.
   data::DataLoaderOptions train_opts;
-  train_opts.batch_size = args.batch_size;
+  train_opts.batch_size = args.batch_size / world.size;
   train_opts.shuffle = true;
+  train_opts.drop_last = true;
   train_opts.seed = args.seed;
   train_opts.transforms = {normalize};
+  train_opts.num_shards = world.size;
+  train_opts.shard = world.rank;
   data::DataLoader train_loader(train_set, train_opts);
   data::DataLoaderOptions test_opts;
   test_opts.batch_size = 500;
   test_opts.transforms = {normalize};
+  test_opts.num_shards = world.size;
+  test_opts.shard = world.rank;
   data::DataLoader test_loader(test_set, test_opts);
 
   nn::ModulePtr model = zoo::make_model(args.model, 1, 10);
+  if (args.sync_bn) distributed::convert_sync_batchnorm(*model);
+  distributed::DataParallelOptions dp;
+  dp.bucket_cap_mb = args.bucket_mb;
+  distributed::DistributedDataParallel ddp(model, distributed::world(), dp);
   std::unique_ptr<optim::Optimizer> opt;
   if (args.optimizer == "adam") {
     optim::AdamOptions o;
@@ -139,18 +173,25 @@ int main(int argc, char** argv) try {
     restore_state(ck, "rng.", default_generator());
     restore_state(ck, "loader.", train_loader);
     step = ck.integer("step");
-    std::printf("resumed from %s at step %lld (epoch %lld)\n", args.resume.c_str(), static_cast<long long>(step),
+    if (lead) std::printf("resumed from %s at step %lld (epoch %lld)\n", args.resume.c_str(), static_cast<long long>(step),
                 static_cast<long long>(train_loader.epoch()));
   }
 
-  std::printf("braid-train: model %s (%lld parameters), %s lr %g, batch %lld, %lld epochs, %lld train / %lld test "
-              "images, %d threads\n",
-              args.model.c_str(), static_cast<long long>(model->num_parameters()), args.optimizer.c_str(), args.lr,
-              static_cast<long long>(args.batch_size), static_cast<long long>(args.epochs),
-              static_cast<long long>(train_set->size()), static_cast<long long>(test_set->size()), get_num_threads());
+  if (lead) {
+    std::printf("braid-train: model %s (%lld parameters), %s lr %g, batch %lld, %lld epochs, %lld train / %lld test "
+                "images, %d threads per rank\n",
+                args.model.c_str(), static_cast<long long>(model->num_parameters()), args.optimizer.c_str(), args.lr,
+                static_cast<long long>(args.batch_size), static_cast<long long>(args.epochs),
+                static_cast<long long>(train_set->size()), static_cast<long long>(test_set->size()), get_num_threads());
+    std::printf("braid-train: %d rank%s (launcher: %s), %lld images per rank per step%s; %s\n", world.size,
+                world.size == 1 ? "" : "s", world.launcher.c_str(), static_cast<long long>(train_opts.batch_size),
+                args.sync_bn ? ", SyncBatchNorm" : "", distributed::rank_table().c_str());
+    std::fflush(stdout);
+  }
 
-  std::ofstream log(args.out + "/log.csv", args.resume.empty() ? std::ios::trunc : std::ios::app);
-  if (args.resume.empty()) log << "step,epoch,train_loss,train_accuracy,test_loss,test_accuracy,lr\n";
+  std::ofstream log;
+  if (lead) log.open(args.out + "/log.csv", args.resume.empty() ? std::ios::trunc : std::ios::app);
+  if (lead && args.resume.empty()) log << "step,epoch,train_loss,train_accuracy,test_loss,test_accuracy,lr\n";
   zoo::Series train_loss{"train loss", {}, {}, "#1f77b4"}, test_loss{"test loss", {}, {}, "#d62728"};
   zoo::Series train_acc{"train accuracy", {}, {}, "#1f77b4"}, test_acc{"test accuracy", {}, {}, "#d62728"};
   double final_accuracy = 0;
@@ -158,12 +199,16 @@ int main(int argc, char** argv) try {
   model->train();
   while (train_loader.epoch() < args.epochs) {
     const int64_t epoch = train_loader.epoch();
-    zoo::ProgressBar bar("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(args.epochs), steps_per_epoch, "img");
-    double loss_sum = 0, window_loss = 0;
-    int64_t correct = 0, seen = 0, window = 0, images = 0;
+    std::unique_ptr<zoo::ProgressBar> bar;
+    if (lead) bar = std::make_unique<zoo::ProgressBar>("epoch " + std::to_string(epoch + 1) + "/" +
+                                                           std::to_string(args.epochs), steps_per_epoch, "img");
+    // Local sums since the last reduction, and the job's totals so far (reduced every 20 steps).
+    double loss_sum = 0, window_loss = 0, correct = 0, seen = 0;
+    double job_loss = 0, job_correct = 0, job_seen = 0;
+    int64_t window = 0;
     data::Batch b;
     while (train_loader.next(b)) {
-      Tensor logits = (*model)(b.input);
+      Tensor logits = ddp(b.input);
       Tensor loss = nn::cross_entropy(logits, b.target);
       opt->zero_grad();
       loss.backward();
@@ -171,27 +216,31 @@ int main(int argc, char** argv) try {
       schedule.step();
       ++step;
       const double l = loss.item();
-      const int64_t n = b.input.size(0);
-      loss_sum += l * static_cast<double>(n);
+      const double n = static_cast<double>(b.input.size(0));
+      loss_sum += l * n;
       window_loss += l;
       ++window;
-      correct += static_cast<int64_t>(sum(eq(argmax(logits.detach(), 1), b.target)).item());
+      correct += sum(eq(argmax(logits.detach(), 1), b.target)).item();
       seen += n;
-      images += n;
-      if (window == 50) {
+      const bool last = b.index + 1 == steps_per_epoch;
+      if (window == 20 || last) {
+        const auto t = sum_over_ranks({loss_sum, correct, seen, window_loss});
+        job_loss += t[0], job_correct += t[1], job_seen += t[2];
         train_loss.x.push_back(static_cast<double>(step) / static_cast<double>(steps_per_epoch));
-        train_loss.y.push_back(window_loss / static_cast<double>(window));
+        train_loss.y.push_back(t[3] / static_cast<double>(window * world.size));
+        loss_sum = correct = seen = window_loss = 0;
         window = 0;
-        window_loss = 0;
+        if (bar)
+          bar->update(b.index + 1, static_cast<int64_t>(job_seen),
+                      {{"loss", job_loss / job_seen}, {"acc", job_correct / job_seen}});
       }
-      bar.update(b.index + 1, images, {{"loss", loss_sum / static_cast<double>(seen)},
-                                       {"acc", static_cast<double>(correct) / static_cast<double>(seen)}});
     }
-    const double tl = loss_sum / static_cast<double>(std::max<int64_t>(seen, 1));
-    const double ta = static_cast<double>(correct) / static_cast<double>(std::max<int64_t>(seen, 1));
-    bar.finish({{"loss", tl}, {"acc", ta}});
+    const double tl = job_loss / std::max(job_seen, 1.0);
+    const double ta = job_correct / std::max(job_seen, 1.0);
+    if (bar) bar->finish({{"loss", tl}, {"acc", ta}});
     EvalResult ev = evaluate(*model, test_loader);
     final_accuracy = ev.accuracy;
+    if (!lead) continue;
     std::printf("epoch %lld: train loss %.4f acc %.4f | test loss %.4f acc %.4f\n", static_cast<long long>(epoch + 1),
                 tl, ta, ev.loss, ev.accuracy);
     log << step << "," << epoch + 1 << "," << tl << "," << ta << "," << ev.loss << "," << ev.accuracy << ","
@@ -211,12 +260,24 @@ int main(int argc, char** argv) try {
     ck.integers["step"] = step;
     save_checkpoint(ckpt_path, ck);
   }
+  if (!lead) return 0;
   zoo::write_svg_chart(args.out + "/curves.svg", "braid-train: " + args.model + " on " + args.data,
                        {{"cross-entropy", {train_loss, test_loss}}, {"accuracy", {train_acc, test_acc}}});
   std::printf("final test accuracy %.4f; checkpoint %s, log %s/log.csv, plot %s/curves.svg\n", final_accuracy,
               ckpt_path.c_str(), args.out.c_str(), args.out.c_str());
   return 0;
-} catch (const std::exception& e) {
-  std::fprintf(stderr, "braid-train: error: %s\n", e.what());
-  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    // On several ranks, one rank's error must end the others rather than leave them waiting.
+    if (distributed::is_initialized() && distributed::world_info().size > 1)
+      distributed::abort_job(std::string("braid-train: error: ") + e.what());
+    std::fprintf(stderr, "braid-train: error: %s\n", e.what());
+    return 1;
+  }
 }

@@ -43,6 +43,8 @@ int default_num_threads() {
   }
   int ranks = env_count("MPI_LOCALNRANKS");
   if (ranks == 0) ranks = env_count("OMPI_COMM_WORLD_LOCAL_SIZE");
+  // An srun step says it per step ("2" or "2(x3),1"); the allocation's value is the fallback.
+  if (ranks == 0) ranks = env_count("SLURM_STEP_TASKS_PER_NODE");
   if (ranks == 0) ranks = env_count("SLURM_NTASKS_PER_NODE");
   return std::max(1, omp_get_num_procs() / std::max(1, ranks));
 }
