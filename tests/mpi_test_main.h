@@ -5,6 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
+#include <vector>
+
 #include "braid/distributed.h"
 #include "braid/ops.h"
 
@@ -37,12 +40,16 @@ class RankFailurePrinter : public ::testing::EmptyTestEventListener {
 inline int mpi_test_main(int argc, char** argv) {
   const auto& info = distributed::init();
   distributed::set_timeout(120);  // a test that hangs fails with a message instead
-  ::testing::InitGoogleTest(&argc, argv);
+  // Only rank 0 writes the XML report: the others drop --gtest_output before gtest opens it.
+  std::vector<char*> args;
+  for (int i = 0; i < argc; ++i)
+    if (info.rank == 0 || std::string(argv[i]).rfind("--gtest_output", 0) != 0) args.push_back(argv[i]);
+  int n = static_cast<int>(args.size());
+  ::testing::InitGoogleTest(&n, args.data());
   if (info.rank != 0) {
     auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
     delete listeners.Release(listeners.default_result_printer());
     listeners.Append(new RankFailurePrinter(info.rank));
-    GTEST_FLAG_SET(output, "");
   }
   const int rc = RUN_ALL_TESTS();
   distributed::finalize();

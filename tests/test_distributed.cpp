@@ -4,7 +4,12 @@
 // rank without communication.
 #include <cmath>
 
+#include <unistd.h>
+
+#include <cstdio>
+
 #include "braid/autograd.h"
+#include "braid/checkpoint.h"
 #include "braid/distributed.h"
 #include "braid/nn/nn.h"
 #include "braid/optim.h"
@@ -432,6 +437,30 @@ TEST_F(DataParallel, RanksWithDifferentModelsAreStoppedWithTheParameterName) {
     EXPECT_NE(msg.find("[5, 4]"), std::string::npos) << msg;
     EXPECT_NE(msg.find("rank " + std::to_string(N() - 1)), std::string::npos) << msg;
   }
+}
+
+TEST_F(DataParallel, CheckpointWrittenByRankZeroIsReadByEveryRank) {
+  RunSpec s;
+  s.adam = true;
+  auto trained = train_ddp(s);
+  // One file for the job: rank 0's pid names it.
+  Tensor id = full({1}, static_cast<double>(getpid()), kInt64);
+  world()->broadcast(id, 0);
+  const std::string path = ::testing::TempDir() + "braid_ddp_" + std::to_string(id.to_vector<int64_t>()[0]) + ".braid";
+  if (R() == 0) {
+    Checkpoint ck;
+    store_state(ck, "model.", *trained);
+    save_checkpoint(path, ck);
+  }
+  world()->barrier();
+  manual_seed(99);  // a different start, so that only the checkpoint can make them equal
+  auto fresh = make_mlp();
+  fresh->to(s.dtype);
+  restore_state(load_checkpoint(path), "model.", *fresh);
+  expect_same_weights(*fresh, *trained, 0.0, "restored on rank " + std::to_string(R()));
+  for (const auto& [name, t] : fresh->state_dict()) EXPECT_TRUE(same_on_all_ranks(t)) << name;
+  world()->barrier();
+  if (R() == 0) std::remove(path.c_str());
 }
 
 int main(int argc, char** argv) { return braid::testing::mpi_test_main(argc, argv); }
