@@ -12,6 +12,7 @@
 // with the owner's bytes, so it is also the deterministic mode and carries compressed wire dtypes.
 #include <mpi.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -31,7 +32,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 /// Buffers of at least this many bytes take the ring (Note [All-reduce algorithm]).
-constexpr int64_t kRingMinBytes = 256 * 1024;
+constexpr int64_t kRingMinBytes = 32 * 1024;
 /// Bytes per ring message: small enough that reduction overlaps the transfer of the next chunk.
 constexpr int64_t kRingChunkBytes = 1 << 20;
 constexpr int kRingTag = 11;
@@ -93,22 +94,32 @@ struct Signature {
   }
 };
 
+/// Yields for a short while, as a collective often completes within microseconds: sleeping on a
+/// condition variable at once would add two thread wake-ups to every small collective.
+template <typename Ready>
+bool spin_briefly(Ready ready) {
+  for (int i = 0; i < 256; ++i) {
+    if (ready()) return true;
+    std::this_thread::yield();
+  }
+  return ready();
+}
+
 class CollectiveWork : public Work {
  public:
   void wait() override {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return done_; });
+    if (!spin_briefly([&] { return done_.load(std::memory_order_acquire); })) {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return done_.load(); });
+    }
     if (error_) std::rethrow_exception(error_);
   }
-  bool is_completed() override {
-    std::lock_guard<std::mutex> lock(mu_);
-    return done_;
-  }
+  bool is_completed() override { return done_.load(std::memory_order_acquire); }
   void finish(std::exception_ptr e) {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      done_ = true;
       error_ = std::move(e);
+      done_.store(true, std::memory_order_release);
     }
     cv_.notify_all();
   }
@@ -116,8 +127,8 @@ class CollectiveWork : public Work {
  private:
   std::mutex mu_;
   std::condition_variable cv_;
-  bool done_ = false;
-  std::exception_ptr error_;
+  std::atomic<bool> done_{false};
+  std::exception_ptr error_;  // written before done_ is set
 };
 
 struct Task {
@@ -189,6 +200,7 @@ class MpiGroup : public ProcessGroup {
       std::lock_guard<std::mutex> lock(mu_);
       if (stopped_) return;
       stop_ = true;
+      stopping_ = true;
     }
     cv_.notify_all();
     if (worker_.joinable()) worker_.join();
@@ -213,29 +225,14 @@ class MpiGroup : public ProcessGroup {
 
   WorkPtr all_reduce_async(Tensor t, ReduceOp op, const AllReduceOptions& options) override {
     check_all_reduce(t, op, options);
-    const bool floating = is_floating(t.dtype());
-    const bool half = t.dtype() == DType::Float16 || t.dtype() == DType::BFloat16;
     Signature sig{0, kAllReduce, static_cast<int64_t>(t.dtype()), t.numel(), static_cast<int64_t>(op)};
-    return submit(sig, [this, t, op, options, floating, half](const Signature& sig) {
-      if (size_ == 1 || t.numel() == 0) return;
-      const bool sum_like = op == ReduceOp::Sum || op == ReduceOp::Average;
-      const bool ring = floating && sum_like &&
-                        (half || options.deterministic || options.wire_dtype != WireDType::Native ||
-                         t.numel() * t.element_size() >= kRingMinBytes);
-      if (ring) {
-        ring_all_reduce(t.view({t.numel()}), options.wire_dtype, op == ReduceOp::Average, sig);
-        return;
-      }
-      std::vector<MPI_Request> req(1);
-      check_mpi(MPI_Iallreduce(MPI_IN_PLACE, t.raw_data(), static_cast<int>(t.numel()), mpi_type(t.dtype()),
-                               mpi_op(op), comm_, req.data()),
-                "MPI_Iallreduce");
-      wait(req, sig);
-      if (op == ReduceOp::Average) {
-        NoGradGuard no_grad;
-        Tensor(t).mul_(1.0 / size_);
-      }
-    });
+    return submit(sig, [this, t, op, options](const Signature& s) { all_reduce_now(t, op, options, s); }, false);
+  }
+
+  void all_reduce(Tensor t, ReduceOp op, const AllReduceOptions& options) override {
+    check_all_reduce(t, op, options);
+    Signature sig{0, kAllReduce, static_cast<int64_t>(t.dtype()), t.numel(), static_cast<int64_t>(op)};
+    submit(sig, [this, t, op, options](const Signature& s) { all_reduce_now(t, op, options, s); }, true)->wait();
   }
 
   void broadcast(Tensor t, int root) override {
@@ -253,7 +250,7 @@ class MpiGroup : public ProcessGroup {
         reqs.push_back(r);
       }
       wait(reqs, sig);
-    })->wait();
+    }, true)->wait();
   }
 
   Tensor all_gather(const Tensor& t) override {
@@ -271,7 +268,7 @@ class MpiGroup : public ProcessGroup {
                                MPI_BYTE, comm_, req.data()),
                 "MPI_Iallgather");
       wait(req, sig);
-    })->wait();
+    }, true)->wait();
     return out;
   }
 
@@ -299,7 +296,7 @@ class MpiGroup : public ProcessGroup {
         NoGradGuard no_grad;
         Tensor(out).mul_(1.0 / size_);
       }
-    })->wait();
+    }, true)->wait();
     return out;
   }
 
@@ -309,7 +306,7 @@ class MpiGroup : public ProcessGroup {
       std::vector<MPI_Request> req(1);
       check_mpi(MPI_Ibarrier(comm_, req.data()), "MPI_Ibarrier");
       wait(req, sig);
-    })->wait();
+    }, true)->wait();
   }
 
   WorkPtr isend(const Tensor& t, int dst, int tag) override {
@@ -330,7 +327,7 @@ class MpiGroup : public ProcessGroup {
     MPI_Comm child = MPI_COMM_NULL;
     submit(sig, [this, color, key, &child](const Signature&) {
       check_mpi(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &child), "MPI_Comm_split");
-    })->wait();
+    }, true)->wait();
     if (child == MPI_COMM_NULL) return nullptr;
     uint64_t id = fnv1a(&index, sizeof index, progress_.id);
     const int64_t c = color;
@@ -346,45 +343,75 @@ class MpiGroup : public ProcessGroup {
  private:
   static constexpr int64_t kMaxMessage = int64_t{1} << 30;
 
-  std::shared_ptr<CollectiveWork> submit(Signature sig, std::function<void(const Signature&)> run) {
+  // Note [Collectives on the caller's thread]
+  // Every collective takes a number in call order. One the caller will wait for anyway runs on the
+  // caller's thread when nothing is queued or running before it (saving two thread hand-offs, the
+  // fixed cost of a small collective); otherwise, and for async ones, it joins the worker's queue.
+  // inline_busy_ and worker_busy_ make the two paths mutually exclusive, so calls still run one at
+  // a time and in order.
+  std::shared_ptr<CollectiveWork> submit(Signature sig, std::function<void(const Signature&)> run, bool caller_waits) {
     auto work = std::make_shared<CollectiveWork>();
+    Task task{sig, std::move(run), work};
     {
       std::lock_guard<std::mutex> lock(mu_);
       BRAID_CHECK_T(DistributedError, !stop_, "braid: group '", name_, "' has been shut down (finalize() was called)");
-      sig.seq = ++called_;
-      progress_.called = sig.seq;
-      queue_.push_back(Task{sig, std::move(run), work});
+      task.sig.seq = ++called_;
+      progress_.called = task.sig.seq;
+      if (!(caller_waits && queue_.empty() && !worker_busy_ && !inline_busy_)) {
+        queue_.push_back(std::move(task));
+        queued_.fetch_add(1);
+        cv_.notify_one();
+        return work;
+      }
+      inline_busy_ = true;
     }
-    cv_.notify_one();
+    execute(task);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      inline_busy_ = false;
+    }
+    cv_.notify_all();
     return work;
+  }
+
+  void execute(Task& task) {
+    try {
+      if (!failed_.empty())
+        throw DistributedError(::braid::detail::cat(where(), ": ", task.sig.str(), " #", task.sig.seq,
+                                                    " was not run because an earlier collective on this group "
+                                                    "failed: ", failed_));
+      if (settings().debug) check_same_call(task.sig);
+      NoGradGuard no_grad;
+      task.run(task.sig);
+      progress_.completed = task.sig.seq;
+      task.work->finish(nullptr);
+    } catch (const DistributedError& e) {
+      if (failed_.empty()) failed_ = e.what();
+      task.work->finish(std::current_exception());
+    } catch (...) {
+      task.work->finish(std::current_exception());
+    }
   }
 
   void work_loop() {
     while (true) {
+      spin_briefly([&] { return queued_.load() > 0 || stopping_.load(); });
       Task task;
       {
         std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        cv_.wait(lock, [&] { return stop_ || (!queue_.empty() && !inline_busy_); });
         if (queue_.empty()) return;
         task = std::move(queue_.front());
         queue_.pop_front();
+        queued_.fetch_sub(1);
+        worker_busy_ = true;
       }
-      try {
-        if (!failed_.empty())
-          throw DistributedError(::braid::detail::cat(where(), ": ", task.sig.str(), " #", task.sig.seq,
-                                                      " was not run because an earlier collective on this group "
-                                                      "failed: ", failed_));
-        if (settings().debug) check_same_call(task.sig);
-        NoGradGuard no_grad;
-        task.run(task.sig);
-        progress_.completed = task.sig.seq;
-        task.work->finish(nullptr);
-      } catch (const DistributedError& e) {
-        if (failed_.empty()) failed_ = e.what();
-        task.work->finish(std::current_exception());
-      } catch (...) {
-        task.work->finish(std::current_exception());
+      execute(task);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        worker_busy_ = false;
       }
+      cv_.notify_all();
     }
   }
 
@@ -420,6 +447,26 @@ class MpiGroup : public ProcessGroup {
          << s.seq;
     }
     throw DistributedError(os.str());
+  }
+
+  void all_reduce_now(const Tensor& t, ReduceOp op, const AllReduceOptions& options, const Signature& sig) {
+    if (size_ == 1 || t.numel() == 0) return;
+    const bool floating = is_floating(t.dtype());
+    const bool half = t.dtype() == DType::Float16 || t.dtype() == DType::BFloat16;
+    const bool sum_like = op == ReduceOp::Sum || op == ReduceOp::Average;
+    const bool ring = floating && sum_like &&
+                      (half || options.deterministic || options.wire_dtype != WireDType::Native ||
+                       t.numel() * t.element_size() >= kRingMinBytes);
+    if (ring) {
+      ring_all_reduce(t.view({t.numel()}), options.wire_dtype, op == ReduceOp::Average, sig);
+      return;
+    }
+    std::vector<MPI_Request> req(1);
+    check_mpi(MPI_Iallreduce(MPI_IN_PLACE, t.raw_data(), static_cast<int>(t.numel()), mpi_type(t.dtype()), mpi_op(op),
+                             comm_, req.data()),
+              "MPI_Iallreduce");
+    wait(req, sig);
+    if (op == ReduceOp::Average) Tensor(t).mul_(1.0 / size_);
   }
 
   // Sends src to the right neighbour while receiving the left neighbour's matching segment; each
@@ -496,6 +543,9 @@ class MpiGroup : public ProcessGroup {
   std::condition_variable cv_;
   std::deque<Task> queue_;
   bool stop_ = false, stopped_ = false;
+  bool worker_busy_ = false, inline_busy_ = false;  // see Note [Collectives on the caller's thread]
+  std::atomic<int> queued_{0};
+  std::atomic<bool> stopping_{false};
   int64_t called_ = 0;
   int64_t splits_ = 0;
   std::string failed_;  // the first collective failure; the group is unusable after it

@@ -6,10 +6,12 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 
 #include "braid/autograd.h"
 #include "braid/checkpoint.h"
+#include "braid/data.h"
 #include "braid/distributed.h"
 #include "braid/nn/nn.h"
 #include "braid/optim.h"
@@ -436,6 +438,53 @@ TEST_F(DataParallel, RanksWithDifferentModelsAreStoppedWithTheParameterName) {
     EXPECT_NE(msg.find("[3, 4]"), std::string::npos) << msg;
     EXPECT_NE(msg.find("[5, 4]"), std::string::npos) << msg;
     EXPECT_NE(msg.find("rank " + std::to_string(N() - 1)), std::string::npos) << msg;
+  }
+}
+
+TEST_F(DataParallel, ShardedLoaderShowsEverySampleOncePerEpochOverAllRanks) {
+  // 103 samples, batch 4 per rank: the ranks together see each sample exactly once per epoch, in
+  // the global order one loader with batch 4 N would give, and reshuffled the same way on every rank.
+  const int64_t S = 103, b = 4;
+  auto ds = std::make_shared<data::TensorDataset>(arange(0, static_cast<double>(S), 1, kFloat32).reshape({S, 1}),
+                                                  zeros({S}, kInt64));
+  data::DataLoaderOptions o;
+  o.batch_size = b;
+  o.shuffle = true;
+  o.seed = 5;
+  o.num_shards = N();
+  o.shard = R();
+  data::DataLoader loader(ds, o);
+  data::DataLoaderOptions one = o;
+  one.batch_size = b * N();
+  one.num_shards = 1;
+  one.shard = 0;
+  data::DataLoader single(ds, one);
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    std::vector<int64_t> mine, reference;
+    data::Batch batch;
+    while (loader.next(batch)) mine.insert(mine.end(), batch.indices.begin(), batch.indices.end());
+    while (single.next(batch)) reference.insert(reference.end(), batch.indices.begin(), batch.indices.end());
+    // Gather every rank's indices (padded with -1 to a common length).
+    Tensor len = full({1}, static_cast<double>(mine.size()), kInt64);
+    const auto lens = world()->all_gather(len).to_vector<int64_t>();
+    int64_t longest = 0;
+    for (int64_t l : lens) longest = std::max(longest, l);
+    Tensor t = full({longest}, -1.0, kInt64);
+    for (size_t i = 0; i < mine.size(); ++i) t.data<int64_t>()[i] = mine[i];
+    const auto all = world()->all_gather(t).to_vector<int64_t>();
+    std::vector<int64_t> seen;
+    for (int64_t v : all)
+      if (v >= 0) seen.push_back(v);
+    std::vector<int64_t> sorted_seen = seen;
+    std::sort(sorted_seen.begin(), sorted_seen.end());
+    std::vector<int64_t> expect(S);
+    for (int64_t i = 0; i < S; ++i) expect[static_cast<size_t>(i)] = i;
+    EXPECT_EQ(sorted_seen, expect) << "epoch " << epoch;
+    // Step j of rank r is positions [j b N + r b, ...) of the single loader's order.
+    for (size_t i = 0; i < mine.size() && static_cast<int64_t>(i) < (S / (b * N())) * b; ++i) {
+      const size_t j = i / static_cast<size_t>(b), k = i % static_cast<size_t>(b);
+      EXPECT_EQ(mine[i], reference[j * static_cast<size_t>(b * N()) + static_cast<size_t>(R() * b) + k]) << i;
+    }
   }
 }
 

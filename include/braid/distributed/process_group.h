@@ -92,7 +92,8 @@ class ProcessGroup {
 
   /// Reduces t across the group into every member's t.
   virtual WorkPtr all_reduce_async(Tensor t, ReduceOp op = ReduceOp::Sum, const AllReduceOptions& options = {}) = 0;
-  void all_reduce(Tensor t, ReduceOp op = ReduceOp::Sum, const AllReduceOptions& options = {}) {
+  /// The blocking form; a group may run it on the calling thread when nothing is queued before it.
+  virtual void all_reduce(Tensor t, ReduceOp op = ReduceOp::Sum, const AllReduceOptions& options = {}) {
     all_reduce_async(std::move(t), op, options)->wait();
   }
   /// Copies root's t into every member's t.
