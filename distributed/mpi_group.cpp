@@ -10,6 +10,9 @@
 // is several times slower than this for large buffers on one node (benchmarks/README.md). The
 // ring's order of additions depends only on the size and the number of ranks, and every rank ends
 // with the owner's bytes, so it is also the deterministic mode and carries compressed wire dtypes.
+// Below 32 KiB, on a power-of-two group, recursive doubling (log2 p exchanges of the whole buffer,
+// latency-optimal) is faster than MPI_Iallreduce; each pair adds the same two operands, so every
+// rank still ends with the same bits.
 #include <mpi.h>
 
 #include <atomic>
@@ -36,6 +39,10 @@ constexpr int64_t kRingMinBytes = 32 * 1024;
 /// Bytes per ring message: small enough that reduction overlaps the transfer of the next chunk.
 constexpr int64_t kRingChunkBytes = 1 << 20;
 constexpr int kRingTag = 11;
+/// Largest message recursive doubling sends in one piece (below MPI's rendezvous threshold).
+constexpr int64_t kEagerBytes = 8 * 1024;
+/// Buffers below this size (on power-of-two groups) take recursive doubling.
+constexpr int64_t kDoublingMaxBytes = 256 * 1024;
 
 void check_mpi(int code, const std::string& what) {
   if (code == MPI_SUCCESS) return;
@@ -150,9 +157,12 @@ void wait_requests(std::vector<MPI_Request>& reqs, const std::function<std::stri
     if (flag) return;
     const auto now = Clock::now();
     if (now > deadline) throw DistributedError(on_timeout());
-    // Spin (yielding) while a reply is likely soon; then back off so that a waiting rank does not
-    // take the cores that backward, or oversubscribed ranks, need.
-    if (now - start < std::chrono::milliseconds(2)) std::this_thread::yield();
+    // Spin while a reply is likely soon (a small collective completes in about a microsecond),
+    // then yield, then back off so that a waiting rank does not take the cores that backward, or
+    // oversubscribed ranks, need.
+    const auto waited = now - start;
+    if (waited < std::chrono::microseconds(50)) continue;
+    if (waited < std::chrono::milliseconds(2)) std::this_thread::yield();
     else std::this_thread::sleep_for(std::chrono::microseconds(100));
   }
 }
@@ -200,7 +210,6 @@ class MpiGroup : public ProcessGroup {
       std::lock_guard<std::mutex> lock(mu_);
       if (stopped_) return;
       stop_ = true;
-      stopping_ = true;
     }
     cv_.notify_all();
     if (worker_.joinable()) worker_.join();
@@ -366,11 +375,13 @@ class MpiGroup : public ProcessGroup {
       inline_busy_ = true;
     }
     execute(task);
+    bool queued = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
       inline_busy_ = false;
+      queued = !queue_.empty();
     }
-    cv_.notify_all();
+    if (queued) cv_.notify_one();  // only the worker waits on cv_; waking it for nothing costs microseconds
     return work;
   }
 
@@ -395,7 +406,6 @@ class MpiGroup : public ProcessGroup {
 
   void work_loop() {
     while (true) {
-      spin_briefly([&] { return queued_.load() > 0 || stopping_.load(); });
       Task task;
       {
         std::unique_lock<std::mutex> lock(mu_);
@@ -407,11 +417,8 @@ class MpiGroup : public ProcessGroup {
         worker_busy_ = true;
       }
       execute(task);
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        worker_busy_ = false;
-      }
-      cv_.notify_all();
+      std::lock_guard<std::mutex> lock(mu_);
+      worker_busy_ = false;
     }
   }
 
@@ -457,6 +464,12 @@ class MpiGroup : public ProcessGroup {
     const bool ring = floating && sum_like &&
                       (half || options.deterministic || options.wire_dtype != WireDType::Native ||
                        t.numel() * t.element_size() >= kRingMinBytes);
+    const bool pow2 = (size_ & (size_ - 1)) == 0;
+    const bool compressed = half || options.wire_dtype != WireDType::Native;
+    if (!compressed && pow2 && t.numel() * t.element_size() < kDoublingMaxBytes) {
+      recursive_doubling(t, op, sig);
+      return;
+    }
     if (ring) {
       ring_all_reduce(t.view({t.numel()}), options.wire_dtype, op == ReduceOp::Average, sig);
       return;
@@ -467,6 +480,64 @@ class MpiGroup : public ProcessGroup {
               "MPI_Iallreduce");
     wait(req, sig);
     if (op == ReduceOp::Average) Tensor(t).mul_(1.0 / size_);
+  }
+
+  // Exchanges the whole buffer with the partner at distance 1, 2, 4, ... and combines.
+  void recursive_doubling(const Tensor& t, ReduceOp op, const Signature& sig) {
+    const int64_t n = t.numel(), bytes = n * t.element_size();
+    Tensor other = empty({n}, t.dtype());
+    for (int mask = 1; mask < size_; mask <<= 1) {
+      const int partner = rank_ ^ mask;
+      std::vector<MPI_Request> reqs;
+      // Pieces small enough for MPI's eager protocol: one rendezvous handshake costs more than
+      // several eager messages at these sizes.
+      for (int64_t off = 0; off < bytes; off += kEagerBytes) {
+        const int len = static_cast<int>(std::min(kEagerBytes, bytes - off));
+        MPI_Request r[2];
+        check_mpi(MPI_Irecv(static_cast<char*>(other.raw_data()) + off, len, MPI_BYTE, partner, kRingTag, comm_, &r[0]),
+                  "MPI_Irecv (recursive doubling)");
+        check_mpi(MPI_Isend(static_cast<char*>(t.raw_data()) + off, len, MPI_BYTE, partner, kRingTag, comm_, &r[1]),
+                  "MPI_Isend (recursive doubling)");
+        reqs.push_back(r[0]);
+        reqs.push_back(r[1]);
+      }
+      wait(reqs, sig);
+      combine(t, other, op);
+    }
+    if (op == ReduceOp::Average) Tensor(t).mul_(1.0 / size_);
+  }
+
+  template <typename T>
+  static void combine_as(T* a, const T* b, int64_t n, ReduceOp op) {
+    switch (op) {
+      case ReduceOp::Max:
+        for (int64_t i = 0; i < n; ++i) a[i] = a[i] < b[i] ? b[i] : a[i];
+        break;
+      case ReduceOp::Min:
+        for (int64_t i = 0; i < n; ++i) a[i] = b[i] < a[i] ? b[i] : a[i];
+        break;
+      default:
+        for (int64_t i = 0; i < n; ++i) a[i] = static_cast<T>(a[i] + b[i]);
+    }
+  }
+
+  /// a = op(a, b) elementwise, in a's dtype (small buffers: a plain loop beats a dispatched op).
+  static void combine(const Tensor& a, const Tensor& b, ReduceOp op) {
+    const int64_t n = a.numel();
+    switch (a.dtype()) {
+      case DType::Float32: combine_as(static_cast<float*>(a.raw_data()), static_cast<const float*>(b.raw_data()), n, op); break;
+      case DType::Float64: combine_as(static_cast<double*>(a.raw_data()), static_cast<const double*>(b.raw_data()), n, op); break;
+      case DType::Int64: combine_as(static_cast<int64_t*>(a.raw_data()), static_cast<const int64_t*>(b.raw_data()), n, op); break;
+      case DType::Int32: combine_as(static_cast<int32_t*>(a.raw_data()), static_cast<const int32_t*>(b.raw_data()), n, op); break;
+      case DType::Bool: {
+        // Sum of bools is "any", as MPI's sum of 0/1 bytes clamped back to bool would give.
+        auto* x = static_cast<uint8_t*>(a.raw_data());
+        const auto* y = static_cast<const uint8_t*>(b.raw_data());
+        for (int64_t i = 0; i < n; ++i) x[i] = op == ReduceOp::Min ? (x[i] && y[i]) : (x[i] || y[i]);
+        break;
+      }
+      default: BRAID_ASSERT(false, "combine: unexpected dtype ", dtype_name(a.dtype()));
+    }
   }
 
   // Sends src to the right neighbour while receiving the left neighbour's matching segment; each
@@ -545,7 +616,6 @@ class MpiGroup : public ProcessGroup {
   bool stop_ = false, stopped_ = false;
   bool worker_busy_ = false, inline_busy_ = false;  // see Note [Collectives on the caller's thread]
   std::atomic<int> queued_{0};
-  std::atomic<bool> stopping_{false};
   int64_t called_ = 0;
   int64_t splits_ = 0;
   std::string failed_;  // the first collective failure; the group is unusable after it
