@@ -185,9 +185,9 @@ void fixed_overhead() {
   Record("barrier").add("braid", t[0]).add("mpi", t[1]).print();
 }
 
-// Part 1: one buffer, four ways. braid's ring is also forced at every size (deterministic = true
-// takes the ring; Note [All-reduce algorithm] in distributed/mpi_group.cpp), which shows where the
-// switch from MPI_Iallreduce to the ring pays off on this machine.
+// Part 1: one buffer, four ways: braid, braid with deterministic = true (which never takes
+// MPI_Iallreduce; Note [All-reduce algorithm] in distributed/mpi_group.cpp), one MPI_Allreduce and
+// the ideal ring.
 void sweep_all_reduce(int64_t max_bytes) {
   auto group = dist::world();
   const float p = static_cast<float>(g_size);

@@ -163,7 +163,7 @@ def print_tables(records, info):
     bar = next(r for r in records if r["kind"] == "barrier")
     print("**1. All-reduce, sum of float32, 2 ranks** (median of the slowest rank's time; p90 in brackets):")
     print()
-    print("| size | braid µs | MPI_Allreduce µs | ideal ring µs | braid, ring forced µs | braid / MPI "
+    print("| size | braid µs | MPI_Allreduce µs | ideal ring µs | braid, deterministic µs | braid / MPI "
           f"(goal ≤ 1) | ideal / braid (goal ≥ {GOAL_IDEAL} from {size(LARGE)}) | model T(2, n) µs |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     misses_mpi, misses_ideal = [], []
