@@ -63,10 +63,7 @@ Tensor SyncBatchNorm::forward(const Tensor& x) {
     mean_c = running_mean_.reshape(cs);
     var_c = running_var_.reshape(cs);
   }
-  Tensor scale = rsqrt(var_c + eps_);
-  if (affine_) scale = scale * weight_.reshape(cs);
-  Tensor shift = affine_ ? bias_.reshape(cs) - mean_c * scale : -(mean_c * scale);
-  return x * scale + shift;
+  return nn::batch_norm_apply(x, mean_c, var_c, weight_, bias_, eps_);
 }
 
 std::string SyncBatchNorm::describe() const {

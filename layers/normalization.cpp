@@ -70,9 +70,15 @@ Tensor BatchNorm::forward(const Tensor& x) {
     mean_c = running_mean_.reshape(cs);
     var_c = running_var_.reshape(cs);
   }
-  Tensor scale = rsqrt(var_c + eps_);
-  if (affine_) scale = scale * weight_.reshape(cs);
-  Tensor shift = affine_ ? bias_.reshape(cs) - mean_c * scale : -(mean_c * scale);
+  return batch_norm_apply(x, mean_c, var_c, weight_, bias_, eps_);
+}
+
+Tensor batch_norm_apply(const Tensor& x, const Tensor& mean_c, const Tensor& var_c, const Tensor& weight,
+                        const Tensor& bias, double eps) {
+  const Shape& cs = mean_c.shape();
+  Tensor scale = rsqrt(var_c + eps);
+  if (weight.defined()) scale = scale * weight.reshape(cs);
+  Tensor shift = bias.defined() ? bias.reshape(cs) - mean_c * scale : -(mean_c * scale);
   return x * scale + shift;
 }
 

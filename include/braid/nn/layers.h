@@ -158,6 +158,12 @@ class AdaptiveAvgPool2d : public Module {
 /// momentum, or by a cumulative average when momentum is nullopt; eval uses the running statistics.
 /// Parameters weight and bias (affine), buffers running_mean, running_var and num_batches_tracked
 /// (track_running_stats).
+/// y = (x - mean) / sqrt(var + eps) * weight + bias, with per-channel mean and var already shaped
+/// for broadcasting ((1, C, 1, ...)); weight and bias may be undefined. Computed as one scale and
+/// shift per channel (Note [BatchNorm as scale and shift]). Shared by BatchNorm and SyncBatchNorm.
+Tensor batch_norm_apply(const Tensor& x, const Tensor& mean_c, const Tensor& var_c, const Tensor& weight,
+                        const Tensor& bias, double eps);
+
 class BatchNorm : public Module {
  public:
   Tensor forward(const Tensor& x) override;
