@@ -82,13 +82,14 @@ TEST_P(Faults, RankKilledBySigkillEndsTheJob) {
 
 TEST_P(Faults, HungRankIsReportedByTheWatchdog) {
   const int np = GetParam();
-  Outcome o = run(job(np, "hang", "BRAID_TIMEOUT=3"));
+  Outcome o = run(job(np, "hang", "BRAID_TIMEOUT=5"));
   EXPECT_NE(o.status, 0) << o.output;
   EXPECT_LT(o.seconds, 60.0) << o.output;
-  EXPECT_TRUE(contains(o.output, "did not complete within 3 s")) << o.output;
+  EXPECT_TRUE(contains(o.output, "did not complete within 5 s")) << o.output;
   EXPECT_TRUE(contains(o.output, "all_reduce(average")) << o.output;
-  EXPECT_TRUE(contains(o.output, "ranks that did not arrive: " + std::to_string(np - 1) + " (its latest call"))
-      << o.output;
+  // Under load another rank may also be late; the hung one must be among those named.
+  EXPECT_TRUE(contains(o.output, "ranks that did not arrive: ")) << o.output;
+  EXPECT_TRUE(contains(o.output, " " + std::to_string(np - 1) + " (its latest call on this group is #")) << o.output;
 }
 
 TEST_P(Faults, MismatchedCollectivesAreAnErrorInDebugMode) {
