@@ -45,6 +45,7 @@ inline int mpi_test_main(int argc, char** argv) {
   for (int i = 0; i < argc; ++i)
     if (info.rank == 0 || std::string(argv[i]).rfind("--gtest_output", 0) != 0) args.push_back(argv[i]);
   int n = static_cast<int>(args.size());
+  args.push_back(nullptr);  // argv[argc] is null, and gtest's flag parser moves it along
   ::testing::InitGoogleTest(&n, args.data());
   if (info.rank != 0) {
     auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
