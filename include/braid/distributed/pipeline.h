@@ -1,0 +1,46 @@
+// Pipeline execution: this rank's stage of a model cut into consecutive layers, run by a schedule
+// (schedule.h) over micro-batches. Activations and their gradients cross stage boundaries by MPI
+// point-to-point; within a stage, autograd does the backward as usual, so layers stay unchanged.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "braid/distributed/process_group.h"
+#include "braid/distributed/schedule.h"
+#include "braid/nn/module.h"
+
+namespace braid::distributed {
+
+/// loss(output, target) of one micro-batch, reduced to a scalar by its mean.
+using PipeLoss = std::function<Tensor(const Tensor& output, const Tensor& target)>;
+
+class PipelineStage {
+ public:
+  /// module: this rank's stage; group: the pipeline's ranks, stage s = group rank s. Collective
+  /// only in train_step (every stage calls it with the same schedule).
+  PipelineStage(std::shared_ptr<nn::Module> module, ProcessGroupPtr group);
+
+  /// Runs one mini-batch by schedule: the first stage splits input, the last splits target, into
+  /// schedule.micro_batches equal parts along axis 0; each micro-batch's loss is scaled by 1/M so
+  /// that the accumulated gradients are those of the mean loss over the mini-batch. Gradients
+  /// accumulate into the stage's parameters (zero them and step the optimizer around the call).
+  /// Returns the mini-batch's mean loss on every stage.
+  double train_step(const PipeSchedule& schedule, const Tensor& input, const Tensor& target, const PipeLoss& loss);
+
+  int stage() const { return group_->rank(); }
+  int stages() const { return group_->size(); }
+  nn::Module& module() { return *module_; }
+
+ private:
+  void send_tensor(const Tensor& t, int to, int tag);
+  Tensor recv_tensor(int from, int tag);
+
+  std::shared_ptr<nn::Module> module_;
+  ProcessGroupPtr group_;
+  std::vector<WorkPtr> pending_sends_;
+  std::vector<Tensor> send_buffers_;
+};
+
+}  // namespace braid::distributed
