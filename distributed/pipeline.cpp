@@ -3,8 +3,11 @@
 // need not know each other's shapes in advance.
 #include "braid/distributed/pipeline.h"
 
+#include <optional>
+
 #include "braid/autograd.h"
 #include "braid/ops.h"
+#include "braid/storage.h"
 
 namespace braid::distributed {
 
@@ -14,8 +17,20 @@ constexpr int64_t kMaxDims = 8;
 int tag_of(int micro, int which) { return 4 * micro + which; }
 }  // namespace
 
-PipelineStage::PipelineStage(std::shared_ptr<nn::Module> module, ProcessGroupPtr group)
-    : module_(std::move(module)), group_(group ? std::move(group) : world()) {
+Grid make_grid(int pipeline_stages, ProcessGroupPtr world_group) {
+  ProcessGroupPtr w = world_group ? std::move(world_group) : world();
+  BRAID_CHECK(pipeline_stages >= 1 && w->size() % pipeline_stages == 0, "make_grid: ", w->size(),
+              " ranks do not divide into pipelines of ", pipeline_stages, " stages");
+  Grid g;
+  g.replica = w->rank() / pipeline_stages;
+  g.stage = w->rank() % pipeline_stages;
+  g.pipeline = w->split(g.replica, g.stage);
+  g.data = w->split(g.stage, g.replica);
+  return g;
+}
+
+PipelineStage::PipelineStage(std::shared_ptr<nn::Module> module, ProcessGroupPtr group, const PipelineOptions& options)
+    : module_(std::move(module)), group_(group ? std::move(group) : world()), options_(options) {
   BRAID_CHECK(module_ != nullptr, "PipelineStage: the module is null");
 }
 
@@ -28,9 +43,20 @@ void PipelineStage::send_tensor(const Tensor& t, int to, int tag) {
   h[1] = t.dim();
   for (int64_t d = 0; d < t.dim(); ++d) h[2 + d] = t.size(d);
   Tensor data = t.contiguous();
+  // Sends that have completed give their buffers back, so that an activation lives no longer than
+  // its transfer.
+  for (size_t i = 0; i < pending_sends_.size();) {
+    if (pending_sends_[i]->is_completed()) {
+      pending_sends_[i]->wait();
+      pending_sends_.erase(pending_sends_.begin() + static_cast<long>(i));
+      send_buffers_.erase(send_buffers_.begin() + static_cast<long>(i));
+    } else {
+      ++i;
+    }
+  }
   pending_sends_.push_back(group_->isend(header, to, 2 * tag));
-  pending_sends_.push_back(group_->isend(data, to, 2 * tag + 1));
   send_buffers_.push_back(header);
+  pending_sends_.push_back(group_->isend(data, to, 2 * tag + 1));
   send_buffers_.push_back(data);
 }
 
@@ -61,7 +87,22 @@ double PipelineStage::train_step(const PipeSchedule& schedule, const Tensor& inp
   std::vector<Tensor> inputs(static_cast<size_t>(m_count)), outputs(static_cast<size_t>(m_count)),
       grads(static_cast<size_t>(m_count));
   double loss_sum = 0;
-  for (const PipeAction& a : schedule.actions.at(static_cast<size_t>(s))) {
+  // The forward of micro-batch m with autograd recording: the output, or on the last stage the
+  // micro-batch's share of the loss.
+  auto run_forward = [&](int m) {
+    Tensor out = module_->forward(inputs[static_cast<size_t>(m)]);
+    if (!last) return out;
+    return loss(out, split(target, m, "target")) * (1.0 / m_count);
+  };
+  const auto& actions = schedule.actions.at(static_cast<size_t>(s));
+  size_t last_backward = 0;
+  for (size_t i = 0; i < actions.size(); ++i)
+    if (actions[i].kind == PipeAction::Kind::Backward) last_backward = i;
+  const int64_t base_bytes = Storage::live_bytes();
+  peak_bytes_ = 0;
+  auto note_memory = [&] { peak_bytes_ = std::max(peak_bytes_, Storage::live_bytes() - base_bytes); };
+  for (size_t i = 0; i < actions.size(); ++i) {
+    const PipeAction& a = actions[i];
     const size_t m = static_cast<size_t>(std::max(a.micro, 0));
     switch (a.kind) {
       case PipeAction::Kind::RecvActivation:
@@ -70,27 +111,38 @@ double PipelineStage::train_step(const PipeSchedule& schedule, const Tensor& inp
         break;
       case PipeAction::Kind::Forward: {
         if (first) inputs[m] = split(input, a.micro, "input");
-        Tensor out = module_->forward(inputs[m]);
-        if (last) {
-          Tensor l = loss(out, split(target, a.micro, "target")) * (1.0 / m_count);
-          loss_sum += l.item();
-          out = l;
+        Tensor out;
+        if (options_.recompute) {
+          NoGradGuard no_grad;  // keep only the input; backward runs the forward again
+          out = run_forward(a.micro);
+        } else {
+          out = run_forward(a.micro);
+          outputs[m] = out;
         }
-        outputs[m] = out;
+        if (last) loss_sum += out.item();
+        else if (options_.recompute) outputs[m] = out;  // sent below, then dropped
+        note_memory();
         break;
       }
       case PipeAction::Kind::SendActivation:
         send_tensor(outputs[m].detach(), s + 1, tag_of(a.micro, 0));
+        if (options_.recompute) outputs[m] = Tensor();
         break;
       case PipeAction::Kind::RecvGrad:
         grads[m] = recv_tensor(s + 1, tag_of(a.micro, 1));
         break;
-      case PipeAction::Kind::Backward:
+      case PipeAction::Kind::Backward: {
+        if (options_.recompute) outputs[m] = run_forward(a.micro);
+        note_memory();
+        // With data parallelism, only the stage's last backward of the mini-batch all-reduces.
+        std::optional<DistributedDataParallel::NoSync> no_sync;
+        if (options_.data_parallel && i != last_backward) no_sync.emplace(*options_.data_parallel);
         if (last) outputs[m].backward();
         else outputs[m].backward(grads[m]);
         outputs[m] = Tensor();  // the graph of micro-batch m is freed here, as 1F1B intends
         grads[m] = Tensor();
         break;
+      }
       case PipeAction::Kind::SendGrad:
         send_tensor(inputs[m].grad(), s - 1, tag_of(a.micro, 1));
         inputs[m] = Tensor();

@@ -7,6 +7,7 @@
 #include <memory>
 #include <vector>
 
+#include "braid/distributed/data_parallel.h"
 #include "braid/distributed/process_group.h"
 #include "braid/distributed/schedule.h"
 #include "braid/nn/module.h"
@@ -16,11 +17,31 @@ namespace braid::distributed {
 /// loss(output, target) of one micro-batch, reduced to a scalar by its mean.
 using PipeLoss = std::function<Tensor(const Tensor& output, const Tensor& target)>;
 
+struct PipelineOptions {
+  /// Activation recomputation (GPipe's re-materialisation): forward keeps only the stage's input
+  /// per micro-batch and backward runs the stage's forward again. Stages with random layers
+  /// (dropout) would draw new masks on the second run; not supported yet.
+  bool recompute = false;
+  /// Data x pipeline: the stage's DistributedDataParallel over the ranks that hold the same stage
+  /// in the other replicas (see make_grid). Gradients are all-reduced once per mini-batch, during
+  /// the stage's last backward.
+  DistributedDataParallel* data_parallel = nullptr;
+};
+
+/// The two groups of a D x K grid of ranks (D = world size / K replicas of a K-stage pipeline):
+/// rank r is stage r % K of replica r / K. `pipeline` holds one replica's K stages, `data` the D
+/// ranks that hold the same stage.
+struct Grid {
+  ProcessGroupPtr pipeline, data;
+  int replica = 0, stage = 0;
+};
+Grid make_grid(int pipeline_stages, ProcessGroupPtr world_group = nullptr);
+
 class PipelineStage {
  public:
   /// module: this rank's stage; group: the pipeline's ranks, stage s = group rank s. Collective
   /// only in train_step (every stage calls it with the same schedule).
-  PipelineStage(std::shared_ptr<nn::Module> module, ProcessGroupPtr group);
+  PipelineStage(std::shared_ptr<nn::Module> module, ProcessGroupPtr group, const PipelineOptions& options = {});
 
   /// Runs one mini-batch by schedule: the first stage splits input, the last splits target, into
   /// schedule.micro_batches equal parts along axis 0; each micro-batch's loss is scaled by 1/M so
@@ -32,6 +53,9 @@ class PipelineStage {
   int stage() const { return group_->rank(); }
   int stages() const { return group_->size(); }
   nn::Module& module() { return *module_; }
+  /// The most bytes of tensor storage alive during the latest train_step, less what was alive at
+  /// its start (activations, gradients and buffers of the step).
+  int64_t last_peak_bytes() const { return peak_bytes_; }
 
  private:
   void send_tensor(const Tensor& t, int to, int tag);
@@ -39,6 +63,8 @@ class PipelineStage {
 
   std::shared_ptr<nn::Module> module_;
   ProcessGroupPtr group_;
+  PipelineOptions options_;
+  int64_t peak_bytes_ = 0;
   std::vector<WorkPtr> pending_sends_;
   std::vector<Tensor> send_buffers_;
 };
