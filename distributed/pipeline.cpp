@@ -3,6 +3,7 @@
 // need not know each other's shapes in advance.
 #include "braid/distributed/pipeline.h"
 
+#include <chrono>
 #include <optional>
 
 #include "braid/autograd.h"
@@ -98,11 +99,21 @@ double PipelineStage::train_step(const PipeSchedule& schedule, const Tensor& inp
   size_t last_backward = 0;
   for (size_t i = 0; i < actions.size(); ++i)
     if (actions[i].kind == PipeAction::Kind::Backward) last_backward = i;
+  // Note [Timeline clock]
+  // Events carry steady-clock times, which all processes of one node share, so that the gathered
+  // timeline shows real causality (a stage's forward starts after its predecessor's ends);
+  // gather_timeline() subtracts the earliest start. Across nodes the clocks are not aligned.
+  group_->barrier();
+  auto since = [] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  };
+  events_.clear();
   const int64_t base_bytes = Storage::live_bytes();
   peak_bytes_ = 0;
   auto note_memory = [&] { peak_bytes_ = std::max(peak_bytes_, Storage::live_bytes() - base_bytes); };
   for (size_t i = 0; i < actions.size(); ++i) {
     const PipeAction& a = actions[i];
+    events_.push_back({s, a, since(), 0});
     const size_t m = static_cast<size_t>(std::max(a.micro, 0));
     switch (a.kind) {
       case PipeAction::Kind::RecvActivation:
@@ -150,6 +161,7 @@ double PipelineStage::train_step(const PipeSchedule& schedule, const Tensor& inp
       case PipeAction::Kind::Update:
         break;  // the caller steps its optimizer after train_step
     }
+    events_.back().end = since();
   }
   for (auto& w : pending_sends_) w->wait();
   pending_sends_.clear();
@@ -157,6 +169,49 @@ double PipelineStage::train_step(const PipeSchedule& schedule, const Tensor& inp
   Tensor l = full({1}, loss_sum, kFloat64);
   group_->broadcast(l, k - 1);
   return l.item();
+}
+
+PipeTimeline PipelineStage::gather_timeline() {
+  // Each stage's events as rows (stage, kind, micro, start, end), padded to the longest list.
+  Tensor count = full({1}, static_cast<double>(events_.size()), kInt64);
+  const auto counts = group_->all_gather(count).to_vector<int64_t>();
+  int64_t longest = 0;
+  for (int64_t c : counts) longest = std::max(longest, c);
+  Tensor rows = zeros({std::max<int64_t>(longest, 1), 5}, kFloat64);
+  auto* r = rows.data<double>();
+  for (size_t i = 0; i < events_.size(); ++i) {
+    const PipeEvent& e = events_[i];
+    r[5 * i + 0] = e.stage;
+    r[5 * i + 1] = static_cast<double>(e.action.kind);
+    r[5 * i + 2] = e.action.micro;
+    r[5 * i + 3] = e.start;
+    r[5 * i + 4] = e.end;
+  }
+  const auto all = group_->all_gather(rows).to_vector<double>();
+  PipeTimeline t;
+  t.stages = group_->size();
+  double busy = 0;
+  for (int s = 0; s < t.stages; ++s) {
+    for (int64_t i = 0; i < counts[static_cast<size_t>(s)]; ++i) {
+      const double* x = &all[static_cast<size_t>((s * std::max<int64_t>(longest, 1) + i) * 5)];
+      PipeEvent e{static_cast<int>(x[0]), {static_cast<PipeAction::Kind>(static_cast<int>(x[1])), static_cast<int>(x[2])},
+                  x[3], x[4]};
+      t.makespan = std::max(t.makespan, e.end);
+      if (e.action.kind == PipeAction::Kind::Forward || e.action.kind == PipeAction::Kind::Backward)
+        busy += e.end - e.start;
+      t.events.push_back(e);
+    }
+  }
+  double zero = t.events.empty() ? 0.0 : t.events.front().start;
+  for (const PipeEvent& e : t.events) zero = std::min(zero, e.start);
+  t.makespan = 0;
+  for (PipeEvent& e : t.events) {
+    e.start -= zero;
+    e.end -= zero;
+    t.makespan = std::max(t.makespan, e.end);
+  }
+  t.bubble_fraction = t.makespan > 0 ? 1.0 - busy / (t.stages * t.makespan) : 0.0;
+  return t;
 }
 
 }  // namespace braid::distributed

@@ -1,6 +1,8 @@
 // Pipeline execution, run plainly (one stage) and under `mpiexec -n 2` and `-n 4` (2 and 4 stages):
 // GPipe and 1F1B with 1, 4 and 8 micro-batches must give, after a few steps, the weights of
 // single-process training of the same model on the same mini-batches (computed on every rank).
+#include <fstream>
+#include <iterator>
 #include <map>
 
 #include "braid/distributed/pipeline.h"
@@ -145,6 +147,49 @@ TEST_F(Pipeline, DataTimesPipelineGridEqualsOneProcess) {
   for (const auto& [name, t] : stage->state_dict())
     EXPECT_LE(amax(abs(t - ref_state.at(name))).item(), 1e-10) << "replica " << grid.replica << " stage " << grid.stage
                                                                 << ": " << name;
+}
+
+TEST_F(Pipeline, TimelineIsCausalAndWritesTraceAndGantt) {
+  auto group = world();
+  const int k = group->size(), s = group->rank(), m = 4;
+  auto stage = stage_of(*full_model(kFloat64), s, k);
+  PipelineStage pipe(stage, group);
+  auto [x, y] = batch(0, kFloat64);
+  const PipeSchedule sched = one_f_one_b_schedule(k, m);
+  pipe.train_step(sched, x, y, ce);
+  const PipeTimeline t = pipe.gather_timeline();
+  size_t actions = 0;
+  for (const auto& a : sched.actions) actions += a.size();
+  ASSERT_EQ(t.events.size(), actions);
+  auto find = [&](int st, PipeAction::Kind kind, int micro) {
+    for (const PipeEvent& e : t.events)
+      if (e.stage == st && e.action.kind == kind && e.action.micro == micro) return e;
+    ADD_FAILURE() << "no event for stage " << st;
+    return PipeEvent{};
+  };
+  for (int st = 0; st + 1 < k; ++st)
+    for (int mb = 0; mb < m; ++mb) {
+      // Stage st + 1 cannot start forward mb before stage st has finished it, nor stage st start
+      // backward mb before stage st + 1 has finished it.
+      EXPECT_GE(find(st + 1, PipeAction::Kind::Forward, mb).start, find(st, PipeAction::Kind::Forward, mb).end);
+      EXPECT_GE(find(st, PipeAction::Kind::Backward, mb).start, find(st + 1, PipeAction::Kind::Backward, mb).end);
+    }
+  EXPECT_GE(t.bubble_fraction, 0.0);
+  EXPECT_LT(t.bubble_fraction, 1.0);
+  if (s == 0) {
+    const std::string dir = ::testing::TempDir();
+    t.write_chrome_trace(dir + "braid_pipeline_trace.json");
+    t.write_gantt_svg(dir + "braid_pipeline_gantt.svg", "1F1B");
+    std::ifstream trace(dir + "braid_pipeline_trace.json");
+    const std::string text((std::istreambuf_iterator<char>(trace)), std::istreambuf_iterator<char>());
+    EXPECT_EQ(text.rfind("{\"traceEvents\": [", 0), 0u);
+    EXPECT_NE(text.find("\"name\": \"B" + std::to_string(m - 1) + "\""), std::string::npos);
+    EXPECT_NE(text.find("\"args\": {\"name\": \"stage " + std::to_string(k - 1) + "\"}"), std::string::npos);
+    std::ifstream svg(dir + "braid_pipeline_gantt.svg");
+    const std::string pic((std::istreambuf_iterator<char>(svg)), std::istreambuf_iterator<char>());
+    EXPECT_NE(pic.find("<svg"), std::string::npos);
+    EXPECT_NE(pic.find("bubble"), std::string::npos);
+  }
 }
 
 TEST_F(Pipeline, WrongMicroBatchSplitIsAnErrorNamingTheShape) {

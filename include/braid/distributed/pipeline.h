@@ -4,6 +4,7 @@
 #pragma once
 
 #include <functional>
+#include <string>
 #include <memory>
 #include <vector>
 
@@ -37,6 +38,28 @@ struct Grid {
 };
 Grid make_grid(int pipeline_stages, ProcessGroupPtr world_group = nullptr);
 
+/// One action of one stage in a step, in seconds: steady-clock time in last_events(), since the
+/// step's earliest event in a gathered PipeTimeline (Note [Timeline clock]).
+struct PipeEvent {
+  int stage = 0;
+  PipeAction action;
+  double start = 0, end = 0;
+};
+
+/// Every stage's events of a step, gathered.
+struct PipeTimeline {
+  std::vector<PipeEvent> events;
+  int stages = 0;
+  double makespan = 0;
+  /// 1 - (time in forward and backward) / (stages x makespan): the measured bubble.
+  double bubble_fraction = 0;
+  /// Chrome trace format (chrome://tracing, Perfetto): one track per stage.
+  void write_chrome_trace(const std::string& path) const;
+  /// A Gantt chart: one row per stage, forward and backward boxes labelled by micro-batch,
+  /// transfers and waits in grey, idle time blank.
+  void write_gantt_svg(const std::string& path, const std::string& title) const;
+};
+
 class PipelineStage {
  public:
   /// module: this rank's stage; group: the pipeline's ranks, stage s = group rank s. Collective
@@ -56,6 +79,11 @@ class PipelineStage {
   /// The most bytes of tensor storage alive during the latest train_step, less what was alive at
   /// its start (activations, gradients and buffers of the step).
   int64_t last_peak_bytes() const { return peak_bytes_; }
+  /// This stage's events of the latest train_step.
+  const std::vector<PipeEvent>& last_events() const { return events_; }
+  /// Gathers every stage's events of the latest train_step (collective over the pipeline group;
+  /// every stage gets the whole timeline).
+  PipeTimeline gather_timeline();
 
  private:
   void send_tensor(const Tensor& t, int to, int tag);
@@ -65,6 +93,7 @@ class PipelineStage {
   ProcessGroupPtr group_;
   PipelineOptions options_;
   int64_t peak_bytes_ = 0;
+  std::vector<PipeEvent> events_;
   std::vector<WorkPtr> pending_sends_;
   std::vector<Tensor> send_buffers_;
 };
