@@ -153,6 +153,22 @@ PartitionPlan partition(const std::vector<LayerProfile>& layers, int stages, con
   return plan;
 }
 
+std::shared_ptr<nn::Sequential> slice_layers(const nn::Sequential& model, int begin, int end) {
+  const auto children = model.named_children();
+  BRAID_CHECK(0 <= begin && begin < end && end <= static_cast<int>(children.size()), "slice_layers: layers [", begin,
+              ", ", end, ") are not within the model's ", children.size());
+  auto stage = std::make_shared<nn::Sequential>();
+  for (int i = begin; i < end; ++i) stage->add(children[static_cast<size_t>(i)].second, children[static_cast<size_t>(i)].first);
+  return stage;
+}
+
+std::shared_ptr<nn::Sequential> stage_layers(const nn::Sequential& model, const PartitionPlan& plan, int stage) {
+  const int k = static_cast<int>(plan.first_layer.size());
+  BRAID_CHECK(stage >= 0 && stage < k, "stage_layers: stage ", stage, " of a ", k, "-stage plan");
+  const int end = stage + 1 < k ? plan.first_layer[static_cast<size_t>(stage + 1)] : static_cast<int>(model.size());
+  return slice_layers(model, plan.first_layer[static_cast<size_t>(stage)], end);
+}
+
 std::string PartitionPlan::str(const std::vector<LayerProfile>& layers) const {
   std::ostringstream os;
   const int n = static_cast<int>(layers.size());

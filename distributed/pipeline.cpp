@@ -171,6 +171,20 @@ double PipelineStage::train_step(const PipeSchedule& schedule, const Tensor& inp
   return l.item();
 }
 
+Tensor PipelineStage::forward(const Tensor& input) {
+  NoGradGuard no_grad;
+  const int s = stage(), k = stages();
+  constexpr int kInferenceTag = 8000;  // apart from train_step's 4 tags per micro-batch
+  Tensor x = s == 0 ? input : recv_tensor(s - 1, kInferenceTag);
+  Tensor out = module_->forward(x);
+  if (s == k - 1) return out;
+  send_tensor(out, s + 1, kInferenceTag);
+  for (auto& w : pending_sends_) w->wait();
+  pending_sends_.clear();
+  send_buffers_.clear();
+  return Tensor();
+}
+
 PipeTimeline PipelineStage::gather_timeline() {
   // Each stage's events as rows (stage, kind, micro, start, end), padded to the longest list.
   Tensor count = full({1}, static_cast<double>(events_.size()), kInt64);

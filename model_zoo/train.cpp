@@ -20,6 +20,7 @@
 #include "models.h"
 #include "plot.h"
 #include "progress.h"
+#include "train_pipeline.h"
 
 using namespace braid;
 
@@ -28,7 +29,7 @@ namespace {
 struct Args {
   std::string model = "cnn", data = "/usr/share/datasets/fashion-mnist", out = "runs/fashion-mnist";
   std::string optimizer = "adam", resume;
-  int64_t epochs = 3, batch_size = 64, limit = 0, threads = 0, sync_bn = 0;
+  int64_t epochs = 3, batch_size = 64, limit = 0, threads = 0, sync_bn = 0, pipeline_stages = 1, micro_batches = 4;
   double lr = 0;  // 0: the optimizer's default below
   double bucket_mb = 25;
   uint64_t seed = 0;
@@ -40,6 +41,7 @@ void usage() {
       "                   [--optimizer adam|sgd] [--lr X] [--seed N] [--out DIR] [--resume CKPT]\n"
       "                   [--limit N (train on the first N images)] [--threads N (per rank)]\n"
       "                   [--sync-bn 0|1 (BatchNorm statistics over all ranks)] [--bucket-mb X]\n"
+      "                   [--pipeline-stages K (cut the model into K stages, 1F1B)] [--micro-batches M]\n"
       "--batch-size is the global batch; under mpiexec -n N each rank takes batch-size / N of it.\n");
 }
 
@@ -48,7 +50,8 @@ Args parse(int argc, char** argv) {
   std::map<std::string, std::string*> strings{{"--model", &a.model}, {"--data", &a.data}, {"--out", &a.out},
                                              {"--optimizer", &a.optimizer}, {"--resume", &a.resume}};
   std::map<std::string, int64_t*> ints{{"--epochs", &a.epochs}, {"--batch-size", &a.batch_size},
-                                      {"--limit", &a.limit}, {"--threads", &a.threads}, {"--sync-bn", &a.sync_bn}};
+                                      {"--limit", &a.limit}, {"--threads", &a.threads}, {"--sync-bn", &a.sync_bn},
+                                      {"--pipeline-stages", &a.pipeline_stages}, {"--micro-batches", &a.micro_batches}};
   for (int i = 1; i < argc; ++i) {
     std::string k = argv[i];
     if (k == "--help" || k == "-h") {
@@ -124,6 +127,17 @@ int run(int argc, char** argv) {
   auto test_set = data::load_mnist(args.data, false);
   // Fashion-MNIST's pixel mean and standard deviation over the training set.
   auto normalize = std::make_shared<data::Normalize>(std::vector<double>{0.2860}, std::vector<double>{0.3530});
+  if (args.pipeline_stages > 1) {
+    BRAID_CHECK(args.resume.empty(), "braid-train: --resume is not supported with --pipeline-stages yet");
+    BRAID_CHECK(world.size % args.pipeline_stages == 0, "braid-train: ", world.size, " ranks do not divide into ",
+                "pipelines of ", args.pipeline_stages, " stages (launch with mpiexec -n ", args.pipeline_stages, ")");
+    zoo::PipelineRun r;
+    r.model = args.model, r.optimizer = args.optimizer, r.out = args.out;
+    r.epochs = args.epochs, r.batch_size = args.batch_size, r.stages = args.pipeline_stages;
+    r.micro_batches = args.micro_batches, r.lr = args.lr, r.seed = args.seed;
+    r.train_set = train_set, r.test_set = test_set, r.normalize = normalize;
+    return zoo::train_pipeline(r);
+  }
   // Each rank takes its shard of every global batch (Note [Sharding rule] in braid/data/loader.h);
   // the last, short global batch is left out so that every step averages equal shares.
   data::DataLoaderOptions train_opts;

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include <memory>
+
 #include "braid/nn/module.h"
 
 namespace braid::distributed {
@@ -47,5 +49,12 @@ struct PartitionPlan {
 /// The cuts into stages (every stage gets at least one layer) that minimise the slowest stage.
 /// Throws ValueError when the limit cannot be met, naming the smallest memory any plan needs.
 PartitionPlan partition(const std::vector<LayerProfile>& layers, int stages, const PartitionOptions& options = {});
+
+/// Layers [begin, end) of model as a Sequential that shares them, under their names in model
+/// ("3.weight" stays "3.weight"), so that state dicts of a stage match the whole model's.
+std::shared_ptr<nn::Sequential> slice_layers(const nn::Sequential& model, int begin, int end);
+
+/// Stage s of plan, as slice_layers.
+std::shared_ptr<nn::Sequential> stage_layers(const nn::Sequential& model, const PartitionPlan& plan, int stage);
 
 }  // namespace braid::distributed

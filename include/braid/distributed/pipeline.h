@@ -73,6 +73,10 @@ class PipelineStage {
   /// Returns the mini-batch's mean loss on every stage.
   double train_step(const PipeSchedule& schedule, const Tensor& input, const Tensor& target, const PipeLoss& loss);
 
+  /// Inference through the pipeline (no autograd): the first stage takes input, the last returns
+  /// the model's output; the other stages return an undefined tensor. Collective over the group.
+  Tensor forward(const Tensor& input);
+
   int stage() const { return group_->rank(); }
   int stages() const { return group_->size(); }
   nn::Module& module() { return *module_; }

@@ -1,0 +1,189 @@
+// braid-train --pipeline-stages K: see train_pipeline.h. Metrics are the job's (reduced over the
+// ranks, each replica counted once); the first replica's stages write one checkpoint per stage,
+// and the first replica's pipeline writes its timeline (Chrome trace and Gantt chart) once.
+#include "train_pipeline.h"
+
+#include <cstdio>
+#include <fstream>
+
+#include "braid/checkpoint.h"
+#include "braid/distributed.h"
+#include "braid/distributed/partition.h"
+#include "braid/distributed/pipeline.h"
+#include "braid/nn/loss.h"
+#include "braid/ops.h"
+#include "braid/optim.h"
+#include "braid/random.h"
+#include "models.h"
+#include "plot.h"
+#include "progress.h"
+
+namespace braid::zoo {
+
+namespace {
+
+std::vector<double> sum_over_world(const std::vector<double>& values) {
+  Tensor t = zeros({static_cast<int64_t>(values.size())}, kFloat64);
+  for (size_t i = 0; i < values.size(); ++i) t.data<double>()[i] = values[i];
+  distributed::world()->all_reduce(t, distributed::ReduceOp::Sum);
+  return t.to_vector<double>();
+}
+
+Tensor cross_entropy_loss(const Tensor& out, const Tensor& y) { return nn::cross_entropy(out, y); }
+
+}  // namespace
+
+int train_pipeline(const PipelineRun& r) {
+  using namespace distributed;
+  const auto& w = world_info();
+  const bool lead = w.rank == 0;
+  const int k = static_cast<int>(r.stages);
+  Grid grid = make_grid(k);
+  const int d = grid.data->size();
+  BRAID_CHECK(r.batch_size % (static_cast<int64_t>(d) * r.micro_batches) == 0, "braid-train: --batch-size ",
+              r.batch_size, " must divide into ", d, " replicas x ", r.micro_batches, " micro-batches");
+  manual_seed(r.seed);
+  auto seq = std::dynamic_pointer_cast<nn::Sequential>(make_model(r.model, 1, 10));
+  BRAID_CHECK(seq != nullptr, "braid-train: --pipeline-stages needs a Sequential model");
+  BRAID_CHECK(static_cast<int>(seq->size()) >= k, "braid-train: model ", r.model, " has ", seq->size(),
+              " layers, fewer than ", k, " stages");
+
+  // The plan: rank 0 profiles one micro-batch on a copy (profiling runs BatchNorm in training
+  // mode, which would move the real model's statistics) and every rank takes its cuts.
+  Tensor cuts = zeros({k - 1}, kInt64);
+  const int64_t micro = r.batch_size / d / r.micro_batches;
+  if (lead) {
+    auto copy = std::dynamic_pointer_cast<nn::Sequential>(make_model(r.model, 1, 10));
+    Generator g(r.seed + 17);
+    const auto profile = profile_layers(*copy, randn({micro, 1, 28, 28}, kFloat32, &g));
+    PartitionOptions o;
+    o.micro_batches_in_flight = k;  // 1F1B keeps at most K micro-batches alive on stage 0
+    const PartitionPlan plan = partition(profile, k, o);
+    std::printf("braid-train: pipeline of %d stages x %d replicas, %lld micro-batches of %lld; plan:\n%s\n", k, d,
+                static_cast<long long>(r.micro_batches), static_cast<long long>(micro), plan.str(profile).c_str());
+    for (int s = 1; s < k; ++s) cuts.data<int64_t>()[s - 1] = plan.first_layer[static_cast<size_t>(s)];
+  }
+  world()->broadcast(cuts, 0);
+  manual_seed(r.seed + 1);  // every rank's generator in the same state, whoever profiled
+  PartitionPlan plan;
+  plan.first_layer.push_back(0);
+  for (int64_t c : cuts.to_vector<int64_t>()) plan.first_layer.push_back(static_cast<int>(c));
+  auto stage = stage_layers(*seq, plan, grid.stage);
+
+  std::unique_ptr<DistributedDataParallel> ddp;
+  if (d > 1) ddp = std::make_unique<DistributedDataParallel>(stage, grid.data);
+  PipelineOptions po;
+  po.data_parallel = ddp.get();
+  PipelineStage pipe(stage, grid.pipeline, po);
+  std::unique_ptr<optim::Optimizer> opt;
+  if (r.optimizer == "adam") {
+    opt = std::make_unique<optim::Adam>(stage->parameters(), optim::AdamOptions{.lr = r.lr});
+  } else {
+    opt = std::make_unique<optim::SGD>(
+        stage->parameters(), optim::SGDOptions{.lr = r.lr, .momentum = 0.9, .weight_decay = 5e-4, .nesterov = true});
+  }
+
+  data::DataLoaderOptions train_opts;
+  train_opts.batch_size = r.batch_size / d;
+  train_opts.shuffle = true;
+  train_opts.drop_last = true;
+  train_opts.seed = r.seed;
+  train_opts.transforms = {r.normalize};
+  train_opts.num_shards = d;
+  train_opts.shard = grid.replica;
+  data::DataLoader train_loader(r.train_set, train_opts);
+  data::DataLoaderOptions test_opts;
+  test_opts.batch_size = 500;
+  test_opts.transforms = {r.normalize};
+  test_opts.num_shards = d;
+  test_opts.shard = grid.replica;
+  data::DataLoader test_loader(r.test_set, test_opts);
+
+  const int64_t steps_per_epoch = train_loader.num_batches(), total = steps_per_epoch * r.epochs;
+  optim::CosineWithWarmup schedule(*opt, std::min<int64_t>(200, total / 10), total, r.lr * 0.01);
+  const PipeSchedule sched = one_f_one_b_schedule(k, static_cast<int>(r.micro_batches));
+  std::ofstream log;
+  if (lead) log.open(r.out + "/log.csv", std::ios::trunc);
+  if (lead) log << "step,epoch,train_loss,test_loss,test_accuracy,lr\n";
+  Series train_loss{"train loss", {}, {}, "#1f77b4"}, test_loss{"test loss", {}, {}, "#d62728"};
+  Series test_acc{"test accuracy", {}, {}, "#d62728"};
+  double final_accuracy = 0;
+  int64_t step = 0;
+  stage->train();
+  while (train_loader.epoch() < r.epochs) {
+    const int64_t epoch = train_loader.epoch();
+    std::unique_ptr<ProgressBar> bar;
+    if (lead) bar = std::make_unique<ProgressBar>("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(r.epochs),
+                                                  steps_per_epoch, "img");
+    double local = 0, job_loss = 0, job_seen = 0;
+    int64_t window = 0;
+    data::Batch b;
+    while (train_loader.next(b)) {
+      opt->zero_grad();
+      const double l = pipe.train_step(sched, b.input, b.target, cross_entropy_loss);
+      opt->step();
+      schedule.step();
+      ++step;
+      local += l;
+      ++window;
+      if (step == 10) {  // a step after warm-up, drawn once
+        const PipeTimeline t = pipe.gather_timeline();
+        if (lead) {
+          t.write_chrome_trace(r.out + "/pipeline_trace.json");
+          t.write_gantt_svg(r.out + "/pipeline_gantt.svg", "braid-train " + r.model + ", 1F1B, K=" +
+                                                               std::to_string(k) + ", M=" + std::to_string(r.micro_batches));
+        }
+      }
+      if (window == 20 || b.index + 1 == steps_per_epoch) {
+        // Every rank of a replica holds the same loss: count each replica once.
+        const auto tot = sum_over_world({local * static_cast<double>(b.input.size(0)) / k,
+                                         static_cast<double>(window * b.input.size(0)) / k});
+        job_loss += tot[0];
+        job_seen += tot[1];
+        train_loss.x.push_back(static_cast<double>(step) / static_cast<double>(steps_per_epoch));
+        train_loss.y.push_back(tot[0] / tot[1]);
+        local = 0;
+        window = 0;
+        if (bar) bar->update(b.index + 1, static_cast<int64_t>(job_seen), {{"loss", job_loss / job_seen}});
+      }
+    }
+    if (bar) bar->finish({{"loss", job_loss / std::max(job_seen, 1.0)}});
+    // Evaluation: each replica's last stage scores its shard of the test set.
+    stage->eval();
+    double loss = 0, correct = 0, seen = 0;
+    while (test_loader.next(b)) {
+      if (b.input.size(0) == 0) continue;
+      Tensor out = pipe.forward(b.input);
+      if (!out.defined()) continue;
+      loss += nn::cross_entropy(out, b.target, Tensor(), -100, "sum").item();
+      correct += sum(eq(argmax(out, 1), b.target)).item();
+      seen += static_cast<double>(b.input.size(0));
+    }
+    stage->train();
+    const auto ev = sum_over_world({loss, correct, seen});
+    final_accuracy = ev[1] / ev[2];
+    if (grid.replica == 0) {
+      Checkpoint ck;
+      store_state(ck, "model.", *stage);
+      store_state(ck, "optim.", *opt);
+      ck.integers["step"] = step;
+      save_checkpoint(r.out + "/checkpoint.stage" + std::to_string(grid.stage) + ".braid", ck);
+    }
+    if (!lead) continue;
+    std::printf("epoch %lld: train loss %.4f | test loss %.4f acc %.4f\n", static_cast<long long>(epoch + 1),
+                job_loss / job_seen, ev[0] / ev[2], final_accuracy);
+    log << step << "," << epoch + 1 << "," << job_loss / job_seen << "," << ev[0] / ev[2] << "," << final_accuracy << ","
+        << schedule.get_last_lr()[0] << "\n";
+    log.flush();
+    test_loss.x.push_back(static_cast<double>(epoch + 1)), test_loss.y.push_back(ev[0] / ev[2]);
+    test_acc.x.push_back(static_cast<double>(epoch + 1)), test_acc.y.push_back(final_accuracy);
+  }
+  if (!lead) return 0;
+  write_svg_chart(r.out + "/curves.svg", "braid-train: " + r.model + ", " + std::to_string(k) + "-stage pipeline",
+                  {{"cross-entropy", {train_loss, test_loss}}, {"accuracy", {test_acc}}});
+  std::printf("final test accuracy %.4f; per-stage checkpoints %s/checkpoint.stage<s>.braid, timeline %s/pipeline_gantt.svg\n",
+              final_accuracy, r.out.c_str(), r.out.c_str());
+  return 0;
+}
+
+}  // namespace braid::zoo

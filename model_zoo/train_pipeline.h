@@ -1,0 +1,26 @@
+// braid-train's pipeline mode (--pipeline-stages K): the model is profiled on rank 0, cut into K
+// stages by the partitioner, and trained with 1F1B over micro-batches; with more ranks than K the
+// stages are also replicated data-parallel (a D x K grid).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "braid/data.h"
+
+namespace braid::zoo {
+
+struct PipelineRun {
+  std::string model, optimizer, out;
+  int64_t epochs = 3, batch_size = 64, stages = 2, micro_batches = 4;
+  double lr = 2e-3;
+  uint64_t seed = 0;
+  std::shared_ptr<data::TensorDataset> train_set, test_set;
+  std::shared_ptr<const data::Transform> normalize;
+};
+
+/// Trains and evaluates; returns the process exit code. Collective over the world.
+int train_pipeline(const PipelineRun& run);
+
+}  // namespace braid::zoo
