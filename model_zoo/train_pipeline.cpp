@@ -76,7 +76,9 @@ int train_pipeline(const PipelineRun& r) {
   po.data_parallel = ddp.get();
   PipelineStage pipe(stage, grid.pipeline, po);
   std::unique_ptr<optim::Optimizer> opt;
-  if (r.optimizer == "adam") {
+  if (stage->parameters().empty()) {
+    // A stage of parameter-free layers (activations, pooling) has nothing to update.
+  } else if (r.optimizer == "adam") {
     opt = std::make_unique<optim::Adam>(stage->parameters(), optim::AdamOptions{.lr = r.lr});
   } else {
     opt = std::make_unique<optim::SGD>(
@@ -100,7 +102,8 @@ int train_pipeline(const PipelineRun& r) {
   data::DataLoader test_loader(r.test_set, test_opts);
 
   const int64_t steps_per_epoch = train_loader.num_batches(), total = steps_per_epoch * r.epochs;
-  optim::CosineWithWarmup schedule(*opt, std::min<int64_t>(200, total / 10), total, r.lr * 0.01);
+  std::unique_ptr<optim::CosineWithWarmup> schedule;
+  if (opt) schedule = std::make_unique<optim::CosineWithWarmup>(*opt, std::min<int64_t>(200, total / 10), total, r.lr * 0.01);
   const PipeSchedule sched = one_f_one_b_schedule(k, static_cast<int>(r.micro_batches));
   std::ofstream log;
   if (lead) log.open(r.out + "/log.csv", std::ios::trunc);
@@ -119,10 +122,10 @@ int train_pipeline(const PipelineRun& r) {
     int64_t window = 0;
     data::Batch b;
     while (train_loader.next(b)) {
-      opt->zero_grad();
+      if (opt) opt->zero_grad();
       const double l = pipe.train_step(sched, b.input, b.target, cross_entropy_loss);
-      opt->step();
-      schedule.step();
+      if (opt) opt->step();
+      if (schedule) schedule->step();
       ++step;
       local += l;
       ++window;
@@ -165,7 +168,7 @@ int train_pipeline(const PipelineRun& r) {
     if (grid.replica == 0) {
       Checkpoint ck;
       store_state(ck, "model.", *stage);
-      store_state(ck, "optim.", *opt);
+      if (opt) store_state(ck, "optim.", *opt);
       ck.integers["step"] = step;
       save_checkpoint(r.out + "/checkpoint.stage" + std::to_string(grid.stage) + ".braid", ck);
     }
@@ -173,7 +176,7 @@ int train_pipeline(const PipelineRun& r) {
     std::printf("epoch %lld: train loss %.4f | test loss %.4f acc %.4f\n", static_cast<long long>(epoch + 1),
                 job_loss / job_seen, ev[0] / ev[2], final_accuracy);
     log << step << "," << epoch + 1 << "," << job_loss / job_seen << "," << ev[0] / ev[2] << "," << final_accuracy << ","
-        << schedule.get_last_lr()[0] << "\n";
+        << (schedule ? schedule->get_last_lr()[0] : r.lr) << "\n";
     log.flush();
     test_loss.x.push_back(static_cast<double>(epoch + 1)), test_loss.y.push_back(ev[0] / ev[2]);
     test_acc.x.push_back(static_cast<double>(epoch + 1)), test_acc.y.push_back(final_accuracy);

@@ -90,6 +90,47 @@ TEST_F(Pipeline, GPipeAndOneFOneBEqualOneProcess) {
   }
 }
 
+TEST_F(Pipeline, CnnWithBatchNormEqualsOneProcessRunningTheMicroBatchesInTurn) {
+  // BatchNorm in a pipeline sees one micro-batch at a time (GPipe's behaviour): the reference runs
+  // the same micro-batches one after the other in one process, accumulating gradients.
+  auto group = world();
+  const int k = group->size(), s = group->rank(), m = 4;
+  auto cnn = [] {
+    manual_seed(5);
+    auto net = std::make_shared<nn::Sequential>();
+    net->add(std::make_shared<nn::Conv2d>(1, 4, 3, 1, 1, 1, 1, false)).add(std::make_shared<nn::BatchNorm2d>(4));
+    net->add(std::make_shared<nn::ReLU>()).add(std::make_shared<nn::MaxPool2d>(2));
+    net->add(std::make_shared<nn::Flatten>()).add(std::make_shared<nn::Linear>(4 * 3 * 3, 3));
+    net->to(kFloat64);
+    return net;
+  };
+  auto data = [](int step) {
+    Generator g(900 + static_cast<uint64_t>(step));
+    return std::make_pair(randn({16, 1, 6, 6}, kFloat64, &g), randint(0, 3, {16}, kInt64, &g));
+  };
+  auto ref = cnn();
+  optim::Adam ref_opt(ref->parameters(), {.lr = 0.01});
+  auto full = cnn();
+  auto stage = stage_of(*full, s, k);
+  PipelineStage pipe(stage, group);
+  // A stage may hold no parameters at all (ReLU and pooling): it then has nothing to update.
+  std::unique_ptr<optim::Adam> opt;
+  if (!stage->parameters().empty()) opt = std::make_unique<optim::Adam>(stage->parameters(), optim::AdamOptions{.lr = 0.01});
+  for (int step = 0; step < 3; ++step) {
+    auto [x, y] = data(step);
+    ref_opt.zero_grad();
+    for (int mb = 0; mb < m; ++mb)
+      (ce(ref->forward(x.narrow(0, mb * 4, 4)), y.narrow(0, mb * 4, 4)) * (1.0 / m)).backward();
+    ref_opt.step();
+    if (opt) opt->zero_grad();
+    pipe.train_step(one_f_one_b_schedule(k, m), x, y, ce);
+    if (opt) opt->step();
+  }
+  const auto ref_state = ref->state_dict();
+  for (const auto& [name, t] : stage->state_dict())  // running statistics included
+    EXPECT_LE(amax(abs(t.to(kFloat64) - ref_state.at(name).to(kFloat64))).item(), 1e-10) << name;
+}
+
 TEST_F(Pipeline, RecomputationGivesTheSameGradientsWithLessActivationMemory) {
   auto group = world();
   const int k = group->size(), s = group->rank();
