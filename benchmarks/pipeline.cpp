@@ -69,7 +69,7 @@ void bubble(int k, int s) {
       PipelineStage pipe(stage, world());
       const PipeSchedule sched = name == "GPipe" ? gpipe_schedule(k, m) : one_f_one_b_schedule(k, m);
       Generator g(1);
-      Tensor x = randn({32 * m, 256}, kFloat32, &g), y = zeros({32 * m, 256});
+      Tensor x = randn({128 * m, 256}, kFloat32, &g), y = zeros({128 * m, 256});
       std::vector<double> measured;
       for (int step = 0; step < 7; ++step) {
         stage->zero_grad();
