@@ -13,9 +13,11 @@
 #include <cstdio>
 #include <functional>
 #include <limits>
+#include <map>
 #include <sstream>
 
 #include "braid/autograd.h"
+#include "braid/nn/skip.h"
 #include "braid/ops.h"
 
 namespace braid::distributed {
@@ -41,17 +43,31 @@ std::vector<LayerProfile> profile_layers(nn::Sequential& model, const Tensor& sa
   BRAID_CHECK(model.size() >= 1, "profile_layers: the model has no layers");
   std::vector<LayerProfile> out;
   Tensor x = sample_input;
+  // Tensors stashed by SkipStash and not yet used (skip.h): each run of a layer starts from a copy,
+  // and a cut after the layer sends them along with its output.
+  std::map<std::string, Tensor> carried;
+  auto leaf = [](const Tensor& t) {
+    Tensor l = t.detach();
+    if (is_floating(l.dtype())) l.set_requires_grad(true);
+    return l;
+  };
   for (const auto& [name, layer] : model.named_children()) {
     LayerProfile p;
     p.name = name + " " + layer->describe();
     for (const Tensor& w : layer->parameters()) p.parameter_bytes += w.numel() * w.element_size();
-    Tensor in = x.detach();
-    if (is_floating(in.dtype())) in.set_requires_grad(true);
+    Tensor in = leaf(x);
     Tensor y;
+    std::map<std::string, Tensor> left;
+    auto run = [&] {
+      nn::SkipScope scope(carried);
+      Tensor r = layer->forward(in);
+      left = scope.tensors();
+      return r;
+    };
     p.forward_seconds = seconds_of(
         [&] {
           NoGradGuard no_grad;
-          y = layer->forward(in);
+          y = run();
         },
         repeats);
     p.output_bytes = y.numel() * y.element_size();
@@ -60,14 +76,19 @@ std::vector<LayerProfile> profile_layers(nn::Sequential& model, const Tensor& sa
       // Backward alone: the forward that records the graph is outside the timed part.
       std::vector<double> t;
       for (int r = 0; r <= repeats; ++r) {
-        Tensor yr = layer->forward(in);
+        Tensor yr = run();
         const auto start = std::chrono::steady_clock::now();
-        yr.backward(g);
+        if (yr.requires_grad()) yr.backward(g);
         if (r > 0) t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
       }
       std::nth_element(t.begin(), t.begin() + static_cast<long>(t.size() / 2), t.end());
       p.backward_seconds = t[t.size() / 2];
       layer->zero_grad();
+    }
+    carried.clear();
+    for (const auto& [k, v] : left) {
+      carried[k] = leaf(v);
+      p.output_bytes += v.numel() * v.element_size();
     }
     x = y.detach();
     out.push_back(p);

@@ -1,22 +1,51 @@
-// PipelineStage::train_step: one interpreter loop over the schedule's actions for this stage. A
-// tensor crosses a boundary as a small header (dtype and shape) and then its data, so that stages
-// need not know each other's shapes in advance.
+// PipelineStage::train_step: one interpreter loop over the schedule's actions for this stage.
+//
+// Note [Stage boundary messages]
+// What crosses a cut for a micro-batch (StageBoundary: the activation and any skip tensors carried
+// past the cut) travels as one header message (how many tensors; each one's name, dtype and shape)
+// and then one message per tensor, so that stages need not know each other's shapes in advance.
+// Every receive a stage's schedule will need is posted as soon as the step starts (its header), and
+// between actions the stage checks which headers have arrived and posts their data receives at
+// once, so that transfers proceed while the stage computes instead of when the schedule reaches
+// the receive. Tags: each (micro-batch, direction) owns kTagStride tags, the header's first.
 #include "braid/distributed/pipeline.h"
 
 #include <chrono>
+#include <cstring>
+#include <map>
 #include <optional>
 
 #include "braid/autograd.h"
+#include "braid/nn/skip.h"
 #include "braid/ops.h"
+#include "braid/random.h"
 #include "braid/storage.h"
 
 namespace braid::distributed {
 
 namespace {
 constexpr int64_t kMaxDims = 8;
-// Tags: four per micro-batch (activation header and data, gradient header and data).
-int tag_of(int micro, int which) { return 4 * micro + which; }
+constexpr int64_t kMaxTensors = 32;  // activation + skip tensors crossing one cut
+constexpr int64_t kNameWords = 6;    // names of up to 48 bytes
+constexpr int64_t kPerTensor = 2 + kMaxDims + 1 + kNameWords;
+constexpr int64_t kHeaderWords = 1 + kMaxTensors * kPerTensor;
+constexpr int kTagStride = static_cast<int>(kMaxTensors) + 1;
+constexpr int kMaxMicroBatches = 32767 / (2 * kTagStride) - 1;
+constexpr int kInferenceMicro = kMaxMicroBatches;  // PipelineStage::forward's messages
+// The first tag of micro-batch m's activation (which = 0) or gradient (which = 1).
+int tag_of(int micro, int which) { return (2 * micro + which) * kTagStride; }
+
+Tensor zeros_like_any(const Tensor& t) { return zeros(t.shape(), t.dtype()); }
 }  // namespace
+
+struct PipelineStage::Incoming {
+  int from = 0, tag = 0;
+  Tensor header;
+  WorkPtr header_work;
+  bool data_posted = false;
+  StageBoundary boundary;
+  std::vector<WorkPtr> data_work;
+};
 
 Grid make_grid(int pipeline_stages, ProcessGroupPtr world_group) {
   ProcessGroupPtr w = world_group ? std::move(world_group) : world();
@@ -35,15 +64,27 @@ PipelineStage::PipelineStage(std::shared_ptr<nn::Module> module, ProcessGroupPtr
   BRAID_CHECK(module_ != nullptr, "PipelineStage: the module is null");
 }
 
-void PipelineStage::send_tensor(const Tensor& t, int to, int tag) {
-  BRAID_CHECK(t.dim() <= kMaxDims, "PipelineStage: a tensor crossing stages may have at most ", kMaxDims,
-              " axes, got shape ", shape_str(t.shape()));
-  Tensor header = zeros({2 + kMaxDims}, kInt64);
+void PipelineStage::send_boundary(const StageBoundary& b, int to, int tag) {
+  BRAID_CHECK(static_cast<int64_t>(b.tensors.size()) <= kMaxTensors, "PipelineStage (stage ", stage(), "): ",
+              b.tensors.size(), " tensors would cross to stage ", to, " (the activation and ", b.tensors.size() - 1,
+              " skip tensors); at most ", kMaxTensors, " can");
+  Tensor header = zeros({kHeaderWords}, kInt64);
   auto* h = header.data<int64_t>();
-  h[0] = static_cast<int64_t>(t.dtype());
-  h[1] = t.dim();
-  for (int64_t d = 0; d < t.dim(); ++d) h[2 + d] = t.size(d);
-  Tensor data = t.contiguous();
+  h[0] = static_cast<int64_t>(b.tensors.size());
+  for (size_t i = 0; i < b.tensors.size(); ++i) {
+    const Tensor& t = b.tensors[i];
+    const std::string& name = b.names[i];
+    BRAID_CHECK(t.dim() <= kMaxDims, "PipelineStage (stage ", stage(), "): a tensor crossing stages may have at most ",
+                kMaxDims, " axes, '", name, "' has shape ", shape_str(t.shape()));
+    BRAID_CHECK(static_cast<int64_t>(name.size()) <= 8 * kNameWords, "PipelineStage: the skip name '", name,
+                "' is longer than ", 8 * kNameWords, " bytes");
+    int64_t* e = h + 1 + static_cast<int64_t>(i) * kPerTensor;
+    e[0] = static_cast<int64_t>(t.dtype());
+    e[1] = t.dim();
+    for (int64_t d = 0; d < t.dim(); ++d) e[2 + d] = t.size(d);
+    e[2 + kMaxDims] = static_cast<int64_t>(name.size());
+    std::memcpy(e + 3 + kMaxDims, name.data(), name.size());
+  }
   // Sends that have completed give their buffers back, so that an activation lives no longer than
   // its transfer.
   for (size_t i = 0; i < pending_sends_.size();) {
@@ -55,21 +96,71 @@ void PipelineStage::send_tensor(const Tensor& t, int to, int tag) {
       ++i;
     }
   }
-  pending_sends_.push_back(group_->isend(header, to, 2 * tag));
+  pending_sends_.push_back(group_->isend(header, to, tag));
   send_buffers_.push_back(header);
-  pending_sends_.push_back(group_->isend(data, to, 2 * tag + 1));
-  send_buffers_.push_back(data);
+  for (size_t i = 0; i < b.tensors.size(); ++i) {
+    Tensor data = b.tensors[i].contiguous();
+    pending_sends_.push_back(group_->isend(data, to, tag + 1 + static_cast<int>(i)));
+    send_buffers_.push_back(data);
+  }
 }
 
-Tensor PipelineStage::recv_tensor(int from, int tag) {
-  Tensor header = zeros({2 + kMaxDims}, kInt64);
-  group_->recv(header, from, 2 * tag);
-  const auto* h = header.data<int64_t>();
-  Shape shape(static_cast<size_t>(h[1]));
-  for (int64_t d = 0; d < h[1]; ++d) shape[static_cast<size_t>(d)] = h[2 + d];
-  Tensor t = empty(shape, static_cast<DType>(h[0]));
-  group_->recv(t, from, 2 * tag + 1);
-  return t;
+std::shared_ptr<PipelineStage::Incoming> PipelineStage::post_receive(int from, int tag) {
+  auto in = std::make_shared<Incoming>();
+  in->from = from;
+  in->tag = tag;
+  in->header = zeros({kHeaderWords}, kInt64);
+  in->header_work = group_->irecv(in->header, from, tag);
+  return in;
+}
+
+void PipelineStage::post_data(Incoming& in) {
+  in.header_work->wait();
+  const auto* h = in.header.data<int64_t>();
+  BRAID_ASSERT(h[0] >= 1 && h[0] <= kMaxTensors, "PipelineStage: a boundary header from stage ", in.from,
+               " announces ", h[0], " tensors");
+  for (int64_t i = 0; i < h[0]; ++i) {
+    const int64_t* e = h + 1 + i * kPerTensor;
+    BRAID_ASSERT(e[1] >= 0 && e[1] <= kMaxDims && e[2 + kMaxDims] >= 0 && e[2 + kMaxDims] <= 8 * kNameWords,
+                 "PipelineStage: a malformed boundary header from stage ", in.from);
+    Shape shape(static_cast<size_t>(e[1]));
+    for (int64_t d = 0; d < e[1]; ++d) shape[static_cast<size_t>(d)] = e[2 + d];
+    Tensor t = empty(shape, static_cast<DType>(e[0]));
+    in.boundary.names.emplace_back(reinterpret_cast<const char*>(e + 3 + kMaxDims), static_cast<size_t>(e[2 + kMaxDims]));
+    in.data_work.push_back(group_->irecv(t, in.from, in.tag + 1 + static_cast<int>(i)));
+    in.boundary.tensors.push_back(std::move(t));
+  }
+  in.data_posted = true;
+}
+
+StageBoundary PipelineStage::finish_receive(Incoming& in) {
+  if (!in.data_posted) post_data(in);
+  for (auto& w : in.data_work) w->wait();
+  in.data_work.clear();
+  return std::move(in.boundary);
+}
+
+void PipelineStage::progress(std::vector<std::shared_ptr<Incoming>>& pending) {
+  // Headers that have arrived get their data receives posted now.
+  for (auto& in : pending)
+    if (!in->data_posted && in->header_work->is_completed()) post_data(*in);
+}
+
+StageBoundary PipelineStage::run_module(const StageBoundary& in) {
+  std::map<std::string, Tensor> carried;
+  for (size_t i = 1; i < in.tensors.size(); ++i) carried[in.names[i]] = in.tensors[i];
+  nn::SkipScope scope(std::move(carried));
+  StageBoundary out{{""}, {module_->forward(in.tensors.at(0))}};
+  if (stage() == stages() - 1) {
+    BRAID_CHECK(scope.tensors().empty(), "PipelineStage (last stage ", stage(), "): the model ended with ",
+                scope.tensors().size(), " stashed skip tensor(s) never used, e.g. '", scope.tensors().begin()->first,
+                "'; every SkipStash needs a later SkipAdd or SkipConcat");
+  }
+  for (auto& [name, t] : scope.tensors()) {
+    out.names.push_back(name);
+    out.tensors.push_back(t);
+  }
+  return out;
 }
 
 double PipelineStage::train_step(const PipeSchedule& schedule, const Tensor& input, const Tensor& target,
@@ -77,6 +168,8 @@ double PipelineStage::train_step(const PipeSchedule& schedule, const Tensor& inp
   const int s = stage(), k = stages(), m_count = schedule.micro_batches;
   BRAID_CHECK(schedule.stages == k, "PipelineStage: schedule '", schedule.name, "' is for ", schedule.stages,
               " stages, the group has ", k, " ranks");
+  BRAID_CHECK(m_count >= 1 && m_count <= kMaxMicroBatches, "PipelineStage: schedule '", schedule.name, "' has ",
+              m_count, " micro-batches; 1 to ", kMaxMicroBatches, " are supported");
   const bool first = s == 0, last = s == k - 1;
   auto split = [&](const Tensor& t, int m, const char* what) {
     BRAID_CHECK(t.defined() && t.dim() >= 1 && t.size(0) % m_count == 0, "PipelineStage: the ", what,
@@ -85,15 +178,18 @@ double PipelineStage::train_step(const PipeSchedule& schedule, const Tensor& inp
     const int64_t b = t.size(0) / m_count;
     return t.narrow(0, m * b, b);
   };
-  std::vector<Tensor> inputs(static_cast<size_t>(m_count)), outputs(static_cast<size_t>(m_count)),
-      grads(static_cast<size_t>(m_count));
+  const size_t mc = static_cast<size_t>(m_count);
+  std::vector<StageBoundary> inputs(mc), outputs(mc), grads(mc);
+  // With recomputation, the default generator's state at each micro-batch's forward, replayed when
+  // backward runs that forward again.
+  std::vector<std::pair<uint64_t, uint64_t>> rng_state(mc);
   double loss_sum = 0;
-  // The forward of micro-batch m with autograd recording: the output, or on the last stage the
-  // micro-batch's share of the loss.
+  // The forward of micro-batch m with autograd recording: the stage's outputs, or on the last stage
+  // the micro-batch's share of the loss.
   auto run_forward = [&](int m) {
-    Tensor out = module_->forward(inputs[static_cast<size_t>(m)]);
-    if (!last) return out;
-    return loss(out, split(target, m, "target")) * (1.0 / m_count);
+    StageBoundary out = run_module(inputs[static_cast<size_t>(m)]);
+    if (last) out.tensors[0] = loss(out.tensors[0], split(target, m, "target")) * (1.0 / m_count);
+    return out;
   };
   const auto& actions = schedule.actions.at(static_cast<size_t>(s));
   size_t last_backward = 0;
@@ -104,6 +200,14 @@ double PipelineStage::train_step(const PipeSchedule& schedule, const Tensor& inp
   // timeline shows real causality (a stage's forward starts after its predecessor's ends);
   // gather_timeline() subtracts the earliest start. Across nodes the clocks are not aligned.
   group_->barrier();
+  // Every receive of the step is posted now (Note [Stage boundary messages]).
+  std::vector<std::shared_ptr<Incoming>> incoming_act(mc), incoming_grad(mc), pending;
+  for (const PipeAction& a : actions) {
+    if (a.kind == PipeAction::Kind::RecvActivation)
+      pending.push_back(incoming_act[static_cast<size_t>(a.micro)] = post_receive(s - 1, tag_of(a.micro, 0)));
+    else if (a.kind == PipeAction::Kind::RecvGrad)
+      pending.push_back(incoming_grad[static_cast<size_t>(a.micro)] = post_receive(s + 1, tag_of(a.micro, 1)));
+  }
   auto since = [] {
     return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
   };
@@ -113,56 +217,92 @@ double PipelineStage::train_step(const PipeSchedule& schedule, const Tensor& inp
   auto note_memory = [&] { peak_bytes_ = std::max(peak_bytes_, Storage::live_bytes() - base_bytes); };
   for (size_t i = 0; i < actions.size(); ++i) {
     const PipeAction& a = actions[i];
+    progress(pending);
     events_.push_back({s, a, since(), 0});
     const size_t m = static_cast<size_t>(std::max(a.micro, 0));
     switch (a.kind) {
-      case PipeAction::Kind::RecvActivation:
-        inputs[m] = recv_tensor(s - 1, tag_of(a.micro, 0));
-        inputs[m].set_requires_grad(true);
+      case PipeAction::Kind::RecvActivation: {
+        BRAID_CHECK(incoming_act[m] != nullptr, "PipelineStage: no receive posted for ", a.str());
+        inputs[m] = finish_receive(*incoming_act[m]);
+        std::erase(pending, incoming_act[m]);
+        incoming_act[m] = nullptr;
+        for (Tensor& t : inputs[m].tensors)
+          if (is_floating(t.dtype())) t.set_requires_grad(true);
         break;
+      }
       case PipeAction::Kind::Forward: {
-        if (first) inputs[m] = split(input, a.micro, "input");
-        Tensor out;
+        if (first) inputs[m] = StageBoundary{{""}, {split(input, a.micro, "input")}};
+        StageBoundary out;
         if (options_.recompute) {
+          const Generator& g = default_generator();
+          rng_state[m] = {g.seed(), g.offset()};
           NoGradGuard no_grad;  // keep only the input; backward runs the forward again
           out = run_forward(a.micro);
         } else {
           out = run_forward(a.micro);
-          outputs[m] = out;
         }
-        if (last) loss_sum += out.item();
-        else if (options_.recompute) outputs[m] = out;  // sent below, then dropped
+        if (last) loss_sum += out.tensors[0].item();
+        outputs[m] = std::move(out);  // with recomputation: sent below, then dropped
         note_memory();
         break;
       }
-      case PipeAction::Kind::SendActivation:
-        send_tensor(outputs[m].detach(), s + 1, tag_of(a.micro, 0));
-        if (options_.recompute) outputs[m] = Tensor();
+      case PipeAction::Kind::SendActivation: {
+        StageBoundary detached = outputs[m];
+        for (Tensor& t : detached.tensors) t = t.detach();
+        send_boundary(detached, s + 1, tag_of(a.micro, 0));
+        if (options_.recompute) outputs[m] = StageBoundary();
         break;
+      }
       case PipeAction::Kind::RecvGrad:
-        grads[m] = recv_tensor(s + 1, tag_of(a.micro, 1));
+        BRAID_CHECK(incoming_grad[m] != nullptr, "PipelineStage: no receive posted for ", a.str());
+        grads[m] = finish_receive(*incoming_grad[m]);
+        std::erase(pending, incoming_grad[m]);
+        incoming_grad[m] = nullptr;
         break;
       case PipeAction::Kind::Backward: {
-        if (options_.recompute) outputs[m] = run_forward(a.micro);
+        if (options_.recompute) {
+          Generator& g = default_generator();
+          const std::pair<uint64_t, uint64_t> now{g.seed(), g.offset()};
+          g.set_state(rng_state[m].first, rng_state[m].second);
+          outputs[m] = run_forward(a.micro);
+          g.set_state(now.first, now.second);
+        }
         note_memory();
         // With data parallelism, only the stage's last backward of the mini-batch all-reduces.
         std::optional<DistributedDataParallel::NoSync> no_sync;
         if (options_.data_parallel && i != last_backward) no_sync.emplace(*options_.data_parallel);
-        if (last) outputs[m].backward();
-        else outputs[m].backward(grads[m]);
-        outputs[m] = Tensor();  // the graph of micro-batch m is freed here, as 1F1B intends
-        grads[m] = Tensor();
+        if (last) {
+          outputs[m].tensors[0].backward();
+        } else {
+          BRAID_CHECK(grads[m].tensors.size() == outputs[m].tensors.size(), "PipelineStage (stage ", s,
+                      "): stage ", s + 1, " returned ", grads[m].tensors.size(), " gradients for micro-batch ", a.micro,
+                      ", this stage sent ", outputs[m].tensors.size(), " tensors");
+          std::vector<Tensor> roots, root_grads;
+          for (size_t t = 0; t < outputs[m].tensors.size(); ++t) {
+            if (!outputs[m].tensors[t].requires_grad()) continue;
+            roots.push_back(outputs[m].tensors[t]);
+            root_grads.push_back(grads[m].tensors[t]);
+          }
+          backward(roots, root_grads);
+        }
+        outputs[m] = StageBoundary();  // the graph of micro-batch m is freed here, as 1F1B intends
+        grads[m] = StageBoundary();
         break;
       }
-      case PipeAction::Kind::SendGrad:
-        send_tensor(inputs[m].grad(), s - 1, tag_of(a.micro, 1));
-        inputs[m] = Tensor();
+      case PipeAction::Kind::SendGrad: {
+        StageBoundary g{inputs[m].names, {}};
+        for (const Tensor& t : inputs[m].tensors) g.tensors.push_back(t.grad().defined() ? t.grad() : zeros_like_any(t));
+        send_boundary(g, s - 1, tag_of(a.micro, 1));
+        inputs[m] = StageBoundary();
         break;
+      }
       case PipeAction::Kind::Update:
         break;  // the caller steps its optimizer after train_step
     }
     events_.back().end = since();
   }
+  BRAID_CHECK(pending.empty(), "PipelineStage (stage ", s, "): schedule '", schedule.name,
+              "' left a receive unused");
   for (auto& w : pending_sends_) w->wait();
   pending_sends_.clear();
   send_buffers_.clear();
@@ -174,11 +314,12 @@ double PipelineStage::train_step(const PipeSchedule& schedule, const Tensor& inp
 Tensor PipelineStage::forward(const Tensor& input) {
   NoGradGuard no_grad;
   const int s = stage(), k = stages();
-  constexpr int kInferenceTag = 8000;  // apart from train_step's 4 tags per micro-batch
-  Tensor x = s == 0 ? input : recv_tensor(s - 1, kInferenceTag);
-  Tensor out = module_->forward(x);
-  if (s == k - 1) return out;
-  send_tensor(out, s + 1, kInferenceTag);
+  StageBoundary in;
+  if (s == 0) in = StageBoundary{{""}, {input}};
+  else in = finish_receive(*post_receive(s - 1, tag_of(kInferenceMicro, 0)));
+  StageBoundary out = run_module(in);
+  if (s == k - 1) return out.tensors[0];
+  send_boundary(out, s + 1, tag_of(kInferenceMicro, 0));
   for (auto& w : pending_sends_) w->wait();
   pending_sends_.clear();
   send_buffers_.clear();

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "braid/autograd.h"
+#include "braid/nn/skip.h"
 #include "braid/ops.h"
 
 namespace braid::nn {
@@ -220,9 +221,11 @@ Sequential& Sequential::add(ModulePtr m, const std::string& name) {
 }
 
 Tensor Sequential::forward(const Tensor& x) {
-  Tensor h = x;
-  for (auto& [n, m] : named_children()) h = m->forward(h);
-  return h;
+  return run_in_skip_scope(*this, [&] {
+    Tensor h = x;
+    for (auto& [n, m] : named_children()) h = m->forward(h);
+    return h;
+  });
 }
 
 ModuleList& ModuleList::add(ModulePtr m) {

@@ -1,6 +1,9 @@
 // A data-parallel training job that fails on purpose, for tests/test_distributed_faults.cpp:
 //   dist_fault <scenario>   with scenario throw | sigkill | sigterm | hang | mismatch | launch
 // The last rank fails at step 3 of 50; the other ranks must end promptly with a message naming it.
+//   dist_fault pipeline-throw | pipeline-sigkill
+// A pipeline with one stage per rank (1F1B, 4 micro-batches): stage 1 fails in the forward of
+// micro-batch 2 at step 3, while its neighbours wait on it for activations and gradients.
 #include <unistd.h>
 
 #include <csignal>
@@ -10,11 +13,58 @@
 #include <thread>
 
 #include "braid/distributed.h"
+#include "braid/distributed/pipeline.h"
 #include "braid/nn/nn.h"
 #include "braid/optim.h"
 #include "braid/random.h"
 
 using namespace braid;
+
+namespace {
+
+/// Identity that fails (throws or kills its process) at its n-th forward.
+class FailAt : public nn::Module {
+ public:
+  FailAt(int n, std::string how) : Module("FailAt"), n_(n), how_(std::move(how)) {}
+  Tensor forward(const Tensor& x) override {
+    if (++calls_ == n_) {
+      if (how_ == "pipeline-sigkill") std::raise(SIGKILL);
+      std::string what = "injected failure in stage 1, forward call ";
+      what += std::to_string(n_);
+      throw std::runtime_error(what);
+    }
+    return x;
+  }
+
+ private:
+  int n_, calls_ = 0;
+  std::string how_;
+};
+
+int pipeline_job(const std::string& scenario) {
+  auto world = distributed::world();
+  const int rank = world->rank(), k = world->size(), m = 4;
+  manual_seed(1);
+  auto stage = std::make_shared<nn::Sequential>();
+  stage->add(std::make_shared<nn::Linear>(8, 8)).add(std::make_shared<nn::Tanh>());
+  // Stage 1's 3 * 4 + 3rd forward: step 3, micro-batch 2.
+  if (rank == 1) stage->add(std::make_shared<FailAt>(3 * m + 3, scenario));
+  distributed::PipelineStage pipe(stage, world);
+  optim::SGD opt(stage->parameters(), {.lr = 0.1});
+  Generator gen(7);
+  for (int step = 0; step < 50; ++step) {
+    Tensor x = randn({16, 8}, kFloat32, &gen);
+    Tensor y = randint(0, 8, {16}, kInt64, &gen);
+    opt.zero_grad();
+    pipe.train_step(distributed::one_f_one_b_schedule(k, m), x, y,
+                    [](const Tensor& out, const Tensor& t) { return nn::cross_entropy(out, t); });
+    opt.step();
+  }
+  std::printf("rank %d finished\n", rank);
+  return 0;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   const std::string scenario = argc > 1 ? argv[1] : "";
@@ -29,6 +79,7 @@ int main(int argc, char** argv) {
   if (rank == 0) std::printf("ranks: %s\n", distributed::rank_table().c_str());
   std::fflush(stdout);
   world->barrier();
+  if (scenario.rfind("pipeline", 0) == 0) return pipeline_job(scenario);
 
   manual_seed(1);
   auto model = std::make_shared<nn::Sequential>();

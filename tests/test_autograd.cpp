@@ -18,6 +18,26 @@ TEST(Autograd, AccumulatesWhenATensorIsUsedTwice) {
   EXPECT_EQ(x.grad().to_vector<double>(), (std::vector<double>{5, -1, 9}));
 }
 
+TEST(Autograd, BackwardFromSeveralRootsIsOnePass) {
+  // u = x^2, v = 3u + x (v's graph reaches u's), w = x itself (a leaf root):
+  // d/dx [gu.u + gv.v + gw.w] = gu.2x + gv.(6x + 1) + gw.
+  Tensor x = vec({1, -2, 3}).set_requires_grad();
+  Tensor u = x * x, v = u * 3.0 + x;
+  Tensor gu = vec({1, 2, 3}), gv = vec({-1, 0.5, 2}), gw = vec({10, 20, 30});
+  int fired = 0;
+  add_grad_ready_hook(x, [&] { ++fired; });
+  backward({u, v}, {gu, gv});
+  const auto xs = std::vector<double>{1, -2, 3};
+  const auto a = gu.to_vector<double>(), b = gv.to_vector<double>();
+  auto g = x.grad().to_vector<double>();
+  for (size_t i = 0; i < 3; ++i) EXPECT_DOUBLE_EQ(g[i], a[i] * 2 * xs[i] + b[i] * (6 * xs[i] + 1)) << i;
+  EXPECT_EQ(fired, 1) << "the hook fires once per pass, after both roots' contributions";
+  x.set_grad(Tensor());
+  backward({x}, {gw});
+  EXPECT_EQ(x.grad().to_vector<double>(), gw.to_vector<double>());
+  EXPECT_THROW(backward({u}, {vec({1, 2})}), ValueError);
+}
+
 TEST(Autograd, GradientsAccumulateAcrossBackwardCalls) {
   Tensor x = vec({2}).set_requires_grad();
   (x * x).sum().backward();

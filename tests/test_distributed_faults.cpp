@@ -103,6 +103,26 @@ TEST_P(Faults, MismatchedCollectivesAreAnErrorInDebugMode) {
   EXPECT_TRUE(contains(o.output, "rank 0 called all_reduce(sum, 10 float32)")) << o.output;
 }
 
+TEST_P(Faults, PipelineStageThatThrowsEndsTheJobNamingIt) {
+  // Stage 1 throws in a forward while stage 0 waits for its gradients and stage 2 (at 4 ranks) for
+  // its activations.
+  const int np = GetParam();
+  Outcome o = run(job(np, "pipeline-throw"));
+  EXPECT_NE(o.status, 0) << o.output;
+  EXPECT_LT(o.seconds, 60.0) << o.output;
+  EXPECT_TRUE(contains(o.output, "rank 1 of " + std::to_string(np))) << o.output;
+  EXPECT_TRUE(contains(o.output, "injected failure in stage 1, forward call 15")) << o.output;
+  EXPECT_FALSE(contains(o.output, "rank 0 finished")) << o.output;
+}
+
+TEST_P(Faults, PipelineStageKilledEndsTheJob) {
+  const int np = GetParam();
+  Outcome o = run(job(np, "pipeline-sigkill"));
+  EXPECT_NE(o.status, 0) << o.output;
+  EXPECT_LT(o.seconds, 60.0) << o.output;
+  EXPECT_FALSE(contains(o.output, "rank 0 finished")) << o.output;
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, Faults, ::testing::Values(2, 4), [](const auto& info) {
   return "np" + std::to_string(info.param);
 });

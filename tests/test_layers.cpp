@@ -413,5 +413,40 @@ TEST(LayerErrors, Initialisers) {
   EXPECT_LAYER_ERROR(TypeError, init::uniform_(zeros({3}, kInt64)), "uniform_", "int64");
 }
 
+TEST(Layers, SkipStashAndAddAreAResidualConnection) {
+  // y = W2 tanh(W1 x) + W1 x: a skip from after the first Linear to after the second.
+  manual_seed(3);
+  auto l1 = std::make_shared<Linear>(4, 4), l2 = std::make_shared<Linear>(4, 4);
+  Sequential net;
+  net.add(l1).add(std::make_shared<SkipStash>("h")).add(std::make_shared<Tanh>()).add(l2);
+  net.add(std::make_shared<SkipAdd>("h"));
+  Tensor x = randn({2, 4});
+  Tensor h = l1->forward(x);
+  EXPECT_LE(amax(abs(net.forward(x) - (l2->forward(tanh(h)) + h))).item(), 1e-6);
+  Sequential cat;
+  cat.add(std::make_shared<SkipStash>("in")).add(std::make_shared<Tanh>()).add(std::make_shared<SkipConcat>("in", 1));
+  EXPECT_LE(amax(abs(cat.forward(x) - concat({tanh(x), x}, 1))).item(), 0.0);
+}
+
+TEST(Layers, SkipErrorsNameTheSkip) {
+  Tensor x = randn({2, 4});
+  Sequential missing;
+  missing.add(std::make_shared<Tanh>()).add(std::make_shared<SkipAdd>("h"));
+  EXPECT_LAYER_ERROR(ValueError, missing.forward(x), "SkipAdd('h')", "nothing is stashed", "SkipStash('h')");
+  Sequential unused;
+  unused.add(std::make_shared<SkipStash>("h")).add(std::make_shared<Tanh>());
+  EXPECT_LAYER_ERROR(ValueError, unused.forward(x), "stashed but never used", "'h'");
+  Sequential twice;
+  twice.add(std::make_shared<SkipStash>("h")).add(std::make_shared<SkipStash>("h"));
+  EXPECT_LAYER_ERROR(ValueError, twice.forward(x), "SkipStash('h')", "already stashed");
+  Sequential shape;
+  shape.add(std::make_shared<SkipStash>("h")).add(std::make_shared<Linear>(4, 3)).add(std::make_shared<SkipAdd>("h"));
+  EXPECT_LAYER_ERROR(ValueError, shape.forward(x), "SkipAdd('h')", "[2, 3]", "[2, 4]");
+  // A failed forward leaves no stale stash behind: the next forward of a good model works.
+  Sequential ok;
+  ok.add(std::make_shared<SkipStash>("h")).add(std::make_shared<SkipAdd>("h"));
+  EXPECT_LE(amax(abs(ok.forward(x) - x * 2.0)).item(), 0.0);
+}
+
 }  // namespace
 }  // namespace braid

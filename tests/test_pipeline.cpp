@@ -2,6 +2,7 @@
 // GPipe and 1F1B with 1, 4 and 8 micro-batches must give, after a few steps, the weights of
 // single-process training of the same model on the same mini-batches (computed on every rank).
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <map>
 
@@ -45,22 +46,28 @@ std::pair<Tensor, Tensor> batch(int step, DType dt) {
 
 Tensor ce(const Tensor& out, const Tensor& y) { return nn::cross_entropy(out, y); }
 
-}  // namespace
 
-class Pipeline : public DistTest {};
+/// A model, its mini-batches and its loss, for the equivalence tests.
+struct Case {
+  std::string name;
+  std::function<std::shared_ptr<nn::Sequential>(DType)> model;
+  std::function<std::pair<Tensor, Tensor>(int step, DType)> batch;
+  PipeLoss loss;
+};
 
-TEST_F(Pipeline, GPipeAndOneFOneBEqualOneProcess) {
+/// GPipe and 1F1B with 1, 4 and 8 micro-batches on this world's K stages: the loss of each of 3
+/// steps and the weights after them equal single-process training on the whole mini-batches.
+void expect_pipeline_equals_one_process(const Case& c, const std::vector<DType>& dtypes, PipelineOptions options = {}) {
   auto group = world();
   const int k = group->size(), s = group->rank();
-  for (DType dt : {kFloat64, kFloat32}) {
-    // The reference: the whole model, the whole mini-batch, one process.
-    auto ref = full_model(dt);
+  for (DType dt : dtypes) {
+    auto ref = c.model(dt);
     optim::SGD ref_opt(ref->parameters(), {.lr = 0.1, .momentum = 0.9});
     std::vector<double> ref_loss;
     for (int step = 0; step < 3; ++step) {
-      auto [x, y] = batch(step, dt);
+      auto [x, y] = c.batch(step, dt);
       ref_opt.zero_grad();
-      Tensor l = ce(ref->forward(x), y);
+      Tensor l = c.loss(ref->forward(x), y);
       ref_loss.push_back(l.item());
       l.backward();
       ref_opt.step();
@@ -68,17 +75,20 @@ TEST_F(Pipeline, GPipeAndOneFOneBEqualOneProcess) {
     const auto ref_state = ref->state_dict();
     for (int m : {1, 4, 8}) {
       for (const PipeSchedule& sched : {gpipe_schedule(k, m), one_f_one_b_schedule(k, m)}) {
-        const std::string what = sched.name + " K=" + std::to_string(k) + " M=" + std::to_string(m) + " " + dtype_name(dt);
-        auto full = full_model(dt);
+        const std::string what = c.name + " " + sched.name + " K=" + std::to_string(k) + " M=" + std::to_string(m) +
+                                 " " + dtype_name(dt);
+        auto full = c.model(dt);
         auto stage = stage_of(*full, s, k);
-        PipelineStage pipe(stage, group);
-        optim::SGD opt(stage->parameters(), {.lr = 0.1, .momentum = 0.9});
+        PipelineStage pipe(stage, group, options);
+        std::unique_ptr<optim::SGD> opt;
+        if (!stage->parameters().empty())
+          opt = std::make_unique<optim::SGD>(stage->parameters(), optim::SGDOptions{.lr = 0.1, .momentum = 0.9});
         for (int step = 0; step < 3; ++step) {
-          auto [x, y] = batch(step, dt);
-          opt.zero_grad();
-          const double l = pipe.train_step(sched, x, y, ce);
+          auto [x, y] = c.batch(step, dt);
+          if (opt) opt->zero_grad();
+          const double l = pipe.train_step(sched, x, y, c.loss);
           EXPECT_NEAR(l, ref_loss[static_cast<size_t>(step)], dt == kFloat64 ? 1e-12 : 1e-5) << what << " step " << step;
-          opt.step();
+          if (opt) opt->step();
         }
         const double tol = dt == kFloat64 ? 1e-10 : 1e-5;
         for (const auto& [name, t] : stage->state_dict()) {
@@ -88,6 +98,135 @@ TEST_F(Pipeline, GPipeAndOneFOneBEqualOneProcess) {
       }
     }
   }
+}
+
+Case mlp_case() { return {"MLP", full_model, batch, ce}; }
+
+/// A CNN of the zoo's shape without normalisation (BatchNorm has its own test below).
+Case cnn_case() {
+  return {"CNN",
+          [](DType dt) {
+            manual_seed(21);
+            auto m = std::make_shared<nn::Sequential>();
+            m->add(std::make_shared<nn::Conv2d>(1, 4, 3, 1, 1)).add(std::make_shared<nn::ReLU>());
+            m->add(std::make_shared<nn::MaxPool2d>(2)).add(std::make_shared<nn::Conv2d>(4, 6, 3, 1, 1));
+            m->add(std::make_shared<nn::ReLU>()).add(std::make_shared<nn::MaxPool2d>(2));
+            m->add(std::make_shared<nn::Flatten>()).add(std::make_shared<nn::Linear>(6 * 2 * 2, 3));
+            m->to(dt);
+            return m;
+          },
+          [](int step, DType dt) {
+            Generator g(700 + static_cast<uint64_t>(step));
+            return std::make_pair(randn({16, 1, 8, 8}, dt, &g), randint(0, 3, {16}, kInt64, &g));
+          },
+          ce};
+}
+
+/// A small Transformer encoder classifying sequences: embedding, four encoder layers (dropout 0),
+/// then a linear head on the flattened sequence.
+Case transformer_case() {
+  return {"Transformer",
+          [](DType dt) {
+            manual_seed(31);
+            auto m = std::make_shared<nn::Sequential>();
+            m->add(std::make_shared<nn::Linear>(4, 8));
+            for (int l = 0; l < 4; ++l)
+              m->add(std::make_shared<nn::TransformerEncoderLayer>(8, 2, 16, 0.0, "gelu", 1e-5, true, l % 2 == 1));
+            m->add(std::make_shared<nn::Flatten>()).add(std::make_shared<nn::Linear>(5 * 8, 3));
+            m->to(dt);
+            return m;
+          },
+          [](int step, DType dt) {
+            Generator g(800 + static_cast<uint64_t>(step));
+            return std::make_pair(randn({16, 5, 4}, dt, &g), randint(0, 3, {16}, kInt64, &g));
+          },
+          ce};
+}
+
+/// Long skips written with SkipStash / SkipAdd / SkipConcat (nn/skip.h): with 2 stages the cut
+/// (after child 5) carries "a" and "b"; with 4 stages (after 2, 5 and 8) "a" crosses every cut,
+/// passing through stages 1 and 2 untouched.
+std::shared_ptr<nn::Sequential> skip_model(DType dt, double dropout = 0.0) {
+  manual_seed(41);
+  auto m = std::make_shared<nn::Sequential>();
+  m->add(std::make_shared<nn::Linear>(6, 16)).add(std::make_shared<nn::SkipStash>("a"));
+  m->add(std::make_shared<nn::Tanh>()).add(std::make_shared<nn::Linear>(16, 16));
+  m->add(std::make_shared<nn::SkipStash>("b")).add(std::make_shared<nn::Tanh>());
+  m->add(std::make_shared<nn::Linear>(16, 16)).add(std::make_shared<nn::SkipAdd>("b"));
+  m->add(dropout > 0 ? std::static_pointer_cast<nn::Module>(std::make_shared<nn::Dropout>(dropout))
+                     : std::make_shared<nn::Tanh>());
+  m->add(std::make_shared<nn::Linear>(16, 16)).add(std::make_shared<nn::SkipConcat>("a", 1));
+  m->add(std::make_shared<nn::Linear>(32, 3));
+  m->to(dt);
+  return m;
+}
+
+Case skip_case() { return {"Skips", [](DType dt) { return skip_model(dt); }, batch, ce}; }
+
+}  // namespace
+
+class Pipeline : public DistTest {};
+
+TEST_F(Pipeline, GPipeAndOneFOneBEqualOneProcess) { expect_pipeline_equals_one_process(mlp_case(), {kFloat64, kFloat32}); }
+
+TEST_F(Pipeline, CnnEqualsOneProcess) { expect_pipeline_equals_one_process(cnn_case(), {kFloat64, kFloat32}); }
+
+TEST_F(Pipeline, TransformerEncoderEqualsOneProcess) {
+  expect_pipeline_equals_one_process(transformer_case(), {kFloat64, kFloat32});
+}
+
+TEST_F(Pipeline, SkipConnectionsAcrossCutsEqualOneProcess) {
+  expect_pipeline_equals_one_process(skip_case(), {kFloat64, kFloat32});
+}
+
+TEST_F(Pipeline, SkipConnectionsWithRecomputationEqualOneProcess) {
+  PipelineOptions o;
+  o.recompute = true;
+  expect_pipeline_equals_one_process(skip_case(), {kFloat64}, o);
+}
+
+TEST_F(Pipeline, InferenceCarriesSkipsAndEqualsTheWholeModel) {
+  auto group = world();
+  const int k = group->size(), s = group->rank();
+  auto full = skip_model(kFloat64);
+  full->eval();
+  PipelineStage pipe(stage_of(*full, s, k), group);
+  auto [x, y] = batch(0, kFloat64);
+  Tensor out = pipe.forward(x);
+  if (s == k - 1) {
+    NoGradGuard no_grad;
+    EXPECT_LE(amax(abs(out - full->forward(x))).item(), 1e-14);
+  } else {
+    EXPECT_FALSE(out.defined());
+  }
+}
+
+TEST_F(Pipeline, RecomputationReplaysDropoutMasks) {
+  // With recomputation the backward runs each stage's forward again; the generator's state is
+  // replayed, so the dropout masks and therefore the gradients are those of keeping activations.
+  auto group = world();
+  const int k = group->size(), s = group->rank();
+  std::map<std::string, Tensor> grads[2];
+  for (int recompute = 0; recompute < 2; ++recompute) {
+    auto stage = stage_of(*skip_model(kFloat64, 0.5), s, k);
+    PipelineOptions o;
+    o.recompute = recompute == 1;
+    PipelineStage pipe(stage, group, o);
+    auto [x, y] = batch(3, kFloat64);
+    manual_seed(1234 + static_cast<uint64_t>(s));
+    pipe.train_step(one_f_one_b_schedule(k, 4), x, y, ce);
+    for (const auto& [name, p] : stage->named_parameters()) grads[recompute][name] = p.grad().clone();
+  }
+  for (const auto& [name, g] : grads[0]) EXPECT_LE(amax(abs(g - grads[1].at(name))).item(), 1e-14) << name;
+  // The masks were drawn: the last layer's gradient differs from training without dropout.
+  auto plain = stage_of(*skip_model(kFloat64, 0.0), s, k);
+  PipelineStage pipe(plain, group);
+  auto [x, y] = batch(3, kFloat64);
+  pipe.train_step(one_f_one_b_schedule(k, 4), x, y, ce);
+  double differs = 0;
+  for (const auto& [name, p] : plain->named_parameters())
+    differs = std::max(differs, amax(abs(p.grad() - grads[0].at(name))).item());
+  EXPECT_GT(differs, 1e-6) << "dropout changed nothing on stage " << s;
 }
 
 TEST_F(Pipeline, CnnWithBatchNormEqualsOneProcessRunningTheMicroBatchesInTurn) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <functional>
+#include <vector>
 
 #include "braid/tensor.h"
 
@@ -23,6 +24,10 @@ class NoGradGuard {
  private:
   bool prev_;
 };
+
+/// Backward from several tensors at once, each with its gradient (torch.autograd.backward): one
+/// pass, in which every leaf's gradient and grad-ready hooks see all roots' contributions.
+void backward(const std::vector<Tensor>& tensors, const std::vector<Tensor>& gradients, bool retain_graph = false);
 
 /// Calls fn each time a backward pass has finished accumulating into leaf's .grad: after the last
 /// of that pass's contributions, not after each (a parameter used twice fires once). A leaf that

@@ -125,15 +125,17 @@ void fire_grad_ready(const AutogradMeta& leaf) {
   for (auto& [id, fn] : hooks) fn();
 }
 
-void run_graph(AutogradMeta& meta, const Tensor& root_grad, bool retain_graph);
+void run_graph(const std::vector<std::pair<std::shared_ptr<Node>, Tensor>>& roots, bool retain_graph);
 
 // Note [Backward callbacks]
 // Hooks (the data-parallel reducer's) may queue work that must run after the whole pass, such as
 // waiting for the last bucket's all-reduce. The queue is per thread and per outermost backward; a
 // callback may itself queue more.
-void run_backward(const Tensor& root, const Tensor& root_grad, bool retain_graph) {
+//
+// Several roots (a pipeline stage's activation and the skip tensors it hands on) run as one pass:
+// every leaf's grad-ready hooks fire once, after its last contribution from any root.
+void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& root_grads, bool retain_graph) {
   NoGradGuard no_grad;
-  auto& meta = root.impl().autograd;
   std::vector<std::function<void()>> callbacks;
   auto* outer = t_backward_callbacks;
   t_backward_callbacks = &callbacks;
@@ -142,26 +144,33 @@ void run_backward(const Tensor& root, const Tensor& root_grad, bool retain_graph
     std::vector<std::function<void()>>* prev;
     ~Restore() { slot = prev; }
   } restore{t_backward_callbacks, outer};
-  if (!meta->grad_fn) {
-    accumulate_leaf(*meta, root_grad);
-    fire_grad_ready(*meta);
-  } else {
-    run_graph(*meta, root_grad, retain_graph);
+  std::vector<std::pair<std::shared_ptr<Node>, Tensor>> graph_roots;
+  for (size_t i = 0; i < roots.size(); ++i) {
+    auto& meta = roots[i].impl().autograd;
+    if (!meta->grad_fn) {
+      accumulate_leaf(*meta, root_grads[i]);
+      fire_grad_ready(*meta);
+    } else {
+      graph_roots.emplace_back(meta->grad_fn, root_grads[i]);
+    }
   }
+  if (!graph_roots.empty()) run_graph(graph_roots, retain_graph);
   for (size_t i = 0; i < callbacks.size(); ++i) {
     auto fn = std::move(callbacks[i]);
     fn();
   }
 }
 
-void run_graph(AutogradMeta& meta, const Tensor& root_grad, bool retain_graph) {
-  // Count, for every node reachable from the root, how many edges lead into it, and for every leaf
+void run_graph(const std::vector<std::pair<std::shared_ptr<Node>, Tensor>>& roots, bool retain_graph) {
+  // Count, for every node reachable from the roots, how many edges lead into it, and for every leaf
   // how many edges lead into it (so that its grad-ready hooks fire after the last one).
   std::unordered_map<Node*, int> pending;
   std::unordered_map<AutogradMeta*, int> pending_leaf;
   std::unordered_set<AutogradMeta*> leaf_got_grad;
-  std::vector<Node*> stack{meta.grad_fn.get()};
-  std::unordered_set<Node*> seen{meta.grad_fn.get()};
+  std::vector<Node*> stack;
+  std::unordered_set<Node*> seen;
+  for (const auto& [node, g] : roots)
+    if (seen.insert(node.get()).second) stack.push_back(node.get());
   while (!stack.empty()) {
     Node* n = stack.back();
     stack.pop_back();
@@ -180,10 +189,14 @@ void run_graph(AutogradMeta& meta, const Tensor& root_grad, bool retain_graph) {
   auto newer = [](Node* a, Node* b) { return a->sequence < b->sequence; };
   std::priority_queue<Node*, std::vector<Node*>, decltype(newer)> ready(newer);
   std::unordered_map<Node*, Tensor> grads;
-  // Keep the root's node alive while it runs even if the root tensor is the only owner.
-  std::shared_ptr<Node> root_node = meta.grad_fn;
-  grads[root_node.get()] = root_grad;
-  ready.push(root_node.get());
+  // The roots' nodes stay alive (held by roots) while they run even if no tensor owns them. A root
+  // that another root's graph reaches waits for those edges like any node.
+  for (const auto& [node, g] : roots) {
+    Tensor& slot = grads[node.get()];
+    const bool fresh = !slot.defined();
+    slot = accumulate(slot, g);
+    if (fresh && pending[node.get()] == 0) ready.push(node.get());
+  }
   while (!ready.empty()) {
     Node* n = ready.top();
     ready.pop();
@@ -245,6 +258,22 @@ void remove_grad_ready_hook(const Tensor& leaf, int id) {
   if (!leaf.defined() || !leaf.impl().autograd) return;
   auto& hooks = leaf.impl().autograd->grad_ready_hooks;
   std::erase_if(hooks, [id](const auto& h) { return h.first == id; });
+}
+
+void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& gradients, bool retain_graph) {
+  BRAID_CHECK(roots.size() == gradients.size(), "backward: ", roots.size(), " tensors but ", gradients.size(),
+              " gradients");
+  std::vector<Tensor> gs;
+  for (size_t i = 0; i < roots.size(); ++i) {
+    const Tensor& r = roots[i];
+    const Tensor& g = gradients[i];
+    BRAID_CHECK(r.defined() && r.requires_grad(), "backward: tensor ", i, " (shape ",
+                r.defined() ? shape_str(r.shape()) : "undefined", ") does not require grad");
+    BRAID_CHECK(g.defined() && g.shape() == r.shape(), "backward: gradient ", i, " has shape ",
+                g.defined() ? shape_str(g.shape()) : "undefined", ", its tensor ", shape_str(r.shape()));
+    gs.push_back(g.dtype() == r.dtype() ? g : cast(g, r.dtype()));
+  }
+  if (!roots.empty()) detail::run_backward(roots, gs, retain_graph);
 }
 
 void queue_backward_callback(std::function<void()> fn) {
@@ -309,7 +338,7 @@ void Tensor::backward(const Tensor& gradient, bool retain_graph) const {
   }
   BRAID_CHECK(g.shape() == shape(), "backward: gradient shape ", shape_str(g.shape()), " does not match output shape ",
               shape_str(shape()));
-  detail::run_backward(*this, g.dtype() == dtype() ? g : cast(g, dtype()), retain_graph);
+  detail::run_backward({*this}, {g.dtype() == dtype() ? g : cast(g, dtype())}, retain_graph);
 }
 
 Tensor Tensor::detach() const {

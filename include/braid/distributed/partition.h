@@ -18,7 +18,9 @@ namespace braid::distributed {
 struct LayerProfile {
   std::string name;
   double forward_seconds = 0, backward_seconds = 0;
-  int64_t output_bytes = 0;     ///< the activation this layer hands on (what a cut after it sends)
+  /// What a cut after this layer sends: its output and the skip tensors stashed before it and used
+  /// after it (skip.h).
+  int64_t output_bytes = 0;
   int64_t parameter_bytes = 0;
 };
 

@@ -20,8 +20,9 @@ using PipeLoss = std::function<Tensor(const Tensor& output, const Tensor& target
 
 struct PipelineOptions {
   /// Activation recomputation (GPipe's re-materialisation): forward keeps only the stage's input
-  /// per micro-batch and backward runs the stage's forward again. Stages with random layers
-  /// (dropout) would draw new masks on the second run; not supported yet.
+  /// per micro-batch and backward runs the stage's forward again. The default generator's state is
+  /// replayed for the second run, so dropout draws the same masks (as torch.utils.checkpoint's
+  /// preserve_rng_state); a layer given its own Generator is not replayed.
   bool recompute = false;
   /// Data x pipeline: the stage's DistributedDataParallel over the ranks that hold the same stage
   /// in the other replicas (see make_grid). Gradients are all-reduced once per mini-batch, during
@@ -60,6 +61,13 @@ struct PipeTimeline {
   void write_gantt_svg(const std::string& path, const std::string& title) const;
 };
 
+/// What crosses a cut for one micro-batch: the activation first (named ""), then the skip tensors
+/// stashed before the cut and used after it (nn/skip.h), by name. Gradients return the same way.
+struct StageBoundary {
+  std::vector<std::string> names;
+  std::vector<Tensor> tensors;
+};
+
 class PipelineStage {
  public:
   /// module: this rank's stage; group: the pipeline's ranks, stage s = group rank s. Collective
@@ -90,8 +98,15 @@ class PipelineStage {
   PipeTimeline gather_timeline();
 
  private:
-  void send_tensor(const Tensor& t, int to, int tag);
-  Tensor recv_tensor(int from, int tag);
+  struct Incoming;
+  void send_boundary(const StageBoundary& b, int to, int tag);
+  std::shared_ptr<Incoming> post_receive(int from, int tag);
+  void post_data(Incoming& in);
+  StageBoundary finish_receive(Incoming& in);
+  void progress(std::vector<std::shared_ptr<Incoming>>& pending);
+  /// Runs the module on in's activation with in's skip tensors in scope: the output and, unless
+  /// this is the last stage, the skip tensors left to carry on.
+  StageBoundary run_module(const StageBoundary& in);
 
   std::shared_ptr<nn::Module> module_;
   ProcessGroupPtr group_;

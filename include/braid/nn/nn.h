@@ -9,3 +9,4 @@
 #include "braid/nn/loss.h"
 #include "braid/nn/module.h"
 #include "braid/nn/recurrent.h"
+#include "braid/nn/skip.h"
