@@ -30,6 +30,7 @@ struct Args {
   std::string model = "cnn", data = "/usr/share/datasets/fashion-mnist", out = "runs/fashion-mnist";
   std::string optimizer = "adam", resume;
   int64_t epochs = 3, batch_size = 64, limit = 0, threads = 0, sync_bn = 0, pipeline_stages = 1, micro_batches = 4;
+  int64_t stop_after = 0;  // epochs to run in this invocation (0: to the end)
   double lr = 0;  // 0: the optimizer's default below
   double bucket_mb = 25;
   uint64_t seed = 0;
@@ -42,6 +43,7 @@ void usage() {
       "                   [--limit N (train on the first N images)] [--threads N (per rank)]\n"
       "                   [--sync-bn 0|1 (BatchNorm statistics over all ranks)] [--bucket-mb X]\n"
       "                   [--pipeline-stages K (cut the model into K stages, 1F1B)] [--micro-batches M]\n"
+      "                   [--stop-after N (run N epochs, checkpoint and exit; --resume continues)]\n"
       "--batch-size is the global batch; under mpiexec -n N each rank takes batch-size / N of it.\n");
 }
 
@@ -51,7 +53,8 @@ Args parse(int argc, char** argv) {
                                              {"--optimizer", &a.optimizer}, {"--resume", &a.resume}};
   std::map<std::string, int64_t*> ints{{"--epochs", &a.epochs}, {"--batch-size", &a.batch_size},
                                       {"--limit", &a.limit}, {"--threads", &a.threads}, {"--sync-bn", &a.sync_bn},
-                                      {"--pipeline-stages", &a.pipeline_stages}, {"--micro-batches", &a.micro_batches}};
+                                      {"--pipeline-stages", &a.pipeline_stages}, {"--micro-batches", &a.micro_batches},
+                                      {"--stop-after", &a.stop_after}};
   for (int i = 1; i < argc; ++i) {
     std::string k = argv[i];
     if (k == "--help" || k == "-h") {
@@ -128,13 +131,13 @@ int run(int argc, char** argv) {
   // Fashion-MNIST's pixel mean and standard deviation over the training set.
   auto normalize = std::make_shared<data::Normalize>(std::vector<double>{0.2860}, std::vector<double>{0.3530});
   if (args.pipeline_stages > 1) {
-    BRAID_CHECK(args.resume.empty(), "braid-train: --resume is not supported with --pipeline-stages yet");
     BRAID_CHECK(world.size % args.pipeline_stages == 0, "braid-train: ", world.size, " ranks do not divide into ",
                 "pipelines of ", args.pipeline_stages, " stages (launch with mpiexec -n ", args.pipeline_stages, ")");
     zoo::PipelineRun r;
     r.model = args.model, r.optimizer = args.optimizer, r.out = args.out;
     r.epochs = args.epochs, r.batch_size = args.batch_size, r.stages = args.pipeline_stages;
-    r.micro_batches = args.micro_batches, r.lr = args.lr, r.seed = args.seed;
+    r.micro_batches = args.micro_batches, r.lr = args.lr, r.seed = args.seed, r.resume = args.resume;
+    r.stop_after = args.stop_after;
     r.train_set = train_set, r.test_set = test_set, r.normalize = normalize;
     return zoo::train_pipeline(r);
   }
@@ -211,7 +214,8 @@ int run(int argc, char** argv) {
   double final_accuracy = 0;
 
   model->train();
-  while (train_loader.epoch() < args.epochs) {
+  const int64_t stop_epoch = args.stop_after > 0 ? train_loader.epoch() + args.stop_after : args.epochs;
+  while (train_loader.epoch() < std::min(args.epochs, stop_epoch)) {
     const int64_t epoch = train_loader.epoch();
     std::unique_ptr<zoo::ProgressBar> bar;
     if (lead) bar = std::make_unique<zoo::ProgressBar>("epoch " + std::to_string(epoch + 1) + "/" +

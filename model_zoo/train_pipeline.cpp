@@ -4,7 +4,9 @@
 #include "train_pipeline.h"
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include "braid/checkpoint.h"
 #include "braid/distributed.h"
@@ -31,6 +33,18 @@ std::vector<double> sum_over_world(const std::vector<double>& values) {
 
 Tensor cross_entropy_loss(const Tensor& out, const Tensor& y) { return nn::cross_entropy(out, y); }
 
+/// Stage s's checkpoint of the run that resume names (its folder or one of its stage files).
+std::string stage_checkpoint(const std::string& resume, int s) {
+  const std::string name = "checkpoint.stage" + std::to_string(s) + ".braid";
+  if (std::filesystem::is_directory(resume)) return (std::filesystem::path(resume) / name).string();
+  const std::filesystem::path p(resume);
+  const std::string file = p.filename().string();
+  BRAID_CHECK(file.rfind("checkpoint.stage", 0) == 0 && file.size() > 6 && file.ends_with(".braid"),
+              "braid-train: --resume with --pipeline-stages takes the earlier run's output folder or one of its "
+              "checkpoint.stage<s>.braid files, got '", resume, "'");
+  return (p.parent_path() / name).string();
+}
+
 }  // namespace
 
 int train_pipeline(const PipelineRun& r) {
@@ -52,7 +66,26 @@ int train_pipeline(const PipelineRun& r) {
   // mode, which would move the real model's statistics) and every rank takes its cuts.
   Tensor cuts = zeros({k - 1}, kInt64);
   const int64_t micro = r.batch_size / d / r.micro_batches;
-  if (lead) {
+  std::optional<Checkpoint> resumed;
+  if (!r.resume.empty()) {
+    // Every rank reads its stage's file; the cuts must be the earlier run's, since the weights
+    // were split by them.
+    resumed = load_checkpoint(stage_checkpoint(r.resume, grid.stage));
+    BRAID_CHECK(resumed->integer("pipeline.stages") == k && resumed->integer("pipeline.stage") == grid.stage,
+                "braid-train: ", resumed->source, " holds stage ", resumed->integer("pipeline.stage"), " of a ",
+                resumed->integer("pipeline.stages"), "-stage pipeline; this run has ", k,
+                " stages (--pipeline-stages must match the run it resumes)");
+    const Tensor& saved = resumed->tensor("pipeline.cuts");
+    BRAID_CHECK(saved.numel() == k - 1, "braid-train: ", resumed->source, " has ", saved.numel(), " cuts for ", k,
+                " stages");
+    cuts = saved.clone();
+    if (lead) {
+      std::printf("braid-train: resuming from %s at step %lld (epoch %lld) with its cuts:", resumed->source.c_str(),
+                  static_cast<long long>(resumed->integer("step")), static_cast<long long>(resumed->integer("loader.epoch")));
+      for (int64_t c : cuts.to_vector<int64_t>()) std::printf(" %lld", static_cast<long long>(c));
+      std::printf("\n");
+    }
+  } else if (lead) {
     auto copy = std::dynamic_pointer_cast<nn::Sequential>(make_model(r.model, 1, 10));
     Generator g(r.seed + 17);
     const auto profile = profile_layers(*copy, randn({micro, 1, 28, 28}, kFloat32, &g));
@@ -63,7 +96,7 @@ int train_pipeline(const PipelineRun& r) {
                 static_cast<long long>(r.micro_batches), static_cast<long long>(micro), plan.str(profile).c_str());
     for (int s = 1; s < k; ++s) cuts.data<int64_t>()[s - 1] = plan.first_layer[static_cast<size_t>(s)];
   }
-  world()->broadcast(cuts, 0);
+  if (!resumed) world()->broadcast(cuts, 0);
   manual_seed(r.seed + 1);  // every rank's generator in the same state, whoever profiled
   PartitionPlan plan;
   plan.first_layer.push_back(0);
@@ -105,15 +138,24 @@ int train_pipeline(const PipelineRun& r) {
   std::unique_ptr<optim::CosineWithWarmup> schedule;
   if (opt) schedule = std::make_unique<optim::CosineWithWarmup>(*opt, std::min<int64_t>(200, total / 10), total, r.lr * 0.01);
   const PipeSchedule sched = one_f_one_b_schedule(k, static_cast<int>(r.micro_batches));
+  int64_t step = 0;
+  if (resumed) {
+    restore_state(*resumed, "model.", *stage);
+    if (opt) restore_state(*resumed, "optim.", *opt);
+    if (schedule) restore_state(*resumed, "sched.", *schedule);
+    restore_state(*resumed, "rng.", default_generator());
+    restore_state(*resumed, "loader.", train_loader);
+    step = resumed->integer("step");
+  }
   std::ofstream log;
-  if (lead) log.open(r.out + "/log.csv", std::ios::trunc);
-  if (lead) log << "step,epoch,train_loss,test_loss,test_accuracy,lr\n";
+  if (lead) log.open(r.out + "/log.csv", resumed ? std::ios::app : std::ios::trunc);
+  if (lead && !resumed) log << "step,epoch,train_loss,test_loss,test_accuracy,lr\n";
   Series train_loss{"train loss", {}, {}, "#1f77b4"}, test_loss{"test loss", {}, {}, "#d62728"};
   Series test_acc{"test accuracy", {}, {}, "#d62728"};
   double final_accuracy = 0;
-  int64_t step = 0;
   stage->train();
-  while (train_loader.epoch() < r.epochs) {
+  const int64_t stop_epoch = r.stop_after > 0 ? train_loader.epoch() + r.stop_after : r.epochs;
+  while (train_loader.epoch() < std::min(r.epochs, stop_epoch)) {
     const int64_t epoch = train_loader.epoch();
     std::unique_ptr<ProgressBar> bar;
     if (lead) bar = std::make_unique<ProgressBar>("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(r.epochs),
@@ -169,6 +211,12 @@ int train_pipeline(const PipelineRun& r) {
       Checkpoint ck;
       store_state(ck, "model.", *stage);
       if (opt) store_state(ck, "optim.", *opt);
+      if (schedule) store_state(ck, "sched.", *schedule);
+      store_state(ck, "rng.", default_generator());
+      store_state(ck, "loader.", train_loader);
+      ck.tensors["pipeline.cuts"] = cuts;
+      ck.integers["pipeline.stages"] = k;
+      ck.integers["pipeline.stage"] = grid.stage;
       ck.integers["step"] = step;
       save_checkpoint(r.out + "/checkpoint.stage" + std::to_string(grid.stage) + ".braid", ck);
     }

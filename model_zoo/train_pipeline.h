@@ -13,7 +13,11 @@ namespace braid::zoo {
 
 struct PipelineRun {
   std::string model, optimizer, out;
+  /// An earlier run's output folder, or one of its checkpoint.stage<s>.braid files: every stage
+  /// continues from its own file, with the earlier run's cuts.
+  std::string resume;
   int64_t epochs = 3, batch_size = 64, stages = 2, micro_batches = 4;
+  int64_t stop_after = 0;  ///< epochs to run in this invocation (0: to the end)
   double lr = 2e-3;
   uint64_t seed = 0;
   std::shared_ptr<data::TensorDataset> train_set, test_set;

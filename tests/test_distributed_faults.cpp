@@ -7,6 +7,8 @@
 #include <array>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
+#include <vector>
 #include <string>
 
 namespace {
@@ -126,6 +128,50 @@ TEST_P(Faults, PipelineStageKilledEndsTheJob) {
 INSTANTIATE_TEST_SUITE_P(Ranks, Faults, ::testing::Values(2, 4), [](const auto& info) {
   return "np" + std::to_string(info.param);
 });
+
+// braid-train stopped after one epoch (--stop-after 1) and resumed (--resume) writes, after the
+// second epoch, checkpoint files bitwise equal to those of a run that was never interrupted: in
+// data-parallel mode and in pipeline mode (one file per stage, each resumed by its own rank).
+class Resume : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Resume, StopAndResumeIsBitwiseTheUninterruptedRun) {
+  const std::string data = "/usr/share/datasets/fashion-mnist";
+  if (!std::ifstream(data + "/train-images-idx3-ubyte.gz")) GTEST_SKIP() << "Fashion-MNIST is not installed at " << data;
+  const bool pipeline = GetParam() == "pipeline";
+  const std::string dir = ::testing::TempDir() + "braid_resume_" + GetParam();
+  const std::string base = "env BRAID_NUM_THREADS=1 OMP_WAIT_POLICY=passive " + std::string(BRAID_MPIEXEC) + " -n 2 " +
+                           BRAID_TRAIN + " --model cnn --epochs 2 --limit 640 --batch-size 64" +
+                           (pipeline ? " --pipeline-stages 2" : "");
+  ASSERT_EQ(run("rm -rf " + dir + " && mkdir -p " + dir).status, 0);
+  Outcome whole = run(base + " --out " + dir + "/whole");
+  ASSERT_EQ(whole.status, 0) << whole.output;
+  Outcome first = run(base + " --out " + dir + "/split --stop-after 1");
+  ASSERT_EQ(first.status, 0) << first.output;
+  Outcome second = run(base + " --out " + dir + "/split --resume " + dir + (pipeline ? "/split" : "/split/checkpoint.braid"));
+  ASSERT_EQ(second.status, 0) << second.output;
+  EXPECT_TRUE(contains(second.output, "resum")) << second.output;
+  const std::vector<std::string> files =
+      pipeline ? std::vector<std::string>{"checkpoint.stage0.braid", "checkpoint.stage1.braid"}
+               : std::vector<std::string>{"checkpoint.braid"};
+  for (const std::string& f : files) {
+    Outcome same = run("cmp " + dir + "/whole/" + f + " " + dir + "/split/" + f);
+    EXPECT_EQ(same.status, 0) << f << ": " << same.output;
+  }
+  // Resuming a pipeline with another number of stages is refused, naming the file.
+  if (pipeline) {
+    // Every rank finds a file (stages 2 and 3 are copies), so every rank gives the same reason.
+    ASSERT_EQ(run("mkdir -p " + dir + "/four && for s in 0 1 2 3; do cp " + dir + "/split/checkpoint.stage$((s % 2)).braid " +
+                  dir + "/four/checkpoint.stage$s.braid; done").status, 0);
+    Outcome bad = run("env BRAID_NUM_THREADS=1 " + std::string(BRAID_MPIEXEC) + " -n 4 " + BRAID_TRAIN +
+                      " --model cnn --epochs 3 --limit 640 --pipeline-stages 4 --out " + dir + "/y --resume " + dir +
+                      "/four");
+    EXPECT_NE(bad.status, 0) << bad.output;
+    EXPECT_TRUE(contains(bad.output, "2-stage pipeline; this run has 4 stages")) << bad.output;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(BraidTrain, Resume, ::testing::Values("data_parallel", "pipeline"),
+                         [](const auto& info) { return info.param; });
 
 TEST(Launch, SrunWithoutMpiWiringRefusesToStart) {
   // What `srun --mpi=none -n 2` gives each task: Slurm says 2 tasks, MPI makes a world of one.
