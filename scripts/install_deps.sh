@@ -9,6 +9,8 @@ packages=(
   build-essential g++ meson ninja-build pkg-config
   libopenblas-dev libgtest-dev libbenchmark-dev zlib1g-dev
   mpich libmpich-dev
+  libonnx-dev libprotobuf-dev protobuf-compiler libonnx-testdata
+  clang libclang-rt-14-dev
   python3 python3-numpy
   dataset-fashion-mnist
 )
