@@ -31,14 +31,22 @@ done
 
 if ((${#missing[@]} == 0)); then
   echo "install_deps: all ${#packages[@]} packages present"
-  exit 0
+else
+  if [[ $(id -u) -ne 0 ]]; then
+    echo "install_deps: missing ${missing[*]}; run as root (apt-get needs it)" >&2
+    exit 1
+  fi
+  echo "install_deps: installing ${missing[*]}"
+  apt-get update -q
+  apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 
-if [[ $(id -u) -ne 0 ]]; then
-  echo "install_deps: missing ${missing[*]}; run as root (apt-get needs it)" >&2
-  exit 1
+# PyPI, for the python3 first on PATH: onnx and onnxruntime compute the reference outputs that the
+# ONNX export and pretrained-model tests compare braid with (tests/onnx_ort_run.py).
+pip_packages=(onnx==1.23.2 onnxruntime==1.32.0 numpy)
+if python3 -c "import onnx, onnxruntime, numpy" 2>/dev/null; then
+  echo "install_deps: onnx, onnxruntime and numpy present for $(command -v python3)"
+else
+  echo "install_deps: pip installing ${pip_packages[*]}"
+  python3 -m pip install -q --root-user-action=ignore "${pip_packages[@]}"
 fi
-
-echo "install_deps: installing ${missing[*]}"
-apt-get update -q
-apt-get install -y -q --no-install-recommends "${missing[@]}"

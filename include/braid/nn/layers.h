@@ -13,6 +13,10 @@
 #include "braid/nn/module.h"
 #include "braid/random.h"
 
+namespace braid::onnx {
+struct LayerAccess;
+}
+
 namespace braid::nn {
 
 /// A per-axis integer argument given as one number for every axis (3) or one per axis ({3, 5}),
@@ -56,6 +60,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor
 
 /// y = x W^T + b over the last axis. weight (out_features, in_features), bias (out_features).
 class Linear : public Module {
+  friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
   Linear(int64_t in_features, int64_t out_features, bool bias = true);
   Tensor forward(const Tensor& x) override;
@@ -71,6 +76,7 @@ class Linear : public Module {
 /// x (N, C_in, L) -> (N, C_out, L_out). weight (C_out, C_in / groups, kernel_size). Padding mode
 /// "zeros" only.
 class Conv1d : public Module {
+  friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
   Conv1d(int64_t in_channels, int64_t out_channels, int64_t kernel_size, int64_t stride = 1, Padding padding = 0,
          int64_t dilation = 1, int64_t groups = 1, bool bias = true);
@@ -87,6 +93,7 @@ class Conv1d : public Module {
 /// x (N, C_in, H, W) -> (N, C_out, H_out, W_out). weight (C_out, C_in / groups, kH, kW); groups ==
 /// C_in == C_out is a depthwise convolution. Padding mode "zeros" only.
 class Conv2d : public Module {
+  friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
   Conv2d(int64_t in_channels, int64_t out_channels, Ints kernel_size, Ints stride = 1, Padding padding = 0,
          Ints dilation = 1, int64_t groups = 1, bool bias = true);
@@ -104,6 +111,7 @@ class Conv2d : public Module {
 /// The gradient of Conv2d with respect to its input, as a layer (upsampling). weight
 /// (C_in, C_out / groups, kH, kW).
 class ConvTranspose2d : public Module {
+  friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
   ConvTranspose2d(int64_t in_channels, int64_t out_channels, Ints kernel_size, Ints stride = 1, Ints padding = 0,
                   Ints output_padding = 0, int64_t groups = 1, bool bias = true, Ints dilation = 1);
@@ -119,6 +127,7 @@ class ConvTranspose2d : public Module {
 /// Max over windows. stride defaults to kernel_size. (PyTorch's return_indices is not offered, so
 /// ceil_mode is the fifth argument.)
 class MaxPool2d : public Module {
+  friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
   MaxPool2d(Ints kernel_size, Ints stride = {}, Ints padding = 0, Ints dilation = 1, bool ceil_mode = false);
   Tensor forward(const Tensor& x) override;
@@ -131,6 +140,7 @@ class MaxPool2d : public Module {
 
 /// Mean over windows. stride defaults to kernel_size; count_include_pad counts padded zeros in the divisor.
 class AvgPool2d : public Module {
+  friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
   AvgPool2d(Ints kernel_size, Ints stride = {}, Ints padding = 0, bool ceil_mode = false,
             bool count_include_pad = true);
@@ -144,6 +154,7 @@ class AvgPool2d : public Module {
 
 /// Mean over the windows that split (H, W) into output_size cells, as PyTorch's adaptive pooling.
 class AdaptiveAvgPool2d : public Module {
+  friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
   explicit AdaptiveAvgPool2d(Ints output_size);
   Tensor forward(const Tensor& x) override;
@@ -165,6 +176,7 @@ Tensor batch_norm_apply(const Tensor& x, const Tensor& mean_c, const Tensor& var
                         const Tensor& bias, double eps);
 
 class BatchNorm : public Module {
+  friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
   Tensor forward(const Tensor& x) override;
   std::string describe() const override;
@@ -189,6 +201,7 @@ class BatchNorm : public Module {
 
 /// x (N, C) or (N, C, L).
 class BatchNorm1d : public BatchNorm {
+  friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
   explicit BatchNorm1d(int64_t num_features, double eps = 1e-5, std::optional<double> momentum = 0.1,
                        bool affine = true, bool track_running_stats = true);
@@ -196,6 +209,7 @@ class BatchNorm1d : public BatchNorm {
 
 /// x (N, C, H, W).
 class BatchNorm2d : public BatchNorm {
+  friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
   explicit BatchNorm2d(int64_t num_features, double eps = 1e-5, std::optional<double> momentum = 0.1,
                        bool affine = true, bool track_running_stats = true);
@@ -203,6 +217,7 @@ class BatchNorm2d : public BatchNorm {
 
 /// Normalises over the trailing axes given by normalized_shape (population variance).
 class LayerNorm : public Module {
+  friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
   explicit LayerNorm(Ints normalized_shape, double eps = 1e-5, bool elementwise_affine = true);
   Tensor forward(const Tensor& x) override;
@@ -217,6 +232,7 @@ class LayerNorm : public Module {
 
 /// Normalises x (N, C, *) over groups of C / num_groups channels; per-channel affine.
 class GroupNorm : public Module {
+  friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
   GroupNorm(int64_t num_groups, int64_t num_channels, double eps = 1e-5, bool affine = true);
   Tensor forward(const Tensor& x) override;
@@ -235,6 +251,7 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator* gen = nullpt
 /// Zeroes each element with probability p in training and scales the rest by 1 / (1 - p); the
 /// identity in eval. Draws from gen (which must outlive the layer) or default_generator().
 class Dropout : public Module {
+  friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
   explicit Dropout(double p = 0.5, Generator* gen = nullptr);
   Tensor forward(const Tensor& x) override;
@@ -246,12 +263,14 @@ class Dropout : public Module {
 };
 
 class ReLU : public Module {
+  friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
   ReLU() : Module("ReLU") {}
   Tensor forward(const Tensor& x) override;
 };
 
 class LeakyReLU : public Module {
+  friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
   explicit LeakyReLU(double negative_slope = 0.01) : Module("LeakyReLU"), slope_(negative_slope) {}
   Tensor forward(const Tensor& x) override;
@@ -263,6 +282,7 @@ class LeakyReLU : public Module {
 
 /// approximate: "none" (erf) or "tanh".
 class GELU : public Module {
+  friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
   explicit GELU(std::string approximate = "none");
   Tensor forward(const Tensor& x) override;
@@ -273,18 +293,21 @@ class GELU : public Module {
 };
 
 class SiLU : public Module {
+  friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
   SiLU() : Module("SiLU") {}
   Tensor forward(const Tensor& x) override;
 };
 
 class Sigmoid : public Module {
+  friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
   Sigmoid() : Module("Sigmoid") {}
   Tensor forward(const Tensor& x) override;
 };
 
 class Tanh : public Module {
+  friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
   Tanh() : Module("Tanh") {}
   Tensor forward(const Tensor& x) override;
@@ -292,6 +315,7 @@ class Tanh : public Module {
 
 /// Softmax along dim (negative counts from the end).
 class Softmax : public Module {
+  friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
   explicit Softmax(int64_t dim) : Module("Softmax"), dim_(dim) {}
   Tensor forward(const Tensor& x) override;
@@ -305,6 +329,7 @@ class Softmax : public Module {
 /// (*) -> (*, embedding_dim). The row at padding_idx (negative counts from the end) starts at zero
 /// and receives no gradient.
 class Embedding : public Module {
+  friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
   Embedding(int64_t num_embeddings, int64_t embedding_dim, std::optional<int64_t> padding_idx = std::nullopt);
   Tensor forward(const Tensor& indices) override;
@@ -319,6 +344,7 @@ class Embedding : public Module {
 
 /// Merges axes start_dim..end_dim into one.
 class Flatten : public Module {
+  friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
   explicit Flatten(int64_t start_dim = 1, int64_t end_dim = -1)
       : Module("Flatten"), start_(start_dim), end_(end_dim) {}
@@ -330,6 +356,7 @@ class Flatten : public Module {
 };
 
 class Identity : public Module {
+  friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
   Identity() : Module("Identity") {}
   Tensor forward(const Tensor& x) override { return x; }
@@ -337,6 +364,7 @@ class Identity : public Module {
 
 /// body(x) + shortcut(x), or body(x) + x without a shortcut (children "body" and "shortcut").
 class Residual : public Module {
+  friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
   explicit Residual(ModulePtr body, ModulePtr shortcut = nullptr);
   Tensor forward(const Tensor& x) override;

@@ -17,6 +17,10 @@
 
 #include "braid/nn/module.h"
 
+namespace braid::onnx {
+struct LayerAccess;
+}
+
 namespace braid::nn {
 
 class SkipScope {
@@ -41,6 +45,7 @@ Tensor run_in_skip_scope(const Module& owner, const std::function<Tensor()>& bod
 
 /// Identity that keeps its input under name for a later SkipAdd / SkipConcat.
 class SkipStash : public Module {
+  friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
   explicit SkipStash(std::string name);
   Tensor forward(const Tensor& x) override;
@@ -53,6 +58,7 @@ class SkipStash : public Module {
 
 /// x + the tensor stashed under name (which is used up).
 class SkipAdd : public Module {
+  friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
   explicit SkipAdd(std::string name);
   Tensor forward(const Tensor& x) override;
@@ -64,6 +70,7 @@ class SkipAdd : public Module {
 
 /// cat([x, stashed], dim), as U-Net's decoder joins encoder features.
 class SkipConcat : public Module {
+  friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
   SkipConcat(std::string name, int64_t dim = 1);
   Tensor forward(const Tensor& x) override;

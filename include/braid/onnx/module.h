@@ -1,0 +1,154 @@
+// Running ONNX models in braid. An OnnxModule is an nn::Module made from a loaded onnx::Model: its
+// floating-point initialisers are parameters under their ONNX names (a dotted name such as
+// "layer1.0.conv1.weight" becomes that path in named_parameters() and state_dict()), the rest
+// (integer initialisers, BatchNormalization's running statistics) are buffers. Each node runs as a
+// function of braid's differentiable ops, looked up in an explicit OpRegistry by op type and
+// opset, so an imported model trains like any other braid model: autograd, optimizers,
+// DataParallel and checkpoints apply unchanged.
+//
+// Construction runs a preflight over every node, subgraphs included, and throws one
+// NotImplementedError listing every unsupported op, opset or attribute with the node's name, so a
+// user sees the whole gap at once instead of the first missing op.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "braid/nn/module.h"
+#include "braid/onnx/model.h"
+
+namespace braid::onnx {
+
+class Executor;
+
+/// What an op implementation sees of the node it runs: its inputs (an undefined Tensor for an
+/// omitted optional input), its attributes with defaults, the opset and the training flag.
+class OpContext {
+ public:
+  OpContext(const Node& node, int64_t opset, bool training, std::vector<Tensor> inputs, Executor* executor)
+      : node_(node), opset_(opset), training_(training), inputs_(std::move(inputs)), executor_(executor) {}
+
+  const Node& node() const { return node_; }
+  /// The model's ai.onnx opset version (the op behaves as its newest version not above it).
+  int64_t opset() const { return opset_; }
+  bool training() const { return training_; }
+
+  size_t num_inputs() const { return inputs_.size(); }
+  bool has_input(size_t i) const { return i < inputs_.size() && inputs_[i].defined(); }
+  /// Input i; throws naming the node when it is omitted.
+  const Tensor& input(size_t i) const;
+  /// The values of a 1-d (or 0-d) integer input, e.g. Reshape's shape.
+  std::vector<int64_t> input_ints(size_t i) const;
+  double input_scalar(size_t i) const;
+
+  bool has_attr(const std::string& name) const { return node_.attributes.count(name) != 0; }
+  const Attribute& attr(const std::string& name) const;
+  int64_t attr_int(const std::string& name, int64_t fallback) const;
+  double attr_float(const std::string& name, double fallback) const;
+  std::string attr_string(const std::string& name, const std::string& fallback) const;
+  std::vector<int64_t> attr_ints(const std::string& name, const std::vector<int64_t>& fallback = {}) const;
+  std::vector<double> attr_floats(const std::string& name, const std::vector<double>& fallback = {}) const;
+
+  /// Runs a subgraph attribute (If's branches, Loop's body) with the given inputs, outer values visible.
+  std::vector<Tensor> run_subgraph(const Graph& g, const std::vector<Tensor>& inputs);
+
+  /// Throws ValueError naming the node.
+  template <typename... Args>
+  [[noreturn]] void fail(const Args&... args) const {
+    throw ValueError(detail::cat(node_.label(), ": ", args...));
+  }
+
+ private:
+  const Node& node_;
+  int64_t opset_;
+  bool training_;
+  std::vector<Tensor> inputs_;
+  Executor* executor_;
+};
+
+/// One ONNX op as braid implements it.
+struct OpSchema {
+  std::string domain;   ///< "" for ai.onnx
+  std::string op_type;  ///< "Conv"
+  /// The oldest opset whose semantics this implementation covers; a model importing an older
+  /// ai.onnx opset is refused by the preflight.
+  int64_t since_opset = 1;
+  /// Attributes the implementation reads; any other attribute on the node is reported unsupported.
+  std::vector<std::string> attributes;
+  /// Optional: a reason an attribute value or input pattern is unsupported ("" when fine).
+  std::function<std::string(const Node&, int64_t opset)> check;
+  /// The computation, in braid ops (so autograd differentiates it).
+  std::function<std::vector<Tensor>(OpContext&)> run;
+  /// Float16/bfloat16 inputs are computed in float32 and floating outputs cast back (true for
+  /// arithmetic; false for ops that handle dtypes themselves, such as Cast and Shape).
+  bool half_via_float = true;
+};
+
+/// The table from (domain, op type) to implementation. global() holds braid's ops; users add
+/// their own custom ops to it (or to a registry they pass in OnnxOptions).
+class OpRegistry {
+ public:
+  static OpRegistry& global();
+  /// Adds or replaces an op.
+  void add(OpSchema schema);
+  const OpSchema* find(const std::string& domain, const std::string& op_type) const;
+  /// Every registered ai.onnx op type, sorted.
+  std::vector<std::string> op_types(const std::string& domain = "") const;
+
+ private:
+  std::map<std::pair<std::string, std::string>, OpSchema> ops_;
+};
+
+/// Every problem the preflight found ("Conv 'conv1': attribute 'foo' is not supported"); empty when
+/// the model can run.
+std::vector<std::string> preflight(const Model& model, const OpRegistry& registry = OpRegistry::global());
+
+struct OnnxOptions {
+  /// Initialisers load as parameters that do not require gradients (inference, or a frozen backbone).
+  bool frozen = false;
+  /// Where ops are looked up; nullptr for OpRegistry::global().
+  const OpRegistry* registry = nullptr;
+};
+
+/// An imported ONNX model as a braid module. It starts in eval mode (BatchNormalization uses the
+/// stored statistics, Dropout is the identity, as in onnxruntime); train() switches to batch
+/// statistics (updating the running ones, as PyTorch) and active dropout for fine-tuning.
+class OnnxModule : public nn::Module {
+ public:
+  explicit OnnxModule(Model model, const OnnxOptions& options = {});
+  /// Loads and imports path (load_model, then the preflight).
+  static std::shared_ptr<OnnxModule> load(const std::string& path, const OnnxOptions& options = {},
+                                          const LoadOptions& load_options = {});
+
+  /// The model's single output for its single input (throws naming the graph's inputs/outputs otherwise).
+  Tensor forward(const Tensor& x) override;
+  /// Outputs in the graph's order for inputs in the graph's order (initialisers that are also graph
+  /// inputs may be left out, keeping their stored value).
+  std::vector<Tensor> run(const std::vector<Tensor>& inputs);
+  /// Outputs by name for inputs by name.
+  std::map<std::string, Tensor> run(const std::map<std::string, Tensor>& inputs);
+
+  /// Names of the inputs a caller feeds (graph inputs that are not initialisers), in order.
+  const std::vector<std::string>& input_names() const { return input_names_; }
+  std::vector<std::string> output_names() const;
+  const Model& model() const { return model_; }
+  /// Initialiser name -> the parameter or buffer tensor that holds it (shared with state_dict()).
+  const std::map<std::string, Tensor>& weights() const { return weights_; }
+  std::string describe() const override;
+
+ private:
+  std::vector<Tensor> run_ordered(const std::vector<Tensor>& inputs);
+  Model model_;
+  const OpRegistry* registry_;
+  std::vector<std::string> input_names_;
+  std::map<std::string, Tensor> weights_;  // initialiser name -> the parameter or buffer tensor
+};
+
+/// Registers braid's ai.onnx ops into r (called once by OpRegistry::global()).
+void register_builtin_ops(OpRegistry& r);
+
+}  // namespace braid::onnx

@@ -1,0 +1,417 @@
+// Exporting braid models to ONNX (braid/onnx/export.h): one exporter per layer type in an explicit
+// registry; containers export their children in order.
+//
+// Note [Layer exporters]
+// An exporter gets the layer, its state_dict prefix and its input (a value name plus the example
+// tensor it holds), adds the nodes of the layer's forward in eval mode, and returns the output
+// value, whose example it computes by calling the layer's own forward: so shapes are always known
+// and each exporter can be checked against the layer it describes. Weights are added under their
+// state_dict names (prefix + "weight"), which is what makes import after export bitwise and
+// name-for-name the same model. Exporters read layers' private configuration through
+// onnx::LayerAccess, a friend of each layer class, so the layers carry no ONNX code.
+#include "braid/onnx/export.h"
+
+#include <cmath>
+#include <mutex>
+
+#include "braid/autograd.h"
+#include "braid/nn/layers.h"
+#include "braid/nn/skip.h"
+#include "braid/onnx/module.h"
+#include "braid/ops.h"
+
+namespace braid::onnx {
+
+Attribute attr_int(int64_t v) {
+  Attribute a;
+  a.kind = Attribute::Kind::Int;
+  a.i = v;
+  return a;
+}
+Attribute attr_float(double v) {
+  Attribute a;
+  a.kind = Attribute::Kind::Float;
+  a.f = v;
+  return a;
+}
+Attribute attr_ints(std::vector<int64_t> v) {
+  Attribute a;
+  a.kind = Attribute::Kind::Ints;
+  a.ints = std::move(v);
+  return a;
+}
+Attribute attr_string(std::string v) {
+  Attribute a;
+  a.kind = Attribute::Kind::String;
+  a.s = std::move(v);
+  return a;
+}
+
+std::string GraphBuilder::fresh(const std::string& hint) {
+  std::string s = hint;
+  s += "_";
+  s += std::to_string(counter_++);
+  return s;
+}
+
+std::string GraphBuilder::weight(const std::string& name, const Tensor& t) {
+  if (graph_.initializers.count(name) == 0) graph_.initializers[name] = t.detach();
+  return name;
+}
+
+// Constants are Constant nodes, not initialisers: initialisers are the model's weights, and
+// importing the file must give exactly the exported model's state_dict.
+std::string GraphBuilder::ints(const std::vector<int64_t>& values) {
+  Attribute a;
+  a.kind = Attribute::Kind::Tensor;
+  a.t = tensor(values, {static_cast<int64_t>(values.size())});
+  return node("Constant", {}, {{"value", a}})[0];
+}
+
+std::string GraphBuilder::scalar(double value, DType dtype) {
+  Attribute a;
+  a.kind = Attribute::Kind::Tensor;
+  a.t = scalar_tensor(value, dtype);
+  return node("Constant", {}, {{"value", a}})[0];
+}
+
+std::vector<std::string> GraphBuilder::node(const std::string& op_type, const std::vector<std::string>& inputs,
+                                            std::map<std::string, Attribute> attributes, int n_outputs) {
+  Node n;
+  n.op_type = op_type;
+  n.name = fresh(op_type);
+  n.inputs = inputs;
+  for (int i = 0; i < n_outputs; ++i) n.outputs.push_back(fresh(op_type + "_out"));
+  n.attributes = std::move(attributes);
+  graph_.nodes.push_back(n);
+  return n.outputs;
+}
+
+Value GraphBuilder::node1(const std::string& op_type, const std::vector<std::string>& inputs, const Tensor& example,
+                          std::map<std::string, Attribute> attributes) {
+  return {node(op_type, inputs, std::move(attributes))[0], example};
+}
+
+namespace {
+
+std::map<std::string, LayerExporter>& exporters() {
+  static std::map<std::string, LayerExporter> m;
+  return m;
+}
+
+}  // namespace
+
+void register_layer_exporter(const std::string& type_name, LayerExporter fn) {
+  BRAID_CHECK(fn != nullptr, "register_layer_exporter: exporter for '", type_name, "' is null");
+  exporters()[type_name] = std::move(fn);
+}
+
+struct LayerAccess {
+  static void register_builtin();
+};
+
+Value export_layer(GraphBuilder& g, nn::Module& m, const std::string& prefix, const Value& x) {
+  static std::once_flag once;
+  std::call_once(once, LayerAccess::register_builtin);
+  auto it = exporters().find(m.type_name());
+  if (it == exporters().end())
+    throw NotImplementedError(detail::cat("export_onnx: layer '", prefix.empty() ? "(model)" : prefix.substr(0, prefix.size() - 1),
+                                          "' of type ", m.type_name(),
+                                          " has no ONNX exporter (register one with register_layer_exporter)"));
+  return it->second(g, m, prefix, x);
+}
+
+namespace {
+
+/// The example output of m on x (eval mode, no gradients: set by export_model).
+Tensor run(nn::Module& m, const Tensor& x) { return m.forward(x); }
+
+Value unary(GraphBuilder& g, nn::Module& m, const Value& x, const char* op, std::map<std::string, Attribute> attrs = {}) {
+  return g.node1(op, {x.name}, run(m, x.example), std::move(attrs));
+}
+
+/// ONNX pads [begin..., end...] from braid's symmetric {h, w}.
+std::vector<int64_t> sym_pads(const std::vector<int64_t>& p) {
+  std::vector<int64_t> out(p);
+  out.insert(out.end(), p.begin(), p.end());
+  return out;
+}
+
+}  // namespace
+
+void LayerAccess::register_builtin() {
+  auto reg = [](const char* type, LayerExporter f) {
+    if (exporters().count(type) == 0) exporters()[type] = std::move(f);
+  };
+  auto seq = [](GraphBuilder& g, nn::Module& m, const std::string& prefix, const Value& x) {
+    Value v = x;
+    for (auto& [name, child] : m.named_children()) v = export_layer(g, *child, prefix + name + ".", v);
+    return v;
+  };
+  reg("Sequential", seq);
+  reg("Identity", [](GraphBuilder& g, nn::Module& m, const std::string&, const Value& x) { return unary(g, m, x, "Identity"); });
+  reg("Dropout", [](GraphBuilder& g, nn::Module& m, const std::string&, const Value& x) { return unary(g, m, x, "Identity"); });
+  reg("ReLU", [](GraphBuilder& g, nn::Module& m, const std::string&, const Value& x) { return unary(g, m, x, "Relu"); });
+  reg("Sigmoid", [](GraphBuilder& g, nn::Module& m, const std::string&, const Value& x) { return unary(g, m, x, "Sigmoid"); });
+  reg("Tanh", [](GraphBuilder& g, nn::Module& m, const std::string&, const Value& x) { return unary(g, m, x, "Tanh"); });
+  reg("LeakyReLU", [](GraphBuilder& g, nn::Module& m, const std::string&, const Value& x) {
+    return unary(g, m, x, "LeakyRelu", {{"alpha", attr_float(static_cast<nn::LeakyReLU&>(m).slope_)}});
+  });
+  reg("SiLU", [](GraphBuilder& g, nn::Module& m, const std::string&, const Value& x) {
+    std::string s = g.node("Sigmoid", {x.name})[0];
+    return g.node1("Mul", {x.name, s}, run(m, x.example));
+  });
+  reg("GELU", [](GraphBuilder& g, nn::Module& m, const std::string&, const Value& x) {
+    auto& l = static_cast<nn::GELU&>(m);
+    const DType t = x.example.dtype();
+    if (l.approximate_ == "tanh") {
+      // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+      std::string x3 = g.node("Mul", {x.name, g.node("Mul", {x.name, x.name})[0]})[0];
+      std::string inner = g.node("Add", {x.name, g.node("Mul", {x3, g.scalar(0.044715, t)})[0]})[0];
+      std::string th = g.node("Tanh", {g.node("Mul", {inner, g.scalar(std::sqrt(2.0 / M_PI), t)})[0]})[0];
+      std::string one_plus = g.node("Add", {th, g.scalar(1.0, t)})[0];
+      return g.node1("Mul", {g.node("Mul", {x.name, one_plus})[0], g.scalar(0.5, t)}, run(m, x.example));
+    }
+    // 0.5 x (1 + erf(x / sqrt(2)))
+    std::string e = g.node("Erf", {g.node("Div", {x.name, g.scalar(std::sqrt(2.0), t)})[0]})[0];
+    std::string one_plus = g.node("Add", {e, g.scalar(1.0, t)})[0];
+    return g.node1("Mul", {g.node("Mul", {x.name, one_plus})[0], g.scalar(0.5, t)}, run(m, x.example));
+  });
+  reg("Softmax", [](GraphBuilder& g, nn::Module& m, const std::string&, const Value& x) {
+    return unary(g, m, x, "Softmax", {{"axis", attr_int(static_cast<nn::Softmax&>(m).dim_)}});
+  });
+  reg("Flatten", [](GraphBuilder& g, nn::Module& m, const std::string&, const Value& x) {
+    auto& l = static_cast<nn::Flatten&>(m);
+    Tensor y = run(m, x.example);
+    const int64_t rank = x.example.dim();
+    const int64_t start = l.start_ < 0 ? l.start_ + rank : l.start_, end = l.end_ < 0 ? l.end_ + rank : l.end_;
+    if (start == 1 && end == rank - 1) return g.node1("Flatten", {x.name}, y, {{"axis", attr_int(1)}});
+    // General case: Reshape with 0 (copy) for the leading axes, -1 for the flattened ones.
+    std::vector<int64_t> shape;
+    for (int64_t d = 0; d < start; ++d) shape.push_back(0);
+    shape.push_back(-1);
+    for (int64_t d = end + 1; d < rank; ++d) shape.push_back(x.example.size(d));
+    return g.node1("Reshape", {x.name, g.ints(shape)}, y);
+  });
+  reg("Linear", [](GraphBuilder& g, nn::Module& m, const std::string& prefix, const Value& x) {
+    auto& l = static_cast<nn::Linear&>(m);
+    Tensor y = run(m, x.example);
+    std::string w = g.weight(prefix + "weight", l.weight_);
+    if (x.example.dim() == 2) {
+      std::vector<std::string> in{x.name, w};
+      if (l.bias_.defined()) in.push_back(g.weight(prefix + "bias", l.bias_));
+      return g.node1("Gemm", in, y, {{"transB", attr_int(1)}});
+    }
+    std::string wt = g.node("Transpose", {w}, {{"perm", attr_ints({1, 0})}})[0];
+    if (!l.bias_.defined()) return g.node1("MatMul", {x.name, wt}, y);
+    std::string mm = g.node("MatMul", {x.name, wt})[0];
+    return g.node1("Add", {mm, g.weight(prefix + "bias", l.bias_)}, y);
+  });
+  reg("Conv2d", [](GraphBuilder& g, nn::Module& m, const std::string& prefix, const Value& x) {
+    auto& l = static_cast<nn::Conv2d&>(m);
+    std::vector<std::string> in{x.name, g.weight(prefix + "weight", l.weight_)};
+    if (l.bias_.defined()) in.push_back(g.weight(prefix + "bias", l.bias_));
+    // padding_ is {h, w}, or {top, bottom, left, right} for 'same'.
+    std::vector<int64_t> pads = l.padding_.size() == 4
+                                    ? std::vector<int64_t>{l.padding_[0], l.padding_[2], l.padding_[1], l.padding_[3]}
+                                    : sym_pads(l.padding_);
+    return g.node1("Conv", in, run(m, x.example),
+                   {{"kernel_shape", attr_ints(l.kernel_)}, {"strides", attr_ints(l.stride_)}, {"pads", attr_ints(pads)},
+                    {"dilations", attr_ints(l.dilation_)}, {"group", attr_int(l.groups_)}});
+  });
+  reg("Conv1d", [](GraphBuilder& g, nn::Module& m, const std::string& prefix, const Value& x) {
+    auto& l = static_cast<nn::Conv1d&>(m);
+    std::vector<std::string> in{x.name, g.weight(prefix + "weight", l.weight_)};
+    if (l.bias_.defined()) in.push_back(g.weight(prefix + "bias", l.bias_));
+    return g.node1("Conv", in, run(m, x.example),
+                   {{"kernel_shape", attr_ints({l.kernel_})}, {"strides", attr_ints({l.stride_})},
+                    {"pads", attr_ints({l.padding_, l.padding_ + l.extra_right_})}, {"dilations", attr_ints({l.dilation_})},
+                    {"group", attr_int(l.groups_)}});
+  });
+  reg("ConvTranspose2d", [](GraphBuilder& g, nn::Module& m, const std::string& prefix, const Value& x) {
+    auto& l = static_cast<nn::ConvTranspose2d&>(m);
+    std::vector<std::string> in{x.name, g.weight(prefix + "weight", l.weight_)};
+    if (l.bias_.defined()) in.push_back(g.weight(prefix + "bias", l.bias_));
+    return g.node1("ConvTranspose", in, run(m, x.example),
+                   {{"kernel_shape", attr_ints(l.kernel_)}, {"strides", attr_ints(l.stride_)},
+                    {"pads", attr_ints(sym_pads(l.padding_))}, {"output_padding", attr_ints(l.output_padding_)},
+                    {"dilations", attr_ints(l.dilation_)}, {"group", attr_int(l.groups_)}});
+  });
+  reg("MaxPool2d", [](GraphBuilder& g, nn::Module& m, const std::string&, const Value& x) {
+    auto& l = static_cast<nn::MaxPool2d&>(m);
+    return g.node1("MaxPool", {x.name}, run(m, x.example),
+                   {{"kernel_shape", attr_ints(l.kernel_)}, {"strides", attr_ints(l.stride_)},
+                    {"pads", attr_ints(sym_pads(l.padding_))}, {"dilations", attr_ints(l.dilation_)},
+                    {"ceil_mode", attr_int(l.ceil_mode_ ? 1 : 0)}});
+  });
+  reg("AvgPool2d", [](GraphBuilder& g, nn::Module& m, const std::string&, const Value& x) {
+    auto& l = static_cast<nn::AvgPool2d&>(m);
+    return g.node1("AveragePool", {x.name}, run(m, x.example),
+                   {{"kernel_shape", attr_ints(l.kernel_)}, {"strides", attr_ints(l.stride_)},
+                    {"pads", attr_ints(sym_pads(l.padding_))}, {"ceil_mode", attr_int(l.ceil_mode_ ? 1 : 0)},
+                    {"count_include_pad", attr_int(l.count_include_pad_ ? 1 : 0)}});
+  });
+  reg("AdaptiveAvgPool2d", [](GraphBuilder& g, nn::Module& m, const std::string&, const Value& x) {
+    auto& l = static_cast<nn::AdaptiveAvgPool2d&>(m);
+    Tensor y = run(m, x.example);
+    const int64_t h = x.example.size(-2), w = x.example.size(-1);
+    const int64_t oh = y.size(-2), ow = y.size(-1);
+    (void)l;
+    if (oh == 1 && ow == 1) return g.node1("GlobalAveragePool", {x.name}, y);
+    if (h % oh != 0 || w % ow != 0)
+      throw NotImplementedError(detail::cat("export_onnx: AdaptiveAvgPool2d from ", h, "x", w, " to ", oh, "x", ow,
+                                            " (sizes that do not divide) has no ONNX equivalent"));
+    return g.node1("AveragePool", {x.name}, y, {{"kernel_shape", attr_ints({h / oh, w / ow})}, {"strides", attr_ints({h / oh, w / ow})}});
+  });
+  auto batch_norm = [](GraphBuilder& g, nn::Module& m, const std::string& prefix, const Value& x) {
+    auto& l = static_cast<nn::BatchNorm&>(m);
+    const int64_t c = l.num_features_;
+    const DType t = x.example.dtype();
+    std::string w = l.affine_ ? g.weight(prefix + "weight", l.weight_) : g.weight(prefix + "weight", ones({c}, t));
+    std::string b = l.affine_ ? g.weight(prefix + "bias", l.bias_) : g.weight(prefix + "bias", zeros({c}, t));
+    if (!l.track_)
+      throw NotImplementedError(detail::cat("export_onnx: ", l.type_name(), " '", prefix,
+                                            "' without running statistics uses batch statistics in eval mode, which ONNX inference cannot express"));
+    std::string mean_name = g.weight(prefix + "running_mean", l.running_mean_);
+    std::string var_name = g.weight(prefix + "running_var", l.running_var_);
+    g.weight(prefix + "num_batches_tracked", l.num_batches_tracked_);
+    return g.node1("BatchNormalization", {x.name, w, b, mean_name, var_name}, run(m, x.example),
+                   {{"epsilon", attr_float(l.eps_)}});
+  };
+  reg("BatchNorm1d", batch_norm);
+  reg("BatchNorm2d", batch_norm);
+  reg("LayerNorm", [](GraphBuilder& g, nn::Module& m, const std::string& prefix, const Value& x) {
+    auto& l = static_cast<nn::LayerNorm&>(m);
+    const DType t = x.example.dtype();
+    std::string w = l.affine_ ? g.weight(prefix + "weight", l.weight_) : g.weight(prefix + "weight", ones(l.shape_, t));
+    std::vector<std::string> in{x.name, w};
+    if (l.affine_ && l.bias_.defined()) in.push_back(g.weight(prefix + "bias", l.bias_));
+    return g.node1("LayerNormalization", in, run(m, x.example),
+                   {{"axis", attr_int(-static_cast<int64_t>(l.shape_.size()))}, {"epsilon", attr_float(l.eps_)}});
+  });
+  reg("GroupNorm", [](GraphBuilder& g, nn::Module& m, const std::string& prefix, const Value& x) {
+    // (N, C, ...) -> (N, G, -1), normalised over the last axis, back, then the per-channel affine.
+    auto& l = static_cast<nn::GroupNorm&>(m);
+    const DType t = x.example.dtype();
+    std::string r = g.node("Reshape", {x.name, g.ints({0, l.groups_, -1})})[0];
+    std::string mean_ = g.node("ReduceMean", {r}, {{"axes", attr_ints({2})}, {"keepdims", attr_int(1)}})[0];
+    std::string centered = g.node("Sub", {r, mean_})[0];
+    std::string var_ = g.node("ReduceMean", {g.node("Mul", {centered, centered})[0]}, {{"axes", attr_ints({2})}, {"keepdims", attr_int(1)}})[0];
+    std::string denom = g.node("Sqrt", {g.node("Add", {var_, g.scalar(l.eps_, t)})[0]})[0];
+    std::string normed = g.node("Div", {centered, denom})[0];
+    std::string shape = g.node("Shape", {x.name})[0];
+    std::string back = g.node("Reshape", {normed, shape})[0];
+    Tensor y = run(m, x.example);
+    if (!l.affine_) return Value{back, y};
+    std::vector<int64_t> cs(static_cast<size_t>(x.example.dim() - 1), 1);
+    cs[0] = l.channels_;
+    std::string w = g.node("Reshape", {g.weight(prefix + "weight", l.weight_), g.ints(cs)})[0];
+    std::string b = g.node("Reshape", {g.weight(prefix + "bias", l.bias_), g.ints(cs)})[0];
+    return g.node1("Add", {g.node("Mul", {back, w})[0], b}, y);
+  });
+  reg("Embedding", [](GraphBuilder& g, nn::Module& m, const std::string& prefix, const Value& x) {
+    auto& l = static_cast<nn::Embedding&>(m);
+    return g.node1("Gather", {g.weight(prefix + "weight", l.weight_), x.name}, run(m, x.example), {{"axis", attr_int(0)}});
+  });
+  reg("Residual", [](GraphBuilder& g, nn::Module& m, const std::string& prefix, const Value& x) {
+    auto& l = static_cast<nn::Residual&>(m);
+    Value body = export_layer(g, *m.child("body"), prefix + "body.", x);
+    Value sc = l.has_shortcut_ ? export_layer(g, *m.child("shortcut"), prefix + "shortcut.", x) : x;
+    return g.node1("Add", {body.name, sc.name}, body.example + sc.example);
+  });
+  reg("SkipStash", [](GraphBuilder& g, nn::Module& m, const std::string&, const Value& x) {
+    g.skips()[static_cast<nn::SkipStash&>(m).name_] = x;
+    return x;
+  });
+  auto pop = [](GraphBuilder& g, const std::string& name, const std::string& prefix) {
+    auto it = g.skips().find(name);
+    if (it == g.skips().end())
+      throw ValueError(detail::cat("export_onnx: layer '", prefix, "' uses skip '", name, "', which nothing stashed before it"));
+    Value v = it->second;
+    g.skips().erase(it);
+    return v;
+  };
+  reg("SkipAdd", [pop](GraphBuilder& g, nn::Module& m, const std::string& prefix, const Value& x) {
+    Value s = pop(g, static_cast<nn::SkipAdd&>(m).name_, prefix);
+    return g.node1("Add", {x.name, s.name}, x.example + s.example);
+  });
+  reg("SkipConcat", [pop](GraphBuilder& g, nn::Module& m, const std::string& prefix, const Value& x) {
+    auto& l = static_cast<nn::SkipConcat&>(m);
+    Value s = pop(g, l.name_, prefix);
+    return g.node1("Concat", {x.name, s.name}, concat({x.example, s.example}, l.dim_), {{"axis", attr_int(l.dim_)}});
+  });
+  reg("OnnxModule", [](GraphBuilder&, nn::Module&, const std::string& prefix, const Value&) -> Value {
+    throw NotImplementedError(detail::cat("export_onnx: an imported model ('", prefix,
+                                          "') inside another model is not exported yet; export it on its own"));
+  });
+}
+
+namespace {
+
+ValueInfo value_info(const std::string& name, const Tensor& t, bool dynamic_batch) {
+  ValueInfo v;
+  v.name = name;
+  v.dtype = t.dtype();
+  v.has_shape = true;
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    Dim dim;
+    if (d == 0 && dynamic_batch) dim.symbol = "batch";
+    else dim.size = t.size(d);
+    v.shape.push_back(dim);
+  }
+  return v;
+}
+
+/// An imported model's own graph with its current weights.
+Model onnx_module_model(OnnxModule& m) {
+  Model out = m.model();
+  for (const auto& [name, t] : m.weights()) out.graph.initializers[name] = t.detach();
+  out.producer_name = "braid";
+  return out;
+}
+
+}  // namespace
+
+Model export_model(nn::Module& m, const Tensor& example, const ExportOptions& options) {
+  if (auto* om = dynamic_cast<OnnxModule*>(&m)) return onnx_module_model(*om);
+  BRAID_CHECK(example.defined(), "export_onnx: the example input is undefined");
+  const bool was_training = m.is_training();
+  m.eval();
+  NoGradGuard no_grad;
+  GraphBuilder g(options.opset);
+  Value out;
+  try {
+    out = export_layer(g, m, "", Value{options.input_name, example});
+  } catch (...) {
+    m.train(was_training);
+    throw;
+  }
+  m.train(was_training);
+  Model model;
+  model.ir_version = 8;
+  model.opsets[""] = options.opset;
+  model.producer_name = "braid";
+  model.graph.name = m.type_name();
+  model.graph.inputs.push_back(value_info(options.input_name, example, options.dynamic_batch));
+  // The output must be a node's output with the requested name: rename the last value.
+  if (out.name == options.input_name || g.graph().initializers.count(out.name) != 0) {
+    out = g.node1("Identity", {out.name}, out.example);
+  }
+  for (Node& n : g.graph().nodes)
+    for (std::string& o : n.outputs)
+      if (o == out.name) o = options.output_name;
+  for (Node& n : g.graph().nodes)
+    for (std::string& i : n.inputs)
+      if (i == out.name) i = options.output_name;
+  model.graph.nodes = std::move(g.graph().nodes);
+  model.graph.initializers = std::move(g.graph().initializers);
+  model.graph.outputs.push_back(value_info(options.output_name, out.example, options.dynamic_batch));
+  return model;
+}
+
+void export_onnx(nn::Module& m, const Tensor& example, const std::string& path, const ExportOptions& options) {
+  Model model = export_model(m, example, options);
+  save_model(model, path);
+}
+
+}  // namespace braid::onnx

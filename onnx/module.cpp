@@ -1,0 +1,508 @@
+// OnnxModule: an imported ONNX graph run as braid ops (braid/onnx/module.h).
+//
+// Note [Executing an ONNX graph]
+// The loader has already put the nodes in a topological order, so running a graph is one pass:
+// a scope maps value names to tensors (initialisers, the caller's inputs, then each node's outputs);
+// a node's implementation is looked up once per node in the OpRegistry and called with its inputs.
+// Subgraphs (If branches, Loop bodies) run in a child scope that sees the enclosing scopes' values.
+// Initialisers are the module's parameter and buffer tensors themselves, so an optimizer step on
+// the parameters changes what the next run computes, and gradients flow to them through autograd.
+// A failure inside an op is rethrown with the same type, prefixed with the model's file and the
+// node ("model.onnx: Conv 'conv1': ..."), so a user knows where in the graph it happened.
+#include "braid/onnx/module.h"
+
+#include <algorithm>
+#include <set>
+
+#include "braid/autograd.h"
+#include "braid/ops.h"
+
+namespace braid::onnx {
+
+// ---- OpContext ----
+
+const Tensor& OpContext::input(size_t i) const {
+  if (!has_input(i)) fail("input ", i, " is required but missing");
+  return inputs_[i];
+}
+
+std::vector<int64_t> OpContext::input_ints(size_t i) const {
+  const Tensor& t = input(i);
+  if (t.dtype() != kInt64 && t.dtype() != kInt32) fail("input ", i, " must be an integer tensor, got ", dtype_name(t.dtype()));
+  if (t.dim() > 1) fail("input ", i, " must be 1-d, got shape ", shape_str(t.shape()));
+  return t.to_vector<int64_t>();
+}
+
+double OpContext::input_scalar(size_t i) const {
+  const Tensor& t = input(i);
+  if (t.numel() != 1) fail("input ", i, " must hold one value, got shape ", shape_str(t.shape()));
+  return t.item();
+}
+
+const Attribute& OpContext::attr(const std::string& name) const {
+  auto it = node_.attributes.find(name);
+  if (it == node_.attributes.end()) fail("attribute '", name, "' is required but missing");
+  return it->second;
+}
+
+namespace {
+const char* kind_name(Attribute::Kind k) {
+  switch (k) {
+    case Attribute::Kind::Float: return "float";
+    case Attribute::Kind::Int: return "int";
+    case Attribute::Kind::String: return "string";
+    case Attribute::Kind::Tensor: return "tensor";
+    case Attribute::Kind::Graph: return "graph";
+    case Attribute::Kind::Floats: return "floats";
+    case Attribute::Kind::Ints: return "ints";
+    case Attribute::Kind::Strings: return "strings";
+    case Attribute::Kind::Tensors: return "tensors";
+    case Attribute::Kind::Graphs: return "graphs";
+  }
+  return "?";
+}
+}  // namespace
+
+int64_t OpContext::attr_int(const std::string& name, int64_t fallback) const {
+  if (!has_attr(name)) return fallback;
+  const Attribute& a = attr(name);
+  if (a.kind != Attribute::Kind::Int) fail("attribute '", name, "' must be an int, got ", kind_name(a.kind));
+  return a.i;
+}
+
+double OpContext::attr_float(const std::string& name, double fallback) const {
+  if (!has_attr(name)) return fallback;
+  const Attribute& a = attr(name);
+  if (a.kind == Attribute::Kind::Int) return static_cast<double>(a.i);
+  if (a.kind != Attribute::Kind::Float) fail("attribute '", name, "' must be a float, got ", kind_name(a.kind));
+  return a.f;
+}
+
+std::string OpContext::attr_string(const std::string& name, const std::string& fallback) const {
+  if (!has_attr(name)) return fallback;
+  const Attribute& a = attr(name);
+  if (a.kind != Attribute::Kind::String) fail("attribute '", name, "' must be a string, got ", kind_name(a.kind));
+  return a.s;
+}
+
+std::vector<int64_t> OpContext::attr_ints(const std::string& name, const std::vector<int64_t>& fallback) const {
+  if (!has_attr(name)) return fallback;
+  const Attribute& a = attr(name);
+  if (a.kind == Attribute::Kind::Int) return {a.i};
+  if (a.kind != Attribute::Kind::Ints) fail("attribute '", name, "' must be ints, got ", kind_name(a.kind));
+  return a.ints;
+}
+
+std::vector<double> OpContext::attr_floats(const std::string& name, const std::vector<double>& fallback) const {
+  if (!has_attr(name)) return fallback;
+  const Attribute& a = attr(name);
+  if (a.kind == Attribute::Kind::Float) return {a.f};
+  if (a.kind != Attribute::Kind::Floats) fail("attribute '", name, "' must be floats, got ", kind_name(a.kind));
+  return a.floats;
+}
+
+// ---- registry ----
+
+OpRegistry& OpRegistry::global() {
+  static OpRegistry* r = [] {
+    auto* reg = new OpRegistry;
+    register_builtin_ops(*reg);
+    return reg;
+  }();
+  return *r;
+}
+
+void OpRegistry::add(OpSchema schema) {
+  BRAID_CHECK(!schema.op_type.empty() && schema.run, "OpRegistry::add: an op needs a type and a run function");
+  if (schema.domain == "ai.onnx") schema.domain.clear();
+  auto key = std::make_pair(schema.domain, schema.op_type);
+  ops_[key] = std::move(schema);
+}
+
+const OpSchema* OpRegistry::find(const std::string& domain, const std::string& op_type) const {
+  auto it = ops_.find({domain == "ai.onnx" ? std::string() : domain, op_type});
+  return it == ops_.end() ? nullptr : &it->second;
+}
+
+std::vector<std::string> OpRegistry::op_types(const std::string& domain) const {
+  std::vector<std::string> out;
+  for (const auto& [k, v] : ops_)
+    if (k.first == domain) out.push_back(k.second);
+  return out;
+}
+
+namespace {
+
+int64_t opset_for(const Model& m, const std::string& domain) {
+  auto it = m.opsets.find(domain == "ai.onnx" ? std::string() : domain);
+  return it == m.opsets.end() ? 1 : it->second;
+}
+
+void preflight_graph(const Model& m, const Graph& g, const OpRegistry& r, std::vector<std::string>& problems) {
+  for (const Node& n : g.nodes) {
+    const int64_t opset = opset_for(m, n.domain);
+    const OpSchema* s = r.find(n.domain, n.op_type);
+    if (s == nullptr) {
+      problems.push_back(detail::cat(n.label(), ": op '", n.domain.empty() ? "" : n.domain + ".", n.op_type,
+                                     "' is not supported"));
+    } else {
+      if (opset < s->since_opset)
+        problems.push_back(detail::cat(n.label(), ": opset ", opset, " is not supported (braid implements ",
+                                       n.op_type, " from opset ", s->since_opset, ")"));
+      for (const auto& [name, a] : n.attributes)
+        if (std::find(s->attributes.begin(), s->attributes.end(), name) == s->attributes.end())
+          problems.push_back(detail::cat(n.label(), ": attribute '", name, "' is not supported"));
+      if (s->check) {
+        std::string why = s->check(n, opset);
+        if (!why.empty()) problems.push_back(detail::cat(n.label(), ": ", why));
+      }
+    }
+    for (const auto& [name, a] : n.attributes) {
+      if (a.g) preflight_graph(m, *a.g, r, problems);
+      for (const auto& sub : a.graphs)
+        if (sub) preflight_graph(m, *sub, r, problems);
+    }
+  }
+}
+
+}  // namespace
+
+std::vector<std::string> preflight(const Model& model, const OpRegistry& registry) {
+  std::vector<std::string> problems;
+  preflight_graph(model, model.graph, registry, problems);
+  return problems;
+}
+
+// ---- execution ----
+
+struct Scope {
+  const Scope* parent = nullptr;
+  std::map<std::string, Tensor> values;
+  const Tensor* find(const std::string& name) const {
+    for (const Scope* s = this; s != nullptr; s = s->parent) {
+      auto it = s->values.find(name);
+      if (it != s->values.end()) return &it->second;
+    }
+    return nullptr;
+  }
+};
+
+class Executor {
+ public:
+  Executor(const Model& m, const OpRegistry& r, bool training) : model_(m), registry_(r), training_(training) {}
+
+  /// Runs g's nodes in scope; returns g's outputs.
+  std::vector<Tensor> run_graph(const Graph& g, Scope& scope) {
+    for (const Node& n : g.nodes) run_node(n, scope);
+    std::vector<Tensor> out;
+    for (const ValueInfo& o : g.outputs) {
+      const Tensor* t = scope.find(o.name);
+      if (t == nullptr || !t->defined())
+        throw ValueError(detail::cat(model_.path, ": graph output '", o.name, "' was not computed"));
+      out.push_back(*t);
+    }
+    return out;
+  }
+
+  std::vector<Tensor> run_subgraph(const Graph& g, const std::vector<Tensor>& inputs) {
+    BRAID_CHECK(inputs.size() <= g.inputs.size(), model_.path, ": subgraph '", g.name, "' takes ", g.inputs.size(),
+                " inputs, got ", inputs.size());
+    Scope scope;
+    scope.parent = current_;
+    for (const auto& [name, t] : g.initializers) scope.values[name] = t;
+    for (size_t i = 0; i < inputs.size(); ++i) scope.values[g.inputs[i].name] = inputs[i];
+    const Scope* saved = current_;
+    current_ = &scope;
+    try {
+      auto out = run_graph(g, scope);
+      current_ = saved;
+      return out;
+    } catch (...) {
+      current_ = saved;
+      throw;
+    }
+  }
+
+  void set_current(const Scope* s) { current_ = s; }
+
+ private:
+  template <typename E>
+  [[noreturn]] void rethrow_as(const E& e, const Node& n) {
+    throw E(detail::cat(model_.path, ": ", n.label(), ": ", e.what()));
+  }
+
+  void run_node(const Node& n, Scope& scope) {
+    const OpSchema* s = registry_.find(n.domain, n.op_type);
+    if (s == nullptr)
+      throw NotImplementedError(detail::cat(model_.path, ": ", n.label(), ": op '", n.op_type, "' is not supported"));
+    std::vector<Tensor> inputs;
+    inputs.reserve(n.inputs.size());
+    DType half = kFloat32;
+    bool has_half = false;
+    for (const std::string& name : n.inputs) {
+      if (name.empty()) {
+        inputs.emplace_back();
+        continue;
+      }
+      const Tensor* t = scope.find(name);
+      if (t == nullptr)
+        throw ValueError(detail::cat(model_.path, ": ", n.label(), ": input '", name, "' has no value"));
+      Tensor v = *t;
+      if (s->half_via_float && v.defined() && (v.dtype() == kFloat16 || v.dtype() == kBFloat16)) {
+        has_half = true;
+        half = v.dtype();
+        v = cast(v, kFloat32);
+      }
+      inputs.push_back(std::move(v));
+    }
+    std::vector<Tensor> outputs;
+    const Scope* saved = current_;
+    current_ = &scope;
+    try {
+      OpContext ctx(n, opset_for(model_, n.domain), training_, std::move(inputs), this);
+      outputs = s->run(ctx);
+    } catch (const NotImplementedError& e) {
+      current_ = saved;
+      rethrow_as(e, n);
+    } catch (const IndexError& e) {
+      current_ = saved;
+      rethrow_as(e, n);
+    } catch (const TypeError& e) {
+      current_ = saved;
+      rethrow_as(e, n);
+    } catch (const ValueError& e) {
+      current_ = saved;
+      rethrow_as(e, n);
+    } catch (const DistributedError&) {
+      current_ = saved;
+      throw;
+    } catch (const Error& e) {
+      current_ = saved;
+      rethrow_as(e, n);
+    }
+    current_ = saved;
+    if (outputs.size() < n.outputs.size()) {
+      // Trailing optional outputs may be left undefined only if nobody asked for them.
+      for (size_t i = outputs.size(); i < n.outputs.size(); ++i)
+        if (!n.outputs[i].empty())
+          throw NotImplementedError(detail::cat(model_.path, ": ", n.label(), ": output ", i, " ('", n.outputs[i],
+                                                "') is not produced by braid's ", n.op_type));
+    }
+    for (size_t i = 0; i < n.outputs.size(); ++i) {
+      if (n.outputs[i].empty()) continue;
+      Tensor t = outputs[i];
+      if (!t.defined())
+        throw NotImplementedError(detail::cat(model_.path, ": ", n.label(), ": output ", i, " ('", n.outputs[i],
+                                              "') is not produced by braid's ", n.op_type));
+      if (has_half && is_floating(t.dtype()) && t.dtype() != half) t = cast(t, half);
+      scope.values[n.outputs[i]] = std::move(t);
+    }
+  }
+
+  const Model& model_;
+  const OpRegistry& registry_;
+  bool training_;
+  const Scope* current_ = nullptr;
+};
+
+std::vector<Tensor> OpContext::run_subgraph(const Graph& g, const std::vector<Tensor>& inputs) {
+  BRAID_ASSERT(executor_ != nullptr);
+  return executor_->run_subgraph(g, inputs);
+}
+
+// ---- OnnxModule ----
+
+namespace {
+
+/// Holds the parameters and buffers under one dotted prefix ("layer1.0" in "layer1.0.conv1.weight").
+class WeightGroup : public nn::Module {
+ public:
+  WeightGroup() : Module("OnnxWeights") {}
+  Tensor forward(const Tensor&) override {
+    throw TypeError("OnnxWeights holds an ONNX model's weights and does not run on its own");
+  }
+  Tensor add_weight(const std::string& name, const Tensor& t, bool parameter, bool requires_grad) {
+    return parameter ? register_parameter(name, t, requires_grad) : register_buffer(name, t);
+  }
+  std::shared_ptr<WeightGroup> group(const std::string& name) {
+    for (const auto& [n, m] : named_children())
+      if (n == name) return std::dynamic_pointer_cast<WeightGroup>(m);
+    return register_module(name, std::make_shared<WeightGroup>());
+  }
+};
+
+/// Inputs 3 and 4 of BatchNormalization (running mean and variance) are state, not parameters.
+std::set<std::string> statistics_inputs(const Graph& g) {
+  std::set<std::string> out;
+  for (const Node& n : g.nodes)
+    if (n.op_type == "BatchNormalization" && n.domain.empty())
+      for (size_t i = 3; i < n.inputs.size() && i < 5; ++i) out.insert(n.inputs[i]);
+  return out;
+}
+
+}  // namespace
+
+// Note [ONNX weight names]
+// state_dict() names of an imported model are the initialisers' names, so a checkpoint or an
+// exported file reads naturally ("layer1.0.conv1.weight"). Module names cannot contain '.', so a
+// dotted name is stored as a path of WeightGroup children. A name that cannot be a path (an empty
+// component such as "a..b", or "a" that is both a weight and a prefix of "a.b") is stored flat
+// with its dots replaced by '_' (and a numeric suffix on a clash); the ONNX name is kept for export.
+OnnxModule::OnnxModule(Model model, const OnnxOptions& options)
+    : Module("OnnxModule"), model_(std::move(model)),
+      registry_(options.registry != nullptr ? options.registry : &OpRegistry::global()) {
+  std::vector<std::string> problems = preflight(model_, *registry_);
+  if (!problems.empty()) {
+    std::string msg = detail::cat(model_.path, ": ", problems.size(), " unsupported op",
+                                  problems.size() == 1 ? "" : "s", "/attribute", problems.size() == 1 ? "" : "s",
+                                  " (nothing was run):");
+    for (const std::string& p : problems) {
+      msg += "\n  ";
+      msg += p;
+    }
+    throw NotImplementedError(msg);
+  }
+  const std::set<std::string> stats = statistics_inputs(model_.graph);
+  auto root = std::make_shared<WeightGroup>();
+  std::set<std::string> leaf_paths, prefix_paths;
+  for (const auto& [name, t] : model_.graph.initializers) {
+    for (size_t p = name.find('.'); p != std::string::npos; p = name.find('.', p + 1)) prefix_paths.insert(name.substr(0, p));
+  }
+  std::set<std::string> used_flat;
+  for (const auto& [name, t0] : model_.graph.initializers) {
+    const bool parameter = is_floating(t0.dtype()) && stats.count(name) == 0;
+    Tensor t = t0;
+    std::vector<std::string> parts;
+    size_t start = 0;
+    bool path_ok = prefix_paths.count(name) == 0;
+    while (true) {
+      size_t p = name.find('.', start);
+      parts.push_back(name.substr(start, p == std::string::npos ? std::string::npos : p - start));
+      if (parts.back().empty()) path_ok = false;
+      if (p == std::string::npos) break;
+      start = p + 1;
+    }
+    WeightGroup* g = root.get();
+    std::shared_ptr<WeightGroup> keep;
+    std::string leaf = parts.back();
+    if (path_ok && parts.size() > 1) {
+      for (size_t i = 0; i + 1 < parts.size(); ++i) {
+        keep = g->group(parts[i]);
+        if (!keep) {
+          path_ok = false;
+          break;
+        }
+        g = keep.get();
+      }
+    }
+    if (!path_ok) {
+      g = root.get();
+      leaf = name;
+      std::replace(leaf.begin(), leaf.end(), '.', '_');
+      if (leaf.empty()) leaf = "_";
+      std::string base = leaf;
+      for (int k = 1; used_flat.count(leaf) != 0 || prefix_paths.count(leaf) != 0; ++k) leaf = detail::cat(base, "_", k);
+    }
+    if (g == root.get()) used_flat.insert(leaf);
+    weights_[name] = g->add_weight(leaf, t, parameter, !options.frozen);
+  }
+  for (const auto& [n, m] : root->named_children()) register_module(n, m);
+  // Root-level weights move onto this module itself (the tensors are shared, not copied).
+  for (const auto& [n, t] : root->named_parameters(false)) register_parameter(n, t, t.requires_grad());
+  for (const auto& [n, t] : root->named_buffers(false)) register_buffer(n, t);
+  for (const ValueInfo& in : model_.graph.inputs)
+    if (model_.graph.initializers.count(in.name) == 0) input_names_.push_back(in.name);
+  eval();  // an imported model starts in inference mode, as onnxruntime runs it; train() to fine-tune
+}
+
+std::shared_ptr<OnnxModule> OnnxModule::load(const std::string& path, const OnnxOptions& options,
+                                             const LoadOptions& load_options) {
+  return std::make_shared<OnnxModule>(load_model(path, load_options), options);
+}
+
+std::vector<std::string> OnnxModule::output_names() const {
+  std::vector<std::string> out;
+  for (const ValueInfo& o : model_.graph.outputs) out.push_back(o.name);
+  return out;
+}
+
+std::string OnnxModule::describe() const {
+  return detail::cat("OnnxModule(", model_.path, ", ", model_.graph.nodes.size(), " nodes, opset ",
+                     opset_for(model_, ""), ")");
+}
+
+namespace {
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) {
+    if (!s.empty()) s += ", ";
+    s += "'";
+    s += x;
+    s += "'";
+  }
+  return s;
+}
+}  // namespace
+
+Tensor OnnxModule::forward(const Tensor& x) {
+  BRAID_CHECK(input_names_.size() == 1 && model_.graph.outputs.size() == 1, model_.path,
+              ": forward(x) needs a model with one input and one output; this one takes [", join(input_names_),
+              "] and gives [", join(output_names()), "]: use run()");
+  return run_ordered({x})[0];
+}
+
+std::vector<Tensor> OnnxModule::run(const std::vector<Tensor>& inputs) { return run_ordered(inputs); }
+
+std::map<std::string, Tensor> OnnxModule::run(const std::map<std::string, Tensor>& inputs) {
+  for (const auto& [name, t] : inputs)
+    BRAID_CHECK(std::find(input_names_.begin(), input_names_.end(), name) != input_names_.end() ||
+                    weights_.count(name) != 0,
+                model_.path, ": no graph input named '", name, "' (inputs: [", join(input_names_), "])");
+  std::vector<Tensor> ordered;
+  for (const std::string& name : input_names_) {
+    auto it = inputs.find(name);
+    BRAID_CHECK(it != inputs.end(), model_.path, ": input '", name, "' is missing (inputs: [", join(input_names_),
+                "])");
+    ordered.push_back(it->second);
+  }
+  std::vector<Tensor> out = run_ordered(ordered);
+  std::map<std::string, Tensor> named;
+  for (size_t i = 0; i < out.size(); ++i) named[model_.graph.outputs[i].name] = out[i];
+  return named;
+}
+
+std::vector<Tensor> OnnxModule::run_ordered(const std::vector<Tensor>& inputs) {
+  BRAID_CHECK(inputs.size() == input_names_.size(), model_.path, ": expected ", input_names_.size(),
+              " inputs [", join(input_names_), "], got ", inputs.size());
+  Scope scope;
+  for (const auto& [name, t] : weights_) scope.values[name] = t;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const ValueInfo* info = nullptr;
+    for (const ValueInfo& v : model_.graph.inputs)
+      if (v.name == input_names_[i]) info = &v;
+    BRAID_CHECK(inputs[i].defined(), model_.path, ": input '", input_names_[i], "' is undefined");
+    if (info != nullptr && info->has_shape) {
+      const Shape& s = inputs[i].shape();
+      bool ok = s.size() == info->shape.size();
+      for (size_t d = 0; ok && d < s.size(); ++d)
+        if (info->shape[d].size >= 0 && info->shape[d].size != s[d]) ok = false;
+      if (!ok) {
+        std::string want = "[";
+        for (size_t d = 0; d < info->shape.size(); ++d) {
+          if (d) want += ", ";
+          want += info->shape[d].size >= 0 ? std::to_string(info->shape[d].size)
+                                           : (info->shape[d].symbol.empty() ? std::string("?") : info->shape[d].symbol);
+        }
+        want += "]";
+        throw ValueError(detail::cat(model_.path, ": input '", input_names_[i], "' has shape ", shape_str(s),
+                                     ", the model expects ", want));
+      }
+    }
+    scope.values[input_names_[i]] = inputs[i];
+  }
+  Executor ex(model_, *registry_, is_training());
+  ex.set_current(&scope);
+  return ex.run_graph(model_.graph, scope);
+}
+
+}  // namespace braid::onnx

@@ -1,0 +1,14 @@
+// The explicit list of braid's ONNX op families; OpRegistry::global() calls this once.
+#include "ops_util.h"
+
+namespace braid::onnx {
+
+void register_builtin_ops(OpRegistry& r) {
+  ops::register_math_ops(r);
+  ops::register_tensor_ops(r);
+  ops::register_nn_ops(r);
+  ops::register_rnn_ops(r);
+  ops::register_extra_ops(r);
+}
+
+}  // namespace braid::onnx

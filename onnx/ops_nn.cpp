@@ -1,0 +1,381 @@
+// ONNX neural-network ops (convolution, pooling, normalisation, Gemm/MatMul, Dropout) as braid ops.
+#include <cmath>
+#include <limits>
+
+#include "braid/autograd.h"
+#include "braid/conv.h"
+#include "ops_util.h"
+
+namespace braid::onnx::ops {
+
+namespace {
+
+struct Window {
+  std::vector<int64_t> kernel, stride, dilation, begin, end;  // per spatial axis
+};
+
+/// Kernel, strides, dilations and per-axis padding (auto_pad resolved) for an input of spatial
+/// sizes `in`.
+Window window(const OpContext& c, const std::vector<int64_t>& kernel, const Shape& in) {
+  const size_t k = kernel.size();
+  Window w;
+  w.kernel = kernel;
+  w.stride = c.attr_ints("strides", std::vector<int64_t>(k, 1));
+  w.dilation = c.attr_ints("dilations", std::vector<int64_t>(k, 1));
+  if (w.stride.size() != k || w.dilation.size() != k) c.fail("strides/dilations need ", k, " values");
+  for (size_t i = 0; i < k; ++i)
+    if (w.stride[i] <= 0 || w.dilation[i] <= 0 || w.kernel[i] <= 0)
+      c.fail("kernel, strides and dilations must be positive");
+  const std::string auto_pad = c.attr_string("auto_pad", "NOTSET");
+  w.begin.assign(k, 0);
+  w.end.assign(k, 0);
+  if (auto_pad == "NOTSET") {
+    std::vector<int64_t> pads = c.attr_ints("pads", std::vector<int64_t>(2 * k, 0));
+    if (pads.size() != 2 * k) c.fail("pads needs ", 2 * k, " values, got ", pads.size());
+    for (size_t i = 0; i < k; ++i) {
+      w.begin[i] = pads[i];
+      w.end[i] = pads[i + k];
+      if (w.begin[i] < 0 || w.end[i] < 0) c.fail("pads must be non-negative");
+    }
+  } else if (auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER") {
+    for (size_t i = 0; i < k; ++i) {
+      const int64_t out = (in[i] + w.stride[i] - 1) / w.stride[i];
+      const int64_t total = std::max<int64_t>((out - 1) * w.stride[i] + (w.kernel[i] - 1) * w.dilation[i] + 1 - in[i], 0);
+      const int64_t small = total / 2;
+      w.begin[i] = auto_pad == "SAME_UPPER" ? small : total - small;
+      w.end[i] = total - w.begin[i];
+    }
+  } else if (auto_pad != "VALID") {
+    c.fail("auto_pad '", auto_pad, "' is not one of NOTSET, SAME_UPPER, SAME_LOWER, VALID");
+  }
+  return w;
+}
+
+Shape spatial(const Tensor& x) { return Shape(x.shape().begin() + 2, x.shape().end()); }
+
+/// 1-d inputs run as 2-d with a height of 1.
+Tensor to_2d(const Tensor& x) { return unsqueeze(x, 2); }
+void window_to_2d(Window& w) {
+  w.kernel.insert(w.kernel.begin(), 1);
+  w.stride.insert(w.stride.begin(), 1);
+  w.dilation.insert(w.dilation.begin(), 1);
+  w.begin.insert(w.begin.begin(), 0);
+  w.end.insert(w.end.begin(), 0);
+}
+
+void check_rank(const OpContext& c, const Tensor& x, const char* what) {
+  if (x.dim() == 5) throw NotImplementedError(detail::cat("3-d ", what, " is not supported yet"));
+  if (x.dim() != 3 && x.dim() != 4) c.fail(what, " needs an (N, C, L) or (N, C, H, W) input, got shape ", shape_str(x.shape()));
+}
+
+std::vector<Tensor> conv(OpContext& c) {
+  Tensor x = c.input(0), weight = c.input(1);
+  Tensor bias = c.has_input(2) ? c.input(2) : Tensor();
+  check_rank(c, x, "Conv");
+  if (weight.dim() != x.dim()) c.fail("weight of shape ", shape_str(weight.shape()), " does not match input of shape ", shape_str(x.shape()));
+  const std::vector<int64_t> kernel(weight.shape().begin() + 2, weight.shape().end());
+  Window w = window(c, c.attr_ints("kernel_shape", kernel), spatial(x));
+  const int64_t group = c.attr_int("group", 1);
+  const bool one_d = x.dim() == 3;
+  if (one_d) {
+    x = to_2d(x);
+    weight = to_2d(weight);
+    window_to_2d(w);
+  }
+  Tensor y = conv2d(x, weight, bias, w.stride, {w.begin[0], w.end[0], w.begin[1], w.end[1]}, w.dilation, group);
+  return {one_d ? squeeze(y, 2) : y};
+}
+
+std::vector<Tensor> conv_transpose(OpContext& c) {
+  Tensor x = c.input(0), weight = c.input(1);
+  Tensor bias = c.has_input(2) ? c.input(2) : Tensor();
+  check_rank(c, x, "ConvTranspose");
+  const size_t k = static_cast<size_t>(x.dim() - 2);
+  const std::vector<int64_t> kernel = c.attr_ints("kernel_shape", std::vector<int64_t>(weight.shape().begin() + 2, weight.shape().end()));
+  std::vector<int64_t> stride = c.attr_ints("strides", std::vector<int64_t>(k, 1));
+  std::vector<int64_t> dilation = c.attr_ints("dilations", std::vector<int64_t>(k, 1));
+  std::vector<int64_t> out_pad = c.attr_ints("output_padding", std::vector<int64_t>(k, 0));
+  std::vector<int64_t> pads = c.attr_ints("pads", std::vector<int64_t>(2 * k, 0));
+  const int64_t group = c.attr_int("group", 1);
+  const std::string auto_pad = c.attr_string("auto_pad", "NOTSET");
+  const Shape in = spatial(x);
+  if (c.has_attr("output_shape") || auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER") {
+    std::vector<int64_t> target = c.attr_ints("output_shape");
+    if (target.size() > k) target.erase(target.begin(), target.end() - static_cast<int64_t>(k));
+    for (size_t i = 0; i < k; ++i) {
+      const int64_t out = target.empty() ? in[i] * stride[i] : target[i];
+      const int64_t total = stride[i] * (in[i] - 1) + out_pad[i] + ((kernel[i] - 1) * dilation[i] + 1) - out;
+      if (total < 0) {
+        out_pad[i] -= total;  // the output grows by output padding
+        pads[i] = pads[i + k] = 0;
+        continue;
+      }
+      const bool upper = auto_pad != "SAME_LOWER";
+      pads[i] = upper ? total / 2 : total - total / 2;
+      pads[i + k] = total - pads[i];
+    }
+  } else if (auto_pad == "VALID") {
+    std::fill(pads.begin(), pads.end(), 0);
+  }
+  const bool one_d = k == 1;
+  if (one_d) {
+    x = to_2d(x);
+    weight = to_2d(weight);
+    stride.insert(stride.begin(), 1);
+    dilation.insert(dilation.begin(), 1);
+    out_pad.insert(out_pad.begin(), 0);
+    pads = {0, pads[0], 0, pads[1]};
+  }
+  // braid pads both sides of an axis alike: pad by the smaller amount, crop the rest at the end.
+  std::vector<int64_t> common(2), extra_b(2), extra_e(2);
+  for (size_t i = 0; i < 2; ++i) {
+    common[i] = std::min(pads[i], pads[i + 2]);
+    extra_b[i] = pads[i] - common[i];
+    extra_e[i] = pads[i + 2] - common[i];
+  }
+  Tensor y = conv_transpose2d(x, weight, bias, stride, common, out_pad, group, dilation);
+  for (int64_t i = 0; i < 2; ++i)
+    if (extra_b[static_cast<size_t>(i)] != 0 || extra_e[static_cast<size_t>(i)] != 0)
+      y = slice(y, 2 + i, extra_b[static_cast<size_t>(i)], y.size(2 + i) - extra_e[static_cast<size_t>(i)]);
+  return {one_d ? squeeze(y, 2) : y};
+}
+
+std::vector<Tensor> pool(OpContext& c, bool is_max) {
+  Tensor x = c.input(0);
+  check_rank(c, x, is_max ? "MaxPool" : "AveragePool");
+  if (!is_floating(x.dtype())) {
+    // Integer pooling (uint8 images): exact in float64, then back.
+    const DType t = x.dtype();
+    OpContext sub(c.node(), c.opset(), c.training(), {cast(x, kFloat64)}, nullptr);
+    return {cast(pool(sub, is_max)[0], t)};
+  }
+  Window w = window(c, c.attr_ints("kernel_shape"), spatial(x));
+  if (w.kernel.size() != static_cast<size_t>(x.dim() - 2)) c.fail("kernel_shape needs ", x.dim() - 2, " values");
+  const bool ceil_mode = c.attr_int("ceil_mode", 0) != 0;
+  const bool one_d = x.dim() == 3;
+  if (one_d) {
+    x = to_2d(x);
+    window_to_2d(w);
+  }
+  bool symmetric = true, small = true;
+  for (size_t i = 0; i < 2; ++i) {
+    symmetric = symmetric && w.begin[i] == w.end[i];
+    small = small && 2 * w.begin[i] <= w.kernel[i];
+  }
+  Tensor y;
+  if (is_max) {
+    if (symmetric && small) {
+      y = max_pool2d(x, w.kernel, w.stride, {w.begin[0], w.begin[1]}, w.dilation, ceil_mode);
+    } else {
+      Tensor p = pad(x, {w.begin[1], w.end[1], w.begin[0], w.end[0]}, "constant", -std::numeric_limits<double>::infinity());
+      y = max_pool2d(p, w.kernel, w.stride, {0, 0}, w.dilation, ceil_mode);
+    }
+  } else {
+    for (int64_t d : w.dilation)
+      if (d != 1) throw NotImplementedError("AveragePool with dilations is not supported yet");
+    const bool include_pad = c.attr_int("count_include_pad", 0) != 0;
+    if (symmetric && small && (include_pad || (w.begin[0] == 0 && w.begin[1] == 0))) {
+      y = avg_pool2d(x, w.kernel, w.stride, {w.begin[0], w.begin[1]}, ceil_mode, include_pad);
+    } else {
+      // Sum over the padded input divided by the count of real (or, with count_include_pad,
+      // real and pad) elements in each window.
+      const std::vector<int64_t> p{w.begin[1], w.end[1], w.begin[0], w.end[0]};
+      Tensor sums = avg_pool2d(pad(x, p), w.kernel, w.stride, {0, 0}, ceil_mode, true);
+      if (!include_pad) {
+        NoGradGuard no_grad;
+        Tensor ones_in = ones({1, 1, x.size(2), x.size(3)}, x.dtype());
+        Tensor counts = avg_pool2d(pad(ones_in, p), w.kernel, w.stride, {0, 0}, ceil_mode, true);
+        sums = sums / counts;
+        y = sums;
+      } else {
+        y = sums;
+      }
+    }
+  }
+  return {one_d ? squeeze(y, 2) : y};
+}
+
+std::vector<int64_t> spatial_axes(const Tensor& x) {
+  std::vector<int64_t> axes;
+  for (int64_t d = 2; d < x.dim(); ++d) axes.push_back(d);
+  return axes;
+}
+
+Shape channel_shape(const Tensor& x) {
+  Shape s(static_cast<size_t>(x.dim()), 1);
+  s[1] = x.size(1);
+  return s;
+}
+
+std::vector<Tensor> batch_norm(OpContext& c) {
+  const Tensor& x = c.input(0);
+  const Tensor &scale = c.input(1), &bias = c.input(2);
+  Tensor mean_in = c.input(3), var_in = c.input(4);
+  const double eps = c.attr_float("epsilon", 1e-5), momentum = c.attr_float("momentum", 0.9);
+  if (x.dim() < 2) c.fail("input must have a channel axis, got shape ", shape_str(x.shape()));
+  const Shape cs = channel_shape(x);
+  const bool onnx_training = c.opset() >= 14 && c.attr_int("training_mode", 0) != 0;
+  std::vector<int64_t> axes{0};
+  for (int64_t d = 2; d < x.dim(); ++d) axes.push_back(d);
+  if (!onnx_training && !c.training()) {
+    Tensor inv = rsqrt(reshape(var_in, cs) + eps) * reshape(scale, cs);
+    return {(x - reshape(mean_in, cs)) * inv + reshape(bias, cs)};
+  }
+  Tensor m = mean(x, axes, true);
+  Tensor v = var(x, axes, 0, true);
+  Tensor y = (x - m) * rsqrt(v + eps) * reshape(scale, cs) + reshape(bias, cs);
+  Tensor run_mean, run_var;
+  {
+    NoGradGuard no_grad;
+    const int64_t n = x.numel() / x.size(1);
+    // Fine-tuning in braid (module in training mode) updates the model's running statistics as
+    // PyTorch does (unbiased variance); the ONNX training_mode outputs use the biased one.
+    Tensor vr = reshape(v, {x.size(1)});
+    if (!onnx_training && n > 1) vr = vr * (static_cast<double>(n) / static_cast<double>(n - 1));
+    run_mean = mean_in * momentum + reshape(m, {x.size(1)}).detach() * (1.0 - momentum);
+    run_var = var_in * momentum + vr.detach() * (1.0 - momentum);
+    if (!onnx_training) {
+      Tensor(mean_in).copy_(cast(run_mean, mean_in.dtype()));
+      Tensor(var_in).copy_(cast(run_var, var_in.dtype()));
+    }
+  }
+  return {y, run_mean, run_var};
+}
+
+/// Normalises over `axes` of x (mean 0, variance 1, biased), returning (y, mean, inverse std).
+std::vector<Tensor> normalize(const Tensor& x, const std::vector<int64_t>& axes, double eps) {
+  Tensor m = mean(x, axes, true);
+  Tensor inv = rsqrt(var(x, axes, 0, true) + eps);
+  return {(x - m) * inv, m, inv};
+}
+
+std::vector<Tensor> dropout(OpContext& c) {
+  const Tensor& x = c.input(0);
+  double ratio = 0.5;
+  bool training = c.training();
+  if (c.opset() < 12) {
+    ratio = c.attr_float("ratio", 0.5);
+    if (c.attr_int("is_test", 0) != 0) training = false;
+  } else {
+    if (c.has_input(1)) ratio = c.input_scalar(1);
+    training = c.has_input(2) ? c.input_scalar(2) != 0 : training;
+  }
+  if (!training || ratio == 0) return {x, ones(x.shape(), kBool)};
+  if (ratio < 0 || ratio >= 1) c.fail("ratio must be in [0, 1), got ", ratio);
+  Tensor keep = bernoulli(x.shape(), 1.0 - ratio, kBool);
+  return {x * cast(keep, x.dtype()) * (1.0 / (1.0 - ratio)), keep};
+}
+
+/// Negative log-likelihood of log-probabilities x (N, C, d...) at integer targets (N, d...), with
+/// optional class weights and an ignored target value, reduced as ONNX (and PyTorch) define it.
+Tensor nll_loss(OpContext& c, const Tensor& x, const Tensor& target, const Tensor& weight) {
+  if (x.dim() < 2) c.fail("input must be (N, C, ...), got shape ", shape_str(x.shape()));
+  if (target.dim() != x.dim() - 1) c.fail("target of shape ", shape_str(target.shape()), " does not match input of shape ", shape_str(x.shape()));
+  Tensor t = cast(target, kInt64);
+  Tensor valid = ones(t.shape(), kBool);
+  if (c.has_attr("ignore_index")) valid = ne(t, scalar_tensor(static_cast<double>(c.attr_int("ignore_index", -100)), kInt64));
+  Tensor safe = where(valid, t, zeros({}, kInt64));
+  Tensor picked = squeeze(gather(x, 1, unsqueeze(safe, 1)), 1);
+  Tensor w = weight.defined() ? reshape(index_select(weight, 0, reshape(safe, {safe.numel()})), t.shape()) : ones(t.shape(), x.dtype());
+  w = w * cast(valid, x.dtype());
+  Tensor loss = -picked * w;
+  const std::string reduction = c.attr_string("reduction", "mean");
+  if (reduction == "none") return loss;
+  if (reduction == "sum") return sum(loss);
+  if (reduction == "mean") return sum(loss) / sum(w);
+  c.fail("reduction '", reduction, "' is not one of none, sum, mean");
+}
+
+}  // namespace
+
+void register_nn_ops(OpRegistry& r) {
+  r.add(op("NegativeLogLikelihoodLoss", {"ignore_index", "reduction"}, [](OpContext& c) {
+    return Tensors{nll_loss(c, c.input(0), c.input(1), c.has_input(2) ? c.input(2) : Tensor())};
+  }));
+  r.add(op("SoftmaxCrossEntropyLoss", {"ignore_index", "reduction"}, [](OpContext& c) {
+    Tensor logp = log_softmax(c.input(0), 1);
+    return Tensors{nll_loss(c, logp, c.input(1), c.has_input(2) ? c.input(2) : Tensor()), logp};
+  }));
+  r.add(op("Conv", {"auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"}, conv));
+  r.add(op("ConvTranspose", {"auto_pad", "dilations", "group", "kernel_shape", "output_padding", "output_shape", "pads", "strides"},
+           conv_transpose));
+  {
+    OpSchema s = op("MaxPool", {"auto_pad", "ceil_mode", "dilations", "kernel_shape", "pads", "storage_order", "strides"},
+                    [](OpContext& c) { return pool(c, true); });
+    s.check = [](const Node& n, int64_t) -> std::string {
+      if (n.outputs.size() > 1 && !n.outputs[1].empty()) return "the Indices output of MaxPool is not supported";
+      return "";
+    };
+    r.add(std::move(s));
+  }
+  r.add(op("AveragePool", {"auto_pad", "ceil_mode", "count_include_pad", "dilations", "kernel_shape", "pads", "strides"},
+           [](OpContext& c) { return pool(c, false); }));
+  r.add(op("GlobalAveragePool", {}, [](OpContext& c) { return Tensors{mean(c.input(0), spatial_axes(c.input(0)), true)}; }));
+  r.add(op("GlobalMaxPool", {}, [](OpContext& c) { return Tensors{amax(c.input(0), spatial_axes(c.input(0)), true)}; }));
+  r.add(op("MatMul", {}, [](OpContext& c) { return Tensors{matmul(c.input(0), c.input(1))}; }));
+  r.add(op("Gemm", {"alpha", "beta", "transA", "transB"}, [](OpContext& c) {
+    Tensor a = c.input(0), b = c.input(1);
+    if (a.dim() != 2 || b.dim() != 2) c.fail("A and B must be 2-d, got ", shape_str(a.shape()), " and ", shape_str(b.shape()));
+    if (c.attr_int("transA", 0) != 0) a = a.mT();
+    if (c.attr_int("transB", 0) != 0) b = b.mT();
+    const double alpha = c.attr_float("alpha", 1.0), beta = c.attr_float("beta", 1.0);
+    Tensor y = matmul(a, b);
+    if (alpha != 1.0) y = y * alpha;
+    if (c.has_input(2) && beta != 0.0) y = beta == 1.0 ? y + c.input(2) : y + c.input(2) * beta;
+    return Tensors{y};
+  }));
+  {
+    OpSchema s = op("BatchNormalization", {"epsilon", "momentum", "training_mode", "spatial", "is_test", "consumed_inputs"}, batch_norm);
+    s.check = [](const Node& n, int64_t) -> std::string {
+      auto it = n.attributes.find("spatial");
+      if (it != n.attributes.end() && it->second.i == 0) return "BatchNormalization with spatial=0 is not supported";
+      return "";
+    };
+    r.add(std::move(s));
+  }
+  r.add(op("InstanceNormalization", {"epsilon"}, [](OpContext& c) {
+    const Tensor& x = c.input(0);
+    const Shape cs = channel_shape(x);
+    Tensor y = normalize(x, spatial_axes(x), c.attr_float("epsilon", 1e-5))[0];
+    return Tensors{y * reshape(c.input(1), cs) + reshape(c.input(2), cs)};
+  }));
+  r.add(op("LayerNormalization", {"axis", "epsilon", "stash_type"}, [](OpContext& c) {
+    const Tensor& x = c.input(0);
+    const int64_t axis = norm_axis(c, c.attr_int("axis", -1), x.dim());
+    std::vector<int64_t> axes;
+    for (int64_t d = axis; d < x.dim(); ++d) axes.push_back(d);
+    std::vector<Tensor> n = normalize(x, axes, c.attr_float("epsilon", 1e-5));
+    Tensor y = n[0] * c.input(1);
+    if (c.has_input(2)) y = y + c.input(2);
+    return Tensors{y, n[1], n[2]};
+  }));
+  r.add(op("GroupNormalization", {"epsilon", "num_groups", "stash_type"}, [](OpContext& c) {
+    const Tensor& x = c.input(0);
+    const int64_t g = c.attr_int("num_groups", 1), ch = x.size(1);
+    if (g <= 0 || ch % g != 0) c.fail("num_groups ", g, " does not divide ", ch, " channels");
+    Shape grouped{x.size(0), g, -1};
+    Tensor y = reshape(normalize(reshape(x, grouped), {2}, c.attr_float("epsilon", 1e-5))[0], x.shape());
+    Tensor scale = c.input(1), bias = c.input(2);
+    if (scale.numel() == g && g != ch) {  // opset 18: one scale per group
+      scale = reshape(expand(reshape(scale, {g, 1}), {g, ch / g}), {ch});
+      bias = reshape(expand(reshape(bias, {g, 1}), {g, ch / g}), {ch});
+    }
+    const Shape cs = channel_shape(x);
+    return Tensors{y * reshape(scale, cs) + reshape(bias, cs)};
+  }));
+  r.add(op("LRN", {"alpha", "beta", "bias", "size"}, [](OpContext& c) {
+    const Tensor& x = c.input(0);
+    const int64_t size = c.attr_int("size", 1);
+    if (size <= 0) c.fail("size must be positive");
+    const double alpha = c.attr_float("alpha", 1e-4), beta = c.attr_float("beta", 0.75), bias = c.attr_float("bias", 1.0);
+    const int64_t n = x.size(0), ch = x.size(1);
+    Tensor sq = reshape(square(x), {n, 1, ch, x.numel() / std::max<int64_t>(n * ch, 1)});
+    const int64_t before = (size - 1) / 2, after = size - 1 - before;
+    Tensor sums = avg_pool2d(pad(sq, {0, 0, before, after}), {size, 1}, {1, 1}, {0, 0}, false, true) * static_cast<double>(size);
+    Tensor denom = pow(reshape(sums, x.shape()) * (alpha / static_cast<double>(size)) + bias, beta);
+    return Tensors{x / denom};
+  }));
+  r.add(op("Dropout", {"ratio", "seed", "is_test", "consumed_inputs"}, dropout));
+}
+
+}  // namespace braid::onnx::ops
