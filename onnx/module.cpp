@@ -453,7 +453,7 @@ Tensor OnnxModule::forward(const Tensor& x) {
 
 std::vector<Tensor> OnnxModule::run(const std::vector<Tensor>& inputs) { return run_ordered(inputs); }
 
-std::map<std::string, Tensor> OnnxModule::run(const std::map<std::string, Tensor>& inputs) {
+std::map<std::string, Tensor> OnnxModule::run_named(const std::map<std::string, Tensor>& inputs) {
   for (const auto& [name, t] : inputs)
     BRAID_CHECK(std::find(input_names_.begin(), input_names_.end(), name) != input_names_.end() ||
                     weights_.count(name) != 0,

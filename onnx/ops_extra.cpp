@@ -1,9 +1,1133 @@
 // ONNX indexing, sorting, resampling and contraction ops (TopK, CumSum, ScatterND, Resize, Einsum, ...)
 // as braid ops.
+//
+// Index computations that are not differentiable (which elements TopK picks, where ScatterND
+// writes, which rows GatherND reads, Resize's sampling positions and weights) are done on the CPU
+// over plain vectors; the values then flow through braid's differentiable ops (gather,
+// index_select, scatter_add, where, matmul), so gradients reach the data inputs.
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <numeric>
+#include <optional>
+#include <set>
+
 #include "ops_util.h"
 
 namespace braid::onnx::ops {
 
-void register_extra_ops(OpRegistry&) {}
+namespace {
+
+Tensor index_vec(const std::vector<int64_t>& v) { return tensor(v, {static_cast<int64_t>(v.size())}); }
+
+int64_t shape_prod(const Shape& s, size_t from = 0, size_t to = std::string::npos) {
+  int64_t p = 1;
+  for (size_t i = from; i < std::min(to, s.size()); ++i) p *= s[i];
+  return p;
+}
+
+/// Reverses x along axis.
+Tensor flip(const Tensor& x, int64_t axis) {
+  const int64_t n = x.size(axis);
+  std::vector<int64_t> idx(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) idx[static_cast<size_t>(i)] = n - 1 - i;
+  return index_select(x, axis, index_vec(idx));
+}
+
+/// Integer values of an index tensor (any integer dtype).
+std::vector<int64_t> int_values(const OpContext& c, const Tensor& t, const char* what) {
+  if (t.dtype() != kInt64 && t.dtype() != kInt32) c.fail(what, " must be int32 or int64, got ", dtype_name(t.dtype()));
+  return t.to_vector<int64_t>();
+}
+
+int64_t wrap(const OpContext& c, int64_t i, int64_t n, const char* what) {
+  if (i < -n || i >= n) c.fail(what, " index ", i, " is out of range for a dimension of size ", n);
+  return i < 0 ? i + n : i;
+}
+
+// ---- TopK ----
+
+Tensors topk(OpContext& c) {
+  const Tensor& x = c.input(0);
+  if (x.dim() == 0) c.fail("input must have at least one dimension");
+  const int64_t axis = norm_axis(c, c.attr_int("axis", -1), x.dim());
+  int64_t k = 0;
+  if (c.opset() < 10) {
+    k = c.attr_int("k", 0);
+  } else {
+    std::vector<int64_t> kv = c.input_ints(1);
+    if (kv.size() != 1) c.fail("K must hold one value, got ", kv.size());
+    k = kv[0];
+  }
+  const int64_t n = x.size(axis);
+  if (k < 0 || k > n) c.fail("k ", k, " is out of range for axis ", axis, " of size ", n);
+  const bool largest = c.attr_int("largest", 1) != 0;
+  const Shape& sh = x.shape();
+  const int64_t outer = shape_prod(sh, 0, static_cast<size_t>(axis)), inner = shape_prod(sh, static_cast<size_t>(axis) + 1);
+  std::vector<double> v = cast(x, kFloat64).to_vector<double>();
+  std::vector<int64_t> out(static_cast<size_t>(outer * k * inner));
+  std::vector<int64_t> order(static_cast<size_t>(n));
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t i = 0; i < inner; ++i) {
+      auto at = [&](int64_t j) { return v[static_cast<size_t>((o * n + j) * inner + i)]; };
+      std::iota(order.begin(), order.end(), 0);
+      // Ties keep the lower index first; NaN counts as the largest value.
+      std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+        const double va = at(a), vb = at(b);
+        if (std::isnan(va) || std::isnan(vb)) return largest ? (std::isnan(va) && !std::isnan(vb)) : (!std::isnan(va) && std::isnan(vb));
+        return largest ? va > vb : va < vb;
+      });
+      for (int64_t r = 0; r < k; ++r) out[static_cast<size_t>((o * k + r) * inner + i)] = order[static_cast<size_t>(r)];
+    }
+  Shape os = sh;
+  os[static_cast<size_t>(axis)] = k;
+  Tensor idx = tensor(out, os);
+  if (k == 0) return {zeros(os, x.dtype()), idx};
+  return {gather(x, axis, idx), idx};
+}
+
+// ---- CumSum ----
+
+/// x shifted by k along axis (zeros enter at the front).
+Tensor shift(const Tensor& x, int64_t axis, int64_t k) {
+  const int64_t n = x.size(axis);
+  Shape zs = x.shape();
+  zs[static_cast<size_t>(axis)] = std::min(k, n);
+  if (k >= n) return zeros(x.shape(), x.dtype());
+  return concat({zeros(zs, x.dtype()), narrow(x, axis, 0, n - k)}, axis);
+}
+
+Tensors cumsum(OpContext& c) {
+  Tensor x = c.input(0);
+  std::vector<int64_t> av = int_values(c, c.input(1), "axis");
+  if (av.size() != 1) c.fail("axis must hold one value");
+  if (x.dim() == 0) return {x};
+  const int64_t axis = norm_axis(c, av[0], x.dim());
+  const bool reverse = c.attr_int("reverse", 0) != 0, exclusive = c.attr_int("exclusive", 0) != 0;
+  const int64_t n = x.size(axis);
+  if (n == 0) return {x};
+  if (reverse) x = flip(x, axis);
+  // Hillis-Steele scan: log2(n) shifted additions.
+  for (int64_t k = 1; k < n; k *= 2) x = x + shift(x, axis, k);
+  if (exclusive) x = shift(x, axis, 1);
+  if (reverse) x = flip(x, axis);
+  return {x};
+}
+
+// ---- scatter family ----
+
+/// data2 (rows, cols) with row rows[u] combined with row u of upd2 (nu, cols) by reduction
+/// ("none": replaced, the last update wins; "add", "mul", "max", "min").
+Tensor scatter_rows(const OpContext& c, const Tensor& data2, const std::vector<int64_t>& rows, const Tensor& upd2,
+                    const std::string& reduction) {
+  const int64_t nrows = data2.size(0), cols = data2.size(1);
+  const auto nu = static_cast<int64_t>(rows.size());
+  if (nu == 0) return data2;
+  Tensor upd = cast(upd2, data2.dtype());
+  auto row_index = [&](const std::vector<int64_t>& r) {
+    return contiguous(expand(reshape(index_vec(r), {static_cast<int64_t>(r.size()), 1}), {static_cast<int64_t>(r.size()), cols}));
+  };
+  if (reduction == "add") return scatter_add(data2, 0, row_index(rows), upd);
+  if (reduction != "none" && reduction != "mul" && reduction != "max" && reduction != "min")
+    c.fail("reduction '", reduction, "' is not one of none, add, mul, max, min");
+  // Rounds in which each target row appears at most once: round r takes each row's r-th update
+  // ("none" keeps only each row's last update).
+  std::vector<std::vector<int64_t>> rounds;
+  if (reduction == "none") {
+    std::map<int64_t, int64_t> last;
+    for (int64_t u = 0; u < nu; ++u) last[rows[static_cast<size_t>(u)]] = u;
+    rounds.emplace_back();
+    for (const auto& [row, u] : last) rounds[0].push_back(u);
+  } else {
+    std::map<int64_t, size_t> seen;
+    for (int64_t u = 0; u < nu; ++u) {
+      size_t& count = seen[rows[static_cast<size_t>(u)]];
+      if (rounds.size() <= count) rounds.emplace_back();
+      rounds[count++].push_back(u);
+    }
+  }
+  Tensor out = data2;
+  for (const std::vector<int64_t>& us : rounds) {
+    std::vector<int64_t> rr;
+    std::vector<bool> mask(static_cast<size_t>(nrows), false);
+    for (int64_t u : us) {
+      rr.push_back(rows[static_cast<size_t>(u)]);
+      mask[static_cast<size_t>(rows[static_cast<size_t>(u)])] = true;
+    }
+    Tensor placed = scatter_add(zeros_like(data2), 0, row_index(rr), index_select(upd, 0, index_vec(us)));
+    Tensor m = tensor_bool(mask, {nrows, 1});
+    Tensor combined = reduction == "none" ? placed
+                      : reduction == "mul" ? out * placed
+                      : reduction == "max" ? maximum(out, placed)
+                                           : minimum(out, placed);
+    out = where(m, combined, out);
+  }
+  return out;
+}
+
+Tensors scatter_nd(OpContext& c) {
+  const Tensor& data = c.input(0);
+  const Tensor& indices = c.input(1);
+  const Tensor& updates = c.input(2);
+  if (indices.dim() < 1) c.fail("indices must have at least one dimension");
+  const Shape& ds = data.shape();
+  const int64_t k = indices.size(-1);
+  if (k > data.dim()) c.fail("index tuples of ", k, " values for a rank-", data.dim(), " data");
+  const int64_t nu = shape_prod(indices.shape(), 0, static_cast<size_t>(indices.dim() - 1));
+  const int64_t rest = shape_prod(ds, static_cast<size_t>(k));
+  Shape want(indices.shape().begin(), indices.shape().end() - 1);
+  want.insert(want.end(), ds.begin() + k, ds.end());
+  if (updates.shape() != want) c.fail("updates have shape ", shape_str(updates.shape()), ", expected ", shape_str(want));
+  std::vector<int64_t> iv = int_values(c, indices, "indices");
+  std::vector<int64_t> rows(static_cast<size_t>(nu), 0);
+  for (int64_t u = 0; u < nu; ++u) {
+    int64_t row = 0;
+    for (int64_t j = 0; j < k; ++j)
+      row = row * ds[static_cast<size_t>(j)] + wrap(c, iv[static_cast<size_t>(u * k + j)], ds[static_cast<size_t>(j)], "ScatterND");
+    rows[static_cast<size_t>(u)] = row;
+  }
+  Tensor d2 = reshape(data, {shape_prod(ds, 0, static_cast<size_t>(k)), rest});
+  Tensor u2 = reshape(updates, {static_cast<int64_t>(rows.size()), rest});
+  return {reshape(scatter_rows(c, d2, rows, u2, c.attr_string("reduction", "none")), ds)};
+}
+
+Tensors scatter_elements(OpContext& c) {
+  const Tensor& data = c.input(0);
+  const Tensor& indices = c.input(1);
+  const Tensor& updates = c.input(2);
+  const int64_t r = data.dim();
+  const int64_t axis = norm_axis(c, c.attr_int("axis", 0), std::max<int64_t>(r, 1));
+  if (indices.dim() != r || updates.shape() != indices.shape())
+    c.fail("indices (", shape_str(indices.shape()), ") and updates (", shape_str(updates.shape()),
+           ") must have one shape of data's rank ", r);
+  const Shape& ds = data.shape();
+  const Shape& is = indices.shape();
+  for (int64_t d = 0; d < r; ++d)
+    if (d != axis && is[static_cast<size_t>(d)] > ds[static_cast<size_t>(d)]) c.fail("indices shape ", shape_str(is), " exceeds data shape ", shape_str(ds));
+  std::vector<int64_t> iv = int_values(c, indices, "indices");
+  std::vector<int64_t> rows(iv.size());
+  std::vector<int64_t> pos(static_cast<size_t>(r), 0);
+  for (size_t p = 0; p < iv.size(); ++p) {
+    int64_t flat = 0;
+    for (int64_t d = 0; d < r; ++d) {
+      const int64_t coord = d == axis ? wrap(c, iv[p], ds[static_cast<size_t>(d)], "ScatterElements") : pos[static_cast<size_t>(d)];
+      flat = flat * ds[static_cast<size_t>(d)] + coord;
+    }
+    rows[p] = flat;
+    for (int64_t d = r - 1; d >= 0; --d) {  // next position in indices, row-major
+      if (++pos[static_cast<size_t>(d)] < is[static_cast<size_t>(d)]) break;
+      pos[static_cast<size_t>(d)] = 0;
+    }
+  }
+  Tensor d2 = reshape(data, {data.numel(), 1});
+  Tensor u2 = reshape(updates, {updates.numel(), 1});
+  return {reshape(scatter_rows(c, d2, rows, u2, c.attr_string("reduction", "none")), ds)};
+}
+
+Tensors gather_nd(OpContext& c) {
+  const Tensor& data = c.input(0);
+  const Tensor& indices = c.input(1);
+  const int64_t b = c.attr_int("batch_dims", 0);
+  if (indices.dim() < 1) c.fail("indices must have at least one dimension");
+  const Shape& ds = data.shape();
+  const Shape& is = indices.shape();
+  const int64_t k = is.back();
+  if (b < 0 || b >= indices.dim() || b + k > data.dim()) c.fail("batch_dims ", b, " and index tuples of ", k, " values do not fit data of shape ", shape_str(ds));
+  for (int64_t d = 0; d < b; ++d)
+    if (ds[static_cast<size_t>(d)] != is[static_cast<size_t>(d)]) c.fail("batch dimensions of data and indices differ");
+  const int64_t per_batch_rows = shape_prod(ds, static_cast<size_t>(b), static_cast<size_t>(b + k));
+  const int64_t rest = shape_prod(ds, static_cast<size_t>(b + k));
+  const int64_t per_batch_idx = shape_prod(is, static_cast<size_t>(b), is.size() - 1);
+  const int64_t nidx = shape_prod(is, 0, is.size() - 1);
+  std::vector<int64_t> iv = int_values(c, indices, "indices");
+  std::vector<int64_t> rows(static_cast<size_t>(nidx));
+  for (int64_t u = 0; u < nidx; ++u) {
+    int64_t row = 0;
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t n = ds[static_cast<size_t>(b + j)];
+      row = row * n + wrap(c, iv[static_cast<size_t>(u * k + j)], n, "GatherND");
+    }
+    const int64_t batch = per_batch_idx == 0 ? 0 : u / per_batch_idx;
+    rows[static_cast<size_t>(u)] = batch * per_batch_rows + row;
+  }
+  Tensor d2 = reshape(data, {shape_prod(ds, 0, static_cast<size_t>(b + k)), rest});
+  Shape os(is.begin(), is.end() - 1);
+  os.insert(os.end(), ds.begin() + b + k, ds.end());
+  return {reshape(index_select(d2, 0, index_vec(rows)), os)};
+}
+
+Tensors one_hot_op(OpContext& c) {
+  const Tensor& indices = c.input(0);
+  const auto depth = static_cast<int64_t>(c.input_scalar(1));
+  const Tensor& values = c.input(2);
+  if (values.numel() != 2) c.fail("values must hold two elements (off, on), got shape ", shape_str(values.shape()));
+  if (depth <= 0) c.fail("depth must be positive, got ", depth);
+  const int64_t axis = norm_axis(c, c.attr_int("axis", -1), indices.dim() + 1);
+  std::vector<double> iv = cast(indices, kFloat64).to_vector<double>();
+  std::vector<int64_t> idx(iv.size());
+  for (size_t i = 0; i < iv.size(); ++i) {
+    auto v = static_cast<int64_t>(iv[i]);
+    if (v < 0) v += depth;
+    idx[i] = v;  // still out of range: the row is all off
+  }
+  Tensor labels = unsqueeze(tensor(idx, indices.shape()), axis);
+  Shape rs(static_cast<size_t>(indices.dim() + 1), 1);
+  rs[static_cast<size_t>(axis)] = depth;
+  Tensor mask = eq(labels, reshape(arange(depth), rs));
+  Tensor flat = reshape(values, {2});
+  return {where(mask, reshape(narrow(flat, 0, 1, 1), {}), reshape(narrow(flat, 0, 0, 1), {}))};
+}
+
+// ---- Resize / Upsample ----
+
+struct ResizeMode {
+  std::string mode = "nearest";  // nearest, linear, cubic
+  std::string ctm = "half_pixel";
+  std::string nearest_mode = "round_prefer_floor";
+  double cubic_a = -0.75;
+  bool exclude_outside = false;
+  double extrapolation = 0.0;
+};
+
+std::string resize_mode_name(std::string m) {
+  for (char& ch : m) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  if (m == "bilinear" || m == "trilinear") return "linear";
+  if (m == "bicubic") return "cubic";
+  return m;
+}
+
+/// Source coordinate of output position y along one axis (ONNX's reference implementation).
+double source_coord(const ResizeMode& rm, double y, double scale, int64_t in, int64_t out, double roi_start, double roi_end) {
+  const double out_f = scale * static_cast<double>(in);
+  const std::string& m = rm.ctm;
+  if (m == "align_corners") return out_f == 1 ? 0.0 : y * static_cast<double>(in - 1) / (out_f - 1);
+  if (m == "asymmetric") return y / scale;
+  if (m == "tf_crop_and_resize") {
+    double x = out_f == 1 ? (roi_end - roi_start) * static_cast<double>(in - 1) / 2
+                          : y * (roi_end - roi_start) * static_cast<double>(in - 1) / (out_f - 1);
+    return x + roi_start * static_cast<double>(in - 1);
+  }
+  if (m == "pytorch_half_pixel") return out_f == 1 ? -0.5 : (y + 0.5) / scale - 0.5;
+  if (m == "tf_half_pixel_for_nn") return (y + 0.5) / scale;
+  if (m == "half_pixel_symmetric") {
+    const double adjustment = static_cast<double>(out) / out_f;
+    const double offset = static_cast<double>(in) / 2 * (1 - adjustment);
+    return offset + (y + 0.5) / scale - 0.5;
+  }
+  return (y + 0.5) / scale - 0.5;  // half_pixel
+}
+
+std::vector<double> cubic_coeffs(double r, double a) {
+  return {((a * (r + 1) - 5 * a) * (r + 1) + 8 * a) * (r + 1) - 4 * a, ((a + 2) * r - (a + 3)) * r * r + 1,
+          ((a + 2) * (1 - r) - (a + 3)) * (1 - r) * (1 - r) + 1,
+          ((a * ((1 - r) + 1) - 5 * a) * ((1 - r) + 1) + 8 * a) * ((1 - r) + 1) - 4 * a};
+}
+
+/// Resizes axis of x to out elements.
+Tensor resize_axis(const Tensor& x, int64_t axis, int64_t out, double scale, const ResizeMode& rm, double roi_start,
+                   double roi_end) {
+  const int64_t in = x.size(axis);
+  const bool crop = rm.ctm == "tf_crop_and_resize";
+  std::vector<bool> extrapolated(static_cast<size_t>(out), false);
+  bool any_extrapolated = false;
+  if (rm.mode == "nearest") {
+    std::vector<int64_t> idx(static_cast<size_t>(out));
+    for (int64_t y = 0; y < out; ++y) {
+      const double xo = source_coord(rm, static_cast<double>(y), scale, in, out, roi_start, roi_end);
+      if (crop && (xo < 0 || xo > static_cast<double>(in - 1))) {
+        extrapolated[static_cast<size_t>(y)] = any_extrapolated = true;
+        idx[static_cast<size_t>(y)] = 0;
+        continue;
+      }
+      double base = std::floor(xo);
+      double ratio = xo - base;
+      if (ratio == 0) {
+        ratio = 1;
+        base -= 1;
+      }
+      bool second;
+      if (ratio == 1) second = true;
+      else if (rm.nearest_mode == "round_prefer_ceil") second = ratio >= 0.5;
+      else if (rm.nearest_mode == "floor") second = false;
+      else if (rm.nearest_mode == "ceil") second = true;
+      else second = ratio > 0.5;  // round_prefer_floor
+      const auto i = static_cast<int64_t>(base) + (second ? 1 : 0);
+      idx[static_cast<size_t>(y)] = std::clamp<int64_t>(i, 0, in - 1);
+    }
+    Tensor r = index_select(x, axis, index_vec(idx));
+    if (!any_extrapolated) return r;
+    Shape ms(static_cast<size_t>(x.dim()), 1);
+    ms[static_cast<size_t>(axis)] = out;
+    return where(tensor_bool(extrapolated, ms), scalar_tensor(rm.extrapolation, x.dtype()), r);
+  }
+  // linear and cubic: out x in weights, applied as a matrix product along the axis.
+  const int64_t taps = rm.mode == "cubic" ? 4 : 2;
+  std::vector<double> w(static_cast<size_t>(out * in), 0.0), bias(static_cast<size_t>(out), 0.0);
+  for (int64_t y = 0; y < out; ++y) {
+    const double xo = source_coord(rm, static_cast<double>(y), scale, in, out, roi_start, roi_end);
+    if (crop && (xo < 0 || xo > static_cast<double>(in - 1))) {
+      bias[static_cast<size_t>(y)] = rm.extrapolation;
+      any_extrapolated = true;
+      continue;
+    }
+    double base = std::floor(xo);
+    double ratio = xo - base;
+    if (ratio == 0) {
+      ratio = 1;
+      base -= 1;
+    }
+    std::vector<double> co = taps == 4 ? cubic_coeffs(ratio, rm.cubic_a) : std::vector<double>{1 - ratio, ratio};
+    const int64_t first = static_cast<int64_t>(base) - taps / 2 + 1;
+    if (rm.exclude_outside) {
+      double total = 0;
+      for (int64_t t = 0; t < taps; ++t) {
+        const int64_t i = first + t;
+        if (i < 0 || i >= in) co[static_cast<size_t>(t)] = 0;
+        total += co[static_cast<size_t>(t)];
+      }
+      if (total != 0)
+        for (double& v : co) v /= total;
+    }
+    for (int64_t t = 0; t < taps; ++t) {
+      const int64_t i = std::clamp<int64_t>(first + t, 0, in - 1);
+      w[static_cast<size_t>(y * in + i)] += co[static_cast<size_t>(t)];
+    }
+  }
+  const bool floating = is_floating(x.dtype());
+  Tensor xf = floating ? x : cast(x, kFloat32);
+  Tensor wt = cast(tensor(w, {out, in}), xf.dtype());
+  Tensor moved = transpose(xf, axis, -1);
+  Tensor r = matmul(moved, wt.mT());
+  if (any_extrapolated) r = r + cast(tensor(bias, {out}), xf.dtype());
+  r = transpose(r, axis, -1);
+  return floating ? r : cast(round(r), x.dtype());
+}
+
+std::string resize_check(const Node& n, int64_t) {
+  auto get_s = [&](const char* name, const std::string& fallback) {
+    auto it = n.attributes.find(name);
+    return it == n.attributes.end() ? fallback : it->second.s;
+  };
+  const std::string mode = resize_mode_name(get_s("mode", "nearest"));
+  if (mode != "nearest" && mode != "linear" && mode != "cubic") return detail::cat("mode '", mode, "' is not supported");
+  const std::string ctm = get_s("coordinate_transformation_mode", "half_pixel");
+  static const std::set<std::string> ctms{"half_pixel", "asymmetric", "align_corners", "pytorch_half_pixel",
+                                          "tf_half_pixel_for_nn", "tf_crop_and_resize", "half_pixel_symmetric"};
+  if (ctms.count(ctm) == 0) return detail::cat("coordinate_transformation_mode '", ctm, "' is not supported");
+  const std::string nm = get_s("nearest_mode", "round_prefer_floor");
+  if (nm != "round_prefer_floor" && nm != "round_prefer_ceil" && nm != "floor" && nm != "ceil")
+    return detail::cat("nearest_mode '", nm, "' is not supported");
+  auto it = n.attributes.find("antialias");
+  if (it != n.attributes.end() && it->second.i != 0) return "Resize with antialias=1 is not supported";
+  if (get_s("keep_aspect_ratio_policy", "stretch") != "stretch")
+    return detail::cat("keep_aspect_ratio_policy '", get_s("keep_aspect_ratio_policy", ""), "' is not supported");
+  return "";
+}
+
+/// scales or sizes (one of them) per axis of x -> resized x.
+Tensor resize(const OpContext& c, Tensor x, std::vector<double> scales, std::vector<int64_t> sizes, const ResizeMode& rm,
+              std::vector<double> roi, const std::vector<int64_t>& axes_attr) {
+  const int64_t r = x.dim();
+  std::vector<int64_t> axes;
+  if (axes_attr.empty()) {
+    for (int64_t d = 0; d < r; ++d) axes.push_back(d);
+  } else {
+    for (int64_t a : axes_attr) axes.push_back(norm_axis(c, a, r));
+  }
+  const size_t na = axes.size();
+  if (!scales.empty() && scales.size() != na) c.fail("scales has ", scales.size(), " values for ", na, " axes");
+  if (!sizes.empty() && sizes.size() != na) c.fail("sizes has ", sizes.size(), " values for ", na, " axes");
+  if (scales.empty() && sizes.empty()) c.fail("one of scales and sizes is required");
+  std::vector<double> roi_start(static_cast<size_t>(r), 0.0), roi_end(static_cast<size_t>(r), 1.0);
+  if (rm.ctm == "tf_crop_and_resize") {
+    if (roi.size() != 2 * na) c.fail("roi has ", roi.size(), " values, expected ", 2 * na);
+    for (size_t i = 0; i < na; ++i) {
+      roi_start[static_cast<size_t>(axes[i])] = roi[i];
+      roi_end[static_cast<size_t>(axes[i])] = roi[i + na];
+    }
+  }
+  for (size_t i = 0; i < na; ++i) {
+    const int64_t a = axes[i];
+    const int64_t in = x.size(a);
+    double scale;
+    int64_t out;
+    if (!scales.empty()) {
+      scale = scales[i];
+      if (!(scale > 0)) c.fail("scale ", scale, " must be positive");
+      out = static_cast<int64_t>(std::floor(scale * static_cast<double>(in)));
+    } else {
+      out = sizes[i];
+      if (out < 0) c.fail("size ", out, " must be non-negative");
+      scale = in == 0 ? 1.0 : static_cast<double>(out) / static_cast<double>(in);
+    }
+    if (out == in && scale == 1.0 && rm.ctm != "tf_crop_and_resize") continue;
+    if (in == 0 || out == 0) {
+      Shape s = x.shape();
+      s[static_cast<size_t>(a)] = out;
+      x = zeros(s, x.dtype());
+      continue;
+    }
+    x = resize_axis(x, a, out, scale, rm, roi_start[static_cast<size_t>(a)], roi_end[static_cast<size_t>(a)]);
+  }
+  return x;
+}
+
+std::vector<double> float_values(const Tensor& t) { return cast(t, kFloat64).to_vector<double>(); }
+
+Tensors resize_op(OpContext& c) {
+  const Tensor& x = c.input(0);
+  ResizeMode rm;
+  rm.mode = resize_mode_name(c.attr_string("mode", "nearest"));
+  std::vector<double> scales, roi;
+  std::vector<int64_t> sizes;
+  if (c.opset() < 11) {
+    rm.ctm = "asymmetric";
+    rm.nearest_mode = "floor";
+    scales = float_values(c.input(1));
+  } else {
+    rm.ctm = c.attr_string("coordinate_transformation_mode", "half_pixel");
+    rm.nearest_mode = c.attr_string("nearest_mode", "round_prefer_floor");
+    rm.cubic_a = c.attr_float("cubic_coeff_a", -0.75);
+    rm.exclude_outside = c.attr_int("exclude_outside", 0) != 0;
+    rm.extrapolation = c.attr_float("extrapolation_value", 0.0);
+    if (c.has_input(1) && c.input(1).numel() > 0) roi = float_values(c.input(1));
+    if (c.has_input(2) && c.input(2).numel() > 0) scales = float_values(c.input(2));
+    if (c.has_input(3) && c.input(3).numel() > 0) sizes = c.input_ints(3);
+    if (!scales.empty() && !sizes.empty()) c.fail("only one of scales and sizes may be given");
+  }
+  if (rm.mode != "nearest" && rm.mode != "linear" && rm.mode != "cubic")
+    throw NotImplementedError(detail::cat(c.node().label(), ": mode '", rm.mode, "' is not supported"));
+  return {resize(c, x, scales, sizes, rm, roi, c.attr_ints("axes"))};
+}
+
+Tensors upsample_op(OpContext& c) {
+  ResizeMode rm;
+  rm.mode = resize_mode_name(c.attr_string("mode", "nearest"));
+  rm.ctm = "asymmetric";
+  rm.nearest_mode = "floor";
+  std::vector<double> scales = c.opset() >= 9 ? float_values(c.input(1)) : c.attr_floats("scales");
+  if (rm.mode != "nearest" && rm.mode != "linear")
+    throw NotImplementedError(detail::cat(c.node().label(), ": mode '", rm.mode, "' is not supported"));
+  return {resize(c, c.input(0), scales, {}, rm, {}, {})};
+}
+
+// ---- Einsum ----
+
+constexpr int kEllipsisBase = 52;
+
+int label_id(const OpContext& c, char ch) {
+  if (ch >= 'A' && ch <= 'Z') return ch - 'A';
+  if (ch >= 'a' && ch <= 'z') return 26 + (ch - 'a');
+  c.fail("equation has an invalid character '", std::string(1, ch), "'");
+}
+
+/// Labels of one term; an ellipsis becomes -1 (expanded later).
+std::vector<int> parse_term(const OpContext& c, const std::string& term) {
+  std::vector<int> out;
+  bool ellipsis = false;
+  for (size_t i = 0; i < term.size(); ++i) {
+    if (term[i] == '.') {
+      if (ellipsis || term.compare(i, 3, "...") != 0) c.fail("malformed ellipsis in term '", term, "'");
+      ellipsis = true;
+      out.push_back(-1);
+      i += 2;
+      continue;
+    }
+    out.push_back(label_id(c, term[i]));
+  }
+  return out;
+}
+
+struct Operand {
+  Tensor t;
+  std::vector<int> labels;
+};
+
+/// Takes the diagonal of the axes that share a label until every label appears once.
+void take_diagonals(const OpContext& c, Operand& op) {
+  for (;;) {
+    size_t p = 0, q = 0;
+    bool found = false;
+    for (size_t i = 0; i < op.labels.size() && !found; ++i)
+      for (size_t j = i + 1; j < op.labels.size() && !found; ++j)
+        if (op.labels[i] == op.labels[j]) {
+          p = i;
+          q = j;
+          found = true;
+        }
+    if (!found) return;
+    const int64_t n = op.t.size(static_cast<int64_t>(p));
+    if (op.t.size(static_cast<int64_t>(q)) != n) c.fail("repeated label covers axes of sizes ", n, " and ", op.t.size(static_cast<int64_t>(q)));
+    std::vector<int64_t> order;
+    std::vector<int> labels;
+    for (size_t i = 0; i < op.labels.size(); ++i)
+      if (i != p && i != q) {
+        order.push_back(static_cast<int64_t>(i));
+        labels.push_back(op.labels[i]);
+      }
+    order.push_back(static_cast<int64_t>(p));
+    order.push_back(static_cast<int64_t>(q));
+    Tensor t = permute(op.t, order);
+    Shape s(t.shape().begin(), t.shape().end() - 2);
+    s.push_back(n * n);
+    std::vector<int64_t> diag(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) diag[static_cast<size_t>(i)] = i * (n + 1);
+    op.t = index_select(reshape(t, s), -1, index_vec(diag));
+    labels.push_back(op.labels[p]);
+    op.labels = labels;
+  }
+}
+
+bool contains(const std::vector<int>& v, int x) { return std::find(v.begin(), v.end(), x) != v.end(); }
+
+/// Sums out the labels of op that are not in keep.
+void sum_out(Operand& op, const std::vector<int>& keep) {
+  std::vector<int64_t> axes;
+  std::vector<int> labels;
+  for (size_t i = 0; i < op.labels.size(); ++i) {
+    if (contains(keep, op.labels[i])) labels.push_back(op.labels[i]);
+    else axes.push_back(static_cast<int64_t>(i));
+  }
+  if (axes.empty()) return;
+  op.t = sum(op.t, axes, false);
+  op.labels = labels;
+}
+
+int64_t label_size(const Operand& op, int l) {
+  for (size_t i = 0; i < op.labels.size(); ++i)
+    if (op.labels[i] == l) return op.t.size(static_cast<int64_t>(i));
+  return 1;
+}
+
+/// Contracts two operands with matmul, keeping the labels in keep.
+Operand contract(Operand a, Operand b, const std::vector<int>& keep) {
+  std::vector<int> keep_a = keep, keep_b = keep;
+  keep_a.insert(keep_a.end(), b.labels.begin(), b.labels.end());
+  keep_b.insert(keep_b.end(), a.labels.begin(), a.labels.end());
+  sum_out(a, keep_a);
+  sum_out(b, keep_b);
+  std::vector<int> batch, con, a_only, b_only;
+  for (int l : a.labels) {
+    if (contains(b.labels, l)) (contains(keep, l) ? batch : con).push_back(l);
+    else a_only.push_back(l);
+  }
+  for (int l : b.labels)
+    if (!contains(a.labels, l)) b_only.push_back(l);
+  auto arrange = [](const Operand& op, const std::vector<std::vector<int>>& groups) {
+    std::vector<int64_t> order;
+    for (const auto& g : groups)
+      for (int l : g)
+        for (size_t i = 0; i < op.labels.size(); ++i)
+          if (op.labels[i] == l) order.push_back(static_cast<int64_t>(i));
+    return permute(op.t, order);
+  };
+  auto size_of = [](const Operand& op, const std::vector<int>& g) {
+    int64_t p = 1;
+    for (int l : g) p *= label_size(op, l);
+    return p;
+  };
+  const int64_t nb = size_of(a, batch), m = size_of(a, a_only), k = size_of(a, con), n = size_of(b, b_only);
+  Tensor ta = reshape(arrange(a, {batch, a_only, con}), {nb, m, k});
+  Tensor tb = reshape(arrange(b, {batch, con, b_only}), {nb, k, n});
+  Tensor prod_ab = matmul(ta, tb);
+  Shape os;
+  Operand r;
+  for (int l : batch) os.push_back(label_size(a, l));
+  for (int l : a_only) os.push_back(label_size(a, l));
+  for (int l : b_only) os.push_back(label_size(b, l));
+  r.labels = batch;
+  r.labels.insert(r.labels.end(), a_only.begin(), a_only.end());
+  r.labels.insert(r.labels.end(), b_only.begin(), b_only.end());
+  r.t = reshape(prod_ab, os);
+  return r;
+}
+
+Tensors einsum(OpContext& c) {
+  std::string equation;
+  for (char ch : c.attr_string("equation", ""))
+    if (!std::isspace(static_cast<unsigned char>(ch))) equation += ch;
+  const size_t arrow = equation.find("->");
+  const std::string lhs = equation.substr(0, arrow);
+  std::vector<std::string> terms;
+  for (size_t start = 0;;) {
+    size_t comma = lhs.find(',', start);
+    terms.push_back(lhs.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  if (terms.size() != c.num_inputs()) c.fail("equation '", equation, "' has ", terms.size(), " operands, the node has ", c.num_inputs(), " inputs");
+  // Expand ellipses: their axes get labels kEllipsisBase.., right-aligned across operands.
+  std::vector<std::vector<int>> raw;
+  int64_t ell = 0;
+  for (size_t i = 0; i < terms.size(); ++i) {
+    raw.push_back(parse_term(c, terms[i]));
+    const int64_t named = static_cast<int64_t>(raw.back().size()) - (contains(raw.back(), -1) ? 1 : 0);
+    if (contains(raw.back(), -1)) ell = std::max(ell, c.input(i).dim() - named);
+    else if (named != c.input(i).dim())
+      c.fail("term '", terms[i], "' has ", named, " labels for an input of rank ", c.input(i).dim());
+  }
+  std::vector<Operand> ops;
+  for (size_t i = 0; i < terms.size(); ++i) {
+    Operand op;
+    op.t = c.input(i);
+    const int64_t named = static_cast<int64_t>(raw[i].size()) - (contains(raw[i], -1) ? 1 : 0);
+    const int64_t e = op.t.dim() - named;
+    if (e < 0) c.fail("term '", terms[i], "' has more labels than input ", i, " has axes");
+    for (int l : raw[i]) {
+      if (l != -1) {
+        op.labels.push_back(l);
+        continue;
+      }
+      for (int64_t j = 0; j < e; ++j) op.labels.push_back(kEllipsisBase + static_cast<int>(ell - e + j));
+    }
+    ops.push_back(op);
+  }
+  std::vector<int> out_labels;
+  if (arrow != std::string::npos) {
+    for (int l : parse_term(c, equation.substr(arrow + 2))) {
+      if (l != -1) {
+        out_labels.push_back(l);
+        continue;
+      }
+      for (int64_t j = 0; j < ell; ++j) out_labels.push_back(kEllipsisBase + static_cast<int>(j));
+    }
+  } else {
+    for (int64_t j = 0; j < ell; ++j) out_labels.push_back(kEllipsisBase + static_cast<int>(j));
+    std::map<int, int> count;
+    for (const auto& op : ops)
+      for (int l : op.labels)
+        if (l < kEllipsisBase) count[l]++;
+    for (const auto& [l, n] : count)
+      if (n == 1) out_labels.push_back(l);
+  }
+  // Label sizes (broadcasting size-1 axes), diagonals, then pairwise contraction.
+  std::map<int, int64_t> sizes;
+  for (auto& op : ops) {
+    take_diagonals(c, op);
+    for (size_t i = 0; i < op.labels.size(); ++i) {
+      int64_t& s = sizes[op.labels[i]];
+      const int64_t n = op.t.size(static_cast<int64_t>(i));
+      if (s > 1 && n != 1 && n != s) c.fail("label sizes ", s, " and ", n, " do not broadcast");
+      s = std::max(s, n);
+    }
+  }
+  for (auto& op : ops) {
+    Shape want;
+    for (int l : op.labels) want.push_back(sizes[l]);
+    if (want != op.t.shape()) op.t = expand(op.t, want);
+  }
+  for (int l : out_labels)
+    if (sizes.count(l) == 0) c.fail("output label is not in any input");
+  Operand acc = ops[0];
+  for (size_t i = 1; i < ops.size(); ++i) {
+    std::vector<int> keep = out_labels;
+    for (size_t j = i + 1; j < ops.size(); ++j) keep.insert(keep.end(), ops[j].labels.begin(), ops[j].labels.end());
+    acc = contract(acc, ops[i], keep);
+  }
+  sum_out(acc, out_labels);
+  std::vector<int64_t> order;
+  for (int l : out_labels)
+    for (size_t i = 0; i < acc.labels.size(); ++i)
+      if (acc.labels[i] == l) order.push_back(static_cast<int64_t>(i));
+  if (order.size() != acc.labels.size()) c.fail("output labels must be distinct");
+  return {order.empty() ? acc.t : permute(acc.t, order)};
+}
+
+// ---- normalisation and sequence ops ----
+
+Tensors reverse_sequence(OpContext& c) {
+  const Tensor& x = c.input(0);
+  if (x.dim() < 2) c.fail("input must have at least 2 dimensions");
+  const int64_t ta = norm_axis(c, c.attr_int("time_axis", 0), x.dim(), "time_axis");
+  const int64_t ba = norm_axis(c, c.attr_int("batch_axis", 1), x.dim(), "batch_axis");
+  if (ta == ba) c.fail("time_axis and batch_axis must differ");
+  std::vector<int64_t> lens = int_values(c, c.input(1), "sequence_lens");
+  const int64_t nb = x.size(ba), nt = x.size(ta);
+  if (static_cast<int64_t>(lens.size()) != nb) c.fail("sequence_lens has ", lens.size(), " values for a batch of ", nb);
+  for (int64_t l : lens)
+    if (l < 0 || l > nt) c.fail("sequence length ", l, " is out of range for ", nt, " steps");
+  // gather's index along time_axis, shaped like x.
+  const Shape& s = x.shape();
+  std::vector<int64_t> idx(static_cast<size_t>(x.numel()));
+  std::vector<int64_t> pos(s.size(), 0);
+  for (size_t p = 0; p < idx.size(); ++p) {
+    const int64_t t = pos[static_cast<size_t>(ta)], l = lens[static_cast<size_t>(pos[static_cast<size_t>(ba)])];
+    idx[p] = t < l ? l - 1 - t : t;
+    for (size_t d = s.size(); d-- > 0;) {
+      if (++pos[d] < s[d]) break;
+      pos[d] = 0;
+    }
+  }
+  return {gather(x, ta, tensor(idx, s))};
+}
+
+Tensors compress(OpContext& c) {
+  Tensor x = c.input(0);
+  std::vector<double> cond = float_values(c.input(1));
+  int64_t axis = 0;
+  if (c.has_attr("axis")) axis = norm_axis(c, c.attr_int("axis", 0), x.dim());
+  else x = reshape(x, {x.numel()});
+  std::vector<int64_t> keep;
+  for (size_t i = 0; i < cond.size() && static_cast<int64_t>(i) < x.size(axis); ++i)
+    if (cond[i] != 0) keep.push_back(static_cast<int64_t>(i));
+  return {index_select(x, axis, index_vec(keep))};
+}
+
+// ---- control flow ----
+
+Tensors if_op(OpContext& c) {
+  const bool cond = c.input_scalar(0) != 0;
+  const Attribute& branch = c.attr(cond ? "then_branch" : "else_branch");
+  if (!branch.g) c.fail(cond ? "then_branch" : "else_branch", " is not a graph");
+  return c.run_subgraph(*branch.g, {});
+}
+
+Tensor empty_scan_output(const ValueInfo& v) {
+  Shape s{0};
+  for (const Dim& d : v.shape) s.push_back(std::max<int64_t>(d.size, 0));
+  return zeros(s, v.dtype);
+}
+
+Tensors loop_op(OpContext& c) {
+  const Attribute& body_attr = c.attr("body");
+  if (!body_attr.g) c.fail("body is not a graph");
+  const Graph& body = *body_attr.g;
+  int64_t trip = std::numeric_limits<int64_t>::max();
+  if (c.has_input(0)) trip = static_cast<int64_t>(c.input_scalar(0));
+  bool cond = c.has_input(1) ? c.input_scalar(1) != 0 : true;
+  std::vector<Tensor> carried;
+  for (size_t i = 2; i < c.num_inputs(); ++i) carried.push_back(c.input(i));
+  const size_t nc = carried.size();
+  if (body.outputs.size() < 1 + nc) c.fail("body has ", body.outputs.size(), " outputs for ", nc, " loop-carried values");
+  const size_t ns = body.outputs.size() - 1 - nc;
+  std::vector<std::vector<Tensor>> scans(ns);
+  for (int64_t i = 0; i < trip && cond; ++i) {
+    std::vector<Tensor> ins{scalar_tensor(static_cast<double>(i), kInt64), tensor_bool({cond}, {})};
+    ins.insert(ins.end(), carried.begin(), carried.end());
+    std::vector<Tensor> outs = c.run_subgraph(body, ins);
+    cond = outs[0].item() != 0;
+    for (size_t j = 0; j < nc; ++j) carried[j] = outs[1 + j];
+    for (size_t j = 0; j < ns; ++j) scans[j].push_back(outs[1 + nc + j]);
+  }
+  Tensors out = carried;
+  for (size_t j = 0; j < ns; ++j)
+    out.push_back(scans[j].empty() ? empty_scan_output(body.outputs[1 + nc + j]) : stack(scans[j], 0));
+  return out;
+}
+
+/// Scan (opset 9+) over states and scan inputs; returns final states then scan outputs.
+Tensors scan_core(OpContext& c, const Graph& body, std::vector<Tensor> state, const std::vector<Tensor>& inputs,
+                  std::vector<int64_t> in_axes, const std::vector<int64_t>& in_dirs, const std::vector<int64_t>& out_axes,
+                  const std::vector<int64_t>& out_dirs) {
+  const auto n = static_cast<int64_t>(state.size());
+  const auto m = static_cast<int64_t>(inputs.size());
+  const int64_t k = static_cast<int64_t>(body.outputs.size()) - n;
+  if (k < 0) c.fail("body has fewer outputs than state variables");
+  if (static_cast<int64_t>(in_axes.size()) != m || static_cast<int64_t>(in_dirs.size()) != m ||
+      static_cast<int64_t>(out_axes.size()) != k || static_cast<int64_t>(out_dirs.size()) != k)
+    c.fail("scan axes/directions attributes have the wrong number of values");
+  int64_t len = -1;
+  for (int64_t j = 0; j < m; ++j) {
+    const Tensor& t = inputs[static_cast<size_t>(j)];
+    in_axes[static_cast<size_t>(j)] = norm_axis(c, in_axes[static_cast<size_t>(j)], t.dim(), "scan_input_axes");
+    const int64_t l = t.size(in_axes[static_cast<size_t>(j)]);
+    if (len >= 0 && l != len) c.fail("scan inputs differ in sequence length (", len, " and ", l, ")");
+    len = l;
+  }
+  std::vector<std::vector<Tensor>> outs(static_cast<size_t>(k));
+  for (int64_t t = 0; t < len; ++t) {
+    std::vector<Tensor> ins = state;
+    for (int64_t j = 0; j < m; ++j) {
+      const int64_t at = in_dirs[static_cast<size_t>(j)] != 0 ? len - 1 - t : t;
+      ins.push_back(inputs[static_cast<size_t>(j)].select(in_axes[static_cast<size_t>(j)], at));
+    }
+    std::vector<Tensor> res = c.run_subgraph(body, ins);
+    for (int64_t i = 0; i < n; ++i) state[static_cast<size_t>(i)] = res[static_cast<size_t>(i)];
+    for (int64_t j = 0; j < k; ++j) outs[static_cast<size_t>(j)].push_back(res[static_cast<size_t>(n + j)]);
+  }
+  Tensors result = state;
+  for (int64_t j = 0; j < k; ++j) {
+    auto& v = outs[static_cast<size_t>(j)];
+    if (v.empty()) {
+      result.push_back(empty_scan_output(body.outputs[static_cast<size_t>(n + j)]));
+      continue;
+    }
+    if (out_dirs[static_cast<size_t>(j)] != 0) std::reverse(v.begin(), v.end());
+    const int64_t axis = norm_axis(c, out_axes[static_cast<size_t>(j)], v[0].dim() + 1, "scan_output_axes");
+    result.push_back(stack(v, axis));
+  }
+  return result;
+}
+
+Tensors scan_op(OpContext& c) {
+  const Attribute& body_attr = c.attr("body");
+  if (!body_attr.g) c.fail("body is not a graph");
+  const Graph& body = *body_attr.g;
+  const int64_t m = c.attr_int("num_scan_inputs", 0);
+  const bool v8 = c.opset() < 9;  // opset 8: optional sequence_lens first, a batch axis 0 everywhere
+  const size_t first = v8 ? 1 : 0;
+  const auto ni = static_cast<int64_t>(c.num_inputs()) - static_cast<int64_t>(first);
+  if (m <= 0 || m > ni) c.fail("num_scan_inputs ", m, " is out of range for ", ni, " inputs");
+  const int64_t n = ni - m;  // state variables
+  const int64_t k = static_cast<int64_t>(body.outputs.size()) - n;
+  std::vector<Tensor> state, inputs;
+  for (int64_t i = 0; i < n; ++i) state.push_back(c.input(first + static_cast<size_t>(i)));
+  for (int64_t j = 0; j < m; ++j) inputs.push_back(c.input(first + static_cast<size_t>(n + j)));
+  if (!v8)
+    return scan_core(c, body, state, inputs, c.attr_ints("scan_input_axes", std::vector<int64_t>(static_cast<size_t>(m), 0)),
+                     c.attr_ints("scan_input_directions", std::vector<int64_t>(static_cast<size_t>(m), 0)),
+                     c.attr_ints("scan_output_axes", std::vector<int64_t>(static_cast<size_t>(std::max<int64_t>(k, 0)), 0)),
+                     c.attr_ints("scan_output_directions", std::vector<int64_t>(static_cast<size_t>(std::max<int64_t>(k, 0)), 0)));
+  // Opset 8: run each batch entry on its own and stack the results.
+  const std::vector<int64_t> dirs = c.attr_ints("directions", std::vector<int64_t>(static_cast<size_t>(m), 0));
+  if (inputs.empty() || inputs[0].dim() < 2) c.fail("scan inputs need a batch and a sequence axis");
+  const int64_t batch = inputs[0].size(0), len = inputs[0].size(1);
+  if (c.has_input(0))
+    for (int64_t l : c.input_ints(0))
+      if (l != len)
+        throw NotImplementedError(detail::cat(c.node().label(), ": Scan with sequence_lens shorter than the sequence is not supported"));
+  std::vector<std::vector<Tensor>> per_batch(static_cast<size_t>(n + std::max<int64_t>(k, 0)));
+  for (int64_t b = 0; b < batch; ++b) {
+    std::vector<Tensor> sb, ib;
+    for (const Tensor& t : state) sb.push_back(t.select(0, b));
+    for (const Tensor& t : inputs) ib.push_back(t.select(0, b));
+    Tensors r = scan_core(c, body, sb, ib, std::vector<int64_t>(static_cast<size_t>(m), 0), dirs,
+                          std::vector<int64_t>(static_cast<size_t>(std::max<int64_t>(k, 0)), 0),
+                          std::vector<int64_t>(static_cast<size_t>(std::max<int64_t>(k, 0)), 0));
+    for (size_t i = 0; i < r.size(); ++i) per_batch[i].push_back(r[i]);
+  }
+  Tensors result;
+  for (auto& v : per_batch) result.push_back(stack(v, 0));
+  return result;
+}
+
+// ---- losses ----
+
+/// NegativeLogLikelihoodLoss over log-probabilities x (N, C, d...) and integer targets (N, d...).
+Tensor nll_loss(OpContext& c, const Tensor& x, const Tensor& target, const Tensor& weight) {
+  if (x.dim() < 2) c.fail("input must be (N, C, ...), got shape ", shape_str(x.shape()));
+  const int64_t classes = x.size(1);
+  std::vector<int64_t> tv = int_values(c, target, "target");
+  const bool has_ignore = c.has_attr("ignore_index");
+  const int64_t ignore = c.attr_int("ignore_index", 0);
+  std::vector<bool> keep(tv.size(), true);
+  for (size_t i = 0; i < tv.size(); ++i) {
+    if (has_ignore && tv[i] == ignore) {
+      keep[i] = false;
+      tv[i] = 0;
+      continue;
+    }
+    if (tv[i] < 0 || tv[i] >= classes) c.fail("target ", tv[i], " is out of range for ", classes, " classes");
+  }
+  Tensor t = tensor(tv, target.shape());
+  Tensor picked = squeeze(gather(x, 1, unsqueeze(t, 1)), 1);
+  Tensor w = cast(tensor_bool(keep, target.shape()), x.dtype());
+  if (weight.defined()) w = w * reshape(index_select(weight, 0, reshape(t, {t.numel()})), target.shape());
+  Tensor loss = -picked * w;
+  const std::string reduction = c.attr_string("reduction", "mean");
+  if (reduction == "none") return loss;
+  if (reduction == "sum") return sum(loss);
+  if (reduction == "mean") return sum(loss) / sum(w);
+  c.fail("reduction '", reduction, "' is not one of none, sum, mean");
+}
+
+// ---- windows ----
+
+Tensors window(OpContext& c, int kind) {
+  const auto size = static_cast<int64_t>(c.input_scalar(0));
+  if (size < 0) c.fail("size must be non-negative");
+  const bool periodic = c.attr_int("periodic", 1) != 0;
+  const double n1 = static_cast<double>(periodic ? size : size - 1);
+  const double pi = 3.14159265358979323846;
+  std::vector<double> v(static_cast<size_t>(size));
+  for (int64_t i = 0; i < size; ++i) {
+    const double a = 2 * pi * static_cast<double>(i) / n1;
+    double w;
+    if (kind == 0) w = 0.5 - 0.5 * std::cos(a);                                    // Hann
+    else if (kind == 1) w = 25.0 / 46.0 - (1 - 25.0 / 46.0) * std::cos(a);          // Hamming
+    else w = 0.42 - 0.5 * std::cos(a) + 0.08 * std::cos(2 * a);                     // Blackman
+    v[static_cast<size_t>(i)] = w;
+  }
+  return {cast(tensor(v, {size}), dtype_from_onnx(c, c.attr_int("output_datatype", 1)))};
+}
+
+// ---- Unique and NonMaxSuppression (index outputs computed on the CPU) ----
+
+Tensors unique(OpContext& c) {
+  Tensor x = c.input(0);
+  const bool has_axis = c.has_attr("axis");
+  int64_t axis = 0;
+  if (has_axis) axis = norm_axis(c, c.attr_int("axis", 0), x.dim());
+  else x = reshape(x, {x.numel()});
+  const int64_t n = x.size(axis);
+  // Each slice along axis as a vector of values, compared lexicographically.
+  Tensor moved = contiguous(transpose(x, 0, axis));
+  std::vector<double> flat = cast(moved, kFloat64).to_vector<double>();
+  const int64_t width = n == 0 ? 0 : static_cast<int64_t>(flat.size()) / n;
+  auto slice_of = [&](int64_t i) {
+    return std::vector<double>(flat.begin() + i * width, flat.begin() + (i + 1) * width);
+  };
+  std::map<std::vector<double>, int64_t> first;  // slice -> first index
+  std::vector<int64_t> order;                    // first indices in order of appearance
+  std::vector<std::vector<double>> keys(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    keys[static_cast<size_t>(i)] = slice_of(i);
+    if (first.emplace(keys[static_cast<size_t>(i)], i).second) order.push_back(i);
+  }
+  if (c.attr_int("sorted", 1) != 0) {
+    order.clear();
+    for (const auto& [key, i] : first) order.push_back(i);
+  }
+  std::map<std::vector<double>, int64_t> position;
+  for (size_t p = 0; p < order.size(); ++p) position[keys[static_cast<size_t>(order[p])]] = static_cast<int64_t>(p);
+  std::vector<int64_t> inverse(static_cast<size_t>(n)), counts(order.size(), 0);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t p = position[keys[static_cast<size_t>(i)]];
+    inverse[static_cast<size_t>(i)] = p;
+    counts[static_cast<size_t>(p)]++;
+  }
+  return {index_select(x, axis, index_vec(order)), index_vec(order), index_vec(inverse), index_vec(counts)};
+}
+
+bool nms_suppress(const std::vector<double>& b, int64_t i, int64_t j, bool center, double iou_threshold) {
+  auto box = [&](int64_t k, double& x0, double& x1, double& y0, double& y1) {
+    const double* p = &b[static_cast<size_t>(k * 4)];
+    if (!center) {
+      y0 = std::min(p[0], p[2]);
+      y1 = std::max(p[0], p[2]);
+      x0 = std::min(p[1], p[3]);
+      x1 = std::max(p[1], p[3]);
+    } else {
+      x0 = p[0] - p[2] / 2;
+      x1 = p[0] + p[2] / 2;
+      y0 = p[1] - p[3] / 2;
+      y1 = p[1] + p[3] / 2;
+    }
+  };
+  double ax0, ax1, ay0, ay1, bx0, bx1, by0, by1;
+  box(i, ax0, ax1, ay0, ay1);
+  box(j, bx0, bx1, by0, by1);
+  const double ix0 = std::max(ax0, bx0), ix1 = std::min(ax1, bx1), iy0 = std::max(ay0, by0), iy1 = std::min(ay1, by1);
+  if (ix1 <= ix0 || iy1 <= iy0) return false;
+  const double inter = (ix1 - ix0) * (iy1 - iy0);
+  const double a1 = (ax1 - ax0) * (ay1 - ay0), a2 = (bx1 - bx0) * (by1 - by0), uni = a1 + a2 - inter;
+  if (inter <= 0 || a1 <= 0 || a2 <= 0 || uni <= 0) return false;
+  return inter / uni > iou_threshold;
+}
+
+Tensors non_max_suppression(OpContext& c) {
+  const Tensor& boxes = c.input(0);
+  const Tensor& scores = c.input(1);
+  if (boxes.dim() != 3 || boxes.size(2) != 4 || scores.dim() != 3 || scores.size(0) != boxes.size(0) || scores.size(2) != boxes.size(1))
+    c.fail("boxes (", shape_str(boxes.shape()), ") and scores (", shape_str(scores.shape()), ") do not match");
+  int64_t max_out = 0;
+  double iou = 0;
+  std::optional<double> score_threshold;
+  if (c.has_input(2) && c.input(2).numel() > 0) max_out = std::max<int64_t>(static_cast<int64_t>(c.input(2).to_vector<int64_t>()[0]), 0);
+  if (c.has_input(3) && c.input(3).numel() > 0) iou = float_values(c.input(3))[0];
+  if (c.has_input(4) && c.input(4).numel() > 0) score_threshold = float_values(c.input(4))[0];
+  const bool center = c.attr_int("center_point_box", 0) != 0;
+  const int64_t nb = boxes.size(0), nbox = boxes.size(1), ncls = scores.size(1);
+  std::vector<double> bv = float_values(boxes), sv = float_values(scores);
+  std::vector<int64_t> out;
+  for (int64_t b = 0; b < nb; ++b) {
+    std::vector<double> bb(bv.begin() + b * nbox * 4, bv.begin() + (b + 1) * nbox * 4);
+    for (int64_t k = 0; k < ncls; ++k) {
+      const double* sc = &sv[static_cast<size_t>((b * ncls + k) * nbox)];
+      std::vector<int64_t> cand;
+      for (int64_t i = 0; i < nbox; ++i)
+        if (!score_threshold || sc[i] > *score_threshold) cand.push_back(i);
+      // Highest score first; equal scores: lower index first.
+      std::stable_sort(cand.begin(), cand.end(), [&](int64_t i, int64_t j) { return sc[i] > sc[j]; });
+      std::vector<int64_t> sel;
+      for (int64_t i : cand) {
+        if (static_cast<int64_t>(sel.size()) >= max_out) break;
+        bool keep = true;
+        for (int64_t j : sel)
+          if (nms_suppress(bb, i, j, center, iou)) {
+            keep = false;
+            break;
+          }
+        if (keep) {
+          sel.push_back(i);
+          out.insert(out.end(), {b, k, i});
+        }
+      }
+    }
+  }
+  return {tensor(out, {static_cast<int64_t>(out.size() / 3), 3})};
+}
+
+OpSchema control(const char* type, std::vector<std::string> attrs, std::function<Tensors(OpContext&)> fn, int64_t since) {
+  OpSchema s = op(type, std::move(attrs), std::move(fn), since);
+  s.half_via_float = false;
+  return s;
+}
+
+}  // namespace
+
+void register_extra_ops(OpRegistry& r) {
+  r.add(op("TopK", {"axis", "k", "largest", "sorted"}, topk));
+  r.add(op("CumSum", {"exclusive", "reverse"}, cumsum, 11));
+  r.add(op("ScatterND", {"reduction"}, scatter_nd, 11));
+  r.add(op("ScatterElements", {"axis", "reduction"}, scatter_elements, 11));
+  r.add(op("Scatter", {"axis"}, scatter_elements, 9));
+  r.add(op("GatherND", {"batch_dims"}, gather_nd, 11));
+  r.add(op("OneHot", {"axis"}, one_hot_op, 9));
+  {
+    OpSchema s = op("Resize", {"mode", "coordinate_transformation_mode", "nearest_mode", "cubic_coeff_a", "exclude_outside",
+                               "extrapolation_value", "antialias", "axes", "keep_aspect_ratio_policy"},
+                    resize_op, 10);
+    s.check = resize_check;
+    r.add(std::move(s));
+  }
+  {
+    OpSchema s = op("Upsample", {"mode", "scales"}, upsample_op, 7);
+    s.check = [](const Node& n, int64_t) -> std::string {
+      auto it = n.attributes.find("mode");
+      const std::string m = it == n.attributes.end() ? "nearest" : resize_mode_name(it->second.s);
+      if (m != "nearest" && m != "linear") return detail::cat("mode '", m, "' is not supported");
+      return "";
+    };
+    r.add(std::move(s));
+  }
+  r.add(op("Einsum", {"equation"}, einsum, 12));
+  r.add(op("MeanVarianceNormalization", {"axes"}, [](OpContext& c) {
+    const Tensor& x = c.input(0);
+    std::vector<int64_t> axes = c.attr_ints("axes", {0, 2, 3});
+    for (int64_t& a : axes) a = norm_axis(c, a, x.dim());
+    Tensor m = mean(x, axes, true);
+    return Tensors{(x - m) / (sqrt(var(x, axes, 0, true)) + 1e-9)};
+  }, 9));
+  r.add(op("LpNormalization", {"axis", "p"}, [](OpContext& c) {
+    const Tensor& x = c.input(0);
+    const int64_t axis = norm_axis(c, c.attr_int("axis", -1), x.dim());
+    const int64_t p = c.attr_int("p", 2);
+    if (p == 1) return Tensors{x / sum(abs(x), {axis}, true)};
+    if (p == 2) return Tensors{x / sqrt(sum(square(x), {axis}, true))};
+    c.fail("p must be 1 or 2, got ", p);
+  }));
+  r.add(op("ReverseSequence", {"batch_axis", "time_axis"}, reverse_sequence, 10));
+  r.add(op("Compress", {"axis"}, compress, 9));
+  r.add(control("If", {"then_branch", "else_branch"}, if_op, 1));
+  r.add(control("Loop", {"body"}, loop_op, 1));
+  r.add(control("Scan", {"body", "num_scan_inputs", "scan_input_axes", "scan_input_directions", "scan_output_axes",
+                         "scan_output_directions", "directions"},
+                scan_op, 8));
+  r.add(op("NegativeLogLikelihoodLoss", {"ignore_index", "reduction"}, [](OpContext& c) {
+    return Tensors{nll_loss(c, c.input(0), c.input(1), c.has_input(2) ? c.input(2) : Tensor())};
+  }, 12));
+  r.add(op("SoftmaxCrossEntropyLoss", {"ignore_index", "reduction"}, [](OpContext& c) {
+    Tensor log_prob = log_softmax(c.input(0), 1);
+    return Tensors{nll_loss(c, log_prob, c.input(1), c.has_input(2) ? c.input(2) : Tensor()), log_prob};
+  }, 12));
+  r.add(op("HannWindow", {"output_datatype", "periodic"}, [](OpContext& c) { return window(c, 0); }, 17));
+  r.add(op("HammingWindow", {"output_datatype", "periodic"}, [](OpContext& c) { return window(c, 1); }, 17));
+  r.add(op("BlackmanWindow", {"output_datatype", "periodic"}, [](OpContext& c) { return window(c, 2); }, 17));
+  r.add(op("Unique", {"axis", "sorted"}, unique, 11));
+  r.add(op("NonMaxSuppression", {"center_point_box"}, non_max_suppression, 10));
+}
 
 }  // namespace braid::onnx::ops

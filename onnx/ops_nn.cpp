@@ -266,36 +266,9 @@ std::vector<Tensor> dropout(OpContext& c) {
   return {x * cast(keep, x.dtype()) * (1.0 / (1.0 - ratio)), keep};
 }
 
-/// Negative log-likelihood of log-probabilities x (N, C, d...) at integer targets (N, d...), with
-/// optional class weights and an ignored target value, reduced as ONNX (and PyTorch) define it.
-Tensor nll_loss(OpContext& c, const Tensor& x, const Tensor& target, const Tensor& weight) {
-  if (x.dim() < 2) c.fail("input must be (N, C, ...), got shape ", shape_str(x.shape()));
-  if (target.dim() != x.dim() - 1) c.fail("target of shape ", shape_str(target.shape()), " does not match input of shape ", shape_str(x.shape()));
-  Tensor t = cast(target, kInt64);
-  Tensor valid = ones(t.shape(), kBool);
-  if (c.has_attr("ignore_index")) valid = ne(t, scalar_tensor(static_cast<double>(c.attr_int("ignore_index", -100)), kInt64));
-  Tensor safe = where(valid, t, zeros({}, kInt64));
-  Tensor picked = squeeze(gather(x, 1, unsqueeze(safe, 1)), 1);
-  Tensor w = weight.defined() ? reshape(index_select(weight, 0, reshape(safe, {safe.numel()})), t.shape()) : ones(t.shape(), x.dtype());
-  w = w * cast(valid, x.dtype());
-  Tensor loss = -picked * w;
-  const std::string reduction = c.attr_string("reduction", "mean");
-  if (reduction == "none") return loss;
-  if (reduction == "sum") return sum(loss);
-  if (reduction == "mean") return sum(loss) / sum(w);
-  c.fail("reduction '", reduction, "' is not one of none, sum, mean");
-}
-
 }  // namespace
 
 void register_nn_ops(OpRegistry& r) {
-  r.add(op("NegativeLogLikelihoodLoss", {"ignore_index", "reduction"}, [](OpContext& c) {
-    return Tensors{nll_loss(c, c.input(0), c.input(1), c.has_input(2) ? c.input(2) : Tensor())};
-  }));
-  r.add(op("SoftmaxCrossEntropyLoss", {"ignore_index", "reduction"}, [](OpContext& c) {
-    Tensor logp = log_softmax(c.input(0), 1);
-    return Tensors{nll_loss(c, logp, c.input(1), c.has_input(2) ? c.input(2) : Tensor()), logp};
-  }));
   r.add(op("Conv", {"auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"}, conv));
   r.add(op("ConvTranspose", {"auto_pad", "dilations", "group", "kernel_shape", "output_padding", "output_shape", "pads", "strides"},
            conv_transpose));

@@ -77,7 +77,7 @@ Tensor wrap_indices(const OpContext& c, const Tensor& index, int64_t n, int64_t 
   if (index.dtype() != kInt64 && index.dtype() != kInt32) c.fail("indices must be int32 or int64, got ", dtype_name(index.dtype()));
   std::vector<int64_t> v = index.to_vector<int64_t>();
   for (int64_t& i : v) {
-    if (i < -n || i >= n) c.fail("index ", i, " is out of range for axis ", axis, " of size ", n);
+    if (i < -n || i >= n) throw IndexError(detail::cat("index ", i, " is out of range for axis ", axis, " of size ", n));
     if (i < 0) i += n;
   }
   return tensor(v, index.shape());

@@ -56,10 +56,10 @@ class OpContext {
   /// Runs a subgraph attribute (If's branches, Loop's body) with the given inputs, outer values visible.
   std::vector<Tensor> run_subgraph(const Graph& g, const std::vector<Tensor>& inputs);
 
-  /// Throws ValueError naming the node.
+  /// Throws ValueError; the executor prefixes the model's file and the node.
   template <typename... Args>
   [[noreturn]] void fail(const Args&... args) const {
-    throw ValueError(detail::cat(node_.label(), ": ", args...));
+    throw ValueError(detail::cat(args...));
   }
 
  private:
@@ -130,7 +130,7 @@ class OnnxModule : public nn::Module {
   /// inputs may be left out, keeping their stored value).
   std::vector<Tensor> run(const std::vector<Tensor>& inputs);
   /// Outputs by name for inputs by name.
-  std::map<std::string, Tensor> run(const std::map<std::string, Tensor>& inputs);
+  std::map<std::string, Tensor> run_named(const std::map<std::string, Tensor>& inputs);
 
   /// Names of the inputs a caller feeds (graph inputs that are not initialisers), in order.
   const std::vector<std::string>& input_names() const { return input_names_; }

@@ -1,0 +1,187 @@
+// OnnxModule beyond the conformance suite: gradients of an imported graph against finite
+// differences (it trains like any braid module), dynamic batch through Shape/Gather/Concat/Reshape
+// chains, the preflight listing every problem at once with node names, bad indices and inputs
+// named in errors, weight names, and custom ops in a user registry.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "braid/onnx/export.h"
+#include "braid/onnx/module.h"
+#include "gradcheck.h"
+
+using namespace braid;
+namespace bx = braid::onnx;
+
+namespace {
+
+bx::ValueInfo info(const std::string& name, DType t, std::vector<int64_t> dims, bool dynamic_batch = true) {
+  bx::ValueInfo v;
+  v.name = name;
+  v.dtype = t;
+  v.has_shape = true;
+  for (size_t i = 0; i < dims.size(); ++i) {
+    bx::Dim d;
+    if (i == 0 && dynamic_batch) d.symbol = "N";
+    else d.size = dims[i];
+    v.shape.push_back(d);
+  }
+  return v;
+}
+
+/// A small float64 network as an ONNX graph: Conv -> BatchNormalization -> Tanh -> a
+/// Shape/Gather/Concat/Reshape chain that flattens per sample (dynamic batch) -> Gemm ->
+/// LayerNormalization -> Softmax.
+bx::Model small_net(const std::map<std::string, Tensor>& w) {
+  bx::GraphBuilder g(17);
+  auto conv = g.node("Conv", {"x", "conv.weight", "conv.bias"}, {{"pads", bx::attr_ints({1, 1, 1, 1})}})[0];
+  auto bn = g.node("BatchNormalization", {conv, "bn.weight", "bn.bias", "bn.running_mean", "bn.running_var"},
+                   {{"epsilon", bx::attr_float(1e-3)}})[0];
+  auto act = g.node("Tanh", {bn})[0];
+  auto shape = g.node("Shape", {act})[0];
+  auto batch = g.node("Gather", {shape, g.ints({0})}, {{"axis", bx::attr_int(0)}})[0];
+  auto target = g.node("Concat", {batch, g.ints({-1})}, {{"axis", bx::attr_int(0)}})[0];
+  auto flat = g.node("Reshape", {act, target})[0];
+  auto fc = g.node("Gemm", {flat, "fc.weight", "fc.bias"}, {{"transB", bx::attr_int(1)}})[0];
+  auto ln = g.node("LayerNormalization", {fc, "ln.weight", "ln.bias"}, {{"epsilon", bx::attr_float(1e-5)}})[0];
+  g.graph().nodes.push_back(bx::Node{"out", "Softmax", "", {ln}, {"y"}, {{"axis", bx::attr_int(1)}}});
+  bx::Model m;
+  m.path = "small_net";
+  m.ir_version = 8;
+  m.opsets[""] = 17;
+  m.graph = g.graph();
+  m.graph.initializers = w;
+  m.graph.inputs.push_back(info("x", kFloat64, {2, 2, 4, 4}));
+  m.graph.outputs.push_back(info("y", kFloat64, {2, 5}));
+  return m;
+}
+
+std::map<std::string, Tensor> small_net_weights() {
+  Generator gen(7);
+  return {{"conv.weight", randn({3, 2, 3, 3}, kFloat64, &gen, 0, 0.4)}, {"conv.bias", randn({3}, kFloat64, &gen)},
+          {"bn.weight", rand({3}, kFloat64, &gen, 0.5, 1.5)},         {"bn.bias", randn({3}, kFloat64, &gen)},
+          {"bn.running_mean", randn({3}, kFloat64, &gen, 0, 0.1)},    {"bn.running_var", rand({3}, kFloat64, &gen, 0.5, 2)},
+          {"fc.weight", randn({5, 48}, kFloat64, &gen, 0, 0.2)},     {"fc.bias", randn({5}, kFloat64, &gen)},
+          {"ln.weight", rand({5}, kFloat64, &gen, 0.5, 1.5)},         {"ln.bias", randn({5}, kFloat64, &gen)}};
+}
+
+TEST(OnnxModule, GradientsMatchFiniteDifferences) {
+  const std::vector<std::string> names{"conv.weight", "conv.bias", "bn.weight", "bn.bias", "fc.weight", "fc.bias", "ln.weight", "ln.bias"};
+  auto base = small_net_weights();
+  // f(x, weights...) builds the module around the given tensors, so the gradient check perturbs
+  // and differentiates the imported model's own parameters.
+  braid::testing::Fn f = [&](const std::vector<Tensor>& v) {
+    auto w = base;
+    for (size_t i = 0; i < names.size(); ++i) w[names[i]] = v[i + 1];
+    bx::OnnxModule m(small_net(w));
+    return m.forward(v[0]);
+  };
+  std::vector<Tensor> inputs{randn({2, 2, 4, 4}, kFloat64)};
+  for (const auto& n : names) inputs.push_back(base[n]);
+  std::string where;
+  EXPECT_LT(braid::testing::gradcheck_error(f, inputs, 1e-6, &where), 1e-6) << where;
+}
+
+TEST(OnnxModule, ParametersKeepTheirNamesAndStatisticsAreBuffers) {
+  bx::OnnxModule m(small_net(small_net_weights()));
+  std::vector<std::string> params, buffers;
+  for (const auto& [n, t] : m.named_parameters()) {
+    params.push_back(n);
+    EXPECT_TRUE(t.requires_grad()) << n;
+  }
+  for (const auto& [n, t] : m.named_buffers()) buffers.push_back(n);
+  EXPECT_EQ(params, (std::vector<std::string>{"bn.bias", "bn.weight", "conv.bias", "conv.weight", "fc.bias", "fc.weight",
+                                              "ln.bias", "ln.weight"}));
+  EXPECT_EQ(buffers, (std::vector<std::string>{"bn.running_mean", "bn.running_var"}));
+  bx::OnnxModule frozen(small_net(small_net_weights()), {.frozen = true});
+  for (const auto& [n, t] : frozen.named_parameters()) EXPECT_FALSE(t.requires_grad()) << n;
+}
+
+TEST(OnnxModule, DynamicBatchRunsAtAnyBatchSize) {
+  bx::OnnxModule m(small_net(small_net_weights()));
+  Tensor x = randn({5, 2, 4, 4}, kFloat64);
+  Tensor all = m.forward(x);
+  ASSERT_EQ(all.shape(), (Shape{5, 5}));
+  // Each sample alone (batch 1) gives its row of the batch-5 result: the Reshape target is
+  // computed from the input's shape at run time.
+  for (int64_t i = 0; i < 5; ++i) EXPECT_TRUE(allclose(m.forward(x.narrow(0, i, 1)), all.narrow(0, i, 1), 1e-12, 1e-14));
+  // Rows of a softmax sum to one.
+  EXPECT_TRUE(allclose(sum(all, {1}), ones({5}, kFloat64), 1e-12, 1e-12));
+}
+
+TEST(OnnxModule, PreflightListsEveryProblemWithNodeNames) {
+  bx::Model m;
+  m.path = "bad.onnx";
+  m.ir_version = 8;
+  m.opsets[""] = 17;
+  m.graph.inputs.push_back(info("x", kFloat32, {1, 3}));
+  m.graph.nodes.push_back(bx::Node{"first", "Relu", "", {"x"}, {"a"}, {}});
+  m.graph.nodes.push_back(bx::Node{"warp", "Warp", "", {"a"}, {"b"}, {}});
+  m.graph.nodes.push_back(bx::Node{"sm", "Softmax", "", {"b"}, {"c"}, {{"temperature", bx::attr_float(2)}}});
+  m.graph.nodes.push_back(bx::Node{"vendor", "FastGelu", "com.example", {"c"}, {"y"}, {}});
+  m.graph.outputs.push_back(info("y", kFloat32, {1, 3}));
+  try {
+    bx::OnnxModule mod(m);
+    FAIL() << "expected NotImplementedError";
+  } catch (const NotImplementedError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("bad.onnx: 3 unsupported"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("Warp 'warp': op 'Warp' is not supported"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("Softmax 'sm': attribute 'temperature' is not supported"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("op 'com.example.FastGelu'"), std::string::npos) << msg;
+  }
+}
+
+TEST(OnnxModule, CustomOpsInAUserRegistry) {
+  bx::Model m;
+  m.path = "custom.onnx";
+  m.ir_version = 8;
+  m.opsets[""] = 17;
+  m.opsets["com.example"] = 1;
+  m.graph.inputs.push_back(info("x", kFloat32, {2, 3}));
+  m.graph.nodes.push_back(bx::Node{"g", "Twice", "com.example", {"x"}, {"y"}, {}});
+  m.graph.outputs.push_back(info("y", kFloat32, {2, 3}));
+  EXPECT_THROW(bx::OnnxModule{m}, NotImplementedError);
+  bx::OpRegistry reg = bx::OpRegistry::global();
+  bx::OpSchema s;
+  s.domain = "com.example";
+  s.op_type = "Twice";
+  s.run = [](bx::OpContext& c) { return std::vector<Tensor>{c.input(0) * 2.0}; };
+  reg.add(s);
+  bx::OnnxModule mod(m, {.registry = &reg});
+  Tensor x = randn({2, 3});
+  EXPECT_TRUE(allclose(mod.forward(x), x * 2.0));
+}
+
+TEST(OnnxModule, BadIndicesAndInputsAreNamed) {
+  bx::Model m;
+  m.path = "gather.onnx";
+  m.ir_version = 8;
+  m.opsets[""] = 17;
+  m.graph.inputs.push_back(info("x", kFloat32, {4, 3}, false));
+  m.graph.inputs.push_back(info("i", kInt64, {2}, false));
+  m.graph.nodes.push_back(bx::Node{"pick", "Gather", "", {"x", "i"}, {"y"}, {{"axis", bx::attr_int(0)}}});
+  m.graph.outputs.push_back(info("y", kFloat32, {2, 3}, false));
+  bx::OnnxModule mod(m);
+  Tensor x = randn({4, 3});
+  // Negative indices count from the end, as ONNX says.
+  auto out = mod.run({x, tensor(std::vector<int64_t>{-1, 0}, {2})});
+  EXPECT_TRUE(equal(out[0], concat({x.narrow(0, 3, 1), x.narrow(0, 0, 1)}, 0)));
+  try {
+    mod.run({x, tensor(std::vector<int64_t>{1, 4}, {2})});
+    FAIL() << "expected IndexError";
+  } catch (const IndexError& e) {
+    EXPECT_NE(std::string(e.what()).find("gather.onnx: Gather 'pick': index 4 is out of range for axis 0 of size 4"),
+              std::string::npos)
+        << e.what();
+  }
+  try {
+    mod.run({randn({4, 5}), tensor(std::vector<int64_t>{0, 1}, {2})});
+    FAIL() << "expected ValueError";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("input 'x' has shape [4, 5], the model expects [4, 3]"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(mod.forward(x), ValueError);  // two inputs: forward(x) names them and points to run()
+}
+
+}  // namespace
