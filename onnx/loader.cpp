@@ -260,6 +260,12 @@ ValueInfo to_value_info(const Ctx& c, const ::onnx::ValueInfoProto& v, const std
     for (const auto& d : tt.shape().dim()) {
       Dim dim;
       if (d.has_dim_value()) {
+        // Some exporters (PaddlePaddle's) write -1 for a dynamic size; onnxruntime reads it as
+        // unknown, and so does braid. Other negative sizes are refused.
+        if (d.dim_value() == -1) {
+          out.shape.push_back(dim);
+          continue;
+        }
         if (d.dim_value() < 0) {
           std::ostringstream s;
           s << where << " has a negative dimension " << d.dim_value();

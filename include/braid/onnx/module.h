@@ -110,6 +110,9 @@ std::vector<std::string> preflight(const Model& model, const OpRegistry& registr
 struct OnnxOptions {
   /// Initialisers load as parameters that do not require gradients (inference, or a frozen backbone).
   bool frozen = false;
+  /// Floating-point Constant nodes (more than one element) become weights like initialisers, so
+  /// models whose exporter stores weights as Constants can be fine-tuned (Note [Constants as weights]).
+  bool constants_as_weights = true;
   /// Where ops are looked up; nullptr for OpRegistry::global().
   const OpRegistry* registry = nullptr;
 };
