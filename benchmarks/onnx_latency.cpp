@@ -8,6 +8,7 @@
 //                                                 two warm-up runs (threads: BRAID_NUM_THREADS)
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstdio>
 #include <sstream>
 
@@ -93,6 +94,15 @@ int main(int argc, char** argv) {
       }
       std::sort(ms.begin(), ms.end());
       std::printf("%.3f %.3f\n", ms[ms.size() / 2], ms.front());
+      if (std::getenv("BRAID_ONNX_PROFILE") != nullptr) {
+        m->set_profiling(true);
+        m->run(std::vector<Tensor>{x});
+        std::vector<std::pair<double, std::string>> rows;
+        for (const auto& [op, t] : m->profile()) rows.emplace_back(t.ms, op);
+        std::sort(rows.rbegin(), rows.rend());
+        for (const auto& [t, op] : rows)
+          std::fprintf(stderr, "%-24s %9.3f ms %6lld calls\n", op.c_str(), t, static_cast<long long>(m->profile().at(op).calls));
+      }
       return 0;
     }
     std::fprintf(stderr, "usage: braid-onnx-bench export-resnet18 OUT.onnx | time MODEL.onnx NxCxHxW ITERS\n");

