@@ -188,14 +188,39 @@ struct Scope {
   }
 };
 
+/// What OnnxModule precomputes about its top-level graph (see make_plan).
+struct ExecPlan {
+  std::vector<std::vector<std::string>> release_after;  // values whose last use is node i
+  std::map<size_t, size_t> conv_bn;                     // Conv node -> the BatchNormalization it feeds
+};
+
 class Executor {
  public:
   Executor(const Model& m, const OpRegistry& r, bool training, std::map<std::string, OnnxModule::OpTime>* profile)
       : model_(m), registry_(r), training_(training), profile_(profile) {}
 
-  /// Runs g's nodes in scope; returns g's outputs.
-  std::vector<Tensor> run_graph(const Graph& g, Scope& scope) {
-    for (const Node& n : g.nodes) run_node(n, scope);
+  /// Runs g's nodes in scope; returns g's outputs. With a plan (the top-level graph), values are
+  /// released after their last use and, in inference, Conv+BatchNormalization pairs run folded.
+  std::vector<Tensor> run_graph(const Graph& g, Scope& scope, const ExecPlan* plan = nullptr) {
+    const bool fold = plan != nullptr && !training_ && !is_grad_enabled();
+    for (size_t i = 0; i < g.nodes.size(); ++i) {
+      if (fold) {
+        auto it = plan->conv_bn.find(i);
+        if (it != plan->conv_bn.end()) {
+          if (run_folded(g.nodes[i], g.nodes[it->second], scope)) {
+            skip_.insert(it->second);
+            release(plan, i, scope);
+            continue;
+          }
+        }
+        if (skip_.count(i) != 0) {
+          release(plan, i, scope);
+          continue;
+        }
+      }
+      run_node(g.nodes[i], scope);
+      release(plan, i, scope);
+    }
     std::vector<Tensor> out;
     for (const ValueInfo& o : g.outputs) {
       const Tensor* t = scope.find(o.name);
@@ -228,6 +253,53 @@ class Executor {
   void set_current(const Scope* s) { current_ = s; }
 
  private:
+  void release(const ExecPlan* plan, size_t i, Scope& scope) {
+    if (plan == nullptr) return;
+    for (const std::string& name : plan->release_after[i]) scope.values.erase(name);
+  }
+
+  // Note [Folding BatchNormalization into Conv]
+  // In inference (eval mode, no gradients) y = BN(conv(x, W, b)) is one convolution with
+  // W' = W s and b' = (b - mean) s + beta per output channel, s = gamma / sqrt(var + eps): one pass
+  // over the activations instead of three. The folded weights are computed from the current
+  // parameters on every run (their size is the weights', not the activations'), so fine-tuning and
+  // load_state_dict need no invalidation; training runs the graph as written.
+  bool run_folded(const Node& conv, const Node& bn, Scope& scope) {
+    auto get = [&](const std::string& name) {
+      const Tensor* t = scope.find(name);
+      return t == nullptr ? Tensor() : *t;
+    };
+    Tensor x = get(conv.inputs[0]), w = get(conv.inputs[1]);
+    Tensor b = conv.inputs.size() > 2 && !conv.inputs[2].empty() ? get(conv.inputs[2]) : Tensor();
+    Tensor gamma = get(bn.inputs[1]), beta = get(bn.inputs[2]), mean_ = get(bn.inputs[3]), var_ = get(bn.inputs[4]);
+    for (const Tensor* t : {&x, &w, &gamma, &beta, &mean_, &var_})
+      if (!t->defined() || (t->dtype() != kFloat32 && t->dtype() != kFloat64)) return false;
+    if (w.dim() < 3 || gamma.numel() != w.size(0)) return false;
+    const auto start = profile_ != nullptr ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
+    auto eps_it = bn.attributes.find("epsilon");
+    const double eps = eps_it == bn.attributes.end() ? 1e-5 : eps_it->second.f;
+    Tensor scale = gamma * rsqrt(var_ + eps);
+    Shape ws(static_cast<size_t>(w.dim()), 1);
+    ws[0] = w.size(0);
+    Tensor w2 = w * reshape(scale, ws);
+    Tensor b2 = ((b.defined() ? b : zeros_like(mean_)) - mean_) * scale + beta;
+    const OpSchema* s = registry_.find(conv.domain, conv.op_type);
+    std::vector<Tensor> outputs;
+    try {
+      OpContext ctx(conv, opset_for(model_, conv.domain), training_, {x, w2, b2}, this);
+      outputs = s->run(ctx);
+    } catch (const Error& e) {
+      throw ValueError(detail::cat(model_.path, ": ", conv.label(), " (folded with ", bn.label(), "): ", e.what()));
+    }
+    scope.values[bn.outputs[0]] = outputs.at(0);
+    if (profile_ != nullptr) {
+      auto& slot = (*profile_)["Conv+BatchNormalization"];
+      slot.ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+      slot.calls++;
+    }
+    return true;
+  }
+
   template <typename E>
   [[noreturn]] void rethrow_as(const E& e, const Node& n) {
     throw E(detail::cat(model_.path, ": ", n.label(), ": ", e.what()));
@@ -312,6 +384,7 @@ class Executor {
   bool training_;
   const Scope* current_ = nullptr;
   std::map<std::string, OnnxModule::OpTime>* profile_;
+  std::set<size_t> skip_;  // BatchNormalization nodes folded into their Conv in this run
 };
 
 std::vector<Tensor> OpContext::run_subgraph(const Graph& g, const std::vector<Tensor>& inputs) {
@@ -369,7 +442,57 @@ void lift_constants(Graph& g) {
   g.nodes = std::move(kept);
 }
 
+/// Every value name a node reads, its subgraphs' reads of outer values included.
+void collect_reads(const Node& n, std::set<std::string>& out) {
+  for (const auto& i : n.inputs)
+    if (!i.empty()) out.insert(i);
+  for (const auto& [name, a] : n.attributes) {
+    std::vector<std::shared_ptr<Graph>> subs = a.graphs;
+    if (a.g) subs.push_back(a.g);
+    for (const auto& g : subs)
+      for (const Node& m : g->nodes) collect_reads(m, out);
+  }
+}
+
 }  // namespace
+
+std::shared_ptr<ExecPlan> make_plan(const Graph& g, const std::map<std::string, Tensor>& weights) {
+  auto plan = std::make_shared<ExecPlan>();
+  const size_t n = g.nodes.size();
+  plan->release_after.resize(n);
+  std::set<std::string> keep;
+  for (const auto& o : g.outputs) keep.insert(o.name);
+  std::map<std::string, size_t> last_use, uses;
+  std::vector<std::set<std::string>> reads(n);
+  for (size_t i = 0; i < n; ++i) {
+    collect_reads(g.nodes[i], reads[i]);
+    for (const auto& r : reads[i]) {
+      last_use[r] = i;
+      uses[r]++;
+    }
+  }
+  for (const auto& [name, i] : last_use)
+    if (keep.count(name) == 0 && weights.count(name) == 0) plan->release_after[i].push_back(name);
+  std::map<std::string, size_t> producer;
+  for (size_t i = 0; i < n; ++i)
+    for (const auto& o : g.nodes[i].outputs) producer[o] = i;
+  for (size_t i = 0; i < n; ++i) {
+    const Node& bn = g.nodes[i];
+    if (bn.op_type != "BatchNormalization" || !bn.domain.empty() || bn.inputs.size() < 5) continue;
+    auto tm = bn.attributes.find("training_mode");
+    if (tm != bn.attributes.end() && tm->second.i != 0) continue;
+    bool extra_outputs = false;
+    for (size_t k = 1; k < bn.outputs.size(); ++k) extra_outputs = extra_outputs || !bn.outputs[k].empty();
+    if (extra_outputs) continue;
+    auto p = producer.find(bn.inputs[0]);
+    if (p == producer.end()) continue;
+    const Node& conv = g.nodes[p->second];
+    if (conv.op_type != "Conv" || !conv.domain.empty() || conv.outputs.size() != 1) continue;
+    if (uses[bn.inputs[0]] != 1 || keep.count(bn.inputs[0]) != 0) continue;
+    plan->conv_bn[p->second] = i;
+  }
+  return plan;
+}
 
 // Note [ONNX weight names]
 // state_dict() names of an imported model are the initialisers' names, so a checkpoint or an
@@ -442,6 +565,7 @@ OnnxModule::OnnxModule(Model model, const OnnxOptions& options)
   for (const auto& [n, t] : root->named_buffers(false)) register_buffer(n, t);
   for (const ValueInfo& in : model_.graph.inputs)
     if (model_.graph.initializers.count(in.name) == 0) input_names_.push_back(in.name);
+  plan_ = make_plan(model_.graph, weights_);
   eval();  // an imported model starts in inference mode, as onnxruntime runs it; train() to fine-tune
 }
 
@@ -532,7 +656,7 @@ std::vector<Tensor> OnnxModule::run_ordered(const std::vector<Tensor>& inputs) {
   }
   Executor ex(model_, *registry_, is_training(), profiling_ ? &profile_ : nullptr);
   ex.set_current(&scope);
-  return ex.run_graph(model_.graph, scope);
+  return ex.run_graph(model_.graph, scope, plan_.get());
 }
 
 }  // namespace braid::onnx

@@ -37,6 +37,20 @@ int64_t onnx_type_code(DType t) {
 
 namespace {
 
+/// Shapes that come from a model's data (ConstantOfShape, Expand, Tile) are checked before
+/// allocating: no negative sizes, no overflow, at most 16 GiB.
+void check_alloc(const OpContext& c, const Shape& shape, DType t) {
+  for (int64_t d : shape)
+    if (d < 0) c.fail("shape ", shape_str(shape), " has a negative size");
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    if (d != 0 && n > (int64_t{1} << 40) / d) c.fail("shape ", shape_str(shape), " is too large to allocate");
+    n *= d;
+  }
+  if (n * dtype_size(t) > (int64_t{16} << 30))
+    c.fail("shape ", shape_str(shape), " would need ", n * dtype_size(t), " bytes (over 16 GiB)");
+}
+
 std::vector<int64_t> squeeze_axes(OpContext& c) {
   if (c.opset() >= 13) return c.has_input(1) ? c.input_ints(1) : std::vector<int64_t>{};
   return c.attr_ints("axes");
@@ -132,6 +146,7 @@ void register_tensor_ops(OpRegistry& r) {
   {
     OpSchema s = op("ConstantOfShape", {"value"}, [](OpContext& c) {
       Shape shape = c.input_ints(0);
+      check_alloc(c, shape, c.has_attr("value") ? c.attr("value").t.dtype() : kFloat32);
       if (!c.has_attr("value")) return Tensors{zeros(shape, kFloat32)};
       const Tensor& v = c.attr("value").t;
       if (v.numel() != 1) c.fail("value must hold one element, got shape ", shape_str(v.shape()));
@@ -288,12 +303,19 @@ void register_tensor_ops(OpRegistry& r) {
   r.add(op("Expand", {}, [](OpContext& c) {
     const Tensor& x = c.input(0);
     Shape target = broadcast_shapes(x.shape(), c.input_ints(1), "Expand");
+    check_alloc(c, target, x.dtype());
     return Tensors{expand(x, target)};
   }));
   r.add(op("Tile", {}, [](OpContext& c) {
     const Tensor& x = c.input(0);
     std::vector<int64_t> reps = c.input_ints(1);
     if (static_cast<int64_t>(reps.size()) != x.dim()) c.fail("repeats has ", reps.size(), " values for a rank-", x.dim(), " input");
+    Shape out = x.shape();
+    for (size_t d = 0; d < out.size(); ++d) {
+      if (reps[d] < 0) c.fail("repeats must be non-negative, got ", reps[d]);
+      out[d] = reps[d] == 0 ? 0 : (out[d] > (int64_t{1} << 40) / reps[d] ? (int64_t{1} << 40) : out[d] * reps[d]);
+    }
+    check_alloc(c, out, x.dtype());
     return Tensors{tile(x, reps)};
   }));
   r.add(op("Where", {}, [](OpContext& c) { return Tensors{where(c.input(0), c.input(1), c.input(2))}; }));

@@ -6,6 +6,7 @@
 
 #include <filesystem>
 
+#include "braid/autograd.h"
 #include "braid/onnx/export.h"
 #include "braid/onnx/module.h"
 #include "gradcheck.h"
@@ -109,6 +110,23 @@ TEST(OnnxModule, DynamicBatchRunsAtAnyBatchSize) {
   EXPECT_TRUE(allclose(sum(all, {1}), ones({5}, kFloat64), 1e-12, 1e-12));
 }
 
+TEST(OnnxModule, FoldedConvBatchNormEqualsTheGraphAsWritten) {
+  // Inference without gradients folds BatchNormalization into the Conv before it (Note [Folding
+  // BatchNormalization into Conv]); with gradients recording, the graph runs as written.
+  bx::OnnxModule m(small_net(small_net_weights()));
+  m.set_profiling(true);
+  Tensor x = randn({3, 2, 4, 4}, kFloat64);
+  Tensor as_written = m.forward(x);
+  EXPECT_EQ(m.profile().count("Conv+BatchNormalization"), 0u);
+  Tensor folded;
+  {
+    NoGradGuard no_grad;
+    folded = m.forward(x);
+  }
+  EXPECT_EQ(m.profile().at("Conv+BatchNormalization").calls, 1);
+  EXPECT_TRUE(allclose(folded, as_written, 1e-12, 1e-14));
+}
+
 TEST(OnnxModule, PreflightListsEveryProblemWithNodeNames) {
   bx::Model m;
   m.path = "bad.onnx";
@@ -130,6 +148,28 @@ TEST(OnnxModule, PreflightListsEveryProblemWithNodeNames) {
     EXPECT_NE(msg.find("Softmax 'sm': attribute 'temperature' is not supported"), std::string::npos) << msg;
     EXPECT_NE(msg.find("op 'com.example.FastGelu'"), std::string::npos) << msg;
   }
+}
+
+TEST(OnnxModule, ShapesFromDataAreCheckedBeforeAllocating) {
+  // A hostile ConstantOfShape asking for 2^62 elements is an error naming the node, not an attempt
+  // to allocate.
+  bx::Model m;
+  m.path = "huge.onnx";
+  m.ir_version = 8;
+  m.opsets[""] = 17;
+  m.graph.inputs.push_back(info("s", kInt64, {2}, false));
+  m.graph.nodes.push_back(bx::Node{"fill", "ConstantOfShape", "", {"s"}, {"y"}, {}});
+  m.graph.outputs.push_back(info("y", kFloat32, {}, false));
+  m.graph.outputs.back().has_shape = false;
+  bx::OnnxModule mod(m);
+  try {
+    mod.forward(tensor(std::vector<int64_t>{int64_t{1} << 31, int64_t{1} << 31}, {2}));
+    FAIL() << "expected ValueError";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("huge.onnx: ConstantOfShape 'fill': shape [2147483648, 2147483648] is too large"),
+              std::string::npos) << e.what();
+  }
+  EXPECT_EQ(mod.forward(tensor(std::vector<int64_t>{2, 3}, {2})).shape(), (Shape{2, 3}));
 }
 
 TEST(OnnxModule, CustomOpsInAUserRegistry) {

@@ -24,6 +24,7 @@
 namespace braid::onnx {
 
 class Executor;
+struct ExecPlan;
 
 /// What an op implementation sees of the node it runs: its inputs (an undefined Tensor for an
 /// omitted optional input), its attributes with defaults, the opset and the training flag.
@@ -157,6 +158,7 @@ class OnnxModule : public nn::Module {
   const OpRegistry* registry_;
   std::vector<std::string> input_names_;
   std::map<std::string, Tensor> weights_;  // initialiser name -> the parameter or buffer tensor
+  std::shared_ptr<ExecPlan> plan_;  // value lifetimes and Conv+BatchNormalization folding
   bool profiling_ = false;
   std::map<std::string, OpTime> profile_;
 };
