@@ -15,7 +15,9 @@
 #include <mutex>
 
 #include "braid/autograd.h"
+#include "braid/nn/attention.h"
 #include "braid/nn/layers.h"
+#include "braid/nn/recurrent.h"
 #include "braid/nn/skip.h"
 #include "braid/onnx/module.h"
 #include "braid/ops.h"
@@ -340,6 +342,111 @@ void LayerAccess::register_builtin() {
     Value s = pop(g, l.name_, prefix);
     return g.node1("Concat", {x.name, s.name}, concat({x.example, s.example}, l.dim_), {{"axis", attr_int(l.dim_)}});
   });
+  // Self-attention without masks (what forward(x) computes), as MatMul/Split/Reshape/Transpose/
+  // Softmax; q is scaled before the product, as braid's MultiheadAttention does.
+  reg("MultiheadAttention", [](GraphBuilder& g, nn::Module& m, const std::string& prefix, const Value& x) {
+    auto& l = static_cast<nn::MultiheadAttention&>(m);
+    const int64_t e = l.embed_dim_, h = l.num_heads_, d = e / h;
+    if (x.example.dim() != 3)
+      throw NotImplementedError(detail::cat("export_onnx: MultiheadAttention '", prefix, "' with an unbatched input"));
+    const DType t = x.example.dtype();
+    std::string in = x.name;
+    if (!l.batch_first_) in = g.node("Transpose", {in}, {{"perm", attr_ints({1, 0, 2})}})[0];
+    std::string wt = g.node("Transpose", {g.weight(prefix + "in_proj_weight", l.in_proj_weight_)}, {{"perm", attr_ints({1, 0})}})[0];
+    std::string qkv = g.node("MatMul", {in, wt})[0];
+    if (l.in_proj_bias_.defined()) qkv = g.node("Add", {qkv, g.weight(prefix + "in_proj_bias", l.in_proj_bias_)})[0];
+    std::vector<std::string> parts = g.node("Split", {qkv, g.ints({e, e, e})}, {{"axis", attr_int(-1)}}, 3);
+    auto heads = [&](const std::string& v) {
+      std::string r = g.node("Reshape", {v, g.ints({0, 0, h, d})})[0];
+      return g.node("Transpose", {r}, {{"perm", attr_ints({0, 2, 1, 3})}})[0];  // (N, H, L, D)
+    };
+    std::string q = g.node("Mul", {heads(parts[0]), g.scalar(1.0 / std::sqrt(static_cast<double>(d)), t)})[0];
+    std::string kt = g.node("Transpose", {heads(parts[1])}, {{"perm", attr_ints({0, 1, 3, 2})}})[0];
+    std::string p = g.node("Softmax", {g.node("MatMul", {q, kt})[0]}, {{"axis", attr_int(-1)}})[0];
+    std::string o = g.node("MatMul", {p, heads(parts[2])})[0];
+    o = g.node("Transpose", {o}, {{"perm", attr_ints({0, 2, 1, 3})}})[0];
+    o = g.node("Reshape", {o, g.ints({0, 0, e})})[0];
+    Tensor y = run(m, x.example);
+    // Examples carry shapes (and dtypes) for the exporters downstream; values are not needed here.
+    const Shape& xs = x.example.shape();
+    Tensor o_example = zeros(l.batch_first_ ? xs : Shape{xs[1], xs[0], xs[2]}, t);
+    Value proj = export_layer(g, *m.child("out_proj"), prefix + "out_proj.", Value{o, o_example});
+    if (l.batch_first_) return Value{proj.name, y};
+    return g.node1("Transpose", {proj.name}, y, {{"perm", attr_ints({1, 0, 2})}});
+  });
+  reg("TransformerEncoderLayer", [](GraphBuilder& g, nn::Module& m, const std::string& prefix, const Value& x) {
+    auto& l = static_cast<nn::TransformerEncoderLayer&>(m);
+    auto sub = [&](const char* name, const Value& v) { return export_layer(g, *m.child(name), prefix + name + ".", v); };
+    auto add = [&](const Value& a, const Value& b) { return g.node1("Add", {a.name, b.name}, a.example + b.example); };
+    auto ff = [&](const Value& v) {
+      Value hdn = sub("linear1", v);
+      hdn = l.activation_ == "relu" ? Value{g.node("Relu", {hdn.name})[0], relu(hdn.example)} : [&] {
+        nn::GELU gelu;
+        return export_layer(g, gelu, prefix, hdn);
+      }();
+      return sub("linear2", hdn);
+    };
+    Value out;
+    if (l.norm_first_) {
+      Value a = add(x, sub("self_attn", sub("norm1", x)));
+      out = add(a, ff(sub("norm2", a)));
+    } else {
+      Value a = sub("norm1", add(x, sub("self_attn", x)));
+      out = sub("norm2", add(a, ff(a)));
+    }
+    return Value{out.name, run(m, x.example)};
+  });
+  // LSTM and GRU as ONNX's LSTM/GRU ops, one per layer. The initialisers are braid's own
+  // (weight_ih_l0, ...: bitwise round trip); the ONNX gate order (LSTM i, o, f, c; GRU z, r, h)
+  // and the stacked W/R/B are built from them by Split/Concat nodes.
+  auto rnn = [](GraphBuilder& g, nn::Module& m, const std::string& prefix, const Value& x) {
+    auto& l = static_cast<nn::RNNBase&>(m);
+    const bool lstm = l.cell_state_;
+    const int64_t hs = l.hidden_size_, gates = lstm ? 4 : 3, dirs = l.bidirectional_ ? 2 : 1;
+    // PyTorch's gate rows -> ONNX's: LSTM (i, f, g, o) -> (i, o, f, g); GRU (r, z, n) -> (z, r, n).
+    const std::vector<int> order = lstm ? std::vector<int>{0, 3, 1, 2} : std::vector<int>{1, 0, 2};
+    if (x.example.dim() != 3)
+      throw NotImplementedError(detail::cat("export_onnx: ", l.type_name(), " '", prefix, "' with an unbatched input"));
+    auto reorder = [&](const std::string& w) {
+      std::vector<std::string> parts = g.node("Split", {w, g.ints(std::vector<int64_t>(static_cast<size_t>(gates), hs))},
+                                              {{"axis", attr_int(0)}}, static_cast<int>(gates));
+      std::vector<std::string> in;
+      for (int k : order) in.push_back(parts[static_cast<size_t>(k)]);
+      return g.node("Concat", in, {{"axis", attr_int(0)}})[0];
+    };
+    auto stack_dirs = [&](const std::vector<std::string>& per_dir) {
+      std::vector<std::string> u;
+      for (const auto& v : per_dir) u.push_back(g.node("Unsqueeze", {v, g.ints({0})})[0]);
+      return u.size() == 1 ? u[0] : g.node("Concat", u, {{"axis", attr_int(0)}})[0];
+    };
+    std::string seq = x.name;
+    if (l.batch_first_) seq = g.node("Transpose", {seq}, {{"perm", attr_ints({1, 0, 2})}})[0];
+    for (int64_t layer = 0; layer < l.num_layers_; ++layer) {
+      std::vector<std::string> w, r, b;
+      for (int64_t d = 0; d < dirs; ++d) {
+        const auto& ws = l.weights_[static_cast<size_t>(layer * dirs + d)];
+        std::string sfx = detail::cat("_l", layer, d == 1 ? "_reverse" : "");
+        w.push_back(reorder(g.weight(prefix + "weight_ih" + sfx, ws[0])));
+        r.push_back(reorder(g.weight(prefix + "weight_hh" + sfx, ws[1])));
+        if (l.bias_)
+          b.push_back(g.node("Concat", {reorder(g.weight(prefix + "bias_ih" + sfx, ws[2])), reorder(g.weight(prefix + "bias_hh" + sfx, ws[3]))},
+                             {{"axis", attr_int(0)}})[0]);
+      }
+      std::vector<std::string> in{seq, stack_dirs(w), stack_dirs(r)};
+      if (l.bias_) in.push_back(stack_dirs(b));
+      std::map<std::string, Attribute> attrs{{"hidden_size", attr_int(hs)},
+                                             {"direction", attr_string(dirs == 2 ? "bidirectional" : "forward")}};
+      if (!lstm) attrs["linear_before_reset"] = attr_int(1);
+      std::string y = g.node(lstm ? "LSTM" : "GRU", in, attrs)[0];                  // (L, D, N, H)
+      y = g.node("Transpose", {y}, {{"perm", attr_ints({0, 2, 1, 3})}})[0];       // (L, N, D, H)
+      seq = g.node("Reshape", {y, g.ints({0, 0, -1})})[0];                          // (L, N, D * H)
+    }
+    Tensor out = run(m, x.example);
+    if (l.batch_first_) return g.node1("Transpose", {seq}, out, {{"perm", attr_ints({1, 0, 2})}});
+    return Value{seq, out};
+  };
+  reg("LSTM", rnn);
+  reg("GRU", rnn);
   reg("OnnxModule", [](GraphBuilder&, nn::Module&, const std::string& prefix, const Value&) -> Value {
     throw NotImplementedError(detail::cat("export_onnx: an imported model ('", prefix,
                                           "') inside another model is not exported yet; export it on its own"));

@@ -14,7 +14,9 @@
 #include <fstream>
 
 #include "braid/autograd.h"
+#include "braid/nn/attention.h"
 #include "braid/nn/layers.h"
+#include "braid/nn/recurrent.h"
 #include "braid/nn/skip.h"
 #include "braid/onnx/export.h"
 #include "braid/onnx/module.h"
@@ -195,6 +197,47 @@ TEST(OnnxExport, EmbeddingAndConv1d) {
   c.add(std::make_shared<nn::Conv1d>(3, 5, 4, 1, "same")).add(std::make_shared<nn::ReLU>());
   c.add(std::make_shared<nn::Conv1d>(5, 2, 3, 2, 1, 2));
   round_trip(c, randn({2, 3, 16}), randn({4, 3, 16}), "conv1d");
+}
+
+TEST(OnnxExport, TransformerEncoder) {
+  manual_seed(6);
+  for (bool batch_first : {true, false}) {
+    Sequential m;
+    m.add(std::make_shared<nn::Linear>(8, 16));
+    m.add(std::make_shared<nn::TransformerEncoderLayer>(16, 4, 32, 0.1, "gelu", 1e-5, batch_first, false));
+    m.add(std::make_shared<nn::TransformerEncoderLayer>(16, 2, 24, 0.1, "relu", 1e-5, batch_first, true));
+    m.add(std::make_shared<nn::MultiheadAttention>(16, 8, 0.0, true, batch_first));
+    m.add(std::make_shared<nn::Linear>(16, 3));
+    train_a_little(m, batch_first ? randn({2, 5, 8}) : randn({5, 2, 8}));
+    // The batch axis is symbolic only for batch_first; sequence-first exports use a fixed shape.
+    if (batch_first) {
+      round_trip(m, randn({2, 5, 8}), randn({3, 5, 8}), "transformer_bf");
+    } else {
+      m.eval();
+      const std::string path = (temp_dir() / "transformer_sf.onnx").string();
+      bx::export_onnx(m, randn({5, 2, 8}), path, {.dynamic_batch = false});
+      check_with_onnx_checker(path);
+      Tensor x = randn({5, 2, 8});
+      NoGradGuard no_grad;
+      Tensor want = m.forward(x);
+      EXPECT_LE(max_rel_diff(bx::OnnxModule::load(path)->forward(x), want), 1e-6);
+      std::string skip;
+      auto ort = run_onnxruntime(path, {x}, &skip);
+      if (!skip.empty()) GTEST_SKIP() << skip;
+      EXPECT_LE(max_rel_diff(ort[0], want), 1e-5);
+    }
+  }
+}
+
+TEST(OnnxExport, LstmAndGru) {
+  manual_seed(8);
+  Sequential m;
+  m.add(std::make_shared<nn::LSTM>(6, 10, 2, true, true, 0.0, true));
+  m.add(std::make_shared<nn::GRU>(20, 7, 2, true, true, 0.0, true));
+  m.add(std::make_shared<nn::GRU>(14, 5, 1, false, true));
+  m.add(std::make_shared<nn::LSTM>(5, 4, 1, true, true));
+  m.eval();
+  round_trip(m, randn({2, 9, 6}), randn({3, 9, 6}), "rnn");
 }
 
 TEST(OnnxExport, FineTunedImportExportsNewWeights) {

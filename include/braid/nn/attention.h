@@ -10,6 +10,10 @@
 #include "braid/dtype.h"
 #include "braid/nn/layers.h"
 
+namespace braid::onnx {
+struct LayerAccess;
+}
+
 namespace braid::nn {
 
 /// The (n, n) float mask with -inf above the diagonal: position i attends to positions <= i.
@@ -20,6 +24,7 @@ Tensor generate_square_subsequent_mask(int64_t n, DType dtype = kFloat32);
 /// in_proj_weight (3E, E), in_proj_bias (3E), out_proj.weight (E, E), out_proj.bias (E).
 /// (PyTorch's add_bias_kv, add_zero_attn, kdim and vdim are not offered.)
 class MultiheadAttention : public Module {
+  friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
   MultiheadAttention(int64_t embed_dim, int64_t num_heads, double dropout = 0.0, bool bias = true,
                      bool batch_first = false, Generator* gen = nullptr);
@@ -47,6 +52,7 @@ class MultiheadAttention : public Module {
 /// (after the residual, or before the block with norm_first). activation: "relu" or "gelu".
 /// Inputs as MultiheadAttention's.
 class TransformerEncoderLayer : public Module {
+  friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
   TransformerEncoderLayer(int64_t d_model, int64_t nhead, int64_t dim_feedforward = 2048, double dropout = 0.1,
                           const std::string& activation = "relu", double layer_norm_eps = 1e-5,

@@ -10,6 +10,10 @@
 #include "braid/nn/module.h"
 #include "braid/random.h"
 
+namespace braid::onnx {
+struct LayerAccess;
+}
+
 namespace braid::nn {
 
 /// What LSTM and GRU share: parameters, layer and direction loops, shape checks. Input (L, N, H_in),
@@ -18,6 +22,7 @@ namespace braid::nn {
 /// dropout (training only, drawn from gen or default_generator()) applies to every layer's output
 /// but the last.
 class RNNBase : public Module {
+  friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
   /// The output sequence.
   Tensor forward(const Tensor& x) override;
@@ -48,6 +53,7 @@ class RNNBase : public Module {
 };
 
 class LSTM : public RNNBase {
+  friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
   LSTM(int64_t input_size, int64_t hidden_size, int64_t num_layers = 1, bool bias = true, bool batch_first = false,
        double dropout = 0.0, bool bidirectional = false, Generator* gen = nullptr);
@@ -60,6 +66,7 @@ class LSTM : public RNNBase {
 };
 
 class GRU : public RNNBase {
+  friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
   GRU(int64_t input_size, int64_t hidden_size, int64_t num_layers = 1, bool bias = true, bool batch_first = false,
       double dropout = 0.0, bool bidirectional = false, Generator* gen = nullptr);
