@@ -17,6 +17,7 @@
 #include "braid/distributed.h"
 #include "braid/nn/loss.h"
 #include "braid/optim.h"
+#include "braid/onnx/export.h"
 #include "models.h"
 #include "plot.h"
 #include "progress.h"
@@ -28,7 +29,7 @@ namespace {
 
 struct Args {
   std::string model = "cnn", data = "/usr/share/datasets/fashion-mnist", out = "runs/fashion-mnist";
-  std::string optimizer = "adam", resume;
+  std::string optimizer = "adam", resume, export_onnx;
   int64_t epochs = 3, batch_size = 64, limit = 0, threads = 0, sync_bn = 0, pipeline_stages = 1, micro_batches = 4;
   int64_t stop_after = 0;  // epochs to run in this invocation (0: to the end)
   double lr = 0;  // 0: the optimizer's default below
@@ -44,13 +45,15 @@ void usage() {
       "                   [--sync-bn 0|1 (BatchNorm statistics over all ranks)] [--bucket-mb X]\n"
       "                   [--pipeline-stages K (cut the model into K stages, 1F1B)] [--micro-batches M]\n"
       "                   [--stop-after N (run N epochs, checkpoint and exit; --resume continues)]\n"
+      "                   [--export-onnx FILE (write the trained model as ONNX; data-parallel mode)]\n"
       "--batch-size is the global batch; under mpiexec -n N each rank takes batch-size / N of it.\n");
 }
 
 Args parse(int argc, char** argv) {
   Args a;
   std::map<std::string, std::string*> strings{{"--model", &a.model}, {"--data", &a.data}, {"--out", &a.out},
-                                             {"--optimizer", &a.optimizer}, {"--resume", &a.resume}};
+                                             {"--optimizer", &a.optimizer}, {"--resume", &a.resume},
+                                             {"--export-onnx", &a.export_onnx}};
   std::map<std::string, int64_t*> ints{{"--epochs", &a.epochs}, {"--batch-size", &a.batch_size},
                                       {"--limit", &a.limit}, {"--threads", &a.threads}, {"--sync-bn", &a.sync_bn},
                                       {"--pipeline-stages", &a.pipeline_stages}, {"--micro-batches", &a.micro_batches},
@@ -74,6 +77,10 @@ Args parse(int argc, char** argv) {
               a.optimizer, "'");
   BRAID_CHECK(a.epochs > 0 && a.batch_size > 0, "braid-train: --epochs and --batch-size must be positive");
   if (a.lr == 0) a.lr = a.optimizer == "adam" ? 2e-3 : 0.05;
+  BRAID_CHECK(a.export_onnx.empty() || a.pipeline_stages == 1,
+              "braid-train: --export-onnx is for data-parallel runs (with --pipeline-stages each rank holds one stage)");
+  BRAID_CHECK(a.export_onnx.empty() || a.sync_bn == 0,
+              "braid-train: --export-onnx does not export SyncBatchNorm yet; train without --sync-bn 1");
   return a;
 }
 
@@ -279,6 +286,11 @@ int run(int argc, char** argv) {
     save_checkpoint(ckpt_path, ck);
   }
   if (!lead) return 0;
+  if (!args.export_onnx.empty()) {
+    // The trained model for (N, 1, 28, 28) images already normalised as above; N is symbolic.
+    onnx::export_onnx(*model, zeros({1, 1, 28, 28}), args.export_onnx);
+    std::printf("exported the trained model to %s (ONNX opset 17)\n", args.export_onnx.c_str());
+  }
   zoo::write_svg_chart(args.out + "/curves.svg", "braid-train: " + args.model + " on " + args.data,
                        {{"cross-entropy", {train_loss, test_loss}}, {"accuracy", {train_acc, test_acc}}});
   std::printf("final test accuracy %.4f; checkpoint %s, log %s/log.csv, plot %s/curves.svg\n", final_accuracy,

@@ -6,6 +6,7 @@
 // over plain vectors; the values then flow through braid's differentiable ops (gather,
 // index_select, scatter_add, where, matmul), so gradients reach the data inputs.
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <cmath>
 #include <limits>
@@ -1066,6 +1067,401 @@ OpSchema control(const char* type, std::vector<std::string> attrs, std::function
   return s;
 }
 
+// ---- GridSample and RoiAlign: sampling taps found on the CPU, values gathered differentiably ----
+
+/// One output point's taps: (flat source index, weight).
+using Taps = std::vector<std::pair<int64_t, double>>;
+
+/// x (N, C, S...) sampled at points: out (n, C, p) where point q of group b is the weighted sum
+/// (or, with take_max, the max of the weighted values) of its taps, whose indices are flat over
+/// x's (N, S...). Taps are padded to the widest point (weight 0 for a sum, a repeat for a max).
+Tensor sample_taps(const Tensor& x, const std::vector<Taps>& points, int64_t n, int64_t p, bool take_max = false) {
+  const int64_t ch = x.size(1);
+  size_t width = 1;
+  for (const Taps& t : points) width = std::max(width, t.size());
+  const auto tw = static_cast<int64_t>(width);
+  std::vector<int64_t> idx(static_cast<size_t>(n * p) * width, 0);
+  std::vector<double> wt(idx.size(), 0.0);
+  for (size_t q = 0; q < points.size(); ++q)
+    for (size_t t = 0; t < width; ++t) {
+      const Taps& pt = points[q];
+      if (t < pt.size()) {
+        idx[t * points.size() + q] = pt[t].first;
+        wt[t * points.size() + q] = pt[t].second;
+      } else if (take_max && !pt.empty()) {
+        idx[t * points.size() + q] = pt[0].first;
+        wt[t * points.size() + q] = pt[0].second;
+      }
+    }
+  // (N, C, S) -> (1, C, N * S): every sample's plane side by side, so one gather serves all.
+  const int64_t nx = x.size(0);
+  Tensor src = reshape(permute(reshape(x, {nx, ch, x.numel() / std::max<int64_t>(nx * ch, 1)}), {1, 0, 2}), {1, ch, -1});
+  const int64_t m = tw * n * p;
+  Tensor index = contiguous(expand(reshape(tensor(idx, {m}), {1, 1, m}), {1, ch, m}));
+  Tensor vals = reshape(gather(src, 2, index), {ch, tw, n * p});
+  Tensor w = reshape(cast(tensor(wt, {tw, n * p}), x.dtype()), {1, tw, n * p});
+  Tensor y = take_max ? amax(vals * w, {1}) : sum(vals * w, {1});  // (C, N * P)
+  return permute(reshape(y, {ch, n, p}), {1, 0, 2});
+}
+
+double gs_reflect(double x, double lo, double hi) {
+  const double rng = hi - lo;
+  if (x < lo) {
+    const double dx = lo - x;
+    const auto k = static_cast<int64_t>(dx / rng);
+    const double r = dx - static_cast<double>(k) * rng;
+    return k % 2 == 0 ? lo + r : hi - r;
+  }
+  if (x > hi) {
+    const double dx = x - hi;
+    const auto k = static_cast<int64_t>(dx / rng);
+    const double r = dx - static_cast<double>(k) * rng;
+    return k % 2 == 0 ? hi - r : lo + r;
+  }
+  return x;
+}
+
+void cubic_coeffs_gs(double x, double* c) {
+  const double a = -0.75;
+  x = std::abs(x);
+  c[0] = ((a * (x + 1) - 5 * a) * (x + 1) + 8 * a) * (x + 1) - 4 * a;
+  c[1] = ((a + 2) * x - (a + 3)) * x * x + 1;
+  c[2] = ((a + 2) * (1 - x) - (a + 3)) * (1 - x) * (1 - x) + 1;
+  c[3] = ((a * (2 - x) - 5 * a) * (2 - x) + 8 * a) * (2 - x) - 4 * a;
+}
+
+std::string grid_sample_mode(std::string m) {
+  if (m == "bilinear") return "linear";
+  if (m == "bicubic") return "cubic";
+  return m;
+}
+
+Tensors grid_sample(OpContext& c) {
+  const Tensor& x = c.input(0);
+  const Tensor& grid = c.input(1);
+  const int64_t nd = x.dim() - 2;
+  if (nd < 1 || grid.dim() != x.dim() || grid.size(-1) != nd || grid.size(0) != x.size(0))
+    c.fail("X of shape ", shape_str(x.shape()), " and Grid of shape ", shape_str(grid.shape()), " do not match");
+  const std::string mode = grid_sample_mode(c.attr_string("mode", c.opset() >= 20 ? "linear" : "bilinear"));
+  const std::string padding = c.attr_string("padding_mode", "zeros");
+  const bool align = c.attr_int("align_corners", 0) != 0;
+  if (mode != "linear" && mode != "nearest" && mode != "cubic") c.fail("mode '", mode, "' is not supported");
+  if (padding != "zeros" && padding != "border" && padding != "reflection") c.fail("padding_mode '", padding, "' is not supported");
+  const int64_t n = x.size(0);
+  std::vector<int64_t> dims, strides(static_cast<size_t>(nd), 1);
+  for (int64_t i = 0; i < nd; ++i) dims.push_back(x.size(2 + i));
+  for (int64_t i = nd - 2; i >= 0; --i) strides[static_cast<size_t>(i)] = strides[static_cast<size_t>(i + 1)] * dims[static_cast<size_t>(i + 1)];
+  const int64_t plane = nd > 0 ? strides[0] * dims[0] : 1;
+  Shape out{n, x.size(1)};
+  int64_t p = 1;
+  for (int64_t i = 1; i < grid.dim() - 1; ++i) {
+    out.push_back(grid.size(i));
+    p *= grid.size(i);
+  }
+  const std::vector<float> g = cast(grid, kFloat32).to_vector<float>();
+  // The source index a tap reads, or -1 for a zero (padding_mode zeros outside the input).
+  auto pixel = [&](int64_t i, size_t d, double lo, double hi) -> int64_t {
+    const int64_t size = dims[d];
+    if (padding == "zeros") return (i >= 0 && i < size) ? i : -1;
+    if (padding == "border") return std::clamp<int64_t>(i, 0, size - 1);
+    return static_cast<int64_t>(gs_reflect(static_cast<double>(i), lo, hi));
+  };
+  std::vector<Taps> points(static_cast<size_t>(n * p));
+  std::vector<std::vector<std::pair<int64_t, double>>> per_dim(static_cast<size_t>(nd));
+  for (int64_t b = 0; b < n; ++b)
+    for (int64_t q = 0; q < p; ++q) {
+      for (int64_t i = 0; i < nd; ++i) {
+        const auto d = static_cast<size_t>(i);
+        const float v = g[static_cast<size_t>(((b * p + q) * nd) + (nd - 1 - i))];  // the grid lists x (W) first
+        const auto len = static_cast<float>(dims[d]);
+        double xi = align ? static_cast<float>((v + 1) / 2.0f * (len - 1)) : static_cast<float>(((v + 1) * len - 1) / 2.0f);
+        const double lo = align ? 0.0 : -0.5, hi = align ? static_cast<double>(dims[d]) - 1 : static_cast<double>(dims[d]) - 0.5;
+        if (mode == "nearest") xi = std::nearbyint(xi);
+        if (xi < lo || xi > hi) {
+          if (padding == "border") xi = std::clamp(xi, 0.0, static_cast<double>(dims[d] - 1));
+          else if (padding == "reflection") xi = gs_reflect(xi, lo, hi);
+        }
+        auto& taps = per_dim[d];
+        taps.clear();
+        if (mode == "nearest") {
+          taps.push_back({pixel(static_cast<int64_t>(static_cast<int32_t>(xi)), d, lo, hi), 1.0});
+        } else {
+          const double f = std::floor(xi), t = xi - f;
+          const auto x0 = static_cast<int64_t>(f);
+          if (mode == "linear") {
+            taps.push_back({pixel(x0, d, lo, hi), 1 - t});
+            taps.push_back({pixel(x0 + 1, d, lo, hi), t});
+          } else {
+            double cc[4];
+            cubic_coeffs_gs(t, cc);
+            for (int64_t k = 0; k < 4; ++k) taps.push_back({pixel(x0 - 1 + k, d, lo, hi), cc[k]});
+          }
+        }
+      }
+      // The product of the per-axis taps.
+      Taps& pt = points[static_cast<size_t>(b * p + q)];
+      std::vector<size_t> at(static_cast<size_t>(nd), 0);
+      while (true) {
+        int64_t index = b * plane;
+        double w = 1;
+        bool zero = false;
+        for (size_t d = 0; d < static_cast<size_t>(nd); ++d) {
+          const auto& tp = per_dim[d][at[d]];
+          if (tp.first < 0) zero = true;
+          index += tp.first * strides[d];
+          w *= tp.second;
+        }
+        if (!zero && w != 0) pt.push_back({index, w});
+        size_t d = static_cast<size_t>(nd);
+        while (d > 0 && ++at[d - 1] == per_dim[d - 1].size()) at[--d] = 0;
+        if (d == 0) break;
+      }
+    }
+  return {reshape(sample_taps(x, points, n, p), out)};
+}
+
+Tensors roi_align(OpContext& c) {
+  const Tensor& x = c.input(0);
+  if (x.dim() != 4) c.fail("X must be (N, C, H, W), got shape ", shape_str(x.shape()));
+  const Tensor& rois_t = c.input(1);
+  if (rois_t.dim() != 2 || rois_t.size(1) != 4) c.fail("rois must be (num_rois, 4), got shape ", shape_str(rois_t.shape()));
+  const std::vector<double> rois = cast(rois_t, kFloat64).to_vector<double>();
+  const std::vector<int64_t> batch = cast(c.input(2), kInt64).to_vector<int64_t>();
+  const int64_t r = rois_t.size(0);
+  if (static_cast<int64_t>(batch.size()) != r) c.fail("batch_indices needs ", r, " values");
+  const int64_t ph = c.attr_int("output_height", 1), pw = c.attr_int("output_width", 1);
+  const int64_t ratio = c.attr_int("sampling_ratio", 0);
+  const double scale = c.attr_float("spatial_scale", 1.0);
+  const std::string mode = c.attr_string("mode", "avg");
+  if (mode != "avg" && mode != "max") c.fail("mode '", mode, "' is not one of avg, max");
+  const bool half_pixel = c.opset() >= 16 && c.attr_string("coordinate_transformation_mode", "half_pixel") == "half_pixel";
+  const int64_t height = x.size(2), width = x.size(3), plane = height * width;
+  std::vector<Taps> points(static_cast<size_t>(r * ph * pw));
+  for (int64_t k = 0; k < r; ++k) {
+    const int64_t b = batch[static_cast<size_t>(k)];
+    if (b < 0 || b >= x.size(0)) c.fail("batch index ", b, " is out of range for ", x.size(0), " images");
+    const double off = half_pixel ? 0.5 : 0.0;
+    const double* roi = &rois[static_cast<size_t>(k * 4)];
+    const double sw = roi[0] * scale - off, sh = roi[1] * scale - off;
+    double rw = roi[2] * scale - off - sw, rh = roi[3] * scale - off - sh;
+    if (!half_pixel) {
+      rw = std::max(rw, 1.0);
+      rh = std::max(rh, 1.0);
+    }
+    const double bh = rh / static_cast<double>(ph), bw = rw / static_cast<double>(pw);
+    const int64_t gh = ratio > 0 ? ratio : static_cast<int64_t>(std::ceil(rh / static_cast<double>(ph)));
+    const int64_t gw = ratio > 0 ? ratio : static_cast<int64_t>(std::ceil(rw / static_cast<double>(pw)));
+    const double count = static_cast<double>(std::max<int64_t>(gh * gw, 1));
+    for (int64_t i = 0; i < ph; ++i)
+      for (int64_t j = 0; j < pw; ++j) {
+        std::map<int64_t, double> merged;
+        Taps& pt = points[static_cast<size_t>((k * ph + i) * pw + j)];
+        for (int64_t iy = 0; iy < gh; ++iy)
+          for (int64_t ix = 0; ix < gw; ++ix) {
+            double y = sh + static_cast<double>(i) * bh + (static_cast<double>(iy) + 0.5) * bh / static_cast<double>(gh);
+            double xx = sw + static_cast<double>(j) * bw + (static_cast<double>(ix) + 0.5) * bw / static_cast<double>(gw);
+            std::array<std::pair<int64_t, double>, 4> t{};
+            if (!(y < -1.0 || y > static_cast<double>(height) || xx < -1.0 || xx > static_cast<double>(width))) {
+              y = std::max(y, 0.0);
+              xx = std::max(xx, 0.0);
+              int64_t yl = static_cast<int64_t>(y), xl = static_cast<int64_t>(xx), yh, xh;
+              if (yl >= height - 1) {
+                yh = yl = height - 1;
+                y = static_cast<double>(yl);
+              } else {
+                yh = yl + 1;
+              }
+              if (xl >= width - 1) {
+                xh = xl = width - 1;
+                xx = static_cast<double>(xl);
+              } else {
+                xh = xl + 1;
+              }
+              const double ly = y - static_cast<double>(yl), lx = xx - static_cast<double>(xl), hy = 1 - ly, hx = 1 - lx;
+              t = {{{yl * width + xl, hy * hx}, {yl * width + xh, hy * lx}, {yh * width + xl, ly * hx}, {yh * width + xh, ly * lx}}};
+            }
+            for (auto& [idx, w] : t) {
+              if (mode == "avg") merged[b * plane + idx] += w / count;
+              else pt.push_back({b * plane + idx, w});
+            }
+          }
+        if (mode == "avg")
+          for (const auto& [idx, w] : merged) pt.push_back({idx, w});
+      }
+  }
+  // Taps are flat over (N, H, W): gather from all images at once and lay the rois out as one batch.
+  Tensor y = sample_taps(x, points, 1, r * ph * pw, mode == "max");  // (1, C, R * ph * pw)
+  return {permute(reshape(y, {x.size(1), r, ph, pw}), {1, 0, 2, 3})};
+}
+
+// ---- Det: Gaussian elimination with partial pivoting (pivots chosen on the CPU) ----
+
+Tensors det_op(OpContext& c) {
+  const Tensor& x = c.input(0);
+  if (x.dim() < 2 || x.size(-1) != x.size(-2)) c.fail("input must be (..., M, M), got shape ", shape_str(x.shape()));
+  const int64_t m = x.size(-1);
+  const Shape batch_shape(x.shape().begin(), x.shape().end() - 2);
+  int64_t nb = 1;
+  for (int64_t d : batch_shape) nb *= d;
+  Tensor a = reshape(x, {nb, m, m});
+  Tensor det = ones({nb}, x.dtype());
+  std::vector<double> sign(static_cast<size_t>(nb), 1.0);
+  for (int64_t k = m; k > 0; --k) {  // a is (nb, k, k)
+    const std::vector<double> col = cast(narrow(a, 2, 0, 1), kFloat64).to_vector<double>();
+    std::vector<int64_t> perm(static_cast<size_t>(nb * k));
+    bool swapped = false;
+    for (int64_t b = 0; b < nb; ++b) {
+      int64_t piv = 0;
+      for (int64_t i = 1; i < k; ++i)
+        if (std::abs(col[static_cast<size_t>(b * k + i)]) > std::abs(col[static_cast<size_t>(b * k + piv)])) piv = i;
+      for (int64_t i = 0; i < k; ++i) perm[static_cast<size_t>(b * k + i)] = i;
+      if (piv != 0) {
+        std::swap(perm[static_cast<size_t>(b * k)], perm[static_cast<size_t>(b * k + piv)]);
+        sign[static_cast<size_t>(b)] = -sign[static_cast<size_t>(b)];
+        swapped = true;
+      }
+    }
+    if (swapped) a = gather(a, 1, contiguous(expand(reshape(tensor(perm, {nb * k}), {nb, k, 1}), {nb, k, k})));
+    Tensor pivot = reshape(narrow(narrow(a, 1, 0, 1), 2, 0, 1), {nb});
+    det = det * pivot;
+    if (k > 1) {
+      Tensor zero = zeros({}, pivot.dtype());
+      Tensor safe = where(eq(pivot, zero), ones({}, pivot.dtype()), pivot);  // a zero pivot already made det 0
+      Tensor rest = narrow(narrow(a, 1, 1, k - 1), 2, 1, k - 1);
+      Tensor lower = narrow(narrow(a, 1, 1, k - 1), 2, 0, 1);
+      Tensor upper = narrow(narrow(a, 1, 0, 1), 2, 1, k - 1);
+      a = rest - lower * upper / reshape(safe, {nb, 1, 1});
+    }
+  }
+  det = det * cast(tensor(sign, {nb}), det.dtype());
+  return {reshape(det, batch_shape)};
+}
+
+// ---- BitShift (unsigned integers, widened to int32/int64 by the loader) ----
+
+Tensors bit_shift(OpContext& c) {
+  const Tensor &a = c.input(0), &b = c.input(1);
+  if (is_floating(a.dtype()) || is_floating(b.dtype()) || a.dtype() == kBool) c.fail("BitShift needs integer inputs");
+  const std::string dir = c.attr_string("direction", "");
+  if (dir != "LEFT" && dir != "RIGHT") c.fail("direction must be LEFT or RIGHT, got '", dir, "'");
+  const Shape s = broadcast_shapes(a.shape(), b.shape(), "BitShift");
+  const std::vector<int64_t> av = contiguous(expand(cast(a, kInt64), s)).to_vector<int64_t>();
+  const std::vector<int64_t> bv = contiguous(expand(cast(b, kInt64), s)).to_vector<int64_t>();
+  std::vector<int64_t> out(av.size());
+  for (size_t i = 0; i < av.size(); ++i) {
+    const auto v = static_cast<uint64_t>(av[i]);
+    const auto k = static_cast<uint64_t>(bv[i]);
+    const uint64_t r = k >= 64 ? 0 : (dir == "LEFT" ? v << k : v >> k);
+    out[i] = static_cast<int64_t>(r);
+  }
+  return {cast(tensor(out, s), promote_types(a.dtype(), b.dtype()))};
+}
+
+// ---- DFT, STFT, MelWeightMatrix ----
+
+/// The DFT of a (..., L, 1 or 2) signal along `axis` (an axis of the leading part), as (..., n, 2),
+/// by a matmul with the cos/sin matrix: zero-padded or truncated to n, onesided keeping n / 2 + 1
+/// bins, inverse scaled by 1 / n.
+Tensor dft(const OpContext& c, const Tensor& x, int64_t axis, int64_t n, bool inverse, bool onesided) {
+  if (x.dim() < 2 || (x.size(-1) != 1 && x.size(-1) != 2))
+    c.fail("the signal's last axis must hold 1 (real) or 2 (complex) values, got shape ", shape_str(x.shape()));
+  const int64_t rank = x.dim();
+  if (axis < 0 || axis >= rank - 1) c.fail("axis ", axis, " is not a signal axis for shape ", shape_str(x.shape()));
+  if (n <= 0) c.fail("dft_length must be positive");
+  // Move the transformed axis next to the complex axis: (..., L, comp).
+  std::vector<int64_t> order;
+  for (int64_t d = 0; d < rank - 1; ++d)
+    if (d != axis) order.push_back(d);
+  order.push_back(axis);
+  order.push_back(rank - 1);
+  Tensor t = permute(x, order);
+  const int64_t len = t.size(-2);
+  if (len > n) t = narrow(t, t.dim() - 2, 0, n);
+  else if (len < n) t = pad(t, {0, 0, 0, n - len});
+  const int64_t bins = onesided ? n / 2 + 1 : n;
+  std::vector<double> cs(static_cast<size_t>(n * bins)), sn(cs.size());
+  const double pi = 3.14159265358979323846;
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t k = 0; k < bins; ++k) {
+      const double ang = 2 * pi * static_cast<double>((j * k) % n) / static_cast<double>(n);
+      cs[static_cast<size_t>(j * bins + k)] = std::cos(ang);
+      sn[static_cast<size_t>(j * bins + k)] = (inverse ? 1.0 : -1.0) * std::sin(ang);
+    }
+  Tensor cm = cast(tensor(cs, {n, bins}), t.dtype()), sm = cast(tensor(sn, {n, bins}), t.dtype());
+  Tensor re = squeeze(narrow(t, t.dim() - 1, 0, 1), t.dim() - 1);
+  Tensor out_re = matmul(re, cm), out_im = matmul(re, sm);
+  if (t.size(-1) == 2) {
+    Tensor im = squeeze(narrow(t, t.dim() - 1, 1, 1), t.dim() - 1);
+    out_re = out_re - matmul(im, sm);
+    out_im = out_im + matmul(im, cm);
+  }
+  if (inverse) {
+    out_re = out_re / static_cast<double>(n);
+    out_im = out_im / static_cast<double>(n);
+  }
+  Tensor y = stack({out_re, out_im}, -1);  // (..., bins, 2) with the axis second to last
+  std::vector<int64_t> back(static_cast<size_t>(rank));
+  for (size_t i = 0; i < order.size(); ++i) back[static_cast<size_t>(order[i])] = static_cast<int64_t>(i);
+  return permute(y, back);
+}
+
+Tensors dft_op(OpContext& c) {
+  const Tensor& x = c.input(0);
+  int64_t axis = c.opset() >= 20 ? (c.has_input(2) ? static_cast<int64_t>(c.input_scalar(2)) : -2) : c.attr_int("axis", 1);
+  axis = norm_axis(c, axis, x.dim());
+  const bool inverse = c.attr_int("inverse", 0) != 0, onesided = c.attr_int("onesided", 0) != 0;
+  if (inverse && onesided) throw NotImplementedError("DFT: an inverse onesided (real output) DFT is not supported yet");
+  const int64_t n = c.has_input(1) ? static_cast<int64_t>(c.input_scalar(1)) : x.size(axis);
+  return {dft(c, x, axis, n, inverse, onesided)};
+}
+
+Tensors stft_op(OpContext& c) {
+  const Tensor& x = c.input(0);
+  if (x.dim() != 3) c.fail("signal must be (batch, length, 1 or 2), got shape ", shape_str(x.shape()));
+  const auto step = static_cast<int64_t>(c.input_scalar(1));
+  Tensor win = c.has_input(2) ? c.input(2) : Tensor();
+  int64_t frame = c.has_input(3) ? static_cast<int64_t>(c.input_scalar(3)) : (win.defined() ? win.size(0) : x.size(1));
+  if (step <= 0 || frame <= 0 || frame > x.size(1)) c.fail("frame_step ", step, " / frame_length ", frame, " do not fit a signal of ", x.size(1));
+  if (win.defined() && (win.dim() != 1 || win.size(0) != frame)) c.fail("window must have frame_length ", frame, " values");
+  const int64_t frames = 1 + (x.size(1) - frame) / step;
+  std::vector<int64_t> idx;
+  for (int64_t f = 0; f < frames; ++f)
+    for (int64_t j = 0; j < frame; ++j) idx.push_back(f * step + j);
+  Tensor t = reshape(index_select(x, 1, tensor(idx, {frames * frame})), {x.size(0), frames, frame, x.size(2)});
+  if (win.defined()) t = t * reshape(cast(win, t.dtype()), {1, 1, frame, 1});
+  return {dft(c, t, 2, frame, false, c.attr_int("onesided", 1) != 0)};
+}
+
+Tensors mel_weight_matrix(OpContext& c) {
+  const auto bins = static_cast<int64_t>(c.input_scalar(0));
+  const auto dft_length = static_cast<int64_t>(c.input_scalar(1));
+  const auto rate = static_cast<int64_t>(c.input_scalar(2));
+  const double lo = c.input_scalar(3), hi = c.input_scalar(4);
+  if (bins <= 0 || dft_length <= 0 || rate <= 0) c.fail("num_mel_bins, dft_length and sample_rate must be positive");
+  const int64_t spec = dft_length / 2 + 1;
+  const double lo_mel = 2595 * std::log10(1 + lo / 700), hi_mel = 2595 * std::log10(1 + hi / 700);
+  const double step = (hi_mel - lo_mel) / static_cast<double>(bins + 2);  // as the ONNX reference
+  std::vector<int64_t> f(static_cast<size_t>(bins + 2));
+  for (int64_t i = 0; i < bins + 2; ++i) {
+    const double hz = 700 * (std::pow(10.0, (static_cast<double>(i) * step + lo_mel) / 2595) - 1);
+    f[static_cast<size_t>(i)] = static_cast<int64_t>(std::floor(static_cast<double>(dft_length + 1) * hz / static_cast<double>(rate)));
+  }
+  std::vector<double> out(static_cast<size_t>(spec * bins), 0.0);
+  auto set = [&](int64_t j, int64_t i, double v) {
+    if (j < 0 || j >= spec) c.fail("mel bin edge ", j, " is outside the ", spec, " spectrogram bins");
+    out[static_cast<size_t>(j * bins + i)] = v;
+  };
+  for (int64_t i = 0; i < bins; ++i) {
+    const int64_t l = f[static_cast<size_t>(i)], m = f[static_cast<size_t>(i + 1)], h = f[static_cast<size_t>(i + 2)];
+    if (m == l) set(m, i, 1);
+    else
+      for (int64_t j = l; j <= m; ++j) set(j, i, static_cast<double>(j - l) / static_cast<double>(m - l));
+    if (h > m)
+      for (int64_t j = m; j < h; ++j) set(j, i, static_cast<double>(h - j) / static_cast<double>(h - m));
+  }
+  return {cast(tensor(out, {spec, bins}), dtype_from_onnx(c, c.attr_int("output_datatype", 1)))};
+}
+
 }  // namespace
 
 void register_extra_ops(OpRegistry& r) {
@@ -1128,6 +1524,22 @@ void register_extra_ops(OpRegistry& r) {
   r.add(op("BlackmanWindow", {"output_datatype", "periodic"}, [](OpContext& c) { return window(c, 2); }, 17));
   r.add(op("Unique", {"axis", "sorted"}, unique, 11));
   r.add(op("NonMaxSuppression", {"center_point_box"}, non_max_suppression, 10));
+  r.add(op("GridSample", {"align_corners", "mode", "padding_mode"}, grid_sample, 16));
+  r.add(op("RoiAlign", {"coordinate_transformation_mode", "mode", "output_height", "output_width", "sampling_ratio",
+                        "spatial_scale"}, roi_align, 10));
+  r.add(op("Det", {}, det_op, 11));
+  {
+    OpSchema s = op("BitShift", {"direction"}, bit_shift, 11);
+    s.half_via_float = false;
+    r.add(std::move(s));
+  }
+  r.add(op("DFT", {"axis", "inverse", "onesided"}, dft_op, 17));
+  r.add(op("STFT", {"onesided"}, stft_op, 17));
+  {
+    OpSchema s = op("MelWeightMatrix", {"output_datatype"}, mel_weight_matrix, 17);
+    s.half_via_float = false;
+    r.add(std::move(s));
+  }
 }
 
 }  // namespace braid::onnx::ops

@@ -14,9 +14,22 @@ void unary(OpRegistry& r, const char* type, UnaryFn f) {
   r.add(op(type, {}, [f](OpContext& c) { return Tensors{f(c.input(0))}; }));
 }
 
+/// The second operand of a binary op. Before opset 7, `broadcast` = 1 let B match a contiguous run
+/// of A's axes starting at `axis` (default: A's trailing axes); B is reshaped so NumPy broadcasting
+/// does the rest.
+Tensor legacy_b(const OpContext& c) {
+  const Tensor &a = c.input(0), &b = c.input(1);
+  if (c.opset() >= 7 || c.attr_int("broadcast", 0) == 0 || b.dim() == 0 || b.dim() > a.dim()) return b;
+  const int64_t axis = c.has_attr("axis") ? norm_axis(c, c.attr_int("axis", 0), a.dim()) : a.dim() - b.dim();
+  if (axis + b.dim() > a.dim()) c.fail("B of shape ", shape_str(b.shape()), " does not fit A of shape ", shape_str(a.shape()), " at axis ", axis);
+  Shape s(static_cast<size_t>(a.dim() - axis), 1);
+  for (int64_t i = 0; i < b.dim(); ++i) s[static_cast<size_t>(i)] = b.size(i);
+  return reshape(b, s);
+}
+
 template <typename F>
 void binary(OpRegistry& r, const char* type, F f) {
-  r.add(op(type, {}, [f](OpContext& c) { return Tensors{f(c.input(0), c.input(1))}; }));
+  r.add(op(type, {"broadcast", "axis"}, [f](OpContext& c) { return Tensors{f(c.input(0), legacy_b(c))}; }));
 }
 
 // Max and Min: any number of inputs, broadcast together.
@@ -91,6 +104,9 @@ void register_math_ops(OpRegistry& r) {
   unary(r, "Sigmoid", sigmoid);
   unary(r, "Relu", relu);
   unary(r, "Erf", erf);
+  unary(r, "Asin", asin);
+  unary(r, "Acos", acos);
+  unary(r, "Atan", atan);
   unary(r, "Floor", floor);
   unary(r, "Ceil", ceil);
   unary(r, "Round", round);
@@ -191,8 +207,9 @@ void register_math_ops(OpRegistry& r) {
   binary(r, "Add", [](const Tensor& a, const Tensor& b) { return add(a, b); });
   binary(r, "Sub", [](const Tensor& a, const Tensor& b) { return sub(a, b); });
   binary(r, "Mul", [](const Tensor& a, const Tensor& b) { return mul(a, b); });
-  r.add(op("Div", {}, [](OpContext& c) {
-    const Tensor &a = c.input(0), &b = c.input(1);
+  r.add(op("Div", {"broadcast", "axis"}, [](OpContext& c) {
+    const Tensor& a = c.input(0);
+    const Tensor b = legacy_b(c);
     if (!is_floating(a.dtype()) && !is_floating(b.dtype())) {
       // Integer division truncates toward zero (C semantics, as onnxruntime).
       Tensor q = div(cast(a, kFloat64), cast(b, kFloat64));
@@ -201,8 +218,9 @@ void register_math_ops(OpRegistry& r) {
     }
     return Tensors{div(a, b)};
   }));
-  r.add(op("Pow", {}, [](OpContext& c) {
-    const Tensor &a = c.input(0), &b = c.input(1);
+  r.add(op("Pow", {"broadcast", "axis"}, [](OpContext& c) {
+    const Tensor& a = c.input(0);
+    const Tensor b = legacy_b(c);
     if (!is_floating(a.dtype())) return Tensors{cast(round(pow(cast(a, kFloat64), cast(b, kFloat64))), a.dtype())};
     return Tensors{pow(a, cast(b, a.dtype()))};
   }));

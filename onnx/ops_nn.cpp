@@ -1,4 +1,5 @@
 // ONNX neural-network ops (convolution, pooling, normalisation, Gemm/MatMul, Dropout) as braid ops.
+#include <array>
 #include <cmath>
 #include <limits>
 
@@ -64,8 +65,52 @@ void window_to_2d(Window& w) {
 }
 
 void check_rank(const OpContext& c, const Tensor& x, const char* what) {
-  if (x.dim() == 5) throw NotImplementedError(detail::cat("3-d ", what, " is not supported yet"));
-  if (x.dim() != 3 && x.dim() != 4) c.fail(what, " needs an (N, C, L) or (N, C, H, W) input, got shape ", shape_str(x.shape()));
+  if (x.dim() < 3 || x.dim() > 5)
+    c.fail(what, " needs an (N, C, L), (N, C, H, W) or (N, C, D, H, W) input, got shape ", shape_str(x.shape()));
+}
+
+Tensor index_vec(const std::vector<int64_t>& v) { return tensor(v, {static_cast<int64_t>(v.size())}); }
+
+/// The window without its first (depth) axis: what the 2-d op applies to each depth slice.
+Window drop_depth(const Window& w) {
+  Window r;
+  r.kernel.assign(w.kernel.begin() + 1, w.kernel.end());
+  r.stride.assign(w.stride.begin() + 1, w.stride.end());
+  r.dilation.assign(w.dilation.begin() + 1, w.dilation.end());
+  r.begin.assign(w.begin.begin() + 1, w.begin.end());
+  r.end.assign(w.end.begin() + 1, w.end.end());
+  return r;
+}
+
+/// (N, C, D, H, W) <-> (N * D, C, H, W): depth slices as a batch of 2-d images.
+Tensor depth_to_batch(const Tensor& x) {
+  return reshape(permute(x, {0, 2, 1, 3, 4}), {x.size(0) * x.size(2), x.size(1), x.size(3), x.size(4)});
+}
+Tensor batch_to_depth(const Tensor& y, int64_t n) {
+  return permute(reshape(y, {n, y.size(0) / n, y.size(1), y.size(2), y.size(3)}), {0, 2, 1, 3, 4});
+}
+
+/// 3-d convolution as a sum over the kernel's depth taps of 2-d convolutions of depth slices.
+Tensor conv3d(const OpContext& c, const Tensor& x, const Tensor& weight, const Tensor& bias, const Window& w, int64_t group) {
+  const int64_t n = x.size(0);
+  Tensor xp = x;
+  if (w.begin[0] != 0 || w.end[0] != 0) xp = pad(x, {0, 0, 0, 0, w.begin[0], w.end[0]});
+  const int64_t k = weight.size(2), s = w.stride[0], d = w.dilation[0];
+  const int64_t od = (xp.size(2) - d * (k - 1) - 1) / s + 1;
+  if (od <= 0) c.fail("the kernel (depth ", k, ", dilation ", d, ") is larger than the padded input depth ", xp.size(2));
+  const Window w2 = drop_depth(w);
+  Tensor y;
+  for (int64_t t = 0; t < k; ++t) {
+    std::vector<int64_t> idx(static_cast<size_t>(od));
+    for (int64_t o = 0; o < od; ++o) idx[static_cast<size_t>(o)] = o * s + t * d;
+    Tensor slices = depth_to_batch(index_select(xp, 2, index_vec(idx)));
+    Tensor wt = squeeze(narrow(weight, 2, t, 1), 2);
+    Tensor yt = conv2d(slices, wt, Tensor(), w2.stride, {w2.begin[0], w2.end[0], w2.begin[1], w2.end[1]}, w2.dilation, group);
+    y = y.defined() ? y + yt : yt;
+  }
+  y = batch_to_depth(y, n);
+  if (bias.defined()) y = y + reshape(bias, {1, bias.numel(), 1, 1, 1});
+  return y;
 }
 
 std::vector<Tensor> conv(OpContext& c) {
@@ -76,6 +121,7 @@ std::vector<Tensor> conv(OpContext& c) {
   const std::vector<int64_t> kernel(weight.shape().begin() + 2, weight.shape().end());
   Window w = window(c, c.attr_ints("kernel_shape", kernel), spatial(x));
   const int64_t group = c.attr_int("group", 1);
+  if (x.dim() == 5) return {conv3d(c, x, weight, bias, w, group)};
   const bool one_d = x.dim() == 3;
   if (one_d) {
     x = to_2d(x);
@@ -84,6 +130,24 @@ std::vector<Tensor> conv(OpContext& c) {
   }
   Tensor y = conv2d(x, weight, bias, w.stride, {w.begin[0], w.end[0], w.begin[1], w.end[1]}, w.dilation, group);
   return {one_d ? squeeze(y, 2) : y};
+}
+
+/// conv_transpose2d with ONNX pads {top, left, bottom, right}: braid pads both sides of an axis
+/// alike, so pad by the smaller amount and crop the rest at the end.
+Tensor conv_transpose_2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const std::vector<int64_t>& stride,
+                         const std::vector<int64_t>& dilation, const std::vector<int64_t>& out_pad,
+                         const std::vector<int64_t>& pads, int64_t group) {
+  std::vector<int64_t> common(2), extra_b(2), extra_e(2);
+  for (size_t i = 0; i < 2; ++i) {
+    common[i] = std::min(pads[i], pads[i + 2]);
+    extra_b[i] = pads[i] - common[i];
+    extra_e[i] = pads[i + 2] - common[i];
+  }
+  Tensor y = conv_transpose2d(x, weight, bias, stride, common, out_pad, group, dilation);
+  for (int64_t i = 0; i < 2; ++i)
+    if (extra_b[static_cast<size_t>(i)] != 0 || extra_e[static_cast<size_t>(i)] != 0)
+      y = slice(y, 2 + i, extra_b[static_cast<size_t>(i)], y.size(2 + i) - extra_e[static_cast<size_t>(i)]);
+  return y;
 }
 
 std::vector<Tensor> conv_transpose(OpContext& c) {
@@ -117,6 +181,31 @@ std::vector<Tensor> conv_transpose(OpContext& c) {
   } else if (auto_pad == "VALID") {
     std::fill(pads.begin(), pads.end(), 0);
   }
+  if (k == 3) {
+    // Each input depth slice, convolved (transposed) with each depth tap of the kernel, lands on
+    // output depth d * stride + tap * dilation; the depth padding is cropped at the end.
+    const int64_t n = x.size(0), depth = x.size(2), kd = weight.size(2);
+    const int64_t full = (depth - 1) * stride[0] + dilation[0] * (kd - 1) + 1 + out_pad[0];
+    if (full - pads[0] - pads[3] <= 0) c.fail("the output depth is not positive");
+    Tensor slices = depth_to_batch(x);
+    const std::vector<int64_t> s2(stride.begin() + 1, stride.end()), d2(dilation.begin() + 1, dilation.end());
+    const std::vector<int64_t> op2(out_pad.begin() + 1, out_pad.end()), p2{pads[1], pads[2], pads[4], pads[5]};
+    std::vector<Tensor> parts;
+    std::vector<int64_t> pos;
+    for (int64_t t = 0; t < kd; ++t) {
+      Tensor wt = squeeze(narrow(weight, 2, t, 1), 2);
+      Tensor yt = conv_transpose_2d(slices, wt, Tensor(), s2, d2, op2, p2, group);
+      parts.push_back(reshape(yt, {n, depth, yt.size(1), yt.size(2), yt.size(3)}));  // (N, D, C_out, H, W)
+      for (int64_t i = 0; i < depth; ++i) pos.push_back(i * stride[0] + t * dilation[0]);
+    }
+    Tensor all = concat(parts, 1);
+    Tensor index = contiguous(expand(reshape(index_vec(pos), {1, static_cast<int64_t>(pos.size()), 1, 1, 1}), all.shape()));
+    Tensor z = zeros({n, full, all.size(2), all.size(3), all.size(4)}, all.dtype());
+    Tensor y = scatter_add(z, 1, index, all);
+    y = permute(slice(y, 1, pads[0], full - pads[3]), {0, 2, 1, 3, 4});
+    if (bias.defined()) y = y + reshape(bias, {1, bias.numel(), 1, 1, 1});
+    return {y};
+  }
   const bool one_d = k == 1;
   if (one_d) {
     x = to_2d(x);
@@ -126,37 +215,12 @@ std::vector<Tensor> conv_transpose(OpContext& c) {
     out_pad.insert(out_pad.begin(), 0);
     pads = {0, pads[0], 0, pads[1]};
   }
-  // braid pads both sides of an axis alike: pad by the smaller amount, crop the rest at the end.
-  std::vector<int64_t> common(2), extra_b(2), extra_e(2);
-  for (size_t i = 0; i < 2; ++i) {
-    common[i] = std::min(pads[i], pads[i + 2]);
-    extra_b[i] = pads[i] - common[i];
-    extra_e[i] = pads[i + 2] - common[i];
-  }
-  Tensor y = conv_transpose2d(x, weight, bias, stride, common, out_pad, group, dilation);
-  for (int64_t i = 0; i < 2; ++i)
-    if (extra_b[static_cast<size_t>(i)] != 0 || extra_e[static_cast<size_t>(i)] != 0)
-      y = slice(y, 2 + i, extra_b[static_cast<size_t>(i)], y.size(2 + i) - extra_e[static_cast<size_t>(i)]);
+  Tensor y = conv_transpose_2d(x, weight, bias, stride, dilation, out_pad, pads, group);
   return {one_d ? squeeze(y, 2) : y};
 }
 
-std::vector<Tensor> pool(OpContext& c, bool is_max) {
-  Tensor x = c.input(0);
-  check_rank(c, x, is_max ? "MaxPool" : "AveragePool");
-  if (!is_floating(x.dtype())) {
-    // Integer pooling (uint8 images): exact in float64, then back.
-    const DType t = x.dtype();
-    OpContext sub(c.node(), c.opset(), c.training(), {cast(x, kFloat64)}, nullptr);
-    return {cast(pool(sub, is_max)[0], t)};
-  }
-  Window w = window(c, c.attr_ints("kernel_shape"), spatial(x));
-  if (w.kernel.size() != static_cast<size_t>(x.dim() - 2)) c.fail("kernel_shape needs ", x.dim() - 2, " values");
-  const bool ceil_mode = c.attr_int("ceil_mode", 0) != 0;
-  const bool one_d = x.dim() == 3;
-  if (one_d) {
-    x = to_2d(x);
-    window_to_2d(w);
-  }
+/// MaxPool or AveragePool over (N, C, H, W) with a 2-axis window.
+Tensor pool2d(const OpContext& c, const Tensor& x, const Window& w, bool is_max, bool ceil_mode) {
   bool symmetric = true, small = true;
   for (size_t i = 0; i < 2; ++i) {
     symmetric = symmetric && w.begin[i] == w.end[i];
@@ -182,17 +246,169 @@ std::vector<Tensor> pool(OpContext& c, bool is_max) {
       const std::vector<int64_t> p{w.begin[1], w.end[1], w.begin[0], w.end[0]};
       Tensor sums = avg_pool2d(pad(x, p), w.kernel, w.stride, {0, 0}, ceil_mode, true);
       if (!include_pad) {
-        NoGradGuard no_grad;
-        Tensor ones_in = ones({1, 1, x.size(2), x.size(3)}, x.dtype());
-        Tensor counts = avg_pool2d(pad(ones_in, p), w.kernel, w.stride, {0, 0}, ceil_mode, true);
-        sums = sums / counts;
-        y = sums;
+        Tensor counts;
+        {
+          NoGradGuard no_grad;  // the counts are constants; the division below stays differentiable
+          Tensor ones_in = ones({1, 1, x.size(2), x.size(3)}, x.dtype());
+          counts = avg_pool2d(pad(ones_in, p), w.kernel, w.stride, {0, 0}, ceil_mode, true);
+        }
+        y = sums / counts;
       } else {
         y = sums;
       }
     }
   }
-  return {one_d ? squeeze(y, 2) : y};
+  return y;
+}
+
+/// 3-d pooling: the 2-d pool of every depth slice, then the max (or mean) over depth windows. The
+/// mean's divisor factors into the (H, W) count, applied by the 2-d pool, and the depth count.
+Tensor pool3d(const OpContext& c, const Tensor& x, const Window& w, bool is_max, bool ceil_mode) {
+  const int64_t n = x.size(0), ch = x.size(1), depth = x.size(2);
+  Tensor y2 = pool2d(c, reshape(x, {n, ch * depth, x.size(3), x.size(4)}), drop_depth(w), is_max, ceil_mode);
+  y2 = reshape(y2, {n, ch, depth, y2.size(2), y2.size(3)});
+  const int64_t k = w.kernel[0], s = w.stride[0], d = w.dilation[0], b = w.begin[0], e = w.end[0];
+  if (!is_max && d != 1) throw NotImplementedError("AveragePool with dilations is not supported yet");
+  const int64_t span = d * (k - 1) + 1, len = depth + b + e;
+  if (len < span) c.fail("the kernel's depth extent ", span, " is larger than the padded input depth ", len);
+  int64_t od = ceil_mode ? (len - span + s - 1) / s + 1 : (len - span) / s + 1;
+  if (ceil_mode && (od - 1) * s >= depth + b) --od;  // a window must start inside the input or its left padding
+  const int64_t extra = std::max<int64_t>(0, (od - 1) * s + span - len);
+  const double fill = is_max ? -std::numeric_limits<double>::infinity() : 0.0;
+  Tensor yp = (b != 0 || e + extra != 0) ? pad(y2, {0, 0, 0, 0, b, e + extra}, "constant", fill) : y2;
+  const bool include_pad = c.attr_int("count_include_pad", 0) != 0;
+  std::vector<double> count(static_cast<size_t>(od), 0.0);
+  Tensor acc;
+  for (int64_t t = 0; t < k; ++t) {
+    std::vector<int64_t> idx(static_cast<size_t>(od));
+    for (int64_t o = 0; o < od; ++o) {
+      idx[static_cast<size_t>(o)] = o * s + t * d;
+      const int64_t p = o * s + t * d - b;
+      if (include_pad ? (p < depth + e) : (p >= 0 && p < depth)) count[static_cast<size_t>(o)] += 1;
+    }
+    Tensor tap = index_select(yp, 2, index_vec(idx));
+    acc = !acc.defined() ? tap : (is_max ? maximum(acc, tap) : acc + tap);
+  }
+  if (!is_max) acc = acc / reshape(cast(tensor(count, {od}), acc.dtype()), {1, 1, od, 1, 1});
+  return acc;
+}
+
+/// MaxPool's Indices output, found on the CPU: the flat position in x of each window's first
+/// maximum, row-major over (N, C, spatial...) or, with storage_order 1, column-major over the
+/// spatial axes.
+Tensor max_indices(const OpContext& c, const Tensor& x, const Window& win, const Tensor& y) {
+  const int64_t nsp = x.dim() - 2;
+  std::array<int64_t, 3> in{1, 1, 1}, out{1, 1, 1}, k{1, 1, 1}, st{1, 1, 1}, dl{1, 1, 1}, bg{0, 0, 0};
+  for (int64_t i = 0; i < nsp; ++i) {
+    const size_t j = static_cast<size_t>(3 - nsp + i), u = static_cast<size_t>(i);
+    in[j] = x.size(2 + i);
+    out[j] = y.size(2 + i);
+    k[j] = win.kernel[u];
+    st[j] = win.stride[u];
+    dl[j] = win.dilation[u];
+    bg[j] = win.begin[u];
+  }
+  const bool col_major = c.attr_int("storage_order", 0) != 0;
+  const std::vector<double> v = cast(x, kFloat64).to_vector<double>();
+  const int64_t planes = x.size(0) * x.size(1), plane = in[0] * in[1] * in[2];
+  std::vector<int64_t> result;
+  result.reserve(static_cast<size_t>(planes * out[0] * out[1] * out[2]));
+  for (int64_t p = 0; p < planes; ++p)
+    for (int64_t o0 = 0; o0 < out[0]; ++o0)
+      for (int64_t o1 = 0; o1 < out[1]; ++o1)
+        for (int64_t o2 = 0; o2 < out[2]; ++o2) {
+          double best = 0;
+          int64_t at = -1;
+          for (int64_t t0 = 0; t0 < k[0]; ++t0) {
+            const int64_t i0 = o0 * st[0] - bg[0] + t0 * dl[0];
+            if (i0 < 0 || i0 >= in[0]) continue;
+            for (int64_t t1 = 0; t1 < k[1]; ++t1) {
+              const int64_t i1 = o1 * st[1] - bg[1] + t1 * dl[1];
+              if (i1 < 0 || i1 >= in[1]) continue;
+              for (int64_t t2 = 0; t2 < k[2]; ++t2) {
+                const int64_t i2 = o2 * st[2] - bg[2] + t2 * dl[2];
+                if (i2 < 0 || i2 >= in[2]) continue;
+                const double val = v[static_cast<size_t>(p * plane + (i0 * in[1] + i1) * in[2] + i2)];
+                if (at < 0 || val > best) {
+                  best = val;
+                  at = col_major ? (i2 * in[1] + i1) * in[0] + i0 : (i0 * in[1] + i1) * in[2] + i2;
+                }
+              }
+            }
+          }
+          result.push_back(at < 0 ? -1 : p * plane + at);
+        }
+  return tensor(result, y.shape());
+}
+
+bool wants_indices(const OpContext& c) { return c.node().outputs.size() > 1 && !c.node().outputs[1].empty(); }
+
+std::vector<Tensor> pool(OpContext& c, bool is_max) {
+  Tensor x = c.input(0);
+  check_rank(c, x, is_max ? "MaxPool" : "AveragePool");
+  if (!is_floating(x.dtype())) {
+    // Integer pooling (uint8 images): exact in float64, then back.
+    const DType t = x.dtype();
+    OpContext sub(c.node(), c.opset(), c.training(), {cast(x, kFloat64)}, nullptr);
+    std::vector<Tensor> r = pool(sub, is_max);
+    r[0] = cast(r[0], t);
+    return r;
+  }
+  const Window w = window(c, c.attr_ints("kernel_shape"), spatial(x));
+  if (w.kernel.size() != static_cast<size_t>(x.dim() - 2)) c.fail("kernel_shape needs ", x.dim() - 2, " values");
+  const bool ceil_mode = c.attr_int("ceil_mode", 0) != 0;
+  Tensor y;
+  if (x.dim() == 5) {
+    y = pool3d(c, x, w, is_max, ceil_mode);
+  } else if (x.dim() == 3) {
+    Window w2 = w;
+    window_to_2d(w2);
+    y = squeeze(pool2d(c, to_2d(x), w2, is_max, ceil_mode), 2);
+  } else {
+    y = pool2d(c, x, w, is_max, ceil_mode);
+  }
+  if (is_max && wants_indices(c)) return {y, max_indices(c, x, w, y)};
+  return {y};
+}
+
+Tensors max_unpool(OpContext& c) {
+  const Tensor& x = c.input(0);
+  Tensor idx = c.input(1);
+  if (x.dim() < 3) c.fail("X needs an (N, C, ...) shape, got ", shape_str(x.shape()));
+  if (idx.shape() != x.shape()) c.fail("I of shape ", shape_str(idx.shape()), " does not match X of shape ", shape_str(x.shape()));
+  if (is_floating(idx.dtype()) || idx.dtype() == kBool) c.fail("I must be an integer tensor");
+  const size_t k = static_cast<size_t>(x.dim() - 2);
+  const std::vector<int64_t> kernel = c.attr_ints("kernel_shape");
+  if (kernel.size() != k) c.fail("kernel_shape needs ", k, " values");
+  const std::vector<int64_t> stride = c.attr_ints("strides", std::vector<int64_t>(k, 1));
+  const std::vector<int64_t> pads = c.attr_ints("pads", std::vector<int64_t>(2 * k, 0));
+  if (stride.size() != k || pads.size() != 2 * k) c.fail("strides/pads need ", k, "/", 2 * k, " values");
+  // Indices are flat over the default output shape; an explicit output_shape (at least as large)
+  // pads that result at the end of each axis, as the ONNX reference does.
+  Shape out{x.size(0), x.size(1)};
+  for (size_t i = 0; i < k; ++i)
+    out.push_back((x.size(static_cast<int64_t>(i) + 2) - 1) * stride[i] + kernel[i] - pads[i] - pads[i + k]);
+  int64_t total = 1;
+  for (int64_t d : out) total *= d;
+  Tensor flat_idx = reshape(cast(idx, kInt64), {x.numel()});
+  {
+    const std::vector<int64_t> iv = flat_idx.to_vector<int64_t>();
+    for (int64_t i : iv)
+      if (i < 0 || i >= total) c.fail("index ", i, " is out of range for an output of ", total, " elements");
+  }
+  Tensor y = reshape(scatter_add(zeros({total}, x.dtype()), 0, flat_idx, reshape(x, {x.numel()})), out);
+  if (c.has_input(2)) {
+    const std::vector<int64_t> want = c.input_ints(2);
+    if (want.size() != out.size()) c.fail("output_shape needs ", out.size(), " values");
+    std::vector<int64_t> p;
+    for (size_t i = out.size(); i-- > 0;) {
+      if (want[i] < out[i]) c.fail("output_shape ", shape_str(Shape(want.begin(), want.end())), " is smaller than the unpooled shape ", shape_str(out));
+      p.push_back(0);
+      p.push_back(want[i] - out[i]);
+    }
+    y = pad(y, p);
+  }
+  return {y};
 }
 
 std::vector<int64_t> spatial_axes(const Tensor& x) {
@@ -272,21 +488,15 @@ void register_nn_ops(OpRegistry& r) {
   r.add(op("Conv", {"auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"}, conv));
   r.add(op("ConvTranspose", {"auto_pad", "dilations", "group", "kernel_shape", "output_padding", "output_shape", "pads", "strides"},
            conv_transpose));
-  {
-    OpSchema s = op("MaxPool", {"auto_pad", "ceil_mode", "dilations", "kernel_shape", "pads", "storage_order", "strides"},
-                    [](OpContext& c) { return pool(c, true); });
-    s.check = [](const Node& n, int64_t) -> std::string {
-      if (n.outputs.size() > 1 && !n.outputs[1].empty()) return "the Indices output of MaxPool is not supported";
-      return "";
-    };
-    r.add(std::move(s));
-  }
+  r.add(op("MaxPool", {"auto_pad", "ceil_mode", "dilations", "kernel_shape", "pads", "storage_order", "strides"},
+           [](OpContext& c) { return pool(c, true); }));
+  r.add(op("MaxUnpool", {"kernel_shape", "pads", "strides"}, max_unpool, 9));
   r.add(op("AveragePool", {"auto_pad", "ceil_mode", "count_include_pad", "dilations", "kernel_shape", "pads", "strides"},
            [](OpContext& c) { return pool(c, false); }));
   r.add(op("GlobalAveragePool", {}, [](OpContext& c) { return Tensors{mean(c.input(0), spatial_axes(c.input(0)), true)}; }));
   r.add(op("GlobalMaxPool", {}, [](OpContext& c) { return Tensors{amax(c.input(0), spatial_axes(c.input(0)), true)}; }));
   r.add(op("MatMul", {}, [](OpContext& c) { return Tensors{matmul(c.input(0), c.input(1))}; }));
-  r.add(op("Gemm", {"alpha", "beta", "transA", "transB"}, [](OpContext& c) {
+  r.add(op("Gemm", {"alpha", "beta", "broadcast", "transA", "transB"}, [](OpContext& c) {
     Tensor a = c.input(0), b = c.input(1);
     if (a.dim() != 2 || b.dim() != 2) c.fail("A and B must be 2-d, got ", shape_str(a.shape()), " and ", shape_str(b.shape()));
     if (c.attr_int("transA", 0) != 0) a = a.mT();

@@ -143,8 +143,20 @@ TEST_P(Resume, StopAndResumeIsBitwiseTheUninterruptedRun) {
                            BRAID_TRAIN + " --model cnn --epochs 2 --limit 640 --batch-size 64" +
                            (pipeline ? " --pipeline-stages 2" : "");
   ASSERT_EQ(run("rm -rf " + dir + " && mkdir -p " + dir).status, 0);
-  Outcome whole = run(base + " --out " + dir + "/whole");
+  Outcome whole = run(base + " --out " + dir + "/whole" + (pipeline ? "" : " --export-onnx " + dir + "/cnn.onnx"));
   ASSERT_EQ(whole.status, 0) << whole.output;
+  if (!pipeline) {
+    // The exported model passes ONNX's checker and runs in onnxruntime at another batch size.
+    const std::string py = "import sys, numpy as n\ntry:\n import onnx, onnxruntime as o\nexcept ImportError:\n sys.exit(77)\n"
+                           "onnx.checker.check_model(onnx.load(sys.argv[1]))\n"
+                           "s = o.InferenceSession(sys.argv[1], providers=['CPUExecutionProvider'])\n"
+                           "print('logits', s.run(None, {'input': n.zeros((3, 1, 28, 28), 'float32')})[0].shape)\n";
+    Outcome ort = run("python3 -c \"" + py + "\" " + dir + "/cnn.onnx");
+    if (ort.status != 77) {
+      EXPECT_EQ(ort.status, 0) << ort.output;
+      EXPECT_TRUE(contains(ort.output, "logits (3, 10)")) << ort.output;
+    }
+  }
   Outcome first = run(base + " --out " + dir + "/split --stop-after 1");
   ASSERT_EQ(first.status, 0) << first.output;
   Outcome second = run(base + " --out " + dir + "/split --resume " + dir + (pipeline ? "/split" : "/split/checkpoint.braid"));

@@ -22,6 +22,7 @@
 #include "braid/onnx/module.h"
 #include "braid/ops.h"
 #include "braid/optim/optimizers.h"
+#include "models.h"
 
 namespace fs = std::filesystem;
 using namespace braid;
@@ -238,6 +239,17 @@ TEST(OnnxExport, LstmAndGru) {
   m.add(std::make_shared<nn::LSTM>(5, 4, 1, true, true));
   m.eval();
   round_trip(m, randn({2, 9, 6}), randn({3, 9, 6}), "rnn");
+}
+
+TEST(OnnxExport, ModelZoo) {
+  // The models braid-train trains, as trained (BatchNorm statistics moved), to ONNX and back.
+  for (const std::string& name : zoo::model_names()) {
+    manual_seed(9);
+    const int64_t c = name == "resnet" ? 3 : 1, hw = name == "resnet" ? 32 : 28;
+    auto m = zoo::make_model(name, c, 10);
+    train_a_little(*m, randn({4, c, hw, hw}));
+    round_trip(*m, randn({2, c, hw, hw}), randn({3, c, hw, hw}), "zoo_" + name);
+  }
 }
 
 TEST(OnnxExport, FineTunedImportExportsNewWeights) {

@@ -71,6 +71,10 @@ Tensor softplus(const Tensor& x);
 /// approximate: "none" (exact, with erf) or "tanh".
 Tensor gelu(const Tensor& x, const std::string& approximate = "none");
 Tensor erf(const Tensor& x);
+/// Inverse trigonometric functions (asin, acos on [-1, 1]).
+Tensor asin(const Tensor& x);
+Tensor acos(const Tensor& x);
+Tensor atan(const Tensor& x);
 Tensor pow(const Tensor& x, double exponent);
 /// Either bound may be absent.
 Tensor clamp(const Tensor& x, std::optional<double> min, std::optional<double> max);

@@ -22,6 +22,7 @@ enum class UnaryOp {
   Elu,        // x > 0 ? x : p0 * (exp(x) - 1)
   Softplus,   // log(1 + exp(x)), stable
   GeluTanh,   // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+  Asin, Acos, Atan,
 };
 
 enum class BinaryOp { Add, Sub, Mul, Div, Pow, Max, Min, Eq, Ne, Lt, Le, Gt, Ge, And, Or, Xor };

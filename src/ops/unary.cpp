@@ -123,6 +123,19 @@ Tensor erf(const Tensor& x) {
     return g * kTwoOverSqrtPi * exp(-(x * x));
   });
 }
+// d asin = 1 / sqrt(1 - x^2), d acos = -1 / sqrt(1 - x^2), d atan = 1 / (1 + x^2).
+Tensor asin(const Tensor& x) {
+  return float_unary("asin", UnaryOp::Asin, x,
+                     [](const Tensor& g, const Tensor& x, const Tensor&) { return g * rsqrt(1.0 - x * x); });
+}
+Tensor acos(const Tensor& x) {
+  return float_unary("acos", UnaryOp::Acos, x,
+                     [](const Tensor& g, const Tensor& x, const Tensor&) { return -g * rsqrt(1.0 - x * x); });
+}
+Tensor atan(const Tensor& x) {
+  return float_unary("atan", UnaryOp::Atan, x,
+                     [](const Tensor& g, const Tensor& x, const Tensor&) { return g / (x * x + 1.0); });
+}
 
 Tensor gelu(const Tensor& input, const std::string& approximate) {
   BRAID_CHECK(approximate == "none" || approximate == "tanh", "gelu: approximate must be 'none' or 'tanh', got '",

@@ -17,7 +17,8 @@ const char* unary_name(UnaryOp op) {
   static const char* const kNames[] = {
       "neg",         "abs",   "exp",  "log",     "log1p",      "expm1", "sqrt",     "rsqrt",    "square", "reciprocal",
       "sin",         "cos",   "tanh", "sigmoid", "relu",       "erf",   "sign",     "floor",    "ceil",   "round",
-      "logical_not", "isnan", "pow",  "clamp",   "leaky_relu", "elu",   "softplus", "gelu_tanh"};
+      "logical_not", "isnan", "pow",  "clamp",   "leaky_relu", "elu",   "softplus", "gelu_tanh",
+      "asin",        "acos",  "atan"};
   const auto i = static_cast<size_t>(op);
   return i < std::size(kNames) ? kNames[i] : "unknown";
 }
@@ -145,6 +146,12 @@ void float_unary(UnaryOp op, const StridedLoop& loop, double p0d, double p1d) {
       return map_unary<T, T>(loop, [](T x) { return x < 0 ? T(0) : x; });  // NaN stays
     case UnaryOp::Erf:
       return map_unary<T, T>(loop, [](T x) { return std::erf(x); });
+    case UnaryOp::Asin:
+      return map_unary<T, T>(loop, [](T x) { return std::asin(x); });
+    case UnaryOp::Acos:
+      return map_unary<T, T>(loop, [](T x) { return std::acos(x); });
+    case UnaryOp::Atan:
+      return map_unary<T, T>(loop, [](T x) { return std::atan(x); });
     case UnaryOp::Sign:  // NaN stays NaN, as in NumPy
       return map_unary<T, T>(loop, [](T x) { return x != x ? x : T((x > 0) - (x < 0)); });
     case UnaryOp::Floor:
