@@ -272,6 +272,28 @@ TEST(ConvLarge, Conv2dMatchesDirectLoopAndAdjointIdentities) {
   }
 }
 
+// The forward fast paths (Note [Convolution fast paths]): depthwise (with a channel multiplier,
+// stride, padding and dilation) and 1x1, against the definition; large enough to run threaded.
+TEST(ConvLarge, DepthwiseAndPointwiseFastPathsMatchDirectLoop) {
+  Generator gen(12);
+  for (int64_t mult : {1, 2}) {
+    Tensor x = randn({3, 8, 17, 16}, kFloat64, &gen);
+    Tensor w = randn({8 * mult, 1, 3, 3}, kFloat64, &gen);
+    Tensor b = randn({8 * mult}, kFloat64, &gen);
+    Tensor y = conv2d(x, w, b, {2, 2}, {2, 2}, {2, 2}, 8);
+    ASSERT_EQ(y.shape(), (Shape{3, 8 * mult, 9, 8}));
+    expect_close(y, tensor(direct_conv2d(x, w, b, 2, 2, 2, 2, 8, 9, 8), y.shape()), 1e-12, 1e-12, "depthwise");
+    Tensor nb = conv2d(x, w, Tensor(), {1, 1}, {1, 1}, {1, 1}, 8);
+    expect_close(nb, tensor(direct_conv2d(x, w, zeros({8 * mult}, kFloat64), 1, 1, 1, 1, 8, 17, 16), nb.shape()), 1e-12,
+                 1e-12, "depthwise without bias");
+  }
+  Tensor x = randn({3, 16, 12, 11}, kFloat64, &gen);
+  Tensor w = randn({24, 16, 1, 1}, kFloat64, &gen);
+  Tensor b = randn({24}, kFloat64, &gen);
+  Tensor y = conv2d(x, w, b);
+  expect_close(y, tensor(direct_conv2d(x, w, b, 1, 1, 0, 1, 1, 12, 11), y.shape()), 1e-12, 1e-12, "1x1");
+}
+
 TEST(ConvLarge, ConvTransposeIsTheAdjointOfConv) {
   Generator gen(12);
   Tensor x = randn({4, 6, 33, 32}, kFloat64, &gen), w = randn({6, 3, 3, 3}, kFloat64, &gen);

@@ -77,6 +77,11 @@ class Backend {
   virtual void im2col(const Tensor& x, const Window2d& win, const Tensor& cols) = 0;
   /// x (N, C, h, w) += the adjoint of im2col applied to cols (C * kh * kw, N * oh * ow); both contiguous.
   virtual void col2im(const Tensor& cols, const Window2d& win, const Tensor& x) = 0;
+  /// Depthwise convolution (groups = C): y (N, C * m, oh, ow) = each channel c of x (N, C, h, w)
+  /// convolved with the m filters w (C * m, 1, kh, kw) of rows c * m .. c * m + m - 1, plus bias
+  /// (C * m) when defined. All contiguous.
+  virtual void depthwise_conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Window2d& win,
+                                const Tensor& y) = 0;
   /// out (N, C, oh, ow) = the max of each window of x (N, C, h, w), padding excluded, NaN winning;
   /// indices (int64, out's shape) = its position y * w + x in the plane. Every window holds an
   /// element of x. All contiguous.

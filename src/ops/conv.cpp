@@ -99,9 +99,27 @@ Tensor im2col(const Tensor& x, const Window2d& win, int64_t groups) {
 
 // The building blocks take detached tensors and record nothing.
 
+// Note [Convolution fast paths]
+// Two common shapes skip im2col: a depthwise convolution (groups = C, MobileNet's 3x3 layers) runs
+// the backend's direct kernel, which reads each input plane once instead of copying it kh * kw
+// times and running C tiny GEMMs; a 1x1 convolution with stride 1 and no padding is already a GEMM
+// per sample, W (C_out, C) x x[n] (C, h * w), with no column matrix and no transposes. Only the
+// forward changes; the backward formulas below serve every case.
+//
 // y (N, C_out, oh, ow) = w (C_out, C / G, kh, kw) convolved with x (N, C, h, w), plus bias.
 Tensor conv_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Window2d& win, int64_t groups) {
   const int64_t n = x.shape()[0], c_out = w.shape()[0];
+  if (groups > 1 && groups == x.shape()[1]) {
+    Tensor y = new_like(x, {n, c_out, win.oh, win.ow}, x.dtype());
+    backend_of(x).depthwise_conv2d(contiguous(x), contiguous(w), bias.defined() ? contiguous(bias) : bias, win, y);
+    return y;
+  }
+  if (groups == 1 && win.kh == 1 && win.kw == 1 && win.sh == 1 && win.sw == 1 && win.ph == 0 && win.pw == 0 &&
+      win.oh == win.h && win.ow == win.w) {
+    Tensor y = matmul(w.reshape({c_out, -1}), contiguous(x).view({n, x.shape()[1], win.h * win.w}));
+    y = y.view({n, c_out, win.oh, win.ow});
+    return bias.defined() ? y + bias.view({1, c_out, 1, 1}) : y;
+  }
   Tensor y = matmul(w.reshape({groups, c_out / groups, -1}), im2col(x, win, groups));  // (G, C_out / G, N * P)
   Tensor yt = y.view({c_out, n, win.oh, win.ow}).permute({1, 0, 2, 3});
   return bias.defined() ? yt + bias.view({1, c_out, 1, 1}) : contiguous(yt);

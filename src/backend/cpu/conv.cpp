@@ -77,7 +77,60 @@ void col2im_kernel(const T* cols, T* x, int64_t n, int64_t c, const Window2d& wi
   }
 }
 
+// One (sample, output channel) plane per task: the plane starts at the bias and each of the kh * kw
+// taps adds its weight times the shifted input row, a unit-stride loop the compiler vectorises.
+template <typename T>
+void depthwise_kernel(const T* x, const T* w, const T* bias, T* y, int64_t n, int64_t c, int64_t mult,
+                      const Window2d& win) {
+  const int64_t plane = win.h * win.w, p = win.oh * win.ow, c_out = c * mult, taps = win.kh * win.kw;
+  const int64_t tasks = n * c_out;
+  const int nt = threads_for(tasks * p * taps);
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (int64_t task = 0; task < tasks; ++task) {
+    const int64_t b = task / c_out, co = task % c_out, ci = co / mult;
+    const T* src = x + (b * c + ci) * plane;
+    T* dst = y + task * p;
+    const T* wk = w + co * taps;
+    std::fill(dst, dst + p, bias != nullptr ? bias[co] : T(0));
+    for (int64_t i = 0; i < win.kh; ++i) {
+      for (int64_t j = 0; j < win.kw; ++j) {
+        const T wv = wk[i * win.kw + j];
+        const int64_t x0 = j * win.dw - win.pw;
+        const auto [lo, hi] = window_taps(x0, win.sw, win.ow, win.w);
+        if (lo == hi) continue;
+        for (int64_t oy = 0; oy < win.oh; ++oy) {
+          const int64_t iy = oy * win.sh - win.ph + i * win.dh;
+          if (iy < 0 || iy >= win.h) continue;
+          T* d = dst + oy * win.ow;
+          const T* s = src + iy * win.w + x0;
+          if (win.sw == 1)
+            for (int64_t ox = lo; ox < hi; ++ox) d[ox] += wv * s[ox];
+          else
+            for (int64_t ox = lo; ox < hi; ++ox) d[ox] += wv * s[ox * win.sw];
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
+
+void CpuBackend::depthwise_conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Window2d& win,
+                                  const Tensor& y) {
+  BRAID_ASSERT(x.dim() == 4 && w.dim() == 4 && y.dim() == 4 && x.is_contiguous() && w.is_contiguous() &&
+                   y.is_contiguous() && (!bias.defined() || bias.is_contiguous()) && x.dtype() == w.dtype() &&
+                   x.dtype() == y.dtype(),
+               "depthwise_conv2d: x, w, y (and bias) must be contiguous and of one dtype");
+  if (y.numel() == 0) return;
+  const int64_t c = x.shape()[1], mult = w.shape()[0] / c;
+  dispatch_compute(x.dtype(), "depthwise_conv2d", [&]<typename T>() {
+    if constexpr (std::is_floating_point_v<T>)
+      depthwise_kernel<T>(x.data<T>(), w.data<T>(), bias.defined() ? bias.data<T>() : nullptr, y.data<T>(),
+                          x.shape()[0], c, mult, win);
+    else
+      unsupported_dtype("depthwise_conv2d", x.dtype());
+  });
+}
 
 void CpuBackend::im2col(const Tensor& x, const Window2d& win, const Tensor& cols) {
   BRAID_ASSERT(x.dim() == 4 && x.is_contiguous() && cols.is_contiguous() && x.dtype() == cols.dtype(),

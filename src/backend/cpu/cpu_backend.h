@@ -23,6 +23,8 @@ class CpuBackend final : public Backend {
   void random(RandomKind kind, const Tensor& out, uint64_t seed, uint64_t counter, double a, double b) override;
   void im2col(const Tensor& x, const Window2d& win, const Tensor& cols) override;
   void col2im(const Tensor& cols, const Window2d& win, const Tensor& x) override;
+  void depthwise_conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Window2d& win,
+                        const Tensor& y) override;
   void max_pool2d(const Tensor& x, const Window2d& win, const Tensor& out, const Tensor& indices) override;
   void avg_pool2d(const Tensor& x, const Window2d& win, bool count_include_pad, const Tensor& out) override;
   void avg_pool2d_backward(const Tensor& grad, const Window2d& win, bool count_include_pad,
