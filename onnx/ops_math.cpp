@@ -42,8 +42,6 @@ void variadic(OpRegistry& r, const char* type, F f) {
   }));
 }
 
-Tensor hard_sigmoid(const Tensor& x, double alpha, double beta) { return clamp(x * alpha + beta, 0.0, 1.0); }
-
 Tensor softsign(const Tensor& x) { return x / (abs(x) + 1.0); }
 
 /// Softmax-style ops: opset < 13 flattens to 2-d at axis (default 1); 13+ works along axis (default -1).
@@ -155,9 +153,9 @@ void register_math_ops(OpRegistry& r) {
     return Tensors{elu(c.input(0), a) * g};
   }));
   r.add(op("HardSigmoid", {"alpha", "beta"}, [](OpContext& c) {
-    return Tensors{hard_sigmoid(c.input(0), c.attr_float("alpha", 0.2), c.attr_float("beta", 0.5))};
+    return Tensors{hardsigmoid(c.input(0), c.attr_float("alpha", 0.2), c.attr_float("beta", 0.5))};
   }));
-  r.add(op("HardSwish", {}, [](OpContext& c) { return Tensors{c.input(0) * hard_sigmoid(c.input(0), 1.0 / 6.0, 0.5)}; }));
+  r.add(op("HardSwish", {}, [](OpContext& c) { return Tensors{hardswish(c.input(0))}; }));
   r.add(op("PRelu", {}, [](OpContext& c) {
     const Tensor& x = c.input(0);
     Tensor slope = c.input(1);

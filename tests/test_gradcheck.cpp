@@ -40,6 +40,8 @@ std::vector<Case> cases() {
       {"sigmoid", {{2, 5}}, [](V x) { return sigmoid(x[0]); }},
       {"relu", {{3, 4}}, [](V x) { return relu(x[0]); }, Domain::AwayFromZero},
       {"leaky_relu", {{3, 4}}, [](V x) { return leaky_relu(x[0], 0.2); }, Domain::AwayFromZero},
+      {"hardsigmoid", {{3, 4}}, [](V x) { return hardsigmoid(x[0] * 4.0, 0.2, 0.5); }},
+      {"hardswish", {{3, 4}}, [](V x) { return hardswish(x[0] * 4.0); }},
       {"elu", {{3, 4}}, [](V x) { return elu(x[0], 0.7); }, Domain::AwayFromZero},
       {"silu", {{3, 4}}, [](V x) { return silu(x[0]); }},
       {"softplus", {{3, 4}}, [](V x) { return softplus(x[0]); }},

@@ -67,6 +67,10 @@ Tensor relu(const Tensor& x);
 Tensor leaky_relu(const Tensor& x, double negative_slope = 0.01);
 Tensor elu(const Tensor& x, double alpha = 1.0);
 Tensor silu(const Tensor& x);
+/// clamp(alpha x + beta, 0, 1); the defaults are PyTorch's (relu6(x + 3) / 6), ONNX's alpha is 0.2.
+Tensor hardsigmoid(const Tensor& x, double alpha = 1.0 / 6.0, double beta = 0.5);
+/// x hardsigmoid(x), as MobileNetV3 uses it.
+Tensor hardswish(const Tensor& x);
 Tensor softplus(const Tensor& x);
 /// approximate: "none" (exact, with erf) or "tanh".
 Tensor gelu(const Tensor& x, const std::string& approximate = "none");

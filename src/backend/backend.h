@@ -23,6 +23,8 @@ enum class UnaryOp {
   Softplus,   // log(1 + exp(x)), stable
   GeluTanh,   // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
   Asin, Acos, Atan,
+  HardSigmoid,  // min(max(p0 x + p1, 0), 1)
+  HardSwish,    // x min(max(x / 6 + 1/2, 0), 1)
 };
 
 enum class BinaryOp { Add, Sub, Mul, Div, Pow, Max, Min, Eq, Ne, Lt, Le, Gt, Ge, And, Or, Xor };

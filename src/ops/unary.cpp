@@ -114,6 +114,25 @@ Tensor elu(const Tensor& x, double alpha) {
       alpha);
 }
 Tensor silu(const Tensor& x) { return x * sigmoid(x); }
+// d hardsigmoid = alpha where 0 < alpha x + beta < 1, else 0.
+Tensor hardsigmoid(const Tensor& x, double alpha, double beta) {
+  return float_unary(
+      "hardsigmoid", UnaryOp::HardSigmoid, x,
+      [alpha, beta](const Tensor& g, const Tensor& x, const Tensor&) {
+        Tensor v = x * alpha + beta;
+        Tensor inside = logical_and(gt(v, zeros({}, x.dtype())), lt(v, ones({}, x.dtype())));
+        return g * where(inside, full({}, alpha, x.dtype()), zeros({}, x.dtype()));
+      },
+      alpha, beta);
+}
+// d hardswish = 0 below -3, 1 above 3, (2 x + 3) / 6 between.
+Tensor hardswish(const Tensor& x) {
+  return float_unary("hardswish", UnaryOp::HardSwish, x, [](const Tensor& g, const Tensor& x, const Tensor&) {
+    Tensor mid = x * (1.0 / 3.0) + 0.5;
+    return g * where(lt(x, full({}, -3.0, x.dtype())), zeros({}, x.dtype()),
+                     where(gt(x, full({}, 3.0, x.dtype())), ones({}, x.dtype()), mid));
+  });
+}
 Tensor softplus(const Tensor& x) {
   return float_unary("softplus", UnaryOp::Softplus, x,
                      [](const Tensor& g, const Tensor& x, const Tensor&) { return g * sigmoid(x); });

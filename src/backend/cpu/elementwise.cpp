@@ -18,7 +18,7 @@ const char* unary_name(UnaryOp op) {
       "neg",         "abs",   "exp",  "log",     "log1p",      "expm1", "sqrt",     "rsqrt",    "square", "reciprocal",
       "sin",         "cos",   "tanh", "sigmoid", "relu",       "erf",   "sign",     "floor",    "ceil",   "round",
       "logical_not", "isnan", "pow",  "clamp",   "leaky_relu", "elu",   "softplus", "gelu_tanh",
-      "asin",        "acos",  "atan"};
+      "asin",        "acos",  "atan", "hardsigmoid", "hardswish"};
   const auto i = static_cast<size_t>(op);
   return i < std::size(kNames) ? kNames[i] : "unknown";
 }
@@ -177,6 +177,16 @@ void float_unary(UnaryOp op, const StridedLoop& loop, double p0d, double p1d) {
     case UnaryOp::GeluTanh:
       return map_unary<T, T>(
           loop, [](T x) { return gelu_tanh_t(x); }, clone_for<T>(gelu_tanh_run));
+    case UnaryOp::HardSigmoid:
+      return map_unary<T, T>(loop, [p0, p1](T x) {
+        const T v = p0 * x + p1;
+        return v < T(0) ? T(0) : (v > T(1) ? T(1) : v);
+      });
+    case UnaryOp::HardSwish:
+      return map_unary<T, T>(loop, [](T x) {
+        const T v = x * T(1.0 / 6.0) + T(0.5);
+        return x * (v < T(0) ? T(0) : (v > T(1) ? T(1) : v));
+      });
     case UnaryOp::LogicalNot:
     case UnaryOp::IsNan:
       break;  // bool output, handled by the caller
