@@ -44,6 +44,8 @@ run_tree() {
   # --no-rebuild: the tree was just built, and a failed rebuild here would pass unnoticed. meson's exit
   # status is not used: the summary reads every test's result from the logs.
   meson test -C "$dir" --no-rebuild --print-errorlogs --num-processes "$jobs" --timeout-multiplier "$mult" || true
+  # The ONNX backend test suite's counts (tests/test_onnx_conformance.cpp prints them).
+  grep -h -A4 '^ONNX conformance:' "$dir/meson-logs/testlog.txt" 2>/dev/null || true
 }
 
 run_tree build build "${BRAID_TIMEOUT_MULTIPLIER:-4}" \
