@@ -598,6 +598,134 @@ std::string join(const std::vector<std::string>& v) {
 }
 }  // namespace
 
+// Note [Cutting an ONNX graph into layers]
+// The pipeline partitioner cuts a Sequential, so to_sequential() splits the graph (nodes in their
+// topological order) at every position where exactly one activation crosses and no weight is used
+// on both sides: each segment between such positions becomes an OnnxSegment that runs its nodes on
+// that one input. Constant nodes are evaluated once and given to every segment that reads them,
+// so they never pin a cut. The segments hold this module's parameter and buffer tensors
+// themselves (names with '.' replaced by '_'), so training the Sequential trains this module.
+namespace {
+
+class OnnxSegment : public nn::Module {
+ public:
+  OnnxSegment(std::shared_ptr<const Model> model, Graph graph, const OpRegistry* registry,
+              std::map<std::string, Tensor> constants)
+      : Module("OnnxSegment"), model_(std::move(model)), graph_(std::move(graph)), registry_(registry),
+        constants_(std::move(constants)) {}
+  void add_weight(const std::string& onnx_name, const Tensor& t, bool parameter) {
+    std::string name = onnx_name;
+    std::replace(name.begin(), name.end(), '.', '_');
+    if (name.empty()) name.push_back('_');
+    std::string base = name;
+    for (int k = 1; taken_.count(name) != 0; ++k) name = detail::cat(base, "_", k);
+    taken_.insert(name);
+    weights_[onnx_name] = parameter ? register_parameter(name, t, t.requires_grad()) : register_buffer(name, t);
+  }
+  Tensor forward(const Tensor& x) override {
+    Scope scope;
+    for (const auto& [name, t] : constants_) scope.values[name] = t;
+    for (const auto& [name, t] : weights_) scope.values[name] = t;
+    scope.values[graph_.inputs[0].name] = x;
+    Executor ex(*model_, *registry_, is_training(), nullptr);
+    ex.set_current(&scope);
+    return ex.run_graph(graph_, scope)[0];
+  }
+  std::string describe() const override {
+    return detail::cat("OnnxSegment(", graph_.nodes.size(), " nodes: ", graph_.nodes.front().label(), " .. ",
+                       graph_.nodes.back().label(), ")");
+  }
+
+ private:
+  std::shared_ptr<const Model> model_;
+  Graph graph_;
+  const OpRegistry* registry_;
+  std::map<std::string, Tensor> constants_, weights_;
+  std::set<std::string> taken_;
+};
+
+}  // namespace
+
+std::shared_ptr<nn::Sequential> OnnxModule::to_sequential() {
+  const Graph& g = model_.graph;
+  BRAID_CHECK(input_names_.size() == 1 && g.outputs.size() == 1, model_.path,
+              ": to_sequential() needs a model with one input and one output; this one takes [", join(input_names_),
+              "] and gives [", join(output_names()), "]");
+  // Constants, evaluated once.
+  std::map<std::string, Tensor> constants;
+  std::vector<size_t> order;  // the non-Constant nodes
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& n = g.nodes[i];
+    if (n.op_type == "Constant" && n.domain.empty() && n.outputs.size() == 1) {
+      OpContext ctx(n, opset_for(model_, ""), false, {}, nullptr);
+      constants[n.outputs[0]] = registry_->find("", "Constant")->run(ctx).at(0);
+    } else {
+      order.push_back(i);
+    }
+  }
+  BRAID_CHECK(!order.empty(), model_.path, ": the graph has no node to run");
+  const size_t n = order.size();
+  std::vector<std::set<std::string>> reads(n), acts(n), wts(n);
+  for (size_t k = 0; k < n; ++k) {
+    collect_reads(g.nodes[order[k]], reads[k]);
+    for (const auto& r : reads[k]) {
+      if (weights_.count(r) != 0) wts[k].insert(r);
+      else if (constants.count(r) == 0) acts[k].insert(r);
+    }
+  }
+  // A cut before node k is valid when one activation crosses it and no weight is on both sides.
+  std::vector<size_t> cuts{0};
+  std::vector<std::string> crossing{input_names_[0]};
+  std::set<std::string> produced{input_names_[0]}, weights_before;
+  for (size_t k = 1; k < n; ++k) {
+    for (const auto& o : g.nodes[order[k - 1]].outputs) produced.insert(o);
+    weights_before.insert(wts[k - 1].begin(), wts[k - 1].end());
+    std::set<std::string> live;
+    bool shared_weight = false;
+    for (size_t j = k; j < n; ++j) {
+      for (const auto& a : acts[j])
+        if (produced.count(a) != 0) live.insert(a);
+      for (const auto& w : wts[j]) shared_weight = shared_weight || weights_before.count(w) != 0;
+    }
+    if (produced.count(g.outputs[0].name) != 0) live.insert(g.outputs[0].name);
+    if (live.size() == 1 && !shared_weight) {
+      cuts.push_back(k);
+      crossing.push_back(*live.begin());
+    }
+  }
+  cuts.push_back(n);
+  auto shared = std::make_shared<const Model>(model_);
+  auto seq = std::make_shared<nn::Sequential>();
+  const std::set<std::string> stats = statistics_inputs(g);
+  for (size_t c = 0; c + 1 < cuts.size(); ++c) {
+    Graph part;
+    part.name = detail::cat(g.name, "/", c);
+    ValueInfo in;
+    in.name = crossing[c];
+    part.inputs.push_back(in);
+    std::set<std::string> used;
+    for (size_t k = cuts[c]; k < cuts[c + 1]; ++k) {
+      part.nodes.push_back(g.nodes[order[k]]);
+      used.insert(reads[k].begin(), reads[k].end());
+    }
+    ValueInfo out;
+    out.name = c + 2 < cuts.size() ? crossing[c + 1] : g.outputs[0].name;
+    part.outputs.push_back(out);
+    std::map<std::string, Tensor> seg_constants;
+    for (const auto& u : used)
+      if (constants.count(u) != 0) seg_constants[u] = constants.at(u);
+    auto seg = std::make_shared<OnnxSegment>(shared, std::move(part), registry_, std::move(seg_constants));
+    for (const auto& u : used) {
+      auto w = weights_.find(u);
+      if (w != weights_.end()) seg->add_weight(u, w->second, is_floating(w->second.dtype()) && stats.count(u) == 0);
+    }
+    seg->train(is_training());
+    seq->add(seg);
+  }
+  seq->train(is_training());
+  return seq;
+}
+
 Tensor OnnxModule::forward(const Tensor& x) {
   BRAID_CHECK(input_names_.size() == 1 && model_.graph.outputs.size() == 1, model_.path,
               ": forward(x) needs a model with one input and one output; this one takes [", join(input_names_),

@@ -127,6 +127,27 @@ TEST(OnnxModule, FoldedConvBatchNormEqualsTheGraphAsWritten) {
   EXPECT_TRUE(allclose(folded, as_written, 1e-12, 1e-14));
 }
 
+TEST(OnnxModule, ToSequentialCutsWhereOneValueCrossesAndSharesTheWeights) {
+  // small_net: Conv, BatchNormalization, Tanh, then the Shape/Gather/Concat/Reshape chain (which
+  // reads the activation twice, so no cut inside it), Gemm, LayerNormalization, Softmax.
+  bx::OnnxModule m(small_net(small_net_weights()));
+  auto seq = m.to_sequential();
+  std::vector<std::string> kinds;
+  for (size_t i = 0; i < seq->size(); ++i) kinds.push_back(seq->at(i)->describe());
+  ASSERT_EQ(seq->size(), 7u) << ::testing::PrintToString(kinds);
+  EXPECT_NE(kinds[3].find("Shape"), std::string::npos);
+  EXPECT_NE(kinds[3].find("Reshape"), std::string::npos);
+  Tensor x = randn({3, 2, 4, 4}, kFloat64);
+  Tensor want = m.forward(x);
+  Tensor got = seq->forward(x);
+  EXPECT_TRUE(allclose(got, want, 1e-14, 1e-14));
+  // The same tensors: gradients through the Sequential land on the module's parameters.
+  EXPECT_EQ(seq->parameters().size(), m.parameters().size());
+  m.zero_grad();
+  sum(got * got).backward();
+  for (const auto& [name, p] : m.named_parameters()) EXPECT_TRUE(p.grad().defined()) << name;
+}
+
 TEST(OnnxModule, PreflightListsEveryProblemWithNodeNames) {
   bx::Model m;
   m.path = "bad.onnx";

@@ -1,6 +1,9 @@
 // Pipeline execution, run plainly (one stage) and under `mpiexec -n 2` and `-n 4` (2 and 4 stages):
 // GPipe and 1F1B with 1, 4 and 8 micro-batches must give, after a few steps, the weights of
 // single-process training of the same model on the same mini-batches (computed on every rank).
+#include <unistd.h>
+
+#include <cstdio>
 #include <fstream>
 #include <functional>
 #include <iterator>
@@ -8,6 +11,8 @@
 
 #include "braid/distributed/pipeline.h"
 #include "braid/nn/nn.h"
+#include "braid/onnx/export.h"
+#include "braid/onnx/module.h"
 #include "braid/optim.h"
 #include "braid/random.h"
 #include "mpi_test_main.h"
@@ -163,6 +168,23 @@ std::shared_ptr<nn::Sequential> skip_model(DType dt, double dropout = 0.0) {
 
 Case skip_case() { return {"Skips", [](DType dt) { return skip_model(dt); }, batch, ce}; }
 
+/// cnn_case's model exported to ONNX, imported, and cut into segments by OnnxModule::to_sequential:
+/// an imported model pipelines like one built from braid's layers.
+Case onnx_case() {
+  Case c = cnn_case();
+  c.name = "ONNX CNN";
+  c.model = [build = c.model](DType dt) {
+    auto m = build(dt);
+    const std::string path = "/tmp/braid_pipe_onnx_" + std::to_string(::getpid()) + ".onnx";
+    onnx::export_onnx(*m, randn({2, 1, 8, 8}, dt), path);
+    auto imported = onnx::OnnxModule::load(path);
+    std::remove(path.c_str());
+    imported->train();
+    return imported->to_sequential();
+  };
+  return c;
+}
+
 }  // namespace
 
 class Pipeline : public DistTest {};
@@ -170,6 +192,8 @@ class Pipeline : public DistTest {};
 TEST_F(Pipeline, GPipeAndOneFOneBEqualOneProcess) { expect_pipeline_equals_one_process(mlp_case(), {kFloat64, kFloat32}); }
 
 TEST_F(Pipeline, CnnEqualsOneProcess) { expect_pipeline_equals_one_process(cnn_case(), {kFloat64, kFloat32}); }
+
+TEST_F(Pipeline, ImportedOnnxModelEqualsOneProcess) { expect_pipeline_equals_one_process(onnx_case(), {kFloat64}); }
 
 TEST_F(Pipeline, TransformerEncoderEqualsOneProcess) {
   expect_pipeline_equals_one_process(transformer_case(), {kFloat64, kFloat32});

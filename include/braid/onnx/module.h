@@ -136,6 +136,9 @@ class OnnxModule : public nn::Module {
   /// Outputs by name for inputs by name.
   std::map<std::string, Tensor> run_named(const std::map<std::string, Tensor>& inputs);
 
+  /// The graph as a Sequential of segments, cut wherever one activation alone crosses (Note [Cutting
+  /// an ONNX graph into layers]), sharing this module's weights: what pipeline training partitions.
+  std::shared_ptr<nn::Sequential> to_sequential();
   /// Names of the inputs a caller feeds (graph inputs that are not initialisers), in order.
   const std::vector<std::string>& input_names() const { return input_names_; }
   std::vector<std::string> output_names() const;
