@@ -736,10 +736,14 @@ Tensor OnnxModule::forward(const Tensor& x) {
 std::vector<Tensor> OnnxModule::run(const std::vector<Tensor>& inputs) { return run_ordered(inputs); }
 
 std::map<std::string, Tensor> OnnxModule::run_named(const std::map<std::string, Tensor>& inputs) {
-  for (const auto& [name, t] : inputs)
-    BRAID_CHECK(std::find(input_names_.begin(), input_names_.end(), name) != input_names_.end() ||
-                    weights_.count(name) != 0,
-                model_.path, ": no graph input named '", name, "' (inputs: [", join(input_names_), "])");
+  for (const auto& [name, t] : inputs) {
+    // A weight given here would otherwise be ignored without a word: refuse it.
+    BRAID_CHECK(weights_.count(name) == 0, model_.path, ": '", name,
+                "' is a weight of the model, not an input; change it with load_state_dict() (inputs: [",
+                join(input_names_), "])");
+    BRAID_CHECK(std::find(input_names_.begin(), input_names_.end(), name) != input_names_.end(), model_.path,
+                ": no graph input named '", name, "' (inputs: [", join(input_names_), "])");
+  }
   std::vector<Tensor> ordered;
   for (const std::string& name : input_names_) {
     auto it = inputs.find(name);

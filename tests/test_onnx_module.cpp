@@ -94,6 +94,13 @@ TEST(OnnxModule, ParametersKeepTheirNamesAndStatisticsAreBuffers) {
   EXPECT_EQ(params, (std::vector<std::string>{"bn.bias", "bn.weight", "conv.bias", "conv.weight", "fc.bias", "fc.weight",
                                               "ln.bias", "ln.weight"}));
   EXPECT_EQ(buffers, (std::vector<std::string>{"bn.running_mean", "bn.running_var"}));
+  // A weight passed as an input is refused rather than silently ignored.
+  try {
+    m.run_named({{"x", randn({1, 2, 4, 4}, kFloat64)}, {"fc.bias", zeros({5}, kFloat64)}});
+    FAIL() << "expected ValueError";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("'fc.bias' is a weight of the model, not an input"), std::string::npos) << e.what();
+  }
   bx::OnnxModule frozen(small_net(small_net_weights()), {.frozen = true});
   for (const auto& [n, t] : frozen.named_parameters()) EXPECT_FALSE(t.requires_grad()) << n;
 }
@@ -243,6 +250,15 @@ TEST(OnnxModule, BadIndicesAndInputsAreNamed) {
     EXPECT_NE(std::string(e.what()).find("input 'x' has shape [4, 5], the model expects [4, 3]"), std::string::npos) << e.what();
   }
   EXPECT_THROW(mod.forward(x), ValueError);  // two inputs: forward(x) names them and points to run()
+  // By name: the same result; a misspelt input is refused naming the real ones.
+  auto named = mod.run_named({{"x", x}, {"i", tensor(std::vector<int64_t>{-1, 0}, {2})}});
+  EXPECT_TRUE(equal(named.at("y"), out[0]));
+  try {
+    mod.run_named({{"x", x}, {"idx", tensor(std::vector<int64_t>{0}, {1})}});
+    FAIL() << "expected ValueError";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("no graph input named 'idx' (inputs: ['x', 'i'])"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
