@@ -27,8 +27,45 @@ std::string dtype_name(DType t);
 bool is_floating(DType t);
 /// Types the compute kernels run on (all but float16/bfloat16, which are storage only).
 bool is_compute_type(DType t);
-/// The type two operands of a binary op are computed in (NumPy/PyTorch promotion).
+// Note [Type promotion]
+// braid follows PyTorch's rules, with the differences marked (*).
+//
+// Two tensors: the higher of the two dtypes, bool < int32 < int64 < float32 < float64 (float16 and
+// bfloat16, storage types, count as float32). The dtype of a 0-d tensor counts like any other (*:
+// PyTorch lets a 0-d tensor act as a scalar, so int32[n] + int64[] is int32 there and int64 here;
+// braid's result type depends on dtypes alone, as NumPy 2's does).
+//
+// A tensor and a C++ scalar (`x + 2.0`, `clamp(x, lo)`, `add(a, b, alpha)`): a floating tensor keeps
+// its dtype. For an integer tensor a whole-number scalar that fits the dtype acts as a Python int
+// (the dtype stays; for bool it becomes int64); any other scalar (fractional, NaN, inf, or a whole
+// number out of range) acts as a Python float and the result is float32 (*: PyTorch wraps an
+// out-of-range Python int around; braid never converts a scalar out of range).
+//
+//   op                                      | bool, bool | int, int   | int, float | float, float
+//   add, mul, maximum, minimum, where       | bool       | promoted   | float      | promoted
+//   sub, pow                                | TypeError  | promoted   | float      | promoted
+//   div (true division)                     | float32    | float32    | float      | promoted
+//   eq ne lt le gt ge, logical_*            | bool       | bool       | bool       | bool
+//
+// One tensor: neg, abs and relu refuse bool; abs, neg, relu, sign, floor, ceil, round, square and
+// clamp keep an integer dtype (square of bool gives int64; sign of bool stays bool); the floating
+// functions (exp, log, sqrt, sin, tanh, sigmoid, erf, gelu, pow(x, double), ...) turn integer and
+// bool input into float32. sum and prod of integer or bool give int64, as does sum_to (also when
+// nothing is summed); amax/amin keep the dtype; argmax/argmin give int64. mean, var, std,
+// logsumexp, softmax and log_softmax turn integer and bool input into float32 (*: PyTorch refuses
+// integer input to these). full and fill_ truncate a scalar toward zero and throw when it is out of
+// the integer type's range; cast saturates out-of-range values (NaN gives 0), where PyTorch's
+// result is whatever the platform's conversion gives.
+
+/// The type two tensor operands of a binary op are computed in (Note [Type promotion]).
 DType promote_types(DType a, DType b);
+/// Whether v converts to t without overflow: always for floating types and bool; for integer types
+/// a finite value whose truncation toward zero is in range.
+bool scalar_fits(double v, DType t);
+/// The dtype a tensor of dtype t and the scalar v compute in (Note [Type promotion]).
+DType scalar_result_type(DType t, double v);
+/// Throws ValueError naming op when v does not fit t (scalar_fits).
+void check_scalar_fits(double v, DType t, const char* op);
 
 enum class DeviceType { CPU, CUDA };
 

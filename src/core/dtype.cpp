@@ -1,6 +1,7 @@
 // Element-type facts and the promotion rule binary ops use.
 #include "braid/dtype.h"
 
+#include <cmath>
 #include <limits>
 
 #include "braid/error.h"
@@ -39,9 +40,8 @@ bool is_floating(DType t) {
 
 bool is_compute_type(DType t) { return t != DType::Float16 && t != DType::BFloat16; }
 
-// Note [Type promotion]
-// As in NumPy and PyTorch for tensor-tensor operands: bool < int32 < int64 < float32 < float64.
-// Half types promote to float32, since kernels do not compute in them.
+// The table is in dtype.h (Note [Type promotion]). Half types promote to float32, since kernels do
+// not compute in them.
 DType promote_types(DType a, DType b) {
   auto rank = [](DType t) {
     switch (t) {
@@ -57,6 +57,26 @@ DType promote_types(DType a, DType b) {
   };
   static const DType by_rank[] = {DType::Bool, DType::Int32, DType::Int64, DType::Float32, DType::Float64};
   return by_rank[std::max(rank(a), rank(b))];
+}
+
+bool scalar_fits(double v, DType t) {
+  if (is_floating(t) || t == DType::Bool) return true;
+  if (!std::isfinite(v)) return false;
+  // Conversion truncates toward zero; the bounds are exact powers of two.
+  const double lo = t == DType::Int32 ? -2147483648.0 : -9223372036854775808.0;
+  const double hi = t == DType::Int32 ? 2147483648.0 : 9223372036854775808.0;
+  return std::trunc(v) >= lo && v < hi;
+}
+
+DType scalar_result_type(DType t, double v) {
+  if (is_floating(t)) return is_compute_type(t) ? t : DType::Float32;
+  const DType as_int = t == DType::Bool ? DType::Int64 : t;
+  const bool whole = std::isfinite(v) && v == std::trunc(v);
+  return whole && scalar_fits(v, as_int) ? as_int : DType::Float32;
+}
+
+void check_scalar_fits(double v, DType t, const char* op) {
+  BRAID_CHECK(scalar_fits(v, t), op, ": value ", v, " cannot be converted to ", dtype_name(t), " without overflow");
 }
 
 std::string Device::str() const { return type == DeviceType::CPU ? "cpu" : "cuda:" + std::to_string(index); }

@@ -15,9 +15,12 @@ Tensor make_tensor(std::shared_ptr<Storage> storage, Shape shape, Shape strides,
 Tensor new_tensor(const Shape& shape, DType dtype, Device device = cpu());
 /// A view of t with another layout over the same storage (no autograd).
 Tensor as_strided(const Tensor& t, Shape shape, Shape strides, int64_t offset);
-/// axis in [-ndim, ndim) -> [0, ndim); IndexError naming op otherwise.
+/// axis in [-ndim, ndim) -> [0, ndim); IndexError naming op otherwise, and always for a 0-d tensor.
 int64_t normalize_axis(int64_t axis, int64_t ndim, const char* op);
-/// Normalised, sorted, unique axes; empty means all axes.
+/// As normalize_axis, but a 0-d tensor accepts axis 0 or -1 (returning 0) as one axis of size 1;
+/// the caller handles that case (Note [Axes of a 0-d tensor]).
+int64_t normalize_axis_or_scalar(int64_t axis, int64_t ndim, const char* op);
+/// Normalised, sorted, unique axes (a 0-d tensor accepts 0 and -1 and has none); empty means all axes.
 std::vector<int64_t> normalize_axes(const std::vector<int64_t>& axes, int64_t ndim, const char* op);
 
 }  // namespace braid::detail

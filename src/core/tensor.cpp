@@ -36,11 +36,24 @@ Tensor as_strided(const Tensor& t, Shape shape, Shape strides, int64_t offset) {
   return make_tensor(t.storage(), std::move(shape), std::move(strides), offset, t.dtype());
 }
 
+// Note [Axes of a 0-d tensor]
+// A 0-d tensor has no axis, so ops that read the size of an axis (slice, narrow, select, split,
+// size) refuse it through normalize_axis. Ops for which PyTorch lets a 0-d tensor stand for one
+// axis of size 1 (reductions, softmax, gather, transpose, flatten, squeeze) call
+// normalize_axis_or_scalar, which accepts axis 0 and -1 for it, and must handle that case
+// themselves (usually by viewing the tensor as shape [1]).
 int64_t normalize_axis(int64_t axis, int64_t ndim, const char* op) {
-  int64_t lo = ndim == 0 ? -1 : -ndim, hi = ndim == 0 ? 0 : ndim - 1;
-  BRAID_CHECK_T(IndexError, axis >= lo && axis <= hi, op, ": axis ", axis, " is out of range for a tensor of ",
-                ndim, " dimension", ndim == 1 ? "" : "s", " (expected ", lo, " to ", hi, ")");
-  return axis < 0 ? axis + std::max<int64_t>(ndim, 1) : axis;
+  BRAID_CHECK_T(IndexError, ndim > 0, op, ": a 0-d tensor has no axis ", axis, "; reshape it to [1] first");
+  BRAID_CHECK_T(IndexError, axis >= -ndim && axis < ndim, op, ": axis ", axis, " is out of range for a tensor of ",
+                ndim, " dimension", ndim == 1 ? "" : "s", " (expected ", -ndim, " to ", ndim - 1, ")");
+  return axis < 0 ? axis + ndim : axis;
+}
+
+int64_t normalize_axis_or_scalar(int64_t axis, int64_t ndim, const char* op) {
+  if (ndim > 0) return normalize_axis(axis, ndim, op);
+  BRAID_CHECK_T(IndexError, axis == 0 || axis == -1, op, ": axis ", axis,
+                " is out of range for a 0-d tensor (expected -1 or 0)");
+  return 0;
 }
 
 std::vector<int64_t> normalize_axes(const std::vector<int64_t>& axes, int64_t ndim, const char* op) {
@@ -51,7 +64,7 @@ std::vector<int64_t> normalize_axes(const std::vector<int64_t>& axes, int64_t nd
   }
   std::vector<bool> seen(std::max<int64_t>(ndim, 1), false);
   for (int64_t a : axes) {
-    int64_t n = normalize_axis(a, ndim, op);
+    int64_t n = normalize_axis_or_scalar(a, ndim, op);
     BRAID_CHECK(!seen[n], op, ": axis ", a, " appears more than once");
     seen[n] = true;
   }

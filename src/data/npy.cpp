@@ -1,6 +1,7 @@
 // NumPy's .npy format: the magic "\x93NUMPY", a version, a little-endian header length, a Python
 // dict literal {'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), } padded with spaces to a
 // multiple of 64 bytes and ended by '\n', then the raw values.
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cstdio>
@@ -159,7 +160,8 @@ Tensor read_npy(const std::string& path) {
   if (fortran)
     throw NotImplementedError("'" + path + "': fortran_order arrays are not supported; save a C-ordered array "
                               "(numpy.ascontiguousarray) instead");
-  uint64_t nbytes = static_cast<uint64_t>(type->itemsize);
+  // A zero-length axis anywhere makes the array empty, whatever the product of the axes before it.
+  uint64_t nbytes = std::find(shape.begin(), shape.end(), 0) != shape.end() ? 0 : static_cast<uint64_t>(type->itemsize);
   for (int64_t s : shape)
     if (__builtin_mul_overflow(nbytes, static_cast<uint64_t>(s), &nbytes) || nbytes > in.max_bytes())
       file_error(path, "truncated or corrupt: shape " + shape_str(shape) + " of " + descr + " needs more bytes than the file holds (" +

@@ -1,6 +1,7 @@
 // Elementwise binary arithmetic with NumPy broadcasting, where, and the C++ operators. The engine
 // sums each gradient back over broadcast axes, so formulas return gradients of the output's shape.
 #include <cmath>
+#include <string_view>
 
 #include "ops/common.h"
 
@@ -23,13 +24,16 @@ Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
 
 namespace {
 
-// The dtype an arithmetic op computes in; true division of integers computes in float32.
+// The dtype an arithmetic op computes in (the table in dtype.h): true division of integers computes
+// in float32; two bools stay bool where the op is logic (add is or, mul and maximum are and/or).
 DType arith_type(const Tensor& a, const Tensor& b, const char* op, bool true_div = false) {
   check_compute(a, op);
   check_compute(b, op);
   DType t = promote_types(a.dtype(), b.dtype());
-  if (t == kBool && !true_div) t = kInt64;
   if (true_div && !is_floating(t)) t = kFloat32;
+  const std::string_view name = op;
+  BRAID_CHECK_T(TypeError, t != kBool || (name != "sub" && name != "pow"), op,
+                ": not defined for two bool tensors", name == "sub" ? "; use logical_xor" : "; cast one to int64 first");
   return t;
 }
 
@@ -114,7 +118,6 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   check_compute(cond, "where");
   BRAID_CHECK_T(TypeError, cond.dtype() == kBool, "where: condition must be bool, got ", dtype_name(cond.dtype()));
   DType t = arith_type(a, b, "where");
-  if (a.dtype() == kBool && b.dtype() == kBool) t = kBool;
   check_same_device(cond, a, "where");
   Shape s = broadcast_shapes(broadcast_shapes(cond.shape(), a.shape(), "where"), b.shape(), "where");
   Tensor out = new_tensor(s, t, a.device());

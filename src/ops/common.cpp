@@ -62,13 +62,7 @@ Shape reduced_shape(const Shape& s, const std::vector<int64_t>& axes, bool keepd
   return out;
 }
 
-Tensor scalar_operand(const Tensor& t, double v) {
-  DType dt = t.dtype();
-  bool integral_value = std::isfinite(v) && v == std::floor(v);
-  if (!is_floating(dt)) dt = integral_value ? (dt == kBool ? kInt64 : dt) : kFloat32;
-  if (!is_compute_type(dt)) dt = kFloat32;
-  return scalar_tensor(v, dt, t.device());
-}
+Tensor scalar_operand(const Tensor& t, double v) { return scalar_tensor(v, scalar_result_type(t.dtype(), v), t.device()); }
 
 Tensor checked_index(const Tensor& index, int64_t size, const char* op, int64_t axis) {
   BRAID_CHECK_T(TypeError, index.dtype() == kInt64 || index.dtype() == kInt32, op,

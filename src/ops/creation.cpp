@@ -11,6 +11,7 @@ using namespace detail;
 Tensor empty(const Shape& shape, DType dtype, Device device) { return new_tensor(shape, dtype, device); }
 
 Tensor full(const Shape& shape, double value, DType dtype, Device device) {
+  check_scalar_fits(value, dtype, "full");
   Tensor t = new_tensor(shape, dtype, device);
   backend_of(t).fill(t, value);
   return t;
@@ -28,6 +29,10 @@ Tensor arange(double start, double end, double step, DType dtype) {
   BRAID_CHECK((end - start) / step >= 0, "arange: step ", step, " does not go from ", start, " towards ", end);
   double count = std::ceil((end - start) / step);
   BRAID_CHECK(count < 9e15, "arange: ", count, " elements is too many");
+  if (count > 0) {  // the first and last values must fit an integer dtype
+    check_scalar_fits(start, dtype, "arange");
+    check_scalar_fits(start + (count - 1) * step, dtype, "arange");
+  }
   Tensor t = new_tensor({static_cast<int64_t>(count)}, dtype);
   backend_of(t).iota(t, start, step);
   return t;
@@ -37,6 +42,10 @@ Tensor arange(int64_t end, DType dtype) { return arange(0.0, static_cast<double>
 
 Tensor linspace(double start, double end, int64_t steps, DType dtype) {
   BRAID_CHECK(steps >= 0, "linspace: steps must be non-negative, got ", steps);
+  if (steps > 0) {
+    check_scalar_fits(start, dtype, "linspace");
+    check_scalar_fits(end, dtype, "linspace");
+  }
   Tensor t = new_tensor({steps}, dtype);
   backend_of(t).iota(t, start, steps > 1 ? (end - start) / static_cast<double>(steps - 1) : 0.0);
   return t;

@@ -24,9 +24,13 @@ Tensor gather_raw(const Tensor& x, int64_t a, const Tensor& idx) {
 
 Tensor gather(const Tensor& x, int64_t axis, const Tensor& index) {
   check_compute(x, "gather");
-  int64_t a = normalize_axis(axis, x.dim(), "gather");
+  int64_t a = normalize_axis_or_scalar(axis, x.dim(), "gather");
+  if (x.dim() == 0) {  // as one axis of size 1 (Note [Axes of a 0-d tensor])
+    BRAID_CHECK(index.dim() <= 1, "gather: index of a 0-d input must be 0-d or 1-d, got shape ", shape_str(index.shape()));
+    return gather(x.reshape({1}), 0, index.reshape({-1})).reshape(index.shape());
+  }
   check_index_shape(x, a, index, "gather");
-  Tensor idx = checked_index(index, x.dim() == 0 ? 1 : x.shape()[a], "gather", axis);
+  Tensor idx = checked_index(index, x.shape()[a], "gather", axis);
   Tensor out = gather_raw(x, a, idx);
   if (!is_floating(x.dtype())) return out;
   Shape in_shape = x.shape();
@@ -37,8 +41,13 @@ Tensor gather(const Tensor& x, int64_t axis, const Tensor& index) {
 
 Tensor index_select(const Tensor& x, int64_t axis, const Tensor& index) {
   check_compute(x, "index_select");
-  int64_t a = normalize_axis(axis, x.dim(), "index_select");
+  int64_t a = normalize_axis_or_scalar(axis, x.dim(), "index_select");
   BRAID_CHECK(index.dim() <= 1, "index_select: index must be 1-d, got shape ", shape_str(index.shape()));
+  if (x.dim() == 0) {  // as one axis of size 1; the result stays 0-d, as in PyTorch
+    BRAID_CHECK(index.numel() == 1, "index_select: the index of a 0-d input must hold one value, got ",
+                index.numel());
+    return index_select(x.reshape({1}), 0, index.reshape({1})).reshape({});
+  }
   Tensor idx = checked_index(index.reshape({-1}), x.shape()[a], "index_select", axis);
   // As a gather whose index is broadcast (stride 0) along every other axis.
   Shape out_shape = x.shape(), view_shape(x.dim(), 1);
@@ -56,7 +65,12 @@ Tensor index_select(const Tensor& x, int64_t axis, const Tensor& index) {
 Tensor scatter_add(const Tensor& x, int64_t axis, const Tensor& index, const Tensor& src) {
   check_compute(x, "scatter_add");
   check_compute(src, "scatter_add");
-  int64_t a = normalize_axis(axis, x.dim(), "scatter_add");
+  int64_t a = normalize_axis_or_scalar(axis, x.dim(), "scatter_add");
+  if (x.dim() == 0) {  // as one axis of size 1 (Note [Axes of a 0-d tensor])
+    BRAID_CHECK(index.dim() <= 1 && src.dim() <= 1, "scatter_add: index and src of a 0-d input must be 0-d or 1-d, got ",
+                shape_str(index.shape()), " and ", shape_str(src.shape()));
+    return scatter_add(x.reshape({1}), 0, index.reshape({-1}), src.reshape({-1})).reshape({});
+  }
   BRAID_CHECK(index.shape() == src.shape() || index.dim() == src.dim(), "scatter_add: index shape ",
               shape_str(index.shape()), " and src shape ", shape_str(src.shape()), " differ");
   for (int64_t d = 0; d < index.dim(); ++d)

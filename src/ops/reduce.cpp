@@ -19,6 +19,16 @@ void check_nonempty(const Tensor& x, const std::vector<int64_t>& axes, const cha
                 ") because the result has no identity");
 }
 
+// The max over axes (kept) that the softmax family subtracts before exp, and 0 when x is empty (a
+// zero-length axis has no max, and the result is empty or -inf anyway). finite_only: an infinite
+// max shifts by 0 (logsumexp's rule; softmax lets inf - inf give NaN, as PyTorch does).
+Tensor stable_shift(const Tensor& x, const std::vector<int64_t>& axes, bool finite_only) {
+  if (x.numel() == 0) return zeros({}, x.dtype(), x.device());
+  NoGradGuard no_grad;
+  Tensor m = amax(x.detach(), axes, true);
+  return finite_only ? where(isnan(m - m), zeros({}, m.dtype(), m.device()), m) : m;
+}
+
 }  // namespace
 
 Tensor sum(const Tensor& x, const std::vector<int64_t>& axes_in, bool keepdim) {
@@ -81,7 +91,7 @@ Tensor extremum(const char* name, ReduceOp op, const Tensor& x, const std::vecto
 
 Tensor arg_extremum(const char* name, ReduceOp op, const Tensor& x, int64_t axis, bool keepdim) {
   check_compute(x, name);
-  int64_t a = normalize_axis(axis, x.dim(), name);
+  int64_t a = normalize_axis_or_scalar(axis, x.dim(), name);
   Tensor xs = x.dim() == 0 ? x.reshape({1}) : x;
   check_nonempty(xs, {a}, name);
   Tensor kept = reduce_raw(op, xs, {a}, kInt64);
@@ -110,8 +120,9 @@ Tensor var(const Tensor& x_in, const std::vector<int64_t>& axes_in, int64_t corr
   for (int64_t a : axes) n *= x.shape()[a];
   BRAID_CHECK(correction >= 0, "var: correction must be non-negative, got ", correction);
   Tensor centred = x - mean(x, axes, true);
-  // With n <= correction the estimate is undefined; like PyTorch, return nan (0/0) or inf.
-  return sum(centred * centred, axes, keepdim) / static_cast<double>(n - correction);
+  // With n <= correction the estimate is undefined. The divisor is clamped at 0, as PyTorch's, so
+  // the result is NaN (0/0) or inf; n - correction itself would give -0.0 for a zero sum.
+  return sum(centred * centred, axes, keepdim) / static_cast<double>(std::max<int64_t>(n - correction, 0));
 }
 
 Tensor std(const Tensor& x, const std::vector<int64_t>& axes, int64_t correction, bool keepdim) {
@@ -121,21 +132,20 @@ Tensor std(const Tensor& x, const std::vector<int64_t>& axes, int64_t correction
 Tensor logsumexp(const Tensor& x_in, const std::vector<int64_t>& axes_in, bool keepdim) {
   Tensor x = float_input(x_in, "logsumexp");
   std::vector<int64_t> axes = normalize_axes(axes_in, x.dim(), "logsumexp");
-  check_nonempty(x, axes, "logsumexp");
-  // Shifting by the (constant) max keeps exp in range and does not change the gradient.
-  Tensor m = amax(x.detach(), axes, true);
-  m = where(isnan(m - m), zeros({}, m.dtype()), m);  // an infinite max shifts by 0
+  // Shifting by the (constant) max keeps exp in range and does not change the gradient. A sum of
+  // nothing is 0, so logsumexp over a zero-length axis is -inf, as in PyTorch.
+  Tensor m = stable_shift(x, axes, true);
   Tensor out = log(sum(exp(x - m), axes, true)) + m;
   return keepdim ? out : out.reshape(reduced_shape(x.shape(), axes, false));
 }
 
 Tensor softmax(const Tensor& x_in, int64_t axis) {
   Tensor x = float_input(x_in, "softmax");
-  int64_t a = normalize_axis(axis, x.dim(), "softmax");
+  int64_t a = normalize_axis_or_scalar(axis, x.dim(), "softmax");
   Tensor y;
   {
     NoGradGuard no_grad;
-    Tensor e = exp(x - amax(x, {a}, true));
+    Tensor e = exp(x - stable_shift(x, {a}, false));
     y = e / sum(e, {a}, true);
   }
   return record("softmax", y, {x}, [y = y.detach(), a](const Tensor& g, Grads& r) {
@@ -145,11 +155,11 @@ Tensor softmax(const Tensor& x_in, int64_t axis) {
 
 Tensor log_softmax(const Tensor& x_in, int64_t axis) {
   Tensor x = float_input(x_in, "log_softmax");
-  int64_t a = normalize_axis(axis, x.dim(), "log_softmax");
+  int64_t a = normalize_axis_or_scalar(axis, x.dim(), "log_softmax");
   Tensor y;
   {
     NoGradGuard no_grad;
-    Tensor shifted = x - amax(x, {a}, true);
+    Tensor shifted = x - stable_shift(x, {a}, false);
     y = shifted - log(sum(exp(shifted), {a}, true));
   }
   return record("log_softmax", y, {x}, [y = y.detach(), a](const Tensor& g, Grads& r) {
@@ -158,7 +168,9 @@ Tensor log_softmax(const Tensor& x_in, int64_t axis) {
 }
 
 Tensor sum_to(const Tensor& x, const Shape& shape) {
-  if (x.shape() == shape) return x;
+  check_compute(x, "sum_to");
+  // The result has sum's dtype whether or not an axis is reduced.
+  if (x.shape() == shape) return cast(x, accumulate_type(x.dtype()));
   BRAID_CHECK(broadcast_shapes(shape, x.shape(), "sum_to") == x.shape(), "sum_to: shape ", shape_str(shape),
               " does not broadcast to ", shape_str(x.shape()));
   const size_t lead = x.shape().size() - shape.size();

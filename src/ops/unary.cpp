@@ -71,7 +71,9 @@ Tensor rsqrt(const Tensor& x) {
   return float_unary("rsqrt", UnaryOp::Rsqrt, x,
                      [](const Tensor& g, const Tensor&, const Tensor& y) { return g * -0.5 * y * y * y; });
 }
-Tensor square(const Tensor& x) {
+Tensor square(const Tensor& input) {
+  check_compute(input, "square");
+  Tensor x = input.dtype() == kBool ? cast(input, kInt64) : input;  // as x * x would
   return any_unary("square", UnaryOp::Square, x,
                    [](const Tensor& g, const Tensor& x, const Tensor&) { return g * 2.0 * x; });
 }
@@ -188,10 +190,16 @@ Tensor pow(const Tensor& x, double p) {
       p);
 }
 
-Tensor clamp(const Tensor& x, std::optional<double> lo, std::optional<double> hi) {
+Tensor clamp(const Tensor& input, std::optional<double> lo, std::optional<double> hi) {
   constexpr double inf = std::numeric_limits<double>::infinity();
   double a = lo.value_or(-inf), b = hi.value_or(inf);
   BRAID_CHECK(!(a > b), "clamp: min ", a, " is greater than max ", b);
+  check_compute(input, "clamp");
+  // The bounds are scalar operands: a fractional bound makes an integer tensor float32.
+  DType t = is_floating(input.dtype()) ? input.dtype() : input.dtype() == kBool ? kInt64 : input.dtype();
+  for (const std::optional<double>& bound : {lo, hi})
+    if (bound) t = promote_types(t, scalar_result_type(input.dtype(), *bound));
+  Tensor x = cast(input, t);
   return any_unary(
       "clamp", UnaryOp::Clamp, x,
       [a, b](const Tensor& g, const Tensor& x, const Tensor&) {
@@ -207,7 +215,10 @@ Tensor flat_unary(const char* name, UnaryOp op, const Tensor& x) {
 }
 }  // namespace
 
-Tensor sign(const Tensor& x) { return flat_unary("sign", UnaryOp::Sign, x); }
+Tensor sign(const Tensor& x) {
+  check_compute(x, "sign");
+  return x.dtype() == kBool ? x.clone() : flat_unary("sign", UnaryOp::Sign, x);
+}
 Tensor floor(const Tensor& x) { return flat_unary("floor", UnaryOp::Floor, x); }
 Tensor ceil(const Tensor& x) { return flat_unary("ceil", UnaryOp::Ceil, x); }
 Tensor round(const Tensor& x) { return flat_unary("round", UnaryOp::Round, x); }

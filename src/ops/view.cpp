@@ -76,8 +76,8 @@ Tensor reshape(const Tensor& x, const Shape& requested) {
 }
 
 Tensor flatten(const Tensor& x, int64_t start, int64_t end) {
+  int64_t s = normalize_axis_or_scalar(start, x.dim(), "flatten"), e = normalize_axis_or_scalar(end, x.dim(), "flatten");
   if (x.dim() == 0) return x.reshape({1});
-  int64_t s = normalize_axis(start, x.dim(), "flatten"), e = normalize_axis(end, x.dim(), "flatten");
   BRAID_CHECK(s <= e, "flatten: start axis ", start, " comes after end axis ", end);
   Shape shape(x.shape().begin(), x.shape().begin() + s);
   int64_t n = 1;
@@ -107,10 +107,11 @@ Tensor permute(const Tensor& x, const std::vector<int64_t>& order) {
 }
 
 Tensor transpose(const Tensor& x, int64_t a, int64_t b) {
+  int64_t na = normalize_axis_or_scalar(a, x.dim(), "transpose"), nb = normalize_axis_or_scalar(b, x.dim(), "transpose");
   if (x.dim() == 0) return x;
   std::vector<int64_t> order(x.dim());
   std::iota(order.begin(), order.end(), 0);
-  std::swap(order[normalize_axis(a, x.dim(), "transpose")], order[normalize_axis(b, x.dim(), "transpose")]);
+  std::swap(order[na], order[nb]);
   return permute(x, order);
 }
 
@@ -173,7 +174,7 @@ Tensor expand(const Tensor& x, const Shape& shape) {
 Tensor squeeze(const Tensor& x, std::optional<int64_t> axis) {
   Shape s;
   if (axis) {
-    int64_t a = normalize_axis(*axis, x.dim(), "squeeze");
+    int64_t a = normalize_axis_or_scalar(*axis, x.dim(), "squeeze");
     for (int64_t i = 0; i < x.dim(); ++i)
       if (i != a || x.shape()[i] != 1) s.push_back(x.shape()[i]);
   } else {
@@ -220,10 +221,18 @@ Tensor unaliased(const Tensor& src, const Tensor& dst) {
   backend_of(src).copy(src, copy);
   return copy;
 }
+// An in-place update keeps the dtype, so a scalar that would promote it (0.5 for an int64 tensor) is
+// refused rather than truncated, as PyTorch refuses it.
+void check_inplace_scalar(const Tensor& t, double v, const char* op) {
+  BRAID_CHECK_T(TypeError, is_floating(t.dtype()) || scalar_result_type(t.dtype(), v) == t.dtype(), op, ": scalar ",
+                v, " would make the result ", dtype_name(scalar_result_type(t.dtype(), v)), ", which cannot be "
+                "written back to a ", dtype_name(t.dtype()), " tensor in place");
+}
 }  // namespace
 
 Tensor& Tensor::fill_(double value) {
   check_inplace(*this, "fill_");
+  check_scalar_fits(value, dtype(), "fill_");
   backend_of(*this).fill(*this, value);
   return *this;
 }
@@ -242,8 +251,13 @@ Tensor& Tensor::copy_(const Tensor& src) {
 Tensor& Tensor::add_(const Tensor& other, double alpha) {
   check_inplace(*this, "add_");
   check_compute(*this, "add_");
+  check_inplace_scalar(*this, alpha, "add_");
   Tensor o = other;
-  if (alpha != 1.0) o = binary_raw(BinaryOp::Mul, other, scalar_tensor(alpha, other.dtype()), other.dtype(), other.dtype(), "add_");
+  if (alpha != 1.0) {
+    Tensor s = scalar_operand(other, alpha);
+    DType t = promote_types(other.dtype(), s.dtype());
+    o = binary_raw(BinaryOp::Mul, other, s, t, t, "add_");
+  }
   BRAID_CHECK(broadcast_shapes(o.shape(), shape(), "add_") == shape(), "add_: shape ", shape_str(o.shape()),
               " does not broadcast to ", shape_str(shape()));
   backend_of(*this).binary(BinaryOp::Add, *this, broadcast_view(cast_raw(unaliased(o, *this), dtype()), shape()), *this);
@@ -253,6 +267,7 @@ Tensor& Tensor::add_(const Tensor& other, double alpha) {
 Tensor& Tensor::mul_(double value) {
   check_inplace(*this, "mul_");
   check_compute(*this, "mul_");
+  check_inplace_scalar(*this, value, "mul_");
   backend_of(*this).binary(BinaryOp::Mul, *this, broadcast_view(scalar_tensor(value, dtype()), shape()), *this);
   return *this;
 }

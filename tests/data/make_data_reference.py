@@ -53,6 +53,8 @@ def main():
         ("f2_3", np.array([1.5, -2.0, 0.099975586], dtype="<f2"), "float16"),
         ("f8_scalar", np.array(3.5, dtype="<f8"), "float64"),
         ("f4_0x3", np.zeros((0, 3), dtype="<f4"), "float32"),
+        ("f8_2x0", np.zeros((2, 0)), "float64"),  # the zero-length axis need not be the first
+        ("i8_3x4x0", np.zeros((3, 4, 0), dtype="<i8"), "int64"),
         ("i4_2x1x3", np.arange(6, dtype="<i4").reshape(2, 1, 3), "int32"),
     ]
     for name, a, dtype in cases:

@@ -450,7 +450,8 @@ def binary_cases():
     bb = np.array([True, False, True])
     case("add/mixed/bool_int64").input(bb).input(bi).output(bb.astype(np.int64) + bi, "int64")
     case("add/mixed/float32_float64").input(bf).input(np.array([1e-10, 2.0, 3.0])).output(ref64(bf) + np.array([1e-10, 2.0, 3.0]), "float64")
-    case("add/bool/bool_gives_int64").input(bb).input(np.array([True, True, False])).output(np.array([2, 1, 1]), "int64")
+    # Two bools stay bool under add (logical or), as in PyTorch; sub of two bools is an error (test_errors).
+    case("add/bool/bool_gives_bool").input(bb).input(np.array([True, True, False])).output(np.array([True, True, True]), "bool")
 
     # Comparisons (bool output), mixed dtypes and NaN (every comparison with NaN is false but ne).
     for op, fn in COMPARE.items():

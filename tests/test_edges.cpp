@@ -1,0 +1,182 @@
+// The core's behaviour at the edges: 0-d tensors and axes, degenerate statistics, scalars that do
+// not fit an integer dtype, integer clamping, empty arrays, softmax over nothing, and the promotion
+// table in dtype.h. Expected values are PyTorch 1.13's (printed by hand from torch for each case)
+// or closed forms; the differential test (test_differential.cpp) covers the same ground at random.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "braid/braid.h"
+
+namespace braid {
+namespace {
+
+template <typename E, typename F>
+std::string error_of(F f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected an exception";
+  return "";
+}
+
+TEST(Edges, ZeroDimTensorHasNoAxisToSliceOrSplit) {
+  // torch: "narrow() cannot be applied to a 0-dim tensor", "split expects at least a 1-dimensional tensor".
+  const Tensor s = scalar_tensor(2.5);
+  const Tensor i0 = scalar_tensor(0, kInt64);
+  EXPECT_NE(error_of<IndexError>([&] { slice(s, 0, 0, 1); }).find("slice: a 0-d tensor has no axis 0"), std::string::npos);
+  EXPECT_NE(error_of<IndexError>([&] { narrow(s, -1, 0, 1); }).find("narrow"), std::string::npos);
+  EXPECT_NE(error_of<IndexError>([&] { s.select(0, 0); }).find("select"), std::string::npos);
+  EXPECT_NE(error_of<IndexError>([&] { split(s, {1}, 0); }).find("split"), std::string::npos);
+  EXPECT_NE(error_of<IndexError>([&] { chunk(s, 1, -1); }).find("chunk"), std::string::npos);
+  EXPECT_NE(error_of<IndexError>([&] { s.size(0); }).find("size"), std::string::npos);
+  // Out-of-range axes of a 0-d tensor (torch: "expected to be in range of [-1, 0], but got 7").
+  EXPECT_NE(error_of<IndexError>([&] { transpose(s, 0, 7); }).find("transpose: axis 7"), std::string::npos);
+  EXPECT_NE(error_of<IndexError>([&] { flatten(s, 0, 2); }).find("flatten: axis 2"), std::string::npos);
+  EXPECT_THROW(gather(s, 1, i0), IndexError);
+  EXPECT_THROW(sum(s, {1}), IndexError);
+}
+
+TEST(Edges, ZeroDimTensorActsAsOneAxisWhereTorchAllowsIt) {
+  const Tensor s = scalar_tensor(2.5);
+  // torch.gather(s, 0, tensor(0)) -> tensor(2.5); with index [0] -> tensor([2.5]).
+  Tensor g0 = gather(s, 0, scalar_tensor(0, kInt64));
+  EXPECT_EQ(g0.dim(), 0);
+  EXPECT_EQ(g0.item(), 2.5);
+  Tensor g1 = gather(s, -1, tensor(std::vector<int64_t>{0, 0}, {2}));
+  EXPECT_EQ(g1.shape(), Shape({2}));
+  EXPECT_EQ(g1.to_vector<float>(), std::vector<float>({2.5f, 2.5f}));
+  EXPECT_THROW(gather(s, 0, scalar_tensor(1, kInt64)), IndexError);
+  // torch.index_select(s, 0, tensor([0])) -> tensor(2.5), 0-d.
+  Tensor is = index_select(s, 0, tensor(std::vector<int64_t>{0}, {1}));
+  EXPECT_EQ(is.dim(), 0);
+  EXPECT_EQ(is.item(), 2.5);
+  // torch.zeros(()).scatter_add(0, tensor(0), tensor(1.)) -> tensor(1.).
+  Tensor sa = scatter_add(zeros({}), 0, scalar_tensor(0, kInt64), scalar_tensor(1.0));
+  EXPECT_EQ(sa.dim(), 0);
+  EXPECT_EQ(sa.item(), 1.0);
+  EXPECT_EQ(transpose(s, 0, -1).dim(), 0);
+  EXPECT_EQ(flatten(s, 0, -1).shape(), Shape({1}));
+  EXPECT_EQ(squeeze(s, 0).dim(), 0);
+  EXPECT_EQ(softmax(s, 0).item(), 1.0);
+  EXPECT_EQ(argmax(s, -1).item(), 0.0);
+  // The gradient flows through the 0-d gather: d/ds sum(gather(s, [0, 0])) = 2.
+  Tensor w = scalar_tensor(2.5);
+  w.set_requires_grad(true);
+  sum(gather(w, 0, tensor(std::vector<int64_t>{0, 0}, {2}))).backward();
+  EXPECT_EQ(w.grad().item(), 2.0);
+}
+
+TEST(Edges, VarianceWithTooFewElementsIsNaN) {
+  // torch.var(torch.zeros(0)) and torch.var(torch.ones(1)) are nan; so is correction 2 of one element.
+  for (const Tensor& x : {zeros({0}), ones({1}), zeros({0}, kFloat64)}) {
+    for (int64_t correction : {1, 2}) {
+      const double v = var(x, {}, correction).item(), s = braid::std(x, {}, correction).item();
+      EXPECT_TRUE(std::isnan(v)) << shape_str(x.shape()) << " correction " << correction << " gave " << v;
+      EXPECT_TRUE(std::isnan(s)) << shape_str(x.shape()) << " correction " << correction << " gave " << s;
+    }
+  }
+  // Per-row: rows of one element are nan, a row of two with correction 1 is the closed form.
+  Tensor rows = tensor(std::vector<double>{1.0, 3.0}, {1, 2});
+  EXPECT_EQ(var(rows, {1}).item(), 2.0);
+  EXPECT_TRUE(std::isnan(var(rows, {0}).to_vector<double>()[0]));
+  // n - correction < 0 with a non-zero sum is +inf (the divisor is clamped at 0, as in torch).
+  EXPECT_EQ(var(rows, {1}, 3).item(), std::numeric_limits<double>::infinity());
+}
+
+TEST(Edges, ScalarsThatDoNotFitAnIntegerDtypeActAsFloats) {
+  // torch: tensor([False, False, True]) + 1e30 -> float32 [1e30, 1e30, 1e30].
+  Tensor b = tensor_bool({false, false, true}, {3}) + 1e30;
+  EXPECT_EQ(b.dtype(), kFloat32);
+  EXPECT_EQ(b.to_vector<float>(), std::vector<float>(3, 1e30f));
+  // torch: tensor([1], dtype=int32) * 3e9 -> float32 [3e9].
+  Tensor m = tensor(std::vector<int32_t>{1}, {1}) * 3e9;
+  EXPECT_EQ(m.dtype(), kFloat32);
+  EXPECT_EQ(m.item(), 3e9);
+  // A whole number that fits keeps the integer dtype; bool with a whole number gives int64.
+  EXPECT_EQ((tensor(std::vector<int32_t>{1}, {1}) * 3.0).dtype(), kInt32);
+  EXPECT_EQ((tensor_bool({true}, {1}) + 2.0).dtype(), kInt64);
+  EXPECT_EQ((tensor(std::vector<int64_t>{1}, {1}) + 0.5).dtype(), kFloat32);
+  // Explicit fills refuse values out of range (torch: "value cannot be converted to type int64_t
+  // without overflow"); in-place updates refuse a scalar that would change the dtype.
+  EXPECT_NE(error_of<ValueError>([] { full({2}, 1e30, kInt64); }).find("full: value 1e+30"), std::string::npos);
+  EXPECT_THROW(full({2}, std::nan(""), kInt32), ValueError);
+  EXPECT_THROW(zeros({2}, kInt32).fill_(3e9), ValueError);
+  EXPECT_THROW(arange(0.0, 4e9, 1e9, kInt32), ValueError);  // its last value 3e9 is out of range
+  EXPECT_EQ(arange(0.0, 3e9, 1e9, kInt32).to_vector<int32_t>(), std::vector<int32_t>({0, 1000000000, 2000000000}));
+  EXPECT_EQ(full({1}, -2147483648.0, kInt32).item(), -2147483648.0);
+  EXPECT_EQ(full({1}, 2.9, kInt64).item(), 2.0);  // truncation toward zero, as torch.full
+  Tensor i = tensor(std::vector<int64_t>{4}, {1});
+  EXPECT_THROW(i.mul_(0.5), TypeError);
+  EXPECT_EQ(i.mul_(3.0).item(), 12.0);
+  // add with a fractional alpha on an integer operand computes in float (torch: b * alpha first).
+  Tensor f = add(zeros({1}), tensor(std::vector<int64_t>{3}, {1}), 0.5);
+  EXPECT_EQ(f.item(), 1.5);
+}
+
+TEST(Edges, ClampOfIntegersWithFractionalBoundsPromotes) {
+  // torch.clamp(tensor([-1, 3]), -0.5) -> float32 [-0.5, 3.]; with max=2 -> [-0.5, 2.].
+  const Tensor x = tensor(std::vector<int64_t>{-1, 3}, {2});
+  Tensor c = clamp(x, -0.5, std::nullopt);
+  EXPECT_EQ(c.dtype(), kFloat32);
+  EXPECT_EQ(c.to_vector<float>(), std::vector<float>({-0.5f, 3.0f}));
+  EXPECT_EQ(clamp(x, -0.5, 2.0).to_vector<float>(), std::vector<float>({-0.5f, 2.0f}));
+  // Whole bounds keep the dtype; bool is clamped as int64 (torch: clamp(bool, 0.5) -> float32).
+  Tensor k = clamp(x, 0.0, 2.0);
+  EXPECT_EQ(k.dtype(), kInt64);
+  EXPECT_EQ(k.to_vector<int64_t>(), std::vector<int64_t>({0, 2}));
+  Tensor bc = clamp(tensor_bool({true, false}, {2}), 0.5, std::nullopt);
+  EXPECT_EQ(bc.dtype(), kFloat32);
+  EXPECT_EQ(bc.to_vector<float>(), std::vector<float>({1.0f, 0.5f}));
+  // Deliberately unlike torch (which sets every element to max): min > max is an error.
+  EXPECT_THROW(clamp(zeros({2}), 3.0, 1.0), ValueError);
+}
+
+TEST(Edges, SoftmaxFamilyOverAZeroLengthAxis) {
+  // torch.softmax(zeros(2, 0), 1) is an empty (2, 0); torch.logsumexp(zeros(2, 0), 1) = [-inf, -inf].
+  EXPECT_EQ(softmax(zeros({2, 0}), 1).shape(), Shape({2, 0}));
+  EXPECT_EQ(log_softmax(zeros({2, 0}), -1).shape(), Shape({2, 0}));
+  Tensor l = logsumexp(zeros({2, 0}), {1});
+  EXPECT_EQ(l.shape(), Shape({2}));
+  EXPECT_EQ(l.to_vector<float>(), std::vector<float>(2, -std::numeric_limits<float>::infinity()));
+  EXPECT_EQ(logsumexp(zeros({0, 2}), {1}).shape(), Shape({0}));
+  // The max of nothing is still an error (torch: "Expected reduction dim 1 to have non-zero size").
+  EXPECT_THROW(amax(zeros({2, 0}), {1}), ValueError);
+  // Non-empty rows keep PyTorch's behaviour around infinities: a +inf element makes the row NaN in
+  // softmax (inf - inf), while logsumexp gives +inf.
+  Tensor r = tensor(std::vector<float>{std::numeric_limits<float>::infinity(), 0.0f}, {2});
+  EXPECT_TRUE(std::isnan(softmax(r, 0).to_vector<float>()[1]));
+  EXPECT_EQ(logsumexp(r, {0}).item(), std::numeric_limits<double>::infinity());
+}
+
+TEST(Edges, PromotionFollowsTheTableInDtypeH) {
+  const Tensor t = tensor_bool({true, false}, {2}), f = tensor_bool({true, true}, {2});
+  // torch: bool + bool and bool * bool stay bool; maximum/minimum of bools are bool.
+  EXPECT_EQ((t + f).dtype(), kBool);
+  EXPECT_EQ((t + f).to_vector<int64_t>(), std::vector<int64_t>({1, 1}));
+  EXPECT_EQ((t * f).to_vector<int64_t>(), std::vector<int64_t>({1, 0}));
+  EXPECT_EQ(maximum(t, f).dtype(), kBool);
+  EXPECT_EQ(minimum(t, f).to_vector<int64_t>(), std::vector<int64_t>({1, 0}));
+  EXPECT_EQ((t / f).dtype(), kFloat32);
+  EXPECT_NE(error_of<TypeError>([&] { sub(t, f); }).find("logical_xor"), std::string::npos);
+  EXPECT_THROW(pow(t, f), TypeError);
+  // square of bool gives int64 (torch.square(tensor([True])) -> tensor([1])); sign of bool stays bool.
+  EXPECT_EQ(square(t).dtype(), kInt64);
+  EXPECT_EQ(sign(t).dtype(), kBool);
+  // sum_to has sum's dtype whether or not anything is reduced.
+  EXPECT_EQ(sum_to(t, {2}).dtype(), kInt64);
+  EXPECT_EQ(sum_to(t, {1}).dtype(), kInt64);
+  EXPECT_EQ(sum_to(tensor(std::vector<int32_t>{1, 2}, {2}), {2}).dtype(), kInt64);
+  EXPECT_EQ(sum_to(zeros({2}), {2}).dtype(), kFloat32);
+  // Tensor-tensor promotion looks at dtypes only, also for 0-d tensors (deliberately unlike torch).
+  EXPECT_EQ((tensor(std::vector<int32_t>{1}, {1}) + scalar_tensor(5, kInt64)).dtype(), kInt64);
+  EXPECT_EQ(promote_types(kBool, kInt32), kInt32);
+  EXPECT_EQ(promote_types(kInt64, kFloat32), kFloat32);
+  EXPECT_EQ(promote_types(kFloat16, kBFloat16), kFloat32);
+}
+
+}  // namespace
+}  // namespace braid
