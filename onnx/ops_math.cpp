@@ -198,6 +198,9 @@ void register_math_ops(OpRegistry& r) {
       if (hi) y = minimum(y, scalar_tensor(*hi, x.dtype()));
       return Tensors{y};
     }
+    if (!lo && !hi) return Tensors{x};
+    // ONNX sets every element to max when min > max, which braid's clamp refuses: bound in turn.
+    if (lo && hi && *lo > *hi) return Tensors{clamp(clamp(x, lo, std::nullopt), std::nullopt, hi)};
     return Tensors{clamp(x, lo, hi)};
   }));
 

@@ -43,14 +43,17 @@ bool is_compute_type(DType t);
 //
 //   op                                      | bool, bool | int, int   | int, float | float, float
 //   add, mul, maximum, minimum, where       | bool       | promoted   | float      | promoted
-//   sub, pow                                | TypeError  | promoted   | float      | promoted
+//   pow                                     | TypeError  | promoted   | float      | promoted
 //   div (true division)                     | float32    | float32    | float      | promoted
 //   eq ne lt le gt ge, logical_*            | bool       | bool       | bool       | bool
+//   sub refuses a bool operand on either side (use logical_not or logical_xor), as PyTorch does.
 //
 // One tensor: neg, abs and relu refuse bool; abs, neg, relu, sign, floor, ceil, round, square and
 // clamp keep an integer dtype (square of bool gives int64; sign of bool stays bool); the floating
-// functions (exp, log, sqrt, sin, tanh, sigmoid, erf, gelu, pow(x, double), ...) turn integer and
-// bool input into float32. sum and prod of integer or bool give int64, as does sum_to (also when
+// functions (exp, log, sqrt, sin, tanh, sigmoid, erf, gelu, ...) turn integer and bool input into
+// float32; pow(x, double) follows the scalar rule (x ** 2 stays integer, x ** 0.5 is float32), and
+// integers to negative integer powers are an error, as in NumPy (*: PyTorch computes them when
+// the exponent is a tensor and refuses them when it is a scalar). sum and prod of integer or bool give int64, as does sum_to (also when
 // nothing is summed); amax/amin keep the dtype; argmax/argmin give int64. mean, var, std,
 // logsumexp, softmax and log_softmax turn integer and bool input into float32 (*: PyTorch refuses
 // integer input to these). full and fill_ truncate a scalar toward zero and throw when it is out of
@@ -86,7 +89,7 @@ using Shape = std::vector<int64_t>;
 
 /// "[2, 3]".
 std::string shape_str(const Shape& s);
-/// Number of elements; throws ValueError on a negative size or overflow.
-int64_t shape_numel(const Shape& s);
+/// Number of elements; throws ValueError (naming op when given) on a negative size or overflow.
+int64_t shape_numel(const Shape& s, const char* op = nullptr);
 
 }  // namespace braid

@@ -71,6 +71,7 @@ Tensor silu(const Tensor& x);
 Tensor hardsigmoid(const Tensor& x, double alpha = 1.0 / 6.0, double beta = 0.5);
 /// x hardsigmoid(x), as MobileNetV3 uses it.
 Tensor hardswish(const Tensor& x);
+/// log(1 + exp(x)) for every x (PyTorch returns x itself above its threshold of 20).
 Tensor softplus(const Tensor& x);
 /// approximate: "none" (exact, with erf) or "tanh".
 Tensor gelu(const Tensor& x, const std::string& approximate = "none");
@@ -80,10 +81,11 @@ Tensor asin(const Tensor& x);
 Tensor acos(const Tensor& x);
 Tensor atan(const Tensor& x);
 Tensor pow(const Tensor& x, double exponent);
-/// Either bound may be absent. The bounds are scalar operands (Note [Type promotion] in dtype.h): a
+/// Either bound may be absent, not both (as in PyTorch). The bounds are scalar operands (Note [Type promotion] in dtype.h): a
 /// fractional bound makes an integer tensor float32. min > max is an error, where PyTorch sets every
 /// element to max: such bounds are almost always a mistake in the caller, and no result is right.
 Tensor clamp(const Tensor& x, std::optional<double> min, std::optional<double> max);
+/// -1, 0 or 1; NaN stays NaN, as in NumPy (PyTorch 1.13 gives 0); bool stays bool.
 Tensor sign(const Tensor& x);
 Tensor floor(const Tensor& x);
 Tensor ceil(const Tensor& x);
@@ -131,7 +133,8 @@ Tensor log_softmax(const Tensor& x, int64_t axis);
 Tensor sum_to(const Tensor& x, const Shape& shape);
 
 // ---- linear algebra ----
-/// 1-d, 2-d and batched (broadcast batch axes) matrix product, as numpy.matmul.
+/// 1-d, 2-d and batched (broadcast batch axes) matrix product, as numpy.matmul. Operands of
+/// different dtypes are promoted as in add (PyTorch requires equal dtypes); bool is refused.
 Tensor matmul(const Tensor& a, const Tensor& b);
 
 // ---- shape and indexing ----
@@ -152,14 +155,19 @@ Tensor stack(const std::vector<Tensor>& xs, int64_t axis);
 std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, int64_t axis);
 /// n pieces of equal size (the last may be smaller), as torch.chunk.
 std::vector<Tensor> chunk(const Tensor& x, int64_t n, int64_t axis);
+// In gather, index_select and scatter_add a negative index counts from the end of the axis, as in
+// Python and NumPy (PyTorch refuses it); an index out of [-size, size) is an IndexError.
 /// out[i][j] = x[index[i][j]][j] for axis 0 (torch.gather).
 Tensor gather(const Tensor& x, int64_t axis, const Tensor& index);
 /// Rows of x along axis chosen by the 1-d index.
 Tensor index_select(const Tensor& x, int64_t axis, const Tensor& index);
-/// A copy of x with src added at index along axis (torch.scatter_add).
+/// A copy of x with src (of x's dtype) added at index along axis (torch.scatter_add).
 Tensor scatter_add(const Tensor& x, int64_t axis, const Tensor& index, const Tensor& src);
 /// Pads with pairs (before, after) for the last axes, innermost pair first as torch.nn.functional.pad.
-/// mode: "constant", "reflect" or "replicate".
+/// mode: "constant", "reflect" or "replicate", for any dtype and rank (PyTorch's reflect and
+/// replicate take float tensors of rank 2 to 5). A negative constant pad crops; out[j] is
+/// x[j - before] or value, for any non-negative result size (PyTorch crops before it pads, so it
+/// refuses a crop larger than the axis even when the other side's pad makes up for it).
 Tensor pad(const Tensor& x, const std::vector<int64_t>& pads, const std::string& mode = "constant", double value = 0.0);
 /// One-hot rows of num_classes for integer labels (num_classes -1: max label + 1).
 Tensor one_hot(const Tensor& labels, int64_t num_classes = -1, DType dtype = kInt64);

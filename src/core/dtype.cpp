@@ -90,11 +90,12 @@ std::string shape_str(const Shape& s) {
   return out + "]";
 }
 
-int64_t shape_numel(const Shape& s) {
+int64_t shape_numel(const Shape& s, const char* op) {
+  const std::string who = op != nullptr ? std::string(op) + ": shape " : "shape ";
   int64_t n = 1;
   for (int64_t d : s) {
-    BRAID_CHECK(d >= 0, "shape ", shape_str(s), " has a negative size");
-    BRAID_CHECK(d == 0 || n <= std::numeric_limits<int64_t>::max() / d, "shape ", shape_str(s),
+    BRAID_CHECK(d >= 0, who, shape_str(s), " has a negative size");
+    BRAID_CHECK(d == 0 || n <= std::numeric_limits<int64_t>::max() / d, who, shape_str(s),
                 " has more elements than fit in int64");
     n *= d;
   }

@@ -31,9 +31,8 @@ DType arith_type(const Tensor& a, const Tensor& b, const char* op, bool true_div
   check_compute(b, op);
   DType t = promote_types(a.dtype(), b.dtype());
   if (true_div && !is_floating(t)) t = kFloat32;
-  const std::string_view name = op;
-  BRAID_CHECK_T(TypeError, t != kBool || (name != "sub" && name != "pow"), op,
-                ": not defined for two bool tensors", name == "sub" ? "; use logical_xor" : "; cast one to int64 first");
+  BRAID_CHECK_T(TypeError, t != kBool || std::string_view(op) != "pow", op,
+                ": not defined for two bool tensors; cast one to int64 first");
   return t;
 }
 
@@ -59,6 +58,11 @@ Tensor add(const Tensor& a, const Tensor& b, double alpha) {
 }
 
 Tensor sub(const Tensor& a, const Tensor& b, double alpha) {
+  check_compute(a, "sub");
+  check_compute(b, "sub");
+  BRAID_CHECK_T(TypeError, a.dtype() != kBool && b.dtype() != kBool, "sub: not defined for bool tensors (",
+                dtype_name(a.dtype()), " - ", dtype_name(b.dtype()), "); to invert a mask use logical_not, to compare "
+                "two masks logical_xor");
   if (alpha != 1.0) return sub(a, mul(b, scalar_operand(b, alpha)));
   return arith("sub", BinaryOp::Sub, a, b, [](const Tensor& g, const Tensor&, const Tensor&, const Tensor&, Grads& r) {
     r.set(0, g);

@@ -8,9 +8,13 @@ namespace braid {
 
 using namespace detail;
 
-Tensor empty(const Shape& shape, DType dtype, Device device) { return new_tensor(shape, dtype, device); }
+Tensor empty(const Shape& shape, DType dtype, Device device) {
+  shape_numel(shape, "empty");
+  return new_tensor(shape, dtype, device);
+}
 
 Tensor full(const Shape& shape, double value, DType dtype, Device device) {
+  shape_numel(shape, "full");
   check_scalar_fits(value, dtype, "full");
   Tensor t = new_tensor(shape, dtype, device);
   backend_of(t).fill(t, value);
@@ -58,6 +62,7 @@ Tensor eye(int64_t n, DType dtype) {
 }
 
 Tensor from_buffer(const void* data, const Shape& shape, DType dtype) {
+  shape_numel(shape, "from_buffer");
   Tensor t = new_tensor(shape, dtype);
   int64_t bytes = t.numel() * dtype_size(dtype);
   BRAID_CHECK(data != nullptr || bytes == 0, "from_buffer: null data for shape ", shape_str(shape));
@@ -66,7 +71,7 @@ Tensor from_buffer(const void* data, const Shape& shape, DType dtype) {
 }
 
 Tensor from_blob(void* data, const Shape& shape, DType dtype) {
-  int64_t bytes = shape_numel(shape) * dtype_size(dtype);
+  int64_t bytes = shape_numel(shape, "from_blob") * dtype_size(dtype);
   return make_tensor(Storage::wrap(data, bytes), shape, contiguous_strides(shape), 0, dtype);
 }
 
@@ -96,6 +101,7 @@ Tensor draw(RandomKind kind, const Shape& shape, DType dtype, Generator* gen, do
                 op, ": unsupported dtype ", dtype_name(dtype));
   Generator& g = gen ? *gen : default_generator();
   DType compute = is_compute_type(dtype) ? dtype : kFloat32;
+  shape_numel(shape, op);
   Tensor t = new_tensor(shape, compute);
   uint64_t counter = g.advance(static_cast<uint64_t>(t.numel()));
   backend_of(t).random(kind, t, g.seed(), counter, a, b);

@@ -65,6 +65,8 @@ Tensor index_select(const Tensor& x, int64_t axis, const Tensor& index) {
 Tensor scatter_add(const Tensor& x, int64_t axis, const Tensor& index, const Tensor& src) {
   check_compute(x, "scatter_add");
   check_compute(src, "scatter_add");
+  BRAID_CHECK_T(TypeError, src.dtype() == x.dtype(), "scatter_add: src is ", dtype_name(src.dtype()), " but the input is ",
+                dtype_name(x.dtype()), "; cast src first (the sum would otherwise be rounded silently)");
   int64_t a = normalize_axis_or_scalar(axis, x.dim(), "scatter_add");
   if (x.dim() == 0) {  // as one axis of size 1 (Note [Axes of a 0-d tensor])
     BRAID_CHECK(index.dim() <= 1 && src.dim() <= 1, "scatter_add: index and src of a 0-d input must be 0-d or 1-d, got ",

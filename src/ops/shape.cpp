@@ -80,7 +80,7 @@ std::vector<Tensor> chunk(const Tensor& x, int64_t n, int64_t axis) {
   int64_t size = x.shape()[a], step = (size + n - 1) / n;
   std::vector<int64_t> sizes;
   for (int64_t at = 0; at < size; at += step) sizes.push_back(std::min(step, size - at));
-  if (sizes.empty()) sizes.push_back(0);
+  if (size == 0) sizes.assign(n, 0);  // n empty pieces, as torch.chunk
   return split(x, sizes, a);
 }
 
@@ -130,8 +130,10 @@ Tensor pad(const Tensor& x, const std::vector<int64_t>& pads, const std::string&
     out_shape[axis] += before + after;
     BRAID_CHECK(out_shape[axis] >= 0, "pad: pads (", before, ", ", after, ") leave axis ", axis, " of shape ",
                 shape_str(x.shape()), " with negative size");
-    int64_t crop_lo = std::max<int64_t>(0, -before), crop_hi = std::max<int64_t>(0, -after);
-    src = src.narrow(axis, crop_lo, std::max<int64_t>(0, x.shape()[axis] - crop_lo - crop_hi));
+    // Crops (negative pads) are clamped to the axis: cropping an empty axis leaves it empty.
+    const int64_t n = x.shape()[axis];
+    int64_t crop_lo = std::min(n, std::max<int64_t>(0, -before)), crop_hi = std::max<int64_t>(0, -after);
+    src = src.narrow(axis, crop_lo, std::max<int64_t>(0, n - crop_lo - crop_hi));
     dst_start[axis] = std::max<int64_t>(0, before);
   }
   Tensor out = full(out_shape, value, x.dtype(), x.device());

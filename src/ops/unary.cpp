@@ -182,6 +182,14 @@ Tensor gelu(const Tensor& input, const std::string& approximate) {
 }
 
 Tensor pow(const Tensor& x, double p) {
+  // The exponent is a scalar operand: a whole one keeps integer input integer (x ** 2), as PyTorch's
+  // Python int exponent does.
+  check_compute(x, "pow");
+  if (!is_floating(x.dtype()) && !is_floating(scalar_result_type(x.dtype(), p))) {
+    BRAID_CHECK(p >= 0, "pow: integers to negative integer powers are not allowed (", dtype_name(x.dtype()), " ** ", p,
+                "); use a float exponent or cast the tensor to float");
+    return pow(x, scalar_operand(x, p));
+  }
   return float_unary(
       "pow", UnaryOp::PowScalar, x,
       [p](const Tensor& g, const Tensor& x, const Tensor&) {
@@ -193,6 +201,7 @@ Tensor pow(const Tensor& x, double p) {
 Tensor clamp(const Tensor& input, std::optional<double> lo, std::optional<double> hi) {
   constexpr double inf = std::numeric_limits<double>::infinity();
   double a = lo.value_or(-inf), b = hi.value_or(inf);
+  BRAID_CHECK(lo || hi, "clamp: at least one of min and max must be given");
   BRAID_CHECK(!(a > b), "clamp: min ", a, " is greater than max ", b);
   check_compute(input, "clamp");
   // The bounds are scalar operands: a fractional bound makes an integer tensor float32.

@@ -162,7 +162,10 @@ void float_unary(UnaryOp op, const StridedLoop& loop, double p0d, double p1d) {
       return map_unary<T, T>(loop, [](T x) { return std::nearbyint(x); });  // half to even
     case UnaryOp::PowScalar:
       if (p0d == 2) return map_unary<T, T>(loop, [](T x) { return x * x; });
+      // x^0.5 and x^-0.5 are sqrt and its reciprocal, as in PyTorch (they differ from C's pow at
+      // -inf and -0.0: sqrt(-inf) is NaN where pow gives +inf).
       if (p0d == 0.5) return map_unary<T, T>(loop, [](T x) { return std::sqrt(x); });
+      if (p0d == -0.5) return map_unary<T, T>(loop, [](T x) { return T(1) / std::sqrt(x); });
       if (p0d == 1) return map_unary<T, T>(loop, [](T x) { return x; });
       if (p0d == -1) return map_unary<T, T>(loop, [](T x) { return T(1) / x; });
       return map_unary<T, T>(loop, [p0](T x) { return std::pow(x, p0); });
