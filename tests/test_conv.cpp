@@ -440,8 +440,10 @@ TEST(ConvErrors, PoolingArguments) {
                            "max_pool2d: window 0 along axis 2 covers only padding");
   expect_error<ValueError>([] { max_pool2d(zeros({1, 1, 4, 4}), {0, 2}); },
                            "max_pool2d: kernel_size must be positive");
-  expect_error<ValueError>([] { adaptive_avg_pool2d(zeros({1, 1, 4, 4}), {0, 2}); },
-                           "adaptive_avg_pool2d: output_size must be positive, got [0, 2]");
+  expect_error<ValueError>([] { adaptive_avg_pool2d(zeros({1, 1, 4, 4}), {-1, 2}); },
+                           "adaptive_avg_pool2d: output_size must be non-negative, got [-1, 2]");
+  // An output size of 0 gives an empty result, as in PyTorch.
+  EXPECT_EQ(adaptive_avg_pool2d(zeros({1, 1, 4, 4}), {0, 2}).shape(), Shape({1, 1, 0, 2}));
 }
 
 }  // namespace

@@ -50,6 +50,12 @@ TEST(Edges, ZeroDimTensorActsAsOneAxisWhereTorchAllowsIt) {
   EXPECT_EQ(g1.shape(), Shape({2}));
   EXPECT_EQ(g1.to_vector<float>(), std::vector<float>({2.5f, 2.5f}));
   EXPECT_THROW(gather(s, 0, scalar_tensor(1, kInt64)), IndexError);
+  // A 0-d index into a 1-d input picks one element (torch.gather(tensor([1., 2.]), 0, tensor(1)) -> tensor(2.)).
+  Tensor g2 = gather(tensor(std::vector<float>{1, 2}, {2}), 0, scalar_tensor(1, kInt64));
+  EXPECT_EQ(g2.dim(), 0);
+  EXPECT_EQ(g2.item(), 2.0);
+  EXPECT_EQ(scatter_add(zeros({2}), 0, scalar_tensor(1, kInt64), scalar_tensor(3.0)).to_vector<float>(),
+            std::vector<float>({0.0f, 3.0f}));
   // torch.index_select(s, 0, tensor([0])) -> tensor(2.5), 0-d.
   Tensor is = index_select(s, 0, tensor(std::vector<int64_t>{0}, {1}));
   EXPECT_EQ(is.dim(), 0);

@@ -62,8 +62,9 @@ bool is_compute_type(DType t);
 
 /// The type two tensor operands of a binary op are computed in (Note [Type promotion]).
 DType promote_types(DType a, DType b);
-/// Whether v converts to t without overflow: always for floating types and bool; for integer types
-/// a finite value whose truncation toward zero is in range.
+/// Whether v converts to t without overflow: always for bool and float64, and for NaN and infinities
+/// in the other floating types, which otherwise need |v| up to their largest finite value; for
+/// integer types a finite value whose truncation toward zero is in range.
 bool scalar_fits(double v, DType t);
 /// The dtype a tensor of dtype t and the scalar v compute in (Note [Type promotion]).
 DType scalar_result_type(DType t, double v);

@@ -60,7 +60,11 @@ DType promote_types(DType a, DType b) {
 }
 
 bool scalar_fits(double v, DType t) {
-  if (is_floating(t) || t == DType::Bool) return true;
+  if (t == DType::Bool || t == DType::Float64 || !std::isfinite(v)) return t == DType::Bool || is_floating(t);
+  if (is_floating(t)) {  // a finite value beyond the type's largest (as PyTorch's checked conversion)
+    const double max = t == DType::Float32 ? std::numeric_limits<float>::max() : t == DType::Float16 ? 65504.0 : 3.3895313892515355e38;
+    return std::fabs(v) <= max;
+  }
   if (!std::isfinite(v)) return false;
   // Conversion truncates toward zero; the bounds are exact powers of two.
   const double lo = t == DType::Int32 ? -2147483648.0 : -9223372036854775808.0;

@@ -94,6 +94,9 @@ int64_t Tensor::numel() const {
 int64_t Tensor::size(int64_t axis) const { return shape()[detail::normalize_axis(axis, dim(), "size")]; }
 
 bool Tensor::is_contiguous() const {
+  // An empty tensor has no element out of place (and a fresh one with a zero-size inner axis has
+  // outer strides that the loop below would not expect).
+  if (numel() == 0) return true;
   int64_t expected = 1;
   for (size_t i = impl().shape.size(); i-- > 0;) {
     if (impl().shape[i] == 1) continue;

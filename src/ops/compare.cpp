@@ -32,12 +32,14 @@ Tensor logical_or(const Tensor& a, const Tensor& b) { return logical("logical_or
 Tensor logical_xor(const Tensor& a, const Tensor& b) { return logical("logical_xor", BinaryOp::Xor, a, b); }
 
 bool allclose(const Tensor& a, const Tensor& b, double rtol, double atol) {
+  BRAID_CHECK(rtol >= 0 && atol >= 0, "allclose: rtol and atol must be non-negative, got ", rtol, " and ", atol);
   broadcast_shapes(a.shape(), b.shape(), "allclose");
   std::vector<double> va = expand(a, broadcast_shapes(a.shape(), b.shape())).to_vector<double>();
   std::vector<double> vb = expand(b, broadcast_shapes(a.shape(), b.shape())).to_vector<double>();
   for (size_t i = 0; i < va.size(); ++i) {
     if (std::isnan(va[i]) || std::isnan(vb[i])) return false;
     if (va[i] == vb[i]) continue;  // equal infinities
+    if (std::isinf(va[i]) || std::isinf(vb[i])) return false;  // an infinite difference is never close
     if (!(std::fabs(va[i] - vb[i]) <= atol + rtol * std::fabs(vb[i]))) return false;
   }
   return true;

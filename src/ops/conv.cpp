@@ -55,6 +55,9 @@ void check_conv(const char* op, const Tensor& x, const Tensor& w, const Tensor& 
   BRAID_CHECK(x.dim() == spatial + 2, op, ": expected a ", spatial + 1, "-d (C, ", dims, ") or ", spatial + 2,
               "-d (N, C, ", dims, ") input, got shape ", shape_str(x.shape()));
   BRAID_CHECK(w.dim() == spatial + 2, op, ": expected a ", spatial + 2, "-d weight, got shape ", shape_str(w.shape()));
+  for (int64_t d = 2; d < x.dim(); ++d)
+    BRAID_CHECK(x.shape()[d] > 0, op, ": input shape ", shape_str(x.shape()), " has an empty spatial axis ", d,
+                " (padding does not make up for it, as in PyTorch)");
   BRAID_CHECK_T(TypeError, x.dtype() == w.dtype(), op, ": input is ", dtype_name(x.dtype()), " but weight is ",
                 dtype_name(w.dtype()), "; cast one to the other's dtype");
   check_same_device(x, w, op);
@@ -230,13 +233,18 @@ void check_pool_input(const Tensor& x, const char* op) {
 }
 
 // (out, in) matrix whose row i averages PyTorch's adaptive window [floor(i in / out), ceil((i+1) in / out)).
-Tensor adaptive_matrix(int64_t out, int64_t in, DType dtype) {
-  std::vector<double> m(static_cast<size_t>(out * in), 0.0);
+// The mean of each window [floor(i n / out), ceil((i + 1) n / out)) of one axis, side by side. The
+// windows are separable, so two of these pool a plane; each window is its own mean, so an infinity
+// reaches only the outputs whose window holds it.
+Tensor adaptive_mean(const Tensor& x, int64_t axis, int64_t out) {
+  const int64_t n = x.size(axis);
+  if (out == 0) return x.narrow(axis, 0, 0);
+  std::vector<Tensor> parts;
   for (int64_t i = 0; i < out; ++i) {
-    const int64_t begin = i * in / out, end = ((i + 1) * in + out - 1) / out;
-    for (int64_t j = begin; j < end; ++j) m[static_cast<size_t>(i * in + j)] = 1.0 / static_cast<double>(end - begin);
+    const int64_t begin = i * n / out, end = ((i + 1) * n + out - 1) / out;
+    parts.push_back(mean(x.narrow(axis, begin, end - begin), {axis}, true));
   }
-  return cast(tensor(m, {out, in}), dtype);
+  return concat(parts, axis);
 }
 
 }  // namespace
@@ -361,13 +369,13 @@ Tensor adaptive_avg_pool2d(const Tensor& x, const std::vector<int64_t>& output_s
   BRAID_CHECK(x.dim() == 3 || x.dim() == 4, op, ": expected a 3-d (C, H, W) or 4-d (N, C, H, W) input, got shape ",
               shape_str(x.shape()));
   const std::vector<int64_t> size = per_axis(output_size, 2, op, "output_size");
-  check_positive(size, op, "output_size");
+  BRAID_CHECK(size[0] >= 0 && size[1] >= 0, op, ": output_size must be non-negative, got ", shape_str(size));
   const int64_t h = x.size(-2), w = x.size(-1);
   BRAID_CHECK(h > 0 && w > 0, op, ": input shape ", shape_str(x.shape()), " has an empty plane");
-  // Equal windows are plain average pooling; otherwise the windows overlap or vary in size, and
-  // the pooling is the product of an averaging matrix on each side.
-  if (h % size[0] == 0 && w % size[1] == 0) return avg_pool2d(x, {h / size[0], w / size[1]});
-  return matmul(matmul(adaptive_matrix(size[0], h, x.dtype()), x), adaptive_matrix(size[1], w, x.dtype()).mT());
+  // Equal windows are plain average pooling; otherwise the windows overlap or vary in size.
+  if (size[0] > 0 && size[1] > 0 && h % size[0] == 0 && w % size[1] == 0)
+    return avg_pool2d(x, {h / size[0], w / size[1]});
+  return adaptive_mean(adaptive_mean(x, -2, size[0]), -1, size[1]);
 }
 
 }  // namespace braid

@@ -25,10 +25,10 @@ Tensor gather_raw(const Tensor& x, int64_t a, const Tensor& idx) {
 Tensor gather(const Tensor& x, int64_t axis, const Tensor& index) {
   check_compute(x, "gather");
   int64_t a = normalize_axis_or_scalar(axis, x.dim(), "gather");
-  if (x.dim() == 0) {  // as one axis of size 1 (Note [Axes of a 0-d tensor])
-    BRAID_CHECK(index.dim() <= 1, "gather: index of a 0-d input must be 0-d or 1-d, got shape ", shape_str(index.shape()));
-    return gather(x.reshape({1}), 0, index.reshape({-1})).reshape(index.shape());
-  }
+  // A 0-d input or index stands for one of size 1 when the other is at most 1-d (Note [Axes of a
+  // 0-d tensor]); PyTorch reads them so.
+  if (x.dim() <= 1 && index.dim() <= 1 && (x.dim() == 0 || index.dim() == 0))
+    return gather(x.reshape({-1}), 0, index.reshape({-1})).reshape(index.shape());
   check_index_shape(x, a, index, "gather");
   Tensor idx = checked_index(index, x.shape()[a], "gather", axis);
   Tensor out = gather_raw(x, a, idx);
@@ -68,11 +68,8 @@ Tensor scatter_add(const Tensor& x, int64_t axis, const Tensor& index, const Ten
   BRAID_CHECK_T(TypeError, src.dtype() == x.dtype(), "scatter_add: src is ", dtype_name(src.dtype()), " but the input is ",
                 dtype_name(x.dtype()), "; cast src first (the sum would otherwise be rounded silently)");
   int64_t a = normalize_axis_or_scalar(axis, x.dim(), "scatter_add");
-  if (x.dim() == 0) {  // as one axis of size 1 (Note [Axes of a 0-d tensor])
-    BRAID_CHECK(index.dim() <= 1 && src.dim() <= 1, "scatter_add: index and src of a 0-d input must be 0-d or 1-d, got ",
-                shape_str(index.shape()), " and ", shape_str(src.shape()));
-    return scatter_add(x.reshape({1}), 0, index.reshape({-1}), src.reshape({-1})).reshape({});
-  }
+  if (x.dim() <= 1 && index.dim() <= 1 && src.dim() <= 1 && (x.dim() == 0 || index.dim() == 0))
+    return scatter_add(x.reshape({-1}), 0, index.reshape({-1}), src.reshape({-1})).reshape(x.shape());
   BRAID_CHECK(index.shape() == src.shape() || index.dim() == src.dim(), "scatter_add: index shape ",
               shape_str(index.shape()), " and src shape ", shape_str(src.shape()), " differ");
   for (int64_t d = 0; d < index.dim(); ++d)

@@ -221,12 +221,22 @@ Tensor unaliased(const Tensor& src, const Tensor& dst) {
   backend_of(src).copy(src, copy);
   return copy;
 }
-// An in-place update keeps the dtype, so a scalar that would promote it (0.5 for an int64 tensor) is
-// refused rather than truncated, as PyTorch refuses it.
-void check_inplace_scalar(const Tensor& t, double v, const char* op) {
-  BRAID_CHECK_T(TypeError, is_floating(t.dtype()) || scalar_result_type(t.dtype(), v) == t.dtype(), op, ": scalar ",
-                v, " would make the result ", dtype_name(scalar_result_type(t.dtype(), v)), ", which cannot be "
-                "written back to a ", dtype_name(t.dtype()), " tensor in place");
+// An in-place update keeps the dtype, so a result of a higher kind (float into an integer tensor,
+// an integer into bool: x.mul_(0.5) on int64) is refused rather than truncated, as PyTorch does.
+int kind(DType t) { return t == kBool ? 0 : is_floating(t) ? 2 : 1; }
+void check_result_kind(const Tensor& t, DType result, const char* op) {
+  BRAID_CHECK_T(TypeError, kind(result) <= kind(t.dtype()), op, ": the result is ", dtype_name(result),
+                ", which cannot be written back to a ", dtype_name(t.dtype()), " tensor in place");
+}
+
+// Writing into a view whose elements share memory (an expanded axis has stride 0) would update one
+// element several times, so it is refused, as PyTorch refuses it (fill_ writes one value, so it may).
+void check_no_overlap(const Tensor& t, const char* op) {
+  if (t.numel() == 0) return;
+  for (int64_t d = 0; d < t.dim(); ++d)
+    BRAID_CHECK(t.shape()[d] <= 1 || t.strides()[d] != 0, op, ": axis ", d, " of the written tensor (shape ",
+                shape_str(t.shape()), ", strides ", shape_str(t.strides()), ") repeats one element (an expanded "
+                "view); write into a copy (contiguous()) instead");
 }
 }  // namespace
 
@@ -241,6 +251,7 @@ Tensor& Tensor::zero_() { return fill_(0.0); }
 
 Tensor& Tensor::copy_(const Tensor& src) {
   check_inplace(*this, "copy_");
+  check_no_overlap(*this, "copy_");
   check_same_device(*this, src, "copy_");
   BRAID_CHECK(broadcast_shapes(src.shape(), shape(), "copy_") == shape(), "copy_: source shape ",
               shape_str(src.shape()), " does not broadcast to destination shape ", shape_str(shape()));
@@ -251,13 +262,15 @@ Tensor& Tensor::copy_(const Tensor& src) {
 Tensor& Tensor::add_(const Tensor& other, double alpha) {
   check_inplace(*this, "add_");
   check_compute(*this, "add_");
-  check_inplace_scalar(*this, alpha, "add_");
+  check_compute(other, "add_");
+  check_no_overlap(*this, "add_");
   Tensor o = other;
   if (alpha != 1.0) {
     Tensor s = scalar_operand(other, alpha);
     DType t = promote_types(other.dtype(), s.dtype());
     o = binary_raw(BinaryOp::Mul, other, s, t, t, "add_");
   }
+  check_result_kind(*this, promote_types(dtype(), o.dtype()), "add_");
   BRAID_CHECK(broadcast_shapes(o.shape(), shape(), "add_") == shape(), "add_: shape ", shape_str(o.shape()),
               " does not broadcast to ", shape_str(shape()));
   backend_of(*this).binary(BinaryOp::Add, *this, broadcast_view(cast_raw(unaliased(o, *this), dtype()), shape()), *this);
@@ -267,7 +280,8 @@ Tensor& Tensor::add_(const Tensor& other, double alpha) {
 Tensor& Tensor::mul_(double value) {
   check_inplace(*this, "mul_");
   check_compute(*this, "mul_");
-  check_inplace_scalar(*this, value, "mul_");
+  check_no_overlap(*this, "mul_");
+  check_result_kind(*this, scalar_result_type(dtype(), value), "mul_");
   backend_of(*this).binary(BinaryOp::Mul, *this, broadcast_view(scalar_tensor(value, dtype()), shape()), *this);
   return *this;
 }

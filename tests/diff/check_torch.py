@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import ref
+import ref_conv
 from values import FLOATS, apply_view
 
 TD = {"float32": torch.float32, "float64": torch.float64, "int64": torch.int64,
@@ -91,6 +92,19 @@ def dname(t):
     return str(t.dtype)[6:]
 
 
+def t_conv2d(a, x, w, b=None):
+    """conv2d; braid's {top, bottom, left, right} padding as F.pad and an unpadded conv2d, refusing
+    what conv2d refuses with padding: negative pads, and an empty input unless its batch or its
+    channels are empty."""
+    p = a["padding"]
+    if len(p) != 4:
+        return F.conv2d(x, w, b, a["stride"], p, a["dilation"], a["groups"])
+    batched = x.unsqueeze(0) if x.dim() == 3 else x
+    if min(p) < 0 or (batched.numel() == 0 and 0 not in batched.shape[:2]):
+        raise RuntimeError("negative padding, or an empty input with a batch and channels")
+    return F.conv2d(F.pad(x, (p[2], p[3], p[0], p[1])), w, b, a["stride"], 0, a["dilation"], a["groups"])
+
+
 UNARY_T = {
     "neg": torch.neg, "abs": torch.abs, "exp": torch.exp, "log": torch.log, "log1p": torch.log1p,
     "expm1": torch.expm1, "sqrt": torch.sqrt, "rsqrt": torch.rsqrt, "square": torch.square,
@@ -162,6 +176,22 @@ TORCH.update({
     "arange": lambda a: torch.arange(a["start"], a["end"], a["step"], dtype=TD[a["dtype"]]),
     "linspace": lambda a: torch.linspace(a["start"], a["end"], a["steps"], dtype=TD[a["dtype"]]),
     "eye": lambda a: torch.eye(a["n"], dtype=TD[a["dtype"]]),
+    "conv1d": lambda a, x, w, b=None: F.conv1d(x, w, b, a["stride"], a["padding"], a["dilation"], a["groups"]),
+    "conv2d": t_conv2d,
+    "conv_transpose2d": lambda a, x, w, b=None: F.conv_transpose2d(
+        x, w, b, a["stride"], a["padding"], a["output_padding"], a["groups"], a["dilation"]),
+    "max_pool2d": lambda a, x: F.max_pool2d(x, a["kernel"], a["stride"], a["padding"], a["dilation"],
+                                            ceil_mode=a["ceil_mode"]),
+    "avg_pool2d": lambda a, x: F.avg_pool2d(x, a["kernel"], a["stride"], a["padding"], a["ceil_mode"],
+                                            a["count_include_pad"]),
+    "adaptive_avg_pool2d": lambda a, x: F.adaptive_avg_pool2d(x, a["output_size"]),
+    "allclose": lambda a, x, y: torch.tensor(torch.allclose(x, y, a["rtol"], a["atol"])),
+    "equal": lambda a, x, y: torch.tensor(torch.equal(x, y)),
+    # in-place: the operand itself afterwards
+    "fill_": lambda a, x: x.fill_(num(a["value"])),
+    "add_": lambda a, x, y: x.add_(y, alpha=py_scalar(a["alpha"], "int64")),
+    "mul_": lambda a, x: x.mul_(py_scalar(num(a["value"]), dname(x))),
+    "copy_": lambda a, x, y: x.copy_(y),
 })
 
 
@@ -248,6 +278,41 @@ def _alpha_as_product(case, ts):
     return (torch.add if case["op"] == "add" else torch.sub)(a.to(d), m.to(d))
 
 
+def _not_one_float(case, xs):
+    d = xs[0].dtype.name
+    return d not in FLOATS or any(x.dtype.name != d for x in xs)
+
+
+def _empty_batch(case, xs):
+    return xs[0].ndim == (3 if case["op"] == "conv1d" else 4) and xs[0].shape[0] == 0
+
+
+def _batch_of_one(case, ts):
+    """The op on a batch of one zero input, cut to the empty batch: PyTorch's argument checks and
+    output shape for an empty batch."""
+    x = ts[0]
+    return TORCH[case["op"]](case["args"], x.new_zeros((1,) + tuple(x.shape[1:])), *ts[1:])[:0]
+
+
+def _empty_window(case, xs):
+    try:
+        return ref_conv.max_pool_empty_window(case["args"], xs[0])
+    except ref.Reject:
+        return False
+
+
+def _bitwise_equal(case, ts):
+    """torch.equal on the bits of two float operands of one dtype: braid's equal."""
+    it = torch.int32 if ts[0].dtype == torch.float32 else torch.int64
+    return torch.tensor(torch.equal(*[t.contiguous().view(it) for t in ts]))
+
+
+def _add_alpha_product(case, ts):
+    x, y = ts
+    return x.add_(torch.mul(y, py_scalar(case["args"]["alpha"], dname(y))))
+
+
+CONV_POOL = ("conv1d", "conv2d", "conv_transpose2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d")
 Known = collections.namedtuple("Known", "ops when reason adapt")
 # adapt(case, torch operands) returns PyTorch's result under braid's semantics (None: no check).
 # ops is a tuple of op names; when(case, numpy operands) says whether the difference applies.
@@ -339,6 +404,44 @@ KNOWN_DIFFERENCES = [
     Known(("gather", "index_select", "scatter_add"), _has_negative_index,
           "braid reads negative indices from the end, as Python does; PyTorch rejects them",
           lambda c, ts: TORCH[c["op"]](c["args"], *_wrapped(c, ts))),
+    Known(CONV_POOL, _not_one_float,
+          "braid's convolutions and pooling take floating-point operands of one dtype; PyTorch's CPU "
+          "kernels check dtypes one by one: conv1d/conv2d run int32 and int64, conv_transpose2d and "
+          "avg_pool2d int64, the slow float64 path adds a bias of any dtype, and nothing is checked "
+          "when the input is empty",
+          None),
+    Known(("conv1d", "conv2d", "conv_transpose2d"), _empty_batch,
+          "PyTorch takes a shortcut for an empty batch that skips argument checks (output_padding, "
+          "dtypes, empty spatial axes) and fails on an internal view when groups > 1; braid checks "
+          "an empty batch as it checks a batch of one",
+          _batch_of_one),
+    Known(("max_pool2d",), _empty_window,
+          "braid refuses a dilated max_pool2d window whose taps all fall into the padding (it has no "
+          "maximum); PyTorch gives -inf there",
+          None),
+    Known(("adaptive_avg_pool2d",),
+          lambda c, xs: c["args"]["output_size"] == [1, 1] and (0 in xs[0].shape[-2:] or xs[0].ndim > 4),
+          "PyTorch computes an output size of (1, 1) through mean(), skipping the checks of every "
+          "other size: an empty spatial axis gives NaN, and inputs of rank 5 and more pass; braid "
+          "refuses both",
+          None),
+    Known(("allclose",), lambda c, xs: xs[0].dtype != xs[1].dtype,
+          "PyTorch's allclose requires equal dtypes; braid promotes the operands like other binary "
+          "ops (comparing a float32 result with a float64 reference is a common use)",
+          lambda c, ts: torch.tensor(torch.allclose(*_promoted(c, ts), c["args"]["rtol"], c["args"]["atol"]))),
+    Known(("equal",), lambda c, xs: xs[0].dtype != xs[1].dtype,
+          "PyTorch 1.13's equal promotes operands of different dtypes and compares values; braid's "
+          "equal requires the same dtype (see ops.h)",
+          None),
+    Known(("equal",), lambda c, xs: xs[0].dtype == xs[1].dtype and xs[0].dtype.kind == "f",
+          "braid's equal compares bytes, so a NaN equals a NaN with the same bits and 0.0 differs "
+          "from -0.0; PyTorch compares values",
+          _bitwise_equal),
+    Known(("add_",), lambda c, xs: c["args"]["alpha"] != 1,
+          "braid's add_ with alpha adds b * alpha, the product under its scalar rule, as add does "
+          "(so bool += 2 * bool gives int64 and is refused in place); PyTorch keeps bool, and "
+          "refuses a fractional alpha for integer tensors",
+          _add_alpha_product),
 ]
 
 
@@ -406,7 +509,9 @@ def check_file(path):
                 continue
             for n, k in enumerate(KNOWN_DIFFERENCES):
                 if op in k.ops and k.when(case, xs):
-                    if k.adapt is None or differs(case["expect"], run(k.adapt, case, ts)) is None:
+                    # fresh operands: an in-place op has written into the first ones
+                    fresh = [decode(s)[1] for s in case["inputs"]]
+                    if k.adapt is None or differs(case["expect"], run(k.adapt, case, fresh)) is None:
                         stats[op][1] += 1
                         known_hits[n] += 1
                         break

@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <optional>
 
+#include "braid/conv.h"
 #include "diff/diff_runner.h"
 
 namespace braid::diff {
@@ -32,6 +33,8 @@ DType D(const Json& a, const char* k) {
     if (dtype_name(t) == s) return t;
   throw std::runtime_error("unknown dtype '" + s + "'");
 }
+
+Tensor bias_of(const Ins& in) { return in.size() > 2 ? in[2] : Tensor(); }
 
 template <typename F1>
 DiffOp unary(const char* name, F1 f) {
@@ -173,6 +176,59 @@ OpTable builtin_ops() {
   t["one_hot"] = {"one_hot", [](const Ins& in, const Json& a) { return Outs{one_hot(in.at(0), I(a, "num_classes"))}; }};
   t["tril"] = {"tril", [](const Ins& in, const Json& a) { return Outs{tril(in.at(0), I(a, "diagonal"))}; }};
   t["triu"] = {"triu", [](const Ins& in, const Json& a) { return Outs{triu(in.at(0), I(a, "diagonal"))}; }};
+
+  // ---- convolution and pooling (conv.h); the bias is the optional third input ----
+  t["conv1d"] = {"conv1d", [](const Ins& in, const Json& a) {
+                   return Outs{conv1d(in.at(0), in.at(1), bias_of(in), I(a, "stride"), I(a, "padding"), I(a, "dilation"),
+                                      I(a, "groups"))};
+                 }};
+  t["conv2d"] = {"conv2d", [](const Ins& in, const Json& a) {
+                   return Outs{conv2d(in.at(0), in.at(1), bias_of(in), IV(a, "stride"), IV(a, "padding"), IV(a, "dilation"),
+                                      I(a, "groups"))};
+                 }};
+  t["conv_transpose2d"] = {"conv_transpose2d", [](const Ins& in, const Json& a) {
+                             return Outs{conv_transpose2d(in.at(0), in.at(1), bias_of(in), IV(a, "stride"), IV(a, "padding"),
+                                                          IV(a, "output_padding"), I(a, "groups"), IV(a, "dilation"))};
+                           }};
+  t["max_pool2d"] = {"max_pool2d", [](const Ins& in, const Json& a) {
+                       return Outs{max_pool2d(in.at(0), IV(a, "kernel"), IV(a, "stride"), IV(a, "padding"), IV(a, "dilation"),
+                                              B(a, "ceil_mode"))};
+                     }};
+  t["avg_pool2d"] = {"avg_pool2d", [](const Ins& in, const Json& a) {
+                       return Outs{avg_pool2d(in.at(0), IV(a, "kernel"), IV(a, "stride"), IV(a, "padding"), B(a, "ceil_mode"),
+                                              B(a, "count_include_pad"))};
+                     }};
+  t["adaptive_avg_pool2d"] = {"adaptive_avg_pool2d", [](const Ins& in, const Json& a) {
+                                return Outs{adaptive_avg_pool2d(in.at(0), IV(a, "output_size"))};
+                              }};
+
+  // ---- whole-tensor comparisons: the bool answer as a 0-d tensor ----
+  t["allclose"] = {"allclose", [](const Ins& in, const Json& a) {
+                     return Outs{scalar_tensor(allclose(in.at(0), in.at(1), F(a, "rtol"), F(a, "atol")), kBool)};
+                   }};
+  t["equal"] = binary("equal", [](const Tensor& a, const Tensor& b) { return scalar_tensor(equal(a, b), kBool); });
+
+  // ---- in-place updates: the result is the first input (the case's view) afterwards ----
+  t["fill_"] = {"fill_", [](const Ins& in, const Json& a) {
+                  Tensor x = in.at(0);
+                  x.fill_(F(a, "value"));
+                  return Outs{x};
+                }};
+  t["add_"] = {"add_", [](const Ins& in, const Json& a) {
+                 Tensor x = in.at(0);
+                 x.add_(in.at(1), a.contains("alpha") ? F(a, "alpha") : 1.0);
+                 return Outs{x};
+               }};
+  t["mul_"] = {"mul_", [](const Ins& in, const Json& a) {
+                 Tensor x = in.at(0);
+                 x.mul_(F(a, "value"));
+                 return Outs{x};
+               }};
+  t["copy_"] = {"copy_", [](const Ins& in, const Json&) {
+                  Tensor x = in.at(0);
+                  x.copy_(in.at(1));
+                  return Outs{x};
+                }};
 
   // ---- creation ----
   t["full"] = {"full", [](const Ins&, const Json& a) { return Outs{full(IV(a, "shape"), F(a, "value"), D(a, "dtype"))}; }};

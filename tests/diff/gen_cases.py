@@ -16,7 +16,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import numpy as np  # noqa: E402
 
+import gen_extra  # noqa: E402
 import ref  # noqa: E402
+import ref_conv  # noqa: E402
+import ref_inplace  # noqa: E402
 import ref_shape  # noqa: E402
 from ref import Reject  # noqa: E402
 from values import DTYPES, FLOATS, INTS, Gen  # noqa: E402
@@ -486,6 +489,12 @@ for _op, _gen in [("reshape", gen_reshape), ("permute", gen_permute), ("transpos
 OPS["contiguous"] = (gen_contiguous, lambda a, x: [ref.Out(x, x.dtype.name)])
 for _op in ("tril", "triu"):
     OPS[_op] = (gen_tri, lambda a, x, _op=_op: ref_shape.ref_tri(_op, a, x))
+# convolution and pooling, whole-tensor comparisons and in-place updates (generators in gen_extra.py)
+for _mod, _ops in [(ref_conv, ("conv1d", "conv2d", "conv_transpose2d", "max_pool2d", "avg_pool2d",
+                               "adaptive_avg_pool2d")),
+                   (ref_inplace, ("allclose", "equal", "fill_", "add_", "mul_", "copy_"))]:
+    for _op in _ops:
+        OPS[_op] = (getattr(gen_extra, "gen_" + _op), getattr(_mod, "ref_" + _op))
 
 
 # ---- writing ----

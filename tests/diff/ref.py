@@ -385,6 +385,11 @@ def ref_reduce(op, args, x):
         c = args["correction"]
         mean = np.mean(xf, axis=axes, keepdims=True) if n else 0.0
         m2 = np.sum((xf - mean) ** 2, axis=axes, keepdims=keep)
+        if n <= c:
+            # Whether the sum of squares is zero (NaN) or not (inf) is decided in the result's
+            # precision, where the squares of denormal deviations underflow to 0.
+            m2 = np.sum((x.astype(rd) - np.mean(x.astype(rd), axis=axes, keepdims=True).astype(rd)) ** 2,
+                        axis=axes, keepdims=keep) if n else m2
         v = m2 / max(n - c, 0)
         # float32 accumulation may be off by n ulps of the mean square (more than of the variance
         # where the mean is large); for std that error shrinks by 2 std, or to its root near 0

@@ -111,7 +111,9 @@ class Gen:
             specials = [0.0, -0.0, DENORMAL[dtype]]
         elif profile == "prod":
             specials = [math.nan, math.inf, -math.inf, 0.0, -0.0, 1.0, -1.0]
-        p_special = self.pick([0.0, 0.0, 0.05, 0.2, 0.5])
+        # "rare": the specials without huge values, seldom (convolution inputs, where one NaN or
+        # infinity spreads over a whole window of outputs)
+        p_special = self.pick([0.0, 0.0, 0.0, 0.01, 0.05] if profile == "rare" else [0.0, 0.0, 0.05, 0.2, 0.5])
         nice = self.chance(0.3)  # halves and whole numbers: ties for round, equal pairs for eq
         # now and then a wider spread, to reach saturation and overflow (exp, softplus, tanh)
         sigma = self.pick([2.0, 2.0, 2.0, 10.0, 40.0])
@@ -139,10 +141,10 @@ class Gen:
             out.append(round(v * 2) / 2 if nice else v)
         return np.array(out, dtype=np.float64).astype(dtype)
 
-    def tensor(self, dtype, shape, profile="any", view_p=0.6, limit=None):
+    def tensor(self, dtype, shape, profile="any", view_p=0.6, limit=None, view_kind=None):
         """An Input with the given operand shape, often reached through a view (with 0-d operands,
-        which have none, about half of all inputs)."""
-        view, base_shape = self.view(shape) if self.chance(view_p) else (None, list(shape))
+        which have none, about half of all inputs); view_kind prefers one kind of view."""
+        view, base_shape = self.view(shape, view_kind) if self.chance(view_p) else (None, list(shape))
         n = int(np.prod(base_shape, dtype=np.int64))
         base = self.values(dtype, n, profile, limit).reshape(base_shape)
         return Input(base, view)
@@ -156,17 +158,22 @@ class Gen:
                 for _ in range(n)]
         if n and (size == 0 or self.chance(p_bad)):
             vals[self.int(0, n - 1)] = self.pick([size, -size - 1, size + 3] if negative else [size, -1])
-        vals = np.array(vals, dtype=dtype).reshape(shape)
-        view, base_shape = self.view(shape) if self.chance(0.3) else (None, list(shape))
-        if view is None or view["kind"] == "expand":  # an expanded view cannot show arbitrary values
+        return self.input_of(np.array(vals, dtype=dtype).reshape(shape), 0.3)
+
+    def input_of(self, vals, view_p):
+        """An Input whose operand holds exactly vals, reached through a permute or slice view with
+        probability about view_p (an expanded view cannot show arbitrary values)."""
+        view, base_shape = self.view(list(vals.shape)) if self.chance(view_p) else (None, list(vals.shape))
+        if view is None or view["kind"] == "expand":
             return Input(vals, None)
         # Build the base backwards from the operand; elements the view skips stay 0.
-        base = np.zeros(base_shape, dtype=dtype)
+        base = np.zeros(base_shape, dtype=vals.dtype)
         apply_view(base, view)[...] = vals
         return Input(base, view)
 
-    def view(self, shape):
-        """A view whose result has the given shape, and the base shape it starts from."""
+    def view(self, shape, kind=None):
+        """A view whose result has the given shape, and the base shape it starts from; kind asks for
+        one kind of view where the shape allows it."""
         nd = len(shape)
         kinds = []
         if nd >= 2:
@@ -177,7 +184,7 @@ class Gen:
                 kinds.append("expand")
         if not kinds:
             return None, list(shape)
-        kind = self.pick(kinds)
+        kind = kind if kind in kinds else self.pick(kinds)
         if kind == "permute":
             order = self.shuffled(range(nd))
             base = [0] * nd
