@@ -17,6 +17,7 @@
 #include <limits>
 
 #include "braid/braid.h"
+#include "error_of.h"
 #include "braid/checkpoint.h"
 #include "braid/data.h"
 #include "braid/nn/loss.h"
@@ -48,17 +49,6 @@ void write_file(const std::string& path, const std::string& bytes) {
 std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-template <typename E = Error, typename F>
-std::string error_of(F f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected an exception";
-  return "";
 }
 
 #define EXPECT_CONTAINS(text, part) EXPECT_NE(std::string(text).find(part), std::string::npos) << (text)

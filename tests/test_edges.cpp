@@ -8,20 +8,10 @@
 #include <limits>
 
 #include "braid/braid.h"
+#include "error_of.h"
 
 namespace braid {
 namespace {
-
-template <typename E, typename F>
-std::string error_of(F f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected an exception";
-  return "";
-}
 
 TEST(Edges, ZeroDimTensorHasNoAxisToSliceOrSplit) {
   // torch: "narrow() cannot be applied to a 0-dim tensor", "split expects at least a 1-dimensional tensor".
