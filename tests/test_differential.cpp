@@ -66,7 +66,8 @@ TEST(DifferentialFile, CoversEveryOpWithValuesAndErrors) {
     in_file.insert(c.op);
     (c.json.at("expect").contains("error") ? errors : values) += 1;
   }
-  for (const std::string& op : in_file) EXPECT_TRUE(table.count(op)) << "the case file has op '" << op << "' that the runner lacks";
+  for (const std::string& op : in_file)
+    EXPECT_TRUE(table.count(op)) << "the case file has op '" << op << "' that the runner lacks";
   EXPECT_GE(static_cast<int64_t>(all_cases().size()), 2000);
   EXPECT_GT(errors, 100) << "too few cases where the reference rejects the input";
   EXPECT_GT(values, 1000);
@@ -132,13 +133,14 @@ TEST(DifferentialPlanted, CatchesAWrongDtype) {
 
 TEST(DifferentialPlanted, CatchesAMissingError) {
   // narrow that gives back its input when braid would refuse the arguments.
-  OpTable t = planted("narrow", {"narrow", [](const std::vector<Tensor>& in, const Json& a) {
-                                   try {
-                                     return std::vector<Tensor>{narrow(in.at(0), a.at("axis"), a.at("start"), a.at("length"))};
-                                   } catch (const Error&) {
-                                     return std::vector<Tensor>{in.at(0)};
-                                   }
-                                 }});
+  OpTable t =
+      planted("narrow", {"narrow", [](const std::vector<Tensor>& in, const Json& a) {
+                           try {
+                             return std::vector<Tensor>{narrow(in.at(0), a.at("axis"), a.at("start"), a.at("length"))};
+                           } catch (const Error&) {
+                             return std::vector<Tensor>{in.at(0)};
+                           }
+                         }});
   std::vector<std::string> bad = failures("narrow", t);
   bool caught = false;
   for (const std::string& b : bad) caught |= b.find("accepted an input the reference rejects") != std::string::npos;

@@ -17,7 +17,8 @@ TEST(Edges, ZeroDimTensorHasNoAxisToSliceOrSplit) {
   // torch: "narrow() cannot be applied to a 0-dim tensor", "split expects at least a 1-dimensional tensor".
   const Tensor s = scalar_tensor(2.5);
   const Tensor i0 = scalar_tensor(0, kInt64);
-  EXPECT_NE(error_of<IndexError>([&] { slice(s, 0, 0, 1); }).find("slice: a 0-d tensor has no axis 0"), std::string::npos);
+  EXPECT_NE(error_of<IndexError>([&] { slice(s, 0, 0, 1); }).find("slice: a 0-d tensor has no axis 0"),
+            std::string::npos);
   EXPECT_NE(error_of<IndexError>([&] { narrow(s, -1, 0, 1); }).find("narrow"), std::string::npos);
   EXPECT_NE(error_of<IndexError>([&] { s.select(0, 0); }).find("select"), std::string::npos);
   EXPECT_NE(error_of<IndexError>([&] { split(s, {1}, 0); }).find("split"), std::string::npos);

@@ -52,13 +52,16 @@ bool is_compute_type(DType t);
 // clamp keep an integer dtype (square of bool gives int64; sign of bool stays bool); the floating
 // functions (exp, log, sqrt, sin, tanh, sigmoid, erf, gelu, ...) turn integer and bool input into
 // float32; pow(x, double) follows the scalar rule (x ** 2 stays integer, x ** 0.5 is float32), and
-// integers to negative integer powers are an error, as in NumPy (*: PyTorch computes them when
-// the exponent is a tensor and refuses them when it is a scalar). sum and prod of integer or bool give int64, as does sum_to (also when
-// nothing is summed); amax/amin keep the dtype; argmax/argmin give int64. mean, var, std,
-// logsumexp, softmax and log_softmax turn integer and bool input into float32 (*: PyTorch refuses
-// integer input to these). full and fill_ truncate a scalar toward zero and throw when it is out of
-// the integer type's range; cast saturates out-of-range values (NaN gives 0), where PyTorch's
-// result is whatever the platform's conversion gives.
+// integers to negative integer powers are an error, as in NumPy (*: PyTorch computes them when the
+// exponent is a tensor and refuses them when it is a scalar). sum and prod of integer or bool give
+// int64, as does sum_to (also when nothing is summed); amax/amin keep the dtype; argmax/argmin give
+// int64. mean, var, std, logsumexp, softmax and log_softmax turn integer and bool input into
+// float32 (*: PyTorch refuses integer input to these).
+//
+// Conversions of a scalar: full and fill_ truncate toward zero and throw when the value is out of
+// the dtype's range; cast saturates out-of-range elements (NaN gives 0), where PyTorch's result is
+// whatever the platform's conversion gives. In-place updates (add_, mul_) keep the dtype and refuse
+// a result of a higher kind (float into an integer tensor, an integer into bool), as PyTorch does.
 
 /// The type two tensor operands of a binary op are computed in (Note [Type promotion]).
 DType promote_types(DType a, DType b);

@@ -81,9 +81,10 @@ Tensor asin(const Tensor& x);
 Tensor acos(const Tensor& x);
 Tensor atan(const Tensor& x);
 Tensor pow(const Tensor& x, double exponent);
-/// Either bound may be absent, not both (as in PyTorch). The bounds are scalar operands (Note [Type promotion] in dtype.h): a
-/// fractional bound makes an integer tensor float32. min > max is an error, where PyTorch sets every
-/// element to max: such bounds are almost always a mistake in the caller, and no result is right.
+/// Either bound may be absent, not both (as in PyTorch). The bounds are scalar operands (Note [Type
+/// promotion] in dtype.h): a fractional bound makes an integer tensor float32. min > max is an
+/// error, where PyTorch sets every element to max: such bounds are almost always a mistake in the
+/// caller, and no result is right.
 Tensor clamp(const Tensor& x, std::optional<double> min, std::optional<double> max);
 /// -1, 0 or 1; NaN stays NaN, as in NumPy (PyTorch 1.13 gives 0); bool stays bool.
 Tensor sign(const Tensor& x);

@@ -60,10 +60,12 @@ DType promote_types(DType a, DType b) {
 }
 
 bool scalar_fits(double v, DType t) {
-  if (t == DType::Bool || t == DType::Float64 || !std::isfinite(v)) return t == DType::Bool || is_floating(t);
-  if (is_floating(t)) {  // a finite value beyond the type's largest (as PyTorch's checked conversion)
-    const double max = t == DType::Float32 ? std::numeric_limits<float>::max() : t == DType::Float16 ? 65504.0 : 3.3895313892515355e38;
-    return std::fabs(v) <= max;
+  if (t == DType::Bool || t == DType::Float64) return true;
+  if (is_floating(t)) {  // NaN and inf convert; a finite value must not exceed the largest (PyTorch's rule)
+    const double max = t == DType::Float32   ? std::numeric_limits<float>::max()
+                       : t == DType::Float16 ? 65504.0
+                                             : 3.3895313892515355e38;  // bfloat16
+    return !std::isfinite(v) || std::fabs(v) <= max;
   }
   if (!std::isfinite(v)) return false;
   // Conversion truncates toward zero; the bounds are exact powers of two.

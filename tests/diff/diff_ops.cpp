@@ -14,7 +14,9 @@ using Outs = std::vector<Tensor>;
 
 int64_t I(const Json& a, const char* k) { return a.at(k).get<int64_t>(); }
 // JSON has no NaN or infinity, so the generator writes those as the strings "nan", "inf", "-inf".
-double num(const Json& v) { return v.is_string() ? std::strtod(v.get<std::string>().c_str(), nullptr) : v.get<double>(); }
+double num(const Json& v) {
+  return v.is_string() ? std::strtod(v.get<std::string>().c_str(), nullptr) : v.get<double>();
+}
 double F(const Json& a, const char* k) { return num(a.at(k)); }
 bool B(const Json& a, const char* k) { return a.at(k).get<bool>(); }
 std::vector<int64_t> IV(const Json& a, const char* k) { return a.at(k).get<std::vector<int64_t>>(); }
@@ -90,18 +92,24 @@ OpTable builtin_ops() {
   t["round"] = unary("round", [](const Tensor& x) { return round(x); });
   t["logical_not"] = unary("logical_not", [](const Tensor& x) { return logical_not(x); });
   t["isnan"] = unary("isnan", [](const Tensor& x) { return isnan(x); });
-  t["leaky_relu"] = {"leaky_relu", [](const Ins& in, const Json& a) { return Outs{leaky_relu(in.at(0), F(a, "negative_slope"))}; }};
+  t["leaky_relu"] = {"leaky_relu",
+                     [](const Ins& in, const Json& a) { return Outs{leaky_relu(in.at(0), F(a, "negative_slope"))}; }};
   t["elu"] = {"elu", [](const Ins& in, const Json& a) { return Outs{elu(in.at(0), F(a, "alpha"))}; }};
   t["hardsigmoid"] = {"hardsigmoid", [](const Ins& in, const Json& a) {
                         return Outs{hardsigmoid(in.at(0), F(a, "alpha"), F(a, "beta"))};
                       }};
   t["gelu"] = {"gelu", [](const Ins& in, const Json& a) { return Outs{gelu(in.at(0), S(a, "approximate"))}; }};
   t["pow_scalar"] = {"pow", [](const Ins& in, const Json& a) { return Outs{pow(in.at(0), F(a, "exponent"))}; }};
-  t["clamp"] = {"clamp", [](const Ins& in, const Json& a) { return Outs{clamp(in.at(0), OF(a, "min"), OF(a, "max"))}; }};
+  t["clamp"] = {"clamp",
+                [](const Ins& in, const Json& a) { return Outs{clamp(in.at(0), OF(a, "min"), OF(a, "max"))}; }};
 
   // ---- binary ----
-  t["add"] = {"add", [](const Ins& in, const Json& a) { return Outs{add(in.at(0), in.at(1), (a.contains("alpha") ? F(a, "alpha") : 1.0))}; }};
-  t["sub"] = {"sub", [](const Ins& in, const Json& a) { return Outs{sub(in.at(0), in.at(1), (a.contains("alpha") ? F(a, "alpha") : 1.0))}; }};
+  t["add"] = {"add", [](const Ins& in, const Json& a) {
+                return Outs{add(in.at(0), in.at(1), (a.contains("alpha") ? F(a, "alpha") : 1.0))};
+              }};
+  t["sub"] = {"sub", [](const Ins& in, const Json& a) {
+                return Outs{sub(in.at(0), in.at(1), (a.contains("alpha") ? F(a, "alpha") : 1.0))};
+              }};
   t["mul"] = binary("mul", [](const Tensor& a, const Tensor& b) { return mul(a, b); });
   t["div"] = binary("div", [](const Tensor& a, const Tensor& b) { return div(a, b); });
   t["pow"] = binary("pow", [](const Tensor& a, const Tensor& b) { return pow(a, b); });
@@ -116,10 +124,14 @@ OpTable builtin_ops() {
   t["logical_and"] = binary("logical_and", [](const Tensor& a, const Tensor& b) { return logical_and(a, b); });
   t["logical_or"] = binary("logical_or", [](const Tensor& a, const Tensor& b) { return logical_or(a, b); });
   t["logical_xor"] = binary("logical_xor", [](const Tensor& a, const Tensor& b) { return logical_xor(a, b); });
-  t["add_scalar"] = scalar_op("add", [](const Tensor& x, double s) { return x + s; }, [](double s, const Tensor& x) { return s + x; });
-  t["sub_scalar"] = scalar_op("sub", [](const Tensor& x, double s) { return x - s; }, [](double s, const Tensor& x) { return s - x; });
-  t["mul_scalar"] = scalar_op("mul", [](const Tensor& x, double s) { return x * s; }, [](double s, const Tensor& x) { return s * x; });
-  t["div_scalar"] = scalar_op("div", [](const Tensor& x, double s) { return x / s; }, [](double s, const Tensor& x) { return s / x; });
+  t["add_scalar"] = scalar_op(
+      "add", [](const Tensor& x, double s) { return x + s; }, [](double s, const Tensor& x) { return s + x; });
+  t["sub_scalar"] = scalar_op(
+      "sub", [](const Tensor& x, double s) { return x - s; }, [](double s, const Tensor& x) { return s - x; });
+  t["mul_scalar"] = scalar_op(
+      "mul", [](const Tensor& x, double s) { return x * s; }, [](double s, const Tensor& x) { return s * x; });
+  t["div_scalar"] = scalar_op(
+      "div", [](const Tensor& x, double s) { return x / s; }, [](double s, const Tensor& x) { return s / x; });
   t["where"] = {"where", [](const Ins& in, const Json&) { return Outs{where(in.at(0), in.at(1), in.at(2))}; }};
 
   // ---- reductions ----
@@ -128,9 +140,12 @@ OpTable builtin_ops() {
   t["prod"] = reduction("prod", [](const Tensor& x, const std::vector<int64_t>& ax, bool k) { return prod(x, ax, k); });
   t["amax"] = reduction("amax", [](const Tensor& x, const std::vector<int64_t>& ax, bool k) { return amax(x, ax, k); });
   t["amin"] = reduction("amin", [](const Tensor& x, const std::vector<int64_t>& ax, bool k) { return amin(x, ax, k); });
-  t["logsumexp"] = reduction("logsumexp", [](const Tensor& x, const std::vector<int64_t>& ax, bool k) { return logsumexp(x, ax, k); });
-  t["argmax"] = {"argmax", [](const Ins& in, const Json& a) { return Outs{argmax(in.at(0), I(a, "axis"), B(a, "keepdim"))}; }};
-  t["argmin"] = {"argmin", [](const Ins& in, const Json& a) { return Outs{argmin(in.at(0), I(a, "axis"), B(a, "keepdim"))}; }};
+  t["logsumexp"] = reduction(
+      "logsumexp", [](const Tensor& x, const std::vector<int64_t>& ax, bool k) { return logsumexp(x, ax, k); });
+  t["argmax"] = {"argmax",
+                 [](const Ins& in, const Json& a) { return Outs{argmax(in.at(0), I(a, "axis"), B(a, "keepdim"))}; }};
+  t["argmin"] = {"argmin",
+                 [](const Ins& in, const Json& a) { return Outs{argmin(in.at(0), I(a, "axis"), B(a, "keepdim"))}; }};
   t["var"] = {"var", [](const Ins& in, const Json& a) {
                 return Outs{var(in.at(0), IV(a, "axes"), I(a, "correction"), B(a, "keepdim"))};
               }};
@@ -138,14 +153,16 @@ OpTable builtin_ops() {
                 return Outs{braid::std(in.at(0), IV(a, "axes"), I(a, "correction"), B(a, "keepdim"))};
               }};
   t["softmax"] = {"softmax", [](const Ins& in, const Json& a) { return Outs{softmax(in.at(0), I(a, "axis"))}; }};
-  t["log_softmax"] = {"log_softmax", [](const Ins& in, const Json& a) { return Outs{log_softmax(in.at(0), I(a, "axis"))}; }};
+  t["log_softmax"] = {"log_softmax",
+                      [](const Ins& in, const Json& a) { return Outs{log_softmax(in.at(0), I(a, "axis"))}; }};
   t["sum_to"] = {"sum_to", [](const Ins& in, const Json& a) { return Outs{sum_to(in.at(0), IV(a, "shape"))}; }};
   t["matmul"] = binary("matmul", [](const Tensor& a, const Tensor& b) { return matmul(a, b); });
 
   // ---- shape and indexing ----
   t["reshape"] = {"reshape", [](const Ins& in, const Json& a) { return Outs{reshape(in.at(0), IV(a, "shape"))}; }};
   t["permute"] = {"permute", [](const Ins& in, const Json& a) { return Outs{permute(in.at(0), IV(a, "order"))}; }};
-  t["transpose"] = {"transpose", [](const Ins& in, const Json& a) { return Outs{transpose(in.at(0), I(a, "a"), I(a, "b"))}; }};
+  t["transpose"] = {"transpose",
+                    [](const Ins& in, const Json& a) { return Outs{transpose(in.at(0), I(a, "a"), I(a, "b"))}; }};
   t["narrow"] = {"narrow", [](const Ins& in, const Json& a) {
                    return Outs{narrow(in.at(0), I(a, "axis"), I(a, "start"), I(a, "length"))};
                  }};
@@ -155,10 +172,12 @@ OpTable builtin_ops() {
   t["expand"] = {"expand", [](const Ins& in, const Json& a) { return Outs{expand(in.at(0), IV(a, "shape"))}; }};
   t["squeeze"] = {"squeeze", [](const Ins& in, const Json& a) { return Outs{squeeze(in.at(0), OI(a, "axis"))}; }};
   t["unsqueeze"] = {"unsqueeze", [](const Ins& in, const Json& a) { return Outs{unsqueeze(in.at(0), I(a, "axis"))}; }};
-  t["flatten"] = {"flatten", [](const Ins& in, const Json& a) { return Outs{flatten(in.at(0), I(a, "start"), I(a, "end"))}; }};
+  t["flatten"] = {"flatten",
+                  [](const Ins& in, const Json& a) { return Outs{flatten(in.at(0), I(a, "start"), I(a, "end"))}; }};
   t["contiguous"] = unary("contiguous", [](const Tensor& x) { return contiguous(x); });
   t["cast"] = {"cast", [](const Ins& in, const Json& a) { return Outs{cast(in.at(0), D(a, "dtype"))}; }};
-  t["select"] = {"select", [](const Ins& in, const Json& a) { return Outs{in.at(0).select(I(a, "axis"), I(a, "index"))}; }};
+  t["select"] = {"select",
+                 [](const Ins& in, const Json& a) { return Outs{in.at(0).select(I(a, "axis"), I(a, "index"))}; }};
   t["concat"] = {"concat", [](const Ins& in, const Json& a) { return Outs{concat(in, I(a, "axis"))}; }};
   t["stack"] = {"stack", [](const Ins& in, const Json& a) { return Outs{stack(in, I(a, "axis"))}; }};
   t["split"] = {"split", [](const Ins& in, const Json& a) { return split(in.at(0), IV(a, "sizes"), I(a, "axis")); }};
@@ -179,24 +198,25 @@ OpTable builtin_ops() {
 
   // ---- convolution and pooling (conv.h); the bias is the optional third input ----
   t["conv1d"] = {"conv1d", [](const Ins& in, const Json& a) {
-                   return Outs{conv1d(in.at(0), in.at(1), bias_of(in), I(a, "stride"), I(a, "padding"), I(a, "dilation"),
-                                      I(a, "groups"))};
+                   return Outs{conv1d(in.at(0), in.at(1), bias_of(in), I(a, "stride"), I(a, "padding"),
+                                      I(a, "dilation"), I(a, "groups"))};
                  }};
   t["conv2d"] = {"conv2d", [](const Ins& in, const Json& a) {
-                   return Outs{conv2d(in.at(0), in.at(1), bias_of(in), IV(a, "stride"), IV(a, "padding"), IV(a, "dilation"),
-                                      I(a, "groups"))};
+                   return Outs{conv2d(in.at(0), in.at(1), bias_of(in), IV(a, "stride"), IV(a, "padding"),
+                                      IV(a, "dilation"), I(a, "groups"))};
                  }};
-  t["conv_transpose2d"] = {"conv_transpose2d", [](const Ins& in, const Json& a) {
-                             return Outs{conv_transpose2d(in.at(0), in.at(1), bias_of(in), IV(a, "stride"), IV(a, "padding"),
-                                                          IV(a, "output_padding"), I(a, "groups"), IV(a, "dilation"))};
-                           }};
+  t["conv_transpose2d"] = {
+      "conv_transpose2d", [](const Ins& in, const Json& a) {
+        return Outs{conv_transpose2d(in.at(0), in.at(1), bias_of(in), IV(a, "stride"), IV(a, "padding"),
+                                     IV(a, "output_padding"), I(a, "groups"), IV(a, "dilation"))};
+      }};
   t["max_pool2d"] = {"max_pool2d", [](const Ins& in, const Json& a) {
-                       return Outs{max_pool2d(in.at(0), IV(a, "kernel"), IV(a, "stride"), IV(a, "padding"), IV(a, "dilation"),
-                                              B(a, "ceil_mode"))};
+                       return Outs{max_pool2d(in.at(0), IV(a, "kernel"), IV(a, "stride"), IV(a, "padding"),
+                                              IV(a, "dilation"), B(a, "ceil_mode"))};
                      }};
   t["avg_pool2d"] = {"avg_pool2d", [](const Ins& in, const Json& a) {
-                       return Outs{avg_pool2d(in.at(0), IV(a, "kernel"), IV(a, "stride"), IV(a, "padding"), B(a, "ceil_mode"),
-                                              B(a, "count_include_pad"))};
+                       return Outs{avg_pool2d(in.at(0), IV(a, "kernel"), IV(a, "stride"), IV(a, "padding"),
+                                              B(a, "ceil_mode"), B(a, "count_include_pad"))};
                      }};
   t["adaptive_avg_pool2d"] = {"adaptive_avg_pool2d", [](const Ins& in, const Json& a) {
                                 return Outs{adaptive_avg_pool2d(in.at(0), IV(a, "output_size"))};
@@ -231,7 +251,8 @@ OpTable builtin_ops() {
                 }};
 
   // ---- creation ----
-  t["full"] = {"full", [](const Ins&, const Json& a) { return Outs{full(IV(a, "shape"), F(a, "value"), D(a, "dtype"))}; }};
+  t["full"] = {"full",
+               [](const Ins&, const Json& a) { return Outs{full(IV(a, "shape"), F(a, "value"), D(a, "dtype"))}; }};
   t["arange"] = {"arange", [](const Ins&, const Json& a) {
                    return Outs{arange(F(a, "start"), F(a, "end"), F(a, "step"), D(a, "dtype"))};
                  }};

@@ -41,8 +41,7 @@ Tensor make_input(const Json& spec) {
   if (view.is_null()) return base;
   const std::string kind = view.at("kind");
   if (kind == "permute") return permute(base, view.at("order").get<std::vector<int64_t>>());
-  if (kind == "slice")
-    return slice(base, view.at("axis"), view.at("start"), view.at("end"), view.at("step"));
+  if (kind == "slice") return slice(base, view.at("axis"), view.at("start"), view.at("end"), view.at("step"));
   if (kind == "expand") return expand(base, shape_of(view.at("shape")));
   throw std::runtime_error("unknown view kind '" + kind + "'");
 }
@@ -60,21 +59,31 @@ std::string describe_inputs(const Json& inputs) {
 // through the integer path).
 double value_at(const void* data, DType dt, int64_t i) {
   switch (dt) {
-    case DType::Float32: return static_cast<const float*>(data)[i];
-    case DType::Float64: return static_cast<const double*>(data)[i];
-    case DType::Int64: return static_cast<double>(static_cast<const int64_t*>(data)[i]);
-    case DType::Int32: return static_cast<const int32_t*>(data)[i];
-    case DType::Bool: return static_cast<const uint8_t*>(data)[i];
-    default: return 0;
+    case DType::Float32:
+      return static_cast<const float*>(data)[i];
+    case DType::Float64:
+      return static_cast<const double*>(data)[i];
+    case DType::Int64:
+      return static_cast<double>(static_cast<const int64_t*>(data)[i]);
+    case DType::Int32:
+      return static_cast<const int32_t*>(data)[i];
+    case DType::Bool:
+      return static_cast<const uint8_t*>(data)[i];
+    default:
+      return 0;
   }
 }
 
 int64_t int_at(const void* data, DType dt, int64_t i) {
   switch (dt) {
-    case DType::Int64: return static_cast<const int64_t*>(data)[i];
-    case DType::Int32: return static_cast<const int32_t*>(data)[i];
-    case DType::Bool: return static_cast<const uint8_t*>(data)[i];
-    default: return 0;
+    case DType::Int64:
+      return static_cast<const int64_t*>(data)[i];
+    case DType::Int32:
+      return static_cast<const int32_t*>(data)[i];
+    case DType::Bool:
+      return static_cast<const uint8_t*>(data)[i];
+    default:
+      return 0;
   }
 }
 
@@ -146,8 +155,8 @@ std::vector<DiffCase> load_cases(const std::string& path) {
 std::string run_case(const DiffCase& c, const OpTable& ops) {
   const Json& j = c.json;
   std::ostringstream head;
-  head << "case " << c.id << " " << c.op << " args " << j.at("args").dump() << " inputs" << describe_inputs(j.at("inputs"))
-       << ": ";
+  head << "case " << c.id << " " << c.op << " args " << j.at("args").dump() << " inputs"
+       << describe_inputs(j.at("inputs")) << ": ";
   auto it = ops.find(c.op);
   if (it == ops.end()) return head.str() + "no such op in the runner's table";
   std::vector<Tensor> inputs;
@@ -173,8 +182,8 @@ std::string run_case(const DiffCase& c, const OpTable& ops) {
   } catch (const std::exception& e) {
     return head.str() + "threw a non-braid exception: " + e.what();
   }
-  if (expect.contains("error")) return head.str() + "braid accepted an input the reference rejects (" +
-                                        expect.at("error").get<std::string>() + ")";
+  if (expect.contains("error"))
+    return head.str() + "braid accepted an input the reference rejects (" + expect.at("error").get<std::string>() + ")";
   const Json& want = expect.at("outputs");
   if (outs.size() != want.size())
     return head.str() + std::to_string(outs.size()) + " outputs, want " + std::to_string(want.size());
