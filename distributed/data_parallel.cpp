@@ -88,6 +88,7 @@ void check_same_model(ProcessGroup& g, const std::vector<std::string>& lines) {
 
 struct DistributedDataParallel::Bucket {
   DType dtype = kFloat32;
+  Device device;  // the parameters' device: buckets never mix dtypes or devices
   std::vector<size_t> params;
   std::vector<int64_t> offsets;
   int64_t numel = 0;
@@ -122,12 +123,12 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   // Buckets in reverse registration order: backward produces the last layers' gradients first.
   const double cap = options_.bucket_cap_mb * 1024.0 * 1024.0;
   bucket_of_.assign(params_.size(), 0);
-  std::vector<Bucket*> open;  // the bucket being filled, per dtype
+  std::vector<Bucket*> open;  // the bucket being filled, per dtype and device
   for (size_t k = params_.size(); k-- > 0;) {
     const Tensor& p = params_[k];
     Bucket* b = nullptr;
     for (Bucket* o : open)
-      if (o->dtype == p.dtype()) b = o;
+      if (o->dtype == p.dtype() && o->device == p.device()) b = o;
     const double bytes = static_cast<double>(p.numel() * p.element_size());
     if (b && (cap == 0 || static_cast<double>(b->numel * p.element_size()) + bytes > cap)) {
       std::erase(open, b);
@@ -137,6 +138,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
       buckets_.push_back(std::make_unique<Bucket>());
       b = buckets_.back().get();
       b->dtype = p.dtype();
+      b->device = p.device();
       open.push_back(b);
     }
     b->params.push_back(k);
@@ -145,7 +147,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
     for (size_t i = 0; i < buckets_.size(); ++i)
       if (buckets_[i].get() == b) bucket_of_[k] = i;
   }
-  for (auto& b : buckets_) b->flat = zeros({b->numel}, b->dtype);
+  for (auto& b : buckets_) b->flat = zeros({b->numel}, b->dtype, b->device);
   ready_.assign(params_.size(), false);
   for (size_t k = 0; k < params_.size(); ++k)
     hook_ids_.push_back(add_grad_ready_hook(params_[k], [this, k] { on_grad_ready(k); }));

@@ -43,6 +43,10 @@ void check_all_reduce(const Tensor& t, ReduceOp op, const AllReduceOptions& opti
 /// "all_reduce(sum, 1000 float32)".
 std::string describe_op(const char* op, const Tensor& t, const std::string& extra = "");
 
+/// host_group for tensors on any device: a tensor that is not on the CPU travels as a host copy
+/// (Note [Staging device tensors] in staged_group.cpp).
+ProcessGroupPtr stage_device_tensors(ProcessGroupPtr host_group);
+
 /// The world of one: every collective is an identity (Average divides by one).
 ProcessGroupPtr make_local_group();
 

@@ -35,7 +35,6 @@ constexpr int kInferenceMicro = kMaxMicroBatches;  // PipelineStage::forward's m
 // The first tag of micro-batch m's activation (which = 0) or gradient (which = 1).
 int tag_of(int micro, int which) { return (2 * micro + which) * kTagStride; }
 
-Tensor zeros_like_any(const Tensor& t) { return zeros(t.shape(), t.dtype()); }
 }  // namespace
 
 struct PipelineStage::Incoming {
@@ -125,7 +124,7 @@ void PipelineStage::post_data(Incoming& in) {
                  "PipelineStage: a malformed boundary header from stage ", in.from);
     Shape shape(static_cast<size_t>(e[1]));
     for (int64_t d = 0; d < e[1]; ++d) shape[static_cast<size_t>(d)] = e[2 + d];
-    Tensor t = empty(shape, static_cast<DType>(e[0]));
+    Tensor t = empty(shape, static_cast<DType>(e[0]), module_->device());
     in.boundary.names.emplace_back(reinterpret_cast<const char*>(e + 3 + kMaxDims), static_cast<size_t>(e[2 + kMaxDims]));
     in.data_work.push_back(group_->irecv(t, in.from, in.tag + 1 + static_cast<int>(i)));
     in.boundary.tensors.push_back(std::move(t));
@@ -291,7 +290,7 @@ double PipelineStage::train_step(const PipeSchedule& schedule, const Tensor& inp
       }
       case PipeAction::Kind::SendGrad: {
         StageBoundary g{inputs[m].names, {}};
-        for (const Tensor& t : inputs[m].tensors) g.tensors.push_back(t.grad().defined() ? t.grad() : zeros_like_any(t));
+        for (const Tensor& t : inputs[m].tensors) g.tensors.push_back(t.grad().defined() ? t.grad() : zeros_like(t));
         send_boundary(g, s - 1, tag_of(a.micro, 1));
         inputs[m] = StageBoundary();
         break;

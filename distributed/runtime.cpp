@@ -51,8 +51,6 @@ uint64_t fnv1a(const void* data, size_t n, uint64_t h) {
 
 void check_collective_tensor(const Tensor& t, const char* op) {
   BRAID_CHECK(t.defined(), op, ": the tensor is undefined");
-  BRAID_CHECK(t.device().type == DeviceType::CPU, op, ": the MPI process group takes CPU tensors, got one on ",
-              t.device().str());
   BRAID_CHECK(t.is_contiguous(), op, ": the tensor (shape ", shape_str(t.shape()),
               ") must be contiguous; call .contiguous() first");
 }
@@ -149,7 +147,7 @@ const WorldInfo& init(const InitOptions& options) {
 #ifdef BRAID_DISTRIBUTED_MPI
     detail::mpi_start(launch, options.handle_failures, rt.info, rt.table);
     rt.uses_mpi = true;
-    rt.world = detail::make_mpi_world();
+    rt.world = detail::stage_device_tensors(detail::make_mpi_world());
 #else
     throw DistributedError(::braid::detail::cat(
         "braid: this process was started by ", launch.kind, " as one of several ranks, but braid was built "

@@ -28,12 +28,12 @@ SyncBatchNorm::SyncBatchNorm(int64_t num_features, double eps, double momentum, 
   BRAID_CHECK(num_features > 0, "SyncBatchNorm: num_features must be positive, got ", num_features);
   BRAID_CHECK(eps > 0, "SyncBatchNorm: eps must be positive, got ", eps);
   if (affine_) {
-    weight_ = register_parameter("weight", ones({num_features}));
-    bias_ = register_parameter("bias", zeros({num_features}));
+    weight_ = register_parameter("weight", ones({num_features}, kFloat32, default_device()));
+    bias_ = register_parameter("bias", zeros({num_features}, kFloat32, default_device()));
   }
-  running_mean_ = register_buffer("running_mean", zeros({num_features}));
-  running_var_ = register_buffer("running_var", ones({num_features}));
-  num_batches_tracked_ = register_buffer("num_batches_tracked", zeros({}, kInt64));
+  running_mean_ = register_buffer("running_mean", zeros({num_features}, kFloat32, default_device()));
+  running_var_ = register_buffer("running_var", ones({num_features}, kFloat32, default_device()));
+  num_batches_tracked_ = register_buffer("num_batches_tracked", zeros({}, kInt64, default_device()));
 }
 
 Tensor SyncBatchNorm::forward(const Tensor& x) {
@@ -56,7 +56,7 @@ Tensor SyncBatchNorm::forward(const Tensor& x) {
     Tensor d = x - mean_c;
     var_c = (all_reduce_sum(sum(d * d, axes), group_) * (1.0 / n)).reshape(cs);
     NoGradGuard no_grad;
-    num_batches_tracked_.add_(scalar_tensor(1, kInt64));
+    num_batches_tracked_.add_(scalar_like(num_batches_tracked_, 1));
     running_mean_.mul_(1.0 - momentum_).add_(mean_c.reshape({num_features_}), momentum_);
     running_var_.mul_(1.0 - momentum_).add_(var_c.reshape({num_features_}) * (n / (n - 1)), momentum_);
   } else {

@@ -11,11 +11,11 @@
 
 namespace braid::nn {
 
-Tensor generate_square_subsequent_mask(int64_t n, DType dtype) {
+Tensor generate_square_subsequent_mask(int64_t n, DType dtype, Device device) {
   BRAID_CHECK(n >= 0, "generate_square_subsequent_mask: size must be non-negative, got ", n);
-  Tensor i = arange(n, kInt64);
-  return where(gt(i.unsqueeze(0), i.unsqueeze(1)), full({}, -std::numeric_limits<double>::infinity(), dtype),
-               zeros({}, dtype));
+  Tensor i = arange(n, kInt64, device);
+  return where(gt(i.unsqueeze(0), i.unsqueeze(1)), full({}, -std::numeric_limits<double>::infinity(), dtype, device),
+               zeros({}, dtype, device));
 }
 
 MultiheadAttention::MultiheadAttention(int64_t embed_dim, int64_t num_heads, double dropout, bool bias,
@@ -27,8 +27,8 @@ MultiheadAttention::MultiheadAttention(int64_t embed_dim, int64_t num_heads, dou
   BRAID_CHECK(embed_dim % num_heads == 0, "MultiheadAttention: embed_dim (", embed_dim,
               ") must be divisible by num_heads (", num_heads, ")");
   BRAID_CHECK(dropout >= 0.0 && dropout <= 1.0, "MultiheadAttention: dropout must be in [0, 1], got ", dropout);
-  in_proj_weight_ = register_parameter("in_proj_weight", init::xavier_uniform_(empty({3 * embed_dim, embed_dim})));
-  if (bias) in_proj_bias_ = register_parameter("in_proj_bias", zeros({3 * embed_dim}));
+  in_proj_weight_ = register_parameter("in_proj_weight", init::xavier_uniform_(empty({3 * embed_dim, embed_dim}, kFloat32, default_device())));
+  if (bias) in_proj_bias_ = register_parameter("in_proj_bias", zeros({3 * embed_dim}, kFloat32, default_device()));
   auto out_proj = register_module("out_proj", std::make_shared<Linear>(embed_dim, embed_dim, bias));
   if (bias) init::zeros_(out_proj->bias());
 }
@@ -38,7 +38,8 @@ namespace {
 /// A bool mask (true = masked) as 0 / -inf, a float mask as it is, both in dtype.
 Tensor additive_mask(const Tensor& mask, DType dtype, const char* name) {
   if (mask.dtype() == kBool)
-    return where(mask, full({}, -std::numeric_limits<double>::infinity(), dtype), zeros({}, dtype));
+    return where(mask, full({}, -std::numeric_limits<double>::infinity(), dtype, mask.device()),
+                 zeros({}, dtype, mask.device()));
   BRAID_CHECK_T(TypeError, is_floating(mask.dtype()), "MultiheadAttention: ", name,
                 " must be bool or floating-point, got ", dtype_name(mask.dtype()));
   return mask.to(dtype);

@@ -77,8 +77,8 @@ Conv1d::Conv1d(int64_t in_channels, int64_t out_channels, int64_t kernel_size, i
     padding_ = padding.sizes().expand(1, "Conv1d", "padding")[0];
     check_at_least("Conv1d", "padding", {padding_}, 0);
   }
-  weight_ = register_parameter("weight", empty({out_, in_ / groups_, kernel_}));
-  if (bias) bias_ = register_parameter("bias", empty({out_}));
+  weight_ = register_parameter("weight", empty({out_, in_ / groups_, kernel_}, kFloat32, default_device()));
+  if (bias) bias_ = register_parameter("bias", empty({out_}, kFloat32, default_device()));
   init_conv(weight_, bias_);
 }
 
@@ -114,8 +114,8 @@ Conv2d::Conv2d(int64_t in_channels, int64_t out_channels, Ints kernel_size, Ints
   // {top, bottom, left, right} for 'same', split as PyTorch splits it.
   padding_ = same_ ? conv_padding_same(kernel_, dilation_) : padding.sizes().expand(2, "Conv2d", "padding");
   check_at_least("Conv2d", "padding", padding_, 0);
-  weight_ = register_parameter("weight", empty({out_, in_ / groups_, kernel_[0], kernel_[1]}));
-  if (bias) bias_ = register_parameter("bias", empty({out_}));
+  weight_ = register_parameter("weight", empty({out_, in_ / groups_, kernel_[0], kernel_[1]}, kFloat32, default_device()));
+  if (bias) bias_ = register_parameter("bias", empty({out_}, kFloat32, default_device()));
   init_conv(weight_, bias_);
 }
 
@@ -153,8 +153,8 @@ ConvTranspose2d::ConvTranspose2d(int64_t in_channels, int64_t out_channels, Ints
     BRAID_CHECK(output_padding_[i] < stride_[i] || output_padding_[i] < dilation_[i],
                 "ConvTranspose2d: output_padding ", tuple(output_padding_), " must be smaller than stride ",
                 tuple(stride_), " or dilation ", tuple(dilation_));
-  weight_ = register_parameter("weight", empty({in_, out_ / groups_, kernel_[0], kernel_[1]}));
-  if (bias) bias_ = register_parameter("bias", empty({out_}));
+  weight_ = register_parameter("weight", empty({in_, out_ / groups_, kernel_[0], kernel_[1]}, kFloat32, default_device()));
+  if (bias) bias_ = register_parameter("bias", empty({out_}, kFloat32, default_device()));
   init_conv(weight_, bias_);
 }
 

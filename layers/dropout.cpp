@@ -11,7 +11,7 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator* gen) {
   BRAID_CHECK_T(TypeError, is_floating(x.dtype()), "dropout: expected a floating-point input, got ",
                 dtype_name(x.dtype()));
   if (p == 1.0) return x * 0.0;  // keeps the graph, so the gradient is zero rather than missing
-  return x * (bernoulli(x.shape(), 1.0 - p, x.dtype(), gen) * (1.0 / (1.0 - p)));
+  return x * (bernoulli(x.shape(), 1.0 - p, x.dtype(), gen, x.device()) * (1.0 / (1.0 - p)));
 }
 
 Dropout::Dropout(double p, Generator* gen) : Module("Dropout"), p_(p), gen_(gen) {

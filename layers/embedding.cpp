@@ -15,7 +15,7 @@ Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim, std::optiona
                   " is out of range for ", num_, " embeddings");
     padding_idx_ = *padding_idx < 0 ? *padding_idx + num_ : *padding_idx;
   }
-  Tensor w = init::normal_(empty({num_, dim_}));
+  Tensor w = init::normal_(empty({num_, dim_}, kFloat32, default_device()));
   if (padding_idx_) init::zeros_(w.select(0, *padding_idx_));
   weight_ = register_parameter("weight", w);
 }
@@ -36,7 +36,7 @@ Tensor Embedding::forward(const Tensor& indices) {
   out_shape.push_back(dim_);
   Tensor rows = index_select(weight_, 0, indices.reshape({-1})).reshape(out_shape);
   if (!padding_idx_) return rows;
-  Tensor is_pad = eq(indices, scalar_tensor(static_cast<double>(*padding_idx_), indices.dtype())).unsqueeze(-1);
+  Tensor is_pad = eq(indices, scalar_like(indices, static_cast<double>(*padding_idx_))).unsqueeze(-1);
   return where(is_pad, rows.detach(), rows);
 }
 

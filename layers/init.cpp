@@ -55,13 +55,13 @@ std::pair<int64_t, int64_t> calculate_fan_in_and_fan_out(const Tensor& t) {
 Tensor uniform_(Tensor t, double a, double b, Generator* gen) {
   check_float(t, "uniform_");
   BRAID_CHECK(a <= b, "uniform_: expected a <= b, got a=", a, " b=", b);
-  return fill_from(t, rand(t.shape(), t.dtype(), gen, a, b));
+  return fill_from(t, rand(t.shape(), t.dtype(), gen, a, b, t.device()));
 }
 
 Tensor normal_(Tensor t, double mean, double std, Generator* gen) {
   check_float(t, "normal_");
   BRAID_CHECK(std >= 0, "normal_: expected std >= 0, got ", std);
-  return fill_from(t, randn(t.shape(), t.dtype(), gen, mean, std));
+  return fill_from(t, randn(t.shape(), t.dtype(), gen, mean, std, t.device()));
 }
 
 Tensor constant_(Tensor t, double value) {

@@ -25,10 +25,10 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool bias)
     : Module("Linear"), in_(in_features), out_(out_features) {
   BRAID_CHECK(in_features >= 0 && out_features >= 0, "Linear: feature counts must be non-negative, got in_features=",
               in_features, " out_features=", out_features);
-  weight_ = register_parameter("weight", init::kaiming_uniform_(empty({out_, in_}), std::sqrt(5.0)));
+  weight_ = register_parameter("weight", init::kaiming_uniform_(empty({out_, in_}, kFloat32, default_device()), std::sqrt(5.0)));
   if (bias) {
     double bound = in_ > 0 ? 1.0 / std::sqrt(static_cast<double>(in_)) : 0.0;
-    bias_ = register_parameter("bias", init::uniform_(empty({out_}), -bound, bound));
+    bias_ = register_parameter("bias", init::uniform_(empty({out_}, kFloat32, default_device()), -bound, bound));
   }
 }
 

@@ -88,8 +88,8 @@ IndexTerms index_terms(const Tensor& input, const Tensor& target, const Tensor& 
               shape_str(expected), ")");
   const int64_t classes = input.size(1);
   Tensor t = cast(target, kInt64);
-  Tensor ignored = eq(t, scalar_tensor(static_cast<double>(ignore_index), kInt64));
-  Tensor safe = where(ignored, zeros({}, kInt64), t);
+  Tensor ignored = eq(t, scalar_like(t, static_cast<double>(ignore_index)));
+  Tensor safe = where(ignored, scalar_like(t, 0), t);
   if (safe.numel() > 0 && (amin(safe).item() < 0 || amax(safe).item() >= static_cast<double>(classes))) {
     std::vector<int64_t> v = safe.to_vector<int64_t>();
     auto bad = std::find_if(v.begin(), v.end(), [classes](int64_t c) { return c < 0 || c >= classes; });
@@ -98,7 +98,7 @@ IndexTerms index_terms(const Tensor& input, const Tensor& target, const Tensor& 
                                  shape_str(input.shape()), "); ignore_index is ", ignore_index));
   }
   const DType dt = input.dtype();
-  Tensor zero = zeros({}, dt);
+  Tensor zero = scalar_like(input, 0);
   IndexTerms r;
   r.ignored = ignored;
   r.picked = where(ignored, zero, gather(input, 1, safe.unsqueeze(1)).squeeze(1));
@@ -166,7 +166,7 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target, const Tensor& we
     if (eps > 0) {
       // The uniform part of the smoothed target: every class at eps / C, weighted per class.
       Tensor smooth = -sum(w.defined() ? logp * w : logp, {1});
-      smooth = where(it.ignored, zeros({}, x.dtype()), smooth);
+      smooth = where(it.ignored, scalar_like(x, 0), smooth);
       loss = loss * (1.0 - eps) + smooth * (eps / static_cast<double>(classes));
     }
     return reduce_by_weight(loss, it.weights, r);
@@ -209,7 +209,7 @@ Tensor smooth_l1_loss(const Tensor& input, const Tensor& target, const std::stri
   Tensor d = input - target;
   Tensor ad = abs(d);
   Tensor quadratic = square(d) * (0.5 / beta);
-  return reduce(where(lt(ad, scalar_tensor(beta, ad.dtype())), quadratic, ad - 0.5 * beta), r);
+  return reduce(where(lt(ad, scalar_like(ad, beta)), quadratic, ad - 0.5 * beta), r);
 }
 
 Tensor binary_cross_entropy_with_logits(const Tensor& input, const Tensor& target, const Tensor& weight,

@@ -190,6 +190,29 @@ void Module::to(DType dtype) {
   for (auto& [n, c] : children_) c->to(dtype);
 }
 
+void Module::to(Device device) {
+  NoGradGuard no_grad;
+  auto move = [device](Tensor t) {
+    if (!t.defined() || t.device() == device) return;
+    Tensor c = t.detach().to(device);
+    Tensor g = t.grad();
+    TensorImpl& impl = t.impl();
+    impl.storage = c.storage();
+    impl.strides = c.strides();
+    impl.offset = c.offset();
+    if (g.defined()) t.set_grad(g.to(device));
+  };
+  for (auto& [n, t] : params_) move(t);
+  for (auto& [n, t] : buffers_) move(t);
+  for (auto& [n, c] : children_) c->to(device);
+}
+
+Device Module::device() const {
+  for (const auto& [n, t] : named_parameters()) return t.device();
+  for (const auto& [n, t] : named_buffers()) return t.device();
+  return Device::cpu();
+}
+
 int64_t Module::num_parameters() const {
   int64_t n = 0;
   for (const Tensor& p : parameters()) n += p.numel();

@@ -29,13 +29,13 @@ BatchNorm::BatchNorm(std::string type, std::vector<int64_t> ranks, int64_t num_f
   BRAID_CHECK(num_features > 0, type_name(), ": num_features must be positive, got ", num_features);
   BRAID_CHECK(eps > 0, type_name(), ": eps must be positive, got ", eps);
   if (affine_) {
-    weight_ = register_parameter("weight", ones({num_features}));
-    bias_ = register_parameter("bias", zeros({num_features}));
+    weight_ = register_parameter("weight", ones({num_features}, kFloat32, default_device()));
+    bias_ = register_parameter("bias", zeros({num_features}, kFloat32, default_device()));
   }
   if (track_) {
-    running_mean_ = register_buffer("running_mean", zeros({num_features}));
-    running_var_ = register_buffer("running_var", ones({num_features}));
-    num_batches_tracked_ = register_buffer("num_batches_tracked", zeros({}, kInt64));
+    running_mean_ = register_buffer("running_mean", zeros({num_features}, kFloat32, default_device()));
+    running_var_ = register_buffer("running_var", ones({num_features}, kFloat32, default_device()));
+    num_batches_tracked_ = register_buffer("num_batches_tracked", zeros({}, kInt64, default_device()));
   }
 }
 
@@ -60,7 +60,7 @@ Tensor BatchNorm::forward(const Tensor& x) {
     var_c = var(x, axes, 0, true);
     if (is_training() && track_) {
       NoGradGuard no_grad;
-      num_batches_tracked_.add_(scalar_tensor(1, kInt64));
+      num_batches_tracked_.add_(scalar_like(num_batches_tracked_, 1));
       const double f = momentum_ ? *momentum_ : 1.0 / num_batches_tracked_.item();
       Tensor unbiased = var_c.reshape({num_features_}) * (static_cast<double>(n) / static_cast<double>(n - 1));
       running_mean_.mul_(1.0 - f).add_(mean_c.reshape({num_features_}), f);
@@ -105,8 +105,8 @@ LayerNorm::LayerNorm(Ints normalized_shape, double eps, bool elementwise_affine)
   for (int64_t d : shape_) BRAID_CHECK(d > 0, "LayerNorm: normalized_shape ", shape_str(shape_), " must be positive");
   BRAID_CHECK(eps > 0, "LayerNorm: eps must be positive, got ", eps);
   if (affine_) {
-    weight_ = register_parameter("weight", ones(shape_));
-    bias_ = register_parameter("bias", zeros(shape_));
+    weight_ = register_parameter("weight", ones(shape_, kFloat32, default_device()));
+    bias_ = register_parameter("bias", zeros(shape_, kFloat32, default_device()));
   }
 }
 
@@ -134,8 +134,8 @@ GroupNorm::GroupNorm(int64_t num_groups, int64_t num_channels, double eps, bool 
               num_channels, ") must be a positive multiple of num_groups (", num_groups, ")");
   BRAID_CHECK(eps > 0, "GroupNorm: eps must be positive, got ", eps);
   if (affine_) {
-    weight_ = register_parameter("weight", ones({num_channels}));
-    bias_ = register_parameter("bias", zeros({num_channels}));
+    weight_ = register_parameter("weight", ones({num_channels}, kFloat32, default_device()));
+    bias_ = register_parameter("bias", zeros({num_channels}, kFloat32, default_device()));
   }
 }
 

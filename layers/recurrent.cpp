@@ -37,7 +37,7 @@ RNNBase::RNNBase(std::string type, int64_t gates, bool cell_state, int64_t input
   const double bound = 1.0 / std::sqrt(static_cast<double>(hidden_size));
   const int64_t dirs = bidirectional ? 2 : 1, rows = gates * hidden_size;
   auto param = [&](const std::string& name, const Shape& shape) {
-    return register_parameter(name, init::uniform_(empty(shape), -bound, bound));
+    return register_parameter(name, init::uniform_(empty(shape, kFloat32, default_device()), -bound, bound));
   };
   for (int64_t l = 0; l < num_layers; ++l)
     for (int64_t d = 0; d < dirs; ++d) {
@@ -75,7 +75,7 @@ std::vector<Tensor> RNNBase::run(const Tensor& x, const Tensor& h0, const Tensor
   check_state(h0, "h0", batch, batched);
   check_state(c0, "c0", batch, batched);
   auto initial = [&](const Tensor& s, int64_t k) {
-    if (!s.defined()) return zeros({batch, hidden_size_}, x.dtype());
+    if (!s.defined()) return zeros({batch, hidden_size_}, x.dtype(), x.device());
     return batched ? s.select(0, k) : s.select(0, k).unsqueeze(0);
   };
   std::vector<Tensor> h_n, c_n;

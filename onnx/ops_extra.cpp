@@ -361,7 +361,7 @@ Tensor resize_axis(const Tensor& x, int64_t axis, int64_t out, double scale, con
     if (!any_extrapolated) return r;
     Shape ms(static_cast<size_t>(x.dim()), 1);
     ms[static_cast<size_t>(axis)] = out;
-    return where(tensor_bool(extrapolated, ms), scalar_tensor(rm.extrapolation, x.dtype()), r);
+    return where(tensor_bool(extrapolated, ms), scalar_like(x, rm.extrapolation), r);
   }
   // linear and cubic: out x in weights, applied as a matrix product along the axis.
   const int64_t taps = rm.mode == "cubic" ? 4 : 2;
@@ -1325,8 +1325,8 @@ Tensors det_op(OpContext& c) {
     Tensor pivot = reshape(narrow(narrow(a, 1, 0, 1), 2, 0, 1), {nb});
     det = det * pivot;
     if (k > 1) {
-      Tensor zero = zeros({}, pivot.dtype());
-      Tensor safe = where(eq(pivot, zero), ones({}, pivot.dtype()), pivot);  // a zero pivot already made det 0
+      Tensor zero = scalar_like(pivot, 0);
+      Tensor safe = where(eq(pivot, zero), scalar_like(pivot, 1), pivot);  // a zero pivot already made det 0
       Tensor rest = narrow(narrow(a, 1, 1, k - 1), 2, 1, k - 1);
       Tensor lower = narrow(narrow(a, 1, 1, k - 1), 2, 0, 1);
       Tensor upper = narrow(narrow(a, 1, 0, 1), 2, 1, k - 1);

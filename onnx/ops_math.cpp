@@ -131,8 +131,8 @@ void register_math_ops(OpRegistry& r) {
   r.add(op("IsInf", {"detect_negative", "detect_positive"}, [](OpContext& c) {
     const Tensor& x = c.input(0);
     const double inf = std::numeric_limits<double>::infinity();
-    Tensor pos = eq(x, scalar_tensor(inf, x.dtype()));
-    Tensor neg_inf = eq(x, scalar_tensor(-inf, x.dtype()));
+    Tensor pos = eq(x, scalar_like(x, inf));
+    Tensor neg_inf = eq(x, scalar_like(x, -inf));
     const bool p = c.attr_int("detect_positive", 1) != 0, n = c.attr_int("detect_negative", 1) != 0;
     if (p && n) return Tensors{logical_or(pos, neg_inf)};
     if (p) return Tensors{pos};
@@ -165,19 +165,19 @@ void register_math_ops(OpRegistry& r) {
       s[0] = slope.size(0);
       slope = reshape(slope, s);
     }
-    return Tensors{where(lt(x, zeros({}, x.dtype())), x * slope, x)};
+    return Tensors{where(lt(x, scalar_like(x, 0)), x * slope, x)};
   }));
   r.add(op("ThresholdedRelu", {"alpha"}, [](OpContext& c) {
     const Tensor& x = c.input(0);
-    return Tensors{where(gt(x, scalar_tensor(c.attr_float("alpha", 1.0), x.dtype())), x, zeros({}, x.dtype()))};
+    return Tensors{where(gt(x, scalar_like(x, c.attr_float("alpha", 1.0))), x, scalar_like(x, 0))};
   }));
   r.add(op("Mish", {}, [](OpContext& c) { return Tensors{c.input(0) * tanh(softplus(c.input(0)))}; }));
   r.add(op("Gelu", {"approximate"}, [](OpContext& c) { return Tensors{gelu(c.input(0), c.attr_string("approximate", "none"))}; }));
   r.add(op("Shrink", {"bias", "lambd"}, [](OpContext& c) {
     const Tensor& x = c.input(0);
     const double b = c.attr_float("bias", 0.0), l = c.attr_float("lambd", 0.5);
-    Tensor zero = zeros({}, x.dtype());
-    return Tensors{where(lt(x, scalar_tensor(-l, x.dtype())), x + b, where(gt(x, scalar_tensor(l, x.dtype())), x - b, zero))};
+    Tensor zero = scalar_like(x, 0);
+    return Tensors{where(lt(x, scalar_like(x, -l)), x + b, where(gt(x, scalar_like(x, l)), x - b, zero))};
   }));
   r.add(op("Softmax", {"axis"}, [](OpContext& c) { return Tensors{along_axis(c, [](const Tensor& x, int64_t a) { return softmax(x, a); })}; }));
   r.add(op("LogSoftmax", {"axis"}, [](OpContext& c) { return Tensors{along_axis(c, [](const Tensor& x, int64_t a) { return log_softmax(x, a); })}; }));
@@ -194,8 +194,8 @@ void register_math_ops(OpRegistry& r) {
     }
     if (!is_floating(x.dtype())) {
       Tensor y = x;
-      if (lo) y = maximum(y, scalar_tensor(*lo, x.dtype()));
-      if (hi) y = minimum(y, scalar_tensor(*hi, x.dtype()));
+      if (lo) y = maximum(y, scalar_like(x, *lo));
+      if (hi) y = minimum(y, scalar_like(x, *hi));
       return Tensors{y};
     }
     if (!lo && !hi) return Tensors{x};

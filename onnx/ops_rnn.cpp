@@ -58,7 +58,7 @@ struct Activation {
     if (name == "relu") return relu(x);
     if (name == "affine") return x * alpha + beta;
     if (name == "leakyrelu") return leaky_relu(x, alpha);
-    if (name == "thresholdedrelu") return where(gt(x, scalar_tensor(alpha, x.dtype())), x, zeros({}, x.dtype()));
+    if (name == "thresholdedrelu") return where(gt(x, scalar_like(x, alpha)), x, scalar_like(x, 0));
     if (name == "scaledtanh") return tanh(x * beta) * alpha;
     if (name == "hardsigmoid") return clamp(x * alpha + beta, 0.0, 1.0);
     if (name == "elu") return elu(x, alpha);

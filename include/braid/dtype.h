@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "braid/device.h"
+
 namespace braid {
 
 enum class DType { Float32, Float64, Int64, Int32, Bool, Float16, BFloat16 };
@@ -73,20 +75,6 @@ bool scalar_fits(double v, DType t);
 DType scalar_result_type(DType t, double v);
 /// Throws ValueError naming op when v does not fit t (scalar_fits).
 void check_scalar_fits(double v, DType t, const char* op);
-
-enum class DeviceType { CPU, CUDA };
-
-/// Where a tensor's storage lives. Only the CPU is compiled in this build; the field exists so that
-/// device backends plug in without changing call sites.
-struct Device {
-  DeviceType type = DeviceType::CPU;
-  int index = 0;
-  bool operator==(const Device& o) const { return type == o.type && index == o.index; }
-  bool operator!=(const Device& o) const { return !(*this == o); }
-  std::string str() const;
-};
-
-inline Device cpu() { return Device{DeviceType::CPU, 0}; }
 
 /// Sizes of a tensor, outermost first.
 using Shape = std::vector<int64_t>;

@@ -12,41 +12,66 @@
 
 namespace braid {
 
+// Note [Implicit devices]
+// A creation function called without a device puts the tensor on default_device(), as PyTorch's
+// factory functions do. Inside braid itself that default would hide bugs: a constant that an op
+// or a backward formula makes without naming its operand's device would land wherever the user's
+// default points, right in a test whose default is the test device and wrong on a GPU. So braid's
+// own sources (built with BRAID_BUILDING_LIBRARY) see the CPU as the implicit device: a constant
+// made without the operand's device is a CPU tensor, which the shadow-device runs of the test suite
+// reject as a device mix. Code that means the user's default (a layer's parameters) names
+// default_device() explicitly.
+#if defined(BRAID_BUILDING_LIBRARY)
+#define BRAID_IMPLICIT_DEVICE ::braid::Device::cpu()
+#else
+#define BRAID_IMPLICIT_DEVICE ::braid::default_device()
+#endif
+
 // ---- creation ----
-Tensor empty(const Shape& shape, DType dtype = kFloat32, Device device = cpu());
-Tensor zeros(const Shape& shape, DType dtype = kFloat32, Device device = cpu());
-Tensor ones(const Shape& shape, DType dtype = kFloat32, Device device = cpu());
-Tensor full(const Shape& shape, double value, DType dtype = kFloat32, Device device = cpu());
+Tensor empty(const Shape& shape, DType dtype = kFloat32, Device device = BRAID_IMPLICIT_DEVICE);
+Tensor zeros(const Shape& shape, DType dtype = kFloat32, Device device = BRAID_IMPLICIT_DEVICE);
+Tensor ones(const Shape& shape, DType dtype = kFloat32, Device device = BRAID_IMPLICIT_DEVICE);
+Tensor full(const Shape& shape, double value, DType dtype = kFloat32, Device device = BRAID_IMPLICIT_DEVICE);
+/// Same shape, dtype and device as t.
 Tensor zeros_like(const Tensor& t);
 Tensor ones_like(const Tensor& t);
 Tensor full_like(const Tensor& t, double value);
 /// A 0-d tensor holding value.
-Tensor scalar_tensor(double value, DType dtype = kFloat32, Device device = cpu());
+Tensor scalar_tensor(double value, DType dtype = kFloat32, Device device = BRAID_IMPLICIT_DEVICE);
+/// A 0-d tensor holding value with t's dtype and device (tinygrad's const_like): the constant that
+/// ops and backward formulas combine with t.
+Tensor scalar_like(const Tensor& t, double value);
 /// Values start, start+step, ... below end (above end for a negative step).
-Tensor arange(double start, double end, double step = 1.0, DType dtype = kFloat32);
-Tensor arange(int64_t end, DType dtype = kInt64);
+Tensor arange(double start, double end, double step = 1.0, DType dtype = kFloat32,
+              Device device = BRAID_IMPLICIT_DEVICE);
+Tensor arange(int64_t end, DType dtype = kInt64, Device device = BRAID_IMPLICIT_DEVICE);
 /// steps values evenly spaced from start to end inclusive.
-Tensor linspace(double start, double end, int64_t steps, DType dtype = kFloat32);
-Tensor eye(int64_t n, DType dtype = kFloat32);
-/// Copies count = numel(shape) elements of dtype from data.
-Tensor from_buffer(const void* data, const Shape& shape, DType dtype);
-/// Wraps data without copying; the caller keeps it alive while any view of the tensor lives.
+Tensor linspace(double start, double end, int64_t steps, DType dtype = kFloat32, Device device = BRAID_IMPLICIT_DEVICE);
+Tensor eye(int64_t n, DType dtype = kFloat32, Device device = BRAID_IMPLICIT_DEVICE);
+/// Copies count = numel(shape) elements of dtype from host memory at data onto device.
+Tensor from_buffer(const void* data, const Shape& shape, DType dtype, Device device = BRAID_IMPLICIT_DEVICE);
+/// Wraps host memory without copying (a CPU tensor); the caller keeps it alive while any view of
+/// the tensor lives.
 Tensor from_blob(void* data, const Shape& shape, DType dtype);
-Tensor tensor(const std::vector<float>& values, const Shape& shape);
-Tensor tensor(const std::vector<double>& values, const Shape& shape);
-Tensor tensor(const std::vector<int64_t>& values, const Shape& shape);
-Tensor tensor(const std::vector<int32_t>& values, const Shape& shape);
-Tensor tensor_bool(const std::vector<bool>& values, const Shape& shape);
-/// Uniform on [low, high).
-Tensor rand(const Shape& shape, DType dtype = kFloat32, Generator* gen = nullptr, double low = 0.0, double high = 1.0);
+Tensor tensor(const std::vector<float>& values, const Shape& shape, Device device = BRAID_IMPLICIT_DEVICE);
+Tensor tensor(const std::vector<double>& values, const Shape& shape, Device device = BRAID_IMPLICIT_DEVICE);
+Tensor tensor(const std::vector<int64_t>& values, const Shape& shape, Device device = BRAID_IMPLICIT_DEVICE);
+Tensor tensor(const std::vector<int32_t>& values, const Shape& shape, Device device = BRAID_IMPLICIT_DEVICE);
+Tensor tensor_bool(const std::vector<bool>& values, const Shape& shape, Device device = BRAID_IMPLICIT_DEVICE);
+/// Uniform on [low, high). Draws are the same on every device for the same generator state.
+Tensor rand(const Shape& shape, DType dtype = kFloat32, Generator* gen = nullptr, double low = 0.0, double high = 1.0,
+            Device device = BRAID_IMPLICIT_DEVICE);
 /// Normal with the given mean and standard deviation.
-Tensor randn(const Shape& shape, DType dtype = kFloat32, Generator* gen = nullptr, double mean = 0.0, double std = 1.0);
+Tensor randn(const Shape& shape, DType dtype = kFloat32, Generator* gen = nullptr, double mean = 0.0, double std = 1.0,
+             Device device = BRAID_IMPLICIT_DEVICE);
 /// 1 with probability p, else 0, in dtype.
-Tensor bernoulli(const Shape& shape, double p, DType dtype = kFloat32, Generator* gen = nullptr);
+Tensor bernoulli(const Shape& shape, double p, DType dtype = kFloat32, Generator* gen = nullptr,
+                 Device device = BRAID_IMPLICIT_DEVICE);
 /// Integers uniform on [low, high).
-Tensor randint(int64_t low, int64_t high, const Shape& shape, DType dtype = kInt64, Generator* gen = nullptr);
+Tensor randint(int64_t low, int64_t high, const Shape& shape, DType dtype = kInt64, Generator* gen = nullptr,
+               Device device = BRAID_IMPLICIT_DEVICE);
 /// A random permutation of 0..n-1.
-Tensor randperm(int64_t n, Generator* gen = nullptr);
+Tensor randperm(int64_t n, Generator* gen = nullptr, Device device = BRAID_IMPLICIT_DEVICE);
 
 // ---- elementwise unary ----
 Tensor neg(const Tensor& x);
@@ -150,6 +175,8 @@ Tensor unsqueeze(const Tensor& x, int64_t axis);
 Tensor flatten(const Tensor& x, int64_t start = 0, int64_t end = -1);
 Tensor contiguous(const Tensor& x);
 Tensor cast(const Tensor& x, DType dtype);
+/// x on device (x itself when it is there already); the gradient is moved back to x's device.
+Tensor to_device(const Tensor& x, Device device);
 Tensor concat(const std::vector<Tensor>& xs, int64_t axis);
 Tensor stack(const std::vector<Tensor>& xs, int64_t axis);
 /// Pieces of the given sizes along axis (they must add up to the axis' size).

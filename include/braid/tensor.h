@@ -73,7 +73,8 @@ class Tensor {
   /// True when both handles refer to the same tensor object.
   bool is_same(const Tensor& o) const { return impl_ == o.impl_; }
 
-  /// Pointer to the first element (offset applied).
+  /// Pointer to the first element (offset applied); TypeError for a tensor whose memory the host
+  /// cannot read (not on the CPU): copy it with cpu() first.
   void* raw_data() const;
   template <typename T>
   T* data() const {
@@ -81,9 +82,9 @@ class Tensor {
                   ">: tensor has dtype ", dtype_name(dtype()));
     return static_cast<T*>(raw_data());
   }
-  /// The single element of a one-element tensor, converted to double.
+  /// The single element of a one-element tensor, converted to double (copied from its device).
   double item() const;
-  /// All elements in row-major order, converted to T.
+  /// All elements in row-major order, converted to T (copied from its device).
   template <typename T>
   std::vector<T> to_vector() const;
   std::string to_string() const;
@@ -106,6 +107,11 @@ class Tensor {
   Tensor contiguous() const;
   Tensor clone() const;
   Tensor to(DType dtype) const;
+  /// A copy on device (this tensor itself when it is there already); gradients flow back to this
+  /// tensor's device.
+  Tensor to(Device device) const;
+  Tensor cpu() const;
+  Tensor cuda(int index = 0) const;
 
   // ---- reductions and common ops as methods (see ops.h) ----
   Tensor sum(const std::vector<int64_t>& axes = {}, bool keepdim = false) const;
@@ -115,6 +121,7 @@ class Tensor {
   // ---- in-place (refused on tensors that autograd tracks while grad mode is on) ----
   Tensor& fill_(double value);
   Tensor& zero_();
+  /// Copies src (broadcast to this shape, cast to this dtype) into this tensor, from any device.
   Tensor& copy_(const Tensor& src);
   Tensor& add_(const Tensor& other, double alpha = 1.0);
   Tensor& mul_(double value);

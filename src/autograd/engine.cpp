@@ -311,6 +311,8 @@ Tensor Tensor::grad() const {
 void Tensor::set_grad(const Tensor& g) {
   BRAID_CHECK(!g.defined() || g.shape() == shape(), "set_grad: gradient shape ", shape_str(g.shape()),
               " does not match tensor shape ", shape_str(shape()));
+  BRAID_CHECK_T(TypeError, !g.defined() || g.device() == device(), "set_grad: gradient on ", g.device().str(),
+                " for a tensor on ", device().str());
   auto& m = impl().autograd;
   if (!m) m = std::make_shared<detail::AutogradMeta>();
   m->grad = g;
@@ -334,7 +336,7 @@ void Tensor::backward(const Tensor& gradient, bool retain_graph) const {
   if (!g.defined()) {
     BRAID_CHECK(numel() == 1, "backward: a gradient can be implied only for a one-element output, got shape ",
                 shape_str(shape()), "; pass the output's gradient explicitly");
-    g = ones(shape(), dtype());
+    g = ones(shape(), dtype(), device());
   }
   BRAID_CHECK(g.shape() == shape(), "backward: gradient shape ", shape_str(g.shape()), " does not match output shape ",
               shape_str(shape()));

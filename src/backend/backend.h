@@ -53,6 +53,26 @@ inline std::pair<int64_t, int64_t> window_taps(int64_t start, int64_t dilation, 
 class Backend {
  public:
   virtual ~Backend() = default;
+
+  // ---- memory, transfers and ordering (Note [Device memory] in src/core/storage.cpp) ----
+  /// nbytes (a positive multiple of 64) of this device's memory, 64-byte aligned at least; throws
+  /// Error naming the bytes on exhaustion.
+  virtual void* allocate(Device device, int64_t nbytes) = 0;
+  /// Returns memory from allocate (same device and size).
+  virtual void deallocate(Device device, void* p, int64_t nbytes) = 0;
+  /// Bytes the allocator keeps for reuse, and their release to the system.
+  virtual int64_t cached_bytes(Device device) = 0;
+  virtual void empty_cache(Device device) = 0;
+  /// Raw byte copies between host memory and this device's memory; ordered after every queued op,
+  /// and complete (host memory safe to read or reuse) when they return.
+  virtual void copy_from_host(Device device, const void* host, void* dev, int64_t nbytes) = 0;
+  virtual void copy_to_host(Device device, const void* dev, void* host, int64_t nbytes) = 0;
+  /// Waits for every queued operation on device.
+  virtual void synchronize(Device device) = 0;
+  /// The number of devices of this backend's type in the process.
+  virtual int device_count() = 0;
+
+  // ---- primitives ----
   /// dst[i] = cast(src[i]); same shape, any strides and dtypes.
   virtual void copy(const Tensor& src, const Tensor& dst) = 0;
   virtual void fill(const Tensor& dst, double value) = 0;
@@ -96,7 +116,8 @@ class Backend {
                                    const Tensor& grad_x) = 0;
 };
 
-/// The backend that runs tensors on device.
+/// The backend that runs tensors on device; NotImplementedError when the device is not compiled
+/// in or does not exist.
 Backend& backend_for(Device device);
 
 }  // namespace braid::detail

@@ -85,8 +85,6 @@ void check_scalar_fits(double v, DType t, const char* op) {
   BRAID_CHECK(scalar_fits(v, t), op, ": value ", v, " cannot be converted to ", dtype_name(t), " without overflow");
 }
 
-std::string Device::str() const { return type == DeviceType::CPU ? "cpu" : "cuda:" + std::to_string(index); }
-
 std::string shape_str(const Shape& s) {
   std::string out = "[";
   for (size_t i = 0; i < s.size(); ++i) {

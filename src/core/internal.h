@@ -12,7 +12,12 @@ namespace braid::detail {
 /// A tensor over storage with the given layout.
 Tensor make_tensor(std::shared_ptr<Storage> storage, Shape shape, Shape strides, int64_t offset, DType dtype);
 /// A new contiguous tensor; contents uninitialised.
-Tensor new_tensor(const Shape& shape, DType dtype, Device device = cpu());
+Tensor new_tensor(const Shape& shape, DType dtype, Device device);
+/// The address of t's first element in its device's memory, for backends (Tensor::raw_data refuses
+/// memory the host cannot read).
+void* device_data(const Tensor& t);
+/// t on device (t itself when it is there already), contiguous when copied; not recorded.
+Tensor transfer_raw(const Tensor& t, Device device);
 /// A view of t with another layout over the same storage (no autograd).
 Tensor as_strided(const Tensor& t, Shape shape, Shape strides, int64_t offset);
 /// axis in [-ndim, ndim) -> [0, ndim); IndexError naming op otherwise, and always for a 0-d tensor.

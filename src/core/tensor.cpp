@@ -32,6 +32,31 @@ Tensor new_tensor(const Shape& shape, DType dtype, Device device) {
   return make_tensor(std::move(storage), shape, contiguous_strides(shape), 0, dtype);
 }
 
+void* device_data(const Tensor& t) {
+  return static_cast<char*>(t.storage()->data()) + t.offset() * t.element_size();
+}
+
+// Note [Transfers]
+// The one place that moves bytes between devices: a dense copy of t on its own device, then the
+// byte copy of whichever side is the host (a device-to-device move is staged through the host,
+// which is what one process with one device of each kind needs; peer copies can come later).
+Tensor transfer_raw(const Tensor& t, Device device) {
+  if (t.device() == device) return t;
+  Tensor src = t;
+  if (!src.is_contiguous()) {
+    src = new_tensor(t.shape(), t.dtype(), t.device());
+    backend_for(t.device()).copy(t, src);
+  }
+  if (!t.device().is_cpu() && !device.is_cpu()) return transfer_raw(transfer_raw(src, Device::cpu()), device);
+  Tensor out = new_tensor(t.shape(), t.dtype(), device);
+  const int64_t nbytes = t.numel() * t.element_size();
+  if (t.device().is_cpu())
+    backend_for(device).copy_from_host(device, device_data(src), device_data(out), nbytes);
+  else
+    backend_for(t.device()).copy_to_host(t.device(), device_data(src), device_data(out), nbytes);
+  return out;
+}
+
 Tensor as_strided(const Tensor& t, Shape shape, Shape strides, int64_t offset) {
   return make_tensor(t.storage(), std::move(shape), std::move(strides), offset, t.dtype());
 }
@@ -107,25 +132,25 @@ bool Tensor::is_contiguous() const {
 }
 
 void* Tensor::raw_data() const {
-  return static_cast<char*>(impl().storage->data()) + impl().offset * element_size();
+  BRAID_CHECK_T(TypeError, device().is_cpu(), "raw_data: the tensor is on ", device().str(),
+                ", whose memory the host cannot read; copy it first with .cpu()");
+  return detail::device_data(*this);
 }
 
 double Tensor::item() const {
   BRAID_CHECK(numel() == 1, "item: expected a tensor with one element, got shape ", shape_str(shape()));
-  double v = 0;
-  Tensor out = detail::make_tensor(Storage::wrap(&v, sizeof v), {}, {}, 0, kFloat64);
-  detail::backend_for(device()).copy(reshape({}), out);
-  return v;
+  return to_vector<double>()[0];
 }
 
 template <typename T>
 std::vector<T> Tensor::to_vector() const {
   constexpr DType target = detail::dtype_of<T>();
-  Tensor c = detail::new_tensor(shape(), target);
+  Tensor c = detail::new_tensor(shape(), target, device());
   {
     NoGradGuard guard;
     detail::backend_for(device()).copy(*this, c);
   }
+  c = detail::transfer_raw(c, Device::cpu());
   const T* p = static_cast<const T*>(c.raw_data());
   return std::vector<T>(p, p + c.numel());
 }
@@ -145,6 +170,7 @@ std::string Tensor::to_string() const {
   if (!defined()) return "Tensor(undefined)";
   std::ostringstream os;
   os << "Tensor(shape=" << shape_str(shape()) << ", dtype=" << dtype_name(dtype());
+  if (!device().is_cpu()) os << ", device=" << device().str();
   if (requires_grad()) os << ", requires_grad=true";
   os << ", values=[";
   std::vector<double> v = to_vector<double>();
@@ -191,6 +217,9 @@ Tensor Tensor::squeeze(int64_t axis) const { return braid::squeeze(*this, axis);
 Tensor Tensor::unsqueeze(int64_t axis) const { return braid::unsqueeze(*this, axis); }
 Tensor Tensor::contiguous() const { return braid::contiguous(*this); }
 Tensor Tensor::to(DType t) const { return braid::cast(*this, t); }
+Tensor Tensor::to(Device d) const { return braid::to_device(*this, d); }
+Tensor Tensor::cpu() const { return braid::to_device(*this, Device::cpu()); }
+Tensor Tensor::cuda(int index) const { return braid::to_device(*this, Device::cuda(index)); }
 Tensor Tensor::sum(const std::vector<int64_t>& axes, bool keepdim) const { return braid::sum(*this, axes, keepdim); }
 Tensor Tensor::mean(const std::vector<int64_t>& axes, bool keepdim) const { return braid::mean(*this, axes, keepdim); }
 Tensor Tensor::matmul(const Tensor& other) const { return braid::matmul(*this, other); }

@@ -89,8 +89,8 @@ Tensor div(const Tensor& a, const Tensor& b) {
 
 Tensor pow(const Tensor& a, const Tensor& b) {
   return arith("pow", BinaryOp::Pow, a, b, [](const Tensor& g, const Tensor& a, const Tensor& b, const Tensor& o, Grads& r) {
-    Tensor zero = zeros({}, o.dtype());
-    if (r.needs(0)) r.set(0, where(eq(b, zero), zeros({}, o.dtype()), g * b * pow(a, b - 1.0)));
+    Tensor zero = scalar_like(o, 0);
+    if (r.needs(0)) r.set(0, where(eq(b, zero), scalar_like(o, 0), g * b * pow(a, b - 1.0)));
     // d/db a^b = a^b log a; at a == 0 the limit is 0 for b > 0 (PyTorch's convention).
     if (r.needs(1)) r.set(1, where(logical_and(eq(a, zero), ge(b, zero)), zero, g * o * log(a)));
   });
@@ -128,7 +128,7 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   backend_of(a).where(broadcast_view(cond, s), broadcast_view(cast_raw(a, t), s), broadcast_view(cast_raw(b, t), s), out);
   if (!is_floating(t)) return out;
   return record("where", out, {a, b}, [c = cond.detach()](const Tensor& g, Grads& r) {
-    Tensor zero = zeros({}, g.dtype());
+    Tensor zero = scalar_like(g, 0);
     if (r.needs(0)) r.set(0, where(c, g, zero));
     if (r.needs(1)) r.set(1, where(c, zero, g));
   });

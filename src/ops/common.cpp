@@ -77,8 +77,8 @@ Tensor checked_index(const Tensor& index, int64_t size, const char* op, int64_t 
                 " is out of range for axis ", axis, " of size ", size);
   if (lo < 0) {  // wrap negative indices as Python does
     Tensor wrapped = new_tensor(idx.shape(), kInt64, idx.device());
-    Tensor neg = binary_raw(BinaryOp::Lt, idx, scalar_tensor(0, kInt64), kInt64, kBool, op);
-    Tensor plus = binary_raw(BinaryOp::Add, idx, scalar_tensor(static_cast<double>(size), kInt64), kInt64, kInt64, op);
+    Tensor neg = binary_raw(BinaryOp::Lt, idx, scalar_like(idx, 0), kInt64, kBool, op);
+    Tensor plus = binary_raw(BinaryOp::Add, idx, scalar_like(idx, static_cast<double>(size)), kInt64, kInt64, op);
     backend_of(idx).where(neg, plus, idx, wrapped);
     return wrapped;
   }

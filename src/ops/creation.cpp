@@ -26,8 +26,9 @@ Tensor zeros_like(const Tensor& t) { return zeros(t.shape(), t.dtype(), t.device
 Tensor ones_like(const Tensor& t) { return ones(t.shape(), t.dtype(), t.device()); }
 Tensor full_like(const Tensor& t, double value) { return full(t.shape(), value, t.dtype(), t.device()); }
 Tensor scalar_tensor(double value, DType dtype, Device device) { return full({}, value, dtype, device); }
+Tensor scalar_like(const Tensor& t, double value) { return full({}, value, t.dtype(), t.device()); }
 
-Tensor arange(double start, double end, double step, DType dtype) {
+Tensor arange(double start, double end, double step, DType dtype, Device device) {
   BRAID_CHECK(step != 0 && std::isfinite(step), "arange: step must be finite and non-zero, got ", step);
   BRAID_CHECK(std::isfinite(start) && std::isfinite(end), "arange: start and end must be finite, got ", start, " and ", end);
   BRAID_CHECK((end - start) / step >= 0, "arange: step ", step, " does not go from ", start, " towards ", end);
@@ -37,37 +38,40 @@ Tensor arange(double start, double end, double step, DType dtype) {
     check_scalar_fits(start, dtype, "arange");
     check_scalar_fits(start + (count - 1) * step, dtype, "arange");
   }
-  Tensor t = new_tensor({static_cast<int64_t>(count)}, dtype);
+  Tensor t = new_tensor({static_cast<int64_t>(count)}, dtype, device);
   backend_of(t).iota(t, start, step);
   return t;
 }
 
-Tensor arange(int64_t end, DType dtype) { return arange(0.0, static_cast<double>(end), 1.0, dtype); }
+Tensor arange(int64_t end, DType dtype, Device device) {
+  return arange(0.0, static_cast<double>(end), 1.0, dtype, device);
+}
 
-Tensor linspace(double start, double end, int64_t steps, DType dtype) {
+Tensor linspace(double start, double end, int64_t steps, DType dtype, Device device) {
   BRAID_CHECK(steps >= 0, "linspace: steps must be non-negative, got ", steps);
   if (steps > 0) {
     check_scalar_fits(start, dtype, "linspace");
     check_scalar_fits(end, dtype, "linspace");
   }
-  Tensor t = new_tensor({steps}, dtype);
+  Tensor t = new_tensor({steps}, dtype, device);
   backend_of(t).iota(t, start, steps > 1 ? (end - start) / static_cast<double>(steps - 1) : 0.0);
   return t;
 }
 
-Tensor eye(int64_t n, DType dtype) {
+Tensor eye(int64_t n, DType dtype, Device device) {
   BRAID_CHECK(n >= 0, "eye: n must be non-negative, got ", n);
-  Tensor i = arange(n, kInt64);
+  Tensor i = arange(n, kInt64, device);
   return cast(eq(i.unsqueeze(1), i.unsqueeze(0)), dtype);
 }
 
-Tensor from_buffer(const void* data, const Shape& shape, DType dtype) {
+Tensor from_buffer(const void* data, const Shape& shape, DType dtype, Device device) {
   shape_numel(shape, "from_buffer");
-  Tensor t = new_tensor(shape, dtype);
+  backend_for(device);  // NotImplementedError naming the device when it is absent
+  Tensor t = new_tensor(shape, dtype, Device::cpu());
   int64_t bytes = t.numel() * dtype_size(dtype);
   BRAID_CHECK(data != nullptr || bytes == 0, "from_buffer: null data for shape ", shape_str(shape));
   if (bytes) std::memcpy(t.raw_data(), data, static_cast<size_t>(bytes));
-  return t;
+  return transfer_raw(t, device);
 }
 
 Tensor from_blob(void* data, const Shape& shape, DType dtype) {
@@ -77,63 +81,65 @@ Tensor from_blob(void* data, const Shape& shape, DType dtype) {
 
 namespace {
 template <typename T>
-Tensor from_values(const std::vector<T>& v, const Shape& shape) {
+Tensor from_values(const std::vector<T>& v, const Shape& shape, Device device) {
   BRAID_CHECK(static_cast<int64_t>(v.size()) == shape_numel(shape), "tensor: ", v.size(),
               " values do not fill shape ", shape_str(shape), " (", shape_numel(shape), " elements)");
-  return from_buffer(v.data(), shape, dtype_of<T>());
+  return from_buffer(v.data(), shape, dtype_of<T>(), device);
 }
 }  // namespace
 
-Tensor tensor(const std::vector<float>& v, const Shape& s) { return from_values(v, s); }
-Tensor tensor(const std::vector<double>& v, const Shape& s) { return from_values(v, s); }
-Tensor tensor(const std::vector<int64_t>& v, const Shape& s) { return from_values(v, s); }
-Tensor tensor(const std::vector<int32_t>& v, const Shape& s) { return from_values(v, s); }
-Tensor tensor_bool(const std::vector<bool>& v, const Shape& s) {
+Tensor tensor(const std::vector<float>& v, const Shape& s, Device d) { return from_values(v, s, d); }
+Tensor tensor(const std::vector<double>& v, const Shape& s, Device d) { return from_values(v, s, d); }
+Tensor tensor(const std::vector<int64_t>& v, const Shape& s, Device d) { return from_values(v, s, d); }
+Tensor tensor(const std::vector<int32_t>& v, const Shape& s, Device d) { return from_values(v, s, d); }
+Tensor tensor_bool(const std::vector<bool>& v, const Shape& s, Device d) {
   std::vector<uint8_t> bytes(v.begin(), v.end());
   BRAID_CHECK(static_cast<int64_t>(v.size()) == shape_numel(s), "tensor_bool: ", v.size(),
               " values do not fill shape ", shape_str(s));
-  return from_buffer(bytes.data(), s, kBool);
+  return from_buffer(bytes.data(), s, kBool, d);
 }
 
 namespace {
-Tensor draw(RandomKind kind, const Shape& shape, DType dtype, Generator* gen, double a, double b, const char* op) {
+Tensor draw(RandomKind kind, const Shape& shape, DType dtype, Generator* gen, double a, double b, Device device,
+           const char* op) {
   BRAID_CHECK_T(TypeError, kind == RandomKind::Bernoulli || is_floating(dtype) || dtype == kInt64 || dtype == kInt32,
                 op, ": unsupported dtype ", dtype_name(dtype));
   Generator& g = gen ? *gen : default_generator();
   DType compute = is_compute_type(dtype) ? dtype : kFloat32;
   shape_numel(shape, op);
-  Tensor t = new_tensor(shape, compute);
+  Tensor t = new_tensor(shape, compute, device);
   uint64_t counter = g.advance(static_cast<uint64_t>(t.numel()));
   backend_of(t).random(kind, t, g.seed(), counter, a, b);
   return compute == dtype ? t : cast_raw(t, dtype);
 }
 }  // namespace
 
-Tensor rand(const Shape& shape, DType dtype, Generator* gen, double low, double high) {
+Tensor rand(const Shape& shape, DType dtype, Generator* gen, double low, double high, Device device) {
   BRAID_CHECK(low <= high, "rand: low ", low, " is greater than high ", high);
   BRAID_CHECK_T(TypeError, is_floating(dtype), "rand: dtype must be floating, got ", dtype_name(dtype));
-  return draw(RandomKind::Uniform, shape, dtype, gen, low, high, "rand");
+  return draw(RandomKind::Uniform, shape, dtype, gen, low, high, device, "rand");
 }
 
-Tensor randn(const Shape& shape, DType dtype, Generator* gen, double mean, double std) {
+Tensor randn(const Shape& shape, DType dtype, Generator* gen, double mean, double std, Device device) {
   BRAID_CHECK(std >= 0, "randn: std must be non-negative, got ", std);
   BRAID_CHECK_T(TypeError, is_floating(dtype), "randn: dtype must be floating, got ", dtype_name(dtype));
-  return draw(RandomKind::Normal, shape, dtype, gen, mean, std, "randn");
+  return draw(RandomKind::Normal, shape, dtype, gen, mean, std, device, "randn");
 }
 
-Tensor bernoulli(const Shape& shape, double p, DType dtype, Generator* gen) {
+Tensor bernoulli(const Shape& shape, double p, DType dtype, Generator* gen, Device device) {
   BRAID_CHECK(p >= 0 && p <= 1, "bernoulli: p must be in [0, 1], got ", p);
-  return draw(RandomKind::Bernoulli, shape, dtype, gen, p, 0, "bernoulli");
+  return draw(RandomKind::Bernoulli, shape, dtype, gen, p, 0, device, "bernoulli");
 }
 
-Tensor randint(int64_t low, int64_t high, const Shape& shape, DType dtype, Generator* gen) {
+Tensor randint(int64_t low, int64_t high, const Shape& shape, DType dtype, Generator* gen, Device device) {
   BRAID_CHECK(low < high, "randint: low ", low, " must be less than high ", high);
   BRAID_CHECK_T(TypeError, dtype == kInt64 || dtype == kInt32, "randint: dtype must be int64 or int32, got ",
                 dtype_name(dtype));
-  return draw(RandomKind::Uniform, shape, dtype, gen, static_cast<double>(low), static_cast<double>(high), "randint");
+  return draw(RandomKind::Uniform, shape, dtype, gen, static_cast<double>(low), static_cast<double>(high), device,
+              "randint");
 }
 
-Tensor randperm(int64_t n, Generator* gen) {
+Tensor randperm(int64_t n, Generator* gen, Device device) {
   BRAID_CHECK(n >= 0, "randperm: n must be non-negative, got ", n);
   // Sorting random keys would need a sort primitive; a Fisher-Yates pass over one draw of uniforms
   // is exact and depends only on the generator state.
@@ -144,7 +150,7 @@ Tensor randperm(int64_t n, Generator* gen) {
     int64_t j = std::min<int64_t>(static_cast<int64_t>(u[i] * static_cast<double>(i + 1)), i);
     std::swap(p[i], p[j]);
   }
-  return tensor(p, {n});
+  return tensor(p, {n}, device);
 }
 
 }  // namespace braid

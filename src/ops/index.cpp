@@ -109,7 +109,7 @@ Tensor one_hot(const Tensor& labels, int64_t num_classes, DType dtype) {
     BRAID_CHECK_T(IndexError, lo >= 0 && hi < num_classes, "one_hot: label ", lo < 0 ? lo : hi,
                   " is out of range for ", num_classes, " classes");
   }
-  return cast(eq(labels.unsqueeze(-1), arange(num_classes, labels.dtype())), dtype);
+  return cast(eq(labels.unsqueeze(-1), arange(num_classes, labels.dtype(), labels.device())), dtype);
 }
 
 }  // namespace braid

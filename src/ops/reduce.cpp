@@ -62,12 +62,12 @@ Tensor prod(const Tensor& x, const std::vector<int64_t>& axes_in, bool keepdim) 
   return record("prod", out, {x}, [x = x.detach(), kept, axes](const Tensor& g, Grads& r) {
     // d prod / d x_i = product of the others. Where a group holds one zero, that element's gradient
     // is the product of the non-zero rest; with two or more zeros every gradient is zero.
-    Tensor zero = zeros({}, x.dtype()), one = ones({}, x.dtype());
+    Tensor zero = scalar_like(x, 0), one = scalar_like(x, 1);
     Tensor is_zero = eq(x, zero);
     Tensor zeros_in_group = sum(cast(is_zero, kInt64), axes, true);
     Tensor prod_nonzero = prod(where(is_zero, one, x), axes, true);
-    Tensor ones_zero = eq(zeros_in_group, ones({}, kInt64));
-    Tensor others = where(eq(zeros_in_group, zeros({}, kInt64)), kept / x,
+    Tensor ones_zero = eq(zeros_in_group, scalar_like(zeros_in_group, 1));
+    Tensor others = where(eq(zeros_in_group, scalar_like(zeros_in_group, 0)), kept / x,
                           where(logical_and(ones_zero, is_zero), prod_nonzero, zero));
     r.set(0, g.reshape(kept.shape()) * others);
   });

@@ -86,7 +86,7 @@ std::vector<Tensor> chunk(const Tensor& x, int64_t n, int64_t axis) {
 
 namespace {
 // For one padded axis of size n: the source index of each output position under reflect/replicate.
-Tensor pad_index(int64_t n, int64_t before, int64_t after, bool reflect) {
+Tensor pad_index(int64_t n, int64_t before, int64_t after, bool reflect, Device device) {
   std::vector<int64_t> idx;
   for (int64_t i = -before; i < n + after; ++i) {
     int64_t j = i;
@@ -99,7 +99,7 @@ Tensor pad_index(int64_t n, int64_t before, int64_t after, bool reflect) {
     }
     idx.push_back(j);
   }
-  return tensor(idx, {static_cast<int64_t>(idx.size())});
+  return tensor(idx, {static_cast<int64_t>(idx.size())}, device);
 }
 }  // namespace
 
@@ -117,7 +117,7 @@ Tensor pad(const Tensor& x, const std::vector<int64_t>& pads, const std::string&
       BRAID_CHECK(before >= 0 && after >= 0, "pad: ", mode, " padding must be non-negative, got ", before, ", ", after);
       BRAID_CHECK(mode == "replicate" ? n > 0 : (before < n && after < n), "pad: ", mode, " padding (", before, ", ",
                   after, ") is too large for axis ", axis, " of size ", n);
-      out = index_select(out, axis, pad_index(n, before, after, mode == "reflect"));
+      out = index_select(out, axis, pad_index(n, before, after, mode == "reflect", x.device()));
     }
     return out;
   }
@@ -152,11 +152,12 @@ Tensor pad(const Tensor& x, const std::vector<int64_t>& pads, const std::string&
 namespace {
 Tensor triangle(const Tensor& x, int64_t diagonal, bool lower, const char* op) {
   BRAID_CHECK(x.dim() >= 2, op, ": expected at least 2 dimensions, got shape ", shape_str(x.shape()));
-  Tensor rows = arange(x.size(-2), kInt64).unsqueeze(1), cols = arange(x.size(-1), kInt64).unsqueeze(0);
+  Tensor rows = arange(x.size(-2), kInt64, x.device()).unsqueeze(1);
+  Tensor cols = arange(x.size(-1), kInt64, x.device()).unsqueeze(0);
   Tensor diff = cols - rows;
-  Tensor keep = lower ? le(diff, scalar_tensor(static_cast<double>(diagonal), kInt64))
-                      : ge(diff, scalar_tensor(static_cast<double>(diagonal), kInt64));
-  return where(keep, x, zeros({}, x.dtype()));
+  Tensor keep = lower ? le(diff, scalar_like(diff, static_cast<double>(diagonal)))
+                      : ge(diff, scalar_like(diff, static_cast<double>(diagonal)));
+  return where(keep, x, scalar_like(x, 0));
 }
 }  // namespace
 

@@ -39,7 +39,7 @@ Tensor any_unary(const char* name, UnaryOp op, const Tensor& x, F formula, doubl
   });
 }
 
-Tensor step_mask(const Tensor& x) { return cast(gt(x, zeros({}, x.dtype())), x.dtype()); }
+Tensor step_mask(const Tensor& x) { return cast(gt(x, scalar_like(x, 0)), x.dtype()); }
 
 }  // namespace
 
@@ -103,7 +103,7 @@ Tensor leaky_relu(const Tensor& x, double slope) {
   return float_unary(
       "leaky_relu", UnaryOp::LeakyRelu, x,
       [slope](const Tensor& g, const Tensor& x, const Tensor&) {
-        return g * where(gt(x, zeros({}, x.dtype())), ones({}, x.dtype()), full({}, slope, x.dtype()));
+        return g * where(gt(x, scalar_like(x, 0)), scalar_like(x, 1), scalar_like(x, slope));
       },
       slope);
 }
@@ -111,7 +111,7 @@ Tensor elu(const Tensor& x, double alpha) {
   return float_unary(
       "elu", UnaryOp::Elu, x,
       [alpha](const Tensor& g, const Tensor& x, const Tensor& y) {
-        return g * where(gt(x, zeros({}, x.dtype())), ones({}, x.dtype()), y + alpha);
+        return g * where(gt(x, scalar_like(x, 0)), scalar_like(x, 1), y + alpha);
       },
       alpha);
 }
@@ -122,8 +122,8 @@ Tensor hardsigmoid(const Tensor& x, double alpha, double beta) {
       "hardsigmoid", UnaryOp::HardSigmoid, x,
       [alpha, beta](const Tensor& g, const Tensor& x, const Tensor&) {
         Tensor v = x * alpha + beta;
-        Tensor inside = logical_and(gt(v, zeros({}, x.dtype())), lt(v, ones({}, x.dtype())));
-        return g * where(inside, full({}, alpha, x.dtype()), zeros({}, x.dtype()));
+        Tensor inside = logical_and(gt(v, scalar_like(x, 0)), lt(v, scalar_like(x, 1)));
+        return g * where(inside, scalar_like(x, alpha), scalar_like(x, 0));
       },
       alpha, beta);
 }
@@ -131,8 +131,8 @@ Tensor hardsigmoid(const Tensor& x, double alpha, double beta) {
 Tensor hardswish(const Tensor& x) {
   return float_unary("hardswish", UnaryOp::HardSwish, x, [](const Tensor& g, const Tensor& x, const Tensor&) {
     Tensor mid = x * (1.0 / 3.0) + 0.5;
-    return g * where(lt(x, full({}, -3.0, x.dtype())), zeros({}, x.dtype()),
-                     where(gt(x, full({}, 3.0, x.dtype())), ones({}, x.dtype()), mid));
+    return g * where(lt(x, scalar_like(x, -3.0)), scalar_like(x, 0),
+                     where(gt(x, scalar_like(x, 3.0)), scalar_like(x, 1), mid));
   });
 }
 Tensor softplus(const Tensor& x) {
@@ -212,7 +212,7 @@ Tensor clamp(const Tensor& input, std::optional<double> lo, std::optional<double
   return any_unary(
       "clamp", UnaryOp::Clamp, x,
       [a, b](const Tensor& g, const Tensor& x, const Tensor&) {
-        return g * cast(logical_and(ge(x, full({}, a, x.dtype())), le(x, full({}, b, x.dtype()))), x.dtype());
+        return g * cast(logical_and(ge(x, scalar_like(x, a)), le(x, scalar_like(x, b))), x.dtype());
       },
       a, b);
 }

@@ -210,6 +210,15 @@ Tensor cast(const Tensor& x, DType dtype) {
   return record("cast", out, {x}, [](const Tensor& g, Grads& r) { r.set(0, g); });
 }
 
+Tensor to_device(const Tensor& x, Device device) {
+  BRAID_CHECK(x.defined(), "to: got an undefined tensor");
+  if (x.device() == device) return x;
+  backend_for(device);  // NotImplementedError naming the device when it is absent
+  Tensor out = transfer_raw(x, device);
+  const Device from = x.device();
+  return record("to", out, {x}, [from](const Tensor& g, Grads& r) { r.set(0, to_device(g, from)); });
+}
+
 // ---- in-place updates: for optimizers and initialisers, outside the graph ----
 
 namespace {
@@ -252,10 +261,13 @@ Tensor& Tensor::zero_() { return fill_(0.0); }
 Tensor& Tensor::copy_(const Tensor& src) {
   check_inplace(*this, "copy_");
   check_no_overlap(*this, "copy_");
-  check_same_device(*this, src, "copy_");
+  BRAID_CHECK(src.defined(), "copy_: the source is undefined");
   BRAID_CHECK(broadcast_shapes(src.shape(), shape(), "copy_") == shape(), "copy_: source shape ",
               shape_str(src.shape()), " does not broadcast to destination shape ", shape_str(shape()));
-  backend_of(*this).copy(broadcast_view(unaliased(src, *this), shape()), *this);
+  // The one in-place op that crosses devices, as PyTorch's copy_ does: load_state_dict and
+  // checkpoints copy host values into parameters wherever they live.
+  const Tensor here = transfer_raw(src, device());
+  backend_of(*this).copy(broadcast_view(unaliased(here, *this), shape()), *this);
   return *this;
 }
 
@@ -282,7 +294,7 @@ Tensor& Tensor::mul_(double value) {
   check_compute(*this, "mul_");
   check_no_overlap(*this, "mul_");
   check_result_kind(*this, scalar_result_type(dtype(), value), "mul_");
-  backend_of(*this).binary(BinaryOp::Mul, *this, broadcast_view(scalar_tensor(value, dtype()), shape()), *this);
+  backend_of(*this).binary(BinaryOp::Mul, *this, broadcast_view(scalar_like(*this, value), shape()), *this);
   return *this;
 }
 

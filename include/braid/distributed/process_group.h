@@ -79,7 +79,8 @@ struct AllReduceOptions {
 };
 
 /// A set of ranks that run collectives together. Collectives are called by every member in the
-/// same order; tensors are contiguous CPU tensors, changed in place where the op says so.
+/// same order; tensors are contiguous, on any device (the MPI group stages device tensors through
+/// host memory), and changed in place where the op says so.
 class ProcessGroup {
  public:
   virtual ~ProcessGroup() = default;

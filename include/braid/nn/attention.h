@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "braid/dtype.h"
+#include "braid/ops.h"
 #include "braid/nn/layers.h"
 
 namespace braid::onnx {
@@ -17,7 +18,7 @@ struct LayerAccess;
 namespace braid::nn {
 
 /// The (n, n) float mask with -inf above the diagonal: position i attends to positions <= i.
-Tensor generate_square_subsequent_mask(int64_t n, DType dtype = kFloat32);
+Tensor generate_square_subsequent_mask(int64_t n, DType dtype = kFloat32, Device device = BRAID_IMPLICIT_DEVICE);
 
 /// Scaled dot-product attention over num_heads heads of embed_dim / num_heads features.
 /// Inputs are (L, N, E), or (N, L, E) with batch_first, or unbatched (L, E). Parameters:

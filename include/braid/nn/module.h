@@ -63,6 +63,11 @@ class Module {
   /// Converts every floating-point parameter, buffer and gradient of this module and its
   /// descendants to dtype in place: the tensor handles layers hold stay valid (see Note [Module::to]).
   void to(DType dtype);
+  /// Moves every parameter, buffer and gradient of this module and its descendants to device in
+  /// place, as PyTorch's Module.to(device): the handles layers and optimizers hold stay valid.
+  void to(Device device);
+  /// The device of the first parameter or buffer (the CPU for a module without any).
+  Device device() const;
   /// Number of parameter elements.
   int64_t num_parameters() const;
   /// A multi-line tree of the model, as PyTorch prints it.

@@ -1,6 +1,6 @@
 // The CPU backend: the Backend primitives run with OpenMP threads over strided loops, OpenBLAS for
 // floating matmul and Philox for random numbers. Each primitive lives in the .cpp file named after
-// its kind (copy.cpp, elementwise.cpp, reduce.cpp, matmul.cpp, index.cpp, random.cpp,
+// its kind (memory.cpp, copy.cpp, elementwise.cpp, reduce.cpp, matmul.cpp, index.cpp, random.cpp,
 // conv.cpp, pool.cpp).
 #pragma once
 
@@ -10,6 +10,16 @@ namespace braid::detail {
 
 class CpuBackend final : public Backend {
  public:
+  // memory.cpp
+  void* allocate(Device device, int64_t nbytes) override;
+  void deallocate(Device device, void* p, int64_t nbytes) override;
+  int64_t cached_bytes(Device device) override;
+  void empty_cache(Device device) override;
+  void copy_from_host(Device device, const void* host, void* dev, int64_t nbytes) override;
+  void copy_to_host(Device device, const void* dev, void* host, int64_t nbytes) override;
+  void synchronize(Device) override {}
+  int device_count() override { return 1; }
+
   void copy(const Tensor& src, const Tensor& dst) override;
   void fill(const Tensor& dst, double value) override;
   void iota(const Tensor& dst, double start, double step) override;

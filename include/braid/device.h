@@ -1,0 +1,58 @@
+// Device: where a tensor's storage lives and which backend runs its primitives. A plain value
+// (type and index), parsed from the strings users write ("cpu", "cuda", "cuda:1", "shadow").
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace braid {
+
+/// CPU is host memory run by the OpenBLAS/OpenMP kernels; CUDA an NVIDIA GPU; Shadow a test device
+/// that runs the CPU kernels on memory of its own and refuses host access and device mixes, so that
+/// CI proves on machines without a GPU that no op assumes host memory (Note [The shadow device] in
+/// src/backend/shadow/shadow_backend.cpp).
+enum class DeviceType { CPU, CUDA, Shadow };
+
+struct Device {
+  DeviceType type = DeviceType::CPU;
+  int index = 0;
+
+  static Device cpu() { return Device{DeviceType::CPU, 0}; }
+  static Device cuda(int index = 0) { return Device{DeviceType::CUDA, index}; }
+  static Device shadow(int index = 0) { return Device{DeviceType::Shadow, index}; }
+  /// "cpu", "cuda", "cuda:1", "shadow", "shadow:0"; ValueError naming the string otherwise.
+  static Device parse(const std::string& s);
+
+  bool is_cpu() const { return type == DeviceType::CPU; }
+  bool operator==(const Device& o) const { return type == o.type && index == o.index; }
+  bool operator!=(const Device& o) const { return !(*this == o); }
+  /// "cpu", "cuda:0", "shadow:0".
+  std::string str() const;
+};
+
+inline Device cpu() { return Device::cpu(); }
+
+/// The device that creation functions use when none is given: the CPU unless set_default_device
+/// changed it (as torch.set_default_device). Library code never relies on it for constants: those
+/// are made on their operand's device (Note [Implicit devices] in braid/ops.h).
+Device default_device();
+void set_default_device(Device device);
+
+/// Whether device exists in this process (compiled in, and for CUDA an index below device_count).
+bool device_available(Device device);
+/// Devices of a type in this process: 1 for the CPU, the GPU count for CUDA (0 when CUDA is not
+/// compiled in or no GPU is visible), 2 for the shadow device.
+int device_count(DeviceType type);
+/// Waits for every queued operation on device (a no-op on the CPU).
+void synchronize(Device device = Device::cpu());
+
+/// Bytes held by live tensors on device, the most since the last reset_peak_memory_stats, and the
+/// bytes its allocator keeps cached for reuse (as torch.cuda.memory_allocated and friends).
+int64_t memory_allocated(Device device = Device::cpu());
+int64_t max_memory_allocated(Device device = Device::cpu());
+int64_t memory_cached(Device device = Device::cpu());
+void reset_peak_memory_stats(Device device = Device::cpu());
+/// Returns device's cached blocks to the system (or the driver).
+void empty_cache(Device device = Device::cpu());
+
+}  // namespace braid

@@ -1,0 +1,121 @@
+// The shadow device: a second backend for tests that runs every primitive with the CPU kernels on
+// storage of its own.
+#include "backend/shadow/shadow_backend.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "backend/cpu/cpu_backend.h"
+#include "core/internal.h"
+
+namespace braid::detail {
+
+// Note [The shadow device]
+// CI has no GPU, yet a GPU backend breaks on any op that reads device memory on the host, mixes a
+// tensor with a constant made on the CPU, or forgets a to(). The shadow device makes those mistakes
+// fail on the CPU: its memory is ordinary host memory, but Tensor::data/raw_data refuse it as they
+// refuse GPU memory, the ops' front doors refuse device mixes, and this backend checks once more
+// that every operand of every primitive lives on the device the call was dispatched for (naming
+// the primitive and both devices). The kernels themselves are the CPU backend's, run on host
+// aliases of the operands, so results equal the CPU's bit for bit and the suite's expected values
+// hold unchanged. Two devices (shadow:0, shadow:1) exist so that a mix of two devices of one type,
+// as on a two-GPU machine, is caught too.
+
+namespace {
+
+constexpr int kShadowDevices = 2;
+
+class ShadowBackend final : public Backend {
+ public:
+  void* allocate(Device device, int64_t nbytes) override {
+    void* p = std::aligned_alloc(64, static_cast<size_t>(nbytes));
+    if (!p) throw Error(cat("out of memory allocating ", nbytes, " bytes on ", device.str()));
+    return p;
+  }
+  void deallocate(Device, void* p, int64_t) override { std::free(p); }
+  int64_t cached_bytes(Device) override { return 0; }
+  void empty_cache(Device) override {}
+  void copy_from_host(Device, const void* host, void* dev, int64_t nbytes) override {
+    if (nbytes > 0) std::memcpy(dev, host, static_cast<size_t>(nbytes));
+  }
+  void copy_to_host(Device, const void* dev, void* host, int64_t nbytes) override {
+    if (nbytes > 0) std::memcpy(host, dev, static_cast<size_t>(nbytes));
+  }
+  void synchronize(Device) override {}
+  int device_count() override { return kShadowDevices; }
+
+  void copy(const Tensor& src, const Tensor& dst) override { cpu().copy(host("copy", dst, src), host("copy", dst, dst)); }
+  void fill(const Tensor& dst, double value) override { cpu().fill(host("fill", dst, dst), value); }
+  void iota(const Tensor& dst, double start, double step) override { cpu().iota(host("iota", dst, dst), start, step); }
+  void unary(UnaryOp op, const Tensor& x, const Tensor& out, double p0, double p1) override {
+    cpu().unary(op, host("unary", out, x), host("unary", out, out), p0, p1);
+  }
+  void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) override {
+    cpu().binary(op, host("binary", out, a), host("binary", out, b), host("binary", out, out));
+  }
+  void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) override {
+    cpu().where(host("where", out, cond), host("where", out, a), host("where", out, b), host("where", out, out));
+  }
+  void reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t>& axes, const Tensor& out) override {
+    cpu().reduce(op, host("reduce", out, x), axes, host("reduce", out, out));
+  }
+  void matmul(const Tensor& a, const Tensor& b, const Tensor& out) override {
+    cpu().matmul(host("matmul", out, a), host("matmul", out, b), host("matmul", out, out));
+  }
+  void gather(const Tensor& x, int64_t axis, const Tensor& index, const Tensor& out) override {
+    cpu().gather(host("gather", out, x), axis, host("gather", out, index), host("gather", out, out));
+  }
+  void scatter_add(const Tensor& out, int64_t axis, const Tensor& index, const Tensor& src) override {
+    cpu().scatter_add(host("scatter_add", out, out), axis, host("scatter_add", out, index),
+                      host("scatter_add", out, src));
+  }
+  void random(RandomKind kind, const Tensor& out, uint64_t seed, uint64_t counter, double a, double b) override {
+    cpu().random(kind, host("random", out, out), seed, counter, a, b);
+  }
+  void im2col(const Tensor& x, const Window2d& win, const Tensor& cols) override {
+    cpu().im2col(host("im2col", cols, x), win, host("im2col", cols, cols));
+  }
+  void col2im(const Tensor& cols, const Window2d& win, const Tensor& x) override {
+    cpu().col2im(host("col2im", x, cols), win, host("col2im", x, x));
+  }
+  void depthwise_conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Window2d& win,
+                        const Tensor& y) override {
+    const char* op = "depthwise_conv2d";
+    cpu().depthwise_conv2d(host(op, y, x), host(op, y, w), host(op, y, bias), win, host(op, y, y));
+  }
+  void max_pool2d(const Tensor& x, const Window2d& win, const Tensor& out, const Tensor& indices) override {
+    const char* op = "max_pool2d";
+    cpu().max_pool2d(host(op, out, x), win, host(op, out, out), host(op, out, indices));
+  }
+  void avg_pool2d(const Tensor& x, const Window2d& win, bool count_include_pad, const Tensor& out) override {
+    cpu().avg_pool2d(host("avg_pool2d", out, x), win, count_include_pad, host("avg_pool2d", out, out));
+  }
+  void avg_pool2d_backward(const Tensor& grad, const Window2d& win, bool count_include_pad,
+                           const Tensor& grad_x) override {
+    const char* op = "avg_pool2d_backward";
+    cpu().avg_pool2d_backward(host(op, grad_x, grad), win, count_include_pad, host(op, grad_x, grad_x));
+  }
+
+ private:
+  static Backend& cpu() { return cpu_backend(); }
+
+  // t as a CPU tensor over the same memory, after checking that it lives on anchor's device (the
+  // device this call was dispatched for). Undefined tensors (an absent bias) pass through.
+  static Tensor host(const char* primitive, const Tensor& anchor, const Tensor& t) {
+    if (!t.defined()) return t;
+    BRAID_CHECK_T(TypeError, t.device() == anchor.device(), primitive, ": operands on different devices (",
+                  t.device().str(), " and ", anchor.device().str(), "); move them with .to(device) first");
+    const std::shared_ptr<Storage>& s = t.storage();
+    return make_tensor(Storage::wrap(s->data(), s->nbytes(), Device::cpu()), t.shape(), t.strides(), t.offset(),
+                       t.dtype());
+  }
+};
+
+}  // namespace
+
+Backend& shadow_backend() {
+  static ShadowBackend backend;
+  return backend;
+}
+
+}  // namespace braid::detail

@@ -1,0 +1,24 @@
+// The device a test run puts its tensors on: BRAID_TEST_DEVICE ("cpu" when unset, "shadow" in the
+// suite's second pass, "cuda" on a GPU machine). Linked into every test program, it makes that device
+// the default of creation functions before any test runs, so the same tests check each device.
+#pragma once
+
+#include <cstdlib>
+#include <string>
+
+#include "braid/device.h"
+
+namespace braid::test {
+
+/// The device under test.
+inline Device test_device() {
+  static const Device d = [] {
+    const char* s = std::getenv("BRAID_TEST_DEVICE");
+    Device dev = s && *s ? Device::parse(s) : Device::cpu();
+    set_default_device(dev);
+    return dev;
+  }();
+  return d;
+}
+
+}  // namespace braid::test

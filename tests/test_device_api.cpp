@@ -1,0 +1,147 @@
+// The device API: parsing, transfers, device mixes and host access refused with clear errors,
+// gradients crossing devices, Module::to, memory statistics. Runs on the CPU and, in the shadow pass,
+// with the shadow device as the default (tests/test_device.h); the explicit devices below are the
+// shadow device's, which every build has.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "braid/braid.h"
+#include "braid/nn/nn.h"
+#include "error_of.h"
+#include "test_device.h"
+
+namespace braid {
+namespace {
+
+const Device kShadow = Device::shadow(0);
+
+TEST(Device, ParsesWhatUsersWrite) {
+  EXPECT_EQ(Device::parse("cpu"), Device::cpu());
+  EXPECT_EQ(Device::parse("cpu:0"), Device::cpu());
+  EXPECT_EQ(Device::parse("cuda"), Device::cuda(0));
+  EXPECT_EQ(Device::parse("cuda:3"), Device::cuda(3));
+  EXPECT_EQ(Device::parse("shadow:1"), Device::shadow(1));
+  EXPECT_EQ(Device::cuda(2).str(), "cuda:2");
+  EXPECT_EQ(Device::cpu().str(), "cpu");
+  EXPECT_NE(error_of<ValueError>([] { Device::parse("gpu"); }).find("unknown device 'gpu'; known: cpu, cuda"),
+            std::string::npos);
+  EXPECT_NE(error_of<ValueError>([] { Device::parse("cuda:x"); }).find("invalid index in 'cuda:x'"), std::string::npos);
+  EXPECT_NE(error_of<ValueError>([] { Device::parse("cuda:-1"); }).find("invalid index"), std::string::npos);
+  EXPECT_NE(error_of<ValueError>([] { Device::parse("cpu:1"); }).find("cpu:0"), std::string::npos);
+}
+
+TEST(Device, CountsAndAvailability) {
+  EXPECT_EQ(device_count(DeviceType::CPU), 1);
+  EXPECT_EQ(device_count(DeviceType::Shadow), 2);
+  EXPECT_TRUE(device_available(Device::shadow(1)));
+  EXPECT_FALSE(device_available(Device::shadow(2)));
+  EXPECT_NE(error_of<NotImplementedError>([] { zeros({2}, kFloat32, Device::shadow(5)); }).find("shadow:5"),
+            std::string::npos);
+}
+
+TEST(Device, TransfersKeepValuesLayoutAndDtype) {
+  Tensor x = tensor(std::vector<float>{1, 2, 3, 4, 5, 6}, {2, 3}, Device::cpu());
+  Tensor s = x.mT().to(kShadow);  // a strided view travels as its values
+  EXPECT_EQ(s.device(), kShadow);
+  EXPECT_EQ(s.shape(), (Shape{3, 2}));
+  EXPECT_TRUE(s.is_contiguous());
+  EXPECT_EQ(s.to_vector<float>(), (std::vector<float>{1, 4, 2, 5, 3, 6}));
+  Tensor back = s.to(Device::shadow(1)).cpu();  // device to device, then home
+  EXPECT_EQ(back.device(), Device::cpu());
+  EXPECT_EQ(back.to_vector<float>(), (std::vector<float>{1, 4, 2, 5, 3, 6}));
+  EXPECT_TRUE(s.to(kShadow).is_same(s));  // already there: the same tensor, as PyTorch
+  Tensor h = tensor(std::vector<int64_t>{7, -8}, {2}, kShadow).to(kFloat16);
+  EXPECT_EQ(h.cpu().to(kFloat32).to_vector<float>(), (std::vector<float>{7, -8}));
+  EXPECT_DOUBLE_EQ(scalar_tensor(2.5, kFloat64, kShadow).item(), 2.5);
+}
+
+TEST(Device, HostAccessToDeviceMemoryIsRefused) {
+  Tensor s = ones({2}, kFloat32, kShadow);
+  EXPECT_NE(error_of<TypeError>([&] { (void)s.data<float>(); }).find("raw_data: the tensor is on shadow:0"),
+            std::string::npos);
+  EXPECT_NE(error_of<TypeError>([&] { (void)s.raw_data(); }).find(".cpu()"), std::string::npos);
+  // The explicit copies are allowed.
+  EXPECT_EQ(s.to_vector<float>(), (std::vector<float>{1, 1}));
+  EXPECT_NE(s.to_string().find("device=shadow:0"), std::string::npos);
+}
+
+TEST(Device, MixingDevicesIsRefusedNamingTheOp) {
+  Tensor a = ones({2}, kFloat32, kShadow), b = ones({2}, kFloat32, Device::cpu());
+  EXPECT_NE(error_of<TypeError>([&] { (void)add(a, b); }).find("add: tensors are on different devices (shadow:0 and cpu)"),
+            std::string::npos);
+  Tensor c = ones({2}, kFloat32, Device::shadow(1));
+  EXPECT_NE(error_of<TypeError>([&] { (void)mul(a, c); }).find("shadow:0 and shadow:1"), std::string::npos);
+  EXPECT_NE(error_of<TypeError>([&] { (void)matmul(ones({2, 2}, kFloat32, kShadow), ones({2, 2})); }).find("matmul"),
+            std::string::npos);
+}
+
+TEST(Device, CopyAcrossDevicesAndConstantsFollowTheOperand) {
+  Tensor s = zeros({3}, kFloat64, kShadow);
+  s.copy_(tensor(std::vector<double>{1, 2, 3}, {3}, Device::cpu()));
+  EXPECT_EQ(s.device(), kShadow);
+  EXPECT_EQ(s.to_vector<double>(), (std::vector<double>{1, 2, 3}));
+  // Scalars, clamp bounds, pow exponents and backward constants are made on the operand's device.
+  Tensor y = clamp(pow(s * 2.0 + 1.0, 2.0), 0.0, 30.0);
+  EXPECT_EQ(y.device(), kShadow);
+  EXPECT_EQ(y.to_vector<double>(), (std::vector<double>{9, 25, 30}));
+}
+
+TEST(Device, GradientsFlowBackToTheSourceDevice) {
+  // y = sum(relu(x_on_shadow) * 3): dy/dx = 3 where x > 0, else 0, delivered on the CPU.
+  Tensor x = tensor(std::vector<double>{-1, 2, 0.5}, {3}, Device::cpu()).set_requires_grad();
+  Tensor y = sum(relu(x.to(kShadow)) * 3.0);
+  EXPECT_EQ(y.device(), kShadow);
+  y.backward();
+  ASSERT_TRUE(x.grad().defined());
+  EXPECT_EQ(x.grad().device(), Device::cpu());
+  EXPECT_EQ(x.grad().to_vector<double>(), (std::vector<double>{0, 3, 3}));
+}
+
+TEST(Device, ModuleToMovesParametersBuffersAndGradsInPlace) {
+  manual_seed(3);
+  nn::Sequential m;
+  m.add(std::make_shared<nn::Linear>(3, 2));
+  m.add(std::make_shared<nn::BatchNorm1d>(2));
+  m.to(Device::cpu());
+  std::vector<Tensor> params = m.parameters();
+  const std::vector<float> w = params[0].cpu().to_vector<float>();
+  Tensor x = randn({4, 3}, kFloat32, nullptr, 0.0, 1.0, Device::cpu());
+  sum(m.forward(x)).backward();
+  m.to(kShadow);
+  EXPECT_EQ(m.device(), kShadow);
+  for (const auto& [name, t] : m.named_buffers()) EXPECT_EQ(t.device(), kShadow) << name;
+  // The handles taken before the move see the moved tensors (optimizers hold such handles).
+  EXPECT_EQ(params[0].device(), kShadow);
+  EXPECT_EQ(params[0].to_vector<float>(), w);
+  EXPECT_EQ(params[0].grad().device(), kShadow);
+  Tensor out = m.forward(x.to(kShadow));
+  EXPECT_EQ(out.device(), kShadow);
+  m.to(Device::cpu());
+  EXPECT_EQ(params[0].device(), Device::cpu());
+}
+
+TEST(Device, MemoryStatisticsPerDevice) {
+  reset_peak_memory_stats(kShadow);
+  const int64_t before = memory_allocated(kShadow);
+  {
+    Tensor a = empty({1000}, kFloat32, kShadow);  // 4000 bytes, 4032 rounded to 64
+    EXPECT_EQ(memory_allocated(kShadow) - before, 4032);
+    Tensor b = empty({10}, kFloat64, kShadow);  // 80 -> 128
+    EXPECT_EQ(memory_allocated(kShadow) - before, 4160);
+  }
+  EXPECT_EQ(memory_allocated(kShadow), before);
+  EXPECT_EQ(max_memory_allocated(kShadow) - before, 4160);
+  reset_peak_memory_stats(kShadow);
+  EXPECT_EQ(max_memory_allocated(kShadow), before);
+}
+
+TEST(Device, DefaultDeviceIsWhatTheRunTests) {
+  EXPECT_EQ(default_device(), test::test_device());
+  EXPECT_EQ(zeros({1}).device(), test::test_device());
+  EXPECT_EQ(arange(3).device(), test::test_device());
+  EXPECT_EQ(nn::Linear(2, 2).weight().device(), test::test_device());
+}
+
+}  // namespace
+}  // namespace braid
