@@ -211,9 +211,10 @@ double PipelineStage::train_step(const PipeSchedule& schedule, const Tensor& inp
     return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
   };
   events_.clear();
-  const int64_t base_bytes = Storage::live_bytes();
+  const Device dev = module_->device();  // the stage's activations live on its parameters' device
+  const int64_t base_bytes = memory_allocated(dev);
   peak_bytes_ = 0;
-  auto note_memory = [&] { peak_bytes_ = std::max(peak_bytes_, Storage::live_bytes() - base_bytes); };
+  auto note_memory = [&] { peak_bytes_ = std::max(peak_bytes_, memory_allocated(dev) - base_bytes); };
   for (size_t i = 0; i < actions.size(); ++i) {
     const PipeAction& a = actions[i];
     progress(pending);

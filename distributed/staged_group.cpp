@@ -51,37 +51,44 @@ class StagedGroup final : public ProcessGroup {
 
   WorkPtr all_reduce_async(Tensor t, ReduceOp op, const AllReduceOptions& options) override {
     if (on_host(t)) return inner_->all_reduce_async(std::move(t), op, options);
+    check_collective_tensor(t, "all_reduce");
     Tensor h = to_host(t);
     return std::make_shared<StagedWork>(inner_->all_reduce_async(h, op, options), h, t);
   }
   void all_reduce(Tensor t, ReduceOp op, const AllReduceOptions& options) override {
     if (on_host(t)) return inner_->all_reduce(std::move(t), op, options);
+    check_collective_tensor(t, "all_reduce");
     Tensor h = to_host(t);
     inner_->all_reduce(h, op, options);
     write_back(h, t);
   }
   void broadcast(Tensor t, int root) override {
     if (on_host(t)) return inner_->broadcast(std::move(t), root);
+    check_collective_tensor(t, "broadcast");
     Tensor h = to_host(t);
     inner_->broadcast(h, root);
     write_back(h, t);
   }
   Tensor all_gather(const Tensor& t) override {
     if (on_host(t)) return inner_->all_gather(t);
+    check_collective_tensor(t, "all_gather");
     return inner_->all_gather(to_host(t)).to(t.device());
   }
   Tensor reduce_scatter(const Tensor& t, ReduceOp op) override {
     if (on_host(t)) return inner_->reduce_scatter(t, op);
+    check_collective_tensor(t, "reduce_scatter");
     return inner_->reduce_scatter(to_host(t), op).to(t.device());
   }
   void barrier() override { inner_->barrier(); }
   WorkPtr isend(const Tensor& t, int dst, int tag) override {
     if (on_host(t)) return inner_->isend(t, dst, tag);
+    check_collective_tensor(t, "isend");
     Tensor h = to_host(t);
     return std::make_shared<StagedWork>(inner_->isend(h, dst, tag), h, Tensor());
   }
   WorkPtr irecv(Tensor t, int src, int tag) override {
     if (on_host(t)) return inner_->irecv(std::move(t), src, tag);
+    check_collective_tensor(t, "irecv");
     Tensor h = to_host(t);
     return std::make_shared<StagedWork>(inner_->irecv(h, src, tag), h, t);
   }

@@ -251,6 +251,8 @@ class Executor {
   }
 
   void set_current(const Scope* s) { current_ = s; }
+  /// Where the graph runs: the device of the caller's inputs (Note [Graph values on the device]).
+  void set_device(Device d) { device_ = d; }
 
  private:
   void release(const ExecPlan* plan, size_t i, Scope& scope) {
@@ -327,6 +329,7 @@ class Executor {
         half = v.dtype();
         v = cast(v, kFloat32);
       }
+      if (v.defined() && v.device() != device_) v = v.to(device_);
       inputs.push_back(std::move(v));
     }
     std::vector<Tensor> outputs;
@@ -375,6 +378,11 @@ class Executor {
         throw NotImplementedError(detail::cat(model_.path, ": ", n.label(), ": output ", i, " ('", n.outputs[i],
                                               "') is not produced by braid's ", n.op_type));
       if (has_half && is_floating(t.dtype()) && t.dtype() != half) t = cast(t, half);
+      // Note [Graph values on the device]
+      // Values an op makes from attributes or from the host (Constant, Shape, ConstantOfShape, index
+      // lists) start on the CPU; every value the graph hands on lives on the device the caller's
+      // inputs are on, as onnxruntime places initialisers and constants on its execution provider.
+      if (t.device() != device_) t = t.to(device_);
       scope.values[n.outputs[i]] = std::move(t);
     }
   }
@@ -382,6 +390,7 @@ class Executor {
   const Model& model_;
   const OpRegistry& registry_;
   bool training_;
+  Device device_;
   const Scope* current_ = nullptr;
   std::map<std::string, OnnxModule::OpTime>* profile_;
   std::set<size_t> skip_;  // BatchNormalization nodes folded into their Conv in this run
@@ -629,6 +638,7 @@ class OnnxSegment : public nn::Module {
     scope.values[graph_.inputs[0].name] = x;
     Executor ex(*model_, *registry_, is_training(), nullptr);
     ex.set_current(&scope);
+    ex.set_device(x.device());
     return ex.run_graph(graph_, scope)[0];
   }
   std::string describe() const override {
@@ -788,6 +798,7 @@ std::vector<Tensor> OnnxModule::run_ordered(const std::vector<Tensor>& inputs) {
   }
   Executor ex(model_, *registry_, is_training(), profiling_ ? &profile_ : nullptr);
   ex.set_current(&scope);
+  ex.set_device(inputs.empty() ? device() : inputs[0].device());
   return ex.run_graph(model_.graph, scope, plan_.get());
 }
 

@@ -38,7 +38,7 @@ void write_tensor(const Tensor& t0, const std::string& name, ::onnx::TensorProto
   p.set_name(name);
   p.set_data_type(proto_type(t0.dtype()));
   for (int64_t d : t0.shape()) p.add_dims(d);
-  Tensor t = contiguous(t0.detach());
+  Tensor t = contiguous(t0.detach()).cpu();
   const size_t bytes = static_cast<size_t>(t.numel() * t.element_size());
   if (t.dtype() == kBool) {
     std::string raw(static_cast<size_t>(t.numel()), '\0');

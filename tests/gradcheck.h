@@ -16,6 +16,13 @@ namespace braid::testing {
 
 using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
 
+/// Writes v into element j (row-major) of the contiguous tensor x through the tensor API, so that
+/// finite differences work on every device (host pointers do not reach device memory).
+inline void set_element(const Tensor& x, int64_t j, double v) {
+  NoGradGuard no_grad;
+  x.detach().view({-1}).narrow(0, j, 1).fill_(v);
+}
+
 /// Largest |analytic - numeric| / max(1, |analytic|, |numeric|) over all input elements.
 inline double gradcheck_error(const Fn& f, std::vector<Tensor> inputs, double eps = 1e-6, std::string* where = nullptr) {
   for (Tensor& x : inputs) x = x.to(kFloat64).contiguous().clone().detach().set_requires_grad(true);
@@ -32,14 +39,14 @@ inline double gradcheck_error(const Fn& f, std::vector<Tensor> inputs, double ep
     Tensor grad = inputs[i].grad();
     if (!grad.defined()) grad = zeros_like(inputs[i]);
     std::vector<double> analytic = grad.to_vector<double>();
-    double* p = inputs[i].data<double>();
+    const std::vector<double> values = inputs[i].to_vector<double>();
     for (int64_t j = 0; j < inputs[i].numel(); ++j) {
-      const double saved = p[j];
-      p[j] = saved + eps;
+      const double saved = values[static_cast<size_t>(j)];
+      set_element(inputs[i], j, saved + eps);
       double up = loss();
-      p[j] = saved - eps;
+      set_element(inputs[i], j, saved - eps);
       double down = loss();
-      p[j] = saved;
+      set_element(inputs[i], j, saved);
       double numeric = (up - down) / (2 * eps);
       double err = std::fabs(analytic[j] - numeric) / std::max({1.0, std::fabs(analytic[j]), std::fabs(numeric)});
       if (err > worst) {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "braid/nn/nn.h"
+#include "gradcheck.h"
 #include "reference_file.h"
 
 namespace braid::testing {
@@ -146,15 +147,15 @@ inline double module_gradcheck_error(nn::Module& m, std::vector<Tensor> inputs, 
   for (size_t k = 0; k < wrt.size(); ++k) {
     Tensor grad = wrt[k].grad();
     std::vector<double> analytic = grad.defined() ? grad.to_vector<double>() : std::vector<double>(wrt[k].numel(), 0.0);
-    double* p = wrt[k].data<double>();
+    const std::vector<double> values = wrt[k].to_vector<double>();
     const int64_t n = wrt[k].numel(), step = (n + max_checked - 1) / max_checked;
     for (int64_t j = 0; j < n; j += step) {
-      const double saved = p[j];
-      p[j] = saved + eps;
+      const double saved = values[static_cast<size_t>(j)];
+      set_element(wrt[k], j, saved + eps);
       const double up = loss();
-      p[j] = saved - eps;
+      set_element(wrt[k], j, saved - eps);
       const double down = loss();
-      p[j] = saved;
+      set_element(wrt[k], j, saved);
       const double numeric = (up - down) / (2 * eps);
       const double err = std::fabs(analytic[j] - numeric) / std::max({1.0, std::fabs(analytic[j]), std::fabs(numeric)});
       if (err > worst) {

@@ -86,7 +86,7 @@ OpTable planted(const std::string& op, DiffOp wrong) {
 TEST(DifferentialPlanted, CatchesAValueOffByOnePartInTenThousand) {
   // exp, with one element of every non-empty float result nudged by 1e-4 relative.
   OpTable t = planted("exp", {"exp", [](const std::vector<Tensor>& in, const Json&) {
-                                Tensor y = exp(in.at(0)).contiguous().clone();
+                                Tensor y = exp(in.at(0)).contiguous().cpu().clone();
                                 if (y.numel() > 0 && y.dtype() == kFloat64) y.data<double>()[0] *= 1 + 1e-4;
                                 if (y.numel() > 0 && y.dtype() == kFloat32) y.data<float>()[0] *= 1 + 1e-4f;
                                 return std::vector<Tensor>{y};

@@ -489,8 +489,9 @@ TEST_F(DataParallel, ShardedLoaderShowsEverySampleOncePerEpochOverAllRanks) {
     const auto lens = world()->all_gather(len).to_vector<int64_t>();
     int64_t longest = 0;
     for (int64_t l : lens) longest = std::max(longest, l);
-    Tensor t = full({longest}, -1.0, kInt64);
-    for (size_t i = 0; i < mine.size(); ++i) t.data<int64_t>()[i] = mine[i];
+    std::vector<int64_t> padded(mine);
+    padded.resize(static_cast<size_t>(longest), -1);
+    Tensor t = tensor(padded, {longest});
     const auto all = world()->all_gather(t).to_vector<int64_t>();
     std::vector<int64_t> seen;
     for (int64_t v : all)

@@ -174,6 +174,7 @@ TEST_P(Conformance, MatchesExpectedOutputs) {
   }
   auto module = std::make_shared<onnx::OnnxModule>(std::move(model));
   module->eval();
+  module->to(default_device());  // the device under test (tests/test_device.h)
   std::vector<std::string> sets;
   for (const auto& e : fs::directory_iterator(c.dir))
     if (e.is_directory() && e.path().filename().string().rfind("test_data_set_", 0) == 0) sets.push_back(e.path().string());
@@ -182,7 +183,7 @@ TEST_P(Conformance, MatchesExpectedOutputs) {
   for (const std::string& set : sets) {
     std::vector<Tensor> inputs, expected;
     for (size_t i = 0; fs::exists(set + "/input_" + std::to_string(i) + ".pb"); ++i)
-      inputs.push_back(onnx::load_tensor(set + "/input_" + std::to_string(i) + ".pb"));
+      inputs.push_back(onnx::load_tensor(set + "/input_" + std::to_string(i) + ".pb").to(default_device()));
     for (size_t i = 0; fs::exists(set + "/output_" + std::to_string(i) + ".pb"); ++i)
       expected.push_back(onnx::load_tensor(set + "/output_" + std::to_string(i) + ".pb"));
     std::vector<Tensor> got;

@@ -309,7 +309,7 @@ std::string known_ops() {
 // ---- comparison ----
 
 std::vector<int64_t> half_bits(const Tensor& t) {
-  Tensor c = t.contiguous();
+  Tensor c = t.contiguous().cpu();
   std::vector<int64_t> bits;
   if (c.dtype() == kFloat16) {
     const auto* p = c.data<detail::Half>();

@@ -193,7 +193,12 @@ TEST_F(Pipeline, GPipeAndOneFOneBEqualOneProcess) { expect_pipeline_equals_one_p
 
 TEST_F(Pipeline, CnnEqualsOneProcess) { expect_pipeline_equals_one_process(cnn_case(), {kFloat64, kFloat32}); }
 
-TEST_F(Pipeline, ImportedOnnxModelEqualsOneProcess) { expect_pipeline_equals_one_process(onnx_case(), {kFloat64}); }
+TEST_F(Pipeline, ImportedOnnxModelEqualsOneProcess) {
+  // Every rank decides alike, so no rank waits for a skipped peer.
+  if (!default_device().is_cpu())
+    GTEST_SKIP() << "the ONNX ops still build some index tensors on the host; imported graphs run on the CPU only";
+  expect_pipeline_equals_one_process(onnx_case(), {kFloat64});
+}
 
 TEST_F(Pipeline, TransformerEncoderEqualsOneProcess) {
   expect_pipeline_equals_one_process(transformer_case(), {kFloat64, kFloat32});

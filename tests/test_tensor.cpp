@@ -138,7 +138,7 @@ TEST(Tensor, ContiguousMetadata) {
   EXPECT_EQ(t.size(-1), 4);
   EXPECT_TRUE(t.is_contiguous());
   EXPECT_EQ(t.dtype(), kFloat32);
-  EXPECT_EQ(t.device(), cpu());
+  EXPECT_EQ(t.device(), default_device());
   Tensor s = scalar_tensor(2.5);
   EXPECT_EQ(s.dim(), 0);
   EXPECT_EQ(s.numel(), 1);
@@ -383,7 +383,7 @@ TEST(Storage, SixtyFourByteAlignment) {
     EXPECT_EQ(t.storage()->nbytes() % 64, 0) << "rounded to whole cache lines";
     EXPECT_GE(t.storage()->nbytes(), n * 4);
     Tensor d = zeros({n, 3}, kFloat64).mT().contiguous();
-    EXPECT_EQ(reinterpret_cast<uintptr_t>(d.raw_data()) % 64, 0u);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(d.storage()->data()) % 64, 0u);
   }
   auto s = Storage::allocate(100);
   EXPECT_EQ(s->nbytes(), 128);
@@ -391,17 +391,17 @@ TEST(Storage, SixtyFourByteAlignment) {
 }
 
 TEST(Storage, LiveBytesCountsOwnedMemory) {
-  const int64_t before = Storage::live_bytes();
+  const int64_t before = memory_allocated(default_device());
   {
     Tensor t = empty({1000}, kFloat64);  // 8000 bytes, rounded to 8000 (125 lines)
-    EXPECT_EQ(Storage::live_bytes() - before, 8000);
+    EXPECT_EQ(memory_allocated(default_device()) - before, 8000);
     Tensor v = t.narrow(0, 0, 10);  // a view allocates nothing
-    EXPECT_EQ(Storage::live_bytes() - before, 8000);
+    EXPECT_EQ(memory_allocated(default_device()) - before, 8000);
     float buf[4];
     Tensor w = from_blob(buf, {4}, kFloat32);  // wrapped memory is not counted
-    EXPECT_EQ(Storage::live_bytes() - before, 8000);
+    EXPECT_EQ(memory_allocated(default_device()) - before, 8000);
   }
-  EXPECT_EQ(Storage::live_bytes(), before);
+  EXPECT_EQ(memory_allocated(default_device()), before);
 }
 
 // ---- creation ----
@@ -451,13 +451,13 @@ TEST(Creation, FromVectors) {
 uint16_t to_half_bits(float f) {
   Tensor h = tensor(F{f}, {1}).to(kFloat16);
   EXPECT_EQ(h.dtype(), kFloat16);
-  return h.contiguous().data<detail::Half>()[0].bits;
+  return h.cpu().data<detail::Half>()[0].bits;
 }
 
 uint16_t to_bf16_bits(float f) {
   Tensor h = tensor(F{f}, {1}).to(kBFloat16);
   EXPECT_EQ(h.dtype(), kBFloat16);
-  return h.contiguous().data<detail::BFloat16>()[0].bits;
+  return h.cpu().data<detail::BFloat16>()[0].bits;
 }
 
 TEST(HalfTypes, Float16BitPatterns) {
@@ -505,7 +505,7 @@ TEST(HalfTypes, Float16ToFloatIsExactForEveryPattern) {
   EXPECT_EQ(bad, 0);
   // And back: every non-NaN pattern survives float16 -> float32 -> float16.
   std::vector<float> back(got);
-  Tensor again = tensor(back, {65536}).to(kFloat16).contiguous();
+  Tensor again = tensor(back, {65536}).to(kFloat16).contiguous().cpu();
   const auto* p = again.data<detail::Half>();
   int changed = 0;
   for (uint32_t b = 0; b < 65536; ++b) {
@@ -538,7 +538,7 @@ TEST(HalfTypes, Float16RoundsMidpointsToEven) {
   }
   const int64_t n = static_cast<int64_t>(mids.size());
   auto cast_bits = [&](const std::vector<float>& v) {
-    Tensor h = tensor(v, {n}).to(kFloat16).contiguous();
+    Tensor h = tensor(v, {n}).to(kFloat16).contiguous().cpu();
     const auto* p = h.data<detail::Half>();
     std::vector<uint16_t> out(v.size());
     for (size_t k = 0; k < v.size(); ++k) out[k] = p[k].bits;

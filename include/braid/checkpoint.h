@@ -8,6 +8,7 @@
 #include <map>
 #include <string>
 
+#include "braid/ops.h"
 #include "braid/tensor.h"
 
 namespace braid {
@@ -47,8 +48,9 @@ struct Checkpoint {
 /// Throws Error naming path when anything fails; the temporary file is removed then.
 void save_checkpoint(const std::string& path, const Checkpoint& ckpt);
 /// Reads and validates the whole file (magic, version, sizes, CRC32) before returning; every
-/// problem throws Error naming path.
-Checkpoint load_checkpoint(const std::string& path);
+/// problem throws Error naming path. Tensors are placed on map_location (as torch.load's); a module's
+/// load_state_dict copies them onto whatever device its parameters live on.
+Checkpoint load_checkpoint(const std::string& path, Device map_location = BRAID_IMPLICIT_DEVICE);
 
 // Helpers that put an object's state under a prefix and restore it. Each restore checks the
 // checkpoint against the object first and throws (naming the checkpoint's file and the first

@@ -41,8 +41,8 @@ Example TensorDataset::get(int64_t index) const {
 
 Example TensorDataset::get_batch(const std::vector<int64_t>& indices) const {
   NoGradGuard no_grad;  // a batch is data, even when the dataset's tensors require grad
-  Tensor idx = tensor(indices, {static_cast<int64_t>(indices.size())});
-  return {index_select(inputs_, 0, idx), index_select(targets_, 0, idx)};
+  Tensor idx = tensor(indices, {static_cast<int64_t>(indices.size())}, inputs_.device());
+  return {index_select(inputs_, 0, idx), index_select(targets_, 0, idx.to(targets_.device()))};
 }
 
 }  // namespace braid::data

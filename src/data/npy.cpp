@@ -199,7 +199,7 @@ void write_npy(const std::string& path, const Tensor& t) {
   const size_t pad = 64 - (10 + header.size() + 1) % 64;
   header += std::string(pad, ' ') + "\n";
   BRAID_CHECK(header.size() <= 65535, "write_npy: header of ", header.size(), " bytes is too long (writing '", path, "')");
-  const Tensor data = t.contiguous();
+  const Tensor data = t.detach().contiguous().cpu();  // written from any device
 
   FILE* f = std::fopen(path.c_str(), "wb");
   if (f == nullptr) file_error(path, std::string("cannot create: ") + std::strerror(errno));

@@ -40,7 +40,8 @@ Tensor Normalize::apply(const Tensor& x, Generator&) const {
   BRAID_CHECK(c == 1 || c == x.size(1), describe(), ": ", c, " values for ", x.size(1), " channels (shape ",
               shape_str(x.shape()), ")");
   BRAID_CHECK_T(TypeError, is_floating(x.dtype()), describe(), ": expected floating images, got ", dtype_name(x.dtype()));
-  Tensor m = tensor(mean_, {1, c, 1, 1}).to(x.dtype()), s = tensor(std_, {1, c, 1, 1}).to(x.dtype());
+  Tensor m = tensor(mean_, {1, c, 1, 1}, x.device()).to(x.dtype());
+  Tensor s = tensor(std_, {1, c, 1, 1}, x.device()).to(x.dtype());
   return (x - m) / s;
 }
 
@@ -76,8 +77,9 @@ RandomHorizontalFlip::RandomHorizontalFlip(double p) : p_(p) {
 Tensor RandomHorizontalFlip::apply(const Tensor& x, Generator& gen) const {
   check_images(x, describe());
   const int64_t n = x.size(0), w = x.size(3);
-  const Tensor flip = lt(rand({n}, kFloat64, &gen), scalar_tensor(p_, kFloat64)).reshape({n, 1, 1, 1});
-  const Tensor mirrored = index_select(x, 3, arange(static_cast<double>(w - 1), -1.0, -1.0, kInt64));
+  const Tensor u = rand({n}, kFloat64, &gen, 0.0, 1.0, x.device());
+  const Tensor flip = lt(u, scalar_like(u, p_)).reshape({n, 1, 1, 1});
+  const Tensor mirrored = index_select(x, 3, arange(static_cast<double>(w - 1), -1.0, -1.0, kInt64, x.device()));
   return where(flip, mirrored, x);
 }
 

@@ -113,7 +113,7 @@ class Writer {
 void write_payload(Writer& w, const Checkpoint& c) {
   w.number<uint64_t>(c.tensors.size());
   for (const auto& [name, t] : c.tensors) {
-    const Tensor data = t.contiguous();
+    const Tensor data = t.detach().contiguous().cpu();  // written from any device
     w.name(name);
     w.number(dtype_code(data.dtype()));
     w.number(static_cast<uint32_t>(data.dim()));
@@ -200,7 +200,7 @@ Tensor read_tensor(Reader& r, const std::string& name) {
   if (dtype == kBool)  // any other byte would be an invalid bool
     for (uint64_t i = 0; i < nbytes; ++i)
       if (static_cast<uint8_t>(data[i]) > 1) r.fail("bool tensor '" + name + "' holds byte value " + std::to_string(static_cast<uint8_t>(data[i])));
-  return from_buffer(data, shape, dtype);
+  return from_buffer(data, shape, dtype, Device::cpu());
 }
 
 // "checkpoint 'path': " or "checkpoint (in memory): ", for errors of the helpers.
@@ -311,7 +311,7 @@ void save_checkpoint(const std::string& path, const Checkpoint& ckpt) {
   }
 }
 
-Checkpoint load_checkpoint(const std::string& path) {
+Checkpoint load_checkpoint(const std::string& path, Device map_location) {
   const auto fail = [&](const std::string& what) -> void { throw Error("load_checkpoint '" + path + "': " + what); };
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) fail("cannot open: " + errno_str());
@@ -365,6 +365,7 @@ Checkpoint load_checkpoint(const std::string& path) {
     return std::string(r.take(n, "a string"), n);
   });
   if (r.left() != 0) r.fail("corrupt payload: " + std::to_string(r.left()) + " bytes after the last section");
+  for (auto& [name, t] : c.tensors) t = t.to(map_location);
   return c;
 }
 

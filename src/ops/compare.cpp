@@ -46,8 +46,9 @@ bool allclose(const Tensor& a, const Tensor& b, double rtol, double atol) {
 }
 
 bool equal(const Tensor& a, const Tensor& b) {
+  check_same_device(a, b, "equal");
   if (a.shape() != b.shape() || a.dtype() != b.dtype()) return false;
-  Tensor ca = contiguous_raw(a), cb = contiguous_raw(b);
+  Tensor ca = transfer_raw(contiguous_raw(a), Device::cpu()), cb = transfer_raw(contiguous_raw(b), Device::cpu());
   int64_t bytes = a.numel() * a.element_size();
   return bytes == 0 || std::memcmp(ca.raw_data(), cb.raw_data(), static_cast<size_t>(bytes)) == 0;
 }

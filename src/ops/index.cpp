@@ -24,6 +24,7 @@ Tensor gather_raw(const Tensor& x, int64_t a, const Tensor& idx) {
 
 Tensor gather(const Tensor& x, int64_t axis, const Tensor& index) {
   check_compute(x, "gather");
+  check_same_device(x, index, "gather");
   int64_t a = normalize_axis_or_scalar(axis, x.dim(), "gather");
   // A 0-d input or index stands for one of size 1 when the other is at most 1-d (Note [Axes of a
   // 0-d tensor]); PyTorch reads them so.
@@ -41,6 +42,7 @@ Tensor gather(const Tensor& x, int64_t axis, const Tensor& index) {
 
 Tensor index_select(const Tensor& x, int64_t axis, const Tensor& index) {
   check_compute(x, "index_select");
+  check_same_device(x, index, "index_select");
   int64_t a = normalize_axis_or_scalar(axis, x.dim(), "index_select");
   BRAID_CHECK(index.dim() <= 1, "index_select: index must be 1-d, got shape ", shape_str(index.shape()));
   if (x.dim() == 0) {  // as one axis of size 1; the result stays 0-d, as in PyTorch
@@ -65,6 +67,8 @@ Tensor index_select(const Tensor& x, int64_t axis, const Tensor& index) {
 Tensor scatter_add(const Tensor& x, int64_t axis, const Tensor& index, const Tensor& src) {
   check_compute(x, "scatter_add");
   check_compute(src, "scatter_add");
+  check_same_device(x, index, "scatter_add");
+  check_same_device(x, src, "scatter_add");
   BRAID_CHECK_T(TypeError, src.dtype() == x.dtype(), "scatter_add: src is ", dtype_name(src.dtype()), " but the input is ",
                 dtype_name(x.dtype()), "; cast src first (the sum would otherwise be rounded silently)");
   int64_t a = normalize_axis_or_scalar(axis, x.dim(), "scatter_add");

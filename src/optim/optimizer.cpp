@@ -190,7 +190,8 @@ void Optimizer::load_state_dict(const OptimizerState& in) {
                 "' has shape ", t.defined() ? shape_str(t.shape()) : "(undefined)", " and dtype ",
                 t.defined() ? dtype_name(t.dtype()) : "-", " but parameter ", i, " has shape ",
                 shape_str(params[i].shape()), " and dtype ", dtype_name(params[i].dtype()));
-    loaded[i].tensors[n] = t.detach().clone();
+    // Optimizer state lives on its parameter's device, wherever the state was saved from.
+    loaded[i].tensors[n] = t.detach().to(params[i].device()).clone();
   }
   // Everything checked: replace.
   groups_ = std::move(groups);

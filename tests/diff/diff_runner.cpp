@@ -100,7 +100,7 @@ std::string compare_output(const Tensor& got_in, const Json& want, size_t index)
   const Shape shape = shape_of(want.at("shape"));
   if (got_in.dtype() != dt) return tag + "dtype " + dtype_name(got_in.dtype()) + ", want " + dtype_name(dt);
   if (got_in.shape() != shape) return tag + "shape " + shape_str(got_in.shape()) + ", want " + shape_str(shape);
-  const Tensor got = got_in.contiguous();
+  const Tensor got = got_in.contiguous().cpu();
   const std::vector<uint8_t> bytes = unhex(want.at("data"));
   const int64_t n = got.numel();
   if (static_cast<int64_t>(bytes.size()) != n * dtype_size(dt)) return tag + "expected data has the wrong length";
