@@ -369,7 +369,7 @@ void LayerAccess::register_builtin() {
     Tensor y = run(m, x.example);
     // Examples carry shapes (and dtypes) for the exporters downstream; values are not needed here.
     const Shape& xs = x.example.shape();
-    Tensor o_example = zeros(l.batch_first_ ? xs : Shape{xs[1], xs[0], xs[2]}, t);
+    Tensor o_example = zeros(l.batch_first_ ? xs : Shape{xs[1], xs[0], xs[2]}, t, x.example.device());
     Value proj = export_layer(g, *m.child("out_proj"), prefix + "out_proj.", Value{o, o_example});
     if (l.batch_first_) return Value{proj.name, y};
     return g.node1("Transpose", {proj.name}, y, {{"perm", attr_ints({1, 0, 2})}});

@@ -253,6 +253,7 @@ class Executor {
   void set_current(const Scope* s) { current_ = s; }
   /// Where the graph runs: the device of the caller's inputs (Note [Graph values on the device]).
   void set_device(Device d) { device_ = d; }
+  Device device() const { return device_; }
 
  private:
   void release(const ExecPlan* plan, size_t i, Scope& scope) {
@@ -395,6 +396,13 @@ class Executor {
   std::map<std::string, OnnxModule::OpTime>* profile_;
   std::set<size_t> skip_;  // BatchNormalization nodes folded into their Conv in this run
 };
+
+Device OpContext::device() const {
+  if (executor_ != nullptr) return executor_->device();
+  for (const Tensor& t : inputs_)
+    if (t.defined()) return t.device();
+  return Device::cpu();
+}
 
 std::vector<Tensor> OpContext::run_subgraph(const Graph& g, const std::vector<Tensor>& inputs) {
   BRAID_ASSERT(executor_ != nullptr);

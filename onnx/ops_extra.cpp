@@ -21,7 +21,7 @@ namespace braid::onnx::ops {
 
 namespace {
 
-Tensor index_vec(const std::vector<int64_t>& v) { return tensor(v, {static_cast<int64_t>(v.size())}); }
+Tensor index_vec(const std::vector<int64_t>& v, Device d) { return tensor(v, {static_cast<int64_t>(v.size())}, d); }
 
 int64_t shape_prod(const Shape& s, size_t from = 0, size_t to = std::string::npos) {
   int64_t p = 1;
@@ -34,7 +34,7 @@ Tensor flip(const Tensor& x, int64_t axis) {
   const int64_t n = x.size(axis);
   std::vector<int64_t> idx(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) idx[static_cast<size_t>(i)] = n - 1 - i;
-  return index_select(x, axis, index_vec(idx));
+  return index_select(x, axis, index_vec(idx, x.device()));
 }
 
 /// Integer values of an index tensor (any integer dtype).
@@ -84,8 +84,8 @@ Tensors topk(OpContext& c) {
     }
   Shape os = sh;
   os[static_cast<size_t>(axis)] = k;
-  Tensor idx = tensor(out, os);
-  if (k == 0) return {zeros(os, x.dtype()), idx};
+  Tensor idx = tensor(out, os, c.device());
+  if (k == 0) return {zeros(os, x.dtype(), x.device()), idx};
   return {gather(x, axis, idx), idx};
 }
 
@@ -96,8 +96,8 @@ Tensor shift(const Tensor& x, int64_t axis, int64_t k) {
   const int64_t n = x.size(axis);
   Shape zs = x.shape();
   zs[static_cast<size_t>(axis)] = std::min(k, n);
-  if (k >= n) return zeros(x.shape(), x.dtype());
-  return concat({zeros(zs, x.dtype()), narrow(x, axis, 0, n - k)}, axis);
+  if (k >= n) return zeros(x.shape(), x.dtype(), x.device());
+  return concat({zeros(zs, x.dtype(), x.device()), narrow(x, axis, 0, n - k)}, axis);
 }
 
 Tensors cumsum(OpContext& c) {
@@ -128,7 +128,7 @@ Tensor scatter_rows(const OpContext& c, const Tensor& data2, const std::vector<i
   if (nu == 0) return data2;
   Tensor upd = cast(upd2, data2.dtype());
   auto row_index = [&](const std::vector<int64_t>& r) {
-    return contiguous(expand(reshape(index_vec(r), {static_cast<int64_t>(r.size()), 1}), {static_cast<int64_t>(r.size()), cols}));
+    return contiguous(expand(reshape(index_vec(r, c.device()), {static_cast<int64_t>(r.size()), 1}), {static_cast<int64_t>(r.size()), cols}));
   };
   if (reduction == "add") return scatter_add(data2, 0, row_index(rows), upd);
   if (reduction != "none" && reduction != "mul" && reduction != "max" && reduction != "min")
@@ -157,8 +157,8 @@ Tensor scatter_rows(const OpContext& c, const Tensor& data2, const std::vector<i
       rr.push_back(rows[static_cast<size_t>(u)]);
       mask[static_cast<size_t>(rows[static_cast<size_t>(u)])] = true;
     }
-    Tensor placed = scatter_add(zeros_like(data2), 0, row_index(rr), index_select(upd, 0, index_vec(us)));
-    Tensor m = tensor_bool(mask, {nrows, 1});
+    Tensor placed = scatter_add(zeros_like(data2), 0, row_index(rr), index_select(upd, 0, index_vec(us, c.device())));
+    Tensor m = tensor_bool(mask, {nrows, 1}, c.device());
     Tensor combined = reduction == "none" ? placed
                       : reduction == "mul" ? out * placed
                       : reduction == "max" ? maximum(out, placed)
@@ -256,7 +256,7 @@ Tensors gather_nd(OpContext& c) {
   Tensor d2 = reshape(data, {shape_prod(ds, 0, static_cast<size_t>(b + k)), rest});
   Shape os(is.begin(), is.end() - 1);
   os.insert(os.end(), ds.begin() + b + k, ds.end());
-  return {reshape(index_select(d2, 0, index_vec(rows)), os)};
+  return {reshape(index_select(d2, 0, index_vec(rows, c.device())), os)};
 }
 
 Tensors one_hot_op(OpContext& c) {
@@ -273,10 +273,10 @@ Tensors one_hot_op(OpContext& c) {
     if (v < 0) v += depth;
     idx[i] = v;  // still out of range: the row is all off
   }
-  Tensor labels = unsqueeze(tensor(idx, indices.shape()), axis);
+  Tensor labels = unsqueeze(tensor(idx, indices.shape(), c.device()), axis);
   Shape rs(static_cast<size_t>(indices.dim() + 1), 1);
   rs[static_cast<size_t>(axis)] = depth;
-  Tensor mask = eq(labels, reshape(arange(depth), rs));
+  Tensor mask = eq(labels, reshape(arange(depth, kInt64, c.device()), rs));
   Tensor flat = reshape(values, {2});
   return {where(mask, reshape(narrow(flat, 0, 1, 1), {}), reshape(narrow(flat, 0, 0, 1), {}))};
 }
@@ -357,11 +357,11 @@ Tensor resize_axis(const Tensor& x, int64_t axis, int64_t out, double scale, con
       const auto i = static_cast<int64_t>(base) + (second ? 1 : 0);
       idx[static_cast<size_t>(y)] = std::clamp<int64_t>(i, 0, in - 1);
     }
-    Tensor r = index_select(x, axis, index_vec(idx));
+    Tensor r = index_select(x, axis, index_vec(idx, x.device()));
     if (!any_extrapolated) return r;
     Shape ms(static_cast<size_t>(x.dim()), 1);
     ms[static_cast<size_t>(axis)] = out;
-    return where(tensor_bool(extrapolated, ms), scalar_like(x, rm.extrapolation), r);
+    return where(tensor_bool(extrapolated, ms, x.device()), scalar_like(x, rm.extrapolation), r);
   }
   // linear and cubic: out x in weights, applied as a matrix product along the axis.
   const int64_t taps = rm.mode == "cubic" ? 4 : 2;
@@ -398,10 +398,10 @@ Tensor resize_axis(const Tensor& x, int64_t axis, int64_t out, double scale, con
   }
   const bool floating = is_floating(x.dtype());
   Tensor xf = floating ? x : cast(x, kFloat32);
-  Tensor wt = cast(tensor(w, {out, in}), xf.dtype());
+  Tensor wt = cast(tensor(w, {out, in}, x.device()), xf.dtype());
   Tensor moved = transpose(xf, axis, -1);
   Tensor r = matmul(moved, wt.mT());
-  if (any_extrapolated) r = r + cast(tensor(bias, {out}), xf.dtype());
+  if (any_extrapolated) r = r + cast(tensor(bias, {out}, x.device()), xf.dtype());
   r = transpose(r, axis, -1);
   return floating ? r : cast(round(r), x.dtype());
 }
@@ -467,7 +467,7 @@ Tensor resize(const OpContext& c, Tensor x, std::vector<double> scales, std::vec
     if (in == 0 || out == 0) {
       Shape s = x.shape();
       s[static_cast<size_t>(a)] = out;
-      x = zeros(s, x.dtype());
+      x = zeros(s, x.dtype(), x.device());
       continue;
     }
     x = resize_axis(x, a, out, scale, rm, roi_start[static_cast<size_t>(a)], roi_end[static_cast<size_t>(a)]);
@@ -575,7 +575,7 @@ void take_diagonals(const OpContext& c, Operand& op) {
     s.push_back(n * n);
     std::vector<int64_t> diag(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) diag[static_cast<size_t>(i)] = i * (n + 1);
-    op.t = index_select(reshape(t, s), -1, index_vec(diag));
+    op.t = index_select(reshape(t, s), -1, index_vec(diag, c.device()));
     labels.push_back(op.labels[p]);
     op.labels = labels;
   }
@@ -761,7 +761,7 @@ Tensors reverse_sequence(OpContext& c) {
       pos[d] = 0;
     }
   }
-  return {gather(x, ta, tensor(idx, s))};
+  return {gather(x, ta, tensor(idx, s, c.device()))};
 }
 
 Tensors compress(OpContext& c) {
@@ -773,7 +773,7 @@ Tensors compress(OpContext& c) {
   std::vector<int64_t> keep;
   for (size_t i = 0; i < cond.size() && static_cast<int64_t>(i) < x.size(axis); ++i)
     if (cond[i] != 0) keep.push_back(static_cast<int64_t>(i));
-  return {index_select(x, axis, index_vec(keep))};
+  return {index_select(x, axis, index_vec(keep, c.device()))};
 }
 
 // ---- control flow ----
@@ -785,10 +785,10 @@ Tensors if_op(OpContext& c) {
   return c.run_subgraph(*branch.g, {});
 }
 
-Tensor empty_scan_output(const ValueInfo& v) {
+Tensor empty_scan_output(const ValueInfo& v, Device device) {
   Shape s{0};
   for (const Dim& d : v.shape) s.push_back(std::max<int64_t>(d.size, 0));
-  return zeros(s, v.dtype);
+  return zeros(s, v.dtype, device);
 }
 
 Tensors loop_op(OpContext& c) {
@@ -805,7 +805,7 @@ Tensors loop_op(OpContext& c) {
   const size_t ns = body.outputs.size() - 1 - nc;
   std::vector<std::vector<Tensor>> scans(ns);
   for (int64_t i = 0; i < trip && cond; ++i) {
-    std::vector<Tensor> ins{scalar_tensor(static_cast<double>(i), kInt64), tensor_bool({cond}, {})};
+    std::vector<Tensor> ins{scalar_tensor(static_cast<double>(i), kInt64, c.device()), tensor_bool({cond}, {}, c.device())};
     ins.insert(ins.end(), carried.begin(), carried.end());
     std::vector<Tensor> outs = c.run_subgraph(body, ins);
     cond = outs[0].item() != 0;
@@ -814,7 +814,7 @@ Tensors loop_op(OpContext& c) {
   }
   Tensors out = carried;
   for (size_t j = 0; j < ns; ++j)
-    out.push_back(scans[j].empty() ? empty_scan_output(body.outputs[1 + nc + j]) : stack(scans[j], 0));
+    out.push_back(scans[j].empty() ? empty_scan_output(body.outputs[1 + nc + j], c.device()) : stack(scans[j], 0));
   return out;
 }
 
@@ -852,7 +852,7 @@ Tensors scan_core(OpContext& c, const Graph& body, std::vector<Tensor> state, co
   for (int64_t j = 0; j < k; ++j) {
     auto& v = outs[static_cast<size_t>(j)];
     if (v.empty()) {
-      result.push_back(empty_scan_output(body.outputs[static_cast<size_t>(n + j)]));
+      result.push_back(empty_scan_output(body.outputs[static_cast<size_t>(n + j)], c.device()));
       continue;
     }
     if (out_dirs[static_cast<size_t>(j)] != 0) std::reverse(v.begin(), v.end());
@@ -922,9 +922,9 @@ Tensor nll_loss(OpContext& c, const Tensor& x, const Tensor& target, const Tenso
     }
     if (tv[i] < 0 || tv[i] >= classes) c.fail("target ", tv[i], " is out of range for ", classes, " classes");
   }
-  Tensor t = tensor(tv, target.shape());
+  Tensor t = tensor(tv, target.shape(), c.device());
   Tensor picked = squeeze(gather(x, 1, unsqueeze(t, 1)), 1);
-  Tensor w = cast(tensor_bool(keep, target.shape()), x.dtype());
+  Tensor w = cast(tensor_bool(keep, target.shape(), c.device()), x.dtype());
   if (weight.defined()) w = w * reshape(index_select(weight, 0, reshape(t, {t.numel()})), target.shape());
   Tensor loss = -picked * w;
   const std::string reduction = c.attr_string("reduction", "mean");
@@ -951,7 +951,7 @@ Tensors window(OpContext& c, int kind) {
     else w = 0.42 - 0.5 * std::cos(a) + 0.08 * std::cos(2 * a);                     // Blackman
     v[static_cast<size_t>(i)] = w;
   }
-  return {cast(tensor(v, {size}), dtype_from_onnx(c, c.attr_int("output_datatype", 1)))};
+  return {cast(tensor(v, {size}, c.device()), dtype_from_onnx(c, c.attr_int("output_datatype", 1)))};
 }
 
 // ---- Unique and NonMaxSuppression (index outputs computed on the CPU) ----
@@ -989,7 +989,7 @@ Tensors unique(OpContext& c) {
     inverse[static_cast<size_t>(i)] = p;
     counts[static_cast<size_t>(p)]++;
   }
-  return {index_select(x, axis, index_vec(order)), index_vec(order), index_vec(inverse), index_vec(counts)};
+  return {index_select(x, axis, index_vec(order, c.device())), index_vec(order, c.device()), index_vec(inverse, c.device()), index_vec(counts, c.device())};
 }
 
 bool nms_suppress(const std::vector<double>& b, int64_t i, int64_t j, bool center, double iou_threshold) {
@@ -1058,7 +1058,7 @@ Tensors non_max_suppression(OpContext& c) {
       }
     }
   }
-  return {tensor(out, {static_cast<int64_t>(out.size() / 3), 3})};
+  return {tensor(out, {static_cast<int64_t>(out.size() / 3), 3}, c.device())};
 }
 
 OpSchema control(const char* type, std::vector<std::string> attrs, std::function<Tensors(OpContext&)> fn, int64_t since) {
@@ -1097,9 +1097,9 @@ Tensor sample_taps(const Tensor& x, const std::vector<Taps>& points, int64_t n, 
   const int64_t nx = x.size(0);
   Tensor src = reshape(permute(reshape(x, {nx, ch, x.numel() / std::max<int64_t>(nx * ch, 1)}), {1, 0, 2}), {1, ch, -1});
   const int64_t m = tw * n * p;
-  Tensor index = contiguous(expand(reshape(tensor(idx, {m}), {1, 1, m}), {1, ch, m}));
+  Tensor index = contiguous(expand(reshape(tensor(idx, {m}, x.device()), {1, 1, m}), {1, ch, m}));
   Tensor vals = reshape(gather(src, 2, index), {ch, tw, n * p});
-  Tensor w = reshape(cast(tensor(wt, {tw, n * p}), x.dtype()), {1, tw, n * p});
+  Tensor w = reshape(cast(tensor(wt, {tw, n * p}, x.device()), x.dtype()), {1, tw, n * p});
   Tensor y = take_max ? amax(vals * w, {1}) : sum(vals * w, {1});  // (C, N * P)
   return permute(reshape(y, {ch, n, p}), {1, 0, 2});
 }
@@ -1304,7 +1304,7 @@ Tensors det_op(OpContext& c) {
   int64_t nb = 1;
   for (int64_t d : batch_shape) nb *= d;
   Tensor a = reshape(x, {nb, m, m});
-  Tensor det = ones({nb}, x.dtype());
+  Tensor det = ones({nb}, x.dtype(), x.device());
   std::vector<double> sign(static_cast<size_t>(nb), 1.0);
   for (int64_t k = m; k > 0; --k) {  // a is (nb, k, k)
     const std::vector<double> col = cast(narrow(a, 2, 0, 1), kFloat64).to_vector<double>();
@@ -1321,7 +1321,7 @@ Tensors det_op(OpContext& c) {
         swapped = true;
       }
     }
-    if (swapped) a = gather(a, 1, contiguous(expand(reshape(tensor(perm, {nb * k}), {nb, k, 1}), {nb, k, k})));
+    if (swapped) a = gather(a, 1, contiguous(expand(reshape(tensor(perm, {nb * k}, c.device()), {nb, k, 1}), {nb, k, k})));
     Tensor pivot = reshape(narrow(narrow(a, 1, 0, 1), 2, 0, 1), {nb});
     det = det * pivot;
     if (k > 1) {
@@ -1333,7 +1333,7 @@ Tensors det_op(OpContext& c) {
       a = rest - lower * upper / reshape(safe, {nb, 1, 1});
     }
   }
-  det = det * cast(tensor(sign, {nb}), det.dtype());
+  det = det * cast(tensor(sign, {nb}, c.device()), det.dtype());
   return {reshape(det, batch_shape)};
 }
 
@@ -1354,7 +1354,7 @@ Tensors bit_shift(OpContext& c) {
     const uint64_t r = k >= 64 ? 0 : (dir == "LEFT" ? v << k : v >> k);
     out[i] = static_cast<int64_t>(r);
   }
-  return {cast(tensor(out, s), promote_types(a.dtype(), b.dtype()))};
+  return {cast(tensor(out, s, c.device()), promote_types(a.dtype(), b.dtype()))};
 }
 
 // ---- DFT, STFT, MelWeightMatrix ----
@@ -1387,7 +1387,7 @@ Tensor dft(const OpContext& c, const Tensor& x, int64_t axis, int64_t n, bool in
       cs[static_cast<size_t>(j * bins + k)] = std::cos(ang);
       sn[static_cast<size_t>(j * bins + k)] = (inverse ? 1.0 : -1.0) * std::sin(ang);
     }
-  Tensor cm = cast(tensor(cs, {n, bins}), t.dtype()), sm = cast(tensor(sn, {n, bins}), t.dtype());
+  Tensor cm = cast(tensor(cs, {n, bins}, c.device()), t.dtype()), sm = cast(tensor(sn, {n, bins}, c.device()), t.dtype());
   Tensor re = squeeze(narrow(t, t.dim() - 1, 0, 1), t.dim() - 1);
   Tensor out_re = matmul(re, cm), out_im = matmul(re, sm);
   if (t.size(-1) == 2) {
@@ -1427,7 +1427,7 @@ Tensors stft_op(OpContext& c) {
   std::vector<int64_t> idx;
   for (int64_t f = 0; f < frames; ++f)
     for (int64_t j = 0; j < frame; ++j) idx.push_back(f * step + j);
-  Tensor t = reshape(index_select(x, 1, tensor(idx, {frames * frame})), {x.size(0), frames, frame, x.size(2)});
+  Tensor t = reshape(index_select(x, 1, tensor(idx, {frames * frame}, c.device())), {x.size(0), frames, frame, x.size(2)});
   if (win.defined()) t = t * reshape(cast(win, t.dtype()), {1, 1, frame, 1});
   return {dft(c, t, 2, frame, false, c.attr_int("onesided", 1) != 0)};
 }
@@ -1459,7 +1459,7 @@ Tensors mel_weight_matrix(OpContext& c) {
     if (h > m)
       for (int64_t j = m; j < h; ++j) set(j, i, static_cast<double>(h - j) / static_cast<double>(h - m));
   }
-  return {cast(tensor(out, {spec, bins}), dtype_from_onnx(c, c.attr_int("output_datatype", 1)))};
+  return {cast(tensor(out, {spec, bins}, c.device()), dtype_from_onnx(c, c.attr_int("output_datatype", 1)))};
 }
 
 }  // namespace

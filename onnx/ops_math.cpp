@@ -58,7 +58,7 @@ Tensor along_axis(OpContext& c, F f) {
 
 Tensor hardmax(const Tensor& x, int64_t axis) {
   Tensor idx = argmax(x, axis, true);
-  Tensor pos = arange(x.size(axis));
+  Tensor pos = arange(x.size(axis), kInt64, x.device());
   Shape s(static_cast<size_t>(x.dim()), 1);
   s[static_cast<size_t>(axis)] = x.size(axis);
   return cast(eq(reshape(pos, s), idx), x.dtype());
@@ -137,7 +137,7 @@ void register_math_ops(OpRegistry& r) {
     if (p && n) return Tensors{logical_or(pos, neg_inf)};
     if (p) return Tensors{pos};
     if (n) return Tensors{neg_inf};
-    return Tensors{zeros(x.shape(), kBool)};
+    return Tensors{zeros(x.shape(), kBool, x.device())};
   }));
 
   // ---- activations with parameters ----
@@ -214,7 +214,7 @@ void register_math_ops(OpRegistry& r) {
     if (!is_floating(a.dtype()) && !is_floating(b.dtype())) {
       // Integer division truncates toward zero (C semantics, as onnxruntime).
       Tensor q = div(cast(a, kFloat64), cast(b, kFloat64));
-      Tensor t = where(lt(q, zeros({}, kFloat64)), ceil(q), floor(q));
+      Tensor t = where(lt(q, zeros({}, kFloat64, q.device())), ceil(q), floor(q));
       return Tensors{cast(t, promote_types(a.dtype(), b.dtype()))};
     }
     return Tensors{div(a, b)};
@@ -230,7 +230,7 @@ void register_math_ops(OpRegistry& r) {
     const DType t = promote_types(a.dtype(), b.dtype());
     Tensor x = cast(a, kFloat64), y = cast(b, kFloat64);
     Tensor q = div(x, y);
-    if (c.attr_int("fmod", 0) != 0) q = where(lt(q, zeros({}, kFloat64)), ceil(q), floor(q));  // C fmod: sign of x
+    if (c.attr_int("fmod", 0) != 0) q = where(lt(q, zeros({}, kFloat64, q.device())), ceil(q), floor(q));  // C fmod: sign of x
     else q = floor(q);                                                                        // Python: sign of y
     Tensor m = x - q * y;
     return Tensors{cast(m, t)};
@@ -282,9 +282,9 @@ void register_math_ops(OpRegistry& r) {
       if (c.attr_int("select_last_index", 0) == 0) return Tensors{is_max ? argmax(x, axis, keep) : argmin(x, axis, keep)};
       // The last extreme index: search the reversed axis, then map back.
       const int64_t n = x.size(axis);
-      Tensor rev = index_select(x, axis, arange(static_cast<double>(n - 1), -1.0, -1.0, kInt64));
+      Tensor rev = index_select(x, axis, arange(static_cast<double>(n - 1), -1.0, -1.0, kInt64, x.device()));
       Tensor i = is_max ? argmax(rev, axis, keep) : argmin(rev, axis, keep);
-      return Tensors{sub(full(i.shape(), static_cast<double>(n - 1), kInt64), i)};
+      return Tensors{sub(full(i.shape(), static_cast<double>(n - 1), kInt64, i.device()), i)};
     });
     r.add(std::move(s));
   }

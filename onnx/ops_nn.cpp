@@ -69,7 +69,7 @@ void check_rank(const OpContext& c, const Tensor& x, const char* what) {
     c.fail(what, " needs an (N, C, L), (N, C, H, W) or (N, C, D, H, W) input, got shape ", shape_str(x.shape()));
 }
 
-Tensor index_vec(const std::vector<int64_t>& v) { return tensor(v, {static_cast<int64_t>(v.size())}); }
+Tensor index_vec(const std::vector<int64_t>& v, Device d) { return tensor(v, {static_cast<int64_t>(v.size())}, d); }
 
 /// The window without its first (depth) axis: what the 2-d op applies to each depth slice.
 Window drop_depth(const Window& w) {
@@ -103,7 +103,7 @@ Tensor conv3d(const OpContext& c, const Tensor& x, const Tensor& weight, const T
   for (int64_t t = 0; t < k; ++t) {
     std::vector<int64_t> idx(static_cast<size_t>(od));
     for (int64_t o = 0; o < od; ++o) idx[static_cast<size_t>(o)] = o * s + t * d;
-    Tensor slices = depth_to_batch(index_select(xp, 2, index_vec(idx)));
+    Tensor slices = depth_to_batch(index_select(xp, 2, index_vec(idx, xp.device())));
     Tensor wt = squeeze(narrow(weight, 2, t, 1), 2);
     Tensor yt = conv2d(slices, wt, Tensor(), w2.stride, {w2.begin[0], w2.end[0], w2.begin[1], w2.end[1]}, w2.dilation, group);
     y = y.defined() ? y + yt : yt;
@@ -199,8 +199,8 @@ std::vector<Tensor> conv_transpose(OpContext& c) {
       for (int64_t i = 0; i < depth; ++i) pos.push_back(i * stride[0] + t * dilation[0]);
     }
     Tensor all = concat(parts, 1);
-    Tensor index = contiguous(expand(reshape(index_vec(pos), {1, static_cast<int64_t>(pos.size()), 1, 1, 1}), all.shape()));
-    Tensor z = zeros({n, full, all.size(2), all.size(3), all.size(4)}, all.dtype());
+    Tensor index = contiguous(expand(reshape(index_vec(pos, all.device()), {1, static_cast<int64_t>(pos.size()), 1, 1, 1}), all.shape()));
+    Tensor z = zeros({n, full, all.size(2), all.size(3), all.size(4)}, all.dtype(), all.device());
     Tensor y = scatter_add(z, 1, index, all);
     y = permute(slice(y, 1, pads[0], full - pads[3]), {0, 2, 1, 3, 4});
     if (bias.defined()) y = y + reshape(bias, {1, bias.numel(), 1, 1, 1});
@@ -249,7 +249,7 @@ Tensor pool2d(const OpContext& c, const Tensor& x, const Window& w, bool is_max,
         Tensor counts;
         {
           NoGradGuard no_grad;  // the counts are constants; the division below stays differentiable
-          Tensor ones_in = ones({1, 1, x.size(2), x.size(3)}, x.dtype());
+          Tensor ones_in = ones({1, 1, x.size(2), x.size(3)}, x.dtype(), x.device());
           counts = avg_pool2d(pad(ones_in, p), w.kernel, w.stride, {0, 0}, ceil_mode, true);
         }
         y = sums / counts;
@@ -286,10 +286,10 @@ Tensor pool3d(const OpContext& c, const Tensor& x, const Window& w, bool is_max,
       const int64_t p = o * s + t * d - b;
       if (include_pad ? (p < depth + e) : (p >= 0 && p < depth)) count[static_cast<size_t>(o)] += 1;
     }
-    Tensor tap = index_select(yp, 2, index_vec(idx));
+    Tensor tap = index_select(yp, 2, index_vec(idx, yp.device()));
     acc = !acc.defined() ? tap : (is_max ? maximum(acc, tap) : acc + tap);
   }
-  if (!is_max) acc = acc / reshape(cast(tensor(count, {od}), acc.dtype()), {1, 1, od, 1, 1});
+  if (!is_max) acc = acc / reshape(cast(tensor(count, {od}, acc.device()), acc.dtype()), {1, 1, od, 1, 1});
   return acc;
 }
 
@@ -338,7 +338,7 @@ Tensor max_indices(const OpContext& c, const Tensor& x, const Window& win, const
           }
           result.push_back(at < 0 ? -1 : p * plane + at);
         }
-  return tensor(result, y.shape());
+  return tensor(result, y.shape(), y.device());
 }
 
 bool wants_indices(const OpContext& c) { return c.node().outputs.size() > 1 && !c.node().outputs[1].empty(); }
@@ -396,7 +396,7 @@ Tensors max_unpool(OpContext& c) {
     for (int64_t i : iv)
       if (i < 0 || i >= total) c.fail("index ", i, " is out of range for an output of ", total, " elements");
   }
-  Tensor y = reshape(scatter_add(zeros({total}, x.dtype()), 0, flat_idx, reshape(x, {x.numel()})), out);
+  Tensor y = reshape(scatter_add(zeros({total}, x.dtype(), x.device()), 0, flat_idx, reshape(x, {x.numel()})), out);
   if (c.has_input(2)) {
     const std::vector<int64_t> want = c.input_ints(2);
     if (want.size() != out.size()) c.fail("output_shape needs ", out.size(), " values");
@@ -476,9 +476,9 @@ std::vector<Tensor> dropout(OpContext& c) {
     if (c.has_input(1)) ratio = c.input_scalar(1);
     training = c.has_input(2) ? c.input_scalar(2) != 0 : training;
   }
-  if (!training || ratio == 0) return {x, ones(x.shape(), kBool)};
+  if (!training || ratio == 0) return {x, ones(x.shape(), kBool, x.device())};
   if (ratio < 0 || ratio >= 1) c.fail("ratio must be in [0, 1), got ", ratio);
-  Tensor keep = bernoulli(x.shape(), 1.0 - ratio, kBool);
+  Tensor keep = bernoulli(x.shape(), 1.0 - ratio, kBool, nullptr, x.device());
   return {x * cast(keep, x.dtype()) * (1.0 / (1.0 - ratio)), keep};
 }
 

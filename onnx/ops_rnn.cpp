@@ -98,7 +98,7 @@ struct Recurrence {
   Tensor step_mask(int64_t t) const {  // (batch, 1) bool: entries still running at step t
     std::vector<bool> m(static_cast<size_t>(batch));
     for (int64_t b = 0; b < batch; ++b) m[static_cast<size_t>(b)] = t < lens[static_cast<size_t>(b)];
-    return tensor_bool(m, {batch, 1});
+    return tensor_bool(m, {batch, 1}, x.device());
   }
   Tensor act(size_t dir, size_t k, const Tensor& v) const {
     return f[dir][k](clip ? clamp(v, -*clip, *clip) : v);
@@ -164,7 +164,7 @@ Recurrence setup(OpContext& c, const std::vector<std::string>& defaults, int64_t
 
 /// Initial state input i (initial_h or initial_c) for direction d as (batch, hidden), zeros when omitted.
 Tensor initial_state(OpContext& c, const Recurrence& r, size_t i, int64_t d) {
-  if (!c.has_input(i)) return zeros({r.batch, r.hidden}, r.x.dtype());
+  if (!c.has_input(i)) return zeros({r.batch, r.hidden}, r.x.dtype(), r.x.device());
   Tensor h = c.input(i);
   if (r.layout1) h = transpose(h, 0, 1);
   if (h.dim() != 3 || h.size(0) != r.num_dir || h.size(1) != r.batch || h.size(2) != r.hidden)
@@ -211,13 +211,13 @@ std::pair<Tensor, std::vector<Tensor>> unroll(const Recurrence& r, size_t dir, s
     if (!r.lens.empty()) {
       Tensor m = r.step_mask(t);
       for (size_t k = 0; k < next.size(); ++k) next[k] = where(m, next[k], states[k]);
-      ys[static_cast<size_t>(t)] = where(m, next[0], zeros({}, next[0].dtype()));
+      ys[static_cast<size_t>(t)] = where(m, next[0], zeros({}, next[0].dtype(), next[0].device()));
     } else {
       ys[static_cast<size_t>(t)] = next[0];
     }
     states = std::move(next);
   }
-  Tensor y = r.seq > 0 ? stack(ys, 0) : zeros({0, r.batch, r.hidden}, r.x.dtype());
+  Tensor y = r.seq > 0 ? stack(ys, 0) : zeros({0, r.batch, r.hidden}, r.x.dtype(), r.x.device());
   return {y, states};
 }
 

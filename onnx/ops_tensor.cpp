@@ -83,7 +83,7 @@ Tensor slice_axis(const Tensor& x, int64_t axis, int64_t start, int64_t end, int
     return slice(x, axis, start, end, step);
   }
   std::vector<int64_t> idx = slice_indices(n, start, end, step);
-  return index_select(x, axis, tensor(idx, {static_cast<int64_t>(idx.size())}));
+  return index_select(x, axis, tensor(idx, {static_cast<int64_t>(idx.size())}, x.device()));
 }
 
 /// Indices with negative values wrapped and every value checked against the axis' size.
@@ -94,7 +94,7 @@ Tensor wrap_indices(const OpContext& c, const Tensor& index, int64_t n, int64_t 
     if (i < -n || i >= n) throw IndexError(detail::cat("index ", i, " is out of range for axis ", axis, " of size ", n));
     if (i < 0) i += n;
   }
-  return tensor(v, index.shape());
+  return tensor(v, index.shape(), index.device());
 }
 
 Tensor tile(const Tensor& x, const std::vector<int64_t>& reps) {
@@ -111,16 +111,16 @@ Tensor tile(const Tensor& x, const std::vector<int64_t>& reps) {
 
 Tensor constant_from_attr(OpContext& c) {
   if (c.has_attr("value")) return c.attr("value").t.clone();
-  if (c.has_attr("value_float")) return scalar_tensor(c.attr_float("value_float", 0), kFloat32);
-  if (c.has_attr("value_int")) return scalar_tensor(static_cast<double>(c.attr_int("value_int", 0)), kInt64);
+  if (c.has_attr("value_float")) return scalar_tensor(c.attr_float("value_float", 0), kFloat32, c.device());
+  if (c.has_attr("value_int")) return scalar_tensor(static_cast<double>(c.attr_int("value_int", 0)), kInt64, c.device());
   if (c.has_attr("value_floats")) {
     std::vector<double> v = c.attr_floats("value_floats");
     std::vector<float> f(v.begin(), v.end());
-    return tensor(f, {static_cast<int64_t>(f.size())});
+    return tensor(f, {static_cast<int64_t>(f.size())}, c.device());
   }
   if (c.has_attr("value_ints")) {
     std::vector<int64_t> v = c.attr_ints("value_ints");
-    return tensor(v, {static_cast<int64_t>(v.size())});
+    return tensor(v, {static_cast<int64_t>(v.size())}, c.device());
   }
   c.fail("Constant needs one of value, value_float(s), value_int(s)");
 }
@@ -147,11 +147,11 @@ void register_tensor_ops(OpRegistry& r) {
     OpSchema s = op("ConstantOfShape", {"value"}, [](OpContext& c) {
       Shape shape = c.input_ints(0);
       check_alloc(c, shape, c.has_attr("value") ? c.attr("value").t.dtype() : kFloat32);
-      if (!c.has_attr("value")) return Tensors{zeros(shape, kFloat32)};
+      if (!c.has_attr("value")) return Tensors{zeros(shape, kFloat32, c.device())};
       const Tensor& v = c.attr("value").t;
       if (v.numel() != 1) c.fail("value must hold one element, got shape ", shape_str(v.shape()));
-      if (v.dtype() == kFloat16 || v.dtype() == kBFloat16) return Tensors{cast(full(shape, cast(v, kFloat32).item(), kFloat32), v.dtype())};
-      return Tensors{full(shape, v.item(), v.dtype())};
+      if (v.dtype() == kFloat16 || v.dtype() == kBFloat16) return Tensors{cast(full(shape, cast(v, kFloat32).item(), kFloat32, c.device()), v.dtype())};
+      return Tensors{full(shape, v.item(), v.dtype(), c.device())};
     });
     s.half_via_float = false;
     r.add(std::move(s));
@@ -166,13 +166,13 @@ void register_tensor_ops(OpRegistry& r) {
       start = std::clamp<int64_t>(start, 0, rank);
       end = std::clamp<int64_t>(end, start, rank);
       std::vector<int64_t> v(sh.begin() + start, sh.begin() + end);
-      return Tensors{tensor(v, {static_cast<int64_t>(v.size())})};
+      return Tensors{tensor(v, {static_cast<int64_t>(v.size())}, c.device())};
     });
     s.half_via_float = false;
     r.add(std::move(s));
   }
   {
-    OpSchema s = op("Size", {}, [](OpContext& c) { return Tensors{scalar_tensor(static_cast<double>(c.input(0).numel()), kInt64)}; });
+    OpSchema s = op("Size", {}, [](OpContext& c) { return Tensors{scalar_tensor(static_cast<double>(c.input(0).numel()), kInt64, c.device())}; });
     s.half_via_float = false;
     r.add(std::move(s));
   }
@@ -328,7 +328,7 @@ void register_tensor_ops(OpRegistry& r) {
     const auto n = static_cast<int64_t>(count);
     std::vector<double> v(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = start + static_cast<double>(i) * delta;
-    return Tensors{cast(tensor(v, {n}), s.dtype())};
+    return Tensors{cast(tensor(v, {n}, c.device()), s.dtype())};
   }));
   r.add(op("Pad", {"mode", "pads", "value"}, [](OpContext& c) {
     Tensor x = c.input(0);
@@ -384,9 +384,9 @@ void register_tensor_ops(OpRegistry& r) {
     if (x.dim() != 2) c.fail("input must be 2-d, got shape ", shape_str(x.shape()));
     const DType t = c.has_attr("dtype") ? dtype_from_onnx(c, c.attr_int("dtype", 1)) : x.dtype();
     const int64_t k = c.attr_int("k", 0), rows = x.size(0), cols = x.size(1);
-    Tensor i = reshape(arange(rows), {rows, 1});
-    Tensor j = reshape(arange(cols), {1, cols});
-    return Tensors{cast(eq(sub(j, i), scalar_tensor(static_cast<double>(k), kInt64)), t)};
+    Tensor i = reshape(arange(rows, kInt64, x.device()), {rows, 1});
+    Tensor j = reshape(arange(cols, kInt64, x.device()), {1, cols});
+    return Tensors{cast(eq(sub(j, i), scalar_tensor(static_cast<double>(k), kInt64, x.device())), t)};
   }));
   r.add(op("Trilu", {"upper"}, [](OpContext& c) {
     const int64_t k = c.has_input(1) ? static_cast<int64_t>(c.input_scalar(1)) : 0;
@@ -428,9 +428,9 @@ void register_tensor_ops(OpRegistry& r) {
       for (auto& row : coords) out.insert(out.end(), row.begin(), row.end());
       if (sh.empty()) {
         out.assign(static_cast<size_t>(count), 0);
-        return Tensors{tensor(out, {1, count})};
+        return Tensors{tensor(out, {1, count}, c.device())};
       }
-      return Tensors{tensor(out, {static_cast<int64_t>(sh.size()), count})};
+      return Tensors{tensor(out, {static_cast<int64_t>(sh.size()), count}, c.device())};
     });
     s.half_via_float = false;
     r.add(std::move(s));

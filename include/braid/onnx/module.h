@@ -37,6 +37,9 @@ class OpContext {
   /// The model's ai.onnx opset version (the op behaves as its newest version not above it).
   int64_t opset() const { return opset_; }
   bool training() const { return training_; }
+  /// The device the graph runs on: constants and index lists an op builds go there (Note [Graph
+  /// values on the device] in onnx/module.cpp).
+  Device device() const;
 
   size_t num_inputs() const { return inputs_.size(); }
   bool has_input(size_t i) const { return i < inputs_.size() && inputs_[i].defined(); }
