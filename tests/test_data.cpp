@@ -274,6 +274,32 @@ TEST(DataLoader, PrefetchGivesTheSynchronousBatchesBitwise) {
   EXPECT_EQ(count, 3 * 5);
 }
 
+TEST(DataLoader, BatchesOnADeviceAreTheHostBatchesMoved) {
+  // The shadow device refuses host access, so equality is checked on copies brought back.
+  for (int64_t prefetch : {0, 2}) {
+    DataLoaderOptions o{.batch_size = 4, .shuffle = true, .seed = 3, .prefetch = prefetch, .num_shards = 3,
+                        .shard = 2, .transforms = augment()};
+    DataLoader host(images(13), o);
+    o.device = Device::shadow();
+    DataLoader dev(images(13), o);
+    int64_t count = 0;
+    Batch a, b;
+    for (;;) {
+      const bool more = host.next(a);
+      ASSERT_EQ(more, dev.next(b));
+      if (!more) break;
+      EXPECT_EQ(b.input.device(), Device::shadow());
+      EXPECT_EQ(b.target.device(), Device::shadow());
+      EXPECT_EQ(a.indices, b.indices);
+      EXPECT_TRUE(equal(a.input, b.input.cpu())) << "batch " << a.index;
+      EXPECT_TRUE(equal(a.target, b.target.cpu()));
+      ++count;
+    }
+    EXPECT_EQ(count, host.num_batches());  // 13 over 3 shards of 4: one full global batch, one short one
+    EXPECT_EQ(count, 2);
+  }
+}
+
 TEST(DataLoader, SeekResumesWithExactlyTheRemainingBatches) {
   DataLoaderOptions o{.batch_size = 4, .shuffle = true, .seed = 9, .transforms = augment()};
   DataLoader first(images(18), o);  // 5 batches per epoch

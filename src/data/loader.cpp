@@ -104,13 +104,20 @@ Batch DataLoader::make_batch(Plan& plan, int64_t epoch, int64_t index, bool load
               " for ", span.length, " indices");
   b.input = ex.input;
   b.target = ex.target;
-  if (span.length == 0) return b;
-  for (size_t t = 0; t < opts_.transforms.size(); ++t) {
+  for (size_t t = 0; span.length > 0 && t < opts_.transforms.size(); ++t) {
     const uint64_t key = stream_key(opts_.seed, epoch, t + 1);
     Generator gen(key);
     gen.set_state(key, static_cast<uint64_t>(span.start) * static_cast<uint64_t>(opts_.transforms[t]->draws_per_sample()));
     b.input = opts_.transforms[t]->apply(b.input, gen);
   }
+  // Note [Batches on a device]
+  // A batch is made on the host (datasets read files and host memory; transforms index pixels) and
+  // moved to options.device last, in the thread that makes it: with prefetch > 0 the copy runs
+  // while the consumer trains on the previous batch, as PyTorch's pin_memory thread plus
+  // non_blocking copies do. The backend's copy_from_host is the only transfer path (Note
+  // [Transfers] in src/core/tensor.cpp), so the loader has no device-specific code.
+  if (b.input.device() != opts_.device) b.input = b.input.to(opts_.device);
+  if (b.target.defined() && b.target.device() != opts_.device) b.target = b.target.to(opts_.device);
   return b;
 }
 
