@@ -6,8 +6,10 @@
 #include <sstream>
 #include <unistd.h>
 
+#include "braid/ops.h"
 #include "distributed/internal.h"
 #include "distributed/mpi_runtime.h"
+#include "optim/rank_agreement.h"
 
 namespace braid::distributed {
 
@@ -155,6 +157,12 @@ const WorldInfo& init(const InitOptions& options) {
 #endif
   }
   rt.initialized = true;
+  // Note [Skipping a step on every rank] in src/optim/grad_scaler.cpp: GradScalers agree on the world.
+  optim::detail::set_any_rank_hook([](bool local) {
+    Tensor flag = full({1}, local ? 1.0 : 0.0, kInt32);
+    world()->all_reduce(flag, ReduceOp::Max);
+    return flag.item() > 0;
+  });
   std::atexit([] { finalize(); });
   return rt.info;
 }
@@ -166,6 +174,7 @@ void finalize() {
   Runtime& rt = runtime();
   if (!rt.initialized) return;
   rt.initialized = false;
+  optim::detail::set_any_rank_hook(nullptr);
   rt.world.reset();
 #ifdef BRAID_DISTRIBUTED_MPI
   if (rt.uses_mpi) {

@@ -1,6 +1,7 @@
 // The umbrella header: everything a program that uses braid includes.
 #pragma once
 
+#include "braid/amp.h"
 #include "braid/autograd.h"
 #include "braid/config.h"
 #include "braid/conv.h"

@@ -20,6 +20,7 @@ class Module;
 namespace optim {
 class Optimizer;
 class LRScheduler;
+class GradScaler;
 }  // namespace optim
 namespace data {
 class DataLoader;
@@ -67,6 +68,9 @@ void restore_state(const Checkpoint& ckpt, const std::string& prefix, optim::Opt
 /// The scheduler's state dict as scalars under prefix.
 void store_state(Checkpoint& ckpt, const std::string& prefix, const optim::LRScheduler& scheduler);
 void restore_state(const Checkpoint& ckpt, const std::string& prefix, optim::LRScheduler& scheduler);
+/// The loss scaler's state dict as scalars under prefix (nothing for a disabled scaler).
+void store_state(Checkpoint& ckpt, const std::string& prefix, const optim::GradScaler& scaler);
+void restore_state(const Checkpoint& ckpt, const std::string& prefix, optim::GradScaler& scaler);
 /// Integers prefix + "seed" and prefix + "offset" (the whole state of a Philox generator).
 void store_state(Checkpoint& ckpt, const std::string& prefix, const Generator& generator);
 void restore_state(const Checkpoint& ckpt, const std::string& prefix, Generator& generator);

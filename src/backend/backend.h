@@ -1,7 +1,8 @@
 // The primitive kernels a device backend implements: the one dispatch point between ops and
 // devices. Ops validate and shape their operands before calling here, so a backend may assume
-// valid input: matching shapes (broadcast operands come as stride-0 views), compute dtypes, and
-// outputs that are freshly allocated or valid views. Everything else is composite code in src/ops.
+// valid input: matching shapes (broadcast operands come as stride-0 views), compute dtypes (except
+// where a primitive says otherwise), and outputs that are freshly allocated or valid views.
+// Everything else is composite code in src/ops.
 #pragma once
 
 #include <algorithm>
@@ -87,6 +88,9 @@ class Backend {
   /// out has x's shape with the reduced axes set to 1; ArgMax/ArgMin reduce one axis into int64.
   virtual void reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t>& axes, const Tensor& out) = 0;
   /// out (..., M, N) = a (..., M, K) @ b (..., K, N); batch axes already broadcast; out contiguous.
+  /// a, b and out share a compute dtype, or (autocast, Note [Autocast] in src/ops/autocast.cpp) a
+  /// and b are both Float16 or both BFloat16 and out is Float32: the products accumulate in float32
+  /// (cuBLAS: half inputs, float32 output and compute type).
   virtual void matmul(const Tensor& a, const Tensor& b, const Tensor& out) = 0;
   /// out[..i..] = x[..index[..i..]..] along axis; index int64 of out's shape, values in range.
   virtual void gather(const Tensor& x, int64_t axis, const Tensor& index, const Tensor& out) = 0;
@@ -95,7 +99,8 @@ class Backend {
   /// Fills out from the Philox stream (seed, first block counter).
   virtual void random(RandomKind kind, const Tensor& out, uint64_t seed, uint64_t counter, double a, double b) = 0;
   /// cols (C * kh * kw, N * oh * ow) from x (N, C, h, w), both contiguous: row (c, i, j) holds tap
-  /// (i, j) of channel c for every sample and output position, 0 in the padding.
+  /// (i, j) of channel c for every sample and output position, 0 in the padding. x and cols share
+  /// a floating dtype, Float16 and BFloat16 included (pure data movement; autocast's convolutions).
   virtual void im2col(const Tensor& x, const Window2d& win, const Tensor& cols) = 0;
   /// x (N, C, h, w) += the adjoint of im2col applied to cols (C * kh * kw, N * oh * ow); both contiguous.
   virtual void col2im(const Tensor& cols, const Window2d& win, const Tensor& x) = 0;

@@ -112,12 +112,12 @@ Batch DataLoader::make_batch(Plan& plan, int64_t epoch, int64_t index, bool load
   }
   // Note [Batches on a device]
   // A batch is made on the host (datasets read files and host memory; transforms index pixels) and
-  // moved to options.device last, in the thread that makes it: with prefetch > 0 the copy runs
+  // moved to options.device (when set) last, in the thread that makes it: with prefetch > 0 the copy runs
   // while the consumer trains on the previous batch, as PyTorch's pin_memory thread plus
   // non_blocking copies do. The backend's copy_from_host is the only transfer path (Note
   // [Transfers] in src/core/tensor.cpp), so the loader has no device-specific code.
-  if (b.input.device() != opts_.device) b.input = b.input.to(opts_.device);
-  if (b.target.defined() && b.target.device() != opts_.device) b.target = b.target.to(opts_.device);
+  if (opts_.device && b.input.device() != *opts_.device) b.input = b.input.to(*opts_.device);
+  if (opts_.device && b.target.defined() && b.target.device() != *opts_.device) b.target = b.target.to(*opts_.device);
   return b;
 }
 

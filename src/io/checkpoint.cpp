@@ -16,6 +16,7 @@
 #include "braid/data/loader.h"
 #include "braid/nn/module.h"
 #include "braid/ops.h"
+#include "braid/optim/grad_scaler.h"
 #include "braid/optim/lr_scheduler.h"
 #include "braid/optim/optimizer.h"
 #include "braid/random.h"
@@ -408,6 +409,14 @@ void store_state(Checkpoint& ckpt, const std::string& prefix, const optim::LRSch
 
 void restore_state(const Checkpoint& ckpt, const std::string& prefix, optim::LRScheduler& scheduler) {
   naming_source(ckpt, [&] { scheduler.load_state_dict(with_prefix(ckpt.scalars, prefix)); });
+}
+
+void store_state(Checkpoint& ckpt, const std::string& prefix, const optim::GradScaler& scaler) {
+  for (const auto& [name, v] : scaler.state_dict()) ckpt.scalars[prefix + name] = v;
+}
+
+void restore_state(const Checkpoint& ckpt, const std::string& prefix, optim::GradScaler& scaler) {
+  naming_source(ckpt, [&] { scaler.load_state_dict(with_prefix(ckpt.scalars, prefix)); });
 }
 
 void store_state(Checkpoint& ckpt, const std::string& prefix, const Generator& generator) {

@@ -25,6 +25,16 @@ inline Tensor float_input(const Tensor& t, const char* op) {
   return is_floating(t.dtype()) ? t : cast(t, kFloat32);
 }
 
+/// float32, float16 or bfloat16: the dtypes autocast rounds (Note [Autocast]).
+bool autocast_eligible(const Tensor& t);
+/// Whether a product of a and b runs in mixed precision: an autocast scope is on and both are
+/// eligible. The matmul class checks this before check_compute, which refuses the half types.
+bool autocasts(const Tensor& a, const Tensor& b);
+/// A matrix product through the backend, not recorded: a and b (..., M, K) and (..., K, N) of one
+/// dtype with broadcastable batch axes, the shapes checked here; out has a's dtype, or float32 for
+/// half operands (Note [Autocast]).
+Tensor matmul_raw(const Tensor& a, const Tensor& b);
+
 inline void check_same_device(const Tensor& a, const Tensor& b, const char* op) {
   BRAID_CHECK_T(TypeError, a.device() == b.device(), op, ": tensors are on different devices (", a.device().str(),
                 " and ", b.device().str(), ")");

@@ -1,11 +1,13 @@
 // Convolution and pooling (braid/conv.h), composed from the backend's im2col/col2im and pooling
 // primitives and matmul. Each op checks its arguments at the front door and records one autograd
 // node. Three building blocks serve every formula: conv2d's input gradient is conv_transpose2d's
-// forward and the other way round, and one weight-gradient product serves both.
+// forward and the other way round, and one weight-gradient product serves both. Under autocast the
+// products read rounded operands (Note [Autocast]).
 #include "braid/conv.h"
 
 #include <algorithm>
 
+#include "braid/amp.h"
 #include "ops/common.h"
 
 namespace braid {
@@ -45,12 +47,27 @@ void check_float(const Tensor& t, const char* op, const char* what) {
                 dtype_name(t.dtype()));
 }
 
+// Whether a convolution runs in mixed precision: x, w and the bias (if any) are all of the dtypes
+// autocast rounds, inside a scope (Note [Autocast]).
+bool conv_autocasts(const Tensor& x, const Tensor& w, const Tensor& bias) {
+  return autocasts(x, w) && (!bias.defined() || autocast_eligible(bias));
+}
+
+// t detached, and rounded to the autocast dtype when amp.
+Tensor operand(const Tensor& t, bool amp) { return amp ? cast_raw(t.detach(), autocast_dtype()) : t.detach(); }
+
+// A saved operand as backward uses it: the rounded half operands of autocast widened to float32.
+Tensor widened(const Tensor& t) { return is_compute_type(t.dtype()) ? t : cast(t, kFloat32); }
+
 // x (N, C, *spatial) and weight (C_out, C / groups, *kernel), or (C, C_out / groups, *kernel) when
-// transposed, plus the optional bias (C_out).
+// transposed, plus the optional bias (C_out). Under autocast the three may have different dtypes.
 void check_conv(const char* op, const Tensor& x, const Tensor& w, const Tensor& bias, int64_t groups, int64_t spatial,
                 bool transposed) {
-  check_float(x, op, "input");
-  check_float(w, op, "weight");
+  const bool amp = conv_autocasts(x, w, bias);
+  if (!amp) {
+    check_float(x, op, "input");
+    check_float(w, op, "weight");
+  }
   const char* dims = spatial == 1 ? "L" : "H, W";
   BRAID_CHECK(x.dim() == spatial + 2, op, ": expected a ", spatial + 1, "-d (C, ", dims, ") or ", spatial + 2,
               "-d (N, C, ", dims, ") input, got shape ", shape_str(x.shape()));
@@ -58,16 +75,16 @@ void check_conv(const char* op, const Tensor& x, const Tensor& w, const Tensor& 
   for (int64_t d = 2; d < x.dim(); ++d)
     BRAID_CHECK(x.shape()[d] > 0, op, ": input shape ", shape_str(x.shape()), " has an empty spatial axis ", d,
                 " (padding does not make up for it, as in PyTorch)");
-  BRAID_CHECK_T(TypeError, x.dtype() == w.dtype(), op, ": input is ", dtype_name(x.dtype()), " but weight is ",
+  BRAID_CHECK_T(TypeError, amp || x.dtype() == w.dtype(), op, ": input is ", dtype_name(x.dtype()), " but weight is ",
                 dtype_name(w.dtype()), "; cast one to the other's dtype");
   check_same_device(x, w, op);
   BRAID_CHECK(groups > 0, op, ": groups must be positive, got ", groups);
   if (!bias.defined()) return;
   const int64_t bias_size = transposed ? w.shape()[1] * groups : w.shape()[0];
-  check_float(bias, op, "bias");
+  if (!amp) check_float(bias, op, "bias");
   check_same_device(x, bias, op);
-  BRAID_CHECK_T(TypeError, bias.dtype() == x.dtype(), op, ": bias is ", dtype_name(bias.dtype()), " but input is ",
-                dtype_name(x.dtype()));
+  BRAID_CHECK_T(TypeError, amp || bias.dtype() == x.dtype(), op, ": bias is ", dtype_name(bias.dtype()),
+                " but input is ", dtype_name(x.dtype()));
   BRAID_CHECK(bias.dim() == 1 && bias.shape()[0] == bias_size, op, ": bias must have shape [", bias_size, "], got ",
               shape_str(bias.shape()));
 }
@@ -92,7 +109,7 @@ Tensor channel_major(const Tensor& t, int64_t groups) {
   return contiguous(t.permute({1, 0, 2, 3})).view({groups, s[1] / groups, s[0] * s[2] * s[3]});
 }
 
-// cols (G, C / G * kh * kw, N * oh * ow) of x (N, C, h, w).
+// cols (G, C / G * kh * kw, N * oh * ow) of x (N, C, h, w), in x's dtype (half under autocast).
 Tensor im2col(const Tensor& x, const Window2d& win, int64_t groups) {
   const Shape& s = x.shape();
   Tensor cols = new_like(x, {s[1] * win.kh * win.kw, s[0] * win.oh * win.ow}, x.dtype());
@@ -100,7 +117,8 @@ Tensor im2col(const Tensor& x, const Window2d& win, int64_t groups) {
   return cols.view({groups, cols.shape()[0] / groups, cols.shape()[1]});
 }
 
-// The building blocks take detached tensors and record nothing.
+// The building blocks take detached tensors and record nothing; their products are matmul_raw,
+// which turns the half operands of autocast into a float32 result.
 
 // Note [Convolution fast paths]
 // Two common shapes skip im2col: a depthwise convolution (groups = C, MobileNet's 3x3 layers) runs
@@ -109,21 +127,24 @@ Tensor im2col(const Tensor& x, const Window2d& win, int64_t groups) {
 // per sample, W (C_out, C) x x[n] (C, h * w), with no column matrix and no transposes. Only the
 // forward changes; the backward formulas below serve every case.
 //
-// y (N, C_out, oh, ow) = w (C_out, C / G, kh, kw) convolved with x (N, C, h, w), plus bias.
+// y (N, C_out, oh, ow) = w (C_out, C / G, kh, kw) convolved with x (N, C, h, w), plus bias; x and w
+// of one dtype, y and bias of that dtype or float32 for half x and w.
 Tensor conv_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Window2d& win, int64_t groups) {
   const int64_t n = x.shape()[0], c_out = w.shape()[0];
   if (groups > 1 && groups == x.shape()[1]) {
+    if (!is_compute_type(x.dtype()))  // the direct kernel has no half form (Note [Autocast])
+      return conv_forward(cast_raw(x, kFloat32), cast_raw(w, kFloat32), bias, win, groups);
     Tensor y = new_like(x, {n, c_out, win.oh, win.ow}, x.dtype());
     backend_of(x).depthwise_conv2d(contiguous(x), contiguous(w), bias.defined() ? contiguous(bias) : bias, win, y);
     return y;
   }
   if (groups == 1 && win.kh == 1 && win.kw == 1 && win.sh == 1 && win.sw == 1 && win.ph == 0 && win.pw == 0 &&
       win.oh == win.h && win.ow == win.w) {
-    Tensor y = matmul(w.reshape({c_out, -1}), contiguous(x).view({n, x.shape()[1], win.h * win.w}));
+    Tensor y = matmul_raw(w.reshape({c_out, -1}), contiguous(x).view({n, x.shape()[1], win.h * win.w}));
     y = y.view({n, c_out, win.oh, win.ow});
     return bias.defined() ? y + bias.view({1, c_out, 1, 1}) : y;
   }
-  Tensor y = matmul(w.reshape({groups, c_out / groups, -1}), im2col(x, win, groups));  // (G, C_out / G, N * P)
+  Tensor y = matmul_raw(w.reshape({groups, c_out / groups, -1}), im2col(x, win, groups));  // (G, C_out / G, N * P)
   Tensor yt = y.view({c_out, n, win.oh, win.ow}).permute({1, 0, 2, 3});
   return bias.defined() ? yt + bias.view({1, c_out, 1, 1}) : contiguous(yt);
 }
@@ -132,8 +153,8 @@ Tensor conv_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const 
 // channel_major(z) (G, C_out / G, N * oh * ow).
 Tensor conv_adjoint(const Tensor& zcm, const Tensor& w, const Window2d& win, const Shape& x_shape, const Tensor& bias) {
   const int64_t groups = zcm.shape()[0];
-  Tensor cols = matmul(w.reshape({groups, zcm.shape()[1], -1}).mT(), zcm);  // (G, C / G * K, N * P)
-  Tensor x = new_like(zcm, x_shape, zcm.dtype());
+  Tensor cols = matmul_raw(w.reshape({groups, zcm.shape()[1], -1}).mT(), zcm);  // (G, C / G * K, N * P)
+  Tensor x = new_like(zcm, x_shape, cols.dtype());
   if (bias.defined())
     backend_of(x).copy(broadcast_view(bias.view({1, x_shape[1], 1, 1}), x_shape), x);
   else
@@ -144,13 +165,18 @@ Tensor conv_adjoint(const Tensor& zcm, const Tensor& w, const Window2d& win, con
 
 // dL/dw (w_shape) from the convolution's input x (N, C, h, w) and gcm = channel_major(dL/dy).
 Tensor conv_weight_grad(const Tensor& x, const Tensor& gcm, const Window2d& win, const Shape& w_shape) {
-  return matmul(gcm, im2col(x, win, gcm.shape()[0]).mT()).view(w_shape);
+  return matmul_raw(gcm, im2col(x, win, gcm.shape()[0]).mT()).view(w_shape);
 }
 
-// conv over 4-d x and w (checked), recorded as one node.
-Tensor conv_recorded(const Tensor& x, const Tensor& w, const Tensor& bias, const Window2d& win, int64_t groups) {
-  Tensor out = conv_forward(x.detach(), w.detach(), bias.defined() ? bias.detach() : bias, win, groups);
-  return record("conv2d", out, {x, w, bias}, [x = x.detach(), w = w.detach(), win, groups](const Tensor& g, Grads& r) {
+// conv over 4-d x and w (checked), recorded as one node; under autocast the node saves the rounded
+// operands and adds a float32 bias (Note [Autocast]).
+Tensor conv_recorded(const Tensor& x, const Tensor& w, const Tensor& bias_in, const Window2d& win, int64_t groups) {
+  const bool amp = conv_autocasts(x, w, bias_in);
+  const Tensor bias = amp && bias_in.defined() ? cast(bias_in, kFloat32) : bias_in;
+  const Tensor xs = operand(x, amp), ws = operand(w, amp);
+  Tensor out = conv_forward(xs, ws, bias.defined() ? bias.detach() : bias, win, groups);
+  return record("conv2d", out, {x, w, bias}, [xs, ws, win, groups](const Tensor& g, Grads& r) {
+    const Tensor x = widened(xs), w = widened(ws);
     Tensor gcm = channel_major(g, groups);
     if (r.needs(0)) r.set(0, conv_adjoint(gcm, w, win, x.shape(), Tensor()));
     if (r.needs(1)) r.set(1, conv_weight_grad(x, gcm, win, w.shape()));
@@ -320,14 +346,16 @@ Tensor conv_transpose2d(const Tensor& x, const Tensor& weight, const Tensor& bia
   }
   const Window2d win = make_window(axes[0], axes[1]);
   const Shape out_shape{x.shape()[0], c_out, win.h, win.w};
-  Tensor out = conv_adjoint(channel_major(x.detach(), groups), weight.detach(), win, out_shape,
-                            bias.defined() ? bias.detach() : bias);
-  return record(op, out, {x, weight, bias},
-                [x = x.detach(), w = weight.detach(), win, groups](const Tensor& g, Grads& r) {
-                  if (r.needs(0)) r.set(0, conv_forward(g, w, Tensor(), win, groups));
-                  if (r.needs(1)) r.set(1, conv_weight_grad(g, channel_major(x, groups), win, w.shape()));
-                  if (r.needs(2)) r.set(2, sum(g, {0, 2, 3}));
-                });
+  const bool amp = conv_autocasts(x, weight, bias);
+  const Tensor b = amp && bias.defined() ? cast(bias, kFloat32) : bias;
+  const Tensor xs = operand(x, amp), ws = operand(weight, amp);
+  Tensor out = conv_adjoint(channel_major(xs, groups), ws, win, out_shape, b.defined() ? b.detach() : b);
+  return record(op, out, {x, weight, b}, [xs, ws, win, groups](const Tensor& g, Grads& r) {
+    const Tensor x = widened(xs), w = widened(ws);
+    if (r.needs(0)) r.set(0, conv_forward(g, w, Tensor(), win, groups));
+    if (r.needs(1)) r.set(1, conv_weight_grad(g, channel_major(x, groups), win, w.shape()));
+    if (r.needs(2)) r.set(2, sum(g, {0, 2, 3}));
+  });
 }
 
 Tensor max_pool2d(const Tensor& x, const std::vector<int64_t>& kernel, const std::vector<int64_t>& stride,

@@ -9,6 +9,7 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -32,10 +33,10 @@ struct DataLoaderOptions {
   int64_t shard = 0;
   /// Applied in order to each batch's input; random ones draw from streams keyed by (seed, epoch).
   std::vector<std::shared_ptr<const Transform>> transforms = {};
-  /// Where batches are handed out. Datasets and transforms work on the host; each batch is then
-  /// moved here by the prefetch thread, so the transfer of batch i + 1 overlaps the step on batch i
+  /// Where batches are handed out; unset, they stay where the dataset made them. Set, each batch is
+  /// moved there by the prefetch thread, so the transfer of batch i + 1 overlaps the step on batch i
   /// (Note [Batches on a device] in src/data/loader.cpp).
-  Device device = Device::cpu();
+  std::optional<Device> device = std::nullopt;
 };
 
 /// A batch: the stacked examples and where they came from.

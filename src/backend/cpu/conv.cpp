@@ -136,11 +136,15 @@ void CpuBackend::im2col(const Tensor& x, const Window2d& win, const Tensor& cols
   BRAID_ASSERT(x.dim() == 4 && x.is_contiguous() && cols.is_contiguous() && x.dtype() == cols.dtype(),
                "im2col: x (N, C, h, w) and cols must be contiguous and of one dtype");
   if (cols.numel() == 0) return;
-  dispatch_compute(x.dtype(), "im2col", [&]<typename T>() {
-    if constexpr (std::is_floating_point_v<T>)
+  dispatch_all(x.dtype(), "im2col", [&]<typename T>() {
+    if constexpr (std::is_floating_point_v<T>) {
       im2col_kernel<T>(x.data<T>(), cols.data<T>(), x.shape()[0], x.shape()[1], win);
-    else
+    } else if constexpr (kIsHalfType<T>) {  // moved as 16-bit patterns; all-zero bits are +0 in both types
+      im2col_kernel<uint16_t>(static_cast<const uint16_t*>(x.raw_data()), static_cast<uint16_t*>(cols.raw_data()),
+                              x.shape()[0], x.shape()[1], win);
+    } else {
       unsupported_dtype("im2col", x.dtype());
+    }
   });
 }
 

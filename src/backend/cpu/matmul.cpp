@@ -1,7 +1,8 @@
 // Batched matrix multiply. float32/float64 go to OpenBLAS gemm, reading each operand in place when
 // its last two strides are a row- or column-major layout (so transposed views cost no copy) and
 // packing it otherwise; integer types use a plain loop. A weight shared by every batch (stride-0
-// batch axes) against a contiguous input is folded into one gemm with batch * M rows.
+// batch axes) against a contiguous input is folded into one gemm with batch * M rows. Half operands
+// (autocast) are widened to float32 scratch and go to sgemm, which accumulates in float32.
 #include <cblas.h>
 #include <omp.h>
 
@@ -14,6 +15,7 @@
 #include "backend/cpu/dispatch.h"
 #include "backend/cpu/loop.h"
 #include "braid/parallel.h"
+#include "core/internal.h"
 
 namespace braid::detail {
 namespace {
@@ -163,17 +165,35 @@ void loop_matmul(const Tensor& a, const Tensor& b, const Tensor& out, int64_t ba
   }
 }
 
+// t (float16 or bfloat16) as float32 scratch of t's shape. Only the elements t reads are converted:
+// its broadcast (stride-0) axes stay broadcast, so a weight shared by every batch is widened once,
+// and its matrices keep their layout up to a transpose (a transposed view becomes row-major).
+Tensor widen_to_float32(const Tensor& t) {
+  Shape compact = t.shape(), strides = t.strides();
+  for (size_t d = 0; d < compact.size(); ++d)
+    if (strides[d] == 0) compact[d] = 1;
+  Tensor f = new_tensor(compact, kFloat32, t.device());
+  cpu_backend().copy(as_strided(t, compact, strides, t.offset()), f);
+  Shape fs = f.strides();
+  for (size_t d = 0; d < compact.size(); ++d)
+    if (strides[d] == 0) fs[d] = 0;
+  return as_strided(f, t.shape(), fs, 0);
+}
+
 }  // namespace
 
 void CpuBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& out) {
   const int64_t nd = out.dim();
   if (out.numel() == 0) return;
-  BRAID_ASSERT(nd >= 2 && a.dim() == nd && b.dim() == nd && out.is_contiguous() && a.dtype() == out.dtype() &&
-                   b.dtype() == out.dtype(),
-               "matmul: operands must be batch-broadcast, of one dtype, into a contiguous out");
+  const bool half = !is_compute_type(a.dtype());
+  BRAID_ASSERT(nd >= 2 && a.dim() == nd && b.dim() == nd && out.is_contiguous() && a.dtype() == b.dtype() &&
+                   (half ? out.dtype() == kFloat32 : a.dtype() == out.dtype()),
+               "matmul: operands must be batch-broadcast, of one dtype, into a contiguous out of that dtype "
+               "(float32 for half operands)");
   const int64_t batches = shape_numel(Shape(out.shape().begin(), out.shape().end() - 2));
   const int64_t k = a.shape()[nd - 1];
   if (k == 0) return fill(out, 0.0);  // an empty sum; BLAS need not write C when K is 0
+  if (half) return blas_matmul<float>(widen_to_float32(a), widen_to_float32(b), out, batches);
   dispatch_compute(out.dtype(), "matmul", [&]<typename T>() {
     if constexpr (std::is_floating_point_v<T>)
       blas_matmul<T>(a, b, out, batches);

@@ -1,0 +1,39 @@
+// Automatic mixed precision: the autocast scope, in which matrix products and convolutions read
+// their floating operands rounded to float16 or bfloat16 and accumulate in float32 (Note
+// [Autocast] in src/ops/autocast.cpp). Loss scaling for float16 is optim::GradScaler
+// (braid/optim/grad_scaler.h).
+#pragma once
+
+#include "braid/dtype.h"
+
+namespace braid {
+
+/// Mixed precision for its scope, as torch.autocast (hence the lower-case name, which Python shares):
+///
+///     { braid::autocast guard(kBFloat16); loss = loss_fn(model(x), y); }
+///     loss.backward();
+///
+/// Inside, matmul (so linear, attention and the recurrent layers), conv1d, conv2d and
+/// conv_transpose2d round their float32/float16/bfloat16 operands to dtype, multiply them with
+/// float32 accumulation and return float32; gradients reach float32 parameters in float32. Every
+/// other op, and any product with a float64 or integer operand, is unchanged. The state is
+/// thread-local; scopes nest, the innermost winning, and enabled = false turns autocast off for a
+/// scope inside another. dtype must be kFloat16 or kBFloat16 (TypeError otherwise).
+class autocast {
+ public:
+  explicit autocast(DType dtype, bool enabled = true);
+  ~autocast();
+  autocast(const autocast&) = delete;
+  autocast& operator=(const autocast&) = delete;
+
+ private:
+  bool prev_enabled_;
+  DType prev_dtype_;
+};
+
+/// Whether an autocast scope is in effect on this thread.
+bool autocast_enabled();
+/// The dtype of the innermost autocast scope on this thread (kBFloat16 outside any).
+DType autocast_dtype();
+
+}  // namespace braid
