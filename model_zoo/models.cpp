@@ -43,7 +43,42 @@ ModulePtr basic_block(int64_t in, int64_t out, int64_t stride) {
   return std::make_shared<Sequential>(
       std::vector<ModulePtr>{std::make_shared<Residual>(body, shortcut), std::make_shared<ReLU>()});
 }
+ModulePtr bottleneck(int64_t in, int64_t width, int64_t stride) {
+  const int64_t out = width * 4;
+  auto body = std::make_shared<Sequential>(std::vector<ModulePtr>{
+      std::make_shared<Conv2d>(in, width, 1, 1, 0, 1, 1, false), std::make_shared<BatchNorm2d>(width),
+      std::make_shared<ReLU>(), std::make_shared<Conv2d>(width, width, 3, stride, 1, 1, 1, false),
+      std::make_shared<BatchNorm2d>(width), std::make_shared<ReLU>(),
+      std::make_shared<Conv2d>(width, out, 1, 1, 0, 1, 1, false), std::make_shared<BatchNorm2d>(out)});
+  ModulePtr shortcut;
+  if (stride != 1 || in != out)
+    shortcut = std::make_shared<Sequential>(std::vector<ModulePtr>{
+        std::make_shared<Conv2d>(in, out, 1, stride, 0, 1, 1, false), std::make_shared<BatchNorm2d>(out)});
+  return std::make_shared<Sequential>(
+      std::vector<ModulePtr>{std::make_shared<Residual>(body, shortcut), std::make_shared<ReLU>()});
+}
 }  // namespace
+
+ModulePtr resnet50(int64_t classes) {
+  auto m = std::make_shared<Sequential>();
+  m->add(std::make_shared<Conv2d>(3, 64, 7, 2, 3, 1, 1, false));
+  m->add(std::make_shared<BatchNorm2d>(64));
+  m->add(std::make_shared<ReLU>());
+  m->add(std::make_shared<MaxPool2d>(3, 2, 1));
+  int64_t c = 64;
+  const int64_t blocks[] = {3, 4, 6, 3};
+  for (int64_t stage = 0; stage < 4; ++stage) {
+    const int64_t width = 64 << stage;
+    for (int64_t b = 0; b < blocks[stage]; ++b) {
+      m->add(bottleneck(c, width, stage > 0 && b == 0 ? 2 : 1));
+      c = width * 4;
+    }
+  }
+  m->add(std::make_shared<AdaptiveAvgPool2d>(std::vector<int64_t>{1, 1}));
+  m->add(std::make_shared<Flatten>());
+  m->add(std::make_shared<Linear>(c, classes));
+  return m;
+}
 
 ModulePtr resnet(int64_t in_channels, int64_t classes, int64_t width, int64_t blocks_per_stage) {
   auto m = std::make_shared<Sequential>();

@@ -17,6 +17,11 @@ nn::ModulePtr small_cnn(int64_t in_channels = 1, int64_t classes = 10);
 /// A ResNet-style CNN for (N, 3, 32, 32) images: a stem and three stages of residual basic blocks
 /// (widths w, 2w, 4w; stride 2 between stages), global average pooling and a Linear head.
 nn::ModulePtr resnet(int64_t in_channels = 3, int64_t classes = 10, int64_t width = 16, int64_t blocks_per_stage = 1);
+/// ResNet-50 (He et al., torchvision's layout: a 7x7 stride-2 stem and max pooling, then stages of
+/// 3, 4, 6 and 3 bottleneck blocks of widths 64 to 512 with expansion 4, the stride on each stage's
+/// first 3x3 convolution) for (N, 3, H, W) images, H and W at least 32; 25,557,032 parameters
+/// for 1000 classes, as torchvision.models.resnet50.
+nn::ModulePtr resnet50(int64_t classes = 1000);
 
 /// Builds a model by name ("mlp", "cnn", "resnet") for inputs of in_channels.
 nn::ModulePtr make_model(const std::string& name, int64_t in_channels, int64_t classes);

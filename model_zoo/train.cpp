@@ -30,6 +30,7 @@ namespace {
 struct Args {
   std::string model = "cnn", data = "/usr/share/datasets/fashion-mnist", out = "runs/fashion-mnist";
   std::string optimizer = "adam", resume, export_onnx;
+  std::string device = "auto", amp = "off";
   int64_t epochs = 3, batch_size = 64, limit = 0, threads = 0, sync_bn = 0, pipeline_stages = 1, micro_batches = 4;
   int64_t stop_after = 0;  // epochs to run in this invocation (0: to the end)
   double lr = 0;  // 0: the optimizer's default below
@@ -46,6 +47,8 @@ void usage() {
       "                   [--pipeline-stages K (cut the model into K stages, 1F1B)] [--micro-batches M]\n"
       "                   [--stop-after N (run N epochs, checkpoint and exit; --resume continues)]\n"
       "                   [--export-onnx FILE (write the trained model as ONNX; data-parallel mode)]\n"
+      "                   [--device auto|cpu|cuda|cuda:N (auto: a GPU when there is one; cuda: the\n"
+      "                    GPU of this rank's local rank)] [--amp off|bf16|fp16 (mixed precision)]\n"
       "--batch-size is the global batch; under mpiexec -n N each rank takes batch-size / N of it.\n");
 }
 
@@ -53,7 +56,8 @@ Args parse(int argc, char** argv) {
   Args a;
   std::map<std::string, std::string*> strings{{"--model", &a.model}, {"--data", &a.data}, {"--out", &a.out},
                                              {"--optimizer", &a.optimizer}, {"--resume", &a.resume},
-                                             {"--export-onnx", &a.export_onnx}};
+                                             {"--export-onnx", &a.export_onnx}, {"--device", &a.device},
+                                             {"--amp", &a.amp}};
   std::map<std::string, int64_t*> ints{{"--epochs", &a.epochs}, {"--batch-size", &a.batch_size},
                                       {"--limit", &a.limit}, {"--threads", &a.threads}, {"--sync-bn", &a.sync_bn},
                                       {"--pipeline-stages", &a.pipeline_stages}, {"--micro-batches", &a.micro_batches},
@@ -76,12 +80,27 @@ Args parse(int argc, char** argv) {
   BRAID_CHECK(a.optimizer == "adam" || a.optimizer == "sgd", "braid-train: --optimizer must be adam or sgd, got '",
               a.optimizer, "'");
   BRAID_CHECK(a.epochs > 0 && a.batch_size > 0, "braid-train: --epochs and --batch-size must be positive");
+  BRAID_CHECK(a.amp == "off" || a.amp == "bf16" || a.amp == "fp16", "braid-train: --amp must be off, bf16 or fp16, got '",
+              a.amp, "'");
   if (a.lr == 0) a.lr = a.optimizer == "adam" ? 2e-3 : 0.05;
   BRAID_CHECK(a.export_onnx.empty() || a.pipeline_stages == 1,
               "braid-train: --export-onnx is for data-parallel runs (with --pipeline-stages each rank holds one stage)");
   BRAID_CHECK(a.export_onnx.empty() || a.sync_bn == 0,
               "braid-train: --export-onnx does not export SyncBatchNorm yet; train without --sync-bn 1");
   return a;
+}
+
+/// The device this rank trains on. "auto" is the GPU when one is present, else the CPU; a bare
+/// "cuda" is GPU (local rank mod GPUs per node), so that N ranks on a node use its GPUs in turn.
+Device pick_device(const std::string& name, int local_rank) {
+  std::string s = name;
+  if (s == "auto") s = device_count(DeviceType::CUDA) > 0 ? "cuda" : "cpu";
+  Device d = Device::parse(s);
+  const int count = device_count(d.type);
+  if (d.type != DeviceType::CPU && s.find(':') == std::string::npos && count > 0) d.index = local_rank % count;
+  BRAID_CHECK(device_available(d), "braid-train: --device ", name, ": ", d.str(), " is not available here (",
+              count, " device", count == 1 ? "" : "s", " of that type)");
+  return d;
 }
 
 std::shared_ptr<data::TensorDataset> first_n(std::shared_ptr<data::TensorDataset> d, int64_t n) {
@@ -126,6 +145,7 @@ int run(int argc, char** argv) {
   BRAID_CHECK(args.batch_size % world.size == 0, "braid-train: --batch-size ", args.batch_size,
               " (the global batch) must divide evenly over the ", world.size, " ranks");
   if (args.threads > 0) set_num_threads(static_cast<int>(args.threads));
+  const Device device = pick_device(args.device, world.local_rank);
   manual_seed(args.seed);
   if (lead) {
     std::error_code ec;
@@ -138,6 +158,8 @@ int run(int argc, char** argv) {
   // Fashion-MNIST's pixel mean and standard deviation over the training set.
   auto normalize = std::make_shared<data::Normalize>(std::vector<double>{0.2860}, std::vector<double>{0.3530});
   if (args.pipeline_stages > 1) {
+    BRAID_CHECK(args.amp != "fp16", "braid-train: --amp fp16 needs loss scaling, which pipeline mode does not do yet; ",
+                "use --amp bf16 (no scaling needed) with --pipeline-stages");
     BRAID_CHECK(world.size % args.pipeline_stages == 0, "braid-train: ", world.size, " ranks do not divide into ",
                 "pipelines of ", args.pipeline_stages, " stages (launch with mpiexec -n ", args.pipeline_stages, ")");
     zoo::PipelineRun r;
@@ -145,6 +167,8 @@ int run(int argc, char** argv) {
     r.epochs = args.epochs, r.batch_size = args.batch_size, r.stages = args.pipeline_stages;
     r.micro_batches = args.micro_batches, r.lr = args.lr, r.seed = args.seed, r.resume = args.resume;
     r.stop_after = args.stop_after;
+    r.device = device;
+    r.amp = args.amp;
     r.train_set = train_set, r.test_set = test_set, r.normalize = normalize;
     return zoo::train_pipeline(r);
   }
@@ -158,15 +182,18 @@ int run(int argc, char** argv) {
   train_opts.transforms = {normalize};
   train_opts.num_shards = world.size;
   train_opts.shard = world.rank;
+  train_opts.device = device;
   data::DataLoader train_loader(train_set, train_opts);
   data::DataLoaderOptions test_opts;
   test_opts.batch_size = 500;
   test_opts.transforms = {normalize};
   test_opts.num_shards = world.size;
   test_opts.shard = world.rank;
+  test_opts.device = device;
   data::DataLoader test_loader(test_set, test_opts);
 
   nn::ModulePtr model = zoo::make_model(args.model, 1, 10);
+  model->to(device);
   if (args.sync_bn) distributed::convert_sync_batchnorm(*model);
   distributed::DataParallelOptions dp;
   dp.bucket_cap_mb = args.bucket_mb;
@@ -187,15 +214,21 @@ int run(int argc, char** argv) {
   const int64_t steps_per_epoch = train_loader.num_batches(), total_steps = steps_per_epoch * args.epochs;
   optim::CosineWithWarmup schedule(*opt, std::min<int64_t>(200, total_steps / 10), total_steps, args.lr * 0.01);
 
+  // float16's narrow range needs loss scaling; bfloat16 has float32's exponent range, so its scaler
+  // is off (as in PyTorch's recipes) and step() is the optimizer's step.
+  const DType amp_dtype = args.amp == "fp16" ? kFloat16 : kBFloat16;
+  optim::GradScaler scaler(optim::GradScalerOptions{.enabled = args.amp == "fp16"});
+
   int64_t step = 0;
   const std::string ckpt_path = args.out + "/checkpoint.braid";
   if (!args.resume.empty()) {
-    Checkpoint ck = load_checkpoint(args.resume);
+    Checkpoint ck = load_checkpoint(args.resume, device);
     restore_state(ck, "model.", *model);
     restore_state(ck, "optim.", *opt);
     restore_state(ck, "sched.", schedule);
     restore_state(ck, "rng.", default_generator());
     restore_state(ck, "loader.", train_loader);
+    if (scaler.is_enabled()) restore_state(ck, "scaler.", scaler);
     step = ck.integer("step");
     if (lead) std::printf("resumed from %s at step %lld (epoch %lld)\n", args.resume.c_str(), static_cast<long long>(step),
                 static_cast<long long>(train_loader.epoch()));
@@ -207,9 +240,10 @@ int run(int argc, char** argv) {
                 args.model.c_str(), static_cast<long long>(model->num_parameters()), args.optimizer.c_str(), args.lr,
                 static_cast<long long>(args.batch_size), static_cast<long long>(args.epochs),
                 static_cast<long long>(train_set->size()), static_cast<long long>(test_set->size()), get_num_threads());
-    std::printf("braid-train: %d rank%s (launcher: %s), %lld images per rank per step%s; %s\n", world.size,
+    std::printf("braid-train: %d rank%s (launcher: %s), %lld images per rank per step%s, on %s%s; %s\n", world.size,
                 world.size == 1 ? "" : "s", world.launcher.c_str(), static_cast<long long>(train_opts.batch_size),
-                args.sync_bn ? ", SyncBatchNorm" : "", distributed::rank_table().c_str());
+                args.sync_bn ? ", SyncBatchNorm" : "", device.str().c_str(),
+                args.amp == "off" ? "" : (", mixed precision " + args.amp).c_str(), distributed::rank_table().c_str());
     std::fflush(stdout);
   }
 
@@ -233,11 +267,17 @@ int run(int argc, char** argv) {
     int64_t window = 0;
     data::Batch b;
     while (train_loader.next(b)) {
-      Tensor logits = ddp(b.input);
-      Tensor loss = nn::cross_entropy(logits, b.target);
+      Tensor logits, loss;
+      {
+        // Mixed precision covers the forward pass only; backward runs in float32 (Note [Autocast]).
+        autocast amp(amp_dtype, args.amp != "off");
+        logits = ddp(b.input);
+        loss = nn::cross_entropy(logits, b.target);
+      }
       opt->zero_grad();
-      loss.backward();
-      opt->step();
+      scaler.scale(loss).backward();
+      scaler.step(*opt);
+      scaler.update();
       schedule.step();
       ++step;
       const double l = loss.item();
@@ -282,13 +322,14 @@ int run(int argc, char** argv) {
     store_state(ck, "sched.", schedule);
     store_state(ck, "rng.", default_generator());
     store_state(ck, "loader.", train_loader);
+    if (scaler.is_enabled()) store_state(ck, "scaler.", scaler);
     ck.integers["step"] = step;
     save_checkpoint(ckpt_path, ck);
   }
   if (!lead) return 0;
   if (!args.export_onnx.empty()) {
     // The trained model for (N, 1, 28, 28) images already normalised as above; N is symbolic.
-    onnx::export_onnx(*model, zeros({1, 1, 28, 28}), args.export_onnx);
+    onnx::export_onnx(*model, zeros({1, 1, 28, 28}, kFloat32, device), args.export_onnx);
     std::printf("exported the trained model to %s (ONNX opset 17)\n", args.export_onnx.c_str());
   }
   zoo::write_svg_chart(args.out + "/curves.svg", "braid-train: " + args.model + " on " + args.data,

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <optional>
 
+#include "braid/amp.h"
 #include "braid/checkpoint.h"
 #include "braid/distributed.h"
 #include "braid/distributed/partition.h"
@@ -102,6 +103,7 @@ int train_pipeline(const PipelineRun& r) {
   plan.first_layer.push_back(0);
   for (int64_t c : cuts.to_vector<int64_t>()) plan.first_layer.push_back(static_cast<int>(c));
   auto stage = stage_layers(*seq, plan, grid.stage);
+  stage->to(r.device);
 
   std::unique_ptr<DistributedDataParallel> ddp;
   if (d > 1) ddp = std::make_unique<DistributedDataParallel>(stage, grid.data);
@@ -126,12 +128,14 @@ int train_pipeline(const PipelineRun& r) {
   train_opts.transforms = {r.normalize};
   train_opts.num_shards = d;
   train_opts.shard = grid.replica;
+  train_opts.device = r.device;
   data::DataLoader train_loader(r.train_set, train_opts);
   data::DataLoaderOptions test_opts;
   test_opts.batch_size = 500;
   test_opts.transforms = {r.normalize};
   test_opts.num_shards = d;
   test_opts.shard = grid.replica;
+  test_opts.device = r.device;
   data::DataLoader test_loader(r.test_set, test_opts);
 
   const int64_t steps_per_epoch = train_loader.num_batches(), total = steps_per_epoch * r.epochs;
@@ -165,7 +169,12 @@ int train_pipeline(const PipelineRun& r) {
     data::Batch b;
     while (train_loader.next(b)) {
       if (opt) opt->zero_grad();
-      const double l = pipe.train_step(sched, b.input, b.target, cross_entropy_loss);
+      double l;
+      {
+        // Forward passes run in bfloat16 products; the schedule's backward passes stay float32.
+        autocast amp(kBFloat16, r.amp == "bf16");
+        l = pipe.train_step(sched, b.input, b.target, cross_entropy_loss);
+      }
       if (opt) opt->step();
       if (schedule) schedule->step();
       ++step;

@@ -20,6 +20,9 @@ struct PipelineRun {
   int64_t stop_after = 0;  ///< epochs to run in this invocation (0: to the end)
   double lr = 2e-3;
   uint64_t seed = 0;
+  /// This rank's device, and "off", "bf16" or "fp16" for mixed precision.
+  Device device = Device::cpu();
+  std::string amp = "off";
   std::shared_ptr<data::TensorDataset> train_set, test_set;
   std::shared_ptr<const data::Transform> normalize;
 };

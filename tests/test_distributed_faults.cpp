@@ -8,8 +8,9 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
-#include <vector>
+#include <sstream>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -184,6 +185,67 @@ TEST_P(Resume, StopAndResumeIsBitwiseTheUninterruptedRun) {
 
 INSTANTIATE_TEST_SUITE_P(BraidTrain, Resume, ::testing::Values("data_parallel", "pipeline"),
                          [](const auto& info) { return info.param; });
+
+// The main job on another device and in mixed precision. The shadow device runs the CPU kernels on
+// memory of its own, so a run there must write the CPU run's checkpoint bit for bit: anything on
+// the way (the loader's transfers, the model's move, evaluation, the checkpoint written from the
+// device) that changed a value or touched host memory would show. Mixed precision must track the
+// float32 run, and a float16 run (loss scaling, the scaler's state in the checkpoint) must resume
+// bitwise.
+namespace {
+/// The last row's field `column` of braid-train's log.csv.
+double last_logged(const std::string& dir, int column) {
+  std::ifstream in(dir + "/log.csv");
+  std::string line, last;
+  while (std::getline(in, line))
+    if (!line.empty()) last = line;
+  std::stringstream row(last);
+  std::string field;
+  for (int c = 0; c <= column; ++c) std::getline(row, field, ',');
+  return std::stod(field);
+}
+}  // namespace
+
+TEST(BraidTrain, DeviceAndMixedPrecision) {
+  const std::string data = "/usr/share/datasets/fashion-mnist";
+  if (!std::ifstream(data + "/train-images-idx3-ubyte.gz")) GTEST_SKIP() << "Fashion-MNIST is not installed at " << data;
+  const std::string dir = ::testing::TempDir() + "braid_train_devices";
+  const std::string base = std::string("env BRAID_NUM_THREADS=1 OMP_WAIT_POLICY=passive ") + BRAID_TRAIN +
+                           " --model cnn --epochs 2 --limit 640 --batch-size 64";
+  ASSERT_EQ(run("rm -rf " + dir + " && mkdir -p " + dir).status, 0);
+  Outcome cpu = run(base + " --device cpu --out " + dir + "/cpu");
+  ASSERT_EQ(cpu.status, 0) << cpu.output;
+  EXPECT_TRUE(contains(cpu.output, "on cpu")) << cpu.output;
+  Outcome shadow = run(base + " --device shadow --out " + dir + "/shadow");
+  ASSERT_EQ(shadow.status, 0) << shadow.output;
+  EXPECT_TRUE(contains(shadow.output, "on shadow:0")) << shadow.output;
+  EXPECT_EQ(run("cmp " + dir + "/cpu/checkpoint.braid " + dir + "/shadow/checkpoint.braid").status, 0);
+
+  // log.csv: step,epoch,train_loss,train_accuracy,test_loss,test_accuracy,lr
+  Outcome bf16 = run(base + " --device shadow --amp bf16 --out " + dir + "/bf16");
+  ASSERT_EQ(bf16.status, 0) << bf16.output;
+  EXPECT_TRUE(contains(bf16.output, "mixed precision bf16")) << bf16.output;
+  const double loss32 = last_logged(dir + "/cpu", 4), loss16 = last_logged(dir + "/bf16", 4);
+  EXPECT_NEAR(loss16, loss32, 0.05 * loss32) << "bfloat16 test loss " << loss16 << " vs float32 " << loss32;
+  EXPECT_NEAR(last_logged(dir + "/bf16", 5), last_logged(dir + "/cpu", 5), 0.03);
+  // The two runs differ (bfloat16 rounds the products' operands), so the comparison is not vacuous.
+  EXPECT_NE(run("cmp -s " + dir + "/cpu/checkpoint.braid " + dir + "/bf16/checkpoint.braid").status, 0);
+
+  Outcome whole = run(base + " --amp fp16 --out " + dir + "/fp16");
+  ASSERT_EQ(whole.status, 0) << whole.output;
+  Outcome first = run(base + " --amp fp16 --out " + dir + "/fp16_split --stop-after 1");
+  ASSERT_EQ(first.status, 0) << first.output;
+  Outcome second = run(base + " --amp fp16 --out " + dir + "/fp16_split --resume " + dir + "/fp16_split/checkpoint.braid");
+  ASSERT_EQ(second.status, 0) << second.output;
+  EXPECT_EQ(run("cmp " + dir + "/fp16/checkpoint.braid " + dir + "/fp16_split/checkpoint.braid").status, 0);
+
+  Outcome bad = run(base + " --device cuda:7 --out " + dir + "/bad");
+  EXPECT_NE(bad.status, 0);
+  EXPECT_TRUE(contains(bad.output, "--device cuda:7: cuda:7 is not available here")) << bad.output;
+  Outcome bad_amp = run(base + " --amp fp8 --out " + dir + "/bad");
+  EXPECT_NE(bad_amp.status, 0);
+  EXPECT_TRUE(contains(bad_amp.output, "--amp must be off, bf16 or fp16, got 'fp8'")) << bad_amp.output;
+}
 
 TEST(Launch, SrunWithoutMpiWiringRefusesToStart) {
   // What `srun --mpi=none -n 2` gives each task: Slurm says 2 tasks, MPI makes a world of one.

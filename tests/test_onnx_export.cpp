@@ -252,6 +252,17 @@ TEST(OnnxExport, ModelZoo) {
   }
 }
 
+TEST(OnnxExport, ResNet50) {
+  // torchvision.models.resnet50() has 25,557,032 parameters; the same count pins down every width,
+  // kernel, bias and the expansion factor. Running it in onnxruntime checks the wiring (strides,
+  // shortcuts, pooling) at a small image size.
+  manual_seed(4);
+  auto m = zoo::resnet50(1000);
+  EXPECT_EQ(m->num_parameters(), 25557032);
+  m->eval();
+  round_trip(*m, randn({1, 3, 64, 64}), randn({2, 3, 64, 64}), "resnet50");
+}
+
 TEST(OnnxExport, FineTunedImportExportsNewWeights) {
   // Export a model, import it, train the import (it is an ordinary module), export the import and
   // check the new file against onnxruntime and against the fine-tuned weights.
