@@ -143,5 +143,34 @@ TEST(Device, DefaultDeviceIsWhatTheRunTests) {
   EXPECT_EQ(nn::Linear(2, 2).weight().device(), test::test_device());
 }
 
+
+TEST(Device, EventsOrderWorkAndMeasureBetweenThem) {
+  // Elapsed times are checked for their order, not their size: a later event is never earlier, an
+  // event is 0 ms from itself, and the span over a piece of work contains its sub-spans.
+  for (Device d : {Device::cpu(), Device::shadow()}) {
+    Tensor a = randn({64, 64}, kFloat32, nullptr, 0.0, 1.0, d);
+    Event start = Event::record(d);
+    Tensor b = matmul(a, a);
+    Event middle = Event::record(d);
+    Tensor c = matmul(b, a);
+    Event end = Event::record(d);
+    end.synchronize();
+    EXPECT_TRUE(end.ready());
+    EXPECT_EQ(start.device(), d);
+    EXPECT_EQ(start.elapsed_ms(start), 0.0);
+    const double first = start.elapsed_ms(middle), all = start.elapsed_ms(end), second = middle.elapsed_ms(end);
+    EXPECT_GE(first, 0.0);
+    EXPECT_GE(second, 0.0);
+    EXPECT_GE(all, first);
+    EXPECT_NEAR(all, first + second, 1e-9 * std::max(all, 1.0));
+    EXPECT_LE(end.elapsed_ms(start), 0.0);
+  }
+  Event on_cpu = Event::record(Device::cpu());
+  Event on_shadow = Event::record(Device::shadow());
+  EXPECT_EQ(error_of<TypeError>([&] { on_cpu.elapsed_ms(on_shadow); }),
+            "Event::elapsed_ms: the events are on different devices (cpu and shadow:0)");
+  EXPECT_THROW(Event::record(Device::cuda(7)), NotImplementedError);
+}
+
 }  // namespace
 }  // namespace braid

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 namespace braid {
@@ -45,6 +46,30 @@ bool device_available(Device device);
 int device_count(DeviceType type);
 /// Waits for every queued operation on device (a no-op on the CPU).
 void synchronize(Device device = Device::cpu());
+
+namespace detail {
+struct BackendEvent;
+}
+
+/// A point in a device's queue of work, as torch.cuda.Event(enable_timing=True): record() marks
+/// the end of what is queued now; synchronize() waits for it; elapsed_ms gives the device time
+/// between two events without stopping the host in between. On devices that run each op before
+/// returning (the CPU, the shadow device) an event is a timestamp taken when it is recorded.
+class Event {
+ public:
+  static Event record(Device device = Device::cpu());
+  Device device() const { return device_; }
+  /// Whether the work before the event has finished.
+  bool ready() const;
+  void synchronize() const;
+  /// Milliseconds from this event to end (recorded later on the same device); waits for end.
+  double elapsed_ms(const Event& end) const;
+
+ private:
+  Event(Device device, std::shared_ptr<detail::BackendEvent> impl) : device_(device), impl_(std::move(impl)) {}
+  Device device_;
+  std::shared_ptr<detail::BackendEvent> impl_;
+};
 
 /// Bytes held by live tensors on device, the most since the last reset_peak_memory_stats, and the
 /// bytes its allocator keeps cached for reuse (as torch.cuda.memory_allocated and friends).

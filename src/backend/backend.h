@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -51,6 +52,11 @@ inline std::pair<int64_t, int64_t> window_taps(int64_t start, int64_t dilation, 
   return {lo, std::max(lo, hi)};
 }
 
+/// A backend's event; each backend derives its own (the default's is a host timestamp).
+struct BackendEvent {
+  virtual ~BackendEvent() = default;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -72,6 +78,14 @@ class Backend {
   virtual void synchronize(Device device) = 0;
   /// The number of devices of this backend's type in the process.
   virtual int device_count() = 0;
+  /// A marker at the end of device's queue (braid::Event). The default suits a backend whose work is
+  /// complete when synchronize returns: it synchronises and takes a timestamp, so the event is
+  /// always ready. A backend with a queue (CUDA's stream) records into it instead.
+  virtual std::shared_ptr<BackendEvent> record_event(Device device);
+  virtual bool event_ready(const BackendEvent& event);
+  virtual void event_synchronize(const BackendEvent& event);
+  /// Milliseconds from start to end, both recorded by this backend on one device; waits for end.
+  virtual double event_elapsed_ms(const BackendEvent& start, const BackendEvent& end);
 
   // ---- primitives ----
   /// dst[i] = cast(src[i]); same shape, any strides and dtypes.
