@@ -4,7 +4,7 @@ device in one run, and prints a markdown table: time per iteration, achieved TFL
 braid / PyTorch (time; goal <= 1.0 for the steps, throughput >= 0.95x for GEMM). For the GPT-2 step
 it also prints the model FLOP utilisation against --peak-tflops (H100 SXM bf16 dense: 989).
 
-  python3 benchmarks/device_bench.py --build-dir build-gpu --device cuda            # the GPU table
+  python3 benchmarks/device_bench.py --build-dir build --device cuda            # the GPU table
   /usr/bin/python3 benchmarks/device_bench.py --build-dir build --device cpu --small  # a CPU check
 
 PyTorch runs what braid runs: the same shapes, the same models (ResNet-50 as torchvision lays it
@@ -186,7 +186,7 @@ def braid_results(exe, device, suite, small, repeats, amp):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--build-dir", default="build-gpu")
+    ap.add_argument("--build-dir", default="build")
     ap.add_argument("--exe", help="braid-device-bench to run (default: BUILD_DIR/benchmarks/braid-device-bench)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--suites", default="gemm,conv,resnet50,gpt2")

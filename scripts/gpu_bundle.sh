@@ -1,22 +1,24 @@
 #!/usr/bin/env bash
-# Builds braid with the CUDA backend here (build-gpu/) and packs what a GPU machine without braid's
-# dependencies needs to run its GPU checks into build-gpu/bundle/: the test programs and braid-train,
+# Builds braid with the CUDA backend here (the release tree build/, where CUDA is found) and packs what a GPU machine without braid's
+# dependencies needs to run its GPU checks into build/bundle/: the test programs and braid-train,
 # libbraid.so and every shared library they load that is not part of the CUDA toolkit (OpenBLAS, MPICH,
 # protobuf, the ONNX library, libstdc++ and glibc with its loader, for machines whose glibc is older),
 # compressed, plus Fashion-MNIST and the ONNX backend test data. scripts/gpu_check.sh runs it there.
 #
 #   ./scripts/gpu_bundle.sh            # then, with the device tool:
-#   run(command="bash scripts/gpu_check.sh", carry=["build-gpu/bundle"])
+#   run(command="bash scripts/gpu_check.sh", carry=["build/bundle"])
 #
 # The device tool carries at most 64 MiB; the script prints the bundle's size and fails above 60 MiB.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-build=${BRAID_GPU_BUILD:-build-gpu}
+build=${BRAID_GPU_BUILD:-build}
 jobs=${BRAID_JOBS:-2}
 
 if [[ ! -f "$build/meson-private/coredata.dat" ]]; then
   meson setup "$build" -Dbuildtype=release -Dwerror=true -Dcuda=enabled -Dtests=enabled -Dbenchmarks=enabled
 fi
+grep -q '#define BRAID_HAVE_CUDA' "$build/include/braid/config.h" ||
+  { echo "gpu_bundle: $build is configured without CUDA (meson configure $build -Dcuda=enabled)" >&2; exit 1; }
 ninja -C "$build" -j "$jobs"
 
 out="$build/bundle"
@@ -27,13 +29,13 @@ mkdir -p "$out" "$stage/bin" "$stage/lib"
 
 programs=("$build"/tests/test_* "$build/model_zoo/braid-train" "$build/benchmarks/braid-device-bench")
 for p in "${programs[@]}"; do
-  [[ -f "$p" && -x "$p" ]] && cp "$p" "$stage/bin/"
+  if [[ -f "$p" && -x "$p" ]]; then cp "$p" "$stage/bin/"; fi
 done
 cp "$build"/tests/diff_cases.jsonl "$stage/bin/" 2>/dev/null || true
 
 # Every library the programs load, except the CUDA toolkit's (the GPU machine has its own, matching
 # its driver) and the kernel's vDSO. glibc and the loader come along for machines with an older one.
-ldd "$build/libbraid.so" "$stage"/bin/* 2>/dev/null | awk '/=>/ && $3 ~ /^\// {print $3}' | sort -u |
+{ ldd "$build/libbraid.so" "$stage"/bin/* 2>/dev/null || true; } | awk '/=>/ && $3 ~ /^\// {print $3}' | sort -u |
   grep -Ev '/(libcuda|libcudart|libcublas|libcublasLt|libcudnn[a-z_]*|libnccl|libnvrtc|libnvJitLink)\.so' |
   while read -r lib; do cp -L "$lib" "$stage/lib/"; done
 cp -L "$build/libbraid.so" "$stage/lib/"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU checks, run on a lent GPU machine from the repository root with build-gpu/bundle carried
+# The GPU checks, run on a lent GPU machine from the repository root with build/bundle carried
 # (scripts/gpu_bundle.sh makes it here). Writes every log under $OUT (default: gpu-results/):
 #   nvidia-smi.txt       the device
 #   cuda_backend.txt     the backend parity suite (every primitive and dtype against the CPU backend)
@@ -15,13 +15,13 @@ cd "$(dirname "$0")/.."
 dev=${BRAID_CHECK_DEVICE:-cuda}
 root=$(pwd)
 out=${OUT:-$root/gpu-results}
-bundle=${BRAID_GPU_BUNDLE:-$root/build-gpu/bundle}
+bundle=${BRAID_GPU_BUNDLE:-$root/build/bundle}
 mkdir -p "$out"
 summary="$out/summary.txt"
 : >"$summary"
 note() { echo "$*" | tee -a "$summary"; }
 
-[[ -f "$bundle/programs.tar.xz" ]] || { note "no bundle at $bundle: run scripts/gpu_bundle.sh and carry build-gpu/bundle"; exit 2; }
+[[ -f "$bundle/programs.tar.xz" ]] || { note "no bundle at $bundle: run scripts/gpu_bundle.sh and carry build/bundle"; exit 2; }
 work=$(mktemp -d)
 tar -C "$work" -xJf "$bundle/programs.tar.xz"
 [[ -f "$bundle/libonnx-testdata.tar.xz" && ! -d /usr/share/libonnx-testdata ]] &&
@@ -55,11 +55,12 @@ step() {  # step NAME LOG CMD...: runs one program, records pass/fail
   local name=$1 log=$2
   shift 2
   if run_prog "$@" >"$log" 2>&1; then note "PASS $name"; else note "FAIL $name (see $(basename "$log"))"; fi
-  grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$log" | sed "s/^/    /" | tee -a "$summary" >/dev/null
+  grep -E '^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ tests?|^\[  FAILED  \] [A-Za-z].*[^)]$' "$log" | sed "s/^/    /" >>"$summary"
 }
 
 step cuda_backend "$out/cuda_backend.txt" "$work/bin/test_cuda_backend"
-for t in tensor ops_golden gradcheck autograd loss optim conv layers sequence_layers checkpoint device data \
+# The families CI runs on the shadow device (Note [Tests on the shadow device] in tests/meson.build).
+for t in tensor ops_golden gradcheck autograd loss optim conv layers sequence_layers checkpoint device amp \
          onnx_module onnx_conformance; do
   [[ -x "$work/bin/test_$t" ]] || continue
   BRAID_TEST_DEVICE=$dev step "suite $t on $dev" "$out/suite-$t.txt" "$work/bin/test_$t"

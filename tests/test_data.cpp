@@ -275,7 +275,8 @@ TEST(DataLoader, PrefetchGivesTheSynchronousBatchesBitwise) {
 }
 
 TEST(DataLoader, BatchesOnADeviceAreTheHostBatchesMoved) {
-  // The shadow device refuses host access, so equality is checked on copies brought back.
+  // The shadow device refuses host access, so equality is checked on copies brought back. The host
+  // loader's batches are on the dataset's device (the test's default device).
   for (int64_t prefetch : {0, 2}) {
     DataLoaderOptions o{.batch_size = 4, .shuffle = true, .seed = 3, .prefetch = prefetch, .num_shards = 3,
                         .shard = 2, .transforms = augment()};
@@ -291,8 +292,8 @@ TEST(DataLoader, BatchesOnADeviceAreTheHostBatchesMoved) {
       EXPECT_EQ(b.input.device(), Device::shadow());
       EXPECT_EQ(b.target.device(), Device::shadow());
       EXPECT_EQ(a.indices, b.indices);
-      EXPECT_TRUE(equal(a.input, b.input.cpu())) << "batch " << a.index;
-      EXPECT_TRUE(equal(a.target, b.target.cpu()));
+      EXPECT_TRUE(equal(a.input.cpu(), b.input.cpu())) << "batch " << a.index;
+      EXPECT_TRUE(equal(a.target.cpu(), b.target.cpu()));
       ++count;
     }
     EXPECT_EQ(count, host.num_batches());  // 13 over 3 shards of 4: one full global batch, one short one

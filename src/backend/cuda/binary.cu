@@ -1,0 +1,241 @@
+// Binary elementwise kernels and where, with the CPU backend's rules (src/backend/cpu/binary.cpp):
+// arithmetic in the operands' dtype (integers wrap; bool + is or, * is and), comparisons and logic
+// into bool, maximum/minimum with NaN winning. An integer division by zero or a negative integer
+// power sets a device flag that is read back after the kernel and reported as the CPU reports it.
+#include <iterator>
+#include <type_traits>
+
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/convert.cuh"
+
+namespace braid::detail::cuda {
+namespace {
+
+const char* binary_name(BinaryOp op) {
+  static const char* const kNames[] = {"add", "sub", "mul", "div", "pow", "maximum",     "minimum",    "eq",
+                                       "ne",  "lt",  "le",  "gt",  "ge",  "logical_and", "logical_or", "logical_xor"};
+  const auto i = static_cast<size_t>(op);
+  return i < std::size(kNames) ? kNames[i] : "unknown";
+}
+
+template <typename T>
+using U = std::make_unsigned_t<T>;
+
+#define BRAID_BINARY_OP(Name, ...)               \
+  struct Name {                                  \
+    template <typename T>                        \
+    __device__ auto operator()(T a, T b) const { \
+      return __VA_ARGS__;                        \
+    }                                            \
+  };
+BRAID_BINARY_OP(Add, a + b)
+BRAID_BINARY_OP(Sub, a - b)
+BRAID_BINARY_OP(Mul, a* b)
+BRAID_BINARY_OP(Div, a / b)
+BRAID_BINARY_OP(IntAdd, T(U<T>(a) + U<T>(b)))
+BRAID_BINARY_OP(IntSub, T(U<T>(a) - U<T>(b)))
+BRAID_BINARY_OP(IntMul, T(U<T>(a) * U<T>(b)))
+BRAID_BINARY_OP(Max, (a > b) | (a != a) ? a : b)  // NaN wins, as torch.maximum
+BRAID_BINARY_OP(Min, (a < b) | (a != a) ? a : b)
+BRAID_BINARY_OP(Eq, a == b)
+BRAID_BINARY_OP(Ne, a != b)
+BRAID_BINARY_OP(Lt, a < b)
+BRAID_BINARY_OP(Le, a <= b)
+BRAID_BINARY_OP(Gt, a > b)
+BRAID_BINARY_OP(Ge, a >= b)
+BRAID_BINARY_OP(And, (a != T(0)) & (b != T(0)))
+BRAID_BINARY_OP(Or, (a != T(0)) | (b != T(0)))
+BRAID_BINARY_OP(Xor, (a != T(0)) != (b != T(0)))
+#undef BRAID_BINARY_OP
+
+struct FloatPow {
+  __device__ float operator()(float a, float b) const { return powf(a, b); }
+  __device__ double operator()(double a, double b) const { return pow(a, b); }
+};
+
+// Integer division as the CPU: by -1 negates (no MIN / -1 overflow), by 0 writes 0 and flags.
+struct IntDiv {
+  int* flag;
+  template <typename T>
+  __device__ T operator()(T a, T b) const {
+    if (b == 0) {
+      *flag = 1;
+      return T(0);
+    }
+    return b == T(-1) ? T(U<T>(0) - U<T>(a)) : a / b;
+  }
+};
+
+// Power by squaring, wrapping; a negative exponent flags (and gives 1, as the CPU's loop does).
+struct IntPow {
+  int* flag;
+  template <typename T>
+  __device__ T operator()(T base, T exp) const {
+    if (exp < 0) *flag = 1;
+    U<T> r = 1, b = U<T>(base);
+    for (; exp > 0; exp >>= 1) {
+      if (exp & 1) r *= b;
+      b *= b;
+    }
+    return T(r);
+  }
+};
+
+template <typename O, typename T, typename Op>
+struct BinaryFn {
+  O* out;
+  const T* a;
+  const T* b;
+  Op op;
+  __device__ void operator()(const int64_t* off) const { out[off[0]] = static_cast<O>(op(a[off[1]], b[off[2]])); }
+};
+
+template <typename T>
+struct Launch {
+  const Indexer<3>& ix;
+  int64_t n;
+  void* out;
+  const void* a;
+  const void* b;
+  cudaStream_t stream;
+  const char* name;
+
+  template <typename O, typename Op>
+  void run(Op op = Op{}) const {
+    launch_elementwise(ix, n,
+                       BinaryFn<O, T, Op>{static_cast<O*>(out), static_cast<const T*>(a), static_cast<const T*>(b), op},
+                       stream, name);
+  }
+};
+
+// Runs an integer kernel that may flag bad operands, then throws the CPU's error when one did.
+template <typename T, typename Op>
+void run_flagged(const Launch<T>& l, int device, const char* message) {
+  Scratch flag(device, sizeof(int));
+  int* f = static_cast<int*>(flag.get());
+  check(cudaMemsetAsync(f, 0, sizeof(int), l.stream), l.name, "cudaMemsetAsync");
+  l.template run<T>(Op{f});
+  int host = 0;
+  check(cudaMemcpyAsync(&host, f, sizeof(int), cudaMemcpyDeviceToHost, l.stream), l.name, "cudaMemcpyAsync");
+  check(cudaStreamSynchronize(l.stream), l.name, "cudaStreamSynchronize");
+  BRAID_CHECK(host == 0, message);
+}
+
+template <typename T>
+void arithmetic(BinaryOp op, const Launch<T>& l, int device, DType type) {
+  if constexpr (std::is_same_v<T, bool>) {  // bool arithmetic is logic: + is or, * is and
+    switch (op) {
+      case BinaryOp::Add:
+      case BinaryOp::Max:
+        return l.template run<bool, Or>();
+      case BinaryOp::Mul:
+      case BinaryOp::Min:
+        return l.template run<bool, And>();
+      default:
+        unsupported_dtype(binary_name(op), type);
+    }
+  } else if constexpr (kIsInt<T>) {
+    switch (op) {
+      case BinaryOp::Add:
+        return l.template run<T, IntAdd>();
+      case BinaryOp::Sub:
+        return l.template run<T, IntSub>();
+      case BinaryOp::Mul:
+        return l.template run<T, IntMul>();
+      case BinaryOp::Div:
+        return run_flagged<T, IntDiv>(l, device, "div: integer division by zero");
+      case BinaryOp::Pow:
+        return run_flagged<T, IntPow>(l, device,
+                                      "pow: integers to negative integer powers are not allowed; use a float base");
+      case BinaryOp::Max:
+        return l.template run<T, Max>();
+      case BinaryOp::Min:
+        return l.template run<T, Min>();
+      default:
+        BRAID_ASSERT(false, "unhandled binary op ", binary_name(op));
+    }
+  } else {
+    switch (op) {
+      case BinaryOp::Add:
+        return l.template run<T, Add>();
+      case BinaryOp::Sub:
+        return l.template run<T, Sub>();
+      case BinaryOp::Mul:
+        return l.template run<T, Mul>();
+      case BinaryOp::Div:
+        return l.template run<T, Div>();
+      case BinaryOp::Pow:
+        return l.template run<T, FloatPow>();
+      case BinaryOp::Max:
+        return l.template run<T, Max>();
+      case BinaryOp::Min:
+        return l.template run<T, Min>();
+      default:
+        BRAID_ASSERT(false, "unhandled binary op ", binary_name(op));
+    }
+  }
+}
+
+template <typename T>
+void compare_or_logic(BinaryOp op, const Launch<T>& l) {
+  switch (op) {
+    case BinaryOp::Eq:
+      return l.template run<bool, Eq>();
+    case BinaryOp::Ne:
+      return l.template run<bool, Ne>();
+    case BinaryOp::Lt:
+      return l.template run<bool, Lt>();
+    case BinaryOp::Le:
+      return l.template run<bool, Le>();
+    case BinaryOp::Gt:
+      return l.template run<bool, Gt>();
+    case BinaryOp::Ge:
+      return l.template run<bool, Ge>();
+    case BinaryOp::And:
+      return l.template run<bool, And>();
+    case BinaryOp::Or:
+      return l.template run<bool, Or>();
+    case BinaryOp::Xor:
+      return l.template run<bool, Xor>();
+    default:
+      BRAID_ASSERT(false, "unhandled binary op ", binary_name(op));
+  }
+}
+
+template <typename T>
+struct WhereFn {
+  T* out;
+  const bool* cond;
+  const T* a;
+  const T* b;
+  __device__ void operator()(const int64_t* off) const { out[off[0]] = cond[off[1]] ? a[off[2]] : b[off[3]]; }
+};
+
+}  // namespace
+
+void launch_binary(BinaryOp op, DType type, const Indexer<3>& ix, int64_t n, void* out, const void* a, const void* b,
+                   int device, cudaStream_t stream) {
+  const char* name = binary_name(op);
+  dispatch_compute(type, name, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const Launch<T> l{ix, n, out, a, b, stream, name};
+    if (op >= BinaryOp::Eq)
+      compare_or_logic<T>(op, l);
+    else
+      arithmetic<T>(op, l, device, type);
+  });
+}
+
+void launch_where(DType type, const Indexer<4>& ix, int64_t n, void* out, const bool* cond, const void* a,
+                  const void* b, cudaStream_t stream) {
+  // where moves bits; the dtype check keeps the CPU's set (the compute types).
+  if (!is_compute_type(type)) unsupported_dtype("where", type);
+  dispatch_bits(static_cast<int>(dtype_size(type)), "where", [&](auto tag) {
+    using B = typename decltype(tag)::type;
+    launch_elementwise(ix, n,
+                       WhereFn<B>{static_cast<B*>(out), cond, static_cast<const B*>(a), static_cast<const B*>(b)},
+                       stream, "where");
+  });
+}
+
+}  // namespace braid::detail::cuda

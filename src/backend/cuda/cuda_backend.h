@@ -1,0 +1,54 @@
+// The CUDA backend: the Backend primitives on NVIDIA GPUs (Note [The CUDA backend] in
+// cuda_backend.cpp). This header names no CUDA type, so the registry includes it freely; the
+// methods live in cuda_backend.cpp (memory, transfers), primitives.cpp (unpacking tensors for the
+// kernels in the .cu files) and matmul.cpp (cuBLAS).
+#pragma once
+
+#include "backend/backend.h"
+
+namespace braid::detail {
+
+class CudaBackend final : public Backend {
+ public:
+  // cuda_backend.cpp: memory, transfers, ordering
+  void* allocate(Device device, int64_t nbytes) override;
+  void deallocate(Device device, void* p, int64_t nbytes) override;
+  int64_t cached_bytes(Device device) override;
+  void empty_cache(Device device) override;
+  void copy_from_host(Device device, const void* host, void* dev, int64_t nbytes) override;
+  void copy_to_host(Device device, const void* dev, void* host, int64_t nbytes) override;
+  void synchronize(Device device) override;
+  int device_count() override;
+  std::shared_ptr<BackendEvent> record_event(Device device) override;
+  bool event_ready(const BackendEvent& event) override;
+  void event_synchronize(const BackendEvent& event) override;
+  double event_elapsed_ms(const BackendEvent& start, const BackendEvent& end) override;
+
+  // primitives.cpp
+  void copy(const Tensor& src, const Tensor& dst) override;
+  void fill(const Tensor& dst, double value) override;
+  void iota(const Tensor& dst, double start, double step) override;
+  void unary(UnaryOp op, const Tensor& x, const Tensor& out, double p0, double p1) override;
+  void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) override;
+  void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) override;
+  void reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t>& axes, const Tensor& out) override;
+  void gather(const Tensor& x, int64_t axis, const Tensor& index, const Tensor& out) override;
+  void scatter_add(const Tensor& out, int64_t axis, const Tensor& index, const Tensor& src) override;
+  void random(RandomKind kind, const Tensor& out, uint64_t seed, uint64_t counter, double a, double b) override;
+  void im2col(const Tensor& x, const Window2d& win, const Tensor& cols) override;
+  void col2im(const Tensor& cols, const Window2d& win, const Tensor& x) override;
+  void depthwise_conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Window2d& win,
+                        const Tensor& y) override;
+  void max_pool2d(const Tensor& x, const Window2d& win, const Tensor& out, const Tensor& indices) override;
+  void avg_pool2d(const Tensor& x, const Window2d& win, bool count_include_pad, const Tensor& out) override;
+  void avg_pool2d_backward(const Tensor& grad, const Window2d& win, bool count_include_pad,
+                           const Tensor& grad_x) override;
+
+  // matmul.cpp
+  void matmul(const Tensor& a, const Tensor& b, const Tensor& out) override;
+};
+
+/// The process's one CUDA backend (its device_count is 0 where no driver or GPU is present).
+Backend& cuda_backend();
+
+}  // namespace braid::detail

@@ -1,0 +1,193 @@
+// Batched matmul on cuBLAS: float32 and float64, and float16/bfloat16 operands into a float32 out
+// with float32 accumulation (autocast's case); integers go to a plain kernel (matmul_int.cu). Each
+// operand is read in place when its last two strides are a row- or column-major layout (so that
+// transposed views cost no copy) and its batch matrices are evenly spaced, else it is packed
+// contiguous first. A weight shared by every batch against a stack of row-major matrices is one
+// GEMM with batch * M rows, as on the CPU (src/backend/cpu/matmul.cpp).
+#include <cublas_v2.h>
+
+#include <algorithm>
+#include <array>
+#include <climits>
+#include <mutex>
+#include <vector>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/kernels.h"
+#include "backend/cuda/runtime.h"
+#include "backend/cuda/strided_host.h"
+#include "core/internal.h"
+
+namespace braid::detail {
+namespace {
+
+void check_cublas(cublasStatus_t status, const char* call) {
+  if (status != CUBLAS_STATUS_SUCCESS)
+    throw Error(cat("cuBLAS error in matmul: ", call, " returned ", cublasGetStatusName(status), " (",
+                    cublasGetStatusString(status), ")"));
+}
+
+// One handle per device, bound to the device's stream; made on first use and kept for the process.
+cublasHandle_t handle(int device) {
+  static std::array<std::once_flag, cuda::kMaxDevices> once;
+  static std::array<cublasHandle_t, cuda::kMaxDevices> handles{};
+  std::call_once(once[static_cast<size_t>(device)], [device] {
+    cublasHandle_t h = nullptr;
+    check_cublas(cublasCreate(&h), "cublasCreate");
+    check_cublas(cublasSetStream(h, cuda::stream(device)), "cublasSetStream");
+    handles[static_cast<size_t>(device)] = h;
+  });
+  return handles[static_cast<size_t>(device)];
+}
+
+// How GEMM reads a (rows, cols) matrix in place: row-major (ld = row stride) or column-major
+// (trans, ld = column stride); a size-1 axis's stride is never used (the CPU's blas_layout).
+struct Layout {
+  bool in_place;
+  bool trans;
+  int64_t ld;
+};
+
+Layout blas_layout(int64_t rows, int64_t cols, int64_t rs, int64_t cs) {
+  const bool one_row = rows == 1, one_col = cols == 1;
+  const int64_t min_row_ld = std::max<int64_t>(cols, 1), min_col_ld = std::max<int64_t>(rows, 1);
+  if ((cs == 1 || one_col) && (one_row || rs >= min_row_ld)) return {true, false, one_row ? min_row_ld : rs};
+  if ((rs == 1 || one_row) && (one_col || cs >= min_col_ld)) return {true, true, one_col ? min_col_ld : cs};
+  return {false, false, min_row_ld};
+}
+
+// An operand as cuBLAS reads it: its layout and the element step between batch matrices.
+struct Operand {
+  Tensor t;  // the operand itself, or its packed copy
+  Layout layout;
+  int64_t batch_stride;
+};
+
+// The batch matrices of t (batch axes row-major) as one stride, when they are evenly spaced.
+bool even_batches(const Tensor& t, int64_t& stride) {
+  stride = 0;
+  bool first = true;
+  int64_t span = 0;  // the offset step so far, for the axes inside d
+  for (int64_t d = t.dim() - 3; d >= 0; --d) {
+    if (t.shape()[d] == 1) continue;
+    if (first) {
+      stride = t.strides()[d];
+      first = false;
+    } else if (t.strides()[d] != span) {
+      return false;
+    }
+    span = t.strides()[d] * t.shape()[d];
+  }
+  return true;
+}
+
+Operand describe(const Tensor& t, CudaBackend& backend) {
+  const int64_t nd = t.dim();
+  const int64_t rows = t.shape()[nd - 2], cols = t.shape()[nd - 1];
+  Layout layout = blas_layout(rows, cols, t.strides()[nd - 2], t.strides()[nd - 1]);
+  int64_t stride = 0;
+  if (layout.in_place && even_batches(t, stride)) return {t, layout, stride};
+  Tensor packed = new_tensor(t.shape(), t.dtype(), t.device());
+  backend.copy(t, packed);
+  return {packed, blas_layout(rows, cols, cols, 1), rows * cols};
+}
+
+bool shared_across_batches(const Tensor& b) {
+  for (int64_t d = 0; d + 2 < b.dim(); ++d)
+    if (b.shape()[d] != 1 && b.strides()[d] != 0) return false;
+  return true;
+}
+
+// Whether a's batches continue its rows (a stack of row-major matrices with one row stride), so
+// that all of them form one (batches * rows, cols) matrix.
+bool rows_fold(const Operand& a) {
+  if (a.layout.trans || !a.layout.in_place) return false;
+  const Tensor& t = a.t;
+  int64_t span = t.shape()[t.dim() - 2] * a.layout.ld;
+  for (int64_t d = t.dim() - 3; d >= 0; --d) {
+    if (t.shape()[d] == 1) continue;
+    if (t.strides()[d] != span) return false;
+    span *= t.shape()[d];
+  }
+  return true;
+}
+
+int blas_int(int64_t v) {
+  BRAID_CHECK_T(NotImplementedError, v <= INT_MAX, "matmul: size ", v, " exceeds cuBLAS's integer range");
+  return static_cast<int>(v);
+}
+
+struct GemmTypes {
+  cudaDataType_t ab, c;
+  cublasComputeType_t compute;
+};
+
+GemmTypes gemm_types(DType ab, DType out) {
+  if (ab == kFloat32 && out == kFloat32) return {CUDA_R_32F, CUDA_R_32F, CUBLAS_COMPUTE_32F};
+  if (ab == kFloat64 && out == kFloat64) return {CUDA_R_64F, CUDA_R_64F, CUBLAS_COMPUTE_64F};
+  if (ab == kFloat16 && out == kFloat32) return {CUDA_R_16F, CUDA_R_32F, CUBLAS_COMPUTE_32F};
+  if (ab == kBFloat16 && out == kFloat32) return {CUDA_R_16BF, CUDA_R_32F, CUBLAS_COMPUTE_32F};
+  throw TypeError(cat("matmul: ", dtype_name(ab), " operands into a ", dtype_name(out),
+                      " result are not supported by the CUDA backend"));
+}
+
+// out (batches, m, n) = a @ b. cuBLAS is column-major, so it computes out^T = b^T a^T: a row-major
+// (r, c) matrix is its column-major transpose in place, so each operand's op is its layout's trans.
+void cublas_matmul(const Tensor& a_in, const Tensor& b_in, const Tensor& out, int64_t batches, int device,
+                   CudaBackend& backend) {
+  const GemmTypes types = gemm_types(a_in.dtype(), out.dtype());
+  const Operand a = describe(a_in, backend), b = describe(b_in, backend);
+  const int64_t nd = out.dim(), m = out.shape()[nd - 2], n = out.shape()[nd - 1], k = a_in.shape()[nd - 1];
+  const double one64 = 1.0, zero64 = 0.0;
+  const float one32 = 1.0f, zero32 = 0.0f;
+  const bool f64 = types.compute == CUBLAS_COMPUTE_64F;
+  const void* alpha = f64 ? static_cast<const void*>(&one64) : static_cast<const void*>(&one32);
+  const void* beta = f64 ? static_cast<const void*>(&zero64) : static_cast<const void*>(&zero32);
+  const cublasOperation_t op_a = a.layout.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_b = b.layout.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
+  cublasHandle_t h = handle(device);
+  if (batches > 1 && shared_across_batches(b.t) && rows_fold(a)) {
+    check_cublas(cublasGemmEx(h, op_b, op_a, blas_int(n), blas_int(batches * m), blas_int(k), alpha, device_data(b.t),
+                              types.ab, blas_int(b.layout.ld), device_data(a.t), types.ab, blas_int(a.layout.ld), beta,
+                              device_data(out), types.c, blas_int(n), types.compute, CUBLAS_GEMM_DEFAULT),
+                 "cublasGemmEx");
+    return;
+  }
+  check_cublas(cublasGemmStridedBatchedEx(h, op_b, op_a, blas_int(n), blas_int(m), blas_int(k), alpha, device_data(b.t),
+                                          types.ab, blas_int(b.layout.ld), b.batch_stride, device_data(a.t), types.ab,
+                                          blas_int(a.layout.ld), a.batch_stride, beta, device_data(out), types.c,
+                                          blas_int(n), m * n, blas_int(batches), types.compute, CUBLAS_GEMM_DEFAULT),
+               "cublasGemmStridedBatchedEx");
+}
+
+void int_matmul(const Tensor& a, const Tensor& b, const Tensor& out, int64_t batches, cudaStream_t stream) {
+  const int64_t nd = out.dim();
+  const Shape batch_shape(out.shape().begin(), out.shape().end() - 2);
+  const auto batch = cuda::make_indexer<2>(batch_shape, {a.strides().data(), b.strides().data()}, /*reorder=*/false);
+  const cuda::IntMatrix ma{device_data(a), a.strides()[nd - 2], a.strides()[nd - 1]};
+  const cuda::IntMatrix mb{device_data(b), b.strides()[nd - 2], b.strides()[nd - 1]};
+  cuda::launch_int_matmul(out.dtype(), ma, mb, batch, device_data(out), batches, out.shape()[nd - 2],
+                          out.shape()[nd - 1], a.shape()[nd - 1], stream);
+}
+
+}  // namespace
+
+void CudaBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& out) {
+  const int64_t nd = out.dim();
+  if (out.numel() == 0) return;
+  const bool mixed = (a.dtype() == kFloat16 || a.dtype() == kBFloat16) && out.dtype() == kFloat32;
+  BRAID_ASSERT(nd >= 2 && a.dim() == nd && b.dim() == nd && out.is_contiguous() && a.dtype() == b.dtype() &&
+                   (a.dtype() == out.dtype() || mixed),
+               "matmul: operands must be batch-broadcast, of one dtype, into a contiguous out");
+  for (const Tensor* t : {&a, &b})
+    BRAID_CHECK_T(TypeError, t->device() == out.device(), "matmul: operands on different devices (", t->device().str(),
+                  " and ", out.device().str(), "); move them with .to(device) first");
+  const int device = out.device().index;
+  cuda::DeviceGuard guard(device);
+  const int64_t batches = shape_numel(Shape(out.shape().begin(), out.shape().end() - 2));
+  if (a.shape()[nd - 1] == 0) return fill(out, 0.0);  // an empty sum; GEMM need not write C when K is 0
+  if (out.dtype() == kInt32 || out.dtype() == kInt64) return int_matmul(a, b, out, batches, cuda::stream(device));
+  cublas_matmul(a, b, out, batches, device, *this);
+}
+
+}  // namespace braid::detail

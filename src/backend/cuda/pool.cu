@@ -1,0 +1,139 @@
+// 2-d max and average pooling and average pooling's adjoint over contiguous (N, C, h, w) planes,
+// one thread per output (per input element for the adjoint, a gather over the windows that hold
+// it, so no atomics). Window clipping, divisors, NaN handling and summation order are those of
+// src/backend/cpu/pool.cpp, so results equal the CPU's bit for bit.
+#include <cstdint>
+
+#include "backend/cuda/common.cuh"
+
+namespace braid::detail::cuda {
+namespace {
+
+__device__ inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
+__device__ inline int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
+
+// window_taps (backend.h): the taps [lo, hi) of a window at start that fall in [0, size).
+__device__ inline void taps(int64_t start, int64_t dilation, int64_t k, int64_t size, int64_t& lo, int64_t& hi) {
+  lo = start >= 0 ? 0 : imin(k, (-start + dilation - 1) / dilation);
+  hi = imax(lo, start >= size ? 0 : imin(k, (size - 1 - start) / dilation + 1));
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    max_pool_kernel(const T* x, T* out, int64_t* indices, int64_t planes, Window2d win) {
+  const int64_t p = win.oh * win.ow, total = planes * p;
+  for (int64_t idx = global_index(); idx < total; idx += grid_stride()) {
+    const int64_t t = idx / p, q = idx % p, oy = q / win.ow, ox = q % win.ow;
+    const T* src = x + t * win.h * win.w;  // (h, w)
+    const int64_t y0 = oy * win.sh - win.ph, x0 = ox * win.sw - win.pw;
+    int64_t ilo, ihi, jlo, jhi;
+    taps(y0, win.dh, win.kh, win.h, ilo, ihi);
+    taps(x0, win.dw, win.kw, win.w, jlo, jhi);
+    int64_t best_at = (y0 + ilo * win.dh) * win.w + x0 + jlo * win.dw;
+    T best = src[best_at];
+    for (int64_t i = ilo; i < ihi; ++i) {
+      const int64_t row = (y0 + i * win.dh) * win.w + x0;
+      for (int64_t j = jlo; j < jhi; ++j) {
+        const T v = src[row + j * win.dw];
+        if (v > best || v != v) {  // NaN propagates (the last NaN's index, as the CPU's scan)
+          best = v;
+          best_at = row + j * win.dw;
+        }
+      }
+    }
+    out[idx] = best;
+    indices[idx] = best_at;
+  }
+}
+
+// The window of output (oy, ox) clipped to the input, and its divisor (the CPU's avg_window).
+struct AvgWindow {
+  int64_t y0, y1, x0, x1;
+  double divisor;
+};
+
+__device__ inline AvgWindow avg_window(const Window2d& win, int64_t oy, int64_t ox, bool count_include_pad) {
+  const int64_t ys = oy * win.sh - win.ph, xs = ox * win.sw - win.pw;
+  const int64_t ye = imin(ys + win.kh, win.h + win.ph), xe = imin(xs + win.kw, win.w + win.pw);
+  AvgWindow a{imax(ys, 0), imin(ye, win.h), imax(xs, 0), imin(xe, win.w), 0};
+  a.divisor = static_cast<double>(count_include_pad ? (ye - ys) * (xe - xs) : (a.y1 - a.y0) * (a.x1 - a.x0));
+  return a;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    avg_pool_kernel(const T* x, T* out, int64_t planes, Window2d win, bool count_include_pad) {
+  const int64_t p = win.oh * win.ow, total = planes * p;
+  for (int64_t idx = global_index(); idx < total; idx += grid_stride()) {
+    const int64_t t = idx / p, q = idx % p;
+    const T* src = x + t * win.h * win.w;
+    const AvgWindow a = avg_window(win, q / win.ow, q % win.ow, count_include_pad);
+    T sum = 0;
+    for (int64_t y = a.y0; y < a.y1; ++y)
+      for (int64_t xx = a.x0; xx < a.x1; ++xx) sum += src[y * win.w + xx];
+    out[idx] = sum / static_cast<T>(a.divisor);
+  }
+}
+
+// grad_x += the shares of the outputs whose windows hold each element, in the CPU's output order.
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    avg_pool_backward_kernel(const T* grad, T* gx, int64_t planes, Window2d win, bool count_include_pad) {
+  const int64_t plane = win.h * win.w, total = planes * plane;
+  for (int64_t idx = global_index(); idx < total; idx += grid_stride()) {
+    const int64_t t = idx / plane, y = idx % plane / win.w, xx = idx % win.w;
+    const T* g = grad + t * win.oh * win.ow;  // (oh, ow)
+    // Outputs o with o * s - p <= y < o * s - p + k.
+    const int64_t ylo = y + win.ph - win.kh + 1, xlo = xx + win.pw - win.kw + 1;
+    const int64_t oy0 = ylo <= 0 ? 0 : (ylo + win.sh - 1) / win.sh, oy1 = imin(win.oh - 1, (y + win.ph) / win.sh);
+    const int64_t ox0 = xlo <= 0 ? 0 : (xlo + win.sw - 1) / win.sw, ox1 = imin(win.ow - 1, (xx + win.pw) / win.sw);
+    T acc = gx[idx];
+    for (int64_t oy = oy0; oy <= oy1; ++oy) {
+      for (int64_t ox = ox0; ox <= ox1; ++ox) {
+        const AvgWindow a = avg_window(win, oy, ox, count_include_pad);
+        if (y >= a.y0 && y < a.y1 && xx >= a.x0 && xx < a.x1) acc += g[oy * win.ow + ox] / static_cast<T>(a.divisor);
+      }
+    }
+    gx[idx] = acc;
+  }
+}
+
+}  // namespace
+
+void launch_max_pool2d(DType type, const void* x, void* out, int64_t* indices, int64_t planes, const Window2d& win,
+                       cudaStream_t stream) {
+  const int64_t total = planes * win.oh * win.ow;
+  if (total == 0) return;
+  dispatch_floating(type, "max_pool2d", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    max_pool_kernel<T><<<grid_for(total), kThreads, 0, stream>>>(static_cast<const T*>(x), static_cast<T*>(out),
+                                                                 indices, planes, win);
+    check_launch("max_pool2d", "max_pool_kernel");
+  });
+}
+
+void launch_avg_pool2d(DType type, const void* x, void* out, int64_t planes, const Window2d& win,
+                       bool count_include_pad, cudaStream_t stream) {
+  const int64_t total = planes * win.oh * win.ow;
+  if (total == 0) return;
+  dispatch_floating(type, "avg_pool2d", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    avg_pool_kernel<T><<<grid_for(total), kThreads, 0, stream>>>(static_cast<const T*>(x), static_cast<T*>(out), planes,
+                                                                 win, count_include_pad);
+    check_launch("avg_pool2d", "avg_pool_kernel");
+  });
+}
+
+void launch_avg_pool2d_backward(DType type, const void* grad, void* grad_x, int64_t planes, const Window2d& win,
+                                bool count_include_pad, cudaStream_t stream) {
+  const int64_t total = planes * win.h * win.w;
+  if (total == 0) return;
+  dispatch_floating(type, "avg_pool2d_backward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    avg_pool_backward_kernel<T><<<grid_for(total), kThreads, 0, stream>>>(
+        static_cast<const T*>(grad), static_cast<T*>(grad_x), planes, win, count_include_pad);
+    check_launch("avg_pool2d_backward", "avg_pool_backward_kernel");
+  });
+}
+
+}  // namespace braid::detail::cuda

@@ -1,0 +1,35 @@
+#!/bin/bash
+# Builds braid's CUDA backend against the host emulation and links a libbraid.so with it.
+#   tools/cuda_emu/build.sh [BUILD_DIR]   (default build-cuda: a tree configured with -Dcuda=enabled)
+# then run $EMU_DIR/test_cuda_backend (EMU_DIR defaults to /tmp/braid_cuda_emu).
+set -e
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+build=$(cd "$root/${1:-build-cuda}" && pwd)
+emu=${EMU_DIR:-/tmp/braid_cuda_emu}
+mkdir -p "$emu"
+cp -r "$here"/shim "$here"/gen.py "$here"/emu_runtime.cpp "$emu"/
+cd "$emu"
+rm -rf src obj && mkdir -p src/backend/cuda obj
+cp $root/src/backend/cuda/*.h $root/src/backend/cuda/*.cpp src/backend/cuda/
+for f in $root/src/backend/cuda/*.cu $root/src/backend/cuda/*.cuh; do
+  b=$(basename $f); python3 gen.py $f src/backend/cuda/${b%.cu}$( [[ $b == *.cu ]] && echo .cpp || echo "" )
+done
+# common.cuh keeps its name (gen.py wrote it under the same name)
+FLAGS="-std=c++20 -O1 -g -fPIC -Wall -Wextra -I$emu/shim -I$emu/src -I$root/src -I$root/include -I$build/include -DBRAID_BUILDING_LIBRARY"
+objs=()
+for f in src/backend/cuda/*.cpp emu_runtime.cpp; do
+  o=obj/$(basename $f .cpp).o
+  g++ $FLAGS -c $f -o $o &
+  objs+=($o)
+done
+wait
+# libbraid's link line from build-cuda, with the real CUDA objects and libraries swapped for these.
+cmd=$(cd $build && ninja -t commands libbraid.so | tail -1)
+cmd=$(echo "$cmd" | sed -e 's#src/backend/cuda/libbraid_cuda.a.p/[a-z_]*\.\(cu\|cpp\)\.o##g' -e 's#/usr/local/cuda[-0-9.]*/lib[0-9]*/libcud[a-z]*\.so##g' -e "s#-o libbraid.so#-o $emu/libbraid.so#")
+objabs=""
+for o in "${objs[@]}"; do objabs="$objabs $emu/$o"; done
+(cd $build && eval "$cmd $objabs")
+g++ -std=c++20 -O1 -g -I$root/tests -I$root/src -I$root/include -I$build/include \
+  $root/tests/test_cuda_backend.cpp -o $emu/test_cuda_backend -L$emu -lbraid -lgtest -lgtest_main -pthread -Wl,-rpath,$emu
+echo built

@@ -1,0 +1,147 @@
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <mutex>
+#include <map>
+#include "cublas_v2.h"
+namespace braid::detail { float half_to_float(uint16_t); float bfloat16_to_float(uint16_t); }
+namespace {
+thread_local int current = 0;
+std::mutex mu;
+std::map<void*, size_t> live;
+size_t used = 0, cached = 0;
+int count() { return std::getenv("EMU_NO_DEVICE") ? -1 : 1; }
+}  // namespace
+cudaError_t cudaGetDeviceCount(int* n) { if (count() < 0) return emu::fail(cudaErrorInsufficientDriver); *n = count(); return cudaSuccess; }
+cudaError_t cudaGetDevice(int* d) { *d = current; return cudaSuccess; }
+cudaError_t cudaSetDevice(int d) { if (d < 0 || d >= count()) return emu::fail(cudaErrorInvalidValue); current = d; return cudaSuccess; }
+cudaError_t cudaGetLastError() { cudaError_t e = emu::last_error; emu::last_error = cudaSuccess; return e; }
+const char* cudaGetErrorName(cudaError_t e) {
+  switch (e) { case cudaSuccess: return "cudaSuccess"; case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration"; case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+    default: return "cudaErrorOther"; }
+}
+const char* cudaGetErrorString(cudaError_t e) { return e == cudaErrorMemoryAllocation ? "out of memory" : "emulated error"; }
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) { *s = new EmuStream{current}; return cudaSuccess; }
+cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t* p, int d) { *p = new EmuPool{d}; return cudaSuccess; }
+cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t, cudaMemPoolAttr a, void* v) {
+  if (a != cudaMemPoolAttrReleaseThreshold || *static_cast<uint64_t*>(v) != UINT64_MAX) return emu::fail(cudaErrorInvalidValue);
+  return cudaSuccess;
+}
+cudaError_t cudaMemPoolGetAttribute(cudaMemPool_t, cudaMemPoolAttr a, void* v) {
+  std::lock_guard<std::mutex> l(mu);
+  if (a == cudaMemPoolAttrReservedMemCurrent) *static_cast<uint64_t*>(v) = used + cached;
+  else if (a == cudaMemPoolAttrUsedMemCurrent) *static_cast<uint64_t*>(v) = used;
+  else return emu::fail(cudaErrorInvalidValue);
+  return cudaSuccess;
+}
+cudaError_t cudaMemPoolTrimTo(cudaMemPool_t, size_t) { std::lock_guard<std::mutex> l(mu); cached = 0; return cudaSuccess; }
+cudaError_t cudaDeviceGetAttribute(int* v, cudaDeviceAttr, int) { *v = std::getenv("EMU_SMS") ? std::atoi(std::getenv("EMU_SMS")) : 2; return cudaSuccess; }
+cudaError_t cudaMallocAsync(void** p, size_t n, cudaStream_t s) {
+  if (!s) return emu::fail(cudaErrorInvalidValue);
+  if (n > (size_t{1} << 40)) return emu::fail(cudaErrorMemoryAllocation);
+  void* q = std::aligned_alloc(256, (n + 255) / 256 * 256);
+  std::memset(q, 0xA5, n);  // garbage, so that a kernel that forgets an element is caught
+  std::lock_guard<std::mutex> l(mu);
+  live[q] = n;
+  used += n;
+  cached -= std::min(cached, n);
+  *p = q;
+  return cudaSuccess;
+}
+cudaError_t cudaFreeAsync(void* p, cudaStream_t) {
+  std::lock_guard<std::mutex> l(mu);
+  auto it = live.find(p);
+  if (it == live.end()) { std::fprintf(stderr, "EMU: bad free %p\n", p); std::abort(); }
+  used -= it->second; cached += it->second; live.erase(it); std::free(p);
+  return cudaSuccess;
+}
+static void check_ptr(const void* p, size_t n) {
+  std::lock_guard<std::mutex> l(mu);
+  auto it = live.upper_bound(const_cast<void*>(p));
+  if (it == live.begin()) { std::fprintf(stderr, "EMU: %p is not device memory\n", p); std::abort(); }
+  --it;
+  const char* b = static_cast<const char*>(it->first);
+  if (static_cast<const char*>(p) + n > b + it->second) { std::fprintf(stderr, "EMU: %p + %zu out of bounds\n", p, n); std::abort(); }
+}
+cudaError_t cudaMemcpyAsync(void* d, const void* s, size_t n, cudaMemcpyKind k, cudaStream_t) {
+  if (k != cudaMemcpyHostToDevice) check_ptr(s, n);
+  if (k != cudaMemcpyDeviceToHost) check_ptr(d, n);
+  std::memmove(d, s, n);
+  return cudaSuccess;
+}
+cudaError_t cudaMemsetAsync(void* d, int v, size_t n, cudaStream_t) { check_ptr(d, n); std::memset(d, v, n); return cudaSuccess; }
+
+// ---- cuBLAS ----
+cublasStatus_t cublasCreate(cublasHandle_t* h) { *h = new EmuBlas{nullptr}; return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t s) { h->s = s; return CUBLAS_STATUS_SUCCESS; }
+const char* cublasGetStatusName(cublasStatus_t s) { return s == CUBLAS_STATUS_INVALID_VALUE ? "CUBLAS_STATUS_INVALID_VALUE" : s == CUBLAS_STATUS_NOT_SUPPORTED ? "CUBLAS_STATUS_NOT_SUPPORTED" : "CUBLAS_STATUS_OTHER"; }
+const char* cublasGetStatusString(cublasStatus_t) { return "emulated"; }
+static double load(const void* p, cudaDataType_t t, long long i) {
+  switch (t) {
+    case CUDA_R_32F: return static_cast<const float*>(p)[i];
+    case CUDA_R_64F: return static_cast<const double*>(p)[i];
+    case CUDA_R_16F: return braid::detail::half_to_float(static_cast<const uint16_t*>(p)[i]);
+    case CUDA_R_16BF: return braid::detail::bfloat16_to_float(static_cast<const uint16_t*>(p)[i]);
+  }
+  std::abort();
+}
+static cublasStatus_t gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const void* alpha,
+                           const void* A, cudaDataType_t at, int lda, const void* B, cudaDataType_t bt, int ldb,
+                           const void* beta, void* C, cudaDataType_t ct, int ldc, cublasComputeType_t compute) {
+  if (m < 0 || n < 0 || k < 0 || lda < std::max(1, ta == CUBLAS_OP_N ? m : k) ||
+      ldb < std::max(1, tb == CUBLAS_OP_N ? k : n) || ldc < std::max(1, m)) {
+    std::fprintf(stderr, "EMU gemm invalid: ta %d tb %d m %d n %d k %d lda %d ldb %d ldc %d\n", ta, tb, m, n, k, lda, ldb, ldc);
+    return CUBLAS_STATUS_INVALID_VALUE;
+  }
+  const bool ok = (at == bt) && ((at == CUDA_R_32F && ct == CUDA_R_32F && compute == CUBLAS_COMPUTE_32F) ||
+                                 (at == CUDA_R_64F && ct == CUDA_R_64F && compute == CUBLAS_COMPUTE_64F) ||
+                                 ((at == CUDA_R_16F || at == CUDA_R_16BF) && ct == CUDA_R_32F && compute == CUBLAS_COMPUTE_32F));
+  if (!ok) return CUBLAS_STATUS_NOT_SUPPORTED;
+  const double al = compute == CUBLAS_COMPUTE_64F ? *static_cast<const double*>(alpha) : *static_cast<const float*>(alpha);
+  const double be = compute == CUBLAS_COMPUTE_64F ? *static_cast<const double*>(beta) : *static_cast<const float*>(beta);
+  for (int j = 0; j < n; ++j)
+    for (int i = 0; i < m; ++i) {
+      double s = 0;
+      for (int l = 0; l < k; ++l) {
+        const double a = load(A, at, ta == CUBLAS_OP_N ? i + static_cast<long long>(l) * lda : l + static_cast<long long>(i) * lda);
+        const double b = load(B, bt, tb == CUBLAS_OP_N ? l + static_cast<long long>(j) * ldb : j + static_cast<long long>(l) * ldb);
+        s += a * b;
+      }
+      const long long c = i + static_cast<long long>(j) * ldc;
+      double v = al * s + (be != 0 ? be * load(C, ct, c) : 0);
+      if (ct == CUDA_R_32F) static_cast<float*>(C)[c] = static_cast<float>(v); else static_cast<double*>(C)[c] = v;
+    }
+  return CUBLAS_STATUS_SUCCESS;
+}
+static size_t esize(cudaDataType_t t) { return t == CUDA_R_64F ? 8 : t == CUDA_R_32F ? 4 : 2; }
+cublasStatus_t cublasGemmEx(cublasHandle_t, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                            const void* alpha, const void* A, cudaDataType_t at, int lda, const void* B,
+                            cudaDataType_t bt, int ldb, const void* beta, void* C, cudaDataType_t ct, int ldc,
+                            cublasComputeType_t compute, cublasGemmAlgo_t) {
+  return gemm(ta, tb, m, n, k, alpha, A, at, lda, B, bt, ldb, beta, C, ct, ldc, compute);
+}
+cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
+                                          int k, const void* alpha, const void* A, cudaDataType_t at, int lda,
+                                          long long sa, const void* B, cudaDataType_t bt, int ldb, long long sb,
+                                          const void* beta, void* C, cudaDataType_t ct, int ldc, long long sc,
+                                          int batches, cublasComputeType_t compute, cublasGemmAlgo_t) {
+  for (int i = 0; i < batches; ++i) {
+    cublasStatus_t s = gemm(ta, tb, m, n, k, alpha, static_cast<const char*>(A) + i * sa * esize(at), at, lda,
+                            static_cast<const char*>(B) + i * sb * esize(bt), bt, ldb, beta,
+                            static_cast<char*>(C) + i * sc * esize(ct), ct, ldc, compute);
+    if (s) return s;
+  }
+  return CUBLAS_STATUS_SUCCESS;
+}
+cudaError_t cudaEventCreate(cudaEvent_t* e) { *e = new EmuEvent{-1}; return cudaSuccess; }
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+  if (!s) return emu::fail(cudaErrorInvalidValue);
+  e->ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  return cudaSuccess;
+}
+cudaError_t cudaEventQuery(cudaEvent_t e) { return e->ms < 0 ? emu::fail(cudaErrorNotReady) : cudaSuccess; }
+cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) { *ms = static_cast<float>(b->ms - a->ms); return cudaSuccess; }
+cudaError_t cudaEventDestroy(cudaEvent_t e) { delete e; return cudaSuccess; }
