@@ -8,39 +8,13 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/dispatch.h"
 #include "backend/cpu/loop.h"
+#include "backend/philox.h"
 #include "braid/parallel.h"
 
 namespace braid::detail {
 namespace {
 
-struct Block {
-  uint32_t v[4];
-};
-
-// Note [Philox]
-// Salmon et al., "Parallel random numbers: as easy as 1, 2, 3" (SC'11), with the Random123
-// constants; the key is the seed's two 32-bit halves, the counter (block, 0, 0) in 32-bit words.
-Block philox(uint64_t block, uint64_t seed) {
-  uint32_t c0 = static_cast<uint32_t>(block), c1 = static_cast<uint32_t>(block >> 32), c2 = 0, c3 = 0;
-  uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
-  for (int round = 0; round < 10; ++round) {
-    const uint64_t p0 = uint64_t{0xD2511F53u} * c0, p1 = uint64_t{0xCD9E8D57u} * c2;
-    const uint32_t hi0 = static_cast<uint32_t>(p0 >> 32), lo0 = static_cast<uint32_t>(p0);
-    const uint32_t hi1 = static_cast<uint32_t>(p1 >> 32), lo1 = static_cast<uint32_t>(p1);
-    c0 = hi1 ^ c1 ^ k0;
-    c1 = lo1;
-    c2 = hi0 ^ c3 ^ k1;
-    c3 = lo0;
-    k0 += 0x9E3779B9u;
-    k1 += 0xBB67AE85u;
-  }
-  return {{c0, c1, c2, c3}};
-}
-
-// Uniform on [0, 1) from the top 53 bits of two words.
-double unit53(uint32_t hi, uint32_t lo) {
-  return static_cast<double>(((static_cast<uint64_t>(hi) << 32) | lo) >> 11) * 0x1p-53;
-}
+using Block = PhiloxBlock;
 
 // Calls out[i] = f(philox(counter + i)) over a contiguous out, in parallel when large.
 template <typename T, typename F>
@@ -64,9 +38,9 @@ void CpuBackend::random(RandomKind kind, const Tensor& out, uint64_t seed, uint6
     }
     if constexpr (std::is_same_v<T, double>) {
       if (kind == RandomKind::Uniform)
-        return generate<T>(out, seed, counter, [a, b](Block r) { return a + unit53(r.v[0], r.v[1]) * (b - a); });
+        return generate<T>(out, seed, counter, [a, b](Block r) { return a + philox_unit53(r.v[0], r.v[1]) * (b - a); });
       return generate<T>(out, seed, counter, [a, b](Block r) {  // Box-Muller, cos branch; u1 in (0, 1]
-        const double u1 = unit53(r.v[0], r.v[1]) + 0x1p-53, u2 = unit53(r.v[2], r.v[3]);
+        const double u1 = philox_unit53(r.v[0], r.v[1]) + 0x1p-53, u2 = philox_unit53(r.v[2], r.v[3]);
         return a + b * std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
       });
     } else if constexpr (std::is_floating_point_v<T> || kIsHalfType<T>) {  // computed in float
@@ -85,7 +59,7 @@ void CpuBackend::random(RandomKind kind, const Tensor& out, uint64_t seed, uint6
       BRAID_CHECK_T(TypeError, kind == RandomKind::Uniform, "random: normal samples need a floating dtype, got ",
                     dtype_name(out.dtype()));
       return generate<T>(out, seed, counter, [a, b](Block r) {  // integers uniform on [a, b)
-        const double v = std::floor(a + unit53(r.v[0], r.v[1]) * (b - a));
+        const double v = std::floor(a + philox_unit53(r.v[0], r.v[1]) * (b - a));
         return convert<T>(v < b ? v : b - 1);
       });
     } else {

@@ -8,38 +8,14 @@
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/convert.cuh"
+#include "backend/philox.h"
 
 namespace braid::detail::cuda {
 namespace {
 
-struct Block {
-  uint32_t v[4];
-};
+using Block = PhiloxBlock;  // Note [Philox] in src/backend/philox.h
 
-// Note [Philox] in src/backend/cpu/random.cpp.
-__device__ Block philox(uint64_t block, uint64_t seed) {
-  uint32_t c0 = static_cast<uint32_t>(block), c1 = static_cast<uint32_t>(block >> 32), c2 = 0, c3 = 0;
-  uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
-  for (int round = 0; round < 10; ++round) {
-    const uint64_t p0 = uint64_t{0xD2511F53u} * c0, p1 = uint64_t{0xCD9E8D57u} * c2;
-    const uint32_t hi0 = static_cast<uint32_t>(p0 >> 32), lo0 = static_cast<uint32_t>(p0);
-    const uint32_t hi1 = static_cast<uint32_t>(p1 >> 32), lo1 = static_cast<uint32_t>(p1);
-    c0 = hi1 ^ c1 ^ k0;
-    c1 = lo1;
-    c2 = hi0 ^ c3 ^ k1;
-    c3 = lo0;
-    k0 += 0x9E3779B9u;
-    k1 += 0xBB67AE85u;
-  }
-  return {{c0, c1, c2, c3}};
-}
-
-// Uniform on [0, 1) from the top 53 bits of two words (exact).
-__device__ double unit53(uint32_t hi, uint32_t lo) {
-  return static_cast<double>(((static_cast<uint64_t>(hi) << 32) | lo) >> 11) * 0x1p-53;
-}
-
-constexpr double kPi = 3.14159265358979323846;
+__device__ constexpr double kPi = 3.14159265358979323846;
 constexpr float kPiF = 3.14159265358979323846f;
 
 template <typename T>
@@ -47,8 +23,8 @@ __device__ T sample(RandomKind kind, const Block& r, double a, double b) {
   if (kind == RandomKind::Bernoulli)  // any dtype; u = lane0 / 2^32 exactly
     return convert<T>(static_cast<double>(r.v[0]) * 0x1p-32 < a ? 1.0 : 0.0);
   if constexpr (std::is_same_v<T, double>) {
-    if (kind == RandomKind::Uniform) return __dadd_rn(a, __dmul_rn(unit53(r.v[0], r.v[1]), __dsub_rn(b, a)));
-    const double u1 = unit53(r.v[0], r.v[1]) + 0x1p-53, u2 = unit53(r.v[2], r.v[3]);  // u1 in (0, 1]
+    if (kind == RandomKind::Uniform) return __dadd_rn(a, __dmul_rn(philox_unit53(r.v[0], r.v[1]), __dsub_rn(b, a)));
+    const double u1 = philox_unit53(r.v[0], r.v[1]) + 0x1p-53, u2 = philox_unit53(r.v[2], r.v[3]);  // u1 in (0, 1]
     const double radius = sqrt(__dmul_rn(-2.0, log(u1)));
     return __dadd_rn(a, __dmul_rn(__dmul_rn(b, radius), cos(__dmul_rn(2.0 * kPi, u2))));
   } else if constexpr (std::is_same_v<T, float> || kIsHalf<T>) {  // computed in float
@@ -61,7 +37,7 @@ __device__ T sample(RandomKind kind, const Block& r, double a, double b) {
     const float z = __fmul_rn(sqrtf(__fmul_rn(-2.0f, logf(u1))), cosf(__fmul_rn(2.0f * kPiF, u2)));
     return convert<T>(__fadd_rn(__double2float_rn(a), __fmul_rn(__double2float_rn(b), z)));
   } else {  // integers uniform on [a, b); the host refused normal
-    const double v = floor(__dadd_rn(a, __dmul_rn(unit53(r.v[0], r.v[1]), __dsub_rn(b, a))));
+    const double v = floor(__dadd_rn(a, __dmul_rn(philox_unit53(r.v[0], r.v[1]), __dsub_rn(b, a))));
     return convert<T>(v < b ? v : __dsub_rn(b, 1.0));
   }
 }
