@@ -11,6 +11,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "backend/blas_layout.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/dispatch.h"
 #include "backend/cpu/loop.h"
@@ -20,21 +21,7 @@
 namespace braid::detail {
 namespace {
 
-// How gemm reads a (rows, cols) matrix in place: row-major (no transpose, ld = row stride) or
-// column-major (transposed, ld = column stride). A size-1 axis's stride is never used.
-struct Layout {
-  bool in_place;
-  bool trans;
-  int64_t ld;
-};
-
-Layout blas_layout(int64_t rows, int64_t cols, int64_t rs, int64_t cs) {
-  const bool one_row = rows == 1, one_col = cols == 1;
-  const int64_t min_row_ld = std::max<int64_t>(cols, 1), min_col_ld = std::max<int64_t>(rows, 1);
-  if ((cs == 1 || one_col) && (one_row || rs >= min_row_ld)) return {true, false, one_row ? min_row_ld : rs};
-  if ((rs == 1 || one_row) && (one_col || cs >= min_col_ld)) return {true, true, one_col ? min_col_ld : cs};
-  return {false, false, min_row_ld};  // to be packed row-major, ld = cols
-}
+using Layout = BlasLayout;
 
 // One operand's matrices: rows, cols, their strides, and the element offset of each batch.
 struct Operand {

@@ -12,6 +12,7 @@
 #include <mutex>
 #include <vector>
 
+#include "backend/blas_layout.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/runtime.h"
@@ -40,21 +41,7 @@ cublasHandle_t handle(int device) {
   return handles[static_cast<size_t>(device)];
 }
 
-// How GEMM reads a (rows, cols) matrix in place: row-major (ld = row stride) or column-major
-// (trans, ld = column stride); a size-1 axis's stride is never used (the CPU's blas_layout).
-struct Layout {
-  bool in_place;
-  bool trans;
-  int64_t ld;
-};
-
-Layout blas_layout(int64_t rows, int64_t cols, int64_t rs, int64_t cs) {
-  const bool one_row = rows == 1, one_col = cols == 1;
-  const int64_t min_row_ld = std::max<int64_t>(cols, 1), min_col_ld = std::max<int64_t>(rows, 1);
-  if ((cs == 1 || one_col) && (one_row || rs >= min_row_ld)) return {true, false, one_row ? min_row_ld : rs};
-  if ((rs == 1 || one_row) && (one_col || cs >= min_col_ld)) return {true, true, one_col ? min_col_ld : cs};
-  return {false, false, min_row_ld};
-}
+using Layout = BlasLayout;
 
 // An operand as cuBLAS reads it: its layout and the element step between batch matrices.
 struct Operand {
