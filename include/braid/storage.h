@@ -17,7 +17,10 @@ class Storage {
   /// Allocates nbytes (rounded up to 64) of 64-byte aligned memory on device.
   static std::shared_ptr<Storage> allocate(int64_t nbytes, Device device = cpu());
   /// Wraps memory the caller owns and keeps alive for the storage's lifetime; nothing is freed.
-  static std::shared_ptr<Storage> wrap(void* data, int64_t nbytes, Device device = cpu());
+  /// release, when given, runs once the storage's last user is gone (the Python bindings drop their
+  /// reference to a NumPy array there, or call a DLPack producer's deleter).
+  static std::shared_ptr<Storage> wrap(void* data, int64_t nbytes, Device device = cpu(),
+                                       std::function<void()> release = nullptr);
 
   ~Storage();
   Storage(const Storage&) = delete;
@@ -34,12 +37,13 @@ class Storage {
   static void empty_cache();
 
  private:
-  Storage(void* data, int64_t nbytes, Device device, bool owned)
-      : data_(data), nbytes_(nbytes), device_(device), owned_(owned) {}
+  Storage(void* data, int64_t nbytes, Device device, bool owned, std::function<void()> release = nullptr)
+      : data_(data), nbytes_(nbytes), device_(device), owned_(owned), release_(std::move(release)) {}
   void* data_;
   int64_t nbytes_;
   Device device_;
   bool owned_;
+  std::function<void()> release_;
 };
 
 }  // namespace braid

@@ -82,6 +82,9 @@ class Tensor {
                   ">: tensor has dtype ", dtype_name(dtype()));
     return static_cast<T*>(raw_data());
   }
+  /// Address of the first element (offset applied) in the tensor's device memory, as an integer
+  /// (PyTorch's data_ptr): what NumPy's array interface and DLPack hand to other libraries.
+  uintptr_t data_ptr() const;
   /// The single element of a one-element tensor, converted to double (copied from its device).
   double item() const;
   /// All elements in row-major order, converted to T (copied from its device).
@@ -139,7 +142,7 @@ class Tensor {
   /// Name of the op that produced this tensor ("" for leaves).
   std::string grad_fn_name() const;
   /// Back-propagates from this tensor. A non-scalar needs an explicit gradient.
-  void backward(const Tensor& gradient = Tensor(), bool retain_graph = false) const;
+  void backward(const Tensor& gradient = braid::Tensor(), bool retain_graph = false) const;
   /// Same storage, cut off from the graph.
   Tensor detach() const;
 

@@ -50,13 +50,16 @@ std::shared_ptr<Storage> Storage::allocate(int64_t nbytes, Device device) {
   return std::shared_ptr<Storage>(new Storage(p, rounded, device, true));
 }
 
-std::shared_ptr<Storage> Storage::wrap(void* data, int64_t nbytes, Device device) {
+std::shared_ptr<Storage> Storage::wrap(void* data, int64_t nbytes, Device device, std::function<void()> release) {
   BRAID_CHECK(data != nullptr || nbytes == 0, "Storage::wrap: null pointer for ", nbytes, " bytes");
-  return std::shared_ptr<Storage>(new Storage(data, nbytes, device, false));
+  return std::shared_ptr<Storage>(new Storage(data, nbytes, device, false, std::move(release)));
 }
 
 Storage::~Storage() {
-  if (!owned_) return;
+  if (!owned_) {
+    if (release_) release_();
+    return;
+  }
   count(device_, -nbytes_);
   detail::backend_for(device_).deallocate(device_, data_, nbytes_);
 }

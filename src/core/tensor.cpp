@@ -137,6 +137,8 @@ void* Tensor::raw_data() const {
   return detail::device_data(*this);
 }
 
+uintptr_t Tensor::data_ptr() const { return reinterpret_cast<uintptr_t>(detail::device_data(*this)); }
+
 double Tensor::item() const {
   BRAID_CHECK(numel() == 1, "item: expected a tensor with one element, got shape ", shape_str(shape()));
   return to_vector<double>()[0];

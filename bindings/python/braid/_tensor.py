@@ -1,0 +1,600 @@
+"""braid.Tensor as Python sees it: the SWIG-generated class from braid/tensor.h, given PyTorch's
+Python protocol (operators, indexing, properties, NumPy's array interface, DLPack).
+
+Everything here is sugar over the generated functions; no computation happens in Python except the
+index arithmetic of advanced indexing.
+"""
+
+import enum
+import numbers
+
+import numpy as np
+
+from ._swig import core as _core
+from ._swig import _core as _cx  # the extension: unbound Tensor_* functions
+
+Tensor = _core.Tensor
+Device = _core.Device
+# Binds an extension function (first argument self) as a method, as SWIG's own proxies do.
+_method = _core._swig_new_instance_method
+
+
+class dtype(enum.IntEnum):
+    """An element type: braid.float32, braid.float64, braid.int64, braid.int32, braid.bool,
+    braid.float16 (storage) and braid.bfloat16 (storage)."""
+
+    float32 = _core.DType_Float32
+    float64 = _core.DType_Float64
+    int64 = _core.DType_Int64
+    int32 = _core.DType_Int32
+    bool = _core.DType_Bool
+    float16 = _core.DType_Float16
+    bfloat16 = _core.DType_BFloat16
+
+    def __repr__(self):
+        return f"braid.{self.name}"
+
+    __str__ = __repr__
+
+    @property
+    def is_floating_point(self):
+        return _core.is_floating(self)
+
+    @property
+    def itemsize(self):
+        return _core.dtype_size(self)
+
+
+_TO_NUMPY = {
+    dtype.float32: np.dtype(np.float32),
+    dtype.float64: np.dtype(np.float64),
+    dtype.int64: np.dtype(np.int64),
+    dtype.int32: np.dtype(np.int32),
+    dtype.bool: np.dtype(np.bool_),
+    dtype.float16: np.dtype(np.float16),
+}
+_FROM_NUMPY = {v: k for k, v in _TO_NUMPY.items()}
+
+
+def _numpy_dtype(dt):
+    try:
+        return _TO_NUMPY[dt]
+    except KeyError:
+        raise TypeError(f"{dtype(dt)!r} has no NumPy equivalent; convert it first, e.g. t.to(braid.float32)") from None
+
+
+def _braid_dtype(npdt):
+    npdt = np.dtype(npdt)
+    if npdt in _FROM_NUMPY:
+        return _FROM_NUMPY[npdt]
+    if npdt.kind in "iu":  # other integer widths become int64, as torch.tensor does with lists
+        return dtype.int64
+    if npdt.kind == "f":
+        return dtype.float32
+    raise TypeError(f"NumPy dtype {npdt} has no braid equivalent (float16/32/64, int32/64, bool)")
+
+
+# ---- devices ----
+
+_DEVICE_TYPES = {_core.DeviceType_CPU: "cpu", _core.DeviceType_CUDA: "cuda", _core.DeviceType_Shadow: "shadow"}
+
+
+def device(spec, index=None):
+    """A braid.Device from "cpu", "cuda", "cuda:1", "shadow", or a type and an index."""
+    if isinstance(spec, Device):
+        return spec
+    if index is not None:
+        spec = f"{spec}:{index}"
+    return Device.parse(spec)
+
+
+Device.type = property(lambda d: _DEVICE_TYPES[_cx.Device_type_get(d)], doc="'cpu', 'cuda' or 'shadow'")
+Device.__repr__ = lambda d: f"device(type='{d.type}', index={d.index})"
+Device.__hash__ = lambda d: hash((d.type, d.index))
+_device_eq = Device.__eq__
+Device.__eq__ = lambda a, b: _device_eq(a, device(b)) if isinstance(b, (Device, str)) else NotImplemented
+
+
+# ---- shapes ----
+
+
+def _shape_args(args):
+    """(2, 3), ((2, 3),) and ([2, 3],) all mean the shape (2, 3), as in PyTorch."""
+    if len(args) == 1 and not isinstance(args[0], numbers.Integral):
+        return tuple(int(s) for s in args[0])
+    return tuple(int(s) for s in args)
+
+
+def _axes(dim):
+    if dim is None:
+        return ()
+    if isinstance(dim, numbers.Integral):
+        return (int(dim),)
+    return tuple(int(d) for d in dim)
+
+
+# ---- properties ----
+
+Tensor.shape = property(_cx.Tensor_shape, doc="The sizes, outermost first, as a tuple.")
+Tensor.dtype = property(lambda t: dtype(_cx.Tensor_dtype(t)))
+Tensor.device = property(_cx.Tensor_device)
+Tensor.ndim = property(_cx.Tensor_dim)
+Tensor.requires_grad = property(_cx.Tensor_requires_grad, lambda t, v: _cx.Tensor_set_requires_grad(t, bool(v)))
+Tensor.grad = property(_cx.Tensor_grad, _cx.Tensor_set_grad, doc="The accumulated gradient, or None.")
+Tensor.is_leaf = property(_cx.Tensor_is_leaf)
+Tensor.grad_fn = property(lambda t: _cx.Tensor_grad_fn_name(t) or None,
+                          doc="The name of the op that produced this tensor (None for leaves).")
+Tensor.mT = property(_cx.Tensor_mT)
+Tensor.T = property(lambda t: t.permute(tuple(range(t.ndim - 1, -1, -1))))
+Tensor.is_cuda = property(lambda t: t.device.type == "cuda")
+
+
+def _size(self, dim=None):
+    """The shape, or the size of one axis."""
+    return self.shape if dim is None else _cx.Tensor_size(self, dim)
+
+
+def _stride(self, dim=None):
+    s = _cx.Tensor_strides(self)
+    return s if dim is None else s[dim]
+
+
+Tensor.size = _size
+Tensor.stride = _stride
+Tensor.dim = _method(_cx.Tensor_dim)
+
+
+def _requires_grad_(self, requires_grad=True):
+    _cx.Tensor_set_requires_grad(self, bool(requires_grad))
+    return self
+
+
+Tensor.requires_grad_ = _requires_grad_
+
+
+def _item(self):
+    v = _cx.Tensor_item(self)
+    dt = _cx.Tensor_dtype(self)
+    if dt == dtype.bool:
+        return bool(v)
+    if dt in (dtype.int64, dtype.int32):
+        return int(v)
+    return v
+
+
+Tensor.item = _item
+Tensor.__float__ = lambda t: float(_cx.Tensor_item(t))
+Tensor.__int__ = lambda t: int(_cx.Tensor_item(t))
+
+
+def _index(self):
+    if self.dtype not in (dtype.int64, dtype.int32, dtype.bool) or self.numel() != 1:
+        raise TypeError("only integer tensors of a single element can be converted to an index")
+    return int(_cx.Tensor_item(self))
+
+
+Tensor.__index__ = _index
+
+
+def _bool(self):
+    if self.numel() != 1:
+        raise ValueError(f"the truth value of a tensor with shape {self.shape} is ambiguous; use .any() or .all()")
+    return bool(_cx.Tensor_item(self))
+
+
+Tensor.__bool__ = _bool
+
+
+def _len(self):
+    if self.ndim == 0:
+        raise TypeError("len() of a 0-d tensor")
+    return self.shape[0]
+
+
+Tensor.__len__ = _len
+Tensor.__repr__ = lambda t: _cx.Tensor_to_string(t)
+Tensor.__str__ = Tensor.__repr__
+Tensor.__hash__ = object.__hash__
+
+
+def _iter(self):
+    for i in range(len(self)):
+        yield self[i]
+
+
+Tensor.__iter__ = _iter
+
+# ---- NumPy and DLPack ----
+
+
+def _array_interface(self):
+    if self.device.type != "cpu":
+        raise TypeError(f"a tensor on {self.device} has no array interface; copy it with .cpu() first")
+    npdt = _numpy_dtype(self.dtype)
+    return {
+        "shape": self.shape,
+        "typestr": npdt.str,
+        "data": (self.data_ptr(), False),
+        "strides": tuple(s * npdt.itemsize for s in _cx.Tensor_strides(self)),
+        "version": 3,
+    }
+
+
+Tensor.__array_interface__ = property(_array_interface)
+
+
+def _numpy(self, force=False):
+    """A NumPy array sharing this CPU tensor's memory (writes through either are seen by the other).
+    force=True copies a tensor from another device, or one that requires grad, first."""
+    t = self
+    if force:
+        t = t.detach().cpu()
+    elif t.requires_grad:
+        raise RuntimeError("numpy() of a tensor that requires grad; use t.detach().numpy()")
+    elif t.device.type != "cpu":
+        raise TypeError(f"numpy() of a tensor on {t.device}; copy it with .cpu() first")
+    return np.asarray(t)
+
+
+Tensor.numpy = _numpy
+
+
+def _tolist(self):
+    a = np.asarray(self.detach().cpu() if self.dtype != dtype.bfloat16 else self.detach().cpu().to(dtype.float32))
+    return a.tolist()
+
+
+Tensor.tolist = _tolist
+
+
+def _dlpack(self, stream=None, max_version=None, dl_device=None, copy=None):
+    if copy:
+        return _core.to_dlpack(self.clone())
+    return _core.to_dlpack(self)
+
+
+Tensor.__dlpack__ = _dlpack
+Tensor.__dlpack_device__ = lambda t: _core.dlpack_device(t)
+
+
+def from_numpy(array):
+    """A CPU tensor sharing array's memory; the tensor keeps the array alive. Negative strides are
+    refused (pass array.copy())."""
+    if not isinstance(array, np.ndarray):
+        raise TypeError(f"from_numpy: expected a numpy.ndarray, got {type(array).__name__}")
+    dt = _FROM_NUMPY.get(array.dtype)
+    if dt is None:
+        raise TypeError(f"from_numpy: NumPy dtype {array.dtype} has no braid equivalent (float16/32/64, int32/64, bool)")
+    iface = array.__array_interface__
+    strides = iface["strides"] or ()
+    return _core.tensor_over_memory(array, iface["data"][0], array.shape, strides, dt)
+
+
+def from_dlpack(obj):
+    """A tensor sharing the memory of any object with __dlpack__ (NumPy, PyTorch, CuPy), or of a
+    DLPack capsule."""
+    capsule = obj.__dlpack__() if hasattr(obj, "__dlpack__") else obj
+    return _core.from_dlpack_capsule(capsule)
+
+
+def tensor(data, dtype=None, device=None, requires_grad=False):
+    """A new tensor holding a copy of data (a nested sequence, a number, a NumPy array or a Tensor).
+    Python floats give float32 and ints int64, as in PyTorch."""
+    if isinstance(data, Tensor):
+        t = data.detach().clone()
+    else:
+        a = np.asarray(data)
+        if a.dtype == np.float64 and not isinstance(data, np.ndarray):
+            a = a.astype(np.float32)  # Python floats are float32 by default, as in PyTorch
+        t = from_numpy(np.array(a, dtype=_numpy_dtype(_braid_dtype(a.dtype)), copy=True, order="C"))
+    if dtype is not None and t.dtype != dtype:
+        t = t.to(dtype)
+    if device is not None:
+        t = t.to(globals()["device"](device))
+    elif _core.default_device() != t.device:
+        t = t.to(_core.default_device())
+    if requires_grad:
+        t.requires_grad_(True)
+    return t
+
+
+def as_tensor(data, dtype=None, device=None):
+    """A tensor sharing data's memory when it can (a CPU NumPy array of a braid dtype), else a copy."""
+    if isinstance(data, Tensor):
+        t = data
+    elif isinstance(data, np.ndarray) and data.dtype in _FROM_NUMPY and all(s >= 0 for s in data.strides):
+        t = from_numpy(data)
+    else:
+        return tensor(data, dtype=dtype, device=device)
+    if dtype is not None and t.dtype != dtype:
+        t = t.to(dtype)
+    if device is not None:
+        t = t.to(globals()["device"](device))
+    return t
+
+
+# ---- operators ----
+
+
+def _scalar_operand(t, s):
+    """A 0-d tensor for a Python number next to t, of the dtype Note [Type promotion] gives."""
+    v = float(s)
+    return _core.scalar_tensor(v, _core.scalar_result_type(_cx.Tensor_dtype(t), v), _cx.Tensor_device(t))
+
+
+def _binary(tensor_fn, scalar_fn=None, rscalar_fn=None):
+    def op(a, b):
+        if isinstance(b, Tensor):
+            return tensor_fn(a, b)
+        if isinstance(b, numbers.Number):
+            return scalar_fn(a, float(b)) if scalar_fn else tensor_fn(a, _scalar_operand(a, b))
+        return NotImplemented
+
+    def rop(a, b):
+        if isinstance(b, numbers.Number):
+            return rscalar_fn(float(b), a) if rscalar_fn else tensor_fn(_scalar_operand(a, b), a)
+        return NotImplemented
+
+    return op, rop
+
+
+Tensor.__add__, Tensor.__radd__ = _binary(_core.add, _core.add_scalar, _core.radd_scalar)
+Tensor.__sub__, Tensor.__rsub__ = _binary(_core.sub, _core.sub_scalar, _core.rsub_scalar)
+Tensor.__mul__, Tensor.__rmul__ = _binary(_core.mul, _core.mul_scalar, _core.rmul_scalar)
+Tensor.__truediv__, Tensor.__rtruediv__ = _binary(_core.div, _core.div_scalar, _core.rdiv_scalar)
+Tensor.__pow__, Tensor.__rpow__ = _binary(_core.pow, lambda a, s: _core.pow(a, s))
+Tensor.__eq__, _ = _binary(_core.eq)
+Tensor.__ne__, _ = _binary(_core.ne)
+Tensor.__lt__, Tensor.__gt__ = _binary(_core.lt, rscalar_fn=lambda s, a: _core.gt(a, _scalar_operand(a, s)))
+Tensor.__le__, Tensor.__ge__ = _binary(_core.le, rscalar_fn=lambda s, a: _core.ge(a, _scalar_operand(a, s)))
+Tensor.__gt__, _ = _binary(_core.gt)
+Tensor.__ge__, _ = _binary(_core.ge)
+Tensor.__and__, Tensor.__rand__ = _binary(_core.logical_and)
+Tensor.__or__, Tensor.__ror__ = _binary(_core.logical_or)
+Tensor.__xor__, Tensor.__rxor__ = _binary(_core.logical_xor)
+Tensor.__matmul__ = lambda a, b: _core.matmul(a, b) if isinstance(b, Tensor) else NotImplemented
+Tensor.__rmatmul__ = lambda a, b: _core.matmul(b, a) if isinstance(b, Tensor) else NotImplemented
+Tensor.__neg__ = _method(_core.neg)
+Tensor.__pos__ = lambda t: t
+Tensor.__abs__ = _method(_core.abs)
+Tensor.__invert__ = _method(_core.logical_not)
+
+_KIND = {dtype.bool: 0, dtype.int32: 1, dtype.int64: 1}
+
+
+def _inplace(op):
+    def iop(self, other):
+        result = op(self, other)
+        if result is NotImplemented:
+            return result
+        if _KIND.get(result.dtype, 2) > _KIND.get(self.dtype, 2):
+            raise TypeError(f"result type {result.dtype!r} cannot be stored in a {self.dtype!r} tensor in place")
+        _cx.Tensor_copy_(self, result)
+        return self
+
+    return iop
+
+
+def _iadd(self, other):
+    if isinstance(other, Tensor) and _KIND.get(_core.promote_types(self.dtype, other.dtype), 2) <= _KIND.get(self.dtype, 2):
+        _cx.Tensor_add_(self, other)
+        return self
+    return _inplace(Tensor.__add__)(self, other)
+
+
+Tensor.__iadd__ = _iadd
+Tensor.__isub__ = _inplace(Tensor.__sub__)
+Tensor.__imul__ = _inplace(Tensor.__mul__)
+Tensor.__itruediv__ = _inplace(Tensor.__truediv__)
+Tensor.__ipow__ = _inplace(Tensor.__pow__)
+
+# ---- indexing ----
+
+
+def _is_advanced(i):
+    return isinstance(i, (Tensor, np.ndarray, list))
+
+
+def _as_index_tensor(i, dev):
+    if isinstance(i, Tensor):
+        return i
+    return tensor(np.asarray(i), device=dev)
+
+
+def _is_bool_index(i):
+    return (isinstance(i, Tensor) and i.dtype == dtype.bool) or (isinstance(i, np.ndarray) and i.dtype == np.bool_)
+
+
+def _consumed(i):
+    """How many axes of the indexed tensor an index item uses."""
+    if i is None or i is Ellipsis:
+        return 0
+    if _is_bool_index(i):
+        return max(i.ndim, 1)
+    return 1
+
+
+def _getitem(self, index):
+    if not isinstance(index, tuple):
+        index = (index,)
+    if sum(1 for i in index if i is Ellipsis) > 1:
+        raise IndexError("an index can only have a single ellipsis ('...')")
+    used = sum(_consumed(i) for i in index)
+    if used > self.ndim:
+        raise IndexError(f"too many indices for a tensor of dimension {self.ndim}: {len(index)} given")
+    for pos, i in enumerate(index):
+        if i is Ellipsis:
+            index = index[:pos] + (slice(None),) * (self.ndim - used) + index[pos + 1:]
+            break
+    t = self
+    axis = 0
+    advanced = []  # (axis in the result, index tensor)
+    for i in index:
+        if i is None:
+            t = t.unsqueeze(axis)
+            axis += 1
+        elif isinstance(i, slice):
+            start, stop, step = i.indices(t.shape[axis])
+            if step <= 0:
+                raise ValueError("slice step must be positive (braid's views have non-negative strides)")
+            t = t.slice(axis, start, max(stop, start), step)
+            axis += 1
+        elif isinstance(i, (bool, np.bool_)):
+            raise IndexError("a Python bool as an index is not supported; use a bool tensor")
+        elif isinstance(i, numbers.Integral) or (isinstance(i, Tensor) and i.ndim == 0 and i.dtype != dtype.bool):
+            i = int(i)
+            n = t.shape[axis]
+            if not -n <= i < n:
+                raise IndexError(f"index {i} is out of bounds for axis {axis} with size {n}")
+            t = t.select(axis, i % n)
+        elif _is_advanced(i):
+            it = _as_index_tensor(i, t.device)
+            if it.dtype == dtype.bool:
+                k = max(it.ndim, 1)
+                if it.shape != t.shape[axis:axis + k]:
+                    raise IndexError(f"boolean index of shape {it.shape} does not match the indexed axes "
+                                     f"{t.shape[axis:axis + k]} at axis {axis}")
+                flat_mask = np.asarray(it.cpu()).reshape(-1)
+                t = t.flatten(axis, axis + k - 1) if k > 1 else t
+                it = tensor(np.nonzero(flat_mask)[0].astype(np.int64), device=t.device)
+            elif it.dtype not in (dtype.int64, dtype.int32):
+                raise IndexError(f"tensors used as indices must be integer or bool, got {it.dtype!r}")
+            advanced.append((axis, it))
+            axis += 1
+        else:
+            raise TypeError(f"unsupported index {i!r} of type {type(i).__name__}")
+    if len(advanced) > 1:
+        raise NotImplementedError("indexing with more than one integer or bool tensor at once; index one axis at a time")
+    if advanced:
+        ax, it = advanced[0]
+        flat = it.reshape((-1,)) if it.ndim != 1 else it
+        t = _core.index_select(t, ax, flat)
+        if it.ndim != 1:
+            t = t.reshape(t.shape[:ax] + it.shape + t.shape[ax + 1:])
+    return t
+
+
+def _setitem(self, index, value):
+    idx = index if isinstance(index, tuple) else (index,)
+    if any(_is_advanced(i) for i in idx):
+        raise NotImplementedError("assignment through an integer or bool tensor index; use scatter_add or where")
+    view = _getitem(self, index)
+    if isinstance(value, Tensor):
+        view.copy_(value)
+    else:
+        view.copy_(tensor(value, dtype=self.dtype, device=self.device) if not isinstance(value, numbers.Number)
+                   else _core.scalar_tensor(float(value), self.dtype, self.device))
+
+
+Tensor.__getitem__ = _getitem
+Tensor.__setitem__ = _setitem
+
+# ---- methods with PyTorch's argument conventions ----
+
+
+def _shape_method(fn):
+    def m(self, *shape):
+        return fn(self, _shape_args(shape))
+
+    m.__doc__ = fn.__doc__
+    return m
+
+
+Tensor.reshape = _shape_method(_cx.Tensor_reshape)
+Tensor.view = _shape_method(_cx.Tensor_view)
+Tensor.expand = _shape_method(_cx.Tensor_expand)
+Tensor.permute = _shape_method(_cx.Tensor_permute)
+
+
+def _reduction(fn):
+    def m(self, dim=None, keepdim=False):
+        return fn(self, _axes(dim), keepdim)
+
+    m.__doc__ = fn.__doc__
+    return m
+
+
+for _name in ("sum", "mean", "prod", "amax", "amin", "logsumexp"):
+    setattr(Tensor, _name, _reduction(getattr(_core, _name)))
+
+
+def _var(fn):
+    def m(self, dim=None, correction=1, keepdim=False, unbiased=None):
+        if unbiased is not None:
+            correction = 1 if unbiased else 0
+        return fn(self, _axes(dim), correction, keepdim)
+
+    return m
+
+
+Tensor.var = _var(_core.var)
+Tensor.std = _var(_core.std)
+Tensor.argmax = lambda t, dim=None, keepdim=False: (
+    _core.argmax(t.reshape(-1), 0, False) if dim is None else _core.argmax(t, dim, keepdim))
+Tensor.argmin = lambda t, dim=None, keepdim=False: (
+    _core.argmin(t.reshape(-1), 0, False) if dim is None else _core.argmin(t, dim, keepdim))
+Tensor.max = lambda t, dim=None, keepdim=False: _core.amax(t, _axes(dim), keepdim)
+Tensor.min = lambda t, dim=None, keepdim=False: _core.amin(t, _axes(dim), keepdim)
+Tensor.any = lambda t: bool(_core.amax(_core.cast(t, dtype.bool), (), False).item()) if t.numel() else False
+Tensor.all = lambda t: bool(_core.amin(_core.cast(t, dtype.bool), (), False).item()) if t.numel() else True
+Tensor.softmax = lambda t, dim: _core.softmax(t, dim)
+Tensor.log_softmax = lambda t, dim: _core.log_softmax(t, dim)
+Tensor.clamp = lambda t, min=None, max=None: _core.clamp(t, min, max)
+Tensor.clip = Tensor.clamp
+Tensor.squeeze = lambda t, dim=None: _core.squeeze(t, dim)
+Tensor.flatten = lambda t, start_dim=0, end_dim=-1: _core.flatten(t, start_dim, end_dim)
+Tensor.float = lambda t: t.to(dtype.float32)
+Tensor.double = lambda t: t.to(dtype.float64)
+Tensor.long = lambda t: t.to(dtype.int64)
+Tensor.int = lambda t: t.to(dtype.int32)
+Tensor.bool = lambda t: t.to(dtype.bool)
+Tensor.half = lambda t: t.to(dtype.float16)
+Tensor.bfloat16 = lambda t: t.to(dtype.bfloat16)
+Tensor.type_as = lambda t, other: t.to(other.dtype)
+Tensor.new_zeros = lambda t, *shape: _core.zeros(_shape_args(shape), t.dtype, t.device)
+Tensor.new_ones = lambda t, *shape: _core.ones(_shape_args(shape), t.dtype, t.device)
+Tensor.chunk = lambda t, chunks, dim=0: list(_core.chunk(t, chunks, dim))
+Tensor.split = lambda t, sizes, dim=0: list(_core.split(
+    t, [sizes] * (t.shape[dim] // sizes) + ([t.shape[dim] % sizes] if t.shape[dim] % sizes else [])
+    if isinstance(sizes, numbers.Integral) else list(sizes), dim))
+
+_to = _cx.Tensor_to
+
+
+def _to_method(self, *args, dtype=None, device=None, copy=False):
+    """t.to(device), t.to(dtype), t.to(device, dtype), t.to(other_tensor), or keywords."""
+    for a in args:
+        if isinstance(a, Tensor):
+            dtype, device = a.dtype, a.device
+        elif isinstance(a, (Device, str)):
+            device = a
+        else:
+            dtype = a
+    t = self
+    if device is not None:
+        t = _to(t, globals()["device"](device))
+    if dtype is not None and t.dtype != dtype:
+        t = _to(t, int(dtype))
+    if copy and t.is_same(self):
+        t = t.clone()
+    return t
+
+
+Tensor.to = _to_method
+Tensor.cuda = lambda t, index=0: _to(t, Device.cuda(index))
+
+# Methods that are the module-level op with the tensor first (t.exp() is braid.exp(t)).
+for _name in ("abs", "exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "square", "reciprocal", "sin", "cos", "tanh",
+              "sigmoid", "relu", "silu", "gelu", "erf", "sign", "floor", "ceil", "round", "logical_not", "isnan",
+              "maximum", "minimum", "tril", "triu", "unsqueeze", "transpose", "narrow", "gather", "index_select",
+              "scatter_add", "neg", "pow", "logical_and", "logical_or", "logical_xor", "eq", "ne", "lt", "le", "gt",
+              "ge", "add", "sub", "mul", "div", "asin", "acos", "atan", "leaky_relu", "elu", "softplus", "hardswish",
+              "hardsigmoid"):
+    if not hasattr(Tensor, _name) or _name in ("abs", "neg", "pow"):
+        setattr(Tensor, _name, _method(getattr(_core, _name)))
+Tensor.masked_fill = lambda t, mask, value: _core.where(mask, _scalar_operand(t, value).to(t.dtype), t)
+Tensor.__reduce__ = lambda t: (_rebuild, (np.array(t.detach().cpu().numpy(), copy=True), str(t.device), t.requires_grad))
+
+
+def _rebuild(array, dev, requires_grad):
+    return tensor(array, device=dev, requires_grad=requires_grad)

@@ -1,0 +1,284 @@
+// Exceptions across the language boundary, tensors over NumPy and DLPack memory, and callbacks
+// into Python (see interop.h). No NumPy header is used: arrays are reached through the array
+// interface, so one build of the module imports under NumPy 1.x and 2.x alike.
+#include "interop.h"
+
+#include <dlpack/dlpack.h>
+
+#include <new>
+#include <utility>
+
+#include "braid/error.h"
+
+namespace braid_py {
+
+namespace {
+
+// Holds the GIL for a scope from any thread (a storage may die on the DataLoader's thread).
+struct Gil {
+  PyGILState_STATE state = PyGILState_Ensure();
+  ~Gil() { PyGILState_Release(state); }
+};
+
+// Drops a reference with the GIL held, unless the interpreter is already gone (a tensor that a
+// static or a leaked C++ object keeps past Py_Finalize).
+void release_reference(PyObject* o) {
+  if (o == nullptr || !Py_IsInitialized()) return;
+  Gil gil;
+  Py_DECREF(o);
+}
+
+std::string describe_current_error() {
+  // Called with an error set; leaves it set.
+  PyObject *type, *value, *tb;
+  PyErr_Fetch(&type, &value, &tb);
+  PyErr_NormalizeException(&type, &value, &tb);
+  std::string msg = "Python exception";
+  if (value != nullptr) {
+    if (PyObject* s = PyObject_Str(value)) {
+      const char* name = type != nullptr ? reinterpret_cast<PyTypeObject*>(type)->tp_name : "Exception";
+      const char* text = PyUnicode_AsUTF8(s);
+      msg = std::string(name) + ": " + (text != nullptr ? text : "");
+      Py_DECREF(s);
+    }
+    PyErr_Clear();
+  }
+  PyErr_Restore(type, value, tb);
+  return msg;
+}
+
+}  // namespace
+
+struct PythonError::Saved {
+  PyObject* type = nullptr;
+  PyObject* value = nullptr;
+  PyObject* traceback = nullptr;
+  ~Saved() {
+    release_reference(type);
+    release_reference(value);
+    release_reference(traceback);
+  }
+};
+
+PythonError::PythonError() : braid::Error(describe_current_error()), saved_(std::make_shared<Saved>()) {
+  PyErr_Fetch(&saved_->type, &saved_->value, &saved_->traceback);
+}
+
+void PythonError::restore() const {
+  // PyErr_Restore steals references; the saved ones stay for another restore.
+  Py_XINCREF(saved_->type);
+  Py_XINCREF(saved_->value);
+  Py_XINCREF(saved_->traceback);
+  PyErr_Restore(saved_->type, saved_->value, saved_->traceback);
+}
+
+void set_python_error() {
+  try {
+    throw;
+  } catch (const PythonError& e) {
+    e.restore();
+  } catch (const braid::ValueError& e) {
+    PyErr_SetString(PyExc_ValueError, e.what());
+  } catch (const braid::IndexError& e) {
+    PyErr_SetString(PyExc_IndexError, e.what());
+  } catch (const braid::TypeError& e) {
+    PyErr_SetString(PyExc_TypeError, e.what());
+  } catch (const braid::NotImplementedError& e) {
+    PyErr_SetString(PyExc_NotImplementedError, e.what());
+  } catch (const std::bad_alloc&) {
+    PyErr_SetString(PyExc_MemoryError, "braid: out of memory");
+  } catch (const std::exception& e) {
+    // braid::DistributedError, braid::Error and anything from the standard library.
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  } catch (...) {
+    PyErr_SetString(PyExc_RuntimeError, "braid: unknown C++ exception");
+  }
+}
+
+braid::Tensor tensor_over_memory(PyObject* owner, uintptr_t data, const braid::Shape& shape,
+                                 const braid::Shape& byte_strides, braid::DType dtype) {
+  const int64_t esize = braid::dtype_size(dtype);
+  braid::Shape strides = braid::contiguous_strides(shape);
+  int64_t extent = shape.empty() ? 1 : 0;  // elements spanned, from the first to one past the last
+  if (!byte_strides.empty()) {
+    BRAID_CHECK(byte_strides.size() == shape.size(), "from_numpy: ", byte_strides.size(), " strides for shape ",
+                braid::shape_str(shape));
+    for (size_t i = 0; i < shape.size(); ++i) {
+      BRAID_CHECK(byte_strides[i] >= 0, "from_numpy: the array has a negative stride (", byte_strides[i],
+                  " bytes on axis ", i, "), which braid's tensors cannot view; pass a copy (a.copy())");
+      BRAID_CHECK(byte_strides[i] % esize == 0, "from_numpy: stride ", byte_strides[i], " bytes on axis ", i,
+                  " is not a multiple of the ", esize, "-byte element");
+      strides[i] = byte_strides[i] / esize;
+    }
+  }
+  int64_t numel = braid::shape_numel(shape, "from_numpy");
+  if (numel > 0) {
+    extent = 1;
+    for (size_t i = 0; i < shape.size(); ++i) extent += (shape[i] - 1) * strides[i];
+  } else {
+    extent = 0;
+  }
+  Py_INCREF(owner);
+  auto storage = braid::Storage::wrap(reinterpret_cast<void*>(data), extent * esize, braid::Device::cpu(),
+                                      [owner] { release_reference(owner); });
+  auto impl = std::make_shared<braid::TensorImpl>();
+  impl->storage = std::move(storage);
+  impl->shape = shape;
+  impl->strides = std::move(strides);
+  impl->dtype = dtype;
+  return braid::Tensor(std::move(impl));
+}
+
+// ---- DLPack ----
+
+namespace {
+
+// DLPack 0.8 added kDLBool; Debian 12's header is 0.6, so its code is spelled out.
+constexpr uint8_t kDLBoolCode = 6;
+
+DLDataType dl_dtype(braid::DType t) {
+  switch (t) {
+    case braid::DType::Float32: return {kDLFloat, 32, 1};
+    case braid::DType::Float64: return {kDLFloat, 64, 1};
+    case braid::DType::Float16: return {kDLFloat, 16, 1};
+    case braid::DType::BFloat16: return {kDLBfloat, 16, 1};
+    case braid::DType::Int64: return {kDLInt, 64, 1};
+    case braid::DType::Int32: return {kDLInt, 32, 1};
+    case braid::DType::Bool: return {kDLBoolCode, 8, 1};
+  }
+  throw braid::TypeError("to_dlpack: unknown dtype");
+}
+
+braid::DType braid_dtype(const DLDataType& t) {
+  BRAID_CHECK_T(braid::TypeError, t.lanes == 1, "from_dlpack: vector types (", int(t.lanes), " lanes) are not supported");
+  if (t.code == kDLFloat && t.bits == 32) return braid::DType::Float32;
+  if (t.code == kDLFloat && t.bits == 64) return braid::DType::Float64;
+  if (t.code == kDLFloat && t.bits == 16) return braid::DType::Float16;
+  if (t.code == kDLBfloat && t.bits == 16) return braid::DType::BFloat16;
+  if (t.code == kDLInt && t.bits == 64) return braid::DType::Int64;
+  if (t.code == kDLInt && t.bits == 32) return braid::DType::Int32;
+  if (t.code == kDLBoolCode && t.bits == 8) return braid::DType::Bool;
+  throw braid::TypeError(braid::detail::cat("from_dlpack: DLPack type code ", int(t.code), " with ", int(t.bits),
+                                            " bits has no braid dtype (float16/32/64, bfloat16, int32/64, bool)"));
+}
+
+DLDevice dl_device(braid::Device d) {
+  switch (d.type) {
+    case braid::DeviceType::CPU: return {kDLCPU, 0};
+    case braid::DeviceType::CUDA: return {kDLCUDA, d.index};
+    case braid::DeviceType::Shadow: break;
+  }
+  throw braid::TypeError(braid::detail::cat("__dlpack__: a tensor on ", d.str(),
+                                            " cannot be shared through DLPack; copy it with .cpu() first"));
+}
+
+braid::Device braid_device(const DLDevice& d) {
+  if (d.device_type == kDLCPU) return braid::Device::cpu();
+  if (d.device_type == kDLCUDA) return braid::Device::cuda(d.device_id);
+  throw braid::TypeError(braid::detail::cat("from_dlpack: DLPack device type ", int(d.device_type),
+                                            " is neither the CPU (1) nor CUDA (2)"));
+}
+
+// What a capsule's DLManagedTensor owns: the tensor handle that keeps the memory alive, and the
+// shape and strides arrays DLPack points into.
+struct Export {
+  braid::Tensor tensor;
+  std::vector<int64_t> shape, strides;
+  DLManagedTensor managed{};
+};
+
+void delete_export(DLManagedTensor* m) { delete static_cast<Export*>(m->manager_ctx); }
+
+void capsule_destructor(PyObject* capsule) {
+  // A capsule that nobody consumed still owns its tensor; a consumed one is renamed "used_dltensor".
+  if (PyCapsule_IsValid(capsule, "dltensor")) {
+    auto* m = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule, "dltensor"));
+    if (m != nullptr && m->deleter != nullptr) m->deleter(m);
+  }
+}
+
+}  // namespace
+
+PyObject* to_dlpack(const braid::Tensor& t) {
+  auto* e = new Export{t, t.shape(), t.strides(), {}};
+  DLTensor& dl = e->managed.dl_tensor;
+  try {
+    dl.device = dl_device(t.device());
+    dl.dtype = dl_dtype(t.dtype());
+  } catch (...) {
+    delete e;
+    throw;
+  }
+  dl.data = reinterpret_cast<void*>(t.data_ptr());
+  dl.ndim = static_cast<int32_t>(t.dim());
+  dl.shape = e->shape.data();
+  dl.strides = e->strides.data();
+  dl.byte_offset = 0;
+  e->managed.manager_ctx = e;
+  e->managed.deleter = delete_export;
+  PyObject* capsule = PyCapsule_New(&e->managed, "dltensor", capsule_destructor);
+  if (capsule == nullptr) delete e;
+  return capsule;
+}
+
+braid::Tensor from_dlpack_capsule(PyObject* capsule) {
+  BRAID_CHECK_T(braid::TypeError, PyCapsule_IsValid(capsule, "dltensor"),
+                "from_dlpack: expected a DLPack capsule named 'dltensor' (an unused one)");
+  auto* m = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule, "dltensor"));
+  const DLTensor& dl = m->dl_tensor;
+  const braid::DType dtype = braid_dtype(dl.dtype);
+  const braid::Device device = braid_device(dl.device);
+  braid::Shape shape(dl.shape, dl.shape + dl.ndim);
+  braid::Shape strides = dl.strides != nullptr ? braid::Shape(dl.strides, dl.strides + dl.ndim)
+                                               : braid::contiguous_strides(shape);
+  const int64_t esize = braid::dtype_size(dtype);
+  BRAID_CHECK(dl.byte_offset % esize == 0, "from_dlpack: byte_offset ", dl.byte_offset, " is not a multiple of the ",
+              esize, "-byte element");
+  int64_t extent = 0;
+  if (braid::shape_numel(shape, "from_dlpack") > 0) {
+    extent = 1;
+    for (size_t i = 0; i < shape.size(); ++i) {
+      BRAID_CHECK(strides[i] >= 0, "from_dlpack: negative stride ", strides[i], " on axis ", i,
+                  " cannot be viewed by braid; pass a copy");
+      extent += (shape[i] - 1) * strides[i];
+    }
+  }
+  char* base = static_cast<char*>(dl.data);
+  const int64_t offset = static_cast<int64_t>(dl.byte_offset) / esize;
+  // From here the producer's memory belongs to braid's storage: its release calls the deleter.
+  PyCapsule_SetName(capsule, "used_dltensor");
+  auto storage = braid::Storage::wrap(base, (offset + extent) * esize, device, [m] {
+    if (m->deleter == nullptr) return;
+    if (Py_IsInitialized()) {
+      Gil gil;  // a Python producer's deleter drops Python references
+      m->deleter(m);
+    }
+  });
+  auto impl = std::make_shared<braid::TensorImpl>();
+  impl->storage = std::move(storage);
+  impl->shape = std::move(shape);
+  impl->strides = std::move(strides);
+  impl->offset = offset;
+  impl->dtype = dtype;
+  return braid::Tensor(std::move(impl));
+}
+
+PyObject* dlpack_device(const braid::Tensor& t) {
+  DLDevice d = dl_device(t.device());
+  return Py_BuildValue("(ii)", static_cast<int>(d.device_type), static_cast<int>(d.device_id));
+}
+
+std::function<void()> callback(PyObject* callable) {
+  BRAID_CHECK_T(braid::TypeError, PyCallable_Check(callable), "expected a callable, got ",
+                Py_TYPE(callable)->tp_name);
+  Py_INCREF(callable);
+  std::shared_ptr<PyObject> fn(callable, [](PyObject* o) { release_reference(o); });
+  return [fn] {
+    Gil gil;
+    PyObject* r = PyObject_CallNoArgs(fn.get());
+    if (r == nullptr) throw PythonError();
+    Py_DECREF(r);
+  };
+}
+
+}  // namespace braid_py

@@ -1,0 +1,77 @@
+// braid._core: dtypes, devices, tensors, the ops, autograd, random numbers, threads, autocast, and
+// the NumPy/DLPack interop of the bindings (braid/_tensor.py builds the Python Tensor on these).
+%module(package="braid._swig", directors="1") core
+
+%include "braid.swg"
+
+%{
+#include "braid/braid.h"
+%}
+
+%template(Int64Vector) std::vector<int64_t>;
+%template(DoubleVector) std::vector<double>;
+%template(FloatVector) std::vector<float>;
+%template(Int32Vector) std::vector<int32_t>;
+%template(BoolVector) std::vector<bool>;
+%template(TensorVector) std::vector<braid::Tensor>;
+%template(StringVector) std::vector<std::string>;
+
+// ---- what stays in C++ ----
+%ignore braid::TensorImpl;
+%ignore braid::Tensor::Tensor(std::shared_ptr<TensorImpl>);
+%ignore braid::Tensor::impl;
+%ignore braid::Tensor::impl_ptr;
+%ignore braid::Tensor::storage;
+%ignore braid::Tensor::raw_data;
+%ignore braid::Tensor::data;
+%ignore braid::Tensor::to_vector;
+%ignore braid::Storage;
+%ignore braid::detail;
+%ignore braid::from_blob;          // Python shares memory through from_numpy / from_dlpack
+%ignore braid::from_buffer;
+%ignore braid::tensor;            // braid.tensor() (Python) takes any nested sequence or array
+%ignore braid::tensor_bool;
+%ignore braid::NoGradGuard;        // braid.no_grad() is the Python form
+%ignore braid::check_scalar_fits;
+%ignore braid::default_generator;
+%ignore braid::Device::operator!=;
+%rename(__eq__) braid::Device::operator==;
+%rename(__str__) braid::Device::str;
+%ignore braid::Error;
+%ignore braid::ValueError;
+%ignore braid::IndexError;
+%ignore braid::TypeError;
+%ignore braid::NotImplementedError;
+%ignore braid::DistributedError;
+
+// The tensor-scalar operators; braid/_tensor.py turns them into __add__ and friends.
+%rename(add_scalar) braid::operator+(const Tensor&, double);
+%rename(sub_scalar) braid::operator-(const Tensor&, double);
+%rename(mul_scalar) braid::operator*(const Tensor&, double);
+%rename(div_scalar) braid::operator/(const Tensor&, double);
+%rename(radd_scalar) braid::operator+(double, const Tensor&);
+%rename(rsub_scalar) braid::operator-(double, const Tensor&);
+%rename(rmul_scalar) braid::operator*(double, const Tensor&);
+%rename(rdiv_scalar) braid::operator/(double, const Tensor&);
+%ignore braid::operator+(const Tensor&, const Tensor&);
+%ignore braid::operator-(const Tensor&, const Tensor&);
+%ignore braid::operator*(const Tensor&, const Tensor&);
+%ignore braid::operator/(const Tensor&, const Tensor&);
+%ignore braid::operator-(const Tensor&);
+
+// A Tensor is a handle: Python's copy is the C++ copy constructor (same storage).
+%copyctor braid::Tensor;
+
+%include "braid/dtype.h"
+%include "braid/device.h"
+%include "braid/tensor.h"
+%include "braid/random.h"
+%include "braid/ops.h"
+%include "braid/conv.h"
+%include "braid/autograd.h"
+%include "braid/parallel.h"
+%include "braid/amp.h"
+%ignore braid_py::PythonError;
+%ignore braid_py::set_python_error;
+%ignore braid_py::callback;
+%include "interop.h"
