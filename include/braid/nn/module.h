@@ -73,7 +73,8 @@ class Module {
   /// A multi-line tree of the model, as PyTorch prints it.
   std::string to_string() const;
 
- protected:
+  // Registration is public, as in PyTorch: layers call it from their constructors, and a model
+  // written in Python registers the attributes it assigns.
   /// Registers a parameter under name and returns it (marked requires_grad unless frozen).
   Tensor register_parameter(const std::string& name, Tensor value, bool requires_grad = true);
   Tensor register_buffer(const std::string& name, Tensor value);

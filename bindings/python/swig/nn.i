@@ -1,0 +1,135 @@
+// braid._swig.nn: Module and every layer, loss and initialiser (braid/nn/*.h). Module is a director
+// class: a Python subclass's forward is what C++ calls (DDP, pipelines, Sequential, ONNX export).
+%module(package="braid._swig", directors="1") nn
+
+%include "braid.swg"
+
+%{
+#include "braid/nn/nn.h"
+%}
+
+%import "core.i"
+
+// Every class the headers hold by shared_ptr, base first.
+%define BRAID_MODULES(X)
+X(Module) X(Sequential) X(ModuleList) X(Linear) X(Conv1d) X(Conv2d) X(ConvTranspose2d) X(MaxPool2d) X(AvgPool2d)
+X(AdaptiveAvgPool2d) X(BatchNorm) X(BatchNorm1d) X(BatchNorm2d) X(LayerNorm) X(GroupNorm) X(Dropout) X(ReLU)
+X(LeakyReLU) X(GELU) X(SiLU) X(Sigmoid) X(Tanh) X(Softmax) X(Embedding) X(Flatten) X(Identity) X(Residual)
+X(MultiheadAttention) X(TransformerEncoderLayer) X(RNNBase) X(LSTM) X(GRU) X(SkipStash) X(SkipAdd) X(SkipConcat)
+%enddef
+%define BRAID_SHARED(C) %shared_ptr(braid::nn::C) %enddef
+BRAID_MODULES(BRAID_SHARED)
+
+%feature("director") braid::nn::Module;
+%feature("nodirector") braid::nn::Module::to_string;
+
+// A module handed back to Python is its most derived class; a Python-defined module is the very
+// Python object that C++ holds (its director), so attributes set in Python stay.
+%{
+namespace braid_py {
+inline PyObject* module_result(const std::shared_ptr<braid::nn::Module>& m) {
+  if (!m) Py_RETURN_NONE;
+  if (auto* d = dynamic_cast<Swig::Director*>(m.get())) {
+    PyObject* self = d->swig_get_self();
+    Py_INCREF(self);
+    return self;
+  }
+#define BRAID_CAST(C)                                                                            \
+  if (auto p = std::dynamic_pointer_cast<braid::nn::C>(m); p && m->type_name() == #C) {          \
+    static swig_type_info* type = SWIG_TypeQuery("std::shared_ptr< braid::nn::" #C " > *");      \
+    return SWIG_NewPointerObj(new std::shared_ptr<braid::nn::C>(p), type, SWIG_POINTER_OWN);     \
+  }
+  BRAID_CAST(Sequential) BRAID_CAST(ModuleList) BRAID_CAST(Linear) BRAID_CAST(Conv1d) BRAID_CAST(Conv2d)
+  BRAID_CAST(ConvTranspose2d) BRAID_CAST(MaxPool2d) BRAID_CAST(AvgPool2d) BRAID_CAST(AdaptiveAvgPool2d)
+  BRAID_CAST(BatchNorm1d) BRAID_CAST(BatchNorm2d) BRAID_CAST(LayerNorm) BRAID_CAST(GroupNorm) BRAID_CAST(Dropout)
+  BRAID_CAST(ReLU) BRAID_CAST(LeakyReLU) BRAID_CAST(GELU) BRAID_CAST(SiLU) BRAID_CAST(Sigmoid) BRAID_CAST(Tanh)
+  BRAID_CAST(Softmax) BRAID_CAST(Embedding) BRAID_CAST(Flatten) BRAID_CAST(Identity) BRAID_CAST(Residual)
+  BRAID_CAST(MultiheadAttention) BRAID_CAST(TransformerEncoderLayer) BRAID_CAST(LSTM) BRAID_CAST(GRU)
+  BRAID_CAST(SkipStash) BRAID_CAST(SkipAdd) BRAID_CAST(SkipConcat)
+#undef BRAID_CAST
+  static swig_type_info* base = SWIG_TypeQuery("std::shared_ptr< braid::nn::Module > *");
+  return SWIG_NewPointerObj(new std::shared_ptr<braid::nn::Module>(m), base, SWIG_POINTER_OWN);
+}
+}  // namespace braid_py
+%}
+%typemap(out) std::shared_ptr<braid::nn::Module>, braid::nn::ModulePtr {
+  $result = braid_py::module_result($1);
+}
+
+// ---- Ints and Padding: a number, a sequence of numbers, or (Padding) "same" / "valid" ----
+%{
+namespace braid_py {
+inline bool ints_arg(PyObject* o, std::vector<int64_t>* out) {
+  if (PyLong_Check(o)) {
+    out->assign(1, PyLong_AsLongLong(o));
+    return true;
+  }
+  if (!PySequence_Check(o) || PyUnicode_Check(o)) return false;
+  Py_ssize_t n = PySequence_Size(o);
+  out->clear();
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* item = PySequence_GetItem(o, i);
+    bool ok = item != nullptr && PyLong_Check(item);
+    if (ok) out->push_back(PyLong_AsLongLong(item));
+    Py_XDECREF(item);
+    if (!ok) return false;
+  }
+  return true;
+}
+}  // namespace braid_py
+%}
+%typemap(in) braid::nn::Ints (std::vector<int64_t> v) {
+  if (!braid_py::ints_arg($input, &v)) {
+    SWIG_exception_fail(SWIG_TypeError, "in method '$symname', argument $argnum: expected an int or a sequence of ints");
+  }
+  $1 = braid::nn::Ints(v);
+}
+%typemap(typecheck, precedence=SWIG_TYPECHECK_INT64_ARRAY) braid::nn::Ints {
+  std::vector<int64_t> v;
+  $1 = braid_py::ints_arg($input, &v);
+}
+%typemap(in) braid::nn::Padding (std::vector<int64_t> v) {
+  if (PyUnicode_Check($input)) {
+    try {
+      $1 = braid::nn::Padding(std::string(PyUnicode_AsUTF8($input)));
+    } catch (...) {
+      braid_py::set_python_error();
+      SWIG_fail;
+    }
+  } else if (braid_py::ints_arg($input, &v)) {
+    $1 = braid::nn::Padding(v);
+  } else {
+    SWIG_exception_fail(SWIG_TypeError, "in method '$symname', argument $argnum: expected an int, a sequence of ints, 'same' or 'valid'");
+  }
+}
+%typemap(typecheck, precedence=SWIG_TYPECHECK_INT64_ARRAY) braid::nn::Padding {
+  std::vector<int64_t> v;
+  $1 = PyUnicode_Check($input) || braid_py::ints_arg($input, &v);
+}
+%ignore braid::nn::Ints;
+%ignore braid::nn::Padding;
+
+%ignore braid::nn::Module::operator();
+%ignore braid::nn::SkipScope;
+%ignore braid::nn::run_in_skip_scope;
+%ignore braid::onnx::LayerAccess;
+
+%template(NamedTensor) std::pair<std::string, braid::Tensor>;
+%template(NamedTensors) std::vector<std::pair<std::string, braid::Tensor>>;
+%template(NamedModule) std::pair<std::string, std::shared_ptr<braid::nn::Module>>;
+%template(NamedModules) std::vector<std::pair<std::string, std::shared_ptr<braid::nn::Module>>>;
+%template(ModuleVector) std::vector<std::shared_ptr<braid::nn::Module>>;
+%template(StateDict) std::map<std::string, braid::Tensor>;
+%template(Int64Pair) std::pair<int64_t, int64_t>;
+
+%include "braid/nn/module.h"
+// Protected, but a Python subclass registers its attributes through them.
+%extend braid::nn::Module {
+%template(register_module) register_module<braid::nn::Module>;
+}
+%include "braid/nn/layers.h"
+%include "braid/nn/attention.h"
+%include "braid/nn/recurrent.h"
+%include "braid/nn/skip.h"
+%include "braid/nn/loss.h"
+%include "braid/nn/init.h"
