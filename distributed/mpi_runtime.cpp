@@ -219,12 +219,17 @@ void on_terminate() {
 
 }  // namespace
 
+// Whether braid called MPI_Init_thread: it finalises only an MPI that it initialised itself, so a
+// program (or a Python script using mpi4py) that brought its own MPI keeps it.
+static bool g_initialized_mpi = false;
+
 void mpi_start(const Launch& launch, bool handle_failures, WorldInfo& info, std::string& table) {
   int initialized = 0;
   MPI_Initialized(&initialized);
   int provided = 0;
   if (!initialized) {
     check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
+    g_initialized_mpi = true;
   } else {
     MPI_Query_thread(&provided);
   }
@@ -319,7 +324,7 @@ void mpi_stop() {
   if (g_control != MPI_COMM_NULL) MPI_Comm_free(&g_control);
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (!finalized) MPI_Finalize();
+  if (!finalized && g_initialized_mpi) MPI_Finalize();
 }
 
 void mpi_abort(const std::string& message, int code) {

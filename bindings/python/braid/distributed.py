@@ -1,1 +1,150 @@
-"""placeholder"""
+"""braid.distributed: the same distributed runtime as C++ (braid/distributed/*.h), for scripts
+started with `mpiexec -n N python3 train.py` or `srun python3 train.py`.
+
+    info = braid.distributed.init()      # initialises MPI when nobody has; a world of one otherwise
+    ddp = braid.distributed.DistributedDataParallel(model)
+    loss_fn(ddp(x), y).backward()        # gradients are averaged across ranks during backward
+"""
+
+import sys
+import traceback
+
+from . import _tensor
+from ._swig import distributed as _dist
+
+ReduceOp = type("ReduceOp", (), {"SUM": _dist.ReduceOp_Sum, "AVG": _dist.ReduceOp_Average,
+                                 "MAX": _dist.ReduceOp_Max, "MIN": _dist.ReduceOp_Min})
+InitOptions = _dist.InitOptions
+WorldInfo = _dist.WorldInfo
+ProcessGroup = _dist.ProcessGroup
+is_initialized = _dist.is_initialized
+finalize = _dist.finalize
+world_info = _dist.world_info
+rank_table = _dist.rank_table
+set_timeout = _dist.set_timeout
+world = _dist.world
+SyncBatchNorm = _dist.SyncBatchNorm
+convert_sync_batchnorm = getattr(_dist, "convert_sync_batchnorm", None)
+gpipe_schedule = _dist.gpipe_schedule
+one_f_one_b_schedule = _dist.one_f_one_b_schedule
+PipelineOptions = _dist.PipelineOptions
+make_grid = _dist.make_grid
+partition = _dist.partition
+profile_layers = _dist.profile_layers
+stage_layers = _dist.stage_layers
+
+_previous_excepthook = sys.excepthook
+
+
+def _end_job_on_exception(kind, value, tb):
+    # An uncaught Python exception on one rank ends every rank at once, with the rank named, as an
+    # uncaught C++ exception does (InitOptions.handle_failures).
+    text = "".join(traceback.format_exception(kind, value, tb))
+    info = _dist.world_info()
+    if info.size > 1:
+        _dist.abort_job(f"braid: rank {info.rank} of {info.size} failed with an uncaught Python exception:\n{text}")
+    _previous_excepthook(kind, value, tb)
+
+
+def init(timeout_seconds=-1.0, debug=-1, handle_failures=True):
+    """Starts the distributed runtime (idempotent) and returns this process's WorldInfo (rank, size,
+    local_rank, local_size, launcher, host)."""
+    opts = _dist.InitOptions()
+    opts.timeout_seconds, opts.debug, opts.handle_failures = timeout_seconds, debug, handle_failures
+    info = _dist.init(opts)
+    if handle_failures:
+        sys.excepthook = _end_job_on_exception
+    return info
+
+
+def get_rank():
+    return _dist.world_info().rank if _dist.is_initialized() else 0
+
+
+def get_world_size():
+    return _dist.world_info().size if _dist.is_initialized() else 1
+
+
+def all_reduce(tensor, op=_dist.ReduceOp_Sum, group=None):
+    """Reduces tensor in place across the ranks of group (the world by default)."""
+    (group or _dist.world()).all_reduce(tensor, op)
+    return tensor
+
+
+def broadcast(tensor, src=0, group=None):
+    (group or _dist.world()).broadcast(tensor, src)
+    return tensor
+
+
+def all_gather(tensor, group=None):
+    return (group or _dist.world()).all_gather(tensor)
+
+
+def barrier(group=None):
+    (group or _dist.world()).barrier()
+
+
+class DistributedDataParallel:
+    """Averages module's gradients across ranks while backward runs (bucketed, overlapped). It
+    attaches to the parameters: calling it is calling the module, and state_dict names stay the
+    model's. Collective: every rank constructs it."""
+
+    def __init__(self, module, group=None, bucket_cap_mb=25.0, find_unused_parameters=False, deterministic=False,
+                 broadcast_buffers=True):
+        opts = _dist.DataParallelOptions()
+        opts.bucket_cap_mb, opts.find_unused_parameters = bucket_cap_mb, find_unused_parameters
+        opts.deterministic, opts.broadcast_buffers = deterministic, broadcast_buffers
+        self.module = module  # keeps a Python module alive while C++ holds it
+        self._ddp = _dist.DistributedDataParallel(module, group, opts)
+
+    def __call__(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    forward = __call__
+
+    def __del__(self):
+        ddp = self.__dict__.pop("_ddp", None)  # detaches its hooks before the module may go
+        del ddp
+
+    def parameters(self, recurse=True):
+        return self.module.parameters(recurse)
+
+    def named_parameters(self, recurse=True):
+        return self.module.named_parameters(recurse)
+
+    def state_dict(self):
+        return self.module.state_dict()
+
+    def load_state_dict(self, state, strict=True):
+        return self.module.load_state_dict(state, strict)
+
+    def train(self, mode=True):
+        self.module.train(mode)
+        return self
+
+    def eval(self):
+        return self.train(False)
+
+    def stats(self):
+        return self._ddp.stats() if hasattr(self._ddp, "stats") else None
+
+
+class PipelineStage:
+    """One stage of a pipeline: this rank's part of the model (a Python module works too)."""
+
+    def __init__(self, module, group, **options):
+        opts = _dist.PipelineOptions()
+        for k, v in options.items():
+            setattr(opts, k, v)
+        self.module = module
+        self._stage = _dist.PipelineStage(module, group, opts)
+
+    def train_step(self, schedule, input, target, loss):
+        """Runs schedule's micro-batches; loss(output, target) on the last stage. Returns the loss."""
+        return self._stage.train_step(schedule, input, target, loss)
+
+    def forward(self, input):
+        return self._stage.forward(input)
+
+    def __getattr__(self, name):
+        return getattr(self.__dict__["_stage"], name)

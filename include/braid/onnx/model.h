@@ -73,8 +73,8 @@ struct Model {
 };
 
 struct LoadOptions {
-  int64_t max_file_bytes = int64_t{2} << 30;    ///< protobuf's own limit is 2 GiB
-  int64_t max_tensor_bytes = int64_t{4} << 30;  ///< any one tensor, inline or external
+  int64_t max_file_bytes = 2147483648;  ///< 2 GiB, protobuf's own limit
+  int64_t max_tensor_bytes = 4294967296;  ///< 4 GiB, any one tensor, inline or external
   int max_graph_depth = 8;                      ///< If/Loop/Scan bodies inside bodies
   int max_proto_nesting = 100;                  ///< protobuf message nesting (nesting bombs)
 };
