@@ -12,6 +12,7 @@ packages=(
   libonnx-dev libprotobuf-dev protobuf-compiler libonnx-testdata
   clang libclang-rt-14-dev
   python3 python3-numpy
+  swig libdlpack-dev
   dataset-fashion-mnist
 )
 # The PyTorch comparisons (benchmarks/train_step.py, the reference scripts in tests/data) also need
@@ -42,10 +43,12 @@ else
 fi
 
 # PyPI, for the python3 first on PATH: onnx and onnxruntime compute the reference outputs that the
-# ONNX export and pretrained-model tests compare braid with (tests/onnx_ort_run.py).
-pip_packages=(onnx==1.23.2 onnxruntime==1.32.0 numpy)
-if python3 -c "import onnx, onnxruntime, numpy" 2>/dev/null; then
-  echo "install_deps: onnx, onnxruntime and numpy present for $(command -v python3)"
+# ONNX export and pretrained-model tests compare braid with (tests/onnx_ort_run.py); numpy and
+# pytest run the Python module's suite (bindings/python/tests), which Meson builds for this python3
+# with Debian's swig and the DLPack header.
+pip_packages=(onnx==1.23.2 onnxruntime==1.32.0 numpy pytest)
+if python3 -c "import onnx, onnxruntime, numpy, pytest" 2>/dev/null; then
+  echo "install_deps: onnx, onnxruntime, numpy and pytest present for $(command -v python3)"
 else
   echo "install_deps: pip installing ${pip_packages[*]}"
   python3 -m pip install -q --root-user-action=ignore "${pip_packages[@]}"

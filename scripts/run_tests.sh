@@ -53,10 +53,11 @@ run_tree build build "${BRAID_TIMEOUT_MULTIPLIER:-4}" \
 
 export ASAN_OPTIONS=detect_leaks=1
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
-# No CUDA here: nvcc's objects and the sanitizers do not mix (the release tree builds the backend).
+# No CUDA here: nvcc's objects and the sanitizers do not mix (the release tree builds the backend); no
+# Python module either: an ASan-built extension cannot load into an uninstrumented interpreter.
 run_tree build-asan build-asan "${BRAID_ASAN_TIMEOUT_MULTIPLIER:-10}" \
   -Dbuildtype=debugoptimized -Db_sanitize=address,undefined -Db_lundef=false -Dtests=enabled -Dbenchmarks=disabled \
-  -Dcuda=disabled
+  -Dcuda=disabled -Dpython=disabled
 
 echo "==== run_tests.sh took $(($(date +%s) - start)) s"
 args=()

@@ -5,6 +5,7 @@ Everything here is sugar over the generated functions; no computation happens in
 index arithmetic of advanced indexing.
 """
 
+import collections
 import enum
 import numbers
 
@@ -208,6 +209,9 @@ Tensor.__iter__ = _iter
 
 
 def _array_interface(self):
+    if _cx.Tensor_requires_grad(self):
+        # As numpy(): a NumPy view of a tensor autograd tracks would let writes bypass the graph.
+        raise RuntimeError("a tensor that requires grad has no array interface; use t.detach().numpy()")
     if self.device.type != "cpu":
         raise TypeError(f"a tensor on {self.device} has no array interface; copy it with .cpu() first")
     npdt = _numpy_dtype(self.dtype)
@@ -254,7 +258,19 @@ def _dlpack(self, stream=None, max_version=None, dl_device=None, copy=None):
 
 
 Tensor.__dlpack__ = _dlpack
-Tensor.__dlpack_device__ = lambda t: _core.dlpack_device(t)
+_DLPACK_DEVICE = {"cpu": 1, "cuda": 2}  # DLPack's kDLCPU, kDLCUDA
+
+
+def _dlpack_device(self):
+    """(device_type, device_id) in DLPack's codes. Computed here rather than by the extension's
+    dlpack_device, which builds its tuple with the GIL released."""
+    d = self.device
+    if d.type not in _DLPACK_DEVICE:
+        raise TypeError(f"__dlpack__: a tensor on {d} cannot be shared through DLPack; copy it with .cpu() first")
+    return (_DLPACK_DEVICE[d.type], d.index if d.type == "cuda" else 0)
+
+
+Tensor.__dlpack_device__ = _dlpack_device
 
 
 def from_numpy(array):
@@ -284,7 +300,7 @@ def tensor(data, dtype=None, device=None, requires_grad=False):
         t = data.detach().clone()
     else:
         a = np.asarray(data)
-        if a.dtype == np.float64 and not isinstance(data, np.ndarray):
+        if a.dtype == np.float64 and not isinstance(data, (np.ndarray, np.generic)) and dtype is None:
             a = a.astype(np.float32)  # Python floats are float32 by default, as in PyTorch
         t = from_numpy(np.array(a, dtype=_numpy_dtype(_braid_dtype(a.dtype)), copy=True, order="C"))
     if dtype is not None and t.dtype != dtype:
@@ -317,47 +333,108 @@ def as_tensor(data, dtype=None, device=None):
 
 
 def _scalar_operand(t, s):
-    """A 0-d tensor for a Python number next to t, of the dtype Note [Type promotion] gives."""
-    v = float(s)
-    return _core.scalar_tensor(v, _core.scalar_result_type(_cx.Tensor_dtype(t), v), _cx.Tensor_device(t))
+    """A 0-d tensor for a Python (or NumPy) number next to t, typed as PyTorch types Python scalars:
+    a bool takes t's dtype (bool next to a bool tensor); an int follows Note [Type promotion]'s
+    whole-number rule (t's dtype when it fits, int64 next to bool); a float keeps a floating t's
+    dtype and makes an integer or bool t float32. (C++ sees only a double, so there `x + 2.0` keeps
+    an integer dtype; Python knows 2.0 is a float.)"""
+    if isinstance(s, (bool, np.bool_)):
+        dt = _core.DType_Bool
+    elif isinstance(s, numbers.Integral):
+        dt = _core.scalar_result_type(_cx.Tensor_dtype(t), float(s))
+    elif isinstance(s, numbers.Real):
+        dt = _cx.Tensor_dtype(t) if _core.is_floating(_cx.Tensor_dtype(t)) else _core.DType_Float32
+    else:
+        raise TypeError(f"braid has no complex dtype; cannot combine a tensor with {type(s).__name__} {s!r}")
+    return _core.scalar_tensor(float(s), dt, _cx.Tensor_device(t))
+
+
+def _scalar_fast(t, s):
+    """Whether the C++ tensor-scalar overload (which sees a double) gives the dtype _scalar_operand
+    would: always next to a floating tensor, and for a Python int next to an integer tensor."""
+    if isinstance(s, (bool, np.bool_)):
+        return _core.is_floating(_cx.Tensor_dtype(t))
+    return isinstance(s, numbers.Integral) or (isinstance(s, numbers.Real) and _core.is_floating(_cx.Tensor_dtype(t)))
+
+
+def _operand(t, x):
+    """x as a tensor operand next to t (a tensor, a Python or NumPy number, a NumPy array), or None."""
+    if isinstance(x, Tensor):
+        return x
+    if isinstance(x, (numbers.Number, np.bool_)):
+        return _scalar_operand(t, x)
+    if isinstance(x, np.ndarray):
+        return tensor(x, device=t.device)
+    return None
 
 
 def _binary(tensor_fn, scalar_fn=None, rscalar_fn=None):
     def op(a, b):
-        if isinstance(b, Tensor):
-            return tensor_fn(a, b)
-        if isinstance(b, numbers.Number):
-            return scalar_fn(a, float(b)) if scalar_fn else tensor_fn(a, _scalar_operand(a, b))
-        return NotImplemented
+        if scalar_fn is not None and isinstance(b, (numbers.Number, np.bool_)) and _scalar_fast(a, b):
+            return scalar_fn(a, float(b))
+        other = _operand(a, b)
+        return NotImplemented if other is None else tensor_fn(a, other)
 
     def rop(a, b):
-        if isinstance(b, numbers.Number):
-            return rscalar_fn(float(b), a) if rscalar_fn else tensor_fn(_scalar_operand(a, b), a)
-        return NotImplemented
+        if rscalar_fn is not None and isinstance(b, (numbers.Number, np.bool_)) and _scalar_fast(a, b):
+            return rscalar_fn(float(b), a)
+        other = _operand(a, b)
+        return NotImplemented if other is None else tensor_fn(other, a)
 
     return op, rop
 
 
+def _logical(fn, symbol):
+    """& | ^ on bool tensors (and Python bools): braid has no bitwise integer ops, and computing a
+    logical result for integer operands, where PyTorch computes a bitwise one, would be silently wrong."""
+    def check(a, b):
+        if a.dtype != dtype.bool or b.dtype != dtype.bool:
+            raise TypeError(f"'{symbol}' is defined for bool tensors only (got {a.dtype!r} and {b.dtype!r}); "
+                            f"braid has no bitwise integer ops")
+        return fn(a, b)
+
+    return _binary(check)
+
+
+def _invert(t):
+    if t.dtype != dtype.bool:
+        raise TypeError(f"'~' is defined for bool tensors only (got {t.dtype!r}); braid has no bitwise integer ops")
+    return _core.logical_not(t)
+
+
+def _matmul(a, b):
+    other = b if isinstance(b, Tensor) else (tensor(b, device=a.device) if isinstance(b, np.ndarray) else None)
+    return NotImplemented if other is None else _core.matmul(a, other)
+
+
+def _rmatmul(a, b):
+    other = b if isinstance(b, Tensor) else (tensor(b, device=a.device) if isinstance(b, np.ndarray) else None)
+    return NotImplemented if other is None else _core.matmul(other, a)
+
+
+# NumPy defers to these operators (np.float64(2) * t is a Tensor, not an ndarray), as with torch.Tensor.
+Tensor.__array_priority__ = 1000
 Tensor.__add__, Tensor.__radd__ = _binary(_core.add, _core.add_scalar, _core.radd_scalar)
 Tensor.__sub__, Tensor.__rsub__ = _binary(_core.sub, _core.sub_scalar, _core.rsub_scalar)
 Tensor.__mul__, Tensor.__rmul__ = _binary(_core.mul, _core.mul_scalar, _core.rmul_scalar)
 Tensor.__truediv__, Tensor.__rtruediv__ = _binary(_core.div, _core.div_scalar, _core.rdiv_scalar)
 Tensor.__pow__, Tensor.__rpow__ = _binary(_core.pow, lambda a, s: _core.pow(a, s))
+# Comparisons: Python reflects them itself (2 < t calls t.__gt__(2)).
 Tensor.__eq__, _ = _binary(_core.eq)
 Tensor.__ne__, _ = _binary(_core.ne)
-Tensor.__lt__, Tensor.__gt__ = _binary(_core.lt, rscalar_fn=lambda s, a: _core.gt(a, _scalar_operand(a, s)))
-Tensor.__le__, Tensor.__ge__ = _binary(_core.le, rscalar_fn=lambda s, a: _core.ge(a, _scalar_operand(a, s)))
+Tensor.__lt__, _ = _binary(_core.lt)
+Tensor.__le__, _ = _binary(_core.le)
 Tensor.__gt__, _ = _binary(_core.gt)
 Tensor.__ge__, _ = _binary(_core.ge)
-Tensor.__and__, Tensor.__rand__ = _binary(_core.logical_and)
-Tensor.__or__, Tensor.__ror__ = _binary(_core.logical_or)
-Tensor.__xor__, Tensor.__rxor__ = _binary(_core.logical_xor)
-Tensor.__matmul__ = lambda a, b: _core.matmul(a, b) if isinstance(b, Tensor) else NotImplemented
-Tensor.__rmatmul__ = lambda a, b: _core.matmul(b, a) if isinstance(b, Tensor) else NotImplemented
+Tensor.__and__, Tensor.__rand__ = _logical(_core.logical_and, "&")
+Tensor.__or__, Tensor.__ror__ = _logical(_core.logical_or, "|")
+Tensor.__xor__, Tensor.__rxor__ = _logical(_core.logical_xor, "^")
+Tensor.__matmul__ = _matmul
+Tensor.__rmatmul__ = _rmatmul
 Tensor.__neg__ = _method(_core.neg)
 Tensor.__pos__ = lambda t: t
 Tensor.__abs__ = _method(_core.abs)
-Tensor.__invert__ = _method(_core.logical_not)
+Tensor.__invert__ = _invert
 
 _KIND = {dtype.bool: 0, dtype.int32: 1, dtype.int64: 1}
 
@@ -533,8 +610,32 @@ Tensor.argmax = lambda t, dim=None, keepdim=False: (
     _core.argmax(t.reshape(-1), 0, False) if dim is None else _core.argmax(t, dim, keepdim))
 Tensor.argmin = lambda t, dim=None, keepdim=False: (
     _core.argmin(t.reshape(-1), 0, False) if dim is None else _core.argmin(t, dim, keepdim))
-Tensor.max = lambda t, dim=None, keepdim=False: _core.amax(t, _axes(dim), keepdim)
-Tensor.min = lambda t, dim=None, keepdim=False: _core.amin(t, _axes(dim), keepdim)
+_MaxResult = collections.namedtuple("max", ["values", "indices"])
+_MinResult = collections.namedtuple("min", ["values", "indices"])
+
+
+def _max(self, dim=None, keepdim=False):
+    """The largest element (0-d); with dim, (values, indices) along it, as torch.max; with a tensor,
+    the elementwise maximum."""
+    if isinstance(dim, Tensor):
+        return _core.maximum(self, dim)
+    if dim is None:
+        return _core.amax(self, (), False)
+    return _MaxResult(_core.amax(self, (int(dim),), keepdim), _core.argmax(self, int(dim), keepdim))
+
+
+def _min(self, dim=None, keepdim=False):
+    """The smallest element (0-d); with dim, (values, indices) along it, as torch.min; with a tensor,
+    the elementwise minimum."""
+    if isinstance(dim, Tensor):
+        return _core.minimum(self, dim)
+    if dim is None:
+        return _core.amin(self, (), False)
+    return _MinResult(_core.amin(self, (int(dim),), keepdim), _core.argmin(self, int(dim), keepdim))
+
+
+Tensor.max = _max
+Tensor.min = _min
 Tensor.any = lambda t: bool(_core.amax(_core.cast(t, dtype.bool), (), False).item()) if t.numel() else False
 Tensor.all = lambda t: bool(_core.amin(_core.cast(t, dtype.bool), (), False).item()) if t.numel() else True
 Tensor.softmax = lambda t, dim: _core.softmax(t, dim)

@@ -1,0 +1,128 @@
+"""Distributed training from Python, run by `meson test` under `mpiexec -n 2` and `-n 4` (and
+plainly as a world of one): N ranks must equal one process on the same data."""
+
+import numpy as np
+import pytest
+
+import braid
+from braid import nn, optim
+
+info = braid.distributed.init()
+RANK, SIZE = info.rank, info.size
+
+
+class MLP(nn.Module):
+    """A model written in Python: its forward is what DDP's and the pipeline's C++ code calls."""
+
+    def __init__(self, sizes):
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(a, b) for a, b in zip(sizes[:-1], sizes[1:])])
+        self.scale = nn.Parameter(braid.ones(sizes[-1]))
+
+    def forward(self, x):
+        for i, layer in enumerate(self.layers):
+            x = layer(x)
+            if i + 1 < len(self.layers):
+                x = braid.tanh(x)
+        return x * self.scale
+
+
+def batches(steps, n, d, classes, seed=7):
+    rng = np.random.RandomState(seed)
+    return [(rng.randn(n, d).astype(np.float32), rng.randint(0, classes, n).astype(np.int64)) for _ in range(steps)]
+
+
+def test_world_matches_launcher():
+    import os
+
+    expected = int(os.environ.get("PMI_SIZE", "1"))
+    assert SIZE == expected
+    assert 0 <= RANK < SIZE
+
+
+def test_all_reduce_sum_and_broadcast_closed_form():
+    t = braid.full((3,), float(RANK + 1))
+    braid.distributed.all_reduce(t)
+    np.testing.assert_array_equal(t.numpy(), np.full(3, SIZE * (SIZE + 1) / 2, np.float32))
+    b = braid.full((2,), float(RANK * 10))
+    braid.distributed.broadcast(b, src=SIZE - 1)
+    np.testing.assert_array_equal(b.numpy(), np.full(2, (SIZE - 1) * 10, np.float32))
+
+
+def test_ddp_of_a_python_module_equals_one_process():
+    per_rank, steps = 4, 4
+    data = batches(steps, per_rank * SIZE, 6, 3)
+
+    braid.manual_seed(11)
+    ref = MLP([6, 10, 3])
+    ref_opt = optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    for x, y in data:
+        ref_opt.zero_grad()
+        nn.functional.cross_entropy(ref(braid.from_numpy(x)), braid.from_numpy(y)).backward()
+        ref_opt.step()
+
+    braid.manual_seed(100 + RANK)  # different starting weights per rank: DDP broadcasts rank 0's
+    model = MLP([6, 10, 3])
+    braid.manual_seed(11)
+    start = MLP([6, 10, 3])
+    if RANK == 0:
+        model.load_state_dict(start.state_dict())
+    ddp = braid.distributed.DistributedDataParallel(model, bucket_cap_mb=0.0001)
+    opt = optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for x, y in data:
+        shard = slice(RANK * per_rank, (RANK + 1) * per_rank)
+        opt.zero_grad()
+        nn.functional.cross_entropy(ddp(braid.from_numpy(x[shard])), braid.from_numpy(y[shard])).backward()
+        opt.step()
+    got, want = model.state_dict(), ref.state_dict()
+    assert list(got) == list(want)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=0, atol=1e-6, err_msg=name)
+
+
+@pytest.mark.skipif(SIZE < 2, reason="a pipeline needs at least 2 ranks (one stage each)")
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_pipeline_of_python_stages_equals_one_process(schedule):
+    sizes = [5] + [7] * (SIZE - 1) + [3]  # one Linear per stage
+    data = batches(3, 8, 5, 3, seed=3)
+
+    def loss_fn(out, target):
+        return nn.functional.cross_entropy(out, target)
+
+    braid.manual_seed(5)
+    ref = MLP(sizes)
+    ref_opt = optim.SGD(ref.parameters(), lr=0.1)
+    ref_losses = []
+    for x, y in data:
+        ref_opt.zero_grad()
+        loss = loss_fn(ref(braid.from_numpy(x)), braid.from_numpy(y))
+        ref_losses.append(loss.item())
+        loss.backward()
+        ref_opt.step()
+
+    class Stage(nn.Module):
+        def __init__(self, layer, scale=None):
+            super().__init__()
+            self.layer = layer
+            self.last = scale is not None
+            if self.last:
+                self.scale = nn.Parameter(scale)
+
+        def forward(self, x):
+            x = self.layer(x)
+            return x * self.scale if self.last else braid.tanh(x)
+
+    braid.manual_seed(5)
+    full = MLP(sizes)
+    stage = Stage(full.layers[RANK], full.scale.detach() if RANK == SIZE - 1 else None)
+    pipe = braid.distributed.PipelineStage(stage, braid.distributed.world())
+    opt = optim.SGD(stage.parameters(), lr=0.1)
+    sched = (braid.distributed.gpipe_schedule if schedule == "gpipe" else braid.distributed.one_f_one_b_schedule)(SIZE, 4)
+    for (x, y), want in zip(data, ref_losses):
+        opt.zero_grad()
+        loss = pipe.train_step(sched, braid.from_numpy(x), braid.from_numpy(y), loss_fn)
+        assert loss == pytest.approx(want, abs=1e-5)
+        opt.step()
+    ref_layer = ref.layers[RANK]
+    np.testing.assert_allclose(stage.layer.weight.detach().numpy(), ref_layer.weight.detach().numpy(), atol=1e-5)
+    np.testing.assert_allclose(stage.layer.bias.detach().numpy(), ref_layer.bias.detach().numpy(), atol=1e-5)
