@@ -18,6 +18,8 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   if (x.dim() <= 2) return y;
   Shape out = x.shape();
   out.back() = weight.size(0);
+  // The leading axis follows from the others: a traced ONNX export keeps it symbolic (the batch).
+  if (y.numel() > 0) out.front() = -1;
   return y.reshape(out);
 }
 

@@ -21,6 +21,7 @@
 #include "braid/nn/skip.h"
 #include "braid/onnx/module.h"
 #include "braid/ops.h"
+#include "trace_export.h"
 
 namespace braid::onnx {
 
@@ -116,10 +117,8 @@ Value export_layer(GraphBuilder& g, nn::Module& m, const std::string& prefix, co
   static std::once_flag once;
   std::call_once(once, LayerAccess::register_builtin);
   auto it = exporters().find(m.type_name());
-  if (it == exporters().end())
-    throw NotImplementedError(detail::cat("export_onnx: layer '", prefix.empty() ? "(model)" : prefix.substr(0, prefix.size() - 1),
-                                          "' of type ", m.type_name(),
-                                          " has no ONNX exporter (register one with register_layer_exporter)"));
+  // A module without an exporter (a hand-written forward, in C++ or Python) is traced.
+  if (it == exporters().end()) return export_traced(g, m, prefix, x);
   return it->second(g, m, prefix, x);
 }
 
@@ -486,6 +485,7 @@ Model export_model(nn::Module& m, const Tensor& example, const ExportOptions& op
   m.eval();
   NoGradGuard no_grad;
   GraphBuilder g(options.opset);
+  const int traced_before = traced_module_count();
   Value out;
   try {
     out = export_layer(g, m, "", Value{options.input_name, example});
@@ -493,7 +493,6 @@ Model export_model(nn::Module& m, const Tensor& example, const ExportOptions& op
     m.train(was_training);
     throw;
   }
-  m.train(was_training);
   Model model;
   model.ir_version = 8;
   model.opsets[""] = options.opset;
@@ -513,6 +512,13 @@ Model export_model(nn::Module& m, const Tensor& example, const ExportOptions& op
   model.graph.nodes = std::move(g.graph().nodes);
   model.graph.initializers = std::move(g.graph().initializers);
   model.graph.outputs.push_back(value_info(options.output_name, out.example, options.dynamic_batch));
+  try {
+    if (traced_module_count() != traced_before) check_traced_export(model, m, example, options);
+  } catch (...) {
+    m.train(was_training);
+    throw;
+  }
+  m.train(was_training);
   return model;
 }
 

@@ -40,6 +40,7 @@ template <typename F>
 Tensor arith(const char* name, BinaryOp op, const Tensor& a, const Tensor& b, F formula, bool true_div = false) {
   DType t = arith_type(a, b, name, true_div);
   Tensor out = binary_raw(op, a, b, t, t, name);
+  traced(name, out, {a, b});
   if (!is_floating(t)) return out;
   return record(name, out, {a, b},
                 [a = a.detach(), b = b.detach(), o = out.detach(), formula](const Tensor& g, Grads& r) {
@@ -126,6 +127,7 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   Shape s = broadcast_shapes(broadcast_shapes(cond.shape(), a.shape(), "where"), b.shape(), "where");
   Tensor out = new_tensor(s, t, a.device());
   backend_of(a).where(broadcast_view(cond, s), broadcast_view(cast_raw(a, t), s), broadcast_view(cast_raw(b, t), s), out);
+  traced("where", out, {cond, a, b});
   if (!is_floating(t)) return out;
   return record("where", out, {a, b}, [c = cond.detach()](const Tensor& g, Grads& r) {
     Tensor zero = scalar_like(g, 0);

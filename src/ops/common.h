@@ -7,6 +7,7 @@
 #include "braid/autograd.h"
 #include "braid/ops.h"
 #include "core/internal.h"
+#include "ops/trace.h"
 
 namespace braid::detail {
 

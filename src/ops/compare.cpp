@@ -12,12 +12,12 @@ namespace {
 Tensor compare(const char* name, BinaryOp op, const Tensor& a, const Tensor& b) {
   check_compute(a, name);
   check_compute(b, name);
-  return binary_raw(op, a, b, promote_types(a.dtype(), b.dtype()), kBool, name);
+  return traced(name, binary_raw(op, a, b, promote_types(a.dtype(), b.dtype()), kBool, name), {a, b});
 }
 Tensor logical(const char* name, BinaryOp op, const Tensor& a, const Tensor& b) {
   check_compute(a, name);
   check_compute(b, name);
-  return binary_raw(op, a, b, kBool, kBool, name);
+  return traced(name, binary_raw(op, a, b, kBool, kBool, name), {a, b});
 }
 }  // namespace
 

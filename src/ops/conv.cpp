@@ -175,6 +175,7 @@ Tensor conv_recorded(const Tensor& x, const Tensor& w, const Tensor& bias_in, co
   const Tensor bias = amp && bias_in.defined() ? cast(bias_in, kFloat32) : bias_in;
   const Tensor xs = operand(x, amp), ws = operand(w, amp);
   Tensor out = conv_forward(xs, ws, bias.defined() ? bias.detach() : bias, win, groups);
+  traced("conv2d", out, {x, w, bias}, {{win.kh, win.kw, win.sh, win.sw, win.ph, win.pw, win.dh, win.dw, groups}, {}});
   return record("conv2d", out, {x, w, bias}, [xs, ws, win, groups](const Tensor& g, Grads& r) {
     const Tensor x = widened(xs), w = widened(ws);
     Tensor gcm = channel_major(g, groups);
@@ -367,6 +368,7 @@ Tensor max_pool2d(const Tensor& x, const std::vector<int64_t>& kernel, const std
   const int64_t n = x.shape()[0], c = x.shape()[1];
   Tensor out = new_like(x, {n, c, win.oh, win.ow}, x.dtype()), indices = new_like(x, out.shape(), kInt64);
   backend_of(x).max_pool2d(contiguous(x.detach()), win, out, indices);
+  traced("max_pool2d", out, {x}, {{win.kh, win.kw, win.sh, win.sw, win.ph, win.pw, win.dh, win.dw, ceil_mode}, {}});
   return record("max_pool2d", out, {x}, [indices, x_shape = x.shape()](const Tensor& g, Grads& r) {
     // Each output's gradient goes to the element it took, through the flattened planes.
     const Shape flat{x_shape[0], x_shape[1], -1};
@@ -384,6 +386,7 @@ Tensor avg_pool2d(const Tensor& x, const std::vector<int64_t>& kernel, const std
   const Window2d win = pool_window("avg_pool2d", x, kernel, stride, padding, {1, 1}, ceil_mode);
   Tensor out = new_like(x, {x.shape()[0], x.shape()[1], win.oh, win.ow}, x.dtype());
   backend_of(x).avg_pool2d(contiguous(x.detach()), win, count_include_pad, out);
+  traced("avg_pool2d", out, {x}, {{win.kh, win.kw, win.sh, win.sw, win.ph, win.pw, ceil_mode, count_include_pad}, {}});
   return record("avg_pool2d", out, {x}, [win, count_include_pad, x_shape = x.shape()](const Tensor& g, Grads& r) {
     Tensor gx = zeros(x_shape, g.dtype(), g.device());
     backend_of(g).avg_pool2d_backward(contiguous(g), win, count_include_pad, gx);

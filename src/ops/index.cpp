@@ -33,6 +33,7 @@ Tensor gather(const Tensor& x, int64_t axis, const Tensor& index) {
   check_index_shape(x, a, index, "gather");
   Tensor idx = checked_index(index, x.shape()[a], "gather", axis);
   Tensor out = gather_raw(x, a, idx);
+  traced("gather", out, {x, index}, {{a}, {}});
   if (!is_floating(x.dtype())) return out;
   Shape in_shape = x.shape();
   return record("gather", out, {x}, [idx, a, in_shape](const Tensor& g, Grads& r) {
@@ -57,6 +58,7 @@ Tensor index_select(const Tensor& x, int64_t axis, const Tensor& index) {
   view_shape[a] = idx.numel();
   Tensor wide = broadcast_view(idx.reshape(view_shape), out_shape);
   Tensor out = gather_raw(x, a, wide);
+  traced("index_select", out, {x, index}, {{a}, {}});
   if (!is_floating(x.dtype())) return out;
   Shape in_shape = x.shape();
   return record("index_select", out, {x}, [wide, a, in_shape](const Tensor& g, Grads& r) {
@@ -88,6 +90,7 @@ Tensor scatter_add(const Tensor& x, int64_t axis, const Tensor& index, const Ten
   Tensor out = new_tensor(x.shape(), x.dtype(), x.device());
   backend_of(x).copy(x, out);
   backend_of(x).scatter_add(out, a, idx, cast_raw(s, x.dtype()));
+  traced("scatter_add", out, {x, index, s}, {{a}, {}});
   if (!is_floating(x.dtype())) return out;
   return record("scatter_add", out, {x, src}, [idx, a, src_shape = src.shape()](const Tensor& g, Grads& r) {
     r.set(0, g);

@@ -59,6 +59,7 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   BRAID_CHECK_T(TypeError, t != kBool, "matmul: not defined for bool tensors");
   Tensor a = cast(a_in, t), b = cast(b_in, t);
   Tensor out = matmul_raw(a, b);
+  traced("matmul", out, {a, b});
   if (!is_floating(t)) return out;
   return record("matmul", out, {a, b}, [a = a.detach(), b = b.detach()](const Tensor& g, Grads& r) {
     autocast off(kBFloat16, false);  // Note [Autocast]: backward formulas run as they would outside

@@ -38,6 +38,7 @@ Tensor sum(const Tensor& x, const std::vector<int64_t>& axes_in, bool keepdim) {
   Tensor out = reduce_raw(ReduceOp::Sum, cast_raw(x, t), axes, t);
   Shape k = out.shape();
   out = as_strided(out, reduced_shape(x.shape(), axes, keepdim), contiguous_strides(reduced_shape(x.shape(), axes, keepdim)), 0);
+  traced("sum", out, {x}, {axes, {keepdim ? 1.0 : 0.0}});
   if (!is_floating(t)) return out;
   Shape in_shape = x.shape();
   return record("sum", out, {x}, [k, in_shape](const Tensor& g, Grads& r) { r.set(0, g.reshape(k).expand(in_shape)); });
@@ -58,6 +59,7 @@ Tensor prod(const Tensor& x, const std::vector<int64_t>& axes_in, bool keepdim) 
   Tensor kept = reduce_raw(ReduceOp::Prod, cast_raw(x, t), axes, t);
   Shape rs = reduced_shape(x.shape(), axes, keepdim);
   Tensor out = as_strided(kept, rs, contiguous_strides(rs), 0);
+  traced("prod", out, {x}, {axes, {keepdim ? 1.0 : 0.0}});
   if (!is_floating(t)) return out;
   return record("prod", out, {x}, [x = x.detach(), kept, axes](const Tensor& g, Grads& r) {
     // d prod / d x_i = product of the others. Where a group holds one zero, that element's gradient
@@ -81,6 +83,7 @@ Tensor extremum(const char* name, ReduceOp op, const Tensor& x, const std::vecto
   Tensor kept = reduce_raw(op, x, axes, x.dtype());
   Shape rs = reduced_shape(x.shape(), axes, keepdim);
   Tensor out = as_strided(kept, rs, contiguous_strides(rs), 0);
+  traced(name, out, {x}, {axes, {keepdim ? 1.0 : 0.0}});
   if (!is_floating(x.dtype())) return out;
   return record(name, out, {x}, [x = x.detach(), kept, axes](const Tensor& g, Grads& r) {
     // Ties share the gradient evenly (torch.amax's rule).
@@ -96,7 +99,7 @@ Tensor arg_extremum(const char* name, ReduceOp op, const Tensor& x, int64_t axis
   check_nonempty(xs, {a}, name);
   Tensor kept = reduce_raw(op, xs, {a}, kInt64);
   Shape rs = x.dim() == 0 ? Shape{} : reduced_shape(x.shape(), {a}, keepdim);
-  return as_strided(kept, rs, contiguous_strides(rs), 0);
+  return traced(name, as_strided(kept, rs, contiguous_strides(rs), 0), {x}, {{a}, {keepdim ? 1.0 : 0.0}});
 }
 }  // namespace
 
@@ -148,6 +151,7 @@ Tensor softmax(const Tensor& x_in, int64_t axis) {
     Tensor e = exp(x - stable_shift(x, {a}, false));
     y = e / sum(e, {a}, true);
   }
+  traced("softmax", y, {x}, {{a}, {}});
   return record("softmax", y, {x}, [y = y.detach(), a](const Tensor& g, Grads& r) {
     r.set(0, y * (g - sum(g * y, {a}, true)));
   });
@@ -162,6 +166,7 @@ Tensor log_softmax(const Tensor& x_in, int64_t axis) {
     Tensor shifted = x - stable_shift(x, {a}, false);
     y = shifted - log(sum(exp(shifted), {a}, true));
   }
+  traced("log_softmax", y, {x}, {{a}, {}});
   return record("log_softmax", y, {x}, [y = y.detach(), a](const Tensor& g, Grads& r) {
     r.set(0, g - exp(y) * sum(g, {a}, true));
   });

@@ -34,6 +34,7 @@ Tensor concat(const std::vector<Tensor>& xs, int64_t axis) {
     backend_of(out).copy(xs[i], as_strided(out, s, out.strides(), offset * out.strides()[a]));
     offset += sizes[i];
   }
+  traced("concat", out, xs, {{a}, {}});
   if (!is_floating(t)) return out;
   return record("concat", out, xs, [sizes, a](const Tensor& g, Grads& r) {
     int64_t at = 0;
@@ -140,6 +141,7 @@ Tensor pad(const Tensor& x, const std::vector<int64_t>& pads, const std::string&
   int64_t off = 0;
   for (int64_t d = 0; d < x.dim(); ++d) off += dst_start[d] * out.strides()[d];
   backend_of(x).copy(src, as_strided(out, src.shape(), out.strides(), off));
+  traced("pad", out, {x}, {pads, {value}});
   if (!is_floating(x.dtype())) return out;
   Shape window = src.shape();
   return record("pad", out, {src}, [dst_start, window](const Tensor& g, Grads& r) {

@@ -22,6 +22,7 @@ template <typename F>
 Tensor float_unary(const char* name, UnaryOp op, const Tensor& input, F formula, double p0 = 0, double p1 = 0) {
   Tensor x = float_input(input, name);
   Tensor y = unary_raw(op, x, p0, p1);
+  traced(name, y, {x}, {{}, {p0, p1}});
   return record(name, y, {x}, [x = x.detach(), y = y.detach(), formula](const Tensor& g, Grads& r) {
     r.set(0, formula(g, x, y));
   });
@@ -33,6 +34,7 @@ Tensor any_unary(const char* name, UnaryOp op, const Tensor& x, F formula, doubl
   check_compute(x, name);
   BRAID_CHECK_T(TypeError, x.dtype() != kBool, name, ": not defined for bool tensors");
   Tensor y = unary_raw(op, x, p0, p1);
+  traced(name, y, {x}, {{}, {p0, p1}});
   if (!is_floating(x.dtype())) return y;
   return record(name, y, {x}, [x = x.detach(), y = y.detach(), formula](const Tensor& g, Grads& r) {
     r.set(0, formula(g, x, y));
@@ -176,6 +178,7 @@ Tensor gelu(const Tensor& input, const std::string& approximate) {
     phi_cdf = 0.5 * (1.0 + erf(x / kSqrt2));
     y = x * phi_cdf;
   }
+  traced("gelu", y, {x});
   return record("gelu", y, {x}, [x = x.detach(), phi_cdf](const Tensor& g, Grads& r) {
     r.set(0, g * (phi_cdf + x * kInvSqrt2Pi * exp(-0.5 * x * x)));
   });
@@ -234,13 +237,13 @@ Tensor round(const Tensor& x) { return flat_unary("round", UnaryOp::Round, x); }
 
 Tensor logical_not(const Tensor& x) {
   check_compute(x, "logical_not");
-  return unary_raw(UnaryOp::LogicalNot, x, 0, 0, kBool, false);
+  return traced("logical_not", unary_raw(UnaryOp::LogicalNot, x, 0, 0, kBool, false), {x});
 }
 
 Tensor isnan(const Tensor& x) {
   check_compute(x, "isnan");
   if (!is_floating(x.dtype())) return zeros(x.shape(), kBool, x.device());
-  return unary_raw(UnaryOp::IsNan, x, 0, 0, kBool, false);
+  return traced("isnan", unary_raw(UnaryOp::IsNan, x, 0, 0, kBool, false), {x});
 }
 
 }  // namespace braid

@@ -72,6 +72,7 @@ Tensor reshape(const Tensor& x, const Shape& requested) {
     Tensor c = contiguous_raw(x);
     out = as_strided(c, s, contiguous_strides(s), c.offset());
   }
+  traced("reshape", out, {x}, {requested, {}});
   return record("reshape", out, {x}, [in_shape](const Tensor& g, Grads& r) { r.set(0, g.reshape(in_shape)); });
 }
 
@@ -103,6 +104,7 @@ Tensor permute(const Tensor& x, const std::vector<int64_t>& order) {
     strides[i] = x.strides()[a];
   }
   Tensor out = as_strided(x, shape, strides, x.offset());
+  traced("permute", out, {x}, {axes, {}});
   return record("permute", out, {x}, [inverse](const Tensor& g, Grads& r) { r.set(0, g.permute(inverse)); });
 }
 
@@ -130,6 +132,7 @@ Tensor slice(const Tensor& x, int64_t axis, int64_t start, int64_t end, int64_t 
   Tensor out = as_strided(x, shape, strides, x.offset() + start * x.strides()[a]);
   Shape in_shape = x.shape();
   DType dt = x.dtype();
+  traced("slice", out, {x}, {{a, start, end, step}, {}});
   return record("slice", out, {x}, [=](const Tensor& g, Grads& r) {
     Tensor gx = zeros(in_shape, dt, g.device());
     Shape s = gx.shape(), st = gx.strides();
@@ -168,6 +171,7 @@ Tensor expand(const Tensor& x, const Shape& shape) {
   if (target == x.shape()) return x;
   Tensor out = broadcast_view(x, target);
   out = as_strided(x, out.shape(), out.strides(), out.offset());
+  traced("expand", out, {x});
   return record("expand", out, {x}, [](const Tensor& g, Grads& r) { r.set(0, g); });
 }
 
@@ -193,12 +197,13 @@ Tensor unsqueeze(const Tensor& x, int64_t axis) {
 
 Tensor contiguous(const Tensor& x) {
   if (x.is_contiguous()) return x;
-  return record("contiguous", contiguous_raw(x), {x}, [](const Tensor& g, Grads& r) { r.set(0, g); });
+  return record("contiguous", traced("contiguous", contiguous_raw(x), {x}), {x}, [](const Tensor& g, Grads& r) { r.set(0, g); });
 }
 
 Tensor Tensor::clone() const {
   Tensor out = new_tensor(shape(), dtype(), device());
   backend_of(*this).copy(*this, out);
+  traced("clone", out, {*this});
   return record("clone", out, {*this}, [](const Tensor& g, Grads& r) { r.set(0, g); });
 }
 
@@ -206,6 +211,7 @@ Tensor cast(const Tensor& x, DType dtype) {
   BRAID_CHECK(x.defined(), "cast: got an undefined tensor");
   if (x.dtype() == dtype) return x;
   Tensor out = cast_raw(x, dtype);
+  traced("cast", out, {x});
   if (!is_floating(x.dtype()) || !is_floating(dtype)) return out;
   return record("cast", out, {x}, [](const Tensor& g, Grads& r) { r.set(0, g); });
 }
@@ -216,6 +222,7 @@ Tensor to_device(const Tensor& x, Device device) {
   backend_for(device);  // NotImplementedError naming the device when it is absent
   Tensor out = transfer_raw(x, device);
   const Device from = x.device();
+  traced("to", out, {x});
   return record("to", out, {x}, [from](const Tensor& g, Grads& r) { r.set(0, to_device(g, from)); });
 }
 

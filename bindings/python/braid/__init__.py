@@ -6,6 +6,7 @@ NumPy and DLPack without copies, keyword arguments, and Python subclasses of nn.
 data.Dataset that work wherever C++ ones do.
 """
 
+import builtins as _builtins
 import contextlib as _contextlib
 
 from ._swig import core as _core
@@ -159,7 +160,8 @@ def arange(start, end=None, step=1, dtype=None, device=None, requires_grad=False
         start, end = 0, start
     if dtype is None:
         dtype = int64 if all(isinstance(v, int) for v in (start, end, step)) else float32
-    return _finish(_core.arange(float(start), float(end), float(step), dtype, _dev(device)), requires_grad)
+    f = _builtins.float  # this module's float is braid.float32, as torch.float
+    return _finish(_core.arange(f(start), f(end), f(step), dtype, _dev(device)), requires_grad)
 
 
 def linspace(start, end, steps, dtype=float32, device=None):
@@ -202,7 +204,7 @@ for _name in ("neg", "abs", "exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "sq
               "tanh", "sigmoid", "relu", "leaky_relu", "elu", "silu", "hardsigmoid", "hardswish", "softplus", "gelu",
               "erf", "asin", "acos", "atan", "pow", "sign", "floor", "ceil", "round", "logical_not", "isnan", "add",
               "sub", "mul", "div", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge", "logical_and",
-              "logical_or", "logical_xor", "where", "broadcast_shapes", "softmax", "log_softmax", "sum_to", "matmul",
+              "logical_or", "logical_xor", "where", "broadcast_shapes", "sum_to", "matmul",
               "transpose", "narrow", "slice", "unsqueeze", "contiguous", "cast", "to_device", "gather",
               "index_select", "scatter_add", "pad", "one_hot", "tril", "triu", "allclose", "equal", "conv1d",
               "conv2d", "conv_transpose2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "scalar_like"):
@@ -230,6 +232,14 @@ argmin = Tensor.argmin
 clamp = Tensor.clamp
 squeeze = Tensor.squeeze
 flatten = Tensor.flatten
+
+
+def softmax(x, dim=-1):
+    return _core.softmax(x, dim)
+
+
+def log_softmax(x, dim=-1):
+    return _core.log_softmax(x, dim)
 
 
 def reshape(x, *shape):

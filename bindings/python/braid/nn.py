@@ -65,7 +65,8 @@ def _setattr(self, name, value):
         raise AttributeError(f"cannot assign '{name}' before Module.__init__() (call super().__init__() first)")
     if isinstance(value, Parameter):
         if name in attrs and isinstance(attrs[name], Tensor):
-            self._replace_tensor(name, value)
+            self._replace_tensor(name, value)  # the registered tensor (what forward reads) takes the values
+            return
         else:
             self.register_parameter(name, value, value.requires_grad)
     elif isinstance(value, _nn.Module):
@@ -87,15 +88,17 @@ def _getattr(self, name):
     # Only called when normal lookup fails: a child or parameter of a C++ module by name.
     if name.startswith("__") or name in ("this", "thisown", "_py_attrs"):
         raise AttributeError(name)
-    for n, m in _nx.Module_named_children(self):
+    for n, _ in _nx.Module_named_children(self):
         if n == name:
-            return m
+            return _nx.Module_child(self, n)  # its most derived class, or the Python object itself
     for n, t in _nx.Module_named_parameters(self, False):
         if n == name:
             return t
     for n, t in _nx.Module_named_buffers(self, False):
         if n == name:
             return t
+    if name == "bias" and any(n == "weight" for n, _ in _nx.Module_named_parameters(self, False)):
+        return None  # a layer built with bias=False, as in PyTorch
     raise AttributeError(f"'{type(self).__name__}' has no attribute, child, parameter or buffer '{name}'")
 
 
@@ -163,7 +166,7 @@ def _load_state_dict(self, state_dict, strict=True):
     module's names. Nothing is written unless every entry checks out."""
     sd = _nn.StateDict()
     for k, v in state_dict.items():
-        sd[k] = v if isinstance(v, Tensor) else _tensor.as_tensor(np.ascontiguousarray(v))
+        sd[k] = v if isinstance(v, Tensor) else _tensor.as_tensor(np.asarray(v, order="C"))
     _module_load(self, sd, strict)
     return self
 
@@ -171,12 +174,21 @@ def _load_state_dict(self, state_dict, strict=True):
 _module_load = _nx.Module_load_state_dict
 
 
+def _named_children(self):
+    return [(n, _nx.Module_child(self, n)) for n, _ in _nx.Module_named_children(self)]
+
+
+def _named_modules(self):
+    """("", self) first, then every descendant with its dotted path, as in PyTorch."""
+    return [("", self)] + [(p, _nx.Module_child(self, p)) for p, _ in _nx.Module_named_modules(self)]
+
+
 def _children(self):
-    return [m for _, m in _nx.Module_named_children(self)]
+    return [m for _, m in _named_children(self)]
 
 
 def _modules(self):
-    return [m for _, m in _nx.Module_named_modules(self)]
+    return [m for _, m in _named_modules(self)]
 
 
 def _apply(self, fn):
@@ -210,8 +222,8 @@ Module.parameters = lambda self, recurse=True: list(_nx.Module_parameters(self, 
 Module.named_parameters = lambda self, recurse=True: list(_nx.Module_named_parameters(self, recurse))
 Module.named_buffers = lambda self, recurse=True: list(_nx.Module_named_buffers(self, recurse))
 Module.buffers = lambda self, recurse=True: [t for _, t in _nx.Module_named_buffers(self, recurse)]
-Module.named_children = lambda self: list(_nx.Module_named_children(self))
-Module.named_modules = lambda self: list(_nx.Module_named_modules(self))
+Module.named_children = _named_children
+Module.named_modules = _named_modules
 Module.__hash__ = object.__hash__
 
 
@@ -221,6 +233,7 @@ for _cls in list(vars(_nn).values()):
         for _attr in ("weight", "bias"):
             if _attr in vars(_cls):
                 setattr(_cls, _attr, property(vars(_cls)[_attr]))
+        _cls.__repr__ = Module.__repr__
 
 # ---- containers ----
 
@@ -350,6 +363,48 @@ for _name in ("relu", "leaky_relu", "elu", "silu", "gelu", "sigmoid", "tanh", "s
               "softmax", "log_softmax", "conv1d", "conv2d", "conv_transpose2d", "max_pool2d", "avg_pool2d",
               "adaptive_avg_pool2d", "pad", "one_hot"):
     setattr(functional, _name, getattr(_core, _name))
+
+
+def _pair(v):
+    return [int(v), int(v)] if isinstance(v, int) else [int(i) for i in v]
+
+
+def _softmax(input, dim=-1):
+    return _core.softmax(input, dim)
+
+
+def _log_softmax(input, dim=-1):
+    return _core.log_softmax(input, dim)
+
+
+def _conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    return _core.conv2d(input, weight, bias, _pair(stride), _pair(padding), _pair(dilation), groups)
+
+
+def _conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    return _core.conv1d(input, weight, bias, stride, padding, dilation, groups)
+
+
+def _max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False):
+    return _core.max_pool2d(input, _pair(kernel_size), _pair(stride) if stride is not None else [], _pair(padding),
+                            _pair(dilation), ceil_mode)
+
+
+def _avg_pool2d(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True):
+    return _core.avg_pool2d(input, _pair(kernel_size), _pair(stride) if stride is not None else [], _pair(padding),
+                            ceil_mode, count_include_pad)
+
+
+def _adaptive_avg_pool2d(input, output_size):
+    return _core.adaptive_avg_pool2d(input, _pair(output_size))
+
+
+# PyTorch's signatures (dim=, int-or-pair sizes, an optional bias) over the generated functions.
+for _name, _fn in (("softmax", _softmax), ("log_softmax", _log_softmax), ("conv2d", _conv2d), ("conv1d", _conv1d),
+                   ("max_pool2d", _max_pool2d), ("avg_pool2d", _avg_pool2d),
+                   ("adaptive_avg_pool2d", _adaptive_avg_pool2d)):
+    _fn.__doc__ = getattr(_core, _name).__doc__
+    setattr(functional, _name, _fn)
 sys.modules["braid.nn.functional"] = functional
 
 init = types.ModuleType("braid.nn.init", "Weight initialisers, as torch.nn.init (braid/nn/init.h).")

@@ -74,4 +74,9 @@
 %ignore braid_py::PythonError;
 %ignore braid_py::set_python_error;
 %ignore braid_py::callback;
+// These touch Python objects: the GIL stays held while they run.
+%nothread braid_py::tensor_over_memory;
+%nothread braid_py::to_dlpack;
+%nothread braid_py::from_dlpack_capsule;
+%nothread braid_py::dlpack_device;
 %include "interop.h"

@@ -167,3 +167,43 @@ def test_onnx_export_runs_in_onnxruntime(tmp_path):
         np.testing.assert_allclose(model(xb).detach().numpy(), want, rtol=1e-4, atol=1e-5)
     back = braid.onnx.load(path)
     np.testing.assert_allclose(back(x).detach().numpy(), model(x).detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+class Attention(nn.Module):
+    """A hand-written forward: exported by tracing the ops it runs."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(8, 24)
+        self.out = nn.Linear(8, 3)
+        self.temperature = nn.Parameter(braid.ones(1) * 2.0)
+
+    def forward(self, x):  # (N, T, 8)
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        att = braid.softmax(q @ k.transpose(1, 2) / self.temperature, -1)
+        h = (att @ v).mean(dim=1)
+        return self.out(braid.gelu(h)) + h[:, :3] * 0.5
+
+
+def test_python_forward_exports_by_tracing(tmp_path):
+    ort = pytest.importorskip("onnxruntime")
+    braid.manual_seed(8)
+    model = Attention()
+    path = str(tmp_path / "att.onnx")
+    braid.onnx.export(model, braid.randn(2, 5, 8), path)
+    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    x = braid.randn(4, 5, 8)  # another batch size: the batch axis stays symbolic
+    (want,) = sess.run(None, {"input": x.numpy()})
+    np.testing.assert_allclose(model(x).detach().numpy(), want, rtol=1e-4, atol=1e-5)
+    back = braid.onnx.load(path)
+    assert sorted(n for n, _ in back.named_parameters()) == sorted(n for n, _ in model.named_parameters())
+
+
+def test_untraceable_forward_is_refused(tmp_path):
+    class HostValue(nn.Module):
+        def forward(self, x):
+            return x * float(x.max())  # read on the host: tracing would bake it in
+
+    with pytest.raises(NotImplementedError, match="does not reproduce its forward"):
+        braid.onnx.export(HostValue(), braid.randn(2, 3), str(tmp_path / "bad.onnx"))
+    assert not (tmp_path / "bad.onnx").exists()

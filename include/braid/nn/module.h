@@ -41,7 +41,8 @@ class Module {
   /// Buffers: state that is saved but not trained (BatchNorm's running statistics).
   NamedTensors named_buffers(bool recurse = true) const;
   std::vector<std::pair<std::string, ModulePtr>> named_children() const { return children_; }
-  /// Every descendant with its dotted path ("" for this module), depth first.
+  /// Every descendant with its dotted path, depth first (not this module itself, which Python's
+  /// named_modules() puts first as ("", self), as PyTorch does).
   std::vector<std::pair<std::string, ModulePtr>> named_modules();
   /// The child at a dotted path ("features.3"); throws IndexError listing the known names.
   ModulePtr child(const std::string& path) const;
