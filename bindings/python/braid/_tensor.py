@@ -370,6 +370,8 @@ def _operand(t, x):
 
 def _binary(tensor_fn, scalar_fn=None, rscalar_fn=None):
     def op(a, b):
+        if type(b) is Tensor:  # the common case first: this check is most of the operator's Python cost
+            return tensor_fn(a, b)
         if scalar_fn is not None and isinstance(b, (numbers.Number, np.bool_)) and _scalar_fast(a, b):
             return scalar_fn(a, float(b))
         other = _operand(a, b)
@@ -584,7 +586,11 @@ Tensor.permute = _shape_method(_cx.Tensor_permute)
 
 
 def _reduction(fn):
+    fast = fn is not _core.logsumexp  # logsumexp has no default axes in C++
+
     def m(self, dim=None, keepdim=False):
+        if fast and dim is None and not keepdim:
+            return fn(self)  # every axis: C++'s defaults, without converting an empty tuple
         return fn(self, _axes(dim), keepdim)
 
     m.__doc__ = fn.__doc__

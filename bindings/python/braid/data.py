@@ -81,7 +81,10 @@ class DataLoader:
         opts = _data.DataLoaderOptions()
         opts.batch_size, opts.shuffle, opts.drop_last, opts.seed = batch_size, shuffle, drop_last, seed
         opts.prefetch, opts.num_shards, opts.shard = prefetch, num_shards, shard
-        opts.transforms = _data.TransformVector(list(transforms))
+        vec = _data.TransformVector()  # appended one by one: SWIG converts each to shared_ptr<const Transform>
+        for t in transforms:
+            vec.append(t)
+        opts.transforms = vec
         if device is not None:
             opts.set_device(_tensor.device(device))
         self.dataset = dataset  # keeps a Python dataset alive while C++ holds it

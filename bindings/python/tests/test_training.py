@@ -207,3 +207,11 @@ def test_untraceable_forward_is_refused(tmp_path):
     with pytest.raises(NotImplementedError, match="does not reproduce its forward"):
         braid.onnx.export(HostValue(), braid.randn(2, 3), str(tmp_path / "bad.onnx"))
     assert not (tmp_path / "bad.onnx").exists()
+
+
+def test_dataloader_applies_transforms():
+    x = np.arange(2 * 1 * 2 * 2, dtype=np.float32).reshape(2, 1, 2, 2)
+    y = np.array([0, 1], np.int64)
+    loader = data.DataLoader((x, y), batch_size=2, transforms=[data.Normalize([1.5], [2.0])])
+    (got, _), = list(loader)
+    np.testing.assert_allclose(got.numpy(), (x - 1.5) / 2.0, rtol=1e-6)
