@@ -54,6 +54,8 @@ def parse_args():
     ap.add_argument("--rounds", type=int, default=3, help="rounds of taking turns (best kept)")
     ap.add_argument("--no-cpp", action="store_true", help="skip the compiled C++ small-op loop")
     ap.add_argument("--json", default="", help="also write the results here")
+    ap.add_argument("--step-only", default="", choices=["", "braid", "braid_py", "torch"],
+                    help="(internal) time one engine's training step in this process and print the ms")
     return ap.parse_args()
 
 
@@ -62,12 +64,17 @@ ARGS = parse_args()
 # braid.set_num_threads and torch.set_num_threads (which share libgomp's pool settings).
 os.environ.setdefault("OMP_NUM_THREADS", str(max(ARGS.threads)))
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
+# braid first: its libbraid brings the OpenMP build of OpenBLAS (Note [One thread pool]). Debian's
+# NumPy and PyTorch link libopenblas.so.0 by the same name, so whichever is imported first decides
+# which build the whole process uses, and with the pthread build first braid's 2-thread step varies
+# between 20 and 150 ms (its pool and OpenMP's fight), against 16 ms.
 import braid  # noqa: E402
 from braid import nn as bnn  # noqa: E402
 from braid._swig import _core as bcx  # noqa: E402  (the extension module itself)
+
+import numpy as np  # noqa: E402
+# A process that times braid's training step alone does not load PyTorch at all.
+torch = None if ARGS.step_only in ("braid", "braid_py") else __import__("torch")
 
 # ---- 1. small ops ----
 
@@ -326,7 +333,19 @@ def cpp_step_ms(build_dir, threads, reps, min_time):
 
 def set_threads(n):
     braid.set_num_threads(n)
-    torch.set_num_threads(n)
+    if torch is not None:
+        torch.set_num_threads(n)
+
+
+def step_in_own_process(kind, threads):
+    """One engine's training step, timed in a process of its own: two libraries' thread pools in
+    one process slow each other's multi-threaded steps down (braid's 2-thread step took 33 ms next
+    to PyTorch's and 16 ms alone), which is not what a user who runs one of them sees."""
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--step-only", kind, "--threads", str(threads),
+                          "--reps", str(ARGS.reps), "--min-time", str(ARGS.min_time)],
+                         env=env, check=True, capture_output=True, text=True).stdout
+    return float(out.strip().splitlines()[-1])
 
 
 def measure(threads, cpp_exe):
@@ -352,8 +371,7 @@ def measure(threads, cpp_exe):
     best = {}
     for r in range(ARGS.rounds):
         for name in ("braid", "braid_py", "torch"):
-            set_threads(threads)
-            ms = time_steps(name, ARGS.reps, ARGS.min_time)
+            ms = step_in_own_process(name, threads)
             best[name] = min(best.get(name, float("inf")), ms)
         ms = cpp_step_ms(ARGS.build_dir, threads, ARGS.reps, ARGS.min_time)
         if ms is not None:
@@ -423,4 +441,8 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    if ARGS.step_only:
+        set_threads(ARGS.threads[0])
+        print(time_steps(ARGS.step_only, ARGS.reps, ARGS.min_time))
+    else:
+        main()

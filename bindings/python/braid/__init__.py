@@ -273,4 +273,26 @@ def chunk(x, chunks, dim=0):
     return x.chunk(chunks, dim)
 
 
+
+
+def _check_blas():
+    """Warns when another build of OpenBLAS came first (Note [One thread pool]): libbraid asks for
+    the OpenMP build by path, but a libopenblas.so.0 already loaded (Debian's NumPy or PyTorch,
+    imported before braid) is the one the process uses, and its threads compete with braid's."""
+    try:
+        with open("/proc/self/maps") as f:
+            maps = f.read()
+    except OSError:
+        return
+    if "openblas-pthread/libopenblas" in maps and "openblas-openmp/libopenblas" not in maps:
+        import warnings
+
+        warnings.warn("braid: the pthread build of OpenBLAS was loaded before braid (by NumPy or PyTorch, "
+                      "imported first), and its threads compete with braid's OpenMP threads: multi-threaded "
+                      "steps slow down. Import braid before numpy and torch, or set OMP_WAIT_POLICY=passive.",
+                      RuntimeWarning, stacklevel=3)
+
+
+_check_blas()
+
 from . import nn, optim, data, checkpoint, onnx, distributed  # noqa: E402,F401

@@ -349,6 +349,9 @@ def _scalar_operand(t, s):
     return _core.scalar_tensor(float(s), dt, _cx.Tensor_device(t))
 
 
+_FLOATING = frozenset(int(d) for d in dtype if _core.is_floating(d))
+
+
 def _scalar_fast(t, s):
     """Whether the C++ tensor-scalar overload (which sees a double) gives the dtype _scalar_operand
     would: always next to a floating tensor, and for a Python int next to an integer tensor."""
@@ -370,8 +373,11 @@ def _operand(t, x):
 
 def _binary(tensor_fn, scalar_fn=None, rscalar_fn=None):
     def op(a, b):
-        if type(b) is Tensor:  # the common case first: this check is most of the operator's Python cost
+        tb = type(b)
+        if tb is Tensor:  # the common cases first: ABC isinstance checks are most of the operator's cost
             return tensor_fn(a, b)
+        if scalar_fn is not None and (tb is int or (tb is float and _cx.Tensor_dtype(a) in _FLOATING)):
+            return scalar_fn(a, float(b))
         if scalar_fn is not None and isinstance(b, (numbers.Number, np.bool_)) and _scalar_fast(a, b):
             return scalar_fn(a, float(b))
         other = _operand(a, b)

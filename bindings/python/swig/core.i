@@ -59,6 +59,30 @@
 %ignore braid::operator/(const Tensor&, const Tensor&);
 %ignore braid::operator-(const Tensor&);
 
+// The ops that Tensor's operators call: positional arguments only, which SWIG parses without the
+// keyword machinery (a third of a small op's wrapper cost, benchmarks/README.md "Python overhead").
+%feature("kwargs", "0") braid::add;
+%feature("kwargs", "0") braid::sub;
+%feature("kwargs", "0") braid::mul;
+%feature("kwargs", "0") braid::div;
+%feature("kwargs", "0") braid::neg;
+%feature("kwargs", "0") braid::matmul;
+%feature("kwargs", "0") braid::eq;
+%feature("kwargs", "0") braid::ne;
+%feature("kwargs", "0") braid::lt;
+%feature("kwargs", "0") braid::le;
+%feature("kwargs", "0") braid::gt;
+%feature("kwargs", "0") braid::ge;
+%feature("kwargs", "0") braid::operator+;
+%feature("kwargs", "0") braid::operator-;
+%feature("kwargs", "0") braid::operator*;
+%feature("kwargs", "0") braid::operator/;
+%feature("kwargs", "0") braid::relu;
+%feature("kwargs", "0") braid::sigmoid;
+%feature("kwargs", "0") braid::tanh;
+%feature("kwargs", "0") braid::exp;
+%feature("kwargs", "0") braid::sum;
+
 // A Tensor is a handle: Python's copy is the C++ copy constructor (same storage).
 %copyctor braid::Tensor;
 
