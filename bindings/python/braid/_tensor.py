@@ -559,10 +559,29 @@ def _getitem(self, index):
     return t
 
 
+def _masked_assign(self, mask, value):
+    """t[mask] = value for a bool mask over t's leading axes and a value that is a number or
+    broadcasts to t: one where() written back in place (PyTorch's masked_fill_ / index_put_)."""
+    mask = _as_index_tensor(mask, self.device)
+    if mask.shape != self.shape[:mask.ndim]:
+        raise IndexError(f"boolean index of shape {mask.shape} does not match the leading axes of shape {self.shape}")
+    mask = mask.reshape(mask.shape + (1,) * (self.ndim - mask.ndim))
+    if isinstance(value, Tensor):
+        v = value.to(self.dtype)
+    else:
+        v = _core.scalar_tensor(float(value), self.dtype, self.device) if isinstance(value, numbers.Number) \
+            else tensor(value, dtype=self.dtype, device=self.device)
+    self.copy_(_core.where(mask, v, self))
+
+
 def _setitem(self, index, value):
     idx = index if isinstance(index, tuple) else (index,)
+    if len(idx) == 1 and _is_bool_index(idx[0]):
+        _masked_assign(self, idx[0], value)
+        return
     if any(_is_advanced(i) for i in idx):
-        raise NotImplementedError("assignment through an integer or bool tensor index; use scatter_add or where")
+        raise NotImplementedError("assignment through an integer tensor index, or a bool index combined with other "
+                                  "indices; use scatter_add or where")
     view = _getitem(self, index)
     if isinstance(value, Tensor):
         view.copy_(value)

@@ -6,6 +6,7 @@ started with `mpiexec -n N python3 train.py` or `srun python3 train.py`.
     loss_fn(ddp(x), y).backward()        # gradients are averaged across ranks during backward
 """
 
+import contextlib
 import sys
 import traceback
 
@@ -24,7 +25,7 @@ rank_table = _dist.rank_table
 set_timeout = _dist.set_timeout
 world = _dist.world
 SyncBatchNorm = _dist.SyncBatchNorm
-convert_sync_batchnorm = getattr(_dist, "convert_sync_batchnorm", None)
+convert_sync_batchnorm = _dist.convert_sync_batchnorm
 gpipe_schedule = _dist.gpipe_schedule
 one_f_one_b_schedule = _dist.one_f_one_b_schedule
 PipelineOptions = _dist.PipelineOptions
@@ -106,6 +107,19 @@ class DistributedDataParallel:
         ddp = self.__dict__.pop("_ddp", None)  # detaches its hooks before the module may go
         del ddp
 
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Backward passes in this scope accumulate gradients locally; the first backward after it
+        all-reduces what was accumulated (gradient accumulation, as PyTorch's DDP.no_sync)."""
+        guard = _dist.DataParallelNoSync(self._ddp)
+        try:
+            yield
+        finally:
+            del guard
+
+    def bucket_names(self):
+        return [list(b) for b in self._ddp.bucket_names()]
+
     def parameters(self, recurse=True):
         return self.module.parameters(recurse)
 
@@ -125,8 +139,9 @@ class DistributedDataParallel:
     def eval(self):
         return self.train(False)
 
-    def stats(self):
-        return self._ddp.stats() if hasattr(self._ddp, "stats") else None
+    def last_stats(self):
+        """Timings of the latest synchronised backward pass (seconds, buckets, bytes)."""
+        return self._ddp.last_stats()
 
 
 class PipelineStage:

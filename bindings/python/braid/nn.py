@@ -81,7 +81,12 @@ def _setattr(self, name, value):
         object.__setattr__(self, name, value)
         return
     attrs[name] = value  # keeps a Python module alive as long as its parent
-    object.__setattr__(self, name, value)
+    if isinstance(value, _nn.Module):
+        # Read back through C++ (__getattr__ -> child()), so that a child that C++ replaced
+        # (convert_sync_batchnorm, replace_child) is the one forward calls.
+        self.__dict__.pop(name, None)
+    else:
+        object.__setattr__(self, name, value)
 
 
 def _getattr(self, name):

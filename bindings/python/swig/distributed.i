@@ -64,8 +64,10 @@ inline braid::distributed::PipeLoss pipe_loss(PyObject* callable) {
   $1 = &temp;
 }
 
-%ignore braid::distributed::DistributedDataParallel::NoSync;
 %ignore braid::distributed::DistributedDataParallel::operator();
+// The gradient-accumulation guard, as a class of its own (distributed.py's no_sync() holds one).
+%feature("flatnested") braid::distributed::DistributedDataParallel::NoSync;
+%rename(DataParallelNoSync) braid::distributed::DistributedDataParallel::NoSync;
 %ignore braid::distributed::PipelineStage::Incoming;
 %ignore braid::distributed::PipelineStage::operator();
 

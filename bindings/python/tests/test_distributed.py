@@ -126,3 +126,77 @@ def test_pipeline_of_python_stages_equals_one_process(schedule):
     ref_layer = ref.layers[RANK]
     np.testing.assert_allclose(stage.layer.weight.detach().numpy(), ref_layer.weight.detach().numpy(), atol=1e-5)
     np.testing.assert_allclose(stage.layer.bias.detach().numpy(), ref_layer.bias.detach().numpy(), atol=1e-5)
+
+
+class BNNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(2, 3, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(3)
+        self.fc = nn.Linear(3 * 4 * 4, 2)
+
+    def forward(self, x):
+        return self.fc(braid.relu(self.bn(self.conv(x))).flatten(1))
+
+
+def test_sync_batchnorm_under_ddp_equals_one_process():
+    """convert_sync_batchnorm: batch statistics over the global batch, so N ranks on shards equal one
+    process with BatchNorm on the whole batch (weights and running statistics)."""
+    per_rank = 3
+    rng = np.random.RandomState(5)
+    data = [(rng.randn(per_rank * SIZE, 2, 4, 4).astype(np.float32), rng.randint(0, 2, per_rank * SIZE).astype(np.int64))
+            for _ in range(3)]
+    braid.manual_seed(4)
+    ref = BNNet()
+    ref_opt = optim.SGD(ref.parameters(), lr=0.1)
+    for x, y in data:
+        ref_opt.zero_grad()
+        nn.functional.cross_entropy(ref(braid.from_numpy(x)), braid.from_numpy(y)).backward()
+        ref_opt.step()
+
+    braid.manual_seed(4)
+    model = BNNet()
+    assert braid.distributed.convert_sync_batchnorm(model) == 1
+    ddp = braid.distributed.DistributedDataParallel(model)
+    opt = optim.SGD(model.parameters(), lr=0.1)
+    for x, y in data:
+        shard = slice(RANK * per_rank, (RANK + 1) * per_rank)
+        opt.zero_grad()
+        nn.functional.cross_entropy(ddp(braid.from_numpy(x[shard])), braid.from_numpy(y[shard])).backward()
+        opt.step()
+    got, want = model.state_dict(), ref.state_dict()
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+def test_no_sync_accumulates_then_averages():
+    """Two micro-batches per step, the first under no_sync: the same weights as one process on the
+    whole batch (gradients of the two halves summed, averaged over ranks)."""
+    per_rank = 2
+    data = batches(2, 2 * per_rank * SIZE, 6, 3, seed=9)
+    braid.manual_seed(12)
+    ref = MLP([6, 5, 3])
+    ref_opt = optim.SGD(ref.parameters(), lr=0.1)
+    for x, y in data:
+        ref_opt.zero_grad()
+        for half in (slice(0, per_rank * SIZE), slice(per_rank * SIZE, 2 * per_rank * SIZE)):
+            # mean over each half, so the two halves' sum is what the accumulating ranks compute
+            nn.functional.cross_entropy(ref(braid.from_numpy(x[half])), braid.from_numpy(y[half])).backward()
+        ref_opt.step()
+
+    braid.manual_seed(12)
+    model = MLP([6, 5, 3])
+    ddp = braid.distributed.DistributedDataParallel(model)
+    opt = optim.SGD(model.parameters(), lr=0.1)
+    for x, y in data:
+        opt.zero_grad()
+        for k, half in enumerate((slice(0, per_rank * SIZE), slice(per_rank * SIZE, 2 * per_rank * SIZE))):
+            xs, ys = x[half][RANK * per_rank:(RANK + 1) * per_rank], y[half][RANK * per_rank:(RANK + 1) * per_rank]
+            if k == 0:
+                with ddp.no_sync():
+                    nn.functional.cross_entropy(ddp(braid.from_numpy(xs)), braid.from_numpy(ys)).backward()
+            else:
+                nn.functional.cross_entropy(ddp(braid.from_numpy(xs)), braid.from_numpy(ys)).backward()
+        opt.step()
+    for name, v in ref.state_dict().items():
+        np.testing.assert_allclose(model.state_dict()[name], v, rtol=0, atol=1e-6, err_msg=name)

@@ -822,3 +822,20 @@ print("survived", len(cases))
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "survived 15" in r.stdout
+
+
+def test_bool_mask_assignment_matches_numpy():
+    a = np.arange(-6, 6, dtype=np.float32).reshape(3, 4)
+    t = braid.tensor(a)
+    t[t < 0] = 0.5
+    want = a.copy()
+    want[want < 0] = 0.5
+    np.testing.assert_array_equal(t.numpy(), want)
+    rows = np.array([True, False, True])
+    t2 = braid.tensor(a)
+    t2[braid.tensor(rows)] = braid.full((4,), -1.0)
+    want2 = a.copy()
+    want2[rows] = -1.0
+    np.testing.assert_array_equal(t2.numpy(), want2)
+    with pytest.raises(IndexError):
+        t2[braid.tensor([True, False])] = 1.0
