@@ -24,27 +24,16 @@
 #include "braid/onnx/module.h"
 #include "braid/ops.h"
 #include "ops/trace.h"
+#include "ops_util.h"
 
 namespace braid::onnx {
 
 namespace {
 
 using detail::TraceEntry;
+using ops::onnx_type_code;
 
 int g_traced_modules = 0;
-
-int64_t onnx_type(DType t) {
-  switch (t) {
-    case DType::Float32: return 1;
-    case DType::Float64: return 11;
-    case DType::Int64: return 7;
-    case DType::Int32: return 6;
-    case DType::Bool: return 9;
-    case DType::Float16: return 10;
-    case DType::BFloat16: return 16;
-  }
-  return 0;
-}
 
 // What a rule works with: the entry, its operands' value names (cast on request) and the builder.
 struct Emit {
@@ -56,7 +45,7 @@ struct Emit {
   const Tensor& out() const { return e.output; }
   std::string cast(size_t i, DType t) {
     if (x(i).dtype() == t) return in[i];
-    return g.node("Cast", {in[i]}, {{"to", attr_int(onnx_type(t))}})[0];
+    return g.node("Cast", {in[i]}, {{"to", attr_int(onnx_type_code(t))}})[0];
   }
   std::string one(const std::string& op, std::vector<std::string> inputs, std::map<std::string, Attribute> a = {}) {
     return g.node(op, inputs, std::move(a))[0];
@@ -191,7 +180,7 @@ const std::map<std::string, Rule>& rules() {
       return m.one("Expand", {m.in[0], m.g.ints(s)});
     };
     for (const char* name : {"contiguous", "clone", "to"}) r[name] = [](Emit& m) { return m.one("Identity", {m.in[0]}); };
-    r["cast"] = [](Emit& m) { return m.one("Cast", {m.in[0]}, {{"to", attr_int(onnx_type(m.out().dtype()))}}); };
+    r["cast"] = [](Emit& m) { return m.one("Cast", {m.in[0]}, {{"to", attr_int(onnx_type_code(m.out().dtype()))}}); };
     r["concat"] = [](Emit& m) {
       std::vector<std::string> in;
       for (size_t i = 0; i < m.in.size(); ++i) in.push_back(m.cast(i, m.out().dtype()));
@@ -271,14 +260,14 @@ Value export_traced(GraphBuilder& g, nn::Module& m, const std::string& prefix, c
 
   // The entries y depends on, found from y backwards; inputs, weights and constants end the walk.
   std::set<size_t> needed;
-  std::vector<const TensorImpl*> todo{y.impl_ptr().get()};
-  while (!todo.empty()) {
-    const TensorImpl* t = todo.back();
-    todo.pop_back();
+  std::vector<const TensorImpl*> pending{y.impl_ptr().get()};
+  while (!pending.empty()) {
+    const TensorImpl* t = pending.back();
+    pending.pop_back();
     auto it = producer.find(t);
     if (names.count(t) != 0 || state.count(t) != 0 || it == producer.end() || !needed.insert(it->second).second) continue;
     for (const Tensor& in : trace.entries[it->second].inputs)
-      if (in.defined()) todo.push_back(in.impl_ptr().get());
+      if (in.defined()) pending.push_back(in.impl_ptr().get());
   }
   for (size_t i : needed) {  // in the order forward ran them
     const TraceEntry& e = trace.entries[i];
