@@ -111,6 +111,10 @@ def _call(self, *args, **kwargs):
     return self.forward(*args, **kwargs)
 
 
+def _forward_not_defined(self, *args, **kwargs):
+    raise NotImplementedError(f"{type(self).__name__} does not define forward()")
+
+
 def _buffer(self, name, tensor):
     """Registers tensor as a buffer: saved in state_dict, not trained (running statistics)."""
     t = _nx.Module_register_buffer(self, name, tensor)
@@ -207,6 +211,9 @@ Module.__init__ = _init
 Module.__setattr__ = _setattr
 Module.__getattr__ = _getattr
 Module.__call__ = _call
+# A Python subclass without forward gets a clear error, from Python and from C++ alike (C++ layers
+# have forward methods of their own).
+Module.forward = _forward_not_defined
 Module.__repr__ = lambda self: _nx.Module_to_string(self)
 Module.register_buffer = _buffer
 Module._replace_tensor = _replace_tensor

@@ -21,6 +21,19 @@ X(MultiheadAttention) X(TransformerEncoderLayer) X(RNNBase) X(LSTM) X(GRU) X(Ski
 BRAID_MODULES(BRAID_SHARED)
 
 %feature("director") braid::nn::Module;
+// What a Python forward returns to C++ must be one Tensor; anything else is a TypeError naming the
+// class (SWIG's own message names only the C++ type).
+%typemap(directorout) braid::Tensor {
+  void* p = nullptr;
+  if (!SWIG_IsOK(SWIG_ConvertPtr($input, &p, $descriptor(braid::Tensor*), 0)) || p == nullptr) {
+    PyErr_Format(PyExc_TypeError,
+                 "%s.forward returned %s; a module that C++ calls (Sequential, DistributedDataParallel, a "
+                 "pipeline stage, ONNX export) must return one braid.Tensor",
+                 Py_TYPE(swig_get_self())->tp_name, Py_TYPE($input)->tp_name);
+    throw braid_py::PythonError();
+  }
+  $result = *static_cast<braid::Tensor*>(p);
+}
 %feature("nodirector") braid::nn::Module::to_string;
 
 // A module handed back to Python is its most derived class; a Python-defined module is the very

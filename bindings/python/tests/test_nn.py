@@ -632,3 +632,22 @@ def test_docstrings_come_from_the_headers():
     assert "gain * sqrt(3 / fan)" in nn.init.kaiming_uniform_.__doc__
     assert "numpy.matmul" in braid.matmul.__doc__
     assert "ignore_index" in F.cross_entropy.__doc__
+
+
+def test_forward_mistakes_are_named():
+    class NoForward(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(2, 2)
+
+    class ReturnsInt(nn.Module):
+        def forward(self, x):
+            return 3
+
+    m = NoForward()
+    with pytest.raises(NotImplementedError, match="NoForward does not define forward"):
+        m(braid.ones(1, 2))
+    with pytest.raises(NotImplementedError, match="NoForward does not define forward"):
+        nn.Sequential(m)(braid.ones(1, 2))  # called from C++
+    with pytest.raises(TypeError, match="ReturnsInt.forward returned int"):
+        nn.Sequential(ReturnsInt())(braid.ones(1))
