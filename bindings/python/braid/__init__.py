@@ -104,6 +104,20 @@ def backward(tensors, grad_tensors=None, retain_graph=False):
     _core.backward(tensors, [g if g is not None else _core.ones_like(t) for g, t in zip(grads, tensors)], retain_graph)
 
 
+class _AutogradNamespace:
+    """braid.autograd: backward over several roots, and hooks into a backward pass (braid/autograd.h)."""
+
+    backward = staticmethod(backward)
+    # fn() runs once a backward pass has finished accumulating into leaf.grad; returns an id.
+    add_grad_ready_hook = staticmethod(_core.add_grad_ready_hook)
+    remove_grad_ready_hook = staticmethod(_core.remove_grad_ready_hook)
+    # fn() runs once the backward pass in progress has finished, before backward() returns.
+    queue_backward_callback = staticmethod(_core.queue_backward_callback)
+
+
+autograd = _AutogradNamespace()
+
+
 # ---- creation, with PyTorch's signatures ----
 
 

@@ -839,3 +839,20 @@ def test_bool_mask_assignment_matches_numpy():
     np.testing.assert_array_equal(t2.numpy(), want2)
     with pytest.raises(IndexError):
         t2[braid.tensor([True, False])] = 1.0
+
+
+def test_grad_ready_hook_sees_the_accumulated_gradient_once():
+    w = braid.tensor([0.5, -1.0, 2.0], requires_grad=True)
+    seen = []
+    hook = braid.autograd.add_grad_ready_hook(w, lambda: seen.append(w.grad.numpy().copy()))
+    ((w * w).sum() + w.sum()).backward()  # w is used twice: the hook fires once, after both
+    assert len(seen) == 1
+    np.testing.assert_allclose(seen[0], 2 * np.array([0.5, -1.0, 2.0]) + 1, rtol=1e-6)
+    braid.autograd.remove_grad_ready_hook(w, hook)
+
+    def boom():
+        raise KeyError("from a hook")
+
+    braid.autograd.add_grad_ready_hook(w, boom)
+    with pytest.raises(KeyError, match="from a hook"):
+        (w * 3).sum().backward()
