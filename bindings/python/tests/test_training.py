@@ -215,3 +215,19 @@ def test_dataloader_applies_transforms():
     loader = data.DataLoader((x, y), batch_size=2, transforms=[data.Normalize([1.5], [2.0])])
     (got, _), = list(loader)
     np.testing.assert_allclose(got.numpy(), (x - 1.5) / 2.0, rtol=1e-6)
+
+
+def test_partitioner_stages_compose_to_the_model():
+    """profile_layers + partition + stage_layers from Python: the stages, run one after another, give
+    the whole model's output (they share its layers)."""
+    braid.manual_seed(6)
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 4))
+    x = braid.randn(5, 8)
+    layers = braid.distributed.profile_layers(model, x, 2)
+    assert len(layers) == 5
+    plan = braid.distributed.partition(layers, 2)
+    assert list(plan.first_layer)[0] == 0 and len(plan.first_layer) == 2
+    stages = [braid.distributed.stage_layers(model, plan, s) for s in range(2)]
+    assert sum(len(s) for s in stages) == 5
+    y = stages[1](stages[0](x))
+    np.testing.assert_array_equal(y.detach().numpy(), model(x).detach().numpy())
