@@ -252,9 +252,10 @@ Tensor.tolist = _tolist
 
 
 def _dlpack(self, stream=None, max_version=None, dl_device=None, copy=None):
-    if copy:
-        return _core.to_dlpack(self.clone())
-    return _core.to_dlpack(self)
+    """A DLPack capsule sharing this tensor's memory: DLPack 1.0's versioned one when the consumer
+    accepts it (max_version >= (1, 0), as NumPy 2 asks), else the legacy one."""
+    versioned = max_version is not None and tuple(max_version)[0] >= 1
+    return _core.to_dlpack(self.clone() if copy else self, versioned)
 
 
 Tensor.__dlpack__ = _dlpack
@@ -289,7 +290,12 @@ def from_numpy(array):
 def from_dlpack(obj):
     """A tensor sharing the memory of any object with __dlpack__ (NumPy, PyTorch, CuPy), or of a
     DLPack capsule."""
-    capsule = obj.__dlpack__() if hasattr(obj, "__dlpack__") else obj
+    if not hasattr(obj, "__dlpack__"):
+        return _core.from_dlpack_capsule(obj)
+    try:
+        capsule = obj.__dlpack__(max_version=(1, 0))
+    except TypeError:  # a producer from before DLPack 1.0's keyword
+        capsule = obj.__dlpack__()
     return _core.from_dlpack_capsule(capsule)
 
 

@@ -136,6 +136,24 @@ namespace {
 // DLPack 0.8 added kDLBool; Debian 12's header is 0.6, so its code is spelled out.
 constexpr uint8_t kDLBoolCode = 6;
 
+// Note [DLPack 1.0 without its header]
+// NumPy 2 asks for DLPack 1.0's versioned capsule and marks the array it makes from a legacy one
+// read-only. Debian 12's dlpack.h is 0.6, which predates the versioned struct, so its layout (the
+// ABI that dlpack.h 1.0 defines: version, manager_ctx, deleter, flags, then a DLTensor unchanged
+// since 0.6) is written out here; replace it with the header's once Debian ships 1.0.
+struct DLPackVersion10 {
+  uint32_t major;
+  uint32_t minor;
+};
+struct DLManagedTensorVersioned10 {
+  DLPackVersion10 version;
+  void* manager_ctx;
+  void (*deleter)(DLManagedTensorVersioned10* self);
+  uint64_t flags;
+  DLTensor dl_tensor;
+};
+constexpr uint64_t kDLFlagBitmaskReadOnly = 1ULL << 0;
+
 DLDataType dl_dtype(braid::DType t) {
   switch (t) {
     case braid::DType::Float32: return {kDLFloat, 32, 1};
@@ -179,29 +197,37 @@ braid::Device braid_device(const DLDevice& d) {
                                             " is neither the CPU (1) nor CUDA (2)"));
 }
 
-// What a capsule's DLManagedTensor owns: the tensor handle that keeps the memory alive, and the
-// shape and strides arrays DLPack points into.
+// What a capsule's managed tensor owns: the tensor handle that keeps the memory alive, and the
+// shape and strides arrays DLPack points into. One of the two managed structs is handed out.
 struct Export {
   braid::Tensor tensor;
   std::vector<int64_t> shape, strides;
   DLManagedTensor managed{};
+  DLManagedTensorVersioned10 versioned{};
 };
 
 void delete_export(DLManagedTensor* m) { delete static_cast<Export*>(m->manager_ctx); }
+void delete_versioned_export(DLManagedTensorVersioned10* m) { delete static_cast<Export*>(m->manager_ctx); }
 
+// A capsule that nobody consumed still owns its tensor; a consumed one is renamed "used_...".
 void capsule_destructor(PyObject* capsule) {
-  // A capsule that nobody consumed still owns its tensor; a consumed one is renamed "used_dltensor".
   if (PyCapsule_IsValid(capsule, "dltensor")) {
     auto* m = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule, "dltensor"));
+    if (m != nullptr && m->deleter != nullptr) m->deleter(m);
+  }
+}
+void versioned_capsule_destructor(PyObject* capsule) {
+  if (PyCapsule_IsValid(capsule, "dltensor_versioned")) {
+    auto* m = static_cast<DLManagedTensorVersioned10*>(PyCapsule_GetPointer(capsule, "dltensor_versioned"));
     if (m != nullptr && m->deleter != nullptr) m->deleter(m);
   }
 }
 
 }  // namespace
 
-PyObject* to_dlpack(const braid::Tensor& t) {
-  auto* e = new Export{t, t.shape(), t.strides(), {}};
-  DLTensor& dl = e->managed.dl_tensor;
+PyObject* to_dlpack(const braid::Tensor& t, bool versioned) {
+  auto* e = new Export{t, t.shape(), t.strides(), {}, {}};
+  DLTensor& dl = versioned ? e->versioned.dl_tensor : e->managed.dl_tensor;
   try {
     dl.device = dl_device(t.device());
     dl.dtype = dl_dtype(t.dtype());
@@ -214,18 +240,36 @@ PyObject* to_dlpack(const braid::Tensor& t) {
   dl.shape = e->shape.data();
   dl.strides = e->strides.data();
   dl.byte_offset = 0;
-  e->managed.manager_ctx = e;
-  e->managed.deleter = delete_export;
-  PyObject* capsule = PyCapsule_New(&e->managed, "dltensor", capsule_destructor);
+  PyObject* capsule;
+  if (versioned) {
+    e->versioned.version = {1, 0};
+    e->versioned.manager_ctx = e;
+    e->versioned.deleter = delete_versioned_export;
+    e->versioned.flags = 0;  // writable
+    capsule = PyCapsule_New(&e->versioned, "dltensor_versioned", versioned_capsule_destructor);
+  } else {
+    e->managed.manager_ctx = e;
+    e->managed.deleter = delete_export;
+    capsule = PyCapsule_New(&e->managed, "dltensor", capsule_destructor);
+  }
   if (capsule == nullptr) delete e;
   return capsule;
 }
 
 braid::Tensor from_dlpack_capsule(PyObject* capsule) {
-  BRAID_CHECK_T(braid::TypeError, PyCapsule_IsValid(capsule, "dltensor"),
-                "from_dlpack: expected a DLPack capsule named 'dltensor' (an unused one)");
-  auto* m = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule, "dltensor"));
-  const DLTensor& dl = m->dl_tensor;
+  const bool versioned = PyCapsule_IsValid(capsule, "dltensor_versioned");
+  BRAID_CHECK_T(braid::TypeError, versioned || PyCapsule_IsValid(capsule, "dltensor"),
+                "from_dlpack: expected an unused DLPack capsule ('dltensor' or 'dltensor_versioned')");
+  DLManagedTensor* m = nullptr;
+  DLManagedTensorVersioned10* mv = nullptr;
+  if (versioned) {
+    mv = static_cast<DLManagedTensorVersioned10*>(PyCapsule_GetPointer(capsule, "dltensor_versioned"));
+    BRAID_CHECK_T(braid::TypeError, mv->version.major == 1, "from_dlpack: DLPack ", mv->version.major, ".",
+                  mv->version.minor, " is not supported (braid reads 0.x and 1.x)");
+  } else {
+    m = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule, "dltensor"));
+  }
+  const DLTensor& dl = versioned ? mv->dl_tensor : m->dl_tensor;
   const braid::DType dtype = braid_dtype(dl.dtype);
   const braid::Device device = braid_device(dl.device);
   braid::Shape shape(dl.shape, dl.shape + dl.ndim);
@@ -246,13 +290,12 @@ braid::Tensor from_dlpack_capsule(PyObject* capsule) {
   char* base = static_cast<char*>(dl.data);
   const int64_t offset = static_cast<int64_t>(dl.byte_offset) / esize;
   // From here the producer's memory belongs to braid's storage: its release calls the deleter.
-  PyCapsule_SetName(capsule, "used_dltensor");
-  auto storage = braid::Storage::wrap(base, (offset + extent) * esize, device, [m] {
-    if (m->deleter == nullptr) return;
-    if (Py_IsInitialized()) {
-      Gil gil;  // a Python producer's deleter drops Python references
-      m->deleter(m);
-    }
+  PyCapsule_SetName(capsule, versioned ? "used_dltensor_versioned" : "used_dltensor");
+  auto storage = braid::Storage::wrap(base, (offset + extent) * esize, device, [m, mv] {
+    if (!Py_IsInitialized()) return;
+    Gil gil;  // a Python producer's deleter drops Python references
+    if (m != nullptr && m->deleter != nullptr) m->deleter(m);
+    if (mv != nullptr && mv->deleter != nullptr) mv->deleter(mv);
   });
   auto impl = std::make_shared<braid::TensorImpl>();
   impl->storage = std::move(storage);
@@ -260,7 +303,9 @@ braid::Tensor from_dlpack_capsule(PyObject* capsule) {
   impl->strides = std::move(strides);
   impl->offset = offset;
   impl->dtype = dtype;
-  return braid::Tensor(std::move(impl));
+  braid::Tensor t(std::move(impl));
+  if (versioned && (mv->flags & kDLFlagBitmaskReadOnly) != 0) return t.clone();  // read-only: a copy
+  return t;
 }
 
 PyObject* dlpack_device(const braid::Tensor& t) {

@@ -41,10 +41,12 @@ void set_python_error();
 braid::Tensor tensor_over_memory(PyObject* owner, uintptr_t data, const braid::Shape& shape,
                                  const braid::Shape& byte_strides, braid::DType dtype);
 
-/// A DLPack capsule ("dltensor") over t's memory; it keeps t alive until the consumer's deleter runs.
-PyObject* to_dlpack(const braid::Tensor& t);
-/// The tensor over a DLPack capsule's memory, which the capsule's producer keeps alive until braid
-/// calls its deleter; the capsule is marked used, as the protocol requires.
+/// A DLPack capsule over t's memory that keeps t alive until the consumer's deleter runs: DLPack
+/// 1.0's "dltensor_versioned" (writable) when versioned, else the legacy "dltensor".
+PyObject* to_dlpack(const braid::Tensor& t, bool versioned = false);
+/// The tensor over a DLPack capsule's memory ("dltensor" or "dltensor_versioned"), which the
+/// capsule's producer keeps alive until braid calls its deleter; the capsule is marked used, as the
+/// protocol requires. A producer's read-only tensor is copied (braid's tensors are all writable).
 braid::Tensor from_dlpack_capsule(PyObject* capsule);
 /// (device_type, device_id) in DLPack's codes, for __dlpack_device__.
 PyObject* dlpack_device(const braid::Tensor& t);

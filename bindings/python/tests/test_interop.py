@@ -357,3 +357,23 @@ def test_import_braid_under_numpy_1_in_system_python():
                        env=_system_python_env())
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.split() == ["(1,", "2)", "[0.0,", "2.0,", "4.0]"]
+
+
+def test_dlpack_1_0_with_numpy_2_is_writable_both_ways():
+    """NumPy 2 asks for DLPack 1.0's versioned capsule: the array it makes over a braid tensor is
+    writable and shares memory; a read-only NumPy array comes into braid as a copy."""
+    if tuple(int(v) for v in np.__version__.split(".")[:2]) < (2, 1):
+        pytest.skip(f"NumPy {np.__version__} asks for legacy capsules only")
+    t = braid.arange(6, dtype=braid.float32).reshape(2, 3)
+    a = np.from_dlpack(t)
+    assert a.flags.writeable
+    a[1, 2] = -4.0
+    assert t[1, 2].item() == -4.0
+    capsule = t.__dlpack__(max_version=(1, 0))
+    assert "dltensor_versioned" in repr(capsule)
+    frozen = np.arange(3.0)
+    frozen.flags.writeable = False
+    c = braid.from_dlpack(frozen)
+    np.testing.assert_array_equal(c.numpy(), [0.0, 1.0, 2.0])
+    c[0] = 9.0  # a copy: the read-only array is untouched
+    assert frozen[0] == 0.0
