@@ -111,8 +111,15 @@ def _call(self, *args, **kwargs):
     return self.forward(*args, **kwargs)
 
 
-def _forward_not_defined(self, *args, **kwargs):
-    raise NotImplementedError(f"{type(self).__name__} does not define forward()")
+_cpp_forward = _nn.Module.forward  # SWIG's: the C++ virtual forward
+
+
+def _forward(self, *args, **kwargs):
+    """A Python subclass without forward gets a clear error, from Python and from C++ alike; a C++
+    module seen through the base class (one from another SWIG module) runs its C++ forward."""
+    if _is_python_module(self):
+        raise NotImplementedError(f"{type(self).__name__} does not define forward()")
+    return _cpp_forward(self, *args, **kwargs)
 
 
 def _buffer(self, name, tensor):
@@ -211,9 +218,7 @@ Module.__init__ = _init
 Module.__setattr__ = _setattr
 Module.__getattr__ = _getattr
 Module.__call__ = _call
-# A Python subclass without forward gets a clear error, from Python and from C++ alike (C++ layers
-# have forward methods of their own).
-Module.forward = _forward_not_defined
+Module.forward = _forward
 Module.__repr__ = lambda self: _nx.Module_to_string(self)
 Module.register_buffer = _buffer
 Module._replace_tensor = _replace_tensor

@@ -5,7 +5,9 @@
 %include "braid.swg"
 
 %{
+#include "braid/distributed/data_parallel.h"
 #include "braid/nn/nn.h"
+#include "braid/onnx/module.h"
 %}
 
 %import "core.i"
@@ -60,6 +62,15 @@ inline PyObject* module_result(const std::shared_ptr<braid::nn::Module>& m) {
   BRAID_CAST(MultiheadAttention) BRAID_CAST(TransformerEncoderLayer) BRAID_CAST(LSTM) BRAID_CAST(GRU)
   BRAID_CAST(SkipStash) BRAID_CAST(SkipAdd) BRAID_CAST(SkipConcat)
 #undef BRAID_CAST
+  // Modules wrapped by the other SWIG modules, typed when that module is loaded.
+#define BRAID_CAST_OTHER(CLASS, NAME)                                                            \
+  if (auto p = std::dynamic_pointer_cast<CLASS>(m)) {                                           \
+    if (swig_type_info* type = SWIG_TypeQuery("std::shared_ptr< " #CLASS " > *"))              \
+      return SWIG_NewPointerObj(new std::shared_ptr<CLASS>(p), type, SWIG_POINTER_OWN);         \
+  }
+  BRAID_CAST_OTHER(braid::distributed::SyncBatchNorm, SyncBatchNorm)
+  BRAID_CAST_OTHER(braid::onnx::OnnxModule, OnnxModule)
+#undef BRAID_CAST_OTHER
   static swig_type_info* base = SWIG_TypeQuery("std::shared_ptr< braid::nn::Module > *");
   return SWIG_NewPointerObj(new std::shared_ptr<braid::nn::Module>(m), base, SWIG_POINTER_OWN);
 }
