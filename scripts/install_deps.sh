@@ -12,7 +12,9 @@ packages=(
   libonnx-dev libprotobuf-dev protobuf-compiler libonnx-testdata
   clang libclang-rt-14-dev
   python3 python3-numpy
-  swig libdlpack-dev
+  # The Python module: swig and the DLPack header build it; on a machine whose python3 is Debian's,
+  # python3-dev gives Meson the headers and python3-pytest runs its suite.
+  swig libdlpack-dev python3-dev python3-pytest
   dataset-fashion-mnist
 )
 # The PyTorch comparisons (benchmarks/train_step.py, the reference scripts in tests/data) also need
