@@ -22,6 +22,14 @@ class Storage {
   static std::shared_ptr<Storage> wrap(void* data, int64_t nbytes, Device device = cpu(),
                                        std::function<void()> release = nullptr);
 
+  /// Storage's own key for its constructor (allocate and wrap make the storage and its count in
+  /// one block with std::make_shared, which needs a public constructor).
+  class Key {
+    friend class Storage;
+    explicit Key() = default;
+  };
+  Storage(Key, void* data, int64_t nbytes, Device device, bool owned, std::function<void()> release)
+      : data_(data), nbytes_(nbytes), device_(device), owned_(owned), release_(std::move(release)) {}
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -33,12 +41,10 @@ class Storage {
 
   /// Bytes currently held by all owning storages on the CPU (for memory tests and benchmarks).
   static int64_t live_bytes();
-  /// Returns the blocks kept for reuse (see Note [Block cache] in storage.cpp) to the system.
+  /// Returns the blocks kept for reuse (Note [Block cache] in src/backend/cpu/memory.cpp) to the system.
   static void empty_cache();
 
  private:
-  Storage(void* data, int64_t nbytes, Device device, bool owned, std::function<void()> release = nullptr)
-      : data_(data), nbytes_(nbytes), device_(device), owned_(owned), release_(std::move(release)) {}
   void* data_;
   int64_t nbytes_;
   Device device_;

@@ -52,15 +52,14 @@ Node::~Node() {
 
 bool needs_grad(const Tensor& t) { return g_grad_enabled && t.defined() && t.requires_grad(); }
 
-bool needs_grad(const std::vector<Tensor>& inputs) {
+bool needs_grad(ArgView<Tensor> inputs) {
   if (!g_grad_enabled) return false;
   for (const Tensor& t : inputs)
     if (t.defined() && t.requires_grad()) return true;
   return false;
 }
 
-Tensor record(const char* name, Tensor out, const std::vector<Tensor>& inputs, BackwardFn fn) {
-  if (!needs_grad(inputs)) return out;
+Tensor record_backward(const char* name, Tensor out, ArgView<Tensor> inputs, BackwardFn fn) {
   BRAID_ASSERT(is_floating(out.dtype()), name, " recorded a gradient for a ", dtype_name(out.dtype()), " output");
   auto node = std::make_shared<Node>();
   node->name = name;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "braid/tensor.h"
+#include "core/arg_view.h"
 
 namespace braid::detail {
 
@@ -60,12 +61,22 @@ struct Node {
 };
 
 /// True when grad mode is on and any input requires a gradient.
-bool needs_grad(const std::vector<Tensor>& inputs);
+bool needs_grad(ArgView<Tensor> inputs);
 bool needs_grad(const Tensor& input);
+
+/// record() once needs_grad(inputs) holds: makes fn out's backward.
+Tensor record_backward(const char* name, Tensor out, ArgView<Tensor> inputs, BackwardFn fn);
 
 /// Makes fn out's backward when needs_grad(inputs); returns out. Captured tensors should be
 /// detached (saved.detach()) so that the tape does not keep whole graphs alive through them.
-Tensor record(const char* name, Tensor out, const std::vector<Tensor>& inputs, BackwardFn fn);
+/// Without grad, fn is dropped unconverted (a std::function holding its captures would allocate);
+/// an op whose captures cost something to make (detach() makes a TensorImpl) checks needs_grad
+/// before it builds the lambda, so that inference pays nothing for what only backward reads.
+template <typename F>
+Tensor record(const char* name, Tensor out, ArgView<Tensor> inputs, F&& fn) {
+  if (!needs_grad(inputs)) return out;
+  return record_backward(name, std::move(out), inputs, BackwardFn(std::forward<F>(fn)));
+}
 
 /// Throws when t may not be modified in place (it is tracked by autograd and grad mode is on).
 void check_inplace(const Tensor& t, const char* op);

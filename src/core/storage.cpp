@@ -47,12 +47,12 @@ std::shared_ptr<Storage> Storage::allocate(int64_t nbytes, Device device) {
   const int64_t rounded = (std::max<int64_t>(nbytes, 1) + kAlignment - 1) / kAlignment * kAlignment;
   void* p = backend.allocate(device, rounded);
   count(device, rounded);
-  return std::shared_ptr<Storage>(new Storage(p, rounded, device, true));
+  return std::make_shared<Storage>(Key(), p, rounded, device, true, nullptr);
 }
 
 std::shared_ptr<Storage> Storage::wrap(void* data, int64_t nbytes, Device device, std::function<void()> release) {
   BRAID_CHECK(data != nullptr || nbytes == 0, "Storage::wrap: null pointer for ", nbytes, " bytes");
-  return std::shared_ptr<Storage>(new Storage(data, nbytes, device, false, std::move(release)));
+  return std::make_shared<Storage>(Key(), data, nbytes, device, false, std::move(release));
 }
 
 Storage::~Storage() {

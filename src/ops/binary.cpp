@@ -41,7 +41,7 @@ Tensor arith(const char* name, BinaryOp op, const Tensor& a, const Tensor& b, F 
   DType t = arith_type(a, b, name, true_div);
   Tensor out = binary_raw(op, a, b, t, t, name);
   traced(name, out, {a, b});
-  if (!is_floating(t)) return out;
+  if (!is_floating(t) || !needs_grad({a, b})) return out;
   return record(name, out, {a, b},
                 [a = a.detach(), b = b.detach(), o = out.detach(), formula](const Tensor& g, Grads& r) {
                   formula(g, a, b, o, r);
@@ -128,7 +128,7 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   Tensor out = new_tensor(s, t, a.device());
   backend_of(a).where(broadcast_view(cond, s), broadcast_view(cast_raw(a, t), s), broadcast_view(cast_raw(b, t), s), out);
   traced("where", out, {cond, a, b});
-  if (!is_floating(t)) return out;
+  if (!is_floating(t) || !needs_grad({a, b})) return out;
   return record("where", out, {a, b}, [c = cond.detach()](const Tensor& g, Grads& r) {
     Tensor zero = scalar_like(g, 0);
     if (r.needs(0)) r.set(0, where(c, g, zero));

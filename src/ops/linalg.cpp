@@ -60,7 +60,7 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   Tensor a = cast(a_in, t), b = cast(b_in, t);
   Tensor out = matmul_raw(a, b);
   traced("matmul", out, {a, b});
-  if (!is_floating(t)) return out;
+  if (!is_floating(t) || !needs_grad({a, b})) return out;
   return record("matmul", out, {a, b}, [a = a.detach(), b = b.detach()](const Tensor& g, Grads& r) {
     autocast off(kBFloat16, false);  // Note [Autocast]: backward formulas run as they would outside
     if (r.needs(0)) r.set(0, matmul(g, b.mT()));

@@ -39,7 +39,7 @@ Tensor sum(const Tensor& x, const std::vector<int64_t>& axes_in, bool keepdim) {
   Shape k = out.shape();
   out = as_strided(out, reduced_shape(x.shape(), axes, keepdim), contiguous_strides(reduced_shape(x.shape(), axes, keepdim)), 0);
   traced("sum", out, {x}, {axes, {keepdim ? 1.0 : 0.0}});
-  if (!is_floating(t)) return out;
+  if (!is_floating(t) || !needs_grad(x)) return out;
   Shape in_shape = x.shape();
   return record("sum", out, {x}, [k, in_shape](const Tensor& g, Grads& r) { r.set(0, g.reshape(k).expand(in_shape)); });
 }
@@ -60,7 +60,7 @@ Tensor prod(const Tensor& x, const std::vector<int64_t>& axes_in, bool keepdim) 
   Shape rs = reduced_shape(x.shape(), axes, keepdim);
   Tensor out = as_strided(kept, rs, contiguous_strides(rs), 0);
   traced("prod", out, {x}, {axes, {keepdim ? 1.0 : 0.0}});
-  if (!is_floating(t)) return out;
+  if (!is_floating(t) || !needs_grad(x)) return out;
   return record("prod", out, {x}, [x = x.detach(), kept, axes](const Tensor& g, Grads& r) {
     // d prod / d x_i = product of the others. Where a group holds one zero, that element's gradient
     // is the product of the non-zero rest; with two or more zeros every gradient is zero.
@@ -84,7 +84,7 @@ Tensor extremum(const char* name, ReduceOp op, const Tensor& x, const std::vecto
   Shape rs = reduced_shape(x.shape(), axes, keepdim);
   Tensor out = as_strided(kept, rs, contiguous_strides(rs), 0);
   traced(name, out, {x}, {axes, {keepdim ? 1.0 : 0.0}});
-  if (!is_floating(x.dtype())) return out;
+  if (!is_floating(x.dtype()) || !needs_grad(x)) return out;
   return record(name, out, {x}, [x = x.detach(), kept, axes](const Tensor& g, Grads& r) {
     // Ties share the gradient evenly (torch.amax's rule).
     Tensor mask = cast(eq(x, kept), x.dtype());
@@ -152,6 +152,7 @@ Tensor softmax(const Tensor& x_in, int64_t axis) {
     y = e / sum(e, {a}, true);
   }
   traced("softmax", y, {x}, {{a}, {}});
+  if (!needs_grad(x)) return y;
   return record("softmax", y, {x}, [y = y.detach(), a](const Tensor& g, Grads& r) {
     r.set(0, y * (g - sum(g * y, {a}, true)));
   });
@@ -167,6 +168,7 @@ Tensor log_softmax(const Tensor& x_in, int64_t axis) {
     y = shifted - log(sum(exp(shifted), {a}, true));
   }
   traced("log_softmax", y, {x}, {{a}, {}});
+  if (!needs_grad(x)) return y;
   return record("log_softmax", y, {x}, [y = y.detach(), a](const Tensor& g, Grads& r) {
     r.set(0, g - exp(y) * sum(g, {a}, true));
   });

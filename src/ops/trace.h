@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "braid/tensor.h"
+#include "core/arg_view.h"
 
 namespace braid::detail {
 
@@ -14,6 +15,12 @@ namespace braid::detail {
 struct TraceAttrs {
   std::vector<int64_t> ints;
   std::vector<double> floats;
+};
+
+/// traced()'s non-tensor arguments, as views; copied into TraceAttrs only when a trace is active.
+struct TraceArgs {
+  ArgView<int64_t> ints;
+  ArgView<double> floats;
 };
 
 struct TraceEntry {
@@ -42,11 +49,11 @@ class TraceScope {
   Trace* prev_;
 };
 
-void trace_append(const char* op, const Tensor& out, std::vector<Tensor> inputs, TraceAttrs attrs);
+void trace_append(const char* op, const Tensor& out, ArgView<Tensor> inputs, TraceArgs attrs);
 
 /// Records op in the active trace, if any; returns out.
-inline const Tensor& traced(const char* op, const Tensor& out, std::vector<Tensor> inputs, TraceAttrs attrs = {}) {
-  if (active_trace() != nullptr) trace_append(op, out, std::move(inputs), std::move(attrs));
+inline const Tensor& traced(const char* op, const Tensor& out, ArgView<Tensor> inputs, TraceArgs attrs = {}) {
+  if (active_trace() != nullptr) trace_append(op, out, inputs, attrs);
   return out;
 }
 

@@ -23,6 +23,7 @@ Tensor float_unary(const char* name, UnaryOp op, const Tensor& input, F formula,
   Tensor x = float_input(input, name);
   Tensor y = unary_raw(op, x, p0, p1);
   traced(name, y, {x}, {{}, {p0, p1}});
+  if (!needs_grad(x)) return y;
   return record(name, y, {x}, [x = x.detach(), y = y.detach(), formula](const Tensor& g, Grads& r) {
     r.set(0, formula(g, x, y));
   });
@@ -35,7 +36,7 @@ Tensor any_unary(const char* name, UnaryOp op, const Tensor& x, F formula, doubl
   BRAID_CHECK_T(TypeError, x.dtype() != kBool, name, ": not defined for bool tensors");
   Tensor y = unary_raw(op, x, p0, p1);
   traced(name, y, {x}, {{}, {p0, p1}});
-  if (!is_floating(x.dtype())) return y;
+  if (!is_floating(x.dtype()) || !needs_grad(x)) return y;
   return record(name, y, {x}, [x = x.detach(), y = y.detach(), formula](const Tensor& g, Grads& r) {
     r.set(0, formula(g, x, y));
   });
@@ -179,6 +180,7 @@ Tensor gelu(const Tensor& input, const std::string& approximate) {
     y = x * phi_cdf;
   }
   traced("gelu", y, {x});
+  if (!needs_grad(x)) return y;
   return record("gelu", y, {x}, [x = x.detach(), phi_cdf](const Tensor& g, Grads& r) {
     r.set(0, g * (phi_cdf + x * kInvSqrt2Pi * exp(-0.5 * x * x)));
   });

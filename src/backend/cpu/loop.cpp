@@ -23,37 +23,46 @@ StridedLoop::StridedLoop(const Shape& shape, std::initializer_list<LoopOperand> 
 
   // Dimensions of size 1 never move a pointer; the rest are ordered by the first operand's
   // stride (largest first) so that an output that is a permuted view is still walked in memory order.
-  std::vector<int> dims;
+  // Fixed arrays, not vectors: a small op's loop must not allocate.
+  BRAID_CHECK_T(NotImplementedError, shape.size() <= static_cast<size_t>(kMaxRank), "CPU kernels support at most ",
+                kMaxRank, " dimensions, got ", shape.size(), " for shape ", shape_str(shape));
+  std::array<int, kMaxRank> dims;
+  int nd = 0;
   for (size_t d = 0; d < shape.size(); ++d)
-    if (shape[d] != 1) dims.push_back(static_cast<int>(d));
-  std::stable_sort(dims.begin(), dims.end(),
-                   [&](int x, int y) { return std::llabs(ops[0].strides[x]) > std::llabs(ops[0].strides[y]); });
+    if (shape[d] != 1) dims[nd++] = static_cast<int>(d);
+  // Insertion sort (stable; std::stable_sort allocates a buffer), on a handful of dimensions.
+  for (int i = 1; i < nd; ++i) {
+    int d = dims[i], j = i;
+    for (; j > 0 && std::llabs(ops[0].strides[dims[j - 1]]) < std::llabs(ops[0].strides[d]); --j) dims[j] = dims[j - 1];
+    dims[j] = d;
+  }
 
   // Merge from the innermost outwards: dimension d folds into the one inside it when every operand
   // steps over the inner one exactly once per step of d.
-  std::vector<int64_t> sizes;
-  std::vector<std::array<int64_t, kMaxOperands>> strides;  // elements, innermost first
-  for (size_t i = dims.size(); i-- > 0;) {
+  std::array<int64_t, kMaxRank> sizes;
+  std::array<std::array<int64_t, kMaxOperands>, kMaxRank> strides;  // elements, innermost first
+  int n = 0;
+  for (int i = nd; i-- > 0;) {
     int d = dims[i];
     std::array<int64_t, kMaxOperands> st{};
     for (int k = 0; k < nops_; ++k) st[k] = ops[k].strides[d];
-    bool merge = !sizes.empty();
-    for (int k = 0; merge && k < nops_; ++k) merge = st[k] == strides.back()[k] * sizes.back();
+    bool merge = n > 0;
+    for (int k = 0; merge && k < nops_; ++k) merge = st[k] == strides[n - 1][k] * sizes[n - 1];
     if (merge) {
-      sizes.back() *= shape[d];
+      sizes[n - 1] *= shape[d];
     } else {
-      sizes.push_back(shape[d]);
-      strides.push_back(st);
+      sizes[n] = shape[d];
+      strides[n++] = st;
     }
   }
-  if (sizes.empty()) {  // a single element
-    sizes.push_back(1);
-    strides.push_back({});
+  if (n == 0) {  // a single element
+    sizes[0] = 1;
+    strides[0] = {};
+    n = 1;
   }
-  BRAID_CHECK_T(NotImplementedError, sizes.size() <= static_cast<size_t>(kMaxLoopDims), "CPU kernels support at most ",
-                kMaxLoopDims, " non-mergeable dimensions, got ", sizes.size(), " for shape ", shape_str(shape),
-                "; call contiguous() first");
-  ndim_ = static_cast<int>(sizes.size());
+  BRAID_CHECK_T(NotImplementedError, n <= kMaxLoopDims, "CPU kernels support at most ", kMaxLoopDims,
+                " non-mergeable dimensions, got ", n, " for shape ", shape_str(shape), "; call contiguous() first");
+  ndim_ = n;
   for (int i = 0; i < ndim_; ++i) {
     int d = ndim_ - 1 - i;
     shape_[d] = sizes[i];

@@ -38,6 +38,8 @@ class FunctionRef<R(Args...)> {
 
 constexpr int kMaxOperands = 4;
 constexpr int kMaxLoopDims = 16;
+/// The most dimensions a loop accepts before coalescing.
+constexpr int kMaxRank = 64;
 /// Below this many elements (times the per-element work) a loop runs on the calling thread.
 constexpr int64_t kParallelGrain = 32768;
 
