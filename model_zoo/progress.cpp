@@ -27,6 +27,11 @@ void ProgressBar::finish(const std::vector<std::pair<std::string, double>>& valu
   draw(true, values);
 }
 
+void ProgressBar::stop(int64_t done, const std::vector<std::pair<std::string, double>>& values) {
+  done_ = done;
+  draw(true, values);
+}
+
 void ProgressBar::draw(bool final, const std::vector<std::pair<std::string, double>>& values) {
   double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
   double rate = elapsed > 0 ? static_cast<double>(units_) / elapsed : 0;

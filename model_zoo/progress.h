@@ -18,6 +18,8 @@ class ProgressBar {
   void update(int64_t done, int64_t units, const std::vector<std::pair<std::string, double>>& values);
   /// Draws the final state and ends the line.
   void finish(const std::vector<std::pair<std::string, double>>& values);
+  /// Draws the state at done (a loop that stops early, e.g. on preemption) and ends the line.
+  void stop(int64_t done, const std::vector<std::pair<std::string, double>>& values);
 
  private:
   void draw(bool final, const std::vector<std::pair<std::string, double>>& values);

@@ -33,6 +33,7 @@ struct Args {
   std::string device = "auto", amp = "off";
   int64_t epochs = 3, batch_size = 64, limit = 0, threads = 0, sync_bn = 0, pipeline_stages = 1, micro_batches = 4;
   int64_t stop_after = 0;  // epochs to run in this invocation (0: to the end)
+  int64_t stop_at_step = 0;  // checkpoint after this global step and exit, as on preemption (0: never)
   double lr = 0;  // 0: the optimizer's default below
   double bucket_mb = 25;
   uint64_t seed = 0;
@@ -46,10 +47,14 @@ void usage() {
       "                   [--sync-bn 0|1 (BatchNorm statistics over all ranks)] [--bucket-mb X]\n"
       "                   [--pipeline-stages K (cut the model into K stages, 1F1B)] [--micro-batches M]\n"
       "                   [--stop-after N (run N epochs, checkpoint and exit; --resume continues)]\n"
+      "                   [--stop-at-step N (checkpoint after step N and exit, as on preemption)]\n"
       "                   [--export-onnx FILE (write the trained model as ONNX; data-parallel mode)]\n"
       "                   [--device auto|cpu|cuda|cuda:N (auto: a GPU when there is one; cuda: the\n"
       "                    GPU of this rank's local rank)] [--amp off|bf16|fp16 (mixed precision)]\n"
-      "--batch-size is the global batch; under mpiexec -n N each rank takes batch-size / N of it.\n");
+      "--batch-size is the global batch; under mpiexec -n N each rank takes batch-size / N of it.\n"
+      "On SIGUSR1 or SIGTERM (Slurm's warnings before it stops a job) every rank finishes the step it is\n"
+      "in, the checkpoint is written, and braid-train exits with code 75, which model_zoo/slurm's job\n"
+      "scripts turn into a requeue; --resume with that checkpoint continues mid-epoch, at any world size.\n");
 }
 
 Args parse(int argc, char** argv) {
@@ -61,7 +66,7 @@ Args parse(int argc, char** argv) {
   std::map<std::string, int64_t*> ints{{"--epochs", &a.epochs}, {"--batch-size", &a.batch_size},
                                       {"--limit", &a.limit}, {"--threads", &a.threads}, {"--sync-bn", &a.sync_bn},
                                       {"--pipeline-stages", &a.pipeline_stages}, {"--micro-batches", &a.micro_batches},
-                                      {"--stop-after", &a.stop_after}};
+                                      {"--stop-after", &a.stop_after}, {"--stop-at-step", &a.stop_at_step}};
   for (int i = 1; i < argc; ++i) {
     std::string k = argv[i];
     if (k == "--help" || k == "-h") {
@@ -221,6 +226,21 @@ int run(int argc, char** argv) {
 
   int64_t step = 0;
   const std::string ckpt_path = args.out + "/checkpoint.braid";
+  // Everything a resumed run needs to continue bitwise as if it had not stopped: the loader's
+  // position is (epoch, global batch), which means the same samples at any world size (Note
+  // [Sharding rule] in braid/data/loader.h).
+  auto write_checkpoint = [&] {
+    if (!lead) return;
+    Checkpoint ck;
+    store_state(ck, "model.", *model);
+    store_state(ck, "optim.", *opt);
+    store_state(ck, "sched.", schedule);
+    store_state(ck, "rng.", default_generator());
+    store_state(ck, "loader.", train_loader);
+    if (scaler.is_enabled()) store_state(ck, "scaler.", scaler);
+    ck.integers["step"] = step;
+    save_checkpoint(ckpt_path, ck);
+  };
   if (!args.resume.empty()) {
     Checkpoint ck = load_checkpoint(args.resume, device);
     restore_state(ck, "model.", *model);
@@ -254,6 +274,7 @@ int run(int argc, char** argv) {
   zoo::Series train_acc{"train accuracy", {}, {}, "#1f77b4"}, test_acc{"test accuracy", {}, {}, "#d62728"};
   double final_accuracy = 0;
 
+  distributed::catch_preemption_signals();
   model->train();
   const int64_t stop_epoch = args.stop_after > 0 ? train_loader.epoch() + args.stop_after : args.epochs;
   while (train_loader.epoch() < std::min(args.epochs, stop_epoch)) {
@@ -299,6 +320,28 @@ int run(int argc, char** argv) {
           bar->update(b.index + 1, static_cast<int64_t>(job_seen),
                       {{"loss", job_loss / job_seen}, {"acc", job_correct / job_seen}});
       }
+      // Note [Preemption]: every rank stops after the same step.
+      const bool stop_here = args.stop_at_step > 0 && step == args.stop_at_step;
+      if (distributed::preemption_requested() || stop_here) {
+        if (bar)
+          bar->stop(train_loader.batch(),
+                    {{"loss", job_loss / std::max(job_seen, 1.0)}, {"acc", job_correct / std::max(job_seen, 1.0)}});
+        write_checkpoint();
+        if (!stop_here || !distributed::preemption_signal().empty()) {
+          const std::string sig = distributed::preemption_signal();
+          std::fprintf(stderr, "braid-train: rank %d: %s at step %lld (epoch %lld, batch %lld of %lld); %s; exiting "
+                       "with code %d for the job script to requeue\n", world.rank,
+                       sig.empty() ? "a peer rank was signalled" : (sig + " caught").c_str(),
+                       static_cast<long long>(step), static_cast<long long>(epoch + 1),
+                       static_cast<long long>(train_loader.batch()), static_cast<long long>(steps_per_epoch),
+                       lead ? ("checkpoint written to " + ckpt_path).c_str() : "rank 0 writes the checkpoint",
+                       distributed::kRequeueExitCode);
+          return distributed::kRequeueExitCode;
+        }
+        if (lead) std::printf("stopped after step %lld (--stop-at-step); checkpoint %s\n", static_cast<long long>(step),
+                              ckpt_path.c_str());
+        return 0;
+      }
     }
     const double tl = job_loss / std::max(job_seen, 1.0);
     const double ta = job_correct / std::max(job_seen, 1.0);
@@ -316,15 +359,7 @@ int run(int argc, char** argv) {
     train_acc.x.push_back(e), train_acc.y.push_back(ta);
     test_acc.x.push_back(e), test_acc.y.push_back(ev.accuracy);
 
-    Checkpoint ck;
-    store_state(ck, "model.", *model);
-    store_state(ck, "optim.", *opt);
-    store_state(ck, "sched.", schedule);
-    store_state(ck, "rng.", default_generator());
-    store_state(ck, "loader.", train_loader);
-    if (scaler.is_enabled()) store_state(ck, "scaler.", scaler);
-    ck.integers["step"] = step;
-    save_checkpoint(ckpt_path, ck);
+    write_checkpoint();
   }
   if (!lead) return 0;
   if (!args.export_onnx.empty()) {

@@ -336,6 +336,47 @@ TEST(DataLoader, SeekResumesWithExactlyTheRemainingBatches) {
   EXPECT_EQ(at_end.batch(), 0);
 }
 
+// A checkpoint stores (epoch, global batch); a job that stops there at N ranks and resumes at M
+// (braid-train on preemption, Note [Preemption]) must see every sample of that epoch exactly once,
+// and from the resume on the same global batches an uninterrupted M-rank run sees.
+TEST(DataLoader, ResumingAtAnotherWorldSizeSeesEachSampleOfTheEpochOnce) {
+  const int64_t n = 103, global = 12;  // 8 global batches, 7 samples dropped per epoch
+  auto indices_of = [&](int64_t shards, int64_t epoch, int64_t from, int64_t to) {
+    std::vector<int64_t> seen;
+    for (int64_t r = 0; r < shards; ++r) {
+      DataLoader l(ramp(n), {.batch_size = global / shards, .shuffle = true, .drop_last = true, .seed = 5,
+                             .num_shards = shards, .shard = r});
+      for (int64_t j = from; j < to; ++j)
+        for (int64_t i : l.batch_indices(epoch, j)) seen.push_back(i);
+    }
+    return seen;
+  };
+  const std::vector<int64_t> whole = indices_of(1, 1, 0, 8);  // one process, epoch 1
+  for (auto [before, after] : std::vector<std::pair<int64_t, int64_t>>{{2, 1}, {1, 2}, {2, 4}, {4, 3}, {3, 6}}) {
+    for (int64_t stop : {1, 3, 7}) {
+      std::vector<int64_t> seen = indices_of(before, 1, 0, stop), rest = indices_of(after, 1, stop, 8);
+      seen.insert(seen.end(), rest.begin(), rest.end());
+      std::vector<int64_t> a = seen, b = whole;
+      std::sort(a.begin(), a.end());
+      std::sort(b.begin(), b.end());
+      EXPECT_EQ(a, b) << before << " -> " << after << " ranks at batch " << stop;
+      EXPECT_EQ(std::set<int64_t>(a.begin(), a.end()).size(), a.size()) << "a sample seen twice";
+      EXPECT_EQ(a.size(), static_cast<size_t>(8 * global));
+    }
+  }
+  // And the loader itself, seeking where a checkpoint says, gives shard r of M exactly those batches.
+  DataLoader resumed(ramp(n), {.batch_size = 3, .shuffle = true, .drop_last = true, .seed = 5, .num_shards = 4, .shard = 2});
+  resumed.seek(1, 5);
+  Batch b;
+  for (int64_t j = 5; j < 8; ++j) {
+    ASSERT_TRUE(resumed.next(b));
+    const std::vector<int64_t> want = resumed.batch_indices(1, j);
+    const std::vector<int64_t> got = b.target.to_vector<int64_t>();
+    EXPECT_EQ(got, want) << "batch " << j;
+  }
+  EXPECT_FALSE(resumed.next(b));
+}
+
 // Example 13 is "corrupt"; the others are [i, i] -> i.
 class FailingDataset : public data::Dataset {
  public:

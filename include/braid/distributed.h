@@ -2,4 +2,5 @@
 #pragma once
 
 #include "braid/distributed/data_parallel.h"
+#include "braid/distributed/preemption.h"
 #include "braid/distributed/process_group.h"
