@@ -250,8 +250,10 @@ int run(int argc, char** argv) {
     restore_state(ck, "loader.", train_loader);
     if (scaler.is_enabled()) restore_state(ck, "scaler.", scaler);
     step = ck.integer("step");
-    if (lead) std::printf("resumed from %s at step %lld (epoch %lld)\n", args.resume.c_str(), static_cast<long long>(step),
-                static_cast<long long>(train_loader.epoch()));
+    if (lead)
+      std::printf("resumed from %s at step %lld (epoch %lld, batch %lld of %lld)\n", args.resume.c_str(),
+                  static_cast<long long>(step), static_cast<long long>(train_loader.epoch() + 1),
+                  static_cast<long long>(train_loader.batch()), static_cast<long long>(steps_per_epoch));
   }
 
   if (lead) {
@@ -327,6 +329,9 @@ int run(int argc, char** argv) {
           bar->stop(train_loader.batch(),
                     {{"loss", job_loss / std::max(job_seen, 1.0)}, {"acc", job_correct / std::max(job_seen, 1.0)}});
         write_checkpoint();
+        // No rank exits before rank 0 has written it: a launcher that ends the job when one task
+        // exits non-zero (srun --kill-on-bad-exit) would otherwise kill rank 0 mid-write.
+        distributed::world()->barrier();
         if (!stop_here || !distributed::preemption_signal().empty()) {
           const std::string sig = distributed::preemption_signal();
           std::fprintf(stderr, "braid-train: rank %d: %s at step %lld (epoch %lld, batch %lld of %lld); %s; exiting "

@@ -16,6 +16,8 @@ packages=(
   # python3-dev gives Meson the headers and python3-pytest runs its suite.
   swig libdlpack-dev python3-dev python3-pytest
   dataset-fashion-mnist
+  # A real single-node Slurm for tests/slurm (its fixture starts munged, slurmctld and slurmd).
+  slurmctld slurmd slurm-client munge
 )
 # The PyTorch comparisons (benchmarks/train_step.py, the reference scripts in tests/data) also need
 # python3-torch; set BRAID_WITH_TORCH=1 to install it. The tests themselves do not.

@@ -1,0 +1,32 @@
+"""The session's Slurm cluster (tests/slurm/cluster.py): started once, stopped at the end; every test
+skips with the reason when Slurm cannot start here."""
+
+import os
+import sys
+import tempfile
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+from cluster import SlurmCluster, SlurmUnavailable  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BUILD = os.path.abspath(os.environ.get("BRAID_TEST_BUILD_DIR", os.path.join(ROOT, "build")))
+
+
+@pytest.fixture(scope="session")
+def slurm():
+    root = tempfile.mkdtemp(prefix="braid-slurm-")
+    cluster = SlurmCluster(root)
+    try:
+        cluster.start()
+    except SlurmUnavailable as e:
+        pytest.skip(f"Slurm cannot start here: {e}")
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def job_env(tmp_path):
+    """What every job gets: the build's braid-train, data on this machine, one thread per rank."""
+    return {"BRAID_BUILD_DIR": BUILD, "BRAID_TIMEOUT": "120"}

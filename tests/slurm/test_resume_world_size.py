@@ -1,0 +1,87 @@
+"""Restarting a data-parallel run at another world size (Note [Preemption]): braid-train stopped
+after step 10 of 32 at 2 ranks and resumed at 1, 2 and 4 ranks ends with the weights of an
+uninterrupted one-process run, to float32 reassociation. The loader's position is a global batch,
+the same samples at every world size; a resume that repeated or skipped one batch of the 64-sample
+global batches would move the weights by far more than the tolerance (checked below by resuming
+from a checkpoint one step off).
+
+Runs through mpiexec, so it needs no Slurm; the model is the zoo's MLP, since the CNN's BatchNorm
+computes per-rank statistics without --sync-bn and so differs from one process by design.
+Checkpoints are read with braid's Python module.
+"""
+
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from conftest import BUILD
+
+TRAIN = os.path.join(BUILD, "model_zoo", "braid-train")
+ARGS = ["--limit", "1024", "--epochs", "2", "--batch-size", "64", "--threads", "1", "--model", "mlp"]
+
+
+def train(out, ranks, *extra):
+    cmd = [TRAIN, *ARGS, "--out", str(out), *extra]
+    if ranks > 1:
+        cmd = ["mpiexec", "-n", str(ranks), *cmd]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, OMP_NUM_THREADS="1", BRAID_NUM_THREADS="1"))
+    assert r.returncode == 0, f"{' '.join(cmd)}: exit {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}"
+    return r.stdout
+
+
+@pytest.fixture(scope="module")
+def braid_py():
+    pkg = os.path.join(BUILD, "bindings", "python")
+    if not os.path.isdir(os.path.join(pkg, "braid")):
+        pytest.skip(f"the Python module is not built in {BUILD}; it reads the checkpoints")
+    if shutil.which("mpiexec") is None:
+        pytest.skip("no mpiexec")
+    import sys
+    sys.path.insert(0, pkg)
+    import braid
+    return braid
+
+
+def weights(braid, path):
+    ck = braid.checkpoint.load(str(path))
+    return ck, {k: t.numpy().copy() for k, t in ck.tensors.items() if k.startswith("model.")}
+
+
+def rel_diff(a, b):
+    import numpy as np
+    return max(float(np.abs(a[k] - b[k]).max() / (np.abs(a[k]).max() + 1e-12)) for k in a)
+
+
+def test_a_run_stopped_at_2_ranks_resumes_at_1_2_and_4(braid_py, tmp_path):
+    train(tmp_path / "one", 1)
+    _, reference = weights(braid_py, tmp_path / "one" / "checkpoint.braid")
+
+    stopped = tmp_path / "stopped"
+    out = train(stopped, 2, "--stop-at-step", "10")
+    assert "stopped after step 10" in out, out
+    ck, _ = weights(braid_py, stopped / "checkpoint.braid")
+    assert (ck.integers["step"], ck.integers["loader.epoch"], ck.integers["loader.batch"]) == (10, 0, 10)
+
+    for ranks in (1, 2, 4):
+        run = tmp_path / f"resumed-{ranks}"
+        shutil.copytree(stopped, run)
+        out = train(run, ranks, "--resume", str(run / "checkpoint.braid"))
+        assert "at step 10 (epoch 1, batch 10 of 16)" in out, out
+        ck, w = weights(braid_py, run / "checkpoint.braid")
+        assert ck.integers["step"] == 32, ck.integers
+        assert rel_diff(w, reference) < 1e-4, f"resumed at {ranks} ranks: weights differ by {rel_diff(w, reference)}"
+
+    # The tolerance tells a right resume from one a batch off: resuming from the checkpoint of step 9
+    # while claiming step 10's position (skipping one global batch) moves the weights far more.
+    off = tmp_path / "off"
+    train(off, 2, "--stop-at-step", "9")
+    ck9 = braid_py.checkpoint.load(str(off / "checkpoint.braid"))
+    ck9.integers["loader.batch"] = 10
+    ck9.integers["step"] = 10
+    braid_py.checkpoint.save(str(off / "checkpoint.braid"), ck9)
+    train(off, 1, "--resume", str(off / "checkpoint.braid"))
+    _, w = weights(braid_py, off / "checkpoint.braid")
+    assert rel_diff(w, reference) > 1e-3, "skipping a batch went unnoticed at this tolerance"

@@ -1,0 +1,188 @@
+"""braid's jobs under a real Slurm (tests/slurm/cluster.py starts it): the job scripts of
+model_zoo/slurm submitted with sbatch, data-parallel through srun and MPICH's PMI-2.
+
+- a 2-rank data-parallel job, a 2-stage pipeline job and a Python job (`srun python3 train.py`, and
+  the ONNX fine-tuning example) complete with their outputs;
+- a job whose rank 1 is killed ends within 30 s, and the job's output names the rank;
+- preemption (Note [Preemption]): SIGUSR1 to the job script (what `sbatch --signal=B:USR1@60`
+  sends) and SIGTERM to every task (what Slurm sends before it kills a job) each make the ranks
+  checkpoint and exit with code 75, the script requeues the job, and the requeued job ends with a
+  checkpoint byte for byte equal to an uninterrupted run's;
+- a job array (the learning-rate sweep) writes one results row per task.
+"""
+
+import csv
+import os
+import re
+import signal
+import sys
+import time
+
+import pytest
+
+from conftest import BUILD, ROOT
+
+SLURM_DIR = os.path.join(ROOT, "model_zoo", "slurm")
+TRAIN = os.path.join(SLURM_DIR, "train.sbatch")
+QUICK = ["--limit", "1024", "--epochs", "1", "--batch-size", "64"]
+# Long enough (about 10 s on this 2-core machine) for a signal to arrive mid-training.
+PREEMPTIBLE = ["--limit", "4096", "--epochs", "3", "--batch-size", "64", "--seed", "3"]
+
+
+def text_of(rec):
+    path = rec.get("StdOut", "")
+    return open(path).read() if os.path.exists(path) else f"(no output file {path!r})"
+
+
+def submit_train(slurm, tmp_path, job_env, name, *args):
+    out = tmp_path / name
+    env = dict(job_env, BRAID_OUT=str(out))
+    jid = slurm.sbatch(TRAIN, *args, options=[f"--output={tmp_path}/{name}-%j.out", f"--job-name={name}"], env=env,
+                       cwd=str(tmp_path))
+    return jid, out
+
+
+def expect_completed(rec):
+    text = text_of(rec)
+    assert rec.get("JobState") == "COMPLETED" and rec.get("ExitCode") == "0:0", \
+        f"job {rec.get('JobId')}: {rec.get('JobState')} exit {rec.get('ExitCode')}\n{text[-3000:]}"
+    return text
+
+
+def log_rows(out):
+    with open(out / "log.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def wait_for_text(slurm, jid, pattern, timeout):
+    """Waits until the job's output matches pattern; returns the match."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        rec = slurm.state(jid)
+        m = re.search(pattern, text_of(rec)) if rec else None
+        if m:
+            return m
+        if rec.get("JobState") not in (None, "PENDING", "RUNNING", "CONFIGURING"):
+            pytest.fail(f"job {jid} ended ({rec.get('JobState')}) before printing {pattern!r}:\n{text_of(rec)}")
+        time.sleep(0.2)
+    pytest.fail(f"job {jid} did not print {pattern!r} within {timeout} s")
+
+
+def test_data_parallel_job_completes_with_its_outputs(slurm, tmp_path, job_env):
+    jid, out = submit_train(slurm, tmp_path, job_env, "ddp", *QUICK)
+    [rec] = slurm.wait(jid, 300)
+    text = expect_completed(rec)
+    assert "2 ranks (launcher: srun)" in text, text
+    assert re.search(r"rank 0 = pid \d+ on \S+, rank 1 = pid \d+", text), text
+    rows = log_rows(out)
+    assert len(rows) == 1 and rows[0]["epoch"] == "1" and rows[0]["step"] == "16", rows  # 1024 / 64 steps
+    assert float(rows[0]["test_accuracy"]) > 0.5, rows  # about 0.72 after 16 steps; chance is 0.1
+    assert (out / "checkpoint.braid").stat().st_size > 0 and (out / "curves.svg").exists()
+
+
+def test_pipeline_job_completes(slurm, tmp_path, job_env):
+    jid, out = submit_train(slurm, tmp_path, job_env, "pipe", *QUICK, "--pipeline-stages", "2")
+    [rec] = slurm.wait(jid, 300)
+    text = expect_completed(rec)
+    acc = float(re.search(r"final test accuracy ([0-9.]+)", text).group(1))
+    assert acc > 0.5, text
+    assert "stage" in text.lower(), text
+
+
+@pytest.fixture
+def python_env(job_env):
+    pkg = os.path.join(BUILD, "bindings", "python")
+    if not os.path.isdir(os.path.join(pkg, "braid")):
+        pytest.skip(f"the Python module is not built in {BUILD} (-Dpython=disabled, or no SWIG/Python headers)")
+    return dict(job_env, PYTHON=sys.executable, PYTHONPATH=pkg, OMP_NUM_THREADS="1")
+
+
+def test_python_training_script_under_srun(slurm, tmp_path, python_env):
+    out = tmp_path / "py"
+    jid = slurm.sbatch(os.path.join(SLURM_DIR, "python.sbatch"),
+                       os.path.join(ROOT, "examples", "python", "train_fashion_mnist.py"), "--limit", "1024", "--epochs",
+                       "1", "--out", str(out), options=[f"--output={tmp_path}/py-%j.out"], env=python_env,
+                       cwd=str(tmp_path))
+    [rec] = slurm.wait(jid, 300)
+    text = expect_completed(rec)
+    assert re.search(r"\b2 ranks\b", text), text
+    acc = float(re.search(r"final test accuracy ([0-9.]+)", text).group(1))
+    assert acc > 0.5, text
+    assert (out / "checkpoint.braid").stat().st_size > 0
+
+
+def test_onnx_fine_tuning_script_job(slurm, tmp_path, python_env):
+    pytest.importorskip("onnxruntime")
+    jid = slurm.sbatch(os.path.join(SLURM_DIR, "python.sbatch"),
+                       os.path.join(ROOT, "examples", "python", "finetune_onnx.py"), "--pretrain-limit", "3000",
+                       "--train-limit", "1000", "--epochs", "2", "--out", str(tmp_path / "ft"),
+                       options=[f"--output={tmp_path}/ft-%j.out", "--ntasks-per-node=1"], env=python_env,
+                       cwd=str(tmp_path))
+    [rec] = slurm.wait(jid, 400)
+    text = expect_completed(rec)
+    after = float(re.search(r"test accuracy after fine-tuning: ([0-9.]+)", text).group(1))
+    ort_acc = float(re.search(r"onnxruntime [0-9.]+: accuracy ([0-9.]+)", text).group(1))
+    assert after >= 0.4, text  # as in test_examples: a random 5-way head gives about 0.2
+    assert ort_acc == pytest.approx(after, abs=1e-3), text
+
+
+def test_a_killed_rank_ends_the_job_promptly_naming_it(slurm, tmp_path, job_env):
+    jid, _ = submit_train(slurm, tmp_path, job_env, "dead", "--limit", "16384", "--epochs", "5")
+    pid = int(wait_for_text(slurm, jid, r"rank 1 = pid (\d+)", 120).group(1))
+    time.sleep(1.0)  # into the first steps
+    os.kill(pid, signal.SIGKILL)
+    killed = time.time()
+    [rec] = slurm.wait(jid, 60)
+    took = time.time() - killed
+    text = text_of(rec)
+    assert rec["JobState"] == "FAILED", f"{rec['JobState']}\n{text}"
+    assert took < 30, f"the job took {took:.1f} s to end after rank 1 was killed\n{text}"
+    assert re.search(r"task 1: Killed", text), text  # srun names the rank (task 1 = rank 1)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(slurm, tmp_path_factory):
+    """The checkpoint of an uninterrupted run of PREEMPTIBLE, through the same job script."""
+    tmp = tmp_path_factory.mktemp("uninterrupted")
+    jid, out = submit_train(slurm, tmp, {"BRAID_BUILD_DIR": BUILD, "BRAID_TIMEOUT": "120"}, "ref", *PREEMPTIBLE)
+    [rec] = slurm.wait(jid, 400)
+    expect_completed(rec)
+    return (out / "checkpoint.braid").read_bytes()
+
+
+@pytest.mark.parametrize("sig,batch_only", [("USR1", True), ("TERM", False)], ids=["USR1-to-script", "TERM-to-tasks"])
+def test_preempted_job_requeues_and_resumes_bitwise(slurm, tmp_path, job_env, uninterrupted, sig, batch_only):
+    jid, out = submit_train(slurm, tmp_path, job_env, "pre", *PREEMPTIBLE)
+    wait_for_text(slurm, jid, r"rank 1 = pid \d+", 120)
+    time.sleep(1.0)  # training has started
+    slurm.signal(jid, sig, batch_only)
+    [rec] = slurm.wait(jid, 600)
+    text = expect_completed(rec)
+    assert int(rec["Restarts"]) == 1, text
+    assert re.search(rf"SIG{sig} caught at step (\d+)", text), text
+    assert "requeueing job" in text and "resumes from" in text, text
+    step = int(re.search(r"at step (\d+)", text).group(1))
+    assert 0 < step < 3 * 64, text  # stopped mid-training, not after it
+    resumed = (out / "checkpoint.braid").read_bytes()
+    assert resumed == uninterrupted, "the requeued job's checkpoint differs from the uninterrupted run's"
+
+
+def test_job_array_sweep_writes_one_row_per_task(slurm, tmp_path, job_env):
+    sweep = tmp_path / "sweep"
+    env = dict(job_env, BRAID_OUT=str(sweep))
+    jid = slurm.sbatch(os.path.join(SLURM_DIR, "sweep.sbatch"), "--limit", "512", "--epochs", "1",
+                       options=["--array=0-2", f"--output={tmp_path}/sweep-%A_%a.out"], env=env, cwd=str(tmp_path))
+    recs = slurm.wait(jid, 400)
+    assert len(recs) == 3, recs
+    for r in recs:
+        expect_completed(r)
+    with open(sweep / "results.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert sorted(int(r["task"]) for r in rows) == [0, 1, 2], rows
+    lrs = ["5e-4", "1e-3", "2e-3"]
+    for r in rows:
+        t = int(r["task"])
+        assert r["lr"] == lrs[t] and r["seed"] == str(t), r
+        last = log_rows(sweep / f"task-{t}")[-1]
+        assert r["test_accuracy"] == last["test_accuracy"] and r["steps"] == last["step"] == "8", (r, last)
+        assert float(r["test_accuracy"]) > 0.2, r
