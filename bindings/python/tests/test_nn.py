@@ -634,6 +634,15 @@ def test_docstrings_come_from_the_headers():
     assert "ignore_index" in F.cross_entropy.__doc__
 
 
+def test_constructors_document_their_parameters_and_defaults():
+    # help(nn.Conv2d) shows what to pass, with the header's names and defaults (SWIG's autodoc)
+    doc = nn.Conv2d.__init__.__doc__
+    for part in ("in_channels", "out_channels", "kernel_size", "stride=1", "padding=0", "groups=1", "bias=True"):
+        assert part in doc, (part, doc)
+    assert "momentum=0.1" in nn.BatchNorm2d.__init__.__doc__ and "eps=1e-5" in nn.BatchNorm2d.__init__.__doc__
+    assert "num_heads" in nn.MultiheadAttention.__init__.__doc__
+
+
 def test_forward_mistakes_are_named():
     class NoForward(nn.Module):
         def __init__(self):
