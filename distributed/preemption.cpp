@@ -18,9 +18,10 @@ extern "C" void on_preemption_signal(int sig) { g_caught = sig; }
 
 }  // namespace
 
+void catch_preemption_signals() { catch_preemption_signals({SIGUSR1, SIGTERM}); }
+
 void catch_preemption_signals(const std::vector<int>& signals) {
-  const std::vector<int> sigs = signals.empty() ? std::vector<int>{SIGUSR1, SIGTERM} : signals;
-  for (int s : sigs) {
+  for (int s : signals) {
     struct sigaction sa {};
     sa.sa_handler = on_preemption_signal;
     sigemptyset(&sa.sa_mask);

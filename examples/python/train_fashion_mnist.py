@@ -10,6 +10,12 @@ As braid-train: --batch-size is the global batch, split evenly over the ranks (e
 DataLoader yields its shard of every global batch), so N ranks follow the one-process run step for
 step; Adam (lr 2e-3) or SGD (lr 0.05, Nesterov momentum 0.9, weight decay 5e-4) under a cosine
 schedule with warmup; metrics are summed over the ranks, and rank 0 alone prints and saves.
+
+Preemption (Note [Preemption] in braid/distributed/preemption.h): on SIGUSR1 or SIGTERM every rank
+finishes the same step, rank 0 writes the checkpoint with the loader's position, and the script
+exits with braid.distributed.REQUEUE_EXIT_CODE (75), which model_zoo/slurm/python.sbatch turns into a
+requeue; --resume OUT/checkpoint.braid (or --auto-resume) continues mid-epoch, bitwise as if
+nothing had happened.
 """
 
 import argparse
@@ -116,7 +122,13 @@ def main():
     ap.add_argument("--threads", type=int, default=0, help="threads per rank (0: cores / local ranks)")
     ap.add_argument("--out", default="runs/fashion-mnist-py", help="where rank 0 writes checkpoint.braid")
     ap.add_argument("--export-onnx", default="", help="also write the trained model here as ONNX (rank 0)")
+    ap.add_argument("--resume", default="", help="continue from this checkpoint (mid-epoch after a preemption)")
+    ap.add_argument("--auto-resume", action="store_true",
+                    help="continue from OUT/checkpoint.braid when it exists (what a requeued job wants)")
     args = ap.parse_args()
+    ckpt_path = os.path.join(args.out, "checkpoint.braid")
+    if args.auto_resume and not args.resume and os.path.exists(ckpt_path):
+        args.resume = ckpt_path
 
     info = braid.distributed.init()
     rank, size = info.rank, info.size
@@ -146,6 +158,29 @@ def main():
     total_steps = steps_per_epoch * args.epochs
     schedule = optim.CosineWithWarmup(opt, min(200, total_steps // 10), total_steps, lr * 0.01)
 
+    def save_checkpoint(step):
+        # Everything a resumed run needs to go on bitwise: the loader's (epoch, global batch) means
+        # the same samples at any world size. Rank 0 writes; the file appears whole or not at all.
+        if not lead:
+            return
+        os.makedirs(args.out, exist_ok=True)
+        ck = braid.checkpoint.Checkpoint()
+        for prefix, obj in (("model.", model), ("optim.", opt), ("sched.", schedule), ("loader.", train_loader)):
+            braid.checkpoint.store(ck, prefix, obj)
+        ck.integers["step"] = step
+        braid.checkpoint.save(ckpt_path, ck)
+
+    step_count = 0
+    if args.resume:
+        ck = braid.checkpoint.load(args.resume)
+        for prefix, obj in (("model.", model), ("optim.", opt), ("sched.", schedule), ("loader.", train_loader)):
+            braid.checkpoint.restore(ck, prefix, obj)
+        step_count = ck.integers["step"]
+        if lead:
+            print(f"resumed from {args.resume} at step {step_count} (epoch {train_loader.epoch() + 1}, "
+                  f"batch {train_loader.batch()} of {steps_per_epoch})")
+    braid.distributed.catch_preemption_signals()
+
     if lead:
         n_params = sum(p.numel() for p in model.parameters())
         print(f"train_fashion_mnist.py: SmallCNN ({n_params} parameters), {args.optimizer} lr {lr:g}, "
@@ -155,11 +190,12 @@ def main():
 
     model.train()
     started = time.perf_counter()
-    for epoch in range(args.epochs):
+    test_acc = float("nan")
+    for epoch in range(train_loader.epoch(), args.epochs):
         bar = Progress(f"epoch {epoch + 1}/{args.epochs}", steps_per_epoch) if lead else None
         local = [0.0, 0.0, 0.0]  # loss * n, correct, seen since the last reduction
         job = [0.0, 0.0, 0.0]
-        for step, (x, y) in enumerate(train_loader):
+        for step, (x, y) in enumerate(train_loader, start=train_loader.batch()):
             logits = ddp(x)
             loss = nn.functional.cross_entropy(logits, y)
             opt.zero_grad()
@@ -170,11 +206,20 @@ def main():
             local[0] += loss.item() * n
             local[1] += (logits.detach().argmax(1) == y).sum().item()
             local[2] += n
+            step_count += 1
             if (step + 1) % 20 == 0 or step + 1 == steps_per_epoch:
                 job = [a + b for a, b in zip(job, sum_over_ranks(local))]
                 local = [0.0, 0.0, 0.0]
                 if bar:
                     bar.update(step + 1, int(job[2]), {"loss": job[0] / job[2], "acc": job[1] / job[2]})
+            if braid.distributed.preemption_requested():  # every rank stops after the same step
+                save_checkpoint(step_count)
+                braid.distributed.barrier()  # no rank exits (and gets the job killed) before the file is written
+                sig = braid.distributed.preemption_signal() or "a peer rank's signal"
+                print(f"train_fashion_mnist.py: rank {rank}: {sig} at step {step_count} (epoch {epoch + 1}, batch "
+                      f"{step + 1} of {steps_per_epoch}); checkpoint {ckpt_path}; exiting with code "
+                      f"{braid.distributed.REQUEUE_EXIT_CODE} for the job script to requeue", file=sys.stderr, flush=True)
+                sys.exit(braid.distributed.REQUEUE_EXIT_CODE)
         train_loss, train_acc = job[0] / max(job[2], 1), job[1] / max(job[2], 1)
         if bar:
             bar.update(steps_per_epoch, int(job[2]), {"loss": train_loss, "acc": train_acc}, final=True)
@@ -186,17 +231,10 @@ def main():
         if lead:
             print(f"epoch {epoch + 1}: train loss {train_loss:.4f} acc {train_acc:.4f} | "
                   f"test loss {test_loss:.4f} acc {test_acc:.4f}", flush=True)
+        save_checkpoint(step_count)
 
     if lead:
-        os.makedirs(args.out, exist_ok=True)
-        ck = braid.checkpoint.Checkpoint()
-        braid.checkpoint.store(ck, "model.", model)
-        braid.checkpoint.store(ck, "optim.", opt)
-        braid.checkpoint.store(ck, "sched.", schedule)
-        ck.integers["step"] = total_steps
-        path = os.path.join(args.out, "checkpoint.braid")
-        braid.checkpoint.save(path, ck)
-        print(f"final test accuracy {test_acc:.4f} after {time.perf_counter() - started:.1f} s; checkpoint {path}")
+        print(f"final test accuracy {test_acc:.4f} after {time.perf_counter() - started:.1f} s; checkpoint {ckpt_path}")
         if args.export_onnx:
             # For (N, 1, 28, 28) images normalised as above; N stays symbolic. SmallCNN has no layer
             # exporter of its own, so its Python forward is traced.

@@ -8,6 +8,7 @@ model_zoo/slurm submitted with sbatch, data-parallel through srun and MPICH's PM
   sends) and SIGTERM to every task (what Slurm sends before it kills a job) each make the ranks
   checkpoint and exit with code 75, the script requeues the job, and the requeued job ends with a
   checkpoint byte for byte equal to an uninterrupted run's;
+- the same for the Python training script under python.sbatch;
 - a job array (the learning-rate sweep) writes one results row per task.
 """
 
@@ -165,6 +166,33 @@ def test_preempted_job_requeues_and_resumes_bitwise(slurm, tmp_path, job_env, un
     assert 0 < step < 3 * 64, text  # stopped mid-training, not after it
     resumed = (out / "checkpoint.braid").read_bytes()
     assert resumed == uninterrupted, "the requeued job's checkpoint differs from the uninterrupted run's"
+
+
+PY_PREEMPTIBLE = ["--limit", "4096", "--epochs", "3", "--seed", "3", "--auto-resume"]
+
+
+def submit_python_train(slurm, tmp_path, env, name):
+    out = tmp_path / name
+    jid = slurm.sbatch(os.path.join(SLURM_DIR, "python.sbatch"),
+                       os.path.join(ROOT, "examples", "python", "train_fashion_mnist.py"), *PY_PREEMPTIBLE, "--out",
+                       str(out), options=[f"--output={tmp_path}/{name}-%j.out"], env=env, cwd=str(tmp_path))
+    return jid, out
+
+
+def test_preempted_python_job_requeues_and_resumes_bitwise(slurm, tmp_path, python_env):
+    ref_jid, ref_out = submit_python_train(slurm, tmp_path, python_env, "pyref")
+    [rec] = slurm.wait(ref_jid, 400)
+    expect_completed(rec)
+    jid, out = submit_python_train(slurm, tmp_path, python_env, "pypre")
+    wait_for_text(slurm, jid, r"threads per rank", 120)
+    time.sleep(1.0)
+    slurm.signal(jid, "USR1", batch_only=True)
+    [rec] = slurm.wait(jid, 600)
+    text = expect_completed(rec)
+    assert int(rec["Restarts"]) == 1, text
+    assert re.search(r"rank 0: SIGUSR1 at step \d+", text) and "resumed from" in text, text
+    assert (out / "checkpoint.braid").read_bytes() == (ref_out / "checkpoint.braid").read_bytes(), \
+        "the requeued Python job's checkpoint differs from the uninterrupted run's"
 
 
 def test_job_array_sweep_writes_one_row_per_task(slurm, tmp_path, job_env):

@@ -2,12 +2,13 @@
 (braid/checkpoint.h): modules, optimizers, schedulers, scalers, data loaders and plain values.
 
     ckpt = braid.checkpoint.Checkpoint()
-    braid.checkpoint.store(ckpt, "model", model)
-    braid.checkpoint.store(ckpt, "optimizer", opt)
-    ckpt.integers["epoch"] = 3
+    braid.checkpoint.store(ckpt, "model.", model)
+    braid.checkpoint.store(ckpt, "optim.", opt)
+    braid.checkpoint.store(ckpt, "loader.", train_loader)   # epoch and batch: resumes mid-epoch
+    ckpt.integers["step"] = 3
     braid.checkpoint.save("run.braid", ckpt)     # written atomically
     ckpt = braid.checkpoint.load("run.braid")
-    braid.checkpoint.restore(ckpt, "model", model)
+    braid.checkpoint.restore(ckpt, "model.", model)
 """
 
 from ._swig import io as _io
@@ -15,5 +16,18 @@ from ._swig import io as _io
 Checkpoint = _io.Checkpoint
 save = _io.save_checkpoint
 load = _io.load_checkpoint
-store = _io.store_state
-restore = _io.restore_state
+
+
+def _cxx(obj):
+    # braid.data.DataLoader holds the C++ loader that the checkpoint functions take.
+    return obj.__dict__.get("_loader", obj) if hasattr(obj, "__dict__") else obj
+
+
+def store(ckpt, prefix, obj):
+    """Stores obj's state (a module, optimizer, scheduler, scaler, data loader or generator) under prefix."""
+    _io.store_state(ckpt, prefix, _cxx(obj))
+
+
+def restore(ckpt, prefix, obj):
+    """Restores obj's state from the entries under prefix; errors name the checkpoint and the entry."""
+    _io.restore_state(ckpt, prefix, _cxx(obj))

@@ -58,6 +58,30 @@ def init(timeout_seconds=-1.0, debug=-1, handle_failures=True):
     return info
 
 
+# ---- preemption (Note [Preemption] in braid/distributed/preemption.h) ----
+
+#: The exit code that asks model_zoo/slurm's job scripts to requeue the job (EX_TEMPFAIL).
+REQUEUE_EXIT_CODE = _dist.kRequeueExitCode
+
+
+def catch_preemption_signals():
+    """From now on SIGUSR1 and SIGTERM (Slurm's warnings before it stops a job) are recorded instead
+    of ending the process; check preemption_requested() after each step."""
+    _dist.catch_preemption_signals()
+
+
+def preemption_requested(group=None):
+    """Whether any rank has caught a preemption signal: a collective that every rank calls after each
+    step, so that all of them stop after the same one. Then write a checkpoint and
+    sys.exit(braid.distributed.REQUEUE_EXIT_CODE)."""
+    return _dist.preemption_requested(group) if group is not None else _dist.preemption_requested()
+
+
+def preemption_signal():
+    """The signal this rank caught ("SIGUSR1", "SIGTERM"), or "" (none, or only a peer did)."""
+    return _dist.preemption_signal()
+
+
 def get_rank():
     return _dist.world_info().rank if _dist.is_initialized() else 0
 

@@ -79,3 +79,6 @@ inline braid::distributed::PipeLoss pipe_loss(PyObject* callable) {
 %include "braid/distributed/schedule.h"
 %include "braid/distributed/partition.h"
 %include "braid/distributed/pipeline.h"
+// Python picks signals with the signal module if it wants others; the default pair is what Slurm sends.
+%ignore braid::distributed::catch_preemption_signals(const std::vector<int>&);
+%include "braid/distributed/preemption.h"

@@ -20,8 +20,10 @@ namespace braid::distributed {
 // resumes from the checkpoint and ends with the weights an uninterrupted run ends with.
 // The handler only records the signal: everything else happens at the next step boundary.
 
-/// Catches SIGUSR1 and SIGTERM from now on (or the given signals), replacing their handlers.
-void catch_preemption_signals(const std::vector<int>& signals = {});
+/// Catches SIGUSR1 and SIGTERM from now on, replacing their handlers.
+void catch_preemption_signals();
+/// Catches the given signals instead.
+void catch_preemption_signals(const std::vector<int>& signals);
 /// Whether any rank of group has caught a preemption signal. A collective (every rank of the group
 /// calls it, after each step): all ranks get the same answer.
 bool preemption_requested(const ProcessGroupPtr& group);
