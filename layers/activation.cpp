@@ -20,6 +20,7 @@ Tensor GELU::forward(const Tensor& x) { return gelu(x, approximate_); }
 std::string GELU::describe() const { return "GELU(approximate='" + approximate_ + "')"; }
 
 Tensor SiLU::forward(const Tensor& x) { return silu(x); }
+Tensor ReLU6::forward(const Tensor& x) { return clamp(x, 0.0, 6.0); }
 Tensor Sigmoid::forward(const Tensor& x) { return sigmoid(x); }
 Tensor Tanh::forward(const Tensor& x) { return tanh(x); }
 

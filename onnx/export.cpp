@@ -158,6 +158,10 @@ void LayerAccess::register_builtin() {
   reg("LeakyReLU", [](GraphBuilder& g, nn::Module& m, const std::string&, const Value& x) {
     return unary(g, m, x, "LeakyRelu", {{"alpha", attr_float(static_cast<nn::LeakyReLU&>(m).slope_)}});
   });
+  reg("ReLU6", [](GraphBuilder& g, nn::Module& m, const std::string&, const Value& x) {
+    const DType t = x.example.dtype();
+    return g.node1("Clip", {x.name, g.scalar(0.0, t), g.scalar(6.0, t)}, run(m, x.example));
+  });
   reg("SiLU", [](GraphBuilder& g, nn::Module& m, const std::string&, const Value& x) {
     std::string s = g.node("Sigmoid", {x.name})[0];
     return g.node1("Mul", {x.name, s}, run(m, x.example));

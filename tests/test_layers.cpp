@@ -56,6 +56,7 @@ std::vector<LayerCase> feedforward_rows() {
       {kFF, "activation/gelu", make<GELU>()},
       {kFF, "activation/gelu_tanh", make<GELU>("tanh")},
       {kFF, "activation/silu", make<SiLU>()},
+      {kFF, "activation/relu6", make<ReLU6>()},
       {kFF, "activation/sigmoid", make<Sigmoid>()},
       {kFF, "activation/tanh", make<Tanh>()},
       {kFF, "activation/softmax", make<Softmax>(1)},

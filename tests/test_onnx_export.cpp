@@ -155,6 +155,7 @@ TEST(OnnxExport, Cnn) {
   m.add(std::make_shared<nn::SiLU>()).add(std::make_shared<nn::Conv2d>(16, 16, 3, 2, 1, 2));
   m.add(std::make_shared<nn::LeakyReLU>(0.1)).add(std::make_shared<nn::AdaptiveAvgPool2d>(1));
   m.add(std::make_shared<nn::Flatten>()).add(std::make_shared<nn::Linear>(16, 5)).add(std::make_shared<nn::Tanh>());
+  m.add(std::make_shared<nn::ReLU6>());
   train_a_little(m, randn({4, 3, 16, 16}));
   round_trip(m, randn({2, 3, 16, 16}), randn({3, 3, 16, 16}), "cnn");
 }

@@ -173,6 +173,12 @@ def feedforward():
                         nn.Linear(4 * 3 * 3, 5))
     w.case("sequential/small_cnn", cnn, [("x", randn(3, 2, 6, 6))],
            prepare=lambda m: randomise(m, ["1.weight", "1.bias"]))
+    # Rows added later draw from a generator of their own, so that the rows above (and the other
+    # files, which continue the shared generator) keep their values.
+    global gen
+    shared, gen = gen, torch.Generator().manual_seed(SEED + 1)
+    w.case("activation/relu6", nn.ReLU6(), [("x", 4 * randn(3, 4, 5))])  # values on both sides of 0 and 6
+    gen = shared
     return w
 
 

@@ -308,7 +308,7 @@ ModuleList.__iter__ = lambda self: iter(self.at(i) for i in range(len(self)))
 # ---- the layers (generated classes) ----
 
 for _name in ("Linear", "Conv1d", "Conv2d", "ConvTranspose2d", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d",
-              "BatchNorm1d", "BatchNorm2d", "LayerNorm", "GroupNorm", "Dropout", "ReLU", "LeakyReLU", "GELU", "SiLU",
+              "BatchNorm1d", "BatchNorm2d", "LayerNorm", "GroupNorm", "Dropout", "ReLU", "ReLU6", "LeakyReLU", "GELU", "SiLU",
               "Sigmoid", "Tanh", "Softmax", "Embedding", "Flatten", "Identity", "Residual", "MultiheadAttention",
               "TransformerEncoderLayer", "LSTM", "GRU", "SkipStash", "SkipAdd", "SkipConcat"):
     globals()[_name] = getattr(_nn, _name)

@@ -16,7 +16,7 @@
 %define BRAID_MODULES(X)
 X(Module) X(Sequential) X(ModuleList) X(Linear) X(Conv1d) X(Conv2d) X(ConvTranspose2d) X(MaxPool2d) X(AvgPool2d)
 X(AdaptiveAvgPool2d) X(BatchNorm) X(BatchNorm1d) X(BatchNorm2d) X(LayerNorm) X(GroupNorm) X(Dropout) X(ReLU)
-X(LeakyReLU) X(GELU) X(SiLU) X(Sigmoid) X(Tanh) X(Softmax) X(Embedding) X(Flatten) X(Identity) X(Residual)
+X(LeakyReLU) X(ReLU6) X(GELU) X(SiLU) X(Sigmoid) X(Tanh) X(Softmax) X(Embedding) X(Flatten) X(Identity) X(Residual)
 X(MultiheadAttention) X(TransformerEncoderLayer) X(RNNBase) X(LSTM) X(GRU) X(SkipStash) X(SkipAdd) X(SkipConcat)
 %enddef
 %define BRAID_SHARED(C) %shared_ptr(braid::nn::C) %enddef
@@ -57,7 +57,7 @@ inline PyObject* module_result(const std::shared_ptr<braid::nn::Module>& m) {
   BRAID_CAST(Sequential) BRAID_CAST(ModuleList) BRAID_CAST(Linear) BRAID_CAST(Conv1d) BRAID_CAST(Conv2d)
   BRAID_CAST(ConvTranspose2d) BRAID_CAST(MaxPool2d) BRAID_CAST(AvgPool2d) BRAID_CAST(AdaptiveAvgPool2d)
   BRAID_CAST(BatchNorm1d) BRAID_CAST(BatchNorm2d) BRAID_CAST(LayerNorm) BRAID_CAST(GroupNorm) BRAID_CAST(Dropout)
-  BRAID_CAST(ReLU) BRAID_CAST(LeakyReLU) BRAID_CAST(GELU) BRAID_CAST(SiLU) BRAID_CAST(Sigmoid) BRAID_CAST(Tanh)
+  BRAID_CAST(ReLU) BRAID_CAST(ReLU6) BRAID_CAST(LeakyReLU) BRAID_CAST(GELU) BRAID_CAST(SiLU) BRAID_CAST(Sigmoid) BRAID_CAST(Tanh)
   BRAID_CAST(Softmax) BRAID_CAST(Embedding) BRAID_CAST(Flatten) BRAID_CAST(Identity) BRAID_CAST(Residual)
   BRAID_CAST(MultiheadAttention) BRAID_CAST(TransformerEncoderLayer) BRAID_CAST(LSTM) BRAID_CAST(GRU)
   BRAID_CAST(SkipStash) BRAID_CAST(SkipAdd) BRAID_CAST(SkipConcat)

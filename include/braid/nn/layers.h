@@ -299,6 +299,14 @@ class SiLU : public Module {
   Tensor forward(const Tensor& x) override;
 };
 
+/// min(max(x, 0), 6), as in MobileNetV2.
+class ReLU6 : public Module {
+  friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
+ public:
+  ReLU6() : Module("ReLU6") {}
+  Tensor forward(const Tensor& x) override;
+};
+
 class Sigmoid : public Module {
   friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
