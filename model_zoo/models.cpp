@@ -99,6 +99,93 @@ ModulePtr resnet(int64_t in_channels, int64_t classes, int64_t width, int64_t bl
   return m;
 }
 
+namespace {
+
+// torchvision's InvertedResidual: expand (unless t == 1), depthwise, project; identity shortcut when
+// the block keeps the shape.
+ModulePtr conv_bn_relu6(int64_t in, int64_t out, int64_t k, int64_t stride, int64_t groups) {
+  return std::make_shared<Sequential>(std::vector<ModulePtr>{
+      std::make_shared<Conv2d>(in, out, k, stride, (k - 1) / 2, 1, groups, false), std::make_shared<BatchNorm2d>(out),
+      std::make_shared<ReLU6>()});
+}
+
+ModulePtr inverted_residual(int64_t in, int64_t out, int64_t stride, int64_t expand) {
+  const int64_t hidden = in * expand;
+  auto body = std::make_shared<Sequential>();
+  if (expand != 1) body->add(conv_bn_relu6(in, hidden, 1, 1, 1));
+  body->add(conv_bn_relu6(hidden, hidden, 3, stride, hidden));
+  body->add(std::make_shared<Conv2d>(hidden, out, 1, 1, 0, 1, 1, false)).add(std::make_shared<BatchNorm2d>(out));
+  if (stride == 1 && in == out) return std::make_shared<Residual>(body);
+  return body;
+}
+
+// Word + position + token-type(0) embeddings, then LayerNorm and dropout: (N, L) ids -> (N, L, H).
+class EncoderEmbeddings : public Module {
+ public:
+  explicit EncoderEmbeddings(const EncoderConfig& c) : Module("EncoderEmbeddings") {
+    words_ = register_module("word_embeddings", std::make_shared<Embedding>(c.vocab, c.hidden));
+    positions_ = register_module("position_embeddings", std::make_shared<Embedding>(c.max_positions, c.hidden));
+    types_ = register_module("token_type_embeddings", std::make_shared<Embedding>(c.token_types, c.hidden));
+    norm_ = register_module("LayerNorm", std::make_shared<LayerNorm>(c.hidden, c.layer_norm_eps));
+    dropout_ = register_module("dropout", std::make_shared<Dropout>(c.dropout));
+    max_positions_ = c.max_positions;
+  }
+  Tensor forward(const Tensor& ids) override {
+    BRAID_CHECK(ids.dim() == 2, "EncoderEmbeddings: expected token ids (N, L), got shape ", shape_str(ids.shape()));
+    const int64_t len = ids.size(1);
+    BRAID_CHECK(len <= max_positions_, "EncoderEmbeddings: ", len, " tokens, more than the ", max_positions_,
+                " positions the encoder has");
+    Tensor pos = arange(len, kInt64, ids.device());
+    Tensor x = (*words_)(ids) + (*positions_)(pos) + (*types_)(zeros_like(pos));
+    return (*dropout_)((*norm_)(x));
+  }
+
+ private:
+  std::shared_ptr<Embedding> words_, positions_, types_;
+  std::shared_ptr<LayerNorm> norm_;
+  std::shared_ptr<Dropout> dropout_;
+  int64_t max_positions_;
+};
+
+// The mean over axis 1: (N, L, H) -> (N, H).
+class MeanOverTokens : public Module {
+ public:
+  MeanOverTokens() : Module("MeanOverTokens") {}
+  Tensor forward(const Tensor& x) override { return mean(x, {1}); }
+};
+
+}  // namespace
+
+ModulePtr mobilenet_v2(int64_t classes) {
+  auto m = std::make_shared<Sequential>();
+  m->add(conv_bn_relu6(3, 32, 3, 2, 1));
+  int64_t c = 32;
+  // (expansion t, channels c, repeats n, first stride s), the paper's Table 2.
+  const int64_t settings[7][4] = {{1, 16, 1, 1}, {6, 24, 2, 2}, {6, 32, 3, 2}, {6, 64, 4, 2},
+                                  {6, 96, 3, 1}, {6, 160, 3, 2}, {6, 320, 1, 1}};
+  for (const auto& [t, out, n, s] : settings) {
+    for (int64_t i = 0; i < n; ++i) {
+      m->add(inverted_residual(c, out, i == 0 ? s : 1, t));
+      c = out;
+    }
+  }
+  m->add(conv_bn_relu6(c, 1280, 1, 1, 1));
+  m->add(std::make_shared<AdaptiveAvgPool2d>(std::vector<int64_t>{1, 1})).add(std::make_shared<Flatten>());
+  m->add(std::make_shared<Dropout>(0.2)).add(std::make_shared<Linear>(1280, classes));
+  return m;
+}
+
+ModulePtr transformer_encoder(const EncoderConfig& c, int64_t classes) {
+  auto m = std::make_shared<Sequential>();
+  m->add(std::make_shared<EncoderEmbeddings>(c));
+  for (int64_t i = 0; i < c.layers; ++i)
+    m->add(std::make_shared<TransformerEncoderLayer>(c.hidden, c.heads, c.feedforward, c.dropout, "gelu",
+                                                     c.layer_norm_eps, true, false));
+  m->add(std::make_shared<MeanOverTokens>());
+  if (classes > 0) m->add(std::make_shared<Linear>(c.hidden, classes));
+  return m;
+}
+
 std::vector<std::string> model_names() { return {"mlp", "cnn", "resnet"}; }
 
 ModulePtr make_model(const std::string& name, int64_t in_channels, int64_t classes) {

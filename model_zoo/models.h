@@ -23,6 +23,25 @@ nn::ModulePtr resnet(int64_t in_channels = 3, int64_t classes = 10, int64_t widt
 /// for 1000 classes, as torchvision.models.resnet50.
 nn::ModulePtr resnet50(int64_t classes = 1000);
 
+/// MobileNetV2 (Sandler et al., torchvision's layout at width 1.0): a 3x3 stride-2 stem, 17 inverted
+/// residual blocks (1x1 expansion, 3x3 depthwise, 1x1 linear projection; an identity shortcut where
+/// shapes allow), a 1x1 convolution to 1280 channels, global average pooling, dropout 0.2 and a
+/// Linear head, with BatchNorm and ReLU6 throughout; 3,504,872 parameters for 1000 classes, as
+/// torchvision.models.mobilenet_v2.
+nn::ModulePtr mobilenet_v2(int64_t classes = 1000);
+
+/// The shape of a BERT-style encoder; the defaults are paraphrase-MiniLM-L3-v2's.
+struct EncoderConfig {
+  int64_t vocab = 30522, hidden = 384, layers = 3, heads = 12, feedforward = 1536, max_positions = 512,
+          token_types = 2;
+  double dropout = 0.1, layer_norm_eps = 1e-12;
+};
+/// A BERT-style Transformer encoder in MiniLM's layout: word + position + token-type(0) embeddings
+/// and LayerNorm, post-norm encoder layers with GELU, the mean over the tokens, and a Linear head
+/// (none when classes is 0: the output is the pooled (N, hidden) embedding). Input: token ids
+/// (N, L) int64. 17,241,984 parameters before the head with the defaults, as the MiniLM-L3 file.
+nn::ModulePtr transformer_encoder(const EncoderConfig& config = EncoderConfig(), int64_t classes = 2);
+
 /// Builds a model by name ("mlp", "cnn", "resnet") for inputs of in_channels.
 nn::ModulePtr make_model(const std::string& name, int64_t in_channels, int64_t classes);
 std::vector<std::string> model_names();

@@ -3,6 +3,7 @@
 // size, or single-process training of the same model on the concatenated batch, computed on every
 // rank without communication.
 #include <cmath>
+#include <csignal>
 
 #include <unistd.h>
 
@@ -66,6 +67,29 @@ TEST_F(Collectives, WorldMatchesLauncher) {
   EXPECT_GE(info.local_rank, 0);
   EXPECT_LT(info.local_rank, info.local_size);
   EXPECT_NE(rank_table().find("rank " + std::to_string(R()) + " = pid"), std::string::npos) << rank_table();
+}
+
+// Note [Preemption]: a signal that reaches one rank stops every rank after the same step.
+TEST_F(Collectives, APreemptionSignalOnOneRankIsSeenByEveryRank) {
+  struct sigaction old_usr1 {}, old_term {};  // braid's fatal-signal handler, put back at the end
+  ::sigaction(SIGUSR1, nullptr, &old_usr1);
+  ::sigaction(SIGTERM, nullptr, &old_term);
+  catch_preemption_signals();
+  clear_preemption();
+  EXPECT_FALSE(preemption_requested());
+  EXPECT_EQ(preemption_signal(), "");
+  const int signalled = N() - 1;  // the last rank alone
+  if (R() == signalled) std::raise(SIGUSR1);
+  EXPECT_TRUE(preemption_requested()) << "rank " << R();
+  EXPECT_EQ(preemption_signal(), R() == signalled ? "SIGUSR1" : "");
+  clear_preemption();
+  if (R() == 0) std::raise(SIGTERM);  // caught, not fatal
+  EXPECT_TRUE(preemption_requested());
+  EXPECT_EQ(preemption_signal(), R() == 0 ? "SIGTERM" : "");
+  clear_preemption();
+  EXPECT_FALSE(preemption_requested());
+  ::sigaction(SIGUSR1, &old_usr1, nullptr);
+  ::sigaction(SIGTERM, &old_term, nullptr);
 }
 
 TEST_F(Collectives, AllReduceSumAverageMaxMinAcrossSizesAndDtypes) {

@@ -18,7 +18,10 @@ namespace braid::distributed {
 // schedule, random state, the loader's position in the epoch), and the program exits with
 // kRequeueExitCode, which model_zoo/slurm's job scripts turn into `scontrol requeue`; the requeued job
 // resumes from the checkpoint and ends with the weights an uninterrupted run ends with.
-// The handler only records the signal: everything else happens at the next step boundary.
+// The handler only records the signal: everything else happens at the next step boundary. So once
+// caught, SIGTERM no longer ends a process at once (nor prints braid's fatal-signal message): a rank
+// stuck in a collective is ended by BRAID_TIMEOUT, or by the SIGKILL that Slurm sends KillWait
+// seconds after its SIGTERM.
 
 /// Catches SIGUSR1 and SIGTERM from now on, replacing their handlers.
 void catch_preemption_signals();
