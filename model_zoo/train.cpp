@@ -147,8 +147,9 @@ int run(int argc, char** argv) {
   Args args = parse(argc, argv);
   const auto& world = distributed::init();
   const bool lead = world.rank == 0;
-  BRAID_CHECK(args.batch_size % world.size == 0, "braid-train: --batch-size ", args.batch_size,
-              " (the global batch) must divide evenly over the ", world.size, " ranks");
+  // (In pipeline mode the batch divides over the replicas and micro-batches instead: train_pipeline.)
+  BRAID_CHECK(args.pipeline_stages > 1 || args.batch_size % world.size == 0, "braid-train: --batch-size ",
+              args.batch_size, " (the global batch) must divide evenly over the ", world.size, " ranks");
   if (args.threads > 0) set_num_threads(static_cast<int>(args.threads));
   const Device device = pick_device(args.device, world.local_rank);
   manual_seed(args.seed);

@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <map>
 #include <optional>
 
 #include "braid/amp.h"
@@ -46,6 +48,47 @@ std::string stage_checkpoint(const std::string& resume, int s) {
   return (p.parent_path() / name).string();
 }
 
+// Note [Resuming with another stage count]
+// Each stage's checkpoint holds its layers' weights under the whole model's names (a stage is a
+// slice of the model's Sequential that keeps the children's names), its optimizer's state numbered
+// by the stage's own parameters, and the same schedule, loader position and step as every other
+// stage. A run resumed with K' != K stages therefore: loads all K files; restores each into its
+// slice of the whole model under the old cuts (the slices share the model's layers, so the whole
+// model ends up with every weight); restores each old stage's optimizer state into a temporary
+// optimizer over that slice and hands every parameter's state, found by the tensor itself, to the
+// new stage's optimizer under its new number; and takes the schedule, loader position, random
+// state and step from stage 0. The new cuts come from the partitioner, as in a fresh run.
+using MakeOptimizer = std::function<std::unique_ptr<optim::Optimizer>(const std::vector<Tensor>&)>;
+
+void restore_repartitioned(const std::vector<Checkpoint>& old, nn::Sequential& model, const MakeOptimizer& make_opt,
+                           nn::Sequential& stage, optim::Optimizer* opt) {
+  distributed::PartitionPlan old_plan;
+  old_plan.first_layer.push_back(0);
+  for (int64_t c : old[0].tensor("pipeline.cuts").to_vector<int64_t>()) old_plan.first_layer.push_back(static_cast<int>(c));
+  std::map<const void*, optim::ParamState> states;  // by the parameter's TensorImpl
+  for (size_t s = 0; s < old.size(); ++s) {
+    auto slice = distributed::stage_layers(model, old_plan, static_cast<int>(s));
+    restore_state(old[s], "model.", *slice);
+    const std::vector<Tensor> params = slice->parameters();
+    if (params.empty() || !opt) continue;
+    std::unique_ptr<optim::Optimizer> previous = make_opt(params);
+    restore_state(old[s], "optim.", *previous);
+    for (const Tensor& p : params)
+      if (const optim::ParamState* st = previous->state(p)) states[p.impl_ptr().get()] = *st;
+  }
+  if (!opt) return;
+  optim::OptimizerState st = opt->state_dict();  // this stage's groups and options, no state yet
+  const std::vector<Tensor> params = stage.parameters();
+  for (size_t j = 0; j < params.size(); ++j) {
+    auto it = states.find(params[j].impl_ptr().get());
+    if (it == states.end()) continue;
+    const std::string key = "state." + std::to_string(j) + ".";
+    for (const auto& [name, t] : it->second.tensors) st.tensors[key + name] = t;
+    for (const auto& [name, v] : it->second.scalars) st.scalars[key + name] = v;
+  }
+  opt->load_state_dict(st);
+}
+
 }  // namespace
 
 int train_pipeline(const PipelineRun& r) {
@@ -67,8 +110,29 @@ int train_pipeline(const PipelineRun& r) {
   // mode, which would move the real model's statistics) and every rank takes its cuts.
   Tensor cuts = zeros({k - 1}, kInt64);
   const int64_t micro = r.batch_size / d / r.micro_batches;
-  std::optional<Checkpoint> resumed;
+  std::optional<Checkpoint> resumed;  // this stage's file, resuming with the earlier run's cuts
+  std::vector<Checkpoint> merged;     // every stage's file, resuming with another stage count
+  int saved_k = k;
   if (!r.resume.empty()) {
+    const Checkpoint first = load_checkpoint(stage_checkpoint(r.resume, 0));
+    saved_k = static_cast<int>(first.integer("pipeline.stages"));
+  }
+  if (saved_k != k) {
+    // Note [Resuming with another stage count]: every rank reads every stage's file.
+    for (int s = 0; s < saved_k; ++s) {
+      merged.push_back(load_checkpoint(stage_checkpoint(r.resume, s)));
+      BRAID_CHECK(merged.back().integer("pipeline.stage") == s && merged.back().integer("pipeline.stages") == saved_k,
+                  "braid-train: ", merged.back().source, " is not stage ", s, " of the ", saved_k,
+                  "-stage run that stage 0's file describes");
+      BRAID_CHECK(merged.back().integer("step") == merged[0].integer("step"), "braid-train: ", merged.back().source,
+                  " is at step ", merged.back().integer("step"), " but ", merged[0].source, " at step ",
+                  merged[0].integer("step"), "; the stage files come from different moments");
+    }
+    if (lead)
+      std::printf("braid-train: resuming the %d-stage run of %s at step %lld with %d stages: its weights and "
+                  "optimizer state are merged and cut again\n", saved_k, r.resume.c_str(),
+                  static_cast<long long>(merged[0].integer("step")), k);
+  } else if (!r.resume.empty()) {
     // Every rank reads its stage's file; the cuts must be the earlier run's, since the weights
     // were split by them.
     resumed = load_checkpoint(stage_checkpoint(r.resume, grid.stage));
@@ -86,7 +150,8 @@ int train_pipeline(const PipelineRun& r) {
       for (int64_t c : cuts.to_vector<int64_t>()) std::printf(" %lld", static_cast<long long>(c));
       std::printf("\n");
     }
-  } else if (lead) {
+  }
+  if (!resumed && lead) {  // a fresh run, or one resumed with another stage count
     auto copy = std::dynamic_pointer_cast<nn::Sequential>(make_model(r.model, 1, 10));
     Generator g(r.seed + 17);
     const auto profile = profile_layers(*copy, randn({micro, 1, 28, 28}, kFloat32, &g));
@@ -104,21 +169,21 @@ int train_pipeline(const PipelineRun& r) {
   for (int64_t c : cuts.to_vector<int64_t>()) plan.first_layer.push_back(static_cast<int>(c));
   auto stage = stage_layers(*seq, plan, grid.stage);
   stage->to(r.device);
+  const MakeOptimizer make_opt = [&](const std::vector<Tensor>& params) -> std::unique_ptr<optim::Optimizer> {
+    if (r.optimizer == "adam") return std::make_unique<optim::Adam>(params, optim::AdamOptions{.lr = r.lr});
+    return std::make_unique<optim::SGD>(
+        params, optim::SGDOptions{.lr = r.lr, .momentum = 0.9, .weight_decay = 5e-4, .nesterov = true});
+  };
+  std::unique_ptr<optim::Optimizer> opt;
+  // A stage of parameter-free layers (activations, pooling) has nothing to update.
+  if (!stage->parameters().empty()) opt = make_opt(stage->parameters());
+  if (!merged.empty()) restore_repartitioned(merged, *seq, make_opt, *stage, opt.get());  // before DDP's broadcast
 
   std::unique_ptr<DistributedDataParallel> ddp;
   if (d > 1) ddp = std::make_unique<DistributedDataParallel>(stage, grid.data);
   PipelineOptions po;
   po.data_parallel = ddp.get();
   PipelineStage pipe(stage, grid.pipeline, po);
-  std::unique_ptr<optim::Optimizer> opt;
-  if (stage->parameters().empty()) {
-    // A stage of parameter-free layers (activations, pooling) has nothing to update.
-  } else if (r.optimizer == "adam") {
-    opt = std::make_unique<optim::Adam>(stage->parameters(), optim::AdamOptions{.lr = r.lr});
-  } else {
-    opt = std::make_unique<optim::SGD>(
-        stage->parameters(), optim::SGDOptions{.lr = r.lr, .momentum = 0.9, .weight_decay = 5e-4, .nesterov = true});
-  }
 
   data::DataLoaderOptions train_opts;
   train_opts.batch_size = r.batch_size / d;
@@ -150,10 +215,17 @@ int train_pipeline(const PipelineRun& r) {
     restore_state(*resumed, "rng.", default_generator());
     restore_state(*resumed, "loader.", train_loader);
     step = resumed->integer("step");
+  } else if (!merged.empty()) {
+    // The schedule, the loader's position and the step are every stage's alike; stage 0's are taken.
+    if (schedule) restore_state(merged[0], "sched.", *schedule);
+    restore_state(merged[0], "rng.", default_generator());
+    restore_state(merged[0], "loader.", train_loader);
+    step = merged[0].integer("step");
   }
   std::ofstream log;
-  if (lead) log.open(r.out + "/log.csv", resumed ? std::ios::app : std::ios::trunc);
-  if (lead && !resumed) log << "step,epoch,train_loss,test_loss,test_accuracy,lr\n";
+  const bool continuing = resumed || !merged.empty();
+  if (lead) log.open(r.out + "/log.csv", continuing ? std::ios::app : std::ios::trunc);
+  if (lead && !continuing) log << "step,epoch,train_loss,test_loss,test_accuracy,lr\n";
   Series train_loss{"train loss", {}, {}, "#1f77b4"}, test_loss{"test loss", {}, {}, "#d62728"};
   Series test_acc{"test accuracy", {}, {}, "#d62728"};
   double final_accuracy = 0;
@@ -228,6 +300,14 @@ int train_pipeline(const PipelineRun& r) {
       ck.integers["pipeline.stage"] = grid.stage;
       ck.integers["step"] = step;
       save_checkpoint(r.out + "/checkpoint.stage" + std::to_string(grid.stage) + ".braid", ck);
+    }
+    if (saved_k > k) {
+      // A run resumed with fewer stages leaves the earlier run's last stage files behind; once every
+      // stage has written its new file, they go (before that they were part of the only checkpoint).
+      world()->barrier();
+      if (lead)
+        for (int s = k; s < saved_k; ++s)
+          std::filesystem::remove(r.out + "/checkpoint.stage" + std::to_string(s) + ".braid");
     }
     if (!lead) continue;
     std::printf("epoch %lld: train loss %.4f | test loss %.4f acc %.4f\n", static_cast<long long>(epoch + 1),

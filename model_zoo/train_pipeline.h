@@ -13,8 +13,9 @@ namespace braid::zoo {
 
 struct PipelineRun {
   std::string model, optimizer, out;
-  /// An earlier run's output folder, or one of its checkpoint.stage<s>.braid files: every stage
-  /// continues from its own file, with the earlier run's cuts.
+  /// An earlier run's output folder, or one of its checkpoint.stage<s>.braid files: with the same
+  /// number of stages every stage continues from its own file, with the earlier run's cuts; with
+  /// another number the files are merged and cut again (Note [Resuming with another stage count]).
   std::string resume;
   int64_t epochs = 3, batch_size = 64, stages = 2, micro_batches = 4;
   int64_t stop_after = 0;  ///< epochs to run in this invocation (0: to the end)

@@ -85,3 +85,46 @@ def test_a_run_stopped_at_2_ranks_resumes_at_1_2_and_4(braid_py, tmp_path):
     train(off, 1, "--resume", str(off / "checkpoint.braid"))
     _, w = weights(braid_py, off / "checkpoint.braid")
     assert rel_diff(w, reference) > 1e-3, "skipping a batch went unnoticed at this tolerance"
+
+
+def merged_stage_weights(braid, folder):
+    """The whole model's weights from a pipelined run's per-stage checkpoints."""
+    import glob
+    stages = braid.checkpoint.load(str(folder / "checkpoint.stage0.braid")).integers["pipeline.stages"]
+    files = sorted(glob.glob(str(folder / "checkpoint.stage*.braid")))
+    assert len(files) == stages, f"{folder}: {files} for {stages} stages"  # no stale files of another run
+    out = {}
+    for s in range(stages):
+        ck = braid.checkpoint.load(str(folder / f"checkpoint.stage{s}.braid"))
+        assert (ck.integers["pipeline.stage"], ck.integers["pipeline.stages"]) == (s, stages)
+        out.update({k: t.numpy().copy() for k, t in ck.tensors.items() if k.startswith("model.")})
+    return out, stages
+
+
+def test_a_pipelined_run_resumes_with_another_stage_count(braid_py, tmp_path):
+    """Note [Resuming with another stage count]: the per-stage checkpoints of a K-stage run are merged
+    and cut again for K' stages. 1F1B runs the same micro-batches through the same layers in the same
+    order whatever the cuts, so the result equals the uninterrupted run's bit for bit."""
+    args = ["--pipeline-stages"]
+    common = ["--limit", "1024", "--epochs", "2", "--batch-size", "64", "--micro-batches", "4"]
+
+    def pipe(out, stages, *extra):
+        cmd = ["mpiexec", "-n", str(stages), TRAIN, *common, "--threads", "1", *args, str(stages), "--out", str(out),
+               *extra]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                           env=dict(os.environ, OMP_NUM_THREADS="1", BRAID_NUM_THREADS="1"))
+        assert r.returncode == 0, f"{' '.join(cmd)}: exit {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}"
+        return r.stdout
+
+    pipe(tmp_path / "ref", 2)
+    reference, _ = merged_stage_weights(braid_py, tmp_path / "ref")
+    for before, after in ((2, 4), (2, 3), (4, 2)):
+        run = tmp_path / f"{before}-to-{after}"
+        pipe(run, before, "--stop-after", "1")
+        out = pipe(run, after, "--resume", str(run))
+        assert f"resuming the {before}-stage run" in out and f"with {after} stages" in out, out
+        weights, stages = merged_stage_weights(braid_py, run)
+        assert stages == after
+        assert set(weights) == set(reference)
+        same = [k for k in reference if (weights[k] == reference[k]).all()]
+        assert len(same) == len(reference), f"{before} -> {after} stages: {sorted(set(reference) - set(same))} differ"
