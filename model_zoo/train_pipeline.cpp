@@ -145,8 +145,10 @@ int train_pipeline(const PipelineRun& r) {
                 " stages");
     cuts = saved.clone();
     if (lead) {
-      std::printf("braid-train: resuming from %s at step %lld (epoch %lld) with its cuts:", resumed->source.c_str(),
-                  static_cast<long long>(resumed->integer("step")), static_cast<long long>(resumed->integer("loader.epoch")));
+      std::printf("braid-train: resuming from %s at step %lld (epoch %lld, batch %lld) with its cuts:",
+                  resumed->source.c_str(), static_cast<long long>(resumed->integer("step")),
+                  static_cast<long long>(resumed->integer("loader.epoch") + 1),
+                  static_cast<long long>(resumed->integer("loader.batch")));
       for (int64_t c : cuts.to_vector<int64_t>()) std::printf(" %lld", static_cast<long long>(c));
       std::printf("\n");
     }
@@ -229,6 +231,22 @@ int train_pipeline(const PipelineRun& r) {
   Series train_loss{"train loss", {}, {}, "#1f77b4"}, test_loss{"test loss", {}, {}, "#d62728"};
   Series test_acc{"test accuracy", {}, {}, "#d62728"};
   double final_accuracy = 0;
+  // The first replica's stages write one file each (all at the same step).
+  auto write_checkpoint = [&] {
+    if (grid.replica != 0) return;
+    Checkpoint ck;
+    store_state(ck, "model.", *stage);
+    if (opt) store_state(ck, "optim.", *opt);
+    if (schedule) store_state(ck, "sched.", *schedule);
+    store_state(ck, "rng.", default_generator());
+    store_state(ck, "loader.", train_loader);
+    ck.tensors["pipeline.cuts"] = cuts;
+    ck.integers["pipeline.stages"] = k;
+    ck.integers["pipeline.stage"] = grid.stage;
+    ck.integers["step"] = step;
+    save_checkpoint(r.out + "/checkpoint.stage" + std::to_string(grid.stage) + ".braid", ck);
+  };
+  catch_preemption_signals();
   stage->train();
   const int64_t stop_epoch = r.stop_after > 0 ? train_loader.epoch() + r.stop_after : r.epochs;
   while (train_loader.epoch() < std::min(r.epochs, stop_epoch)) {
@@ -272,6 +290,18 @@ int train_pipeline(const PipelineRun& r) {
         window = 0;
         if (bar) bar->update(b.index + 1, static_cast<int64_t>(job_seen), {{"loss", job_loss / job_seen}});
       }
+      if (preemption_requested()) {  // Note [Preemption]: every rank stops after the same step
+        if (bar) bar->stop(train_loader.batch(), {{"loss", job_loss / std::max(job_seen, 1.0)}});
+        write_checkpoint();
+        world()->barrier();  // no rank exits before every stage's file is written
+        const std::string sig = preemption_signal();
+        std::fprintf(stderr, "braid-train: rank %d (stage %d): %s at step %lld (epoch %lld, batch %lld of %lld); stage "
+                     "checkpoints in %s; exiting with code %d for the job script to requeue\n", w.rank, grid.stage,
+                     sig.empty() ? "a peer rank was signalled" : (sig + " caught").c_str(), static_cast<long long>(step),
+                     static_cast<long long>(epoch + 1), static_cast<long long>(train_loader.batch()),
+                     static_cast<long long>(steps_per_epoch), r.out.c_str(), kRequeueExitCode);
+        return kRequeueExitCode;
+      }
     }
     if (bar) bar->finish({{"loss", job_loss / std::max(job_seen, 1.0)}});
     // Evaluation: each replica's last stage scores its shard of the test set.
@@ -288,19 +318,7 @@ int train_pipeline(const PipelineRun& r) {
     stage->train();
     const auto ev = sum_over_world({loss, correct, seen});
     final_accuracy = ev[1] / ev[2];
-    if (grid.replica == 0) {
-      Checkpoint ck;
-      store_state(ck, "model.", *stage);
-      if (opt) store_state(ck, "optim.", *opt);
-      if (schedule) store_state(ck, "sched.", *schedule);
-      store_state(ck, "rng.", default_generator());
-      store_state(ck, "loader.", train_loader);
-      ck.tensors["pipeline.cuts"] = cuts;
-      ck.integers["pipeline.stages"] = k;
-      ck.integers["pipeline.stage"] = grid.stage;
-      ck.integers["step"] = step;
-      save_checkpoint(r.out + "/checkpoint.stage" + std::to_string(grid.stage) + ".braid", ck);
-    }
+    write_checkpoint();
     if (saved_k > k) {
       // A run resumed with fewer stages leaves the earlier run's last stage files behind; once every
       // stage has written its new file, they go (before that they were part of the only checkpoint).

@@ -8,7 +8,7 @@ model_zoo/slurm submitted with sbatch, data-parallel through srun and MPICH's PM
   sends) and SIGTERM to every task (what Slurm sends before it kills a job) each make the ranks
   checkpoint and exit with code 75, the script requeues the job, and the requeued job ends with a
   checkpoint byte for byte equal to an uninterrupted run's;
-- the same for the Python training script under python.sbatch;
+- the same for a 2-stage pipelined braid-train and for the Python training script under python.sbatch;
 - a job array (the learning-rate sweep) writes one results row per task.
 """
 
@@ -166,6 +166,24 @@ def test_preempted_job_requeues_and_resumes_bitwise(slurm, tmp_path, job_env, un
     assert 0 < step < 3 * 64, text  # stopped mid-training, not after it
     resumed = (out / "checkpoint.braid").read_bytes()
     assert resumed == uninterrupted, "the requeued job's checkpoint differs from the uninterrupted run's"
+
+
+def test_preempted_pipeline_job_requeues_and_resumes_bitwise(slurm, tmp_path, job_env):
+    args = [*PREEMPTIBLE, "--pipeline-stages", "2", "--micro-batches", "4"]
+    ref_jid, ref_out = submit_train(slurm, tmp_path, job_env, "piperef", *args)
+    [rec] = slurm.wait(ref_jid, 400)
+    expect_completed(rec)
+    jid, out = submit_train(slurm, tmp_path, job_env, "pipepre", *args)
+    wait_for_text(slurm, jid, r"pipeline of 2 stages", 120)
+    time.sleep(1.5)
+    slurm.signal(jid, "USR1", batch_only=True)
+    [rec] = slurm.wait(jid, 600)
+    text = expect_completed(rec)
+    assert int(rec["Restarts"]) == 1 and re.search(r"\(stage 1\): .*at step \d+", text), text
+    assert "resuming from" in text, text
+    for s in (0, 1):
+        name = f"checkpoint.stage{s}.braid"
+        assert (out / name).read_bytes() == (ref_out / name).read_bytes(), f"stage {s}'s checkpoint differs"
 
 
 PY_PREEMPTIBLE = ["--limit", "4096", "--epochs", "3", "--seed", "3", "--auto-resume"]
