@@ -462,6 +462,7 @@ ValueInfo value_info(const std::string& name, const Tensor& t, bool dynamic_batc
   ValueInfo v;
   v.name = name;
   v.dtype = t.dtype();
+  v.has_type = true;
   v.has_shape = true;
   for (int64_t d = 0; d < t.dim(); ++d) {
     Dim dim;

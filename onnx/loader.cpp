@@ -250,7 +250,11 @@ ValueInfo to_value_info(const Ctx& c, const ::onnx::ValueInfoProto& v, const std
   ValueInfo out;
   out.name = v.name();
   const std::string where = role + " '" + v.name() + "'";
-  if (!v.has_type()) return out;  // untyped values are allowed in value_info and nested graphs
+  // Untyped values are allowed in value_info and nested graphs; a TypeProto with nothing set (what
+  // some exporters write for If/Loop/Scan body outputs) is untyped too, and the value's type is
+  // what the node that makes it gives at run time, as in onnxruntime.
+  if (!v.has_type() || v.type().value_case() == ::onnx::TypeProto::VALUE_NOT_SET) return out;
+  out.has_type = true;
   if (!v.type().has_tensor_type())
     fail(c, where + " is not a tensor (sequences, maps and optionals are not supported)");
   const auto& tt = v.type().tensor_type();
@@ -461,9 +465,9 @@ Model to_model(const Ctx& c, const ::onnx::ModelProto& m) {
   Model out;
   out.path = c.file;
   out.ir_version = m.ir_version();
-  if (out.ir_version < 3 || out.ir_version > 10) {
+  if (out.ir_version < 3 || out.ir_version > kMaxIrVersion) {
     std::ostringstream s;
-    s << "IR version " << out.ir_version << " is not one braid reads (3 to 10)";
+    s << "IR version " << out.ir_version << " is not one braid reads (3 to " << kMaxIrVersion << ")";
     fail(c, s.str());
   }
   out.producer_name = m.producer_name();

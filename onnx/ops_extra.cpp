@@ -785,7 +785,10 @@ Tensors if_op(OpContext& c) {
   return c.run_subgraph(*branch.g, {});
 }
 
-Tensor empty_scan_output(const ValueInfo& v, Device device) {
+Tensor empty_scan_output(OpContext& c, const ValueInfo& v, Device device) {
+  if (!v.has_type)
+    c.fail("ran no iterations, and its body leaves the type of scan output '", v.name,
+           "' unspecified, so its empty result has no element type; give the body output a type");
   Shape s{0};
   for (const Dim& d : v.shape) s.push_back(std::max<int64_t>(d.size, 0));
   return zeros(s, v.dtype, device);
@@ -814,7 +817,7 @@ Tensors loop_op(OpContext& c) {
   }
   Tensors out = carried;
   for (size_t j = 0; j < ns; ++j)
-    out.push_back(scans[j].empty() ? empty_scan_output(body.outputs[1 + nc + j], c.device()) : stack(scans[j], 0));
+    out.push_back(scans[j].empty() ? empty_scan_output(c, body.outputs[1 + nc + j], c.device()) : stack(scans[j], 0));
   return out;
 }
 
@@ -852,7 +855,7 @@ Tensors scan_core(OpContext& c, const Graph& body, std::vector<Tensor> state, co
   for (int64_t j = 0; j < k; ++j) {
     auto& v = outs[static_cast<size_t>(j)];
     if (v.empty()) {
-      result.push_back(empty_scan_output(body.outputs[static_cast<size_t>(n + j)], c.device()));
+      result.push_back(empty_scan_output(c, body.outputs[static_cast<size_t>(n + j)], c.device()));
       continue;
     }
     if (out_dirs[static_cast<size_t>(j)] != 0) std::reverse(v.begin(), v.end());

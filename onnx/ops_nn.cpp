@@ -119,7 +119,12 @@ std::vector<Tensor> conv(OpContext& c) {
   check_rank(c, x, "Conv");
   if (weight.dim() != x.dim()) c.fail("weight of shape ", shape_str(weight.shape()), " does not match input of shape ", shape_str(x.shape()));
   const std::vector<int64_t> kernel(weight.shape().begin() + 2, weight.shape().end());
-  Window w = window(c, c.attr_ints("kernel_shape", kernel), spatial(x));
+  // kernel_shape is optional and redundant; one that disagrees with the weight is a broken file
+  // (onnxruntime refuses it too), not something to run with either of the two.
+  if (c.has_attr("kernel_shape") && c.attr_ints("kernel_shape") != kernel)
+    c.fail("attribute kernel_shape ", shape_str(c.attr_ints("kernel_shape")), " disagrees with the weight's spatial ",
+           "shape ", shape_str(kernel), " (weight ", shape_str(weight.shape()), ")");
+  Window w = window(c, kernel, spatial(x));
   const int64_t group = c.attr_int("group", 1);
   if (x.dim() == 5) return {conv3d(c, x, weight, bias, w, group)};
   const bool one_d = x.dim() == 3;

@@ -52,6 +52,7 @@ void write_tensor(const Tensor& t0, const std::string& name, ::onnx::TensorProto
 
 void write_value_info(const ValueInfo& v, ::onnx::ValueInfoProto& p) {
   p.set_name(v.name);
+  if (!v.has_type) return;  // as the file it came from had it (a subgraph output left untyped)
   auto* tt = p.mutable_type()->mutable_tensor_type();
   tt->set_elem_type(proto_type(v.dtype));
   if (!v.has_shape) return;

@@ -12,6 +12,7 @@
 
 #include "braid/braid.h"
 #include "braid/onnx/model.h"
+#include "braid/onnx/module.h"
 
 namespace braid {
 namespace {
@@ -246,8 +247,106 @@ TEST(OnnxLoader, VersionsAreChecked) {
   {
     ModelProto m = add_model();
     m.set_ir_version(99);
-    expect_load_error(save(m, "ir"), {"IR version 99"});
+    expect_load_error(save(m, "ir"), {"IR version 99", "3 to 14"});
   }
+  {
+    // ONNX 1.23 (PyPI) writes IR 14; its files load.
+    ModelProto m = add_model();
+    m.set_ir_version(14);
+    EXPECT_EQ(onnx::load_model(save(m, "ir14")).ir_version, 14);
+  }
+}
+
+// What real exporters write (issue: ONNX as real exporters write it).
+
+/// y = If(cond, then: x + w, else: x - w), the branches' outputs left with an empty TypeProto, as
+/// some exporters write them; x and w come from the outer graph.
+ModelProto if_model_with_untyped_branch_outputs() {
+  ModelProto m = add_model();
+  auto* g = m.mutable_graph();
+  g->clear_node();
+  g->clear_output();
+  auto* cond = g->add_input();
+  cond->set_name("cond");
+  cond->mutable_type()->mutable_tensor_type()->set_elem_type(TensorProto::BOOL);
+  auto* n = g->add_node();
+  n->set_name("choose");
+  n->set_op_type("If");
+  n->add_input("cond");
+  n->add_output("y");
+  for (const auto& [attr, op] : {std::pair<std::string, std::string>{"then_branch", "Add"}, {"else_branch", "Sub"}}) {
+    auto* a = n->add_attribute();
+    a->set_name(attr);
+    a->set_type(::onnx::AttributeProto::GRAPH);
+    auto* b = a->mutable_g();
+    b->set_name(attr);
+    auto* bn = b->add_node();
+    bn->set_op_type(op);
+    bn->add_input("x");
+    bn->add_input("w");
+    bn->add_output(attr + "_out");
+    auto* out = b->add_output();
+    out->set_name(attr + "_out");
+    out->mutable_type();  // present, but neither a tensor type nor anything else
+  }
+  auto* y = g->add_output();
+  y->set_name("y");
+  y->mutable_type()->mutable_tensor_type()->set_elem_type(TensorProto::FLOAT);
+  return m;
+}
+
+TEST(OnnxLoader, SubgraphOutputsWithoutATypeAreInferredAtRunTime) {
+  const std::string path = save(if_model_with_untyped_branch_outputs(), "untyped_if");
+  auto module = onnx::OnnxModule::load(path);
+  const Tensor x = tensor(std::vector<float>{1, 2, 3, 4, 5, 6}, {2, 3});
+  for (bool c : {true, false}) {
+    Tensor y = module->run_named({{"x", x}, {"cond", scalar_tensor(c ? 1.0 : 0.0).to(kBool)}}).at("y");
+    const std::vector<float> w{1.5f, -2.0f, 4.0f};
+    std::vector<float> expect;
+    for (int i = 0; i < 6; ++i) expect.push_back(static_cast<float>(i + 1) + (c ? 1 : -1) * w[i % 3]);
+    EXPECT_EQ(y.to_vector<float>(), expect) << (c ? "then" : "else");
+  }
+}
+
+TEST(OnnxLoader, AConvWhoseKernelShapeDisagreesWithItsWeightIsRefused) {
+  ModelProto m = add_model();
+  auto* g = m.mutable_graph();
+  g->clear_node();
+  g->clear_initializer();
+  auto* w = g->add_initializer();
+  w->set_name("w");
+  w->set_data_type(TensorProto::FLOAT);
+  for (int64_t d : {2, 3, 3, 3}) w->add_dims(d);
+  for (int i = 0; i < 54; ++i) w->add_float_data(0.1f);
+  auto* x = g->mutable_input(0)->mutable_type()->mutable_tensor_type()->mutable_shape();
+  x->clear_dim();
+  for (int64_t d : {1, 3, 5, 5}) x->add_dim()->set_dim_value(d);
+  auto* n = g->add_node();
+  n->set_name("conv1");
+  n->set_op_type("Conv");
+  n->add_input("x");
+  n->add_input("w");
+  n->add_output("y");
+  auto* k = n->add_attribute();
+  k->set_name("kernel_shape");
+  k->set_type(::onnx::AttributeProto::INTS);
+  k->add_ints(2);
+  k->add_ints(2);
+  auto module = onnx::OnnxModule::load(save(m, "conv_kernel_shape"));
+  try {
+    module->forward(ones({1, 3, 5, 5}));
+    ADD_FAILURE() << "a Conv with kernel_shape [2, 2] and a 3x3 weight ran";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    for (const char* part : {"Conv 'conv1'", "kernel_shape [2, 2]", "[3, 3]", "[2, 3, 3, 3]"})
+      EXPECT_NE(what.find(part), std::string::npos) << "missing '" << part << "' in: " << what;
+  }
+  // Without the attribute, or with the right one, the same node runs.
+  n->mutable_attribute(0)->set_ints(0, 3);
+  n->mutable_attribute(0)->set_ints(1, 3);
+  Tensor y = onnx::OnnxModule::load(save(m, "conv_kernel_shape_ok"))->forward(ones({1, 3, 5, 5}));
+  EXPECT_EQ(y.shape(), (Shape{1, 2, 3, 3}));
+  EXPECT_NEAR(y.to_vector<float>()[0], 2.7f, 1e-5);  // 27 products of 1 and 0.1
 }
 
 /// Length-delimited protobuf field `field` holding payload.

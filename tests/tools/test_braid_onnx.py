@@ -45,8 +45,8 @@ def small_cnn(path, extra_node=None):
         opsets.append(helper.make_opsetid(extra_node.domain, 1))
     g = helper.make_graph(nodes, "small_cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 8, 8])],
                           outputs, [w, b, fw, fb])
-    # IR 8 (what opset-17 exporters wrote); the onnx package would write its newest, 14.
-    model = helper.make_model(g, opset_imports=opsets, producer_name="braid-test", ir_version=8)
+    # The onnx package's own IR version (14 for onnx 1.23), as a new user's file would have.
+    model = helper.make_model(g, opset_imports=opsets, producer_name="braid-test")
     onnx.save(model, str(path))
     return path
 

@@ -51,6 +51,9 @@ struct Dim {
 
 struct ValueInfo {
   std::string name;
+  /// Whether the file gave a tensor type (dtype is then meaningful); untyped values are allowed
+  /// where ONNX allows them (value_info, subgraph outputs).
+  bool has_type = false;
   /// The element type; tensors braid cannot hold (strings, complex) are rejected at load.
   DType dtype = kFloat32;
   bool has_shape = false;
@@ -81,6 +84,9 @@ struct LoadOptions {
 
 /// The newest ai.onnx opset braid accepts; models that import a newer one are refused.
 constexpr int64_t kMaxOpset = 21;
+/// The newest IR version braid reads: ONNX 1.23's (newer IRs add element types, which the loader
+/// refuses by name where a file uses them, and fields that older readers skip).
+constexpr int64_t kMaxIrVersion = 14;
 
 /// Reads, parses and validates path. Throws braid::Error naming path and the first problem.
 Model load_model(const std::string& path, const LoadOptions& options = {});
