@@ -1,4 +1,5 @@
 // ONNX elementwise, activation and reduction ops as braid ops.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -81,6 +82,31 @@ void reduction(OpRegistry& r, const char* type, F f, int64_t axes_input_since) {
 }
 
 Tensor sum_f(const Tensor& x, const std::vector<int64_t>& a, bool k) { return sum(x, a, k); }
+
+// ONNX (opset 18 on) defines the max of an empty set as the type's lowest value (-inf for floats,
+// false for bool) and the min as its highest; braid's amax and amin, like PyTorch's, refuse it.
+Tensor extreme(const Tensor& x, const std::vector<int64_t>& axes, bool keep, bool is_max) {
+  bool empty = false;
+  for (int64_t a : axes) empty = empty || x.size(a) == 0;
+  if (!empty) return is_max ? amax(x, axes, keep) : amin(x, axes, keep);
+  Shape shape;
+  for (int64_t d = 0; d < x.dim(); ++d) {
+    const bool reduced = std::find(axes.begin(), axes.end(), d) != axes.end();
+    if (!reduced) shape.push_back(x.size(d));
+    else if (keep) shape.push_back(1);
+  }
+  const DType t = x.dtype();
+  if (t == kInt64) {
+    const int64_t v = is_max ? std::numeric_limits<int64_t>::lowest() : std::numeric_limits<int64_t>::max();
+    return tensor(std::vector<int64_t>(static_cast<size_t>(shape_numel(shape)), v), shape, x.device());
+  }
+  double v;
+  if (t == kBool) v = is_max ? 0.0 : 1.0;
+  else if (is_floating(t)) v = (is_max ? -1.0 : 1.0) * std::numeric_limits<double>::infinity();
+  else if (t == kInt32) v = is_max ? std::numeric_limits<int32_t>::lowest() : std::numeric_limits<int32_t>::max();
+  else v = is_max ? 0.0 : 255.0;  // uint8
+  return full(shape, v, t, x.device());
+}
 
 }  // namespace
 
@@ -259,8 +285,8 @@ void register_math_ops(OpRegistry& r) {
   // ---- reductions ----
   reduction(r, "ReduceSum", sum_f, 13);
   reduction(r, "ReduceMean", [](const Tensor& x, const std::vector<int64_t>& a, bool k) { return mean(x, a, k); }, 18);
-  reduction(r, "ReduceMax", [](const Tensor& x, const std::vector<int64_t>& a, bool k) { return amax(x, a, k); }, 18);
-  reduction(r, "ReduceMin", [](const Tensor& x, const std::vector<int64_t>& a, bool k) { return amin(x, a, k); }, 18);
+  reduction(r, "ReduceMax", [](const Tensor& x, const std::vector<int64_t>& a, bool k) { return extreme(x, a, k, true); }, 18);
+  reduction(r, "ReduceMin", [](const Tensor& x, const std::vector<int64_t>& a, bool k) { return extreme(x, a, k, false); }, 18);
   reduction(r, "ReduceProd", [](const Tensor& x, const std::vector<int64_t>& a, bool k) { return prod(x, a, k); }, 18);
   reduction(r, "ReduceL1", [](const Tensor& x, const std::vector<int64_t>& a, bool k) { return sum(abs(x), a, k); }, 18);
   reduction(r, "ReduceL2", [](const Tensor& x, const std::vector<int64_t>& a, bool k) {
