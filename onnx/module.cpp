@@ -150,6 +150,9 @@ void preflight_graph(const Model& m, const Graph& g, const OpRegistry& r, std::v
       if (opset < s->since_opset)
         problems.push_back(detail::cat(n.label(), ": opset ", opset, " is not supported (braid implements ",
                                        n.op_type, " from opset ", s->since_opset, ")"));
+      if (opset > s->until_opset)
+        problems.push_back(detail::cat(n.label(), ": opset ", opset, " redefined ", n.op_type, " and braid implements it ",
+                                       "as of opset ", s->until_opset));
       for (const auto& [name, a] : n.attributes)
         if (std::find(s->attributes.begin(), s->attributes.end(), name) == s->attributes.end())
           problems.push_back(detail::cat(n.label(), ": attribute '", name, "' is not supported"));

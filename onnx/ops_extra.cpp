@@ -785,6 +785,16 @@ Tensors if_op(OpContext& c) {
   return c.run_subgraph(*branch.g, {});
 }
 
+// Stacks a loop's per-iteration outputs; float16/bfloat16 (storage types, which braid's stack does
+// not take) go through float32, which holds them exactly.
+Tensor stack_iterations(const std::vector<Tensor>& v, int64_t axis) {
+  const DType t = v[0].dtype();
+  if (is_compute_type(t)) return stack(v, axis);
+  std::vector<Tensor> wide;
+  for (const Tensor& x : v) wide.push_back(cast(x, kFloat32));
+  return cast(stack(wide, axis), t);
+}
+
 Tensor empty_scan_output(OpContext& c, const ValueInfo& v, Device device) {
   if (!v.has_type)
     c.fail("ran no iterations, and its body leaves the type of scan output '", v.name,
@@ -817,7 +827,7 @@ Tensors loop_op(OpContext& c) {
   }
   Tensors out = carried;
   for (size_t j = 0; j < ns; ++j)
-    out.push_back(scans[j].empty() ? empty_scan_output(c, body.outputs[1 + nc + j], c.device()) : stack(scans[j], 0));
+    out.push_back(scans[j].empty() ? empty_scan_output(c, body.outputs[1 + nc + j], c.device()) : stack_iterations(scans[j], 0));
   return out;
 }
 
@@ -860,7 +870,7 @@ Tensors scan_core(OpContext& c, const Graph& body, std::vector<Tensor> state, co
     }
     if (out_dirs[static_cast<size_t>(j)] != 0) std::reverse(v.begin(), v.end());
     const int64_t axis = norm_axis(c, out_axes[static_cast<size_t>(j)], v[0].dim() + 1, "scan_output_axes");
-    result.push_back(stack(v, axis));
+    result.push_back(stack_iterations(v, axis));
   }
   return result;
 }
@@ -1504,8 +1514,10 @@ void register_extra_ops(OpRegistry& r) {
     const Tensor& x = c.input(0);
     const int64_t axis = norm_axis(c, c.attr_int("axis", -1), x.dim());
     const int64_t p = c.attr_int("p", 2);
-    if (p == 1) return Tensors{x / sum(abs(x), {axis}, true)};
-    if (p == 2) return Tensors{x / sqrt(sum(square(x), {axis}, true))};
+    // A zero vector stays zero (the reference's x / norm with norm 0 replaced by 1), not NaN.
+    auto safe = [](const Tensor& norm) { return where(eq(norm, zeros_like(norm)), ones_like(norm), norm); };
+    if (p == 1) return Tensors{x / safe(sum(abs(x), {axis}, true))};
+    if (p == 2) return Tensors{x / safe(sqrt(sum(square(x), {axis}, true)))};
     c.fail("p must be 1 or 2, got ", p);
   }));
   r.add(op("ReverseSequence", {"batch_axis", "time_axis"}, reverse_sequence, 10));
@@ -1534,6 +1546,7 @@ void register_extra_ops(OpRegistry& r) {
   {
     OpSchema s = op("BitShift", {"direction"}, bit_shift, 11);
     s.half_via_float = false;
+    s.until_opset = 27;  // opset 28 defines shifts of signed types and by the type's width or more
     r.add(std::move(s));
   }
   r.add(op("DFT", {"axis", "inverse", "onesided"}, dft_op, 17));

@@ -256,9 +256,22 @@ void register_math_ops(OpRegistry& r) {
     const DType t = promote_types(a.dtype(), b.dtype());
     Tensor x = cast(a, kFloat64), y = cast(b, kFloat64);
     Tensor q = div(x, y);
-    if (c.attr_int("fmod", 0) != 0) q = where(lt(q, zeros({}, kFloat64, q.device())), ceil(q), floor(q));  // C fmod: sign of x
-    else q = floor(q);                                                                        // Python: sign of y
+    const bool c_fmod = c.attr_int("fmod", 0) != 0;
+    if (c_fmod) q = where(lt(q, zeros({}, kFloat64, q.device())), ceil(q), floor(q));  // C fmod: sign of x
+    else q = floor(q);                                                         // Python: sign of y
     Tensor m = x - q * y;
+    if (!c_fmod && is_floating(t)) {
+      // Opset 28's special cases of the floor remainder of floats (Python's math, as numpy's mod):
+      // an infinite divisor returns a finite nonzero x of its sign, else the divisor; x = +-0 gives
+      // a zero with the divisor's sign; the rest (x infinite, y zero, NaNs) is NaN, as computed.
+      const Tensor zero = zeros({}, kFloat64, x.device());
+      const Tensor inf = full({}, std::numeric_limits<double>::infinity(), kFloat64, x.device());
+      const Tensor x_finite_nonzero = logical_and(lt(abs(x), inf), ne(x, zero));
+      const Tensor same_sign = eq(lt(x, zero), lt(y, zero));
+      m = where(logical_and(eq(abs(y), inf), x_finite_nonzero), where(same_sign, x, y), m);
+      const Tensor y_nonzero = logical_and(ne(y, zero), logical_not(isnan(y)));
+      m = where(logical_and(eq(x, zero), y_nonzero), where(lt(y, zero), neg(zero), zero), m);
+    }
     return Tensors{cast(m, t)};
   }));
   binary(r, "Equal", [](const Tensor& a, const Tensor& b) { return eq(a, b); });

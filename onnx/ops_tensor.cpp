@@ -367,6 +367,18 @@ void register_tensor_ops(OpRegistry& r) {
     }
     std::string mode = c.attr_string("mode", "constant");
     if (mode == "edge") mode = "replicate";
+    if (mode == "wrap") {
+      // Circular padding (opset 19): position i of the padded axis reads (i - before) mod size.
+      for (int64_t d = 0; d < rank; ++d) {
+        const int64_t b = before[static_cast<size_t>(d)], e = after[static_cast<size_t>(d)], n = x.size(d);
+        if (b == 0 && e == 0) continue;
+        if (n == 0) c.fail("mode 'wrap' cannot pad axis ", d, " of size 0");
+        std::vector<int64_t> idx(static_cast<size_t>(n + b + e));
+        for (int64_t i = 0; i < n + b + e; ++i) idx[static_cast<size_t>(i)] = ((i - b) % n + n) % n;
+        x = index_select(x, d, tensor(idx, {n + b + e}, x.device()));
+      }
+      return Tensors{x};
+    }
     if (mode != "constant" && mode != "reflect" && mode != "replicate") c.fail("mode '", mode, "' is not supported");
     // braid's pad takes (before, after) pairs for the trailing axes, innermost first.
     int64_t first = 0;

@@ -81,6 +81,9 @@ struct OpSchema {
   /// The oldest opset whose semantics this implementation covers; a model importing an older
   /// ai.onnx opset is refused by the preflight.
   int64_t since_opset = 1;
+  /// The newest opset whose semantics this implementation covers (Note [Opsets after 21]); a model
+  /// importing a newer ai.onnx opset is refused for this op by the preflight.
+  int64_t until_opset = kMaxOpset;
   /// Attributes the implementation reads; any other attribute on the node is reported unsupported.
   std::vector<std::string> attributes;
   /// Optional: a reason an attribute value or input pattern is unsupported ("" when fine).
