@@ -9,6 +9,10 @@ void register_builtin_ops(OpRegistry& r) {
   ops::register_nn_ops(r);
   ops::register_rnn_ops(r);
   ops::register_extra_ops(r);
+  ops::register_sampling_ops(r);
+  ops::register_einsum_ops(r);
+  ops::register_control_ops(r);
+  ops::register_signal_ops(r);
 }
 
 }  // namespace braid::onnx

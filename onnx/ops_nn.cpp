@@ -69,7 +69,6 @@ void check_rank(const OpContext& c, const Tensor& x, const char* what) {
     c.fail(what, " needs an (N, C, L), (N, C, H, W) or (N, C, D, H, W) input, got shape ", shape_str(x.shape()));
 }
 
-Tensor index_vec(const std::vector<int64_t>& v, Device d) { return tensor(v, {static_cast<int64_t>(v.size())}, d); }
 
 /// The window without its first (depth) axis: what the 2-d op applies to each depth slice.
 Window drop_depth(const Window& w) {

@@ -1,6 +1,7 @@
 // Helpers shared by the ONNX op implementations (onnx/ops_*.cpp).
 #pragma once
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -36,10 +37,45 @@ inline OpSchema op(const char* type, std::vector<std::string> attributes,
 /// Reduction axes from the attribute (older opsets) or the second input (ReduceSum 13+, all 18+).
 std::vector<int64_t> reduce_axes(const OpContext& c, bool from_input);
 
+// Index helpers of the indexing and resampling ops (ops_extra.cpp, ops_sampling.cpp, ...).
+inline Tensor index_vec(const std::vector<int64_t>& v, Device d) { return tensor(v, {static_cast<int64_t>(v.size())}, d); }
+
+inline int64_t shape_prod(const Shape& s, size_t from = 0, size_t to = std::string::npos) {
+  int64_t p = 1;
+  for (size_t i = from; i < std::min(to, s.size()); ++i) p *= s[i];
+  return p;
+}
+
+/// Reverses x along axis.
+inline Tensor flip(const Tensor& x, int64_t axis) {
+  const int64_t n = x.size(axis);
+  std::vector<int64_t> idx(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) idx[static_cast<size_t>(i)] = n - 1 - i;
+  return index_select(x, axis, index_vec(idx, x.device()));
+}
+
+/// Integer values of an index tensor (any integer dtype).
+inline std::vector<int64_t> int_values(const OpContext& c, const Tensor& t, const char* what) {
+  if (t.dtype() != kInt64 && t.dtype() != kInt32) c.fail(what, " must be int32 or int64, got ", dtype_name(t.dtype()));
+  return t.to_vector<int64_t>();
+}
+
+/// The values of a small tensor (scales, thresholds, conditions) as doubles.
+inline std::vector<double> float_values(const Tensor& t) { return cast(t, kFloat64).to_vector<double>(); }
+
+inline int64_t wrap(const OpContext& c, int64_t i, int64_t n, const char* what) {
+  if (i < -n || i >= n) c.fail(what, " index ", i, " is out of range for a dimension of size ", n);
+  return i < 0 ? i + n : i;
+}
+
 void register_math_ops(OpRegistry& r);
 void register_tensor_ops(OpRegistry& r);
 void register_nn_ops(OpRegistry& r);
 void register_rnn_ops(OpRegistry& r);
 void register_extra_ops(OpRegistry& r);
+void register_sampling_ops(OpRegistry& r);
+void register_einsum_ops(OpRegistry& r);
+void register_control_ops(OpRegistry& r);
+void register_signal_ops(OpRegistry& r);
 
 }  // namespace braid::onnx::ops
