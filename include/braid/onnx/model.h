@@ -73,6 +73,11 @@ struct Model {
   std::map<std::string, int64_t> opsets;  ///< domain ("" for ai.onnx) -> version
   std::string producer_name, producer_version;
   Graph graph;
+  /// The opset the model imports for domain ("" or "ai.onnx" for the default one), 1 when none.
+  int64_t opset(const std::string& domain = "") const {
+    auto it = opsets.find(domain == "ai.onnx" ? std::string() : domain);
+    return it == opsets.end() ? 1 : it->second;
+  }
 };
 
 struct LoadOptions {
