@@ -90,7 +90,8 @@ def test_a_run_stopped_at_2_ranks_resumes_at_1_2_and_4(braid_py, tmp_path):
 def merged_stage_weights(braid, folder):
     """The whole model's weights from a pipelined run's per-stage checkpoints."""
     import glob
-    stages = braid.checkpoint.load(str(folder / "checkpoint.stage0.braid")).integers["pipeline.stages"]
+    first = braid.checkpoint.load(str(folder / "checkpoint.stage0.braid"))
+    stages = first.integers["pipeline.stages"]
     files = sorted(glob.glob(str(folder / "checkpoint.stage*.braid")))
     assert len(files) == stages, f"{folder}: {files} for {stages} stages"  # no stale files of another run
     out = {}

@@ -18,6 +18,21 @@ save = _io.save_checkpoint
 load = _io.load_checkpoint
 
 
+def _owning(prop):
+    # ck.tensors (integers, scalars, strings) is a view into the C++ Checkpoint, so that writes
+    # through it change the checkpoint; the view keeps its checkpoint alive, which makes
+    # `braid.checkpoint.load(path).integers["step"]` safe although the checkpoint is a temporary.
+    def get(self):
+        view = prop.fget(self)
+        view._owner = self
+        return view
+    return property(get, prop.fset, doc=prop.__doc__)
+
+
+for _name in ("tensors", "scalars", "integers", "strings"):
+    setattr(Checkpoint, _name, _owning(getattr(Checkpoint, _name)))
+
+
 def _cxx(obj):
     # braid.data.DataLoader holds the C++ loader that the checkpoint functions take.
     return obj.__dict__.get("_loader", obj) if hasattr(obj, "__dict__") else obj

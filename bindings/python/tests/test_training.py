@@ -231,3 +231,29 @@ def test_partitioner_stages_compose_to_the_model():
     assert sum(len(s) for s in stages) == 5
     y = stages[1](stages[0](x))
     np.testing.assert_array_equal(y.detach().numpy(), model(x).detach().numpy())
+
+
+def test_checkpoint_views_keep_their_checkpoint_alive(tmp_path):
+    # ck.integers and friends are views into the C++ checkpoint (writes go through), so a view of a
+    # temporary, braid.checkpoint.load(path).integers, must keep the checkpoint alive.
+    import gc
+    import weakref
+
+    ck = braid.checkpoint.Checkpoint()
+    ck.integers["step"] = 7
+    ck.tensors["w"] = braid.tensor([1.0, 2.0])
+    path = str(tmp_path / "c.braid")
+    braid.checkpoint.save(path, ck)
+    loaded = braid.checkpoint.load(path)
+    alive = weakref.ref(loaded)
+    integers, tensors = loaded.integers, loaded.tensors
+    del loaded
+    gc.collect()
+    assert alive() is not None, "the views let their checkpoint go"
+    assert integers["step"] == 7 and tensors["w"].tolist() == [1.0, 2.0]
+    integers["step"] = 8  # a write through the view reaches the checkpoint
+    assert alive().integers["step"] == 8
+    assert braid.checkpoint.load(path).integers["step"] == 7
+    del integers, tensors
+    gc.collect()
+    assert alive() is None, "a checkpoint outlived its last view"
