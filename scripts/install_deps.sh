@@ -49,10 +49,11 @@ fi
 # PyPI, for the python3 first on PATH: onnx and onnxruntime compute the reference outputs that the
 # ONNX export and pretrained-model tests compare braid with (tests/onnx_ort_run.py); numpy and
 # pytest run the Python module's suite (bindings/python/tests), which Meson builds for this python3
-# with Debian's swig and the DLPack header.
-pip_packages=(onnx==1.23.2 onnxruntime==1.32.0 numpy pytest)
-if python3 -c "import onnx, onnxruntime, numpy, pytest" 2>/dev/null; then
-  echo "install_deps: onnx, onnxruntime, numpy and pytest present for $(command -v python3)"
+# with Debian's swig and the DLPack header; tokenizers tokenises text for the model zoo's Transformer
+# fine-tuning script (model_zoo/finetune/finetune_text.py).
+pip_packages=(onnx==1.23.2 onnxruntime==1.32.0 numpy pytest tokenizers==0.23.3)
+if python3 -c "import onnx, onnxruntime, numpy, pytest, tokenizers" 2>/dev/null; then
+  echo "install_deps: onnx, onnxruntime, numpy, pytest and tokenizers present for $(command -v python3)"
 else
   echo "install_deps: pip installing ${pip_packages[*]}"
   python3 -m pip install -q --root-user-action=ignore "${pip_packages[@]}"

