@@ -172,7 +172,7 @@ int run(int argc, char** argv) {
     r.model = args.model, r.optimizer = args.optimizer, r.out = args.out;
     r.epochs = args.epochs, r.batch_size = args.batch_size, r.stages = args.pipeline_stages;
     r.micro_batches = args.micro_batches, r.lr = args.lr, r.seed = args.seed, r.resume = args.resume;
-    r.stop_after = args.stop_after;
+    r.stop_after = args.stop_after, r.stop_at_step = args.stop_at_step;
     r.device = device;
     r.amp = args.amp;
     r.train_set = train_set, r.test_set = test_set, r.normalize = normalize;

@@ -290,11 +290,20 @@ int train_pipeline(const PipelineRun& r) {
         window = 0;
         if (bar) bar->update(b.index + 1, static_cast<int64_t>(job_seen), {{"loss", job_loss / job_seen}});
       }
-      if (preemption_requested()) {  // Note [Preemption]: every rank stops after the same step
+      const bool stop_here = r.stop_at_step > 0 && step == r.stop_at_step;
+      if (preemption_requested() || stop_here) {  // Note [Preemption]: every rank stops after the same step
         if (bar) bar->stop(train_loader.batch(), {{"loss", job_loss / std::max(job_seen, 1.0)}});
         write_checkpoint();
         world()->barrier();  // no rank exits before every stage's file is written
         const std::string sig = preemption_signal();
+        if (stop_here && sig.empty()) {
+          if (lead)
+            std::printf("stopped after step %lld (--stop-at-step; epoch %lld, batch %lld of %lld); stage checkpoints "
+                        "in %s\n", static_cast<long long>(step), static_cast<long long>(epoch + 1),
+                        static_cast<long long>(train_loader.batch()), static_cast<long long>(steps_per_epoch),
+                        r.out.c_str());
+          return 0;
+        }
         std::fprintf(stderr, "braid-train: rank %d (stage %d): %s at step %lld (epoch %lld, batch %lld of %lld); stage "
                      "checkpoints in %s; exiting with code %d for the job script to requeue\n", w.rank, grid.stage,
                      sig.empty() ? "a peer rank was signalled" : (sig + " caught").c_str(), static_cast<long long>(step),

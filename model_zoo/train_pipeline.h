@@ -19,6 +19,7 @@ struct PipelineRun {
   std::string resume;
   int64_t epochs = 3, batch_size = 64, stages = 2, micro_batches = 4;
   int64_t stop_after = 0;  ///< epochs to run in this invocation (0: to the end)
+  int64_t stop_at_step = 0;  ///< write the stage checkpoints after this global step and exit, as on preemption
   double lr = 2e-3;
   uint64_t seed = 0;
   /// This rank's device, and "off", "bf16" or "fp16" for mixed precision.

@@ -119,9 +119,13 @@ def test_a_pipelined_run_resumes_with_another_stage_count(braid_py, tmp_path):
 
     pipe(tmp_path / "ref", 2)
     reference, _ = merged_stage_weights(braid_py, tmp_path / "ref")
-    for before, after in ((2, 4), (2, 3), (4, 2)):
-        run = tmp_path / f"{before}-to-{after}"
-        pipe(run, before, "--stop-after", "1")
+    # At an epoch's end, and mid-epoch (step 10 of the first epoch's 16, as a preemption leaves it).
+    for before, after, stop in ((2, 4, "--stop-after"), (2, 3, "--stop-after"), (4, 2, "--stop-after"),
+                                (2, 4, "--stop-at-step"), (4, 3, "--stop-at-step")):
+        run = tmp_path / f"{before}-to-{after}{stop}"
+        out = pipe(run, before, stop, "1" if stop == "--stop-after" else "10")
+        if stop == "--stop-at-step":
+            assert "stopped after step 10 (--stop-at-step; epoch 1, batch 10 of 16)" in out, out
         out = pipe(run, after, "--resume", str(run))
         assert f"resuming the {before}-stage run" in out and f"with {after} stages" in out, out
         weights, stages = merged_stage_weights(braid_py, run)

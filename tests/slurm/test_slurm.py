@@ -38,11 +38,11 @@ def text_of(rec):
     return open(path).read() if os.path.exists(path) else f"(no output file {path!r})"
 
 
-def submit_train(slurm, tmp_path, job_env, name, *args):
+def submit_train(slurm, tmp_path, job_env, name, *args, options=()):
     out = tmp_path / name
     env = dict(job_env, BRAID_OUT=str(out))
-    jid = slurm.sbatch(TRAIN, *args, options=[f"--output={tmp_path}/{name}-%j.out", f"--job-name={name}"], env=env,
-                       cwd=str(tmp_path))
+    jid = slurm.sbatch(TRAIN, *args, options=[f"--output={tmp_path}/{name}-%j.out", f"--job-name={name}", *options],
+                       env=env, cwd=str(tmp_path))
     return jid, out
 
 
@@ -172,6 +172,23 @@ def test_a_killed_rank_ends_the_job_promptly_naming_it(slurm, tmp_path, job_env)
     assert rec["JobState"] == "FAILED", f"{rec['JobState']}\n{text}"
     assert took < 30, f"the job took {took:.1f} s to end after rank 1 was killed\n{text}"
     assert re.search(r"task 1: Killed", text), text  # srun names the rank (task 1 = rank 1)
+
+
+def test_the_time_limit_signal_preempts_and_the_job_resumes(slurm, tmp_path, job_env):
+    """Slurm's own timer, not a signal sent by the test: with --time=2 (minutes) and
+    --signal=B:USR1@100, slurmctld signals the job script once under 100 s are left (it checks
+    every 30 s or so, so 20 to about 50 s into the run). The training needs longer than that, so
+    the job checkpoints, requeues, resumes (perhaps more than once) and completes every step."""
+    jid, out = submit_train(slurm, tmp_path, job_env, "timer", "--limit", "60000", "--epochs", "5", "--batch-size", "64",
+                            "--seed", "2", options=["--time=2", "--signal=B:USR1@100"])
+    [rec] = slurm.wait(jid, 900)
+    text = expect_completed(rec)
+    assert int(rec["Restarts"]) >= 1, text
+    assert re.search(r"SIGUSR1 caught at step (\d+)", text), text
+    assert "requeueing job" in text and "resumes from" in text, text
+    rows = log_rows(out)
+    assert [r["epoch"] for r in rows] == ["1", "2", "3", "4", "5"], rows  # every epoch, once
+    assert rows[-1]["step"] == str(5 * (60000 // 64)), rows[-1]
 
 
 @pytest.fixture(scope="module")
