@@ -57,7 +57,7 @@ def time_ort(path, shape, threads, budget_s):
 
 
 def time_braid(exe, path, shape, threads, iters):
-    env = dict(os.environ, BRAID_NUM_THREADS=str(threads), OMP_WAIT_POLICY="passive")
+    env = dict(os.environ, BRAID_NUM_THREADS=str(threads))
     out = subprocess.run([exe, "time", path, "x".join(map(str, shape)), str(iters)], env=env, check=True,
                          capture_output=True, text=True).stdout.split()
     return float(out[0])

@@ -7,7 +7,7 @@ export DEBIAN_FRONTEND=noninteractive
 
 packages=(
   build-essential g++ meson ninja-build pkg-config
-  libopenblas-dev libopenblas0-openmp libgtest-dev libbenchmark-dev zlib1g-dev nlohmann-json3-dev
+  libopenblas-dev libopenblas0-openmp libdnnl-dev libgtest-dev libbenchmark-dev zlib1g-dev nlohmann-json3-dev
   mpich libmpich-dev
   libonnx-dev libprotobuf-dev protobuf-compiler libonnx-testdata
   clang libclang-rt-14-dev

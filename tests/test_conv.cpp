@@ -5,6 +5,7 @@
 // front door's error messages.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <fstream>
@@ -304,6 +305,81 @@ TEST(ConvLarge, ConvTransposeIsTheAdjointOfConv) {
   ASSERT_EQ(t.shape(), x.shape());
   const double lhs = dot(y, z), rhs = dot(x, t);
   EXPECT_NEAR(lhs, rhs, 1e-10 * std::fabs(lhs));
+}
+
+// ---- float32 against float64 (Note [Optional primitives]) ----
+// A backend's library kernels (oneDNN's on the CPU) take float32 convolutions, forward and both
+// backward passes, while float64 always runs the composite im2col + GEMM path that the gradient
+// checks above verify. Every geometry below, from ResNet and MobileNet layers to the edges (odd sizes
+// whose last rows no window reads, asymmetric padding, dilation, groups, one channel in, a batch of
+// one), must give float32 results within float32 rounding of float64's. (The suite runs with
+// BRAID_ONEDNN_MIN_MACS=0, so that these small shapes take the library kernels too.)
+
+struct Geometry32 {
+  const char* name;
+  Shape x, w;
+  std::vector<int64_t> stride, padding, dilation;
+  int64_t groups;
+  bool bias;
+};
+
+// max |got - want| <= tol * max |want|, the float32 error of sums of many products.
+void expect_float32_of(const Tensor& got, const Tensor& want, const std::string& what) {
+  ASSERT_EQ(got.dtype(), kFloat32) << what;
+  ASSERT_EQ(got.shape(), want.shape()) << what;
+  const std::vector<double> g = got.to_vector<double>(), w = want.to_vector<double>();
+  double scale = 0, err = 0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    scale = std::max(scale, std::fabs(w[i]));
+    err = std::max(err, std::fabs(g[i] - w[i]));
+  }
+  EXPECT_LE(err, 2e-5 * scale) << what << ": max error " << err << " for values up to " << scale;
+}
+
+TEST(ConvFloat32, MatchesFloat64ForwardAndBackward) {
+  const std::vector<Geometry32> cases = {
+      {"resnet_3x3", {4, 32, 14, 14}, {64, 32, 3, 3}, {1}, {1}, {1}, 1, false},
+      {"resnet_3x3_stride2", {2, 64, 15, 15}, {32, 64, 3, 3}, {2}, {1}, {1}, 1, true},
+      {"stem_7x7", {2, 3, 40, 40}, {16, 3, 7, 7}, {2}, {3}, {1}, 1, false},
+      {"one_channel_in", {3, 1, 28, 28}, {8, 1, 5, 5}, {1}, {2}, {1}, 1, true},
+      {"pointwise", {2, 48, 9, 9}, {24, 48, 1, 1}, {1}, {0}, {1}, 1, true},
+      {"pointwise_stride2", {2, 16, 9, 9}, {32, 16, 1, 1}, {2}, {0}, {1}, 1, false},
+      {"depthwise", {2, 32, 13, 13}, {32, 1, 3, 3}, {1}, {1}, {1}, 32, true},
+      {"depthwise_stride2_multiplier", {2, 16, 12, 12}, {32, 1, 5, 5}, {2}, {2}, {1}, 16, false},
+      {"groups4", {2, 32, 10, 9}, {16, 8, 3, 3}, {1}, {1}, {1}, 4, true},
+      {"dilation2", {2, 16, 17, 16}, {16, 16, 3, 3}, {1}, {2}, {2}, 1, true},
+      {"unread_last_rows", {2, 8, 9, 10}, {16, 8, 2, 2}, {2}, {0}, {1}, 1, true},
+      {"asymmetric_padding", {1, 16, 11, 12}, {8, 16, 3, 2}, {1, 2}, {0, 1, 2, 1}, {1}, 1, true},
+      {"batch_of_one", {1, 24, 7, 7}, {24, 24, 3, 3}, {1}, {1}, {1}, 1, false},
+  };
+  Generator gen(21);
+  for (const Geometry32& c : cases) {
+    SCOPED_TRACE(c.name);
+    const Tensor x = randn(c.x, kFloat64, &gen), w = randn(c.w, kFloat64, &gen);
+    const Tensor b = c.bias ? randn({c.w[0]}, kFloat64, &gen) : Tensor();
+    std::map<DType, std::vector<Tensor>> got;
+    std::vector<std::string> names = {"output", "grad_input", "grad_weight"};
+    if (c.bias) names.push_back("grad_bias");
+    Tensor g;
+    for (DType dt : {kFloat64, kFloat32}) {
+      Tensor xs = x.to(dt).detach().set_requires_grad(), ws = w.to(dt).detach().set_requires_grad();
+      Tensor bs = c.bias ? b.to(dt).detach().set_requires_grad() : Tensor();
+      Tensor y = conv2d(xs, ws, bs, c.stride, c.padding, c.dilation, c.groups);
+      if (!g.defined()) g = randn(y.shape(), kFloat64, &gen);
+      y.backward(g.to(dt));
+      got[dt] = {y, xs.grad(), ws.grad()};
+      if (c.bias) got[dt].push_back(bs.grad());
+      if (c.padding.size() == 4) continue;
+      // conv_transpose2d of the output gradient with the same weight: the backward-data kernel run
+      // forward, where it gives back x's shape (no output_padding needed).
+      Tensor t = conv_transpose2d(g.to(dt), ws.detach(), Tensor(), c.stride, c.padding, {0}, c.groups, c.dilation);
+      if (t.shape() != xs.shape()) continue;
+      got[dt].push_back(t);
+      if (dt == kFloat64) names.push_back("conv_transpose2d");
+    }
+    ASSERT_EQ(got[kFloat32].size(), got[kFloat64].size());
+    for (size_t i = 0; i < got[kFloat32].size(); ++i) expect_float32_of(got[kFloat32][i], got[kFloat64][i], names[i]);
+  }
 }
 
 TEST(ConvLarge, PoolingMatchesDirectLoopAndAdjoints) {

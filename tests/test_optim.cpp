@@ -528,6 +528,41 @@ TEST(Optimizer, SgdStepClosedForm) {
   EXPECT_EQ(p.to_vector<double>(), (std::vector<double>{1.0 - 0.1 * (0.5 + 0.2), -2.0 - 0.1 * (0.25 - 0.4)}));
 }
 
+// A backend's fused Adam step (Note [Optional primitives]) is the composite update, written here
+// from torch/optim/adam.py's single-tensor path with braid's ops: every operation rounds where the
+// composite's does, so the two agree bit for bit, in both dtypes, for Adam and AdamW, with amsgrad.
+// Large enough (100,000 elements) for the fused loop to run on every thread.
+TEST(Optimizer, FusedAdamStepIsTheCompositeUpdate) {
+  Generator gen(5);
+  const double lr = 0.01, b1 = 0.9, b2 = 0.999, eps = 1e-8, wd = 0.1;
+  for (DType dt : {kFloat32, kFloat64})
+    for (bool decoupled : {false, true})
+      for (bool amsgrad : {false, true}) {
+        SCOPED_TRACE(std::string(dtype_name(dt)) + (decoupled ? " AdamW" : " Adam") + (amsgrad ? " amsgrad" : ""));
+        const Tensor p0 = randn({100000}, dt, &gen);
+        Tensor p = p0.clone().set_requires_grad(true);
+        std::unique_ptr<optim::Optimizer> opt;
+        if (decoupled) opt = std::make_unique<optim::AdamW>(std::vector<Tensor>{p}, optim::AdamWOptions{.lr = lr, .weight_decay = wd, .amsgrad = amsgrad});
+        else opt = std::make_unique<optim::Adam>(std::vector<Tensor>{p}, optim::AdamOptions{.lr = lr, .weight_decay = wd, .amsgrad = amsgrad});
+        NoGradGuard no_grad;
+        Tensor q = p0.clone(), m = zeros_like(q), v = zeros_like(q), mv = zeros_like(q);
+        for (int step = 1; step <= 3; ++step) {
+          const Tensor g0 = randn({100000}, dt, &gen);
+          p.set_grad(g0.clone());
+          opt->step();
+          Tensor g = g0;
+          if (decoupled) q.mul_(1 - lr * wd);
+          else g = q * wd + g0;
+          m.mul_(b1).add_(g * (1 - b1));
+          v.mul_(b2).add_((g * g) * (1 - b2));
+          if (amsgrad) mv.copy_(maximum(mv, v));
+          const Tensor& second = amsgrad ? mv : v;
+          q.add_((m / (sqrt(second) / std::sqrt(1 - std::pow(b2, step)) + eps)) * (-lr / (1 - std::pow(b1, step))));
+          ASSERT_TRUE(equal(p.detach(), q)) << "step " << step;
+        }
+      }
+}
+
 // ---- clip_grad_norm_ closed forms ----
 
 TEST(ClipGradNorm, ScalesToMaxNormAndReturnsTotal) {

@@ -52,6 +52,15 @@ inline std::pair<int64_t, int64_t> window_taps(int64_t start, int64_t dilation, 
   return {lo, std::max(lo, hi)};
 }
 
+/// The numbers of one Adam step (Backend::adam_step), worked out by the optimizer.
+struct AdamStep {
+  double decay;       // the parameter's factor before the step: 1 - lr * weight_decay for AdamW, else 1
+  double beta1, beta2;
+  double step_size;   // lr / (1 - beta1^t)
+  double sqrt_bias_correction2;  // sqrt(1 - beta2^t)
+  double eps;
+};
+
 /// A backend's event; each backend derives its own (the default's is a host timestamp).
 struct BackendEvent {
   virtual ~BackendEvent() = default;
@@ -133,6 +142,33 @@ class Backend {
   /// grad_x (N, C, h, w) += the adjoint of avg_pool2d applied to grad (N, C, oh, ow). All contiguous.
   virtual void avg_pool2d_backward(const Tensor& grad, const Window2d& win, bool count_include_pad,
                                    const Tensor& grad_x) = 0;
+
+  // Note [Optional primitives]
+  // A backend with a library kernel for a whole composite (oneDNN's or cuDNN's convolutions) offers
+  // it here. Each returns true when it computed the result and false when it has no kernel for the
+  // case (dtype, geometry, library absent): the op then composes the same result from the
+  // primitives above, which every backend has. The defaults have none. The op never asks which
+  // backend it is talking to, and the backward formulas stay the op's: these are building blocks
+  // that the formulas call.
+
+  /// y (N, C_out, oh, ow) = x (N, C, h, w) convolved with w (C_out, C / groups, kh, kw), plus bias
+  /// (C_out) when defined. All contiguous; the backend checks the dtypes it takes.
+  virtual bool conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Window2d& win, int64_t groups,
+                      const Tensor& y);
+  /// gx (N, C, h, w) = the adjoint of conv2d in x applied to gy (N, C_out, oh, ow) (overwritten, not
+  /// accumulated); w as conv2d's. All contiguous.
+  virtual bool conv2d_backward_input(const Tensor& gy, const Tensor& w, const Window2d& win, int64_t groups,
+                                     const Tensor& gx);
+  /// gw (C_out, C / groups, kh, kw) = the gradient of conv2d's weight, given its input x (N, C, h, w)
+  /// and gy (N, C_out, oh, ow) (overwritten). All contiguous.
+  virtual bool conv2d_backward_weight(const Tensor& x, const Tensor& gy, const Window2d& win, int64_t groups,
+                                      const Tensor& gw);
+  /// One Adam step in one pass over memory, in the order of the optimizer's composite update:
+  /// p = p * decay; m = beta1 m + (1 - beta1) g; v = beta2 v + (1 - beta2) g^2; s = max(max_v, v)
+  /// written to max_v when it is defined (amsgrad), else v; p = p + (m / (sqrt(s) /
+  /// sqrt_bias_correction2 + eps)) * -step_size. All contiguous, of one dtype and shape.
+  virtual bool adam_step(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const Tensor& max_v,
+                         const AdamStep& s);
 };
 
 /// The backend that runs tensors on device; NotImplementedError when the device is not compiled

@@ -1,4 +1,5 @@
-// The one dispatch point from a tensor's device to the backend that implements its primitives.
+// The one dispatch point from a tensor's device to the backend that implements its primitives, and
+// the defaults of the optional ones.
 #include "backend/backend.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/shadow/shadow_backend.h"
@@ -33,6 +34,21 @@ int device_count(DeviceType type) {
 bool device_available(Device device) { return device.index >= 0 && device.index < device_count(device.type); }
 
 namespace detail {
+
+// A backend without its own kernels composes every convolution and optimizer step (Note [Optional
+// primitives]).
+bool Backend::conv2d(const Tensor&, const Tensor&, const Tensor&, const Window2d&, int64_t, const Tensor&) {
+  return false;
+}
+bool Backend::conv2d_backward_input(const Tensor&, const Tensor&, const Window2d&, int64_t, const Tensor&) {
+  return false;
+}
+bool Backend::conv2d_backward_weight(const Tensor&, const Tensor&, const Window2d&, int64_t, const Tensor&) {
+  return false;
+}
+bool Backend::adam_step(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const AdamStep&) {
+  return false;
+}
 
 Backend& backend_for(Device device) {
   Backend* b = find_backend(device.type);

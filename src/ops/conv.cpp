@@ -1,8 +1,9 @@
 // Convolution and pooling (braid/conv.h), composed from the backend's im2col/col2im and pooling
-// primitives and matmul. Each op checks its arguments at the front door and records one autograd
-// node. Three building blocks serve every formula: conv2d's input gradient is conv_transpose2d's
-// forward and the other way round, and one weight-gradient product serves both. Under autocast the
-// products read rounded operands (Note [Autocast]).
+// primitives and matmul, or run by a backend's own convolution kernels where it has them (oneDNN's
+// on the CPU: Note [Optional primitives] in backend/backend.h). Each op checks its arguments at the
+// front door and records one autograd node. Three building blocks serve every formula: conv2d's
+// input gradient is conv_transpose2d's forward and the other way round, and one weight-gradient
+// product serves both. Under autocast the products read rounded operands (Note [Autocast]).
 #include "braid/conv.h"
 
 #include <algorithm>
@@ -131,6 +132,9 @@ Tensor im2col(const Tensor& x, const Window2d& win, int64_t groups) {
 // of one dtype, y and bias of that dtype or float32 for half x and w.
 Tensor conv_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Window2d& win, int64_t groups) {
   const int64_t n = x.shape()[0], c_out = w.shape()[0];
+  if (Tensor y = new_like(x, {n, c_out, win.oh, win.ow}, x.dtype());  // Note [Optional primitives]
+      backend_of(x).conv2d(contiguous(x), contiguous(w), bias.defined() ? contiguous(bias) : bias, win, groups, y))
+    return y;
   if (groups > 1 && groups == x.shape()[1]) {
     if (!is_compute_type(x.dtype()))  // the direct kernel has no half form (Note [Autocast])
       return conv_forward(cast_raw(x, kFloat32), cast_raw(w, kFloat32), bias, win, groups);
@@ -149,10 +153,32 @@ Tensor conv_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const 
   return bias.defined() ? yt + bias.view({1, c_out, 1, 1}) : contiguous(yt);
 }
 
-// x (x_shape) = bias + the adjoint of x -> conv_forward(x, w) applied to z, given zcm =
-// channel_major(z) (G, C_out / G, N * oh * ow).
-Tensor conv_adjoint(const Tensor& zcm, const Tensor& w, const Window2d& win, const Shape& x_shape, const Tensor& bias) {
-  const int64_t groups = zcm.shape()[0];
+// An output gradient z (N, C_out, oh, ow) of a convolution with groups, and its channel_major form
+// (G, C_out / G, N * oh * ow) that the composite building blocks read, made once on first use.
+class ChannelMajor {
+ public:
+  ChannelMajor(Tensor z, int64_t groups) : z_(std::move(z)), groups_(groups) {}
+  const Tensor& z() const { return z_; }
+  int64_t groups() const { return groups_; }
+  const Tensor& cm() const {
+    if (!cm_.defined()) cm_ = channel_major(z_, groups_);
+    return cm_;
+  }
+
+ private:
+  Tensor z_;
+  int64_t groups_;
+  mutable Tensor cm_;
+};
+
+// x (x_shape) = bias + the adjoint of x -> conv_forward(x, w) applied to z.
+Tensor conv_adjoint(const ChannelMajor& z, const Tensor& w, const Window2d& win, const Shape& x_shape,
+                    const Tensor& bias) {
+  const int64_t groups = z.groups();
+  if (Tensor x = new_like(z.z(), x_shape, z.z().dtype());  // Note [Optional primitives]
+      backend_of(x).conv2d_backward_input(contiguous(z.z()), contiguous(w), win, groups, x))
+    return bias.defined() ? x + bias.view({1, x_shape[1], 1, 1}) : x;
+  const Tensor& zcm = z.cm();
   Tensor cols = matmul_raw(w.reshape({groups, zcm.shape()[1], -1}).mT(), zcm);  // (G, C / G * K, N * P)
   Tensor x = new_like(zcm, x_shape, cols.dtype());
   if (bias.defined())
@@ -163,9 +189,12 @@ Tensor conv_adjoint(const Tensor& zcm, const Tensor& w, const Window2d& win, con
   return x;
 }
 
-// dL/dw (w_shape) from the convolution's input x (N, C, h, w) and gcm = channel_major(dL/dy).
-Tensor conv_weight_grad(const Tensor& x, const Tensor& gcm, const Window2d& win, const Shape& w_shape) {
-  return matmul_raw(gcm, im2col(x, win, gcm.shape()[0]).mT()).view(w_shape);
+// dL/dw (w_shape) from the convolution's input x (N, C, h, w) and g = dL/dy.
+Tensor conv_weight_grad(const Tensor& x, const ChannelMajor& g, const Window2d& win, const Shape& w_shape) {
+  if (Tensor gw = new_like(x, w_shape, x.dtype());  // Note [Optional primitives]
+      backend_of(x).conv2d_backward_weight(contiguous(x), contiguous(g.z()), win, g.groups(), gw))
+    return gw;
+  return matmul_raw(g.cm(), im2col(x, win, g.groups()).mT()).view(w_shape);
 }
 
 // conv over 4-d x and w (checked), recorded as one node; under autocast the node saves the rounded
@@ -178,9 +207,9 @@ Tensor conv_recorded(const Tensor& x, const Tensor& w, const Tensor& bias_in, co
   traced("conv2d", out, {x, w, bias}, {{win.kh, win.kw, win.sh, win.sw, win.ph, win.pw, win.dh, win.dw, groups}, {}});
   return record("conv2d", out, {x, w, bias}, [xs, ws, win, groups](const Tensor& g, Grads& r) {
     const Tensor x = widened(xs), w = widened(ws);
-    Tensor gcm = channel_major(g, groups);
-    if (r.needs(0)) r.set(0, conv_adjoint(gcm, w, win, x.shape(), Tensor()));
-    if (r.needs(1)) r.set(1, conv_weight_grad(x, gcm, win, w.shape()));
+    const ChannelMajor gz(g, groups);
+    if (r.needs(0)) r.set(0, conv_adjoint(gz, w, win, x.shape(), Tensor()));
+    if (r.needs(1)) r.set(1, conv_weight_grad(x, gz, win, w.shape()));
     if (r.needs(2)) r.set(2, sum(g, {0, 2, 3}));
   });
 }
@@ -350,11 +379,11 @@ Tensor conv_transpose2d(const Tensor& x, const Tensor& weight, const Tensor& bia
   const bool amp = conv_autocasts(x, weight, bias);
   const Tensor b = amp && bias.defined() ? cast(bias, kFloat32) : bias;
   const Tensor xs = operand(x, amp), ws = operand(weight, amp);
-  Tensor out = conv_adjoint(channel_major(xs, groups), ws, win, out_shape, b.defined() ? b.detach() : b);
+  Tensor out = conv_adjoint(ChannelMajor(xs, groups), ws, win, out_shape, b.defined() ? b.detach() : b);
   return record(op, out, {x, weight, b}, [xs, ws, win, groups](const Tensor& g, Grads& r) {
     const Tensor x = widened(xs), w = widened(ws);
     if (r.needs(0)) r.set(0, conv_forward(g, w, Tensor(), win, groups));
-    if (r.needs(1)) r.set(1, conv_weight_grad(g, channel_major(x, groups), win, w.shape()));
+    if (r.needs(1)) r.set(1, conv_weight_grad(g, ChannelMajor(x, groups), win, w.shape()));
     if (r.needs(2)) r.set(2, sum(g, {0, 2, 3}));
   });
 }

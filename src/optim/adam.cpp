@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "braid/optim/optimizers.h"
+#include "backend/backend.h"
 #include "optim/update.h"
 
 namespace braid::optim {
@@ -64,6 +65,19 @@ void Adam::update(const ParamGroup& group, const Tensor& param, const Tensor& gr
   Tensor& m = state_tensor(state, "exp_avg", param);
   Tensor& v = state_tensor(state, "exp_avg_sq", param);
 
+  const double bias_correction1 = 1 - std::pow(beta1, step);
+  const double bias_correction2 = 1 - std::pow(beta2, step);
+  const double step_size = lr / bias_correction1;
+  // One pass over memory where the backend has the fused step (Note [Optional primitives]); the
+  // composite below is its definition.
+  {
+    Tensor g = effective_grad(param, grad, decoupled_ ? 0.0 : weight_decay, group.get("maximize") != 0);
+    const Tensor max_v = amsgrad ? state_tensor(state, "max_exp_avg_sq", param) : Tensor();
+    const braid::detail::AdamStep fused{decoupled_ ? 1 - lr * weight_decay : 1.0, beta1, beta2, step_size,
+                                        std::sqrt(bias_correction2), eps};
+    if (braid::detail::backend_for(p.device()).adam_step(p, g, m, v, max_v, fused)) return;
+  }
+
   if (decoupled_) p.mul_(1 - lr * weight_decay);
   Tensor g = effective_grad(param, grad, decoupled_ ? 0.0 : weight_decay, group.get("maximize") != 0);
   Tensor tmp = scratch_like(param);
@@ -76,9 +90,6 @@ void Adam::update(const ParamGroup& group, const Tensor& param, const Tensor& gr
   mul_into(tmp, tmp, 1 - beta2);
   v.add_(tmp);
 
-  const double bias_correction1 = 1 - std::pow(beta1, step);
-  const double bias_correction2 = 1 - std::pow(beta2, step);
-  const double step_size = lr / bias_correction1;
   Tensor second = v;
   if (amsgrad) {
     second = state_tensor(state, "max_exp_avg_sq", param);

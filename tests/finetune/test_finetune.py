@@ -79,8 +79,13 @@ def test_cnn_finetune_on_two_ranks_follows_one_process(tmp_path):
     assert "2 groups (lr 0.0002, 0.001)" in one and "over 2 ranks" in two, two
     a, b = weights(tmp_path / "one"), weights(tmp_path / "two")
     assert sorted(a) == sorted(b)
-    for k in a:  # the same model after 12 AdamW steps, to float32 reassociation of the gradient sums
-        np.testing.assert_allclose(b[k], a[k], rtol=1e-4, atol=1e-5, err_msg=k)
+    # The same model after 12 AdamW steps, to float32 reassociation of the gradient sums. Adam divides
+    # by sqrt(v), so a gradient element near zero whose sum differs in its last bits (one batch of 32
+    # against two of 16: oneDNN blocks the weight-gradient sums by batch) can move by a fraction of
+    # the learning rate (2e-4 for the backbone): measured 1.2e-5 on 1 element of 6,400. A wrong
+    # gradient average would move every weight by whole steps.
+    for k in a:
+        np.testing.assert_allclose(b[k], a[k], rtol=1e-4, atol=5e-5, err_msg=k)
     # The backbone trained in its own group: its first convolution moved from the pretrained weights,
     # a little (lr 2e-4 for 12 steps).
     first = next(v for k, v in a.items() if k.startswith("model.backbone.") and v.ndim == 4)

@@ -1,10 +1,12 @@
 // The CPU backend: the Backend primitives run with OpenMP threads over strided loops, OpenBLAS for
 // floating matmul and Philox for random numbers. Each primitive lives in the .cpp file named after
 // its kind (memory.cpp, copy.cpp, elementwise.cpp, reduce.cpp, matmul.cpp, index.cpp, random.cpp,
-// conv.cpp, pool.cpp).
+// conv.cpp, pool.cpp); fused.cpp holds the fused optimizer step and conv_dnnl.cpp the convolutions
+// oneDNN runs, when it is built in.
 #pragma once
 
 #include "backend/backend.h"
+#include "braid/config.h"
 
 namespace braid::detail {
 
@@ -39,6 +41,18 @@ class CpuBackend final : public Backend {
   void avg_pool2d(const Tensor& x, const Window2d& win, bool count_include_pad, const Tensor& out) override;
   void avg_pool2d_backward(const Tensor& grad, const Window2d& win, bool count_include_pad,
                            const Tensor& grad_x) override;
+  // fused.cpp: whole composites in one pass (Note [Optional primitives])
+  bool adam_step(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const Tensor& max_v,
+                 const AdamStep& s) override;
+#ifdef BRAID_HAVE_DNNL
+  // conv_dnnl.cpp: float32 convolutions through oneDNN (Note [oneDNN convolutions])
+  bool conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Window2d& win, int64_t groups,
+              const Tensor& y) override;
+  bool conv2d_backward_input(const Tensor& gy, const Tensor& w, const Window2d& win, int64_t groups,
+                             const Tensor& gx) override;
+  bool conv2d_backward_weight(const Tensor& x, const Tensor& gy, const Window2d& win, int64_t groups,
+                              const Tensor& gw) override;
+#endif
 };
 
 /// The process's one CPU backend.

@@ -17,8 +17,43 @@ namespace {
 
 int threads_for(int64_t work) { return work > kParallelGrain && !omp_in_parallel() ? get_num_threads() : 1; }
 
+// The 2x2 window of stride 2 without padding or dilation, the pooling of most CNNs: every window is
+// inside the plane, so the taps need no bounds, and the work splits over output rows. Same order and
+// NaN rule as the general kernel below.
+template <typename T>
+void max_pool_2x2_kernel(const T* x, T* out, int64_t* indices, int64_t planes, const Window2d& win) {
+  const int64_t rows = planes * win.oh, w = win.w;
+  const int nt = threads_for(rows * win.ow * 4);
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t t = r / win.oh, oy = r % win.oh;
+    const int64_t top = 2 * oy * w;  // the window's first row, within the plane
+    const T* r0 = x + t * win.h * w + top;
+    const T* r1 = r0 + w;
+    T* o = out + r * win.ow;
+    int64_t* at = indices + r * win.ow;
+    for (int64_t ox = 0; ox < win.ow; ++ox) {
+      const int64_t c = 2 * ox;
+      T best = r0[c];
+      int64_t best_at = top + c;
+      const T taps[3] = {r0[c + 1], r1[c], r1[c + 1]};
+      const int64_t where[3] = {top + c + 1, top + w + c, top + w + c + 1};
+      for (int k = 0; k < 3; ++k) {
+        const bool take = (taps[k] > best) | (taps[k] != taps[k]);  // NaN propagates, as in PyTorch
+        best = take ? taps[k] : best;
+        best_at = take ? where[k] : best_at;
+      }
+      o[ox] = best;
+      at[ox] = best_at;
+    }
+  }
+}
+
 template <typename T>
 void max_pool_kernel(const T* x, T* out, int64_t* indices, int64_t planes, const Window2d& win) {
+  if (win.kh == 2 && win.kw == 2 && win.sh == 2 && win.sw == 2 && win.ph == 0 && win.pw == 0 && win.dh == 1 &&
+      win.dw == 1)
+    return max_pool_2x2_kernel(x, out, indices, planes, win);
   const int64_t plane = win.h * win.w, p = win.oh * win.ow;
   const int nt = threads_for(planes * p * win.kh * win.kw);
 #pragma omp parallel for num_threads(nt) schedule(static)

@@ -95,6 +95,27 @@ class ShadowBackend final : public Backend {
     const char* op = "avg_pool2d_backward";
     cpu().avg_pool2d_backward(host(op, grad_x, grad), win, count_include_pad, host(op, grad_x, grad_x));
   }
+  // The optional primitives too, so that the shadow device computes what the CPU does, bit for bit.
+  bool conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Window2d& win, int64_t groups,
+              const Tensor& y) override {
+    const char* op = "conv2d";
+    return cpu().conv2d(host(op, y, x), host(op, y, w), host(op, y, bias), win, groups, host(op, y, y));
+  }
+  bool conv2d_backward_input(const Tensor& gy, const Tensor& w, const Window2d& win, int64_t groups,
+                             const Tensor& gx) override {
+    const char* op = "conv2d_backward_input";
+    return cpu().conv2d_backward_input(host(op, gx, gy), host(op, gx, w), win, groups, host(op, gx, gx));
+  }
+  bool conv2d_backward_weight(const Tensor& x, const Tensor& gy, const Window2d& win, int64_t groups,
+                              const Tensor& gw) override {
+    const char* op = "conv2d_backward_weight";
+    return cpu().conv2d_backward_weight(host(op, gw, x), host(op, gw, gy), win, groups, host(op, gw, gw));
+  }
+  bool adam_step(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const Tensor& max_v,
+                 const AdamStep& s) override {
+    const char* op = "adam_step";
+    return cpu().adam_step(host(op, p, p), host(op, p, g), host(op, p, m), host(op, p, v), host(op, p, max_v), s);
+  }
 
  private:
   static Backend& cpu() { return cpu_backend(); }

@@ -1,0 +1,281 @@
+// Convolution through oneDNN (Debian's libdnnl, the library PyTorch's CPU convolutions run on): the
+// CPU backend's optional conv2d primitives (Note [Optional primitives] in backend/backend.h), for
+// float32. A case oneDNN has no kernel for returns false and the op composes it from im2col and GEMM.
+#include "braid/config.h"
+
+#ifdef BRAID_HAVE_DNNL
+
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include <array>
+#include <cstdlib>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+
+#include "backend/cpu/cpu_backend.h"
+
+namespace braid::detail {
+namespace {
+
+using dnnl::memory;
+using Tag = memory::format_tag;
+
+// Note [oneDNN convolutions]
+// oneDNN's fast convolution kernels read and write blocked layouts (nChw8c, nChw16c, OIhw8i8o, ...)
+// that it chooses per shape and machine; braid's tensors are plain NCHW. Each call therefore reorders
+// the operands that the chosen kernel wants blocked into scratch buffers, runs, and reorders its
+// result back: the same thing PyTorch does for plain tensors, a pass over each operand that costs
+// far less than the convolution it buys. A primitive is built once per geometry (its JIT kernel
+// compiled then) and kept in a process-wide cache. The three passes are oneDNN's forward, backward
+// data and backward weights; the bias gradient stays the sum that src/ops/conv.cpp writes. A
+// geometry oneDNN refuses (it throws while building) is remembered as refused, so the composite
+// path takes it from then on without asking again.
+
+enum class Pass : int64_t { Forward, BackwardData, BackwardWeights };
+
+// The pass and the geometry: Pass, N, C, h, w, C_out, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw, groups, bias.
+using Key = std::array<int64_t, 18>;
+
+struct KeyHash {
+  size_t operator()(const Key& k) const {
+    size_t h = 0;
+    for (int64_t v : k) h = h * 1000003u ^ std::hash<int64_t>()(v);
+    return h;
+  }
+};
+
+// A built primitive and the layouts it reads and writes, with the plain ones of braid's tensors.
+struct Plan {
+  dnnl::primitive prim;
+  std::array<int, 3> args{};                  // oneDNN's argument ids: two inputs, then the output
+  std::array<memory::desc, 3> plain, chosen;  // braid's layout and the kernel's, per argument
+};
+
+dnnl::engine& engine() {
+  static dnnl::engine e(dnnl::engine::kind::cpu, 0);
+  return e;
+}
+
+memory::desc plain_desc(const memory::dims& dims) {
+  return memory::desc(dims, memory::data_type::f32, dims.size() == 5 ? Tag::goihw : Tag::nchw);
+}
+
+memory::desc any_desc(const memory::dims& dims) { return memory::desc(dims, memory::data_type::f32, Tag::any); }
+
+// The geometry in oneDNN's terms, from the key.
+struct Geometry {
+  memory::dims src, weights, dst, strides, dilates, pad_l, pad_r;
+};
+
+Geometry geometry(const Key& k) {
+  const int64_t n = k[1], c = k[2], h = k[3], w = k[4], c_out = k[5], oh = k[6], ow = k[7], kh = k[8], kw = k[9],
+                sh = k[10], sw = k[11], ph = k[12], pw = k[13], dh = k[14], dw = k[15], groups = k[16];
+  Geometry g;
+  g.src = {n, c, h, w};
+  g.dst = {n, c_out, oh, ow};
+  g.weights = groups == 1 ? memory::dims{c_out, c, kh, kw} : memory::dims{groups, c_out / groups, c / groups, kh, kw};
+  g.strides = {sh, sw};
+  g.dilates = {dh - 1, dw - 1};
+  g.pad_l = {ph, pw};
+  // The padding after the input that the output size implies (negative when the last rows are unread).
+  g.pad_r = {(oh - 1) * sh + (kh - 1) * dh + 1 - h - ph, (ow - 1) * sw + (kw - 1) * dw + 1 - w - pw};
+  return g;
+}
+
+dnnl::convolution_forward::primitive_desc forward_pd(const Geometry& g, bool bias) {
+  using F = dnnl::convolution_forward;
+  const auto kind = dnnl::prop_kind::forward_training;
+  const auto algo = dnnl::algorithm::convolution_direct;
+  const F::desc d = bias ? F::desc(kind, algo, any_desc(g.src), any_desc(g.weights), any_desc({g.dst[1]}),
+                                   any_desc(g.dst), g.strides, g.dilates, g.pad_l, g.pad_r)
+                         : F::desc(kind, algo, any_desc(g.src), any_desc(g.weights), any_desc(g.dst), g.strides,
+                                   g.dilates, g.pad_l, g.pad_r);
+  return F::primitive_desc(d, engine());
+}
+
+Plan build(const Key& key) {
+  const Geometry g = geometry(key);
+  const bool bias = key[17] != 0;
+  const auto algo = dnnl::algorithm::convolution_direct;
+  const auto fwd = forward_pd(g, bias);
+  Plan p;
+  switch (static_cast<Pass>(key[0])) {
+    case Pass::Forward:
+      p.prim = dnnl::convolution_forward(fwd);
+      p.args = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST};
+      p.plain = {plain_desc(g.src), plain_desc(g.weights), plain_desc(g.dst)};
+      p.chosen = {fwd.src_desc(), fwd.weights_desc(), fwd.dst_desc()};
+      break;
+    case Pass::BackwardData: {
+      using B = dnnl::convolution_backward_data;
+      const B::primitive_desc pd(
+          B::desc(algo, any_desc(g.src), any_desc(g.weights), any_desc(g.dst), g.strides, g.dilates, g.pad_l, g.pad_r),
+          engine(), fwd);
+      p.prim = B(pd);
+      p.args = {DNNL_ARG_DIFF_DST, DNNL_ARG_WEIGHTS, DNNL_ARG_DIFF_SRC};
+      p.plain = {plain_desc(g.dst), plain_desc(g.weights), plain_desc(g.src)};
+      p.chosen = {pd.diff_dst_desc(), pd.weights_desc(), pd.diff_src_desc()};
+      break;
+    }
+    case Pass::BackwardWeights: {
+      using B = dnnl::convolution_backward_weights;
+      const B::primitive_desc pd(
+          B::desc(algo, any_desc(g.src), any_desc(g.weights), any_desc(g.dst), g.strides, g.dilates, g.pad_l, g.pad_r),
+          engine(), fwd);
+      p.prim = B(pd);
+      p.args = {DNNL_ARG_SRC, DNNL_ARG_DIFF_DST, DNNL_ARG_DIFF_WEIGHTS};
+      p.plain = {plain_desc(g.src), plain_desc(g.dst), plain_desc(g.weights)};
+      p.chosen = {pd.src_desc(), pd.diff_dst_desc(), pd.diff_weights_desc()};
+      break;
+    }
+  }
+  return p;
+}
+
+// Whether oneDNN is wanted for a geometry. BRAID_ONEDNN=0 sends every convolution down the
+// composite path, for a comparison of the two (benchmarks/README.md). Below BRAID_ONEDNN_MIN_MACS
+// multiply-adds (default 1e6) the reorders cost more than they save: the 1x1 and depthwise layers
+// of a MobileNet at batch 1 ran 1.4x faster composed (ppocr_cls, 2 threads). The test suite sets 0,
+// so that every float32 convolution it runs goes through oneDNN.
+bool wanted(const Key& key) {
+  static const bool on = [] {
+    const char* v = std::getenv("BRAID_ONEDNN");
+    return !(v && std::string(v) == "0");
+  }();
+  static const double min_macs = [] {
+    const char* v = std::getenv("BRAID_ONEDNN_MIN_MACS");
+    return v ? std::atof(v) : 1e6;
+  }();
+  // N * C_out * oh * ow outputs, each a sum over C / groups * kh * kw taps.
+  const double macs = static_cast<double>(key[1]) * key[5] * key[6] * key[7] * (key[2] / key[16]) * key[8] * key[9];
+  return on && macs >= min_macs;
+}
+
+// The plan of a geometry, built on first use; nullptr when oneDNN refuses it or is not wanted.
+const Plan* plan_for(const Key& key) {
+  if (!wanted(key)) return nullptr;
+  static std::mutex mu;
+  static std::unordered_map<Key, std::optional<Plan>, KeyHash> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(key);
+  if (it == cache.end()) {
+    std::optional<Plan> plan;
+    try {
+      plan = build(key);
+    } catch (const dnnl::error&) {  // no kernel for this geometry: the composite path serves it
+    }
+    it = cache.emplace(key, std::move(plan)).first;
+  }
+  return it->second ? &*it->second : nullptr;
+}
+
+// Scratch memory from the CPU backend's block cache, for an operand in the kernel's layout.
+class Scratch {
+ public:
+  explicit Scratch(size_t bytes) : bytes_(static_cast<int64_t>((bytes + 63) / 64 * 64)) {
+    if (bytes_ > 0) p_ = cpu_backend().allocate(Device::cpu(), bytes_);
+  }
+  ~Scratch() {
+    if (p_) cpu_backend().deallocate(Device::cpu(), p_, bytes_);
+  }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  void* get() const { return p_; }
+
+ private:
+  int64_t bytes_;
+  void* p_ = nullptr;
+};
+
+// Runs a plan on plain buffers: inputs reordered into the kernel's layouts where they differ, the
+// output computed in its layout and reordered back. bias (forward only) is always plain.
+void execute(const Plan& p, const void* in0, const void* in1, const void* bias, void* out) {
+  thread_local dnnl::stream stream(engine());
+  std::unordered_map<int, memory> args;
+  std::optional<Scratch> scratch[3];
+  memory outs[2];
+  const void* ptrs[3] = {in0, in1, out};
+  for (int i = 0; i < 3; ++i) {
+    memory user(p.plain[i], engine(), const_cast<void*>(ptrs[i]));
+    if (p.chosen[i] == p.plain[i]) {
+      args.emplace(p.args[i], user);
+      continue;
+    }
+    scratch[i].emplace(p.chosen[i].get_size());
+    memory inner(p.chosen[i], engine(), scratch[i]->get());
+    if (i < 2)
+      dnnl::reorder(user, inner).execute(stream, user, inner);
+    else
+      outs[0] = inner, outs[1] = user;
+    args.emplace(p.args[i], inner);
+  }
+  if (bias)
+    args.emplace(DNNL_ARG_BIAS, memory(memory::desc({p.plain[2].dims()[1]}, memory::data_type::f32, Tag::x), engine(),
+                                       const_cast<void*>(bias)));
+  p.prim.execute(stream, args);
+  if (outs[0]) dnnl::reorder(outs[0], outs[1]).execute(stream, outs[0], outs[1]);
+  stream.wait();
+}
+
+// The key of a convolution of x (N, C, h, w) by a weight (C_out, C / groups, kh, kw).
+Key key_of(Pass pass, const Shape& x, int64_t c_out, const Window2d& win, int64_t groups, bool bias) {
+  return {static_cast<int64_t>(pass),
+          x[0],
+          x[1],
+          win.h,
+          win.w,
+          c_out,
+          win.oh,
+          win.ow,
+          win.kh,
+          win.kw,
+          win.sh,
+          win.sw,
+          win.ph,
+          win.pw,
+          win.dh,
+          win.dw,
+          groups,
+          bias ? 1 : 0};
+}
+
+bool float32s(std::initializer_list<const Tensor*> ts) {
+  for (const Tensor* t : ts)
+    if (t->defined() && (t->dtype() != kFloat32 || !t->is_contiguous())) return false;
+  return true;
+}
+
+}  // namespace
+
+bool CpuBackend::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Window2d& win, int64_t groups,
+                        const Tensor& y) {
+  if (!float32s({&x, &w, &bias, &y}) || y.numel() == 0) return false;
+  const Plan* p = plan_for(key_of(Pass::Forward, x.shape(), w.shape()[0], win, groups, bias.defined()));
+  if (!p) return false;
+  execute(*p, x.raw_data(), w.raw_data(), bias.defined() ? bias.raw_data() : nullptr, y.raw_data());
+  return true;
+}
+
+bool CpuBackend::conv2d_backward_input(const Tensor& gy, const Tensor& w, const Window2d& win, int64_t groups,
+                                       const Tensor& gx) {
+  if (!float32s({&gy, &w, &gx}) || gx.numel() == 0 || gy.numel() == 0) return false;
+  const Plan* p = plan_for(key_of(Pass::BackwardData, gx.shape(), w.shape()[0], win, groups, false));
+  if (!p) return false;
+  execute(*p, gy.raw_data(), w.raw_data(), nullptr, gx.raw_data());
+  return true;
+}
+
+bool CpuBackend::conv2d_backward_weight(const Tensor& x, const Tensor& gy, const Window2d& win, int64_t groups,
+                                        const Tensor& gw) {
+  if (!float32s({&x, &gy, &gw}) || gw.numel() == 0 || gy.numel() == 0) return false;
+  const Plan* p = plan_for(key_of(Pass::BackwardWeights, x.shape(), gw.shape()[0], win, groups, false));
+  if (!p) return false;
+  execute(*p, x.raw_data(), gy.raw_data(), nullptr, gw.raw_data());
+  return true;
+}
+
+}  // namespace braid::detail
+
+#endif  // BRAID_HAVE_DNNL
