@@ -48,29 +48,24 @@ Tensor BatchNorm::forward(const Tensor& x) {
               ranks_.size() == 1 ? "" : "2-d or ", ranks_.back(), "-d input, got shape ", shape_str(x.shape()));
   BRAID_CHECK(x.size(1) == num_features_, type_name(), ": expected input with ", num_features_,
               " channels (num_features) at axis 1, got shape ", shape_str(x.shape()));
-  std::vector<int64_t> axes{0};
-  for (int64_t d = 2; d < x.dim(); ++d) axes.push_back(d);
   const Shape cs = channel_shape(num_features_, x.dim());
-  Tensor mean_c, var_c;
   if (is_training() || !track_) {
     const int64_t n = x.numel() / num_features_;
     BRAID_CHECK(n > 1, type_name(), ": expected more than 1 value per channel when training, got input shape ",
                 shape_str(x.shape()));
-    mean_c = mean(x, axes, true);
-    var_c = var(x, axes, 0, true);
+    // One node for the whole normalisation (Note [BatchNorm as one node] in src/ops/norm.cpp).
+    std::vector<Tensor> out = batch_norm_training(x, weight_, bias_, eps_);
     if (is_training() && track_) {
       NoGradGuard no_grad;
       num_batches_tracked_.add_(scalar_like(num_batches_tracked_, 1));
       const double f = momentum_ ? *momentum_ : 1.0 / num_batches_tracked_.item();
-      Tensor unbiased = var_c.reshape({num_features_}) * (static_cast<double>(n) / static_cast<double>(n - 1));
-      running_mean_.mul_(1.0 - f).add_(mean_c.reshape({num_features_}), f);
+      Tensor unbiased = out[2] * (static_cast<double>(n) / static_cast<double>(n - 1));
+      running_mean_.mul_(1.0 - f).add_(out[1], f);
       running_var_.mul_(1.0 - f).add_(unbiased, f);
     }
-  } else {
-    mean_c = running_mean_.reshape(cs);
-    var_c = running_var_.reshape(cs);
+    return out[0];
   }
-  return batch_norm_apply(x, mean_c, var_c, weight_, bias_, eps_);
+  return batch_norm_apply(x, running_mean_.reshape(cs), running_var_.reshape(cs), weight_, bias_, eps_);
 }
 
 Tensor batch_norm_apply(const Tensor& x, const Tensor& mean_c, const Tensor& var_c, const Tensor& weight,

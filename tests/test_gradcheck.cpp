@@ -133,6 +133,16 @@ std::vector<Case> cases() {
       {"pad_replicate", {{2, 3}}, [](V x) { return square(pad(x[0], {2, 1, 1, 0}, "replicate")); }},
       {"tril", {{3, 3}}, [](V x) { return tril(x[0]) * 2.0; }},
       {"triu", {{3, 4}}, [](V x) { return triu(x[0], 1) * 2.0; }},
+      // ---- batch normalisation: one node with a closed-form backward (Note [BatchNorm as one node]) ----
+      {"batch_norm_4d", {{3, 2, 2, 3}, {2}, {2}},
+       [](V x) { return batch_norm_training(x[0], x[1], x[2], 1e-5)[0]; }},
+      {"batch_norm_2d_no_affine", {{5, 3}}, [](V x) { return batch_norm_training(x[0], Tensor(), Tensor(), 1e-3)[0]; }},
+      {"batch_norm_3d_weight_only", {{2, 3, 4}, {3}},
+       [](V x) { return batch_norm_training(x[0], x[1], Tensor(), 1e-5)[0]; }},
+      {"batch_norm_strided_input", {{2, 3, 4, 2}, {3}, {3}},
+       [](V x) { return batch_norm_training(x[0].permute({0, 1, 3, 2}), x[1], x[2], 1e-5)[0]; }},
+      {"batch_norm_far_from_zero", {{4, 2, 3}, {2}, {2}},
+       [](V x) { return batch_norm_training(x[0] + 20.0, x[1], x[2], 1e-5)[0]; }},
       // ---- composites: gradients come from the pieces ----
       {"composite_mlp", {{4, 3}, {3, 5}, {5}},
        [](V x) { return log_softmax(tanh(matmul(x[0], x[1]) + x[2]), 1); }},

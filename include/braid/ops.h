@@ -158,6 +158,14 @@ Tensor log_softmax(const Tensor& x, int64_t axis);
 /// Sums x over broadcast axes so that it has shape (the reverse of expand).
 Tensor sum_to(const Tensor& x, const Shape& shape);
 
+// ---- normalisation ----
+/// Batch normalisation with the batch's own statistics, as PyTorch's F.batch_norm(training=True):
+/// over every axis of x (N, C, *) but the channels, y = (x - mean) / sqrt(var + eps) * weight + bias,
+/// weight and bias (C) optional. Returns {y, mean, var}: the batch's mean and biased variance (C),
+/// without gradients, for the running statistics. One autograd node with a closed-form backward
+/// (Note [BatchNorm as one node] in src/ops/norm.cpp).
+std::vector<Tensor> batch_norm_training(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps);
+
 // ---- linear algebra ----
 /// 1-d, 2-d and batched (broadcast batch axes) matrix product, as numpy.matmul. Operands of
 /// different dtypes are promoted as in add (PyTorch requires equal dtypes); bool is refused.

@@ -169,6 +169,17 @@ class Backend {
   /// sqrt_bias_correction2 + eps)) * -step_size. All contiguous, of one dtype and shape.
   virtual bool adam_step(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const Tensor& max_v,
                          const AdamStep& s);
+  // Batch normalisation's passes over x viewed as (N, C, S), per channel c (src/ops/norm.cpp). All
+  // contiguous and of one dtype.
+  /// mean (C) and the biased variance var (C) of x over N and S.
+  virtual bool channel_moments(const Tensor& x, const Tensor& mean, const Tensor& var);
+  /// sum_g (C) = the sum of g, and sum_gxc (C) = the sum of g * (x - mean[c]), over N and S.
+  virtual bool channel_grad_sums(const Tensor& g, const Tensor& x, const Tensor& mean, const Tensor& sum_g,
+                                 const Tensor& sum_gxc);
+  /// out = (a * sa[c] + shift[c]) + (b - b_mean[c]) * sb[c], the last term only when b is defined;
+  /// a, b, out (N, C, S), the others (C).
+  virtual bool channel_affine(const Tensor& a, const Tensor& sa, const Tensor& shift, const Tensor& b,
+                              const Tensor& b_mean, const Tensor& sb, const Tensor& out);
 };
 
 /// The backend that runs tensors on device; NotImplementedError when the device is not compiled

@@ -35,8 +35,8 @@ bool device_available(Device device) { return device.index >= 0 && device.index 
 
 namespace detail {
 
-// A backend without its own kernels composes every convolution and optimizer step (Note [Optional
-// primitives]).
+// A backend without its own kernels composes every convolution, optimizer step and BatchNorm pass
+// (Note [Optional primitives]).
 bool Backend::conv2d(const Tensor&, const Tensor&, const Tensor&, const Window2d&, int64_t, const Tensor&) {
   return false;
 }
@@ -47,6 +47,14 @@ bool Backend::conv2d_backward_weight(const Tensor&, const Tensor&, const Window2
   return false;
 }
 bool Backend::adam_step(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const AdamStep&) {
+  return false;
+}
+bool Backend::channel_moments(const Tensor&, const Tensor&, const Tensor&) { return false; }
+bool Backend::channel_grad_sums(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
+  return false;
+}
+bool Backend::channel_affine(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                             const Tensor&) {
   return false;
 }
 

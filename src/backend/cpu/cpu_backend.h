@@ -1,7 +1,7 @@
 // The CPU backend: the Backend primitives run with OpenMP threads over strided loops, OpenBLAS for
 // floating matmul and Philox for random numbers. Each primitive lives in the .cpp file named after
 // its kind (memory.cpp, copy.cpp, elementwise.cpp, reduce.cpp, matmul.cpp, index.cpp, random.cpp,
-// conv.cpp, pool.cpp); fused.cpp holds the fused optimizer step and conv_dnnl.cpp the convolutions
+// conv.cpp, pool.cpp); fused.cpp holds the fused optimizer step and BatchNorm passes and conv_dnnl.cpp the convolutions
 // oneDNN runs, when it is built in.
 #pragma once
 
@@ -44,6 +44,11 @@ class CpuBackend final : public Backend {
   // fused.cpp: whole composites in one pass (Note [Optional primitives])
   bool adam_step(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const Tensor& max_v,
                  const AdamStep& s) override;
+  bool channel_moments(const Tensor& x, const Tensor& mean, const Tensor& var) override;
+  bool channel_grad_sums(const Tensor& g, const Tensor& x, const Tensor& mean, const Tensor& sum_g,
+                         const Tensor& sum_gxc) override;
+  bool channel_affine(const Tensor& a, const Tensor& sa, const Tensor& shift, const Tensor& b, const Tensor& b_mean,
+                      const Tensor& sb, const Tensor& out) override;
 #ifdef BRAID_HAVE_DNNL
   // conv_dnnl.cpp: float32 convolutions through oneDNN (Note [oneDNN convolutions])
   bool conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Window2d& win, int64_t groups,

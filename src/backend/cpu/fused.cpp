@@ -1,10 +1,16 @@
-// The CPU's fused optimizer step (Note [Optional primitives] in backend/backend.h): Adam's update as
-// one pass over the parameter, its gradient and its two or three state tensors, where the composite
-// in src/optim/adam.cpp makes thirteen. The arithmetic is the composite's, operation for operation
-// and rounded to the parameter's dtype at the same points, so the two agree bit for bit.
+// The CPU's fused primitives (Note [Optional primitives] in backend/backend.h). Adam's update is one
+// pass over the parameter, its gradient and its two or three state tensors, where the composite in
+// src/optim/adam.cpp makes thirteen; its arithmetic is the composite's, operation for operation and
+// rounded to the parameter's dtype at the same points, so the two agree bit for bit. BatchNorm's
+// statistics, gradient sums and per-channel affine maps (src/ops/norm.cpp) are one pass each,
+// accumulating in double as the composite's reductions do.
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <initializer_list>
+#include <string>
 #include <type_traits>
 
 #include "backend/cpu/cpu_backend.h"
@@ -47,11 +53,134 @@ bool contiguous_like(const Tensor& t, const Tensor& p) {
   return t.is_contiguous() && t.dtype() == p.dtype() && t.shape() == p.shape();
 }
 
+// BRAID_CPU_FUSED=0 turns these primitives off, so that the ops compose what they compute: the path
+// every backend without them takes, tested on the CPU in CI (tests/meson.build, the *_composite runs).
+bool fused_on() {
+  static const bool on = [] {
+    const char* v = std::getenv("BRAID_CPU_FUSED");
+    return !(v && std::string(v) == "0");
+  }();
+  return on;
+}
+
+// The channels of x (N, C, S) are the unit of work for the per-channel sums; (n, c) rows for maps.
+struct Ncs {
+  int64_t n, c, s;
+};
+
+Ncs ncs_of(const Tensor& x) { return {x.shape()[0], x.shape()[1], x.shape()[2]}; }
+
+int threads_over(int64_t units, int64_t work) {
+  return work > kParallelGrain && !omp_in_parallel() ? static_cast<int>(std::min<int64_t>(units, get_num_threads()))
+                                                     : 1;
+}
+
+template <typename T>
+void moments_kernel(const T* x, T* mean, T* var, Ncs d) {
+  const double count = static_cast<double>(d.n * d.s);
+#pragma omp parallel for num_threads(threads_over(d.c, 2 * d.n * d.c * d.s)) schedule(static)
+  for (int64_t c = 0; c < d.c; ++c) {
+    double sum = 0;
+    for (int64_t n = 0; n < d.n; ++n) {
+      const T* row = x + (n * d.c + c) * d.s;
+      for (int64_t i = 0; i < d.s; ++i) sum += row[i];
+    }
+    const T m = static_cast<T>(sum / count);
+    double sq = 0;
+    for (int64_t n = 0; n < d.n; ++n) {
+      const T* row = x + (n * d.c + c) * d.s;
+      for (int64_t i = 0; i < d.s; ++i) {
+        const T centred = row[i] - m;
+        sq += centred * centred;
+      }
+    }
+    mean[c] = m;
+    var[c] = static_cast<T>(sq / count);
+  }
+}
+
+template <typename T>
+void grad_sums_kernel(const T* g, const T* x, const T* mean, T* sum_g, T* sum_gxc, Ncs d) {
+#pragma omp parallel for num_threads(threads_over(d.c, 2 * d.n * d.c * d.s)) schedule(static)
+  for (int64_t c = 0; c < d.c; ++c) {
+    double sg = 0, sgx = 0;
+    const T m = mean[c];
+    for (int64_t n = 0; n < d.n; ++n) {
+      const int64_t at = (n * d.c + c) * d.s;
+      for (int64_t i = 0; i < d.s; ++i) {
+        sg += g[at + i];
+        sgx += g[at + i] * (x[at + i] - m);
+      }
+    }
+    sum_g[c] = static_cast<T>(sg);
+    sum_gxc[c] = static_cast<T>(sgx);
+  }
+}
+
+template <typename T>
+void affine_kernel(const T* a, const T* sa, const T* shift, const T* b, const T* b_mean, const T* sb, T* out, Ncs d) {
+#pragma omp parallel for num_threads(threads_over(d.n * d.c, 2 * d.n * d.c * d.s)) schedule(static)
+  for (int64_t r = 0; r < d.n * d.c; ++r) {
+    const int64_t c = r % d.c, at = r * d.s;
+    const T k = sa[c], t = shift[c];
+    if (b) {
+      const T bm = b_mean[c], kb = sb[c];
+      for (int64_t i = 0; i < d.s; ++i) out[at + i] = (a[at + i] * k + t) + (b[at + i] - bm) * kb;
+    } else {
+      for (int64_t i = 0; i < d.s; ++i) out[at + i] = a[at + i] * k + t;
+    }
+  }
+}
+
+// Whether every defined tensor is contiguous and of dtype; the kernels take float32 and float64.
+bool fusable(DType dtype, std::initializer_list<const Tensor*> ts) {
+  if (!fused_on() || (dtype != kFloat32 && dtype != kFloat64)) return false;
+  for (const Tensor* t : ts)
+    if (t->defined() && (!t->is_contiguous() || t->dtype() != dtype)) return false;
+  return true;
+}
+
+template <typename T>
+const T* data_or_null(const Tensor& t) {
+  return t.defined() ? t.data<T>() : nullptr;
+}
+
 }  // namespace
+
+bool CpuBackend::channel_moments(const Tensor& x, const Tensor& mean, const Tensor& var) {
+  if (x.dim() != 3 || !fusable(x.dtype(), {&x, &mean, &var})) return false;
+  dispatch_compute(x.dtype(), "channel_moments", [&]<typename T>() {
+    if constexpr (std::is_floating_point_v<T>) moments_kernel<T>(x.data<T>(), mean.data<T>(), var.data<T>(), ncs_of(x));
+  });
+  return true;
+}
+
+bool CpuBackend::channel_grad_sums(const Tensor& g, const Tensor& x, const Tensor& mean, const Tensor& sum_g,
+                                   const Tensor& sum_gxc) {
+  if (x.dim() != 3 || g.shape() != x.shape() || !fusable(x.dtype(), {&g, &x, &mean, &sum_g, &sum_gxc})) return false;
+  dispatch_compute(x.dtype(), "channel_grad_sums", [&]<typename T>() {
+    if constexpr (std::is_floating_point_v<T>)
+      grad_sums_kernel<T>(g.data<T>(), x.data<T>(), mean.data<T>(), sum_g.data<T>(), sum_gxc.data<T>(), ncs_of(x));
+  });
+  return true;
+}
+
+bool CpuBackend::channel_affine(const Tensor& a, const Tensor& sa, const Tensor& shift, const Tensor& b,
+                                const Tensor& b_mean, const Tensor& sb, const Tensor& out) {
+  if (a.dim() != 3 || out.shape() != a.shape() || (b.defined() && b.shape() != a.shape()) ||
+      !fusable(a.dtype(), {&a, &sa, &shift, &b, &b_mean, &sb, &out}))
+    return false;
+  dispatch_compute(a.dtype(), "channel_affine", [&]<typename T>() {
+    if constexpr (std::is_floating_point_v<T>)
+      affine_kernel<T>(a.data<T>(), sa.data<T>(), shift.data<T>(), data_or_null<T>(b), data_or_null<T>(b_mean),
+                       data_or_null<T>(sb), out.data<T>(), ncs_of(a));
+  });
+  return true;
+}
 
 bool CpuBackend::adam_step(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const Tensor& max_v,
                            const AdamStep& s) {
-  if (!p.is_contiguous() || !contiguous_like(g, p) || !contiguous_like(m, p) || !contiguous_like(v, p) ||
+  if (!fused_on() || !p.is_contiguous() || !contiguous_like(g, p) || !contiguous_like(m, p) || !contiguous_like(v, p) ||
       (max_v.defined() && !contiguous_like(max_v, p)))
     return false;
   if (p.dtype() != kFloat32 && p.dtype() != kFloat64) return false;

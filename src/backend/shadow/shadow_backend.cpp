@@ -116,6 +116,22 @@ class ShadowBackend final : public Backend {
     const char* op = "adam_step";
     return cpu().adam_step(host(op, p, p), host(op, p, g), host(op, p, m), host(op, p, v), host(op, p, max_v), s);
   }
+  bool channel_moments(const Tensor& x, const Tensor& mean, const Tensor& var) override {
+    const char* op = "channel_moments";
+    return cpu().channel_moments(host(op, mean, x), host(op, mean, mean), host(op, mean, var));
+  }
+  bool channel_grad_sums(const Tensor& g, const Tensor& x, const Tensor& mean, const Tensor& sum_g,
+                         const Tensor& sum_gxc) override {
+    const char* op = "channel_grad_sums";
+    return cpu().channel_grad_sums(host(op, sum_g, g), host(op, sum_g, x), host(op, sum_g, mean),
+                                   host(op, sum_g, sum_g), host(op, sum_g, sum_gxc));
+  }
+  bool channel_affine(const Tensor& a, const Tensor& sa, const Tensor& shift, const Tensor& b, const Tensor& b_mean,
+                      const Tensor& sb, const Tensor& out) override {
+    const char* op = "channel_affine";
+    return cpu().channel_affine(host(op, out, a), host(op, out, sa), host(op, out, shift), host(op, out, b),
+                                host(op, out, b_mean), host(op, out, sb), host(op, out, out));
+  }
 
  private:
   static Backend& cpu() { return cpu_backend(); }

@@ -1,0 +1,109 @@
+// Batch normalisation with the batch's own statistics (braid/ops.h: batch_norm_training) as one
+// autograd node with a closed-form backward, in three passes over channels that a backend may fuse
+// (channel_moments, channel_grad_sums, channel_affine) and that compose from reductions and
+// broadcast arithmetic where it does not.
+#include <tuple>
+
+#include "ops/common.h"
+
+namespace braid {
+
+using namespace detail;
+
+namespace {
+
+// Note [BatchNorm as one node]
+// Composed from mean, var and broadcast arithmetic, a training BatchNorm is about six passes over
+// its input forward and a dozen backward, as autograd walks back through the statistics. As one
+// node, with a backend's fused passes, it reads x twice for the statistics and once for
+// y = x * scale + shift, and backward reads g and x once for two sums and once for dL/dx. The
+// backward is the closed form of PyTorch's CPU kernel: with xhat = (x - mean) * invstd and
+// a = weight * invstd per channel,
+//   dL/dbias = sum(g),  dL/dweight = sum(g * (x - mean)) * invstd,
+//   dL/dx = a * (g - sum(g) / n - xhat * sum(g * xhat) / n)
+//         = g * a - a * sum(g) / n + (x - mean) * k,  with k = -a * invstd^2 * sum(g * (x - mean)) / n,
+// over the n = N * S values of a channel. (x - mean) is formed per element rather than expanded into
+// x * k - mean * k, which would cancel when the mean is large against the spread. The statistics
+// themselves (mean, biased var) come out of the node without gradients: BatchNorm updates its
+// running statistics from them. SyncBatchNorm, whose statistics are all-reduced across ranks, keeps
+// the composite batch_norm_apply, through which autograd reaches every rank's share.
+
+// The (N, C, S) view of a (N, C, *) tensor, made contiguous.
+Tensor channels(const Tensor& t) {
+  const int64_t n = t.size(0), c = t.size(1);
+  return contiguous_raw(t).view({n, c, t.numel() / (n * c)});
+}
+
+// A (C) vector as (1, C, 1), against a channel view.
+Tensor per_channel(const Tensor& v) { return v.view({1, v.numel(), 1}); }
+
+// mean and the biased variance (C) of x3 (N, C, S) over N and S.
+std::pair<Tensor, Tensor> moments(const Tensor& x3) {
+  Tensor m = new_tensor({x3.size(1)}, x3.dtype(), x3.device()), v = new_tensor({x3.size(1)}, x3.dtype(), x3.device());
+  if (backend_of(x3).channel_moments(x3, m, v)) return {m, v};  // Note [Optional primitives]
+  return {braid::mean(x3, {0, 2}), braid::var(x3, {0, 2}, 0)};
+}
+
+// sum(g) and sum(g * (x - mean)) (C) over N and S.
+std::pair<Tensor, Tensor> grad_sums(const Tensor& g3, const Tensor& x3, const Tensor& m) {
+  Tensor sg = new_tensor({x3.size(1)}, x3.dtype(), x3.device()), sgx = new_tensor({x3.size(1)}, x3.dtype(), x3.device());
+  if (backend_of(x3).channel_grad_sums(g3, x3, m, sg, sgx)) return {sg, sgx};
+  return {sum(g3, {0, 2}), sum(g3 * (x3 - per_channel(m)), {0, 2})};
+}
+
+// (a * sa + shift) + (b - b_mean) * sb per channel, the last term only when b is defined.
+Tensor affine(const Tensor& a, const Tensor& sa, const Tensor& shift, const Tensor& b, const Tensor& b_mean,
+              const Tensor& sb) {
+  Tensor out = new_tensor(a.shape(), a.dtype(), a.device());
+  if (backend_of(a).channel_affine(a, sa, shift, b, b_mean, sb, out)) return out;
+  Tensor y = a * per_channel(sa) + per_channel(shift);
+  return b.defined() ? y + (b - per_channel(b_mean)) * per_channel(sb) : y;
+}
+
+}  // namespace
+
+std::vector<Tensor> batch_norm_training(const Tensor& x, const Tensor& weight_in, const Tensor& bias_in, double eps) {
+  const char* op = "batch_norm_training";
+  check_compute(x, op);
+  BRAID_CHECK_T(TypeError, is_floating(x.dtype()), op, ": input must be floating-point, got ", dtype_name(x.dtype()));
+  BRAID_CHECK(x.dim() >= 2, op, ": expected an (N, C, ...) input, got shape ", shape_str(x.shape()));
+  const int64_t c = x.size(1);
+  BRAID_CHECK(c > 0 && x.numel() / c > 1, op, ": expected more than 1 value per channel, got input shape ",
+              shape_str(x.shape()));
+  for (const Tensor* p : {&weight_in, &bias_in}) {
+    if (!p->defined()) continue;
+    check_same_device(x, *p, op);
+    BRAID_CHECK(p->dim() == 1 && p->size(0) == c, op, ": weight and bias must have shape [", c, "] (the channels of ",
+                "input shape ", shape_str(x.shape()), "), got ", shape_str(p->shape()));
+  }
+  // float32 parameters against a float64 input compute in float64, as the composite's promotion did;
+  // the cast is recorded, so the parameters' gradients come back in their own dtype.
+  const auto like_x = [&](const Tensor& p) { return p.defined() && p.dtype() != x.dtype() ? p.to(x.dtype()) : p; };
+  const Tensor weight = like_x(weight_in), bias = like_x(bias_in);
+  Tensor x3, m, v, invstd, y;
+  {
+    NoGradGuard no_grad;
+    x3 = channels(x.detach());
+    std::tie(m, v) = moments(x3);
+    invstd = rsqrt(v + eps);
+    const Tensor scale = weight.defined() ? invstd * weight.detach() : invstd;
+    const Tensor shift = bias.defined() ? bias.detach() - m * scale : -(m * scale);
+    y = affine(x3, scale, shift, Tensor(), Tensor(), Tensor()).view(x.shape());
+  }
+  const Tensor w = weight.defined() ? weight.detach() : Tensor();
+  y = record("batch_norm", y, {x, weight, bias}, [x3, m, invstd, w, shape = x.shape()](const Tensor& g, Grads& r) {
+    const Tensor g3 = channels(g);
+    const auto [sum_g, sum_gxc] = grad_sums(g3, x3, m);
+    if (r.needs(2)) r.set(2, sum_g);
+    if (r.needs(1)) r.set(1, sum_gxc * invstd);
+    if (r.needs(0)) {
+      const double n = static_cast<double>(x3.size(0) * x3.size(2));
+      const Tensor a = w.defined() ? invstd * w : invstd;
+      const Tensor k = -(a * invstd * invstd * sum_gxc) / n;
+      r.set(0, affine(g3, a, -(a * sum_g) / n, x3, m, k).view(shape));
+    }
+  });
+  return {y, m, v};
+}
+
+}  // namespace braid
