@@ -35,10 +35,11 @@ cp "$build"/tests/diff_cases.jsonl "$stage/bin/" 2>/dev/null || true
 
 # Every library the programs load, except the CUDA toolkit's (the GPU machine has its own, matching
 # its driver) and the kernel's vDSO. glibc and the loader come along for machines with an older one.
-{ ldd "$build/libbraid.so" "$stage"/bin/* 2>/dev/null || true; } | awk '/=>/ && $3 ~ /^\// {print $3}' | sort -u |
+{ ldd "$build/libbraid.so" "$build/libbraid_cuda.so" "$stage"/bin/* 2>/dev/null || true; } | awk '/=>/ && $3 ~ /^\// {print $3}' | sort -u |
   grep -Ev '/(libcuda|libcudart|libcublas|libcublasLt|libcudnn[a-z_]*|libnccl|libnvrtc|libnvJitLink)\.so' |
   while read -r lib; do cp -L "$lib" "$stage/lib/"; done
 cp -L "$build/libbraid.so" "$stage/lib/"
+cp -L "$build/libbraid_cuda.so" "$stage/lib/"  # the CUDA backend, opened beside libbraid.so on first use
 cp -L /lib64/ld-linux-x86-64.so.2 "$stage/lib/"
 strip --strip-unneeded "$stage"/lib/*.so* "$stage"/bin/test_* "$stage"/bin/braid-* 2>/dev/null || true
 tar -C "$stage" -cJf "$out/programs.tar.xz" bin lib

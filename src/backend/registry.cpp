@@ -1,26 +1,61 @@
 // The one dispatch point from a tensor's device to the backend that implements its primitives, and
 // the defaults of the optional ones.
+#include <dlfcn.h>
+
+#include <string>
+
 #include "backend/backend.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/shadow/shadow_backend.h"
 #include "braid/config.h"
-#ifdef BRAID_HAVE_CUDA
-#include "backend/cuda/cuda_backend.h"
-#endif
 
 namespace braid {
 
 namespace {
+
+// The CUDA backend, from libbraid_cuda.so beside this library (Note [The CUDA backend as a module]
+// in meson.build), opened on first use; nullptr, with the loader's reason in cuda_missing, when it
+// cannot be. A process whose libbraid.so has the backend linked in (the host emulation of
+// tools/cuda_emu) uses that one.
+std::string cuda_missing;
+
+detail::Backend* cuda_module() {
+#ifdef BRAID_HAVE_CUDA
+  static detail::Backend* backend = []() -> detail::Backend* {
+    using Entry = detail::Backend* (*)();
+    if (auto linked = reinterpret_cast<Entry>(dlsym(RTLD_DEFAULT, "braid_cuda_backend"))) return linked();
+    std::string path = "libbraid_cuda.so";
+    Dl_info self{};
+    if (dladdr(reinterpret_cast<void*>(&cuda_module), &self) && self.dli_fname) {
+      const std::string lib = self.dli_fname;
+      const size_t slash = lib.rfind('/');
+      if (slash != std::string::npos) path = lib.substr(0, slash + 1) + path;
+    }
+    void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!handle) handle = dlopen("libbraid_cuda.so", RTLD_NOW | RTLD_LOCAL);  // the loader's search path
+    if (!handle) {
+      const char* why = dlerror();
+      cuda_missing = why ? why : "dlopen failed";
+      return nullptr;
+    }
+    auto entry = reinterpret_cast<Entry>(dlsym(handle, "braid_cuda_backend"));
+    if (!entry) {
+      cuda_missing = path + " has no braid_cuda_backend";
+      return nullptr;
+    }
+    return entry();
+  }();
+  return backend;
+#else
+  return nullptr;
+#endif
+}
+
 detail::Backend* find_backend(DeviceType type) {
   switch (type) {
     case DeviceType::CPU: return &detail::cpu_backend();
     case DeviceType::Shadow: return &detail::shadow_backend();
-    case DeviceType::CUDA:
-#ifdef BRAID_HAVE_CUDA
-      return &detail::cuda_backend();
-#else
-      return nullptr;
-#endif
+    case DeviceType::CUDA: return cuda_module();
   }
   return nullptr;
 }
@@ -61,7 +96,11 @@ bool Backend::channel_affine(const Tensor&, const Tensor&, const Tensor&, const 
 Backend& backend_for(Device device) {
   Backend* b = find_backend(device.type);
   if (b && device.index >= 0 && device.index < b->device_count()) return *b;
-  if (!b) throw NotImplementedError(cat("no backend for device ", device.str(), " in this build of braid"));
+  if (!b)
+    throw NotImplementedError(cat("no backend for device ", device.str(), " in this process of braid",
+                                  device.type != DeviceType::CUDA ? std::string()
+                                  : cuda_missing.empty()           ? ": this build has no CUDA backend (-Dcuda)"
+                                                                   : ": " + cuda_missing));
   throw NotImplementedError(cat("device ", device.str(), " is not available: this process has ", b->device_count(),
                                 " device(s) of its type"));
 }

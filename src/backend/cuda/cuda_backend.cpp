@@ -174,3 +174,7 @@ Backend& cuda_backend() {
 }
 
 }  // namespace braid::detail
+
+// The entry point through which libbraid.so finds this backend (Note [The CUDA backend as a module]
+// in meson.build).
+extern "C" braid::detail::Backend* braid_cuda_backend() { return &braid::detail::cuda_backend(); }

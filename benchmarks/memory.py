@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+"""Peak resident memory of a training step and of an ONNX inference, braid against its peers, in one
+run on the same machine.
+
+Training: 20 steps (forward, cross-entropy, backward, Adam) at batch 64 of benchmarks/train_step.py's
+models, braid through braid-train-step (benchmarks/train_step.cpp) and PyTorch through the same
+models in train_step.py. Inference: 20 runs at batch 8 of benchmarks/onnx_bench.py's models, braid
+through braid-onnx-bench and onnxruntime through an InferenceSession. Each measurement is a fresh
+process; its peak resident set (VmHWM) comes from the kernel when it exits (wait4's ru_maxrss). The
+peers' processes also report the resident set after their imports, before any model exists, so
+that the table can show the working memory (peak minus that baseline) next to the whole process.
+braid's programs are C++ and have no import to subtract: their whole peak is counted.
+
+Needs PyTorch for /usr/bin/python3 (Debian's python3-torch) and onnxruntime for the python3 first
+on PATH (both installed by scripts/install_deps.sh with BRAID_WITH_TORCH=1). Usage:
+  python3 benchmarks/memory.py [--build build] [--threads 2]
+"""
+import argparse
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TRAIN = {"mlp": (64, 1, 28, 28), "cnn": (64, 1, 28, 28), "resnet": (64, 3, 32, 32), "transformer": (64, 32)}
+
+TORCH_STEP = r"""
+import os, sys
+sys.path.insert(0, {here!r})
+import torch
+import train_step as ts
+def rss():
+    return int([l for l in open('/proc/self/status') if l.startswith('VmRSS')][0].split()[1])
+base = rss()
+torch.set_num_threads({threads})
+model = {{"mlp": ts.mlp, "cnn": ts.small_cnn, "resnet": ts.resnet, "transformer": ts.Encoder}}[{name!r}]()
+shape = {shape!r}
+x = torch.randint(0, model.vocab, shape) if {name!r} == "transformer" else torch.randn(*shape)
+y = torch.randint(0, 10, (shape[0],))
+opt = torch.optim.Adam(model.parameters())
+for _ in range(20):
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+print(base)
+"""
+
+ORT_RUN = r"""
+import numpy as np
+def rss():
+    return int([l for l in open('/proc/self/status') if l.startswith('VmRSS')][0].split()[1])
+import onnxruntime as ort
+base = rss()
+o = ort.SessionOptions()
+o.intra_op_num_threads, o.inter_op_num_threads = {threads}, 1
+s = ort.InferenceSession({path!r}, o, providers=["CPUExecutionProvider"])
+x = np.random.default_rng(0).standard_normal({shape!r}).astype(np.float32)
+for _ in range(20):
+    s.run(None, {{s.get_inputs()[0].name: x}})
+print(base)
+"""
+
+
+def run_peak(cmd, env=None):
+    """Runs cmd in a fresh process and returns (peak RSS MiB, stdout); ru_maxrss is in KiB on Linux."""
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    _, status, usage = os.wait4(p.pid, 0)
+    out, err = p.stdout.read(), p.stderr.read()
+    if os.waitstatus_to_exitcode(status):
+        raise SystemExit(f"memory.py: {' '.join(cmd)} failed:\n{err}")
+    return usage.ru_maxrss / 1024, out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--build", default="build")
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    env = dict(os.environ, BRAID_NUM_THREADS=str(args.threads))
+    step = os.path.join(args.build, "benchmarks", "braid-train-step")
+    onnx_bench = os.path.join(args.build, "benchmarks", "braid-onnx-bench")
+
+    print(f"| training step, batch 64, {args.threads} threads | braid peak MiB | PyTorch peak MiB (after import) "
+          "| braid / PyTorch whole | braid / PyTorch working |")
+    print("|---|---:|---:|---:|---:|")
+    for name, shape in TRAIN.items():
+        b, _ = run_peak([step, f"--benchmark_filter=train_step/{name}$", "--benchmark_min_time=0.01",
+                         "--benchmark_repetitions=1"], env)
+        t, out = run_peak(["/usr/bin/python3", "-c", TORCH_STEP.format(here=HERE, threads=args.threads, name=name,
+                                                                     shape=shape)])
+        base = int(out.split()[-1]) / 1024
+        print(f"| {name} | {b:.0f} | {t:.0f} ({base:.0f}) | {b / t:.2f} | {b / (t - base):.2f} |")
+
+    print()
+    print(f"| inference, batch 8, {args.threads} threads | braid peak MiB | onnxruntime peak MiB (after import) "
+          "| braid / onnxruntime whole | braid / onnxruntime working |")
+    print("|---|---:|---:|---:|---:|")
+    sys.path.insert(0, HERE)
+    from onnx_bench import MODELS  # noqa: E402  (the same models and shapes as the latency table)
+
+    for name, (path, sample) in MODELS.items():
+        if path is None:
+            continue  # the exported ResNet-18 is written by onnx_bench.py itself
+        if not os.path.exists(path):
+            print(f"| {name} | missing: {path} | | | |")
+            continue
+        shape = (8, *sample)
+        b, _ = run_peak([onnx_bench, "time", path, "x".join(map(str, shape)), "20"], env)
+        o, out = run_peak([sys.executable, "-c", ORT_RUN.format(threads=args.threads, path=path, shape=shape)])
+        base = int(out.split()[-1]) / 1024
+        print(f"| {name} {'x'.join(map(str, shape))} | {b:.0f} | {o:.0f} ({base:.0f}) | {b / o:.2f} | "
+              f"{b / (o - base):.2f} |")
+
+
+if __name__ == "__main__":
+    main()
