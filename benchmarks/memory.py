@@ -84,7 +84,7 @@ def main():
           "| braid / PyTorch whole | braid / PyTorch working |")
     print("|---|---:|---:|---:|---:|")
     for name, shape in TRAIN.items():
-        b, _ = run_peak([step, f"--benchmark_filter=train_step/{name}$", "--benchmark_min_time=0.01",
+        b, _ = run_peak([step, f"--benchmark_filter=^train_step/{name}/", "--benchmark_min_time=0.01",
                          "--benchmark_repetitions=1"], env)
         t, out = run_peak(["/usr/bin/python3", "-c", TORCH_STEP.format(here=HERE, threads=args.threads, name=name,
                                                                      shape=shape)])
