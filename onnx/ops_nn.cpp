@@ -112,7 +112,11 @@ Tensor conv3d(const OpContext& c, const Tensor& x, const Tensor& weight, const T
   return y;
 }
 
-std::vector<Tensor> conv(OpContext& c) {
+std::vector<Tensor> conv(OpContext& c) { return conv_fused(c, FusedActivation()); }
+
+}  // namespace
+
+Tensors conv_fused(OpContext& c, const FusedActivation& act) {
   Tensor x = c.input(0), weight = c.input(1);
   Tensor bias = c.has_input(2) ? c.input(2) : Tensor();
   check_rank(c, x, "Conv");
@@ -125,16 +129,25 @@ std::vector<Tensor> conv(OpContext& c) {
            "shape ", shape_str(kernel), " (weight ", shape_str(weight.shape()), ")");
   Window w = window(c, kernel, spatial(x));
   const int64_t group = c.attr_int("group", 1);
-  if (x.dim() == 5) return {conv3d(c, x, weight, bias, w, group)};
+  if (x.dim() == 5) {
+    Tensor y = conv3d(c, x, weight, bias, w, group);
+    if (!act.name.empty()) c.fail("no fused activation for a 3-d Conv");  // the executor fuses 1-d and 2-d only
+    return {y};
+  }
   const bool one_d = x.dim() == 3;
   if (one_d) {
     x = to_2d(x);
     weight = to_2d(weight);
     window_to_2d(w);
   }
-  Tensor y = conv2d(x, weight, bias, w.stride, {w.begin[0], w.end[0], w.begin[1], w.end[1]}, w.dilation, group);
+  const std::vector<int64_t> pads{w.begin[0], w.end[0], w.begin[1], w.end[1]};
+  Tensor y = act.name.empty() ? conv2d(x, weight, bias, w.stride, pads, w.dilation, group)
+                              : conv2d_activation(x, weight, bias, w.stride, pads, w.dilation, group, act.name, act.a,
+                                                  act.b);
   return {one_d ? squeeze(y, 2) : y};
 }
+
+namespace {
 
 /// conv_transpose2d with ONNX pads {top, left, bottom, right}: braid pads both sides of an axis
 /// alike, so pad by the smaller amount and crop the rest at the end.

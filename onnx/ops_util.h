@@ -23,6 +23,15 @@ DType dtype_from_onnx(const OpContext& c, int64_t code);
 /// braid dtype -> ONNX code.
 int64_t onnx_type_code(DType t);
 
+/// An activation that the executor fuses into the Conv before it (Note [Fusing activations into
+/// Conv] in onnx/module.cpp): conv2d_activation's name and numbers.
+struct FusedActivation {
+  std::string name;
+  double a = 0, b = 0;
+};
+/// The Conv op with an activation applied to its output, fused where braid::conv2d_activation can.
+Tensors conv_fused(OpContext& c, const FusedActivation& act);
+
 /// A schema with the common fields filled in.
 inline OpSchema op(const char* type, std::vector<std::string> attributes,
                    std::function<Tensors(OpContext&)> run, int64_t since = 1) {

@@ -134,6 +134,62 @@ TEST(OnnxModule, FoldedConvBatchNormEqualsTheGraphAsWritten) {
   EXPECT_TRUE(allclose(folded, as_written, 1e-12, 1e-14));
 }
 
+// Note [Fusing activations into Conv]: in inference a Relu, Clip, HardSwish or HardSigmoid that
+// alone reads a Conv's output (or its folded BatchNormalization's) runs as the convolution's
+// epilogue; with gradients recording the graph runs as written. float32, so that the CPU runs the
+// epilogue inside oneDNN's convolution (the suite sets BRAID_ONEDNN_MIN_MACS=0).
+TEST(OnnxModule, FusedConvActivationsEqualTheGraphAsWritten) {
+  struct Case {
+    std::string op;
+    bool bn;
+    std::map<std::string, bx::Attribute> attrs;
+    std::vector<double> bounds;  // Clip's min and max inputs
+    std::string profiled;
+  };
+  const std::vector<Case> cases = {
+      {"Relu", false, {}, {}, "Conv+Relu"},
+      {"HardSwish", true, {}, {}, "Conv+BatchNormalization+HardSwish"},
+      {"HardSigmoid", true, {{"alpha", bx::attr_float(0.25)}, {"beta", bx::attr_float(0.4)}}, {}, "Conv+BatchNormalization+HardSigmoid"},
+      {"Clip", false, {}, {-0.5, 0.75}, "Conv+Clip"},
+  };
+  Generator gen(3);
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.op);
+    bx::GraphBuilder g(17);
+    std::vector<std::string> bounds;  // Constant nodes ahead of the Conv, as exporters place them
+    for (double v : c.bounds) bounds.push_back(g.scalar(v, kFloat32));
+    std::string y = g.node("Conv", {"x", "w", "b"}, {{"pads", bx::attr_ints({1, 1, 1, 1})}, {"strides", bx::attr_ints({2, 1})}})[0];
+    if (c.bn) y = g.node("BatchNormalization", {y, "gamma", "beta", "mean", "var"})[0];
+    std::vector<std::string> in{y};
+    in.insert(in.end(), bounds.begin(), bounds.end());
+    g.graph().nodes.push_back(bx::Node{"act", c.op, "", in, {"y"}, c.attrs});
+    bx::Model m;
+    m.path = "conv_" + c.op;
+    m.ir_version = 8;
+    m.opsets[""] = 17;
+    m.graph = g.graph();
+    m.graph.initializers.insert({{"w", randn({16, 8, 3, 3}, kFloat32, &gen, 0, 0.3)}, {"b", randn({16}, kFloat32, &gen)},
+                                 {"gamma", rand({16}, kFloat32, &gen, 0.5, 1.5)}, {"beta", randn({16}, kFloat32, &gen)},
+                                 {"mean", randn({16}, kFloat32, &gen, 0, 0.1)}, {"var", rand({16}, kFloat32, &gen, 0.5, 2)}});
+    m.graph.inputs.push_back(info("x", kFloat32, {2, 8, 9, 10}));
+    m.graph.outputs.push_back(info("y", kFloat32, {2, 16, 5, 10}));
+    bx::OnnxModule mod(m);
+    mod.set_profiling(true);
+    const Tensor x = randn({2, 8, 9, 10}, kFloat32, &gen) * 2.0;
+    const Tensor as_written = mod.forward(x).detach();
+    EXPECT_EQ(mod.profile().count(c.profiled), 0u);
+    Tensor fused;
+    {
+      NoGradGuard no_grad;
+      fused = mod.forward(x);
+    }
+    ASSERT_EQ(mod.profile().count(c.profiled), 1u);
+    EXPECT_EQ(mod.profile().at(c.profiled).calls, 1);
+    EXPECT_EQ(mod.profile().count(c.op), 1u) << "the as-written run's " << c.op << " only";
+    EXPECT_TRUE(allclose(fused, as_written, 1e-5, 1e-5)) << "max |diff| " << amax(abs(fused - as_written)).item();
+  }
+}
+
 TEST(OnnxModule, ToSequentialCutsWhereOneValueCrossesAndSharesTheWeights) {
   // small_net: Conv, BatchNormalization, Tanh, then the Shape/Gather/Concat/Reshape chain (which
   // reads the activation twice, so no cut inside it), Gemm, LayerNormalization, Softmax.

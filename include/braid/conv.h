@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "braid/tensor.h"
@@ -21,6 +22,14 @@ Tensor conv1d(const Tensor& x, const Tensor& weight, const Tensor& bias, int64_t
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const std::vector<int64_t>& stride = {1, 1},
               const std::vector<int64_t>& padding = {0, 0}, const std::vector<int64_t>& dilation = {1, 1},
               int64_t groups = 1);
+/// conv2d followed by an activation, computed in one pass where the backend can fuse them (oneDNN's
+/// post-ops on the CPU) and nothing records (no gradient needed, no export trace active); otherwise
+/// conv2d and the activation's op, recorded as usual. activation: "relu"; "clip" (min a, max b,
+/// infinite for no bound); "hardswish"; "hardsigmoid" (min(max(a x + b, 0), 1)). The ONNX executor
+/// runs a Conv and the activation after it this way in inference.
+Tensor conv2d_activation(const Tensor& x, const Tensor& weight, const Tensor& bias, const std::vector<int64_t>& stride,
+                         const std::vector<int64_t>& padding, const std::vector<int64_t>& dilation, int64_t groups,
+                         const std::string& activation, double a = 0, double b = 0);
 /// PyTorch's padding='same' for stride 1, per axis as {before, after} (the extra element of an odd
 /// total goes after): {top, bottom, left, right} for conv2d; conv1d takes the padding itself when
 /// before == after, else pad() the input first.

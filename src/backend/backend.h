@@ -52,6 +52,14 @@ inline std::pair<int64_t, int64_t> window_taps(int64_t start, int64_t dilation, 
   return {lo, std::max(lo, hi)};
 }
 
+/// An elementwise function applied to a kernel's result before it is written: a convolution's
+/// activation in inference (Backend::conv2d).
+struct Epilogue {
+  enum class Kind { None, Relu, Clip, HardSwish, HardSigmoid };
+  Kind kind = Kind::None;
+  double a = 0, b = 0;  // Clip: min and max; HardSigmoid: alpha and beta (min(max(a x + b, 0), 1))
+};
+
 /// The numbers of one Adam step (Backend::adam_step), worked out by the optimizer.
 struct AdamStep {
   double decay;       // the parameter's factor before the step: 1 - lr * weight_decay for AdamW, else 1
@@ -151,10 +159,10 @@ class Backend {
   // backend it is talking to, and the backward formulas stay the op's: these are building blocks
   // that the formulas call.
 
-  /// y (N, C_out, oh, ow) = x (N, C, h, w) convolved with w (C_out, C / groups, kh, kw), plus bias
-  /// (C_out) when defined. All contiguous; the backend checks the dtypes it takes.
+  /// y (N, C_out, oh, ow) = epilogue(x (N, C, h, w) convolved with w (C_out, C / groups, kh, kw),
+  /// plus bias (C_out) when defined). All contiguous; the backend checks the dtypes it takes.
   virtual bool conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Window2d& win, int64_t groups,
-                      const Tensor& y);
+                      const Epilogue& epilogue, const Tensor& y);
   /// gx (N, C, h, w) = the adjoint of conv2d in x applied to gy (N, C_out, oh, ow) (overwritten, not
   /// accumulated); w as conv2d's. All contiguous.
   virtual bool conv2d_backward_input(const Tensor& gy, const Tensor& w, const Window2d& win, int64_t groups,

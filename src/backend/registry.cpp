@@ -72,7 +72,8 @@ namespace detail {
 
 // A backend without its own kernels composes every convolution, optimizer step and BatchNorm pass
 // (Note [Optional primitives]).
-bool Backend::conv2d(const Tensor&, const Tensor&, const Tensor&, const Window2d&, int64_t, const Tensor&) {
+bool Backend::conv2d(const Tensor&, const Tensor&, const Tensor&, const Window2d&, int64_t, const Epilogue&,
+                     const Tensor&) {
   return false;
 }
 bool Backend::conv2d_backward_input(const Tensor&, const Tensor&, const Window2d&, int64_t, const Tensor&) {

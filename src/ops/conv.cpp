@@ -130,11 +130,26 @@ Tensor im2col(const Tensor& x, const Window2d& win, int64_t groups) {
 //
 // y (N, C_out, oh, ow) = w (C_out, C / G, kh, kw) convolved with x (N, C, h, w), plus bias; x and w
 // of one dtype, y and bias of that dtype or float32 for half x and w.
-Tensor conv_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Window2d& win, int64_t groups) {
+// The activation of an epilogue, applied with the ops (recorded when its input needs a gradient).
+Tensor apply_epilogue(const Tensor& y, const Epilogue& e) {
+  switch (e.kind) {
+    case Epilogue::Kind::None: return y;
+    case Epilogue::Kind::Relu: return relu(y);
+    case Epilogue::Kind::Clip: return clamp(y, e.a, e.b);
+    case Epilogue::Kind::HardSwish: return hardswish(y);
+    case Epilogue::Kind::HardSigmoid: return hardsigmoid(y, e.a, e.b);
+  }
+  return y;
+}
+
+Tensor conv_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Window2d& win, int64_t groups,
+                    const Epilogue& epilogue = Epilogue()) {
   const int64_t n = x.shape()[0], c_out = w.shape()[0];
   if (Tensor y = new_like(x, {n, c_out, win.oh, win.ow}, x.dtype());  // Note [Optional primitives]
-      backend_of(x).conv2d(contiguous(x), contiguous(w), bias.defined() ? contiguous(bias) : bias, win, groups, y))
+      backend_of(x).conv2d(contiguous(x), contiguous(w), bias.defined() ? contiguous(bias) : bias, win, groups,
+                           epilogue, y))
     return y;
+  if (epilogue.kind != Epilogue::Kind::None) return apply_epilogue(conv_forward(x, w, bias, win, groups), epilogue);
   if (groups > 1 && groups == x.shape()[1]) {
     if (!is_compute_type(x.dtype()))  // the direct kernel has no half form (Note [Autocast])
       return conv_forward(cast_raw(x, kFloat32), cast_raw(w, kFloat32), bias, win, groups);
@@ -199,11 +214,20 @@ Tensor conv_weight_grad(const Tensor& x, const ChannelMajor& g, const Window2d& 
 
 // conv over 4-d x and w (checked), recorded as one node; under autocast the node saves the rounded
 // operands and adds a float32 bias (Note [Autocast]).
-Tensor conv_recorded(const Tensor& x, const Tensor& w, const Tensor& bias_in, const Window2d& win, int64_t groups) {
+// With an epilogue, fused into the convolution only where nothing records: no gradient is needed
+// and no trace for export is active; otherwise the convolution's node and the activation's.
+Tensor conv_recorded(const Tensor& x, const Tensor& w, const Tensor& bias_in, const Window2d& win, int64_t groups,
+                     const Epilogue& epilogue = Epilogue()) {
+  if (epilogue.kind != Epilogue::Kind::None) {
+    const bool grads = is_grad_enabled() && (x.requires_grad() || w.requires_grad() ||
+                                             (bias_in.defined() && bias_in.requires_grad()));
+    if (grads || active_trace() != nullptr)
+      return apply_epilogue(conv_recorded(x, w, bias_in, win, groups), epilogue);
+  }
   const bool amp = conv_autocasts(x, w, bias_in);
   const Tensor bias = amp && bias_in.defined() ? cast(bias_in, kFloat32) : bias_in;
   const Tensor xs = operand(x, amp), ws = operand(w, amp);
-  Tensor out = conv_forward(xs, ws, bias.defined() ? bias.detach() : bias, win, groups);
+  Tensor out = conv_forward(xs, ws, bias.defined() ? bias.detach() : bias, win, groups, epilogue);
   traced("conv2d", out, {x, w, bias}, {{win.kh, win.kw, win.sh, win.sw, win.ph, win.pw, win.dh, win.dw, groups}, {}});
   return record("conv2d", out, {x, w, bias}, [xs, ws, win, groups](const Tensor& g, Grads& r) {
     const Tensor x = widened(xs), w = widened(ws);
@@ -216,7 +240,8 @@ Tensor conv_recorded(const Tensor& x, const Tensor& w, const Tensor& bias_in, co
 
 // conv1d and conv2d after the tensor checks: the geometry per spatial axis (pads as {before, after}).
 Tensor conv_nd(const char* op, const Tensor& x, const Tensor& w, const Tensor& bias, const std::vector<int64_t>& stride,
-               const std::vector<int64_t>& pads, const std::vector<int64_t>& dilation, int64_t groups) {
+               const std::vector<int64_t>& pads, const std::vector<int64_t>& dilation, int64_t groups,
+               const Epilogue& epilogue = Epilogue()) {
   check_positive(stride, op, "stride");
   check_positive(dilation, op, "dilation");
   check_non_negative(pads, op, "padding");
@@ -237,9 +262,9 @@ Tensor conv_nd(const char* op, const Tensor& x, const Tensor& w, const Tensor& b
     BRAID_CHECK(span[a] <= padded[a], op, ": the kernel (spanning ", shape_str(span), " with dilation ",
                 shape_str(dilation), ") is larger than the padded input ", shape_str(padded), " (input shape ",
                 shape_str(x.shape()), ", weight shape ", shape_str(w.shape()), ")");
-  if (spatial == 2) return conv_recorded(x, w, bias, make_window(axes[0], axes[1]), groups);
+  if (spatial == 2) return conv_recorded(x, w, bias, make_window(axes[0], axes[1]), groups, epilogue);
   const Axis unit{1, 1, 1, 1, 0, 1};  // conv1d is conv2d over a height of 1
-  return conv_recorded(x.unsqueeze(2), w.unsqueeze(2), bias, make_window(unit, axes[0]), groups).squeeze(2);
+  return conv_recorded(x.unsqueeze(2), w.unsqueeze(2), bias, make_window(unit, axes[0]), groups, epilogue).squeeze(2);
 }
 
 // PyTorch's pooling output size: floor (or ceil) of the window count, where with ceil_mode the
@@ -313,20 +338,49 @@ Tensor conv1d(const Tensor& x, const Tensor& weight, const Tensor& bias, int64_t
   return conv_nd("conv1d", x, weight, bias, {stride}, {padding, padding}, {dilation}, groups);
 }
 
+namespace {
+
+// conv2d after its unbatched form is batched: the checks and the padding forms, then conv_nd.
+Tensor conv2d_with(const Tensor& x, const Tensor& weight, const Tensor& bias, const std::vector<int64_t>& stride,
+                   const std::vector<int64_t>& padding, const std::vector<int64_t>& dilation, int64_t groups,
+                   const Epilogue& epilogue, const char* op) {
+  check_conv(op, x, weight, bias, groups, 2, false);
+  BRAID_CHECK(padding.size() == 1 || padding.size() == 2 || padding.size() == 4, op,
+              ": padding must have 1, 2 or 4 values, got ", shape_str(padding));
+  std::vector<int64_t> pads = padding;
+  if (padding.size() < 4) {
+    const std::vector<int64_t> p = per_axis(padding, 2, op, "padding");
+    pads = {p[0], p[0], p[1], p[1]};
+  }
+  return conv_nd(op, x, weight, bias, per_axis(stride, 2, op, "stride"), pads, per_axis(dilation, 2, op, "dilation"),
+                 groups, epilogue);
+}
+
+}  // namespace
+
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const std::vector<int64_t>& stride,
               const std::vector<int64_t>& padding, const std::vector<int64_t>& dilation, int64_t groups) {
   if (x.defined() && x.dim() == 3)
     return conv2d(x.unsqueeze(0), weight, bias, stride, padding, dilation, groups).squeeze(0);
-  check_conv("conv2d", x, weight, bias, groups, 2, false);
-  BRAID_CHECK(padding.size() == 1 || padding.size() == 2 || padding.size() == 4,
-              "conv2d: padding must have 1, 2 or 4 values, got ", shape_str(padding));
-  std::vector<int64_t> pads = padding;
-  if (padding.size() < 4) {
-    const std::vector<int64_t> p = per_axis(padding, 2, "conv2d", "padding");
-    pads = {p[0], p[0], p[1], p[1]};
-  }
-  return conv_nd("conv2d", x, weight, bias, per_axis(stride, 2, "conv2d", "stride"), pads,
-                 per_axis(dilation, 2, "conv2d", "dilation"), groups);
+  return conv2d_with(x, weight, bias, stride, padding, dilation, groups, Epilogue(), "conv2d");
+}
+
+Tensor conv2d_activation(const Tensor& x, const Tensor& weight, const Tensor& bias, const std::vector<int64_t>& stride,
+                         const std::vector<int64_t>& padding, const std::vector<int64_t>& dilation, int64_t groups,
+                         const std::string& activation, double a, double b) {
+  static const std::pair<const char*, Epilogue::Kind> kKinds[] = {{"relu", Epilogue::Kind::Relu},
+                                                                   {"clip", Epilogue::Kind::Clip},
+                                                                   {"hardswish", Epilogue::Kind::HardSwish},
+                                                                   {"hardsigmoid", Epilogue::Kind::HardSigmoid}};
+  Epilogue e;
+  for (const auto& [name, kind] : kKinds)
+    if (activation == name) e = {kind, a, b};
+  BRAID_CHECK(e.kind != Epilogue::Kind::None, "conv2d_activation: unknown activation '", activation,
+              "'; known: relu, clip, hardswish, hardsigmoid");
+  if (x.defined() && x.dim() == 3)
+    return conv2d_activation(x.unsqueeze(0), weight, bias, stride, padding, dilation, groups, activation, a, b)
+        .squeeze(0);
+  return conv2d_with(x, weight, bias, stride, padding, dilation, groups, e, "conv2d_activation");
 }
 
 std::vector<int64_t> conv_padding_same(const std::vector<int64_t>& kernel, const std::vector<int64_t>& dilation) {

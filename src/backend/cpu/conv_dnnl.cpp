@@ -7,7 +7,10 @@
 
 #include <oneapi/dnnl/dnnl.hpp>
 
+#include <algorithm>
 #include <array>
+#include <cstring>
+#include <iterator>
 #include <cstdlib>
 #include <mutex>
 #include <optional>
@@ -35,8 +38,9 @@ using Tag = memory::format_tag;
 
 enum class Pass : int64_t { Forward, BackwardData, BackwardWeights };
 
-// The pass and the geometry: Pass, N, C, h, w, C_out, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw, groups, bias.
-using Key = std::array<int64_t, 18>;
+// The pass and the geometry: Pass, N, C, h, w, C_out, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw, groups, bias,
+// and the forward's epilogue: its kind and the bits of its two numbers.
+using Key = std::array<int64_t, 21>;
 
 struct KeyHash {
   size_t operator()(const Key& k) const {
@@ -84,7 +88,31 @@ Geometry geometry(const Key& k) {
   return g;
 }
 
-dnnl::convolution_forward::primitive_desc forward_pd(const Geometry& g, bool bias) {
+// The epilogue as oneDNN post-ops (HardSigmoid as a linear map and a clip), from the key.
+dnnl::primitive_attr epilogue_attr(const Key& k) {
+  dnnl::post_ops ops;
+  float a, b;
+  const int32_t abits = static_cast<int32_t>(k[19]), bbits = static_cast<int32_t>(k[20]);
+  std::memcpy(&a, &abits, sizeof a);
+  std::memcpy(&b, &bbits, sizeof b);
+  using A = dnnl::algorithm;
+  switch (static_cast<Epilogue::Kind>(k[18])) {
+    case Epilogue::Kind::None: break;
+    case Epilogue::Kind::Relu: ops.append_eltwise(1.f, A::eltwise_relu, 0.f, 0.f); break;
+    case Epilogue::Kind::Clip: ops.append_eltwise(1.f, A::eltwise_clip, a, b); break;
+    case Epilogue::Kind::HardSwish: ops.append_eltwise(1.f, A::eltwise_hardswish, 0.f, 0.f); break;
+    case Epilogue::Kind::HardSigmoid:
+      ops.append_eltwise(1.f, A::eltwise_linear, a, b);
+      ops.append_eltwise(1.f, A::eltwise_clip, 0.f, 1.f);
+      break;
+  }
+  dnnl::primitive_attr attr;
+  attr.set_post_ops(ops);
+  return attr;
+}
+
+dnnl::convolution_forward::primitive_desc forward_pd(const Geometry& g, bool bias,
+                                                     const dnnl::primitive_attr& attr = dnnl::primitive_attr()) {
   using F = dnnl::convolution_forward;
   const auto kind = dnnl::prop_kind::forward_training;
   const auto algo = dnnl::algorithm::convolution_direct;
@@ -92,7 +120,7 @@ dnnl::convolution_forward::primitive_desc forward_pd(const Geometry& g, bool bia
                                    any_desc(g.dst), g.strides, g.dilates, g.pad_l, g.pad_r)
                          : F::desc(kind, algo, any_desc(g.src), any_desc(g.weights), any_desc(g.dst), g.strides,
                                    g.dilates, g.pad_l, g.pad_r);
-  return F::primitive_desc(d, engine());
+  return F::primitive_desc(d, attr, engine());
 }
 
 Plan build(const Key& key) {
@@ -102,12 +130,14 @@ Plan build(const Key& key) {
   const auto fwd = forward_pd(g, bias);
   Plan p;
   switch (static_cast<Pass>(key[0])) {
-    case Pass::Forward:
-      p.prim = dnnl::convolution_forward(fwd);
+    case Pass::Forward: {
+      const auto fused = key[18] == 0 ? fwd : forward_pd(g, bias, epilogue_attr(key));
+      p.prim = dnnl::convolution_forward(fused);
       p.args = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST};
       p.plain = {plain_desc(g.src), plain_desc(g.weights), plain_desc(g.dst)};
-      p.chosen = {fwd.src_desc(), fwd.weights_desc(), fwd.dst_desc()};
+      p.chosen = {fused.src_desc(), fused.weights_desc(), fused.dst_desc()};
       break;
+    }
     case Pass::BackwardData: {
       using B = dnnl::convolution_backward_data;
       const B::primitive_desc pd(
@@ -219,26 +249,19 @@ void execute(const Plan& p, const void* in0, const void* in1, const void* bias, 
   stream.wait();
 }
 
-// The key of a convolution of x (N, C, h, w) by a weight (C_out, C / groups, kh, kw).
-Key key_of(Pass pass, const Shape& x, int64_t c_out, const Window2d& win, int64_t groups, bool bias) {
-  return {static_cast<int64_t>(pass),
-          x[0],
-          x[1],
-          win.h,
-          win.w,
-          c_out,
-          win.oh,
-          win.ow,
-          win.kh,
-          win.kw,
-          win.sh,
-          win.sw,
-          win.ph,
-          win.pw,
-          win.dh,
-          win.dw,
-          groups,
-          bias ? 1 : 0};
+// The key of a convolution of x (N, C, h, w) by a weight (C_out, C / groups, kh, kw); the epilogue's
+// numbers are kept as float32 bits, the precision oneDNN takes them in.
+Key key_of(Pass pass, const Shape& x, int64_t c_out, const Window2d& win, int64_t groups, bool bias,
+           const Epilogue& e = Epilogue()) {
+  const float a = static_cast<float>(e.a), b = static_cast<float>(e.b);
+  int32_t abits, bbits;
+  std::memcpy(&abits, &a, sizeof a);
+  std::memcpy(&bbits, &b, sizeof b);
+  Key k{static_cast<int64_t>(pass), x[0], x[1], win.h, win.w, c_out, win.oh, win.ow, win.kh, win.kw, win.sh};
+  const int64_t rest[] = {win.sw, win.ph, win.pw, win.dh, win.dw, groups, bias ? 1 : 0, static_cast<int64_t>(e.kind),
+                          abits, bbits};
+  std::copy(std::begin(rest), std::end(rest), k.begin() + 11);
+  return k;
 }
 
 bool float32s(std::initializer_list<const Tensor*> ts) {
@@ -250,9 +273,9 @@ bool float32s(std::initializer_list<const Tensor*> ts) {
 }  // namespace
 
 bool CpuBackend::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Window2d& win, int64_t groups,
-                        const Tensor& y) {
+                        const Epilogue& epilogue, const Tensor& y) {
   if (!float32s({&x, &w, &bias, &y}) || y.numel() == 0) return false;
-  const Plan* p = plan_for(key_of(Pass::Forward, x.shape(), w.shape()[0], win, groups, bias.defined()));
+  const Plan* p = plan_for(key_of(Pass::Forward, x.shape(), w.shape()[0], win, groups, bias.defined(), epilogue));
   if (!p) return false;
   execute(*p, x.raw_data(), w.raw_data(), bias.defined() ? bias.raw_data() : nullptr, y.raw_data());
   return true;

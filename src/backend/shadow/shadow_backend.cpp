@@ -97,9 +97,9 @@ class ShadowBackend final : public Backend {
   }
   // The optional primitives too, so that the shadow device computes what the CPU does, bit for bit.
   bool conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Window2d& win, int64_t groups,
-              const Tensor& y) override {
+              const Epilogue& epilogue, const Tensor& y) override {
     const char* op = "conv2d";
-    return cpu().conv2d(host(op, y, x), host(op, y, w), host(op, y, bias), win, groups, host(op, y, y));
+    return cpu().conv2d(host(op, y, x), host(op, y, w), host(op, y, bias), win, groups, epilogue, host(op, y, y));
   }
   bool conv2d_backward_input(const Tensor& gy, const Tensor& w, const Window2d& win, int64_t groups,
                              const Tensor& gx) override {

@@ -1,0 +1,296 @@
+// The executor of an ONNX graph (Note [Executing an ONNX graph] in module.cpp): the scope of named
+// values, the plan OnnxModule precomputes for its top-level graph (value lifetimes, the Conv +
+// BatchNormalization pairs to fold and the activations to fuse), and the Executor that runs a graph's
+// nodes through the op registry. Internal to onnx/: module.cpp runs whole graphs with it, and
+// to_sequential's segments run their slices of one.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <limits>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "braid/autograd.h"
+#include "braid/onnx/module.h"
+#include "braid/ops.h"
+#include "ops_util.h"
+
+namespace braid::onnx {
+
+// ---- execution ----
+
+struct Scope {
+  const Scope* parent = nullptr;
+  std::map<std::string, Tensor> values;
+  const Tensor* find(const std::string& name) const {
+    for (const Scope* s = this; s != nullptr; s = s->parent) {
+      auto it = s->values.find(name);
+      if (it != s->values.end()) return &it->second;
+    }
+    return nullptr;
+  }
+};
+
+/// What OnnxModule precomputes about its top-level graph (see make_plan).
+struct ExecPlan {
+  std::vector<std::vector<std::string>> release_after;  // values whose last use is node i
+  std::map<size_t, size_t> conv_bn;                     // Conv node -> the BatchNormalization it feeds
+  std::map<size_t, size_t> conv_act;  // Conv (or folded BatchNormalization) node -> the activation it alone feeds
+};
+
+class Executor {
+ public:
+  Executor(const Model& m, const OpRegistry& r, bool training, std::map<std::string, OnnxModule::OpTime>* profile)
+      : model_(m), registry_(r), training_(training), profile_(profile) {}
+
+  /// Runs g's nodes in scope; returns g's outputs. With a plan (the top-level graph), values are
+  /// released after their last use and, in inference, Conv+BatchNormalization pairs run folded.
+  std::vector<Tensor> run_graph(const Graph& g, Scope& scope, const ExecPlan* plan = nullptr) {
+    const bool fold = plan != nullptr && !training_ && !is_grad_enabled();
+    for (size_t i = 0; i < g.nodes.size(); ++i) {
+      if (fold) {
+        auto it = plan->conv_bn.find(i);
+        // Note [Fusing activations into Conv]
+        // In inference an activation (Relu, Clip, HardSwish, HardSigmoid) that alone reads a Conv's
+        // output (or the output of the BatchNormalization folded into it) runs as the convolution's
+        // epilogue (braid::conv2d_activation: oneDNN's post-ops on the CPU), so its pass over the
+        // activations, which onnxruntime never makes either, disappears.
+        const size_t last = it != plan->conv_bn.end() ? it->second : i;
+        auto a = plan->conv_act.find(last);
+        ops::FusedActivation act;
+        const Node* act_node =
+            a != plan->conv_act.end() && fusable(g.nodes[i], g.nodes[a->second], scope, act) ? &g.nodes[a->second] : nullptr;
+        if (it != plan->conv_bn.end()) {
+          if (run_folded(g.nodes[i], g.nodes[it->second], scope, act_node ? &act : nullptr, act_node)) {
+            skip_.insert(it->second);
+            if (act_node) skip_.insert(a->second);
+            release(plan, i, scope);
+            continue;
+          }
+        } else if (act_node) {
+          run_node(g.nodes[i], scope, &act, act_node);
+          skip_.insert(a->second);
+          release(plan, i, scope);
+          continue;
+        }
+        if (skip_.count(i) != 0) {
+          release(plan, i, scope);
+          continue;
+        }
+      }
+      run_node(g.nodes[i], scope);
+      release(plan, i, scope);
+    }
+    std::vector<Tensor> out;
+    for (const ValueInfo& o : g.outputs) {
+      const Tensor* t = scope.find(o.name);
+      if (t == nullptr || !t->defined())
+        throw ValueError(detail::cat(model_.path, ": graph output '", o.name, "' was not computed"));
+      out.push_back(*t);
+    }
+    return out;
+  }
+
+  std::vector<Tensor> run_subgraph(const Graph& g, const std::vector<Tensor>& inputs) {
+    BRAID_CHECK(inputs.size() <= g.inputs.size(), model_.path, ": subgraph '", g.name, "' takes ", g.inputs.size(),
+                " inputs, got ", inputs.size());
+    Scope scope;
+    scope.parent = current_;
+    for (const auto& [name, t] : g.initializers) scope.values[name] = t;
+    for (size_t i = 0; i < inputs.size(); ++i) scope.values[g.inputs[i].name] = inputs[i];
+    const Scope* saved = current_;
+    current_ = &scope;
+    try {
+      auto out = run_graph(g, scope);
+      current_ = saved;
+      return out;
+    } catch (...) {
+      current_ = saved;
+      throw;
+    }
+  }
+
+  void set_current(const Scope* s) { current_ = s; }
+  /// Where the graph runs: the device of the caller's inputs (Note [Graph values on the device]).
+  void set_device(Device d) { device_ = d; }
+  Device device() const { return device_; }
+
+ private:
+  void release(const ExecPlan* plan, size_t i, Scope& scope) {
+    if (plan == nullptr) return;
+    for (const std::string& name : plan->release_after[i]) scope.values.erase(name);
+  }
+
+  // Note [Folding BatchNormalization into Conv]
+  // In inference (eval mode, no gradients) y = BN(conv(x, W, b)) is one convolution with
+  // W' = W s and b' = (b - mean) s + beta per output channel, s = gamma / sqrt(var + eps): one pass
+  // over the activations instead of three. The folded weights are computed from the current
+  // parameters on every run (their size is the weights', not the activations'), so fine-tuning and
+  // load_state_dict need no invalidation; training runs the graph as written.
+  bool run_folded(const Node& conv, const Node& bn, Scope& scope, const ops::FusedActivation* act = nullptr,
+                  const Node* act_node = nullptr) {
+    auto get = [&](const std::string& name) {
+      const Tensor* t = scope.find(name);
+      return t == nullptr ? Tensor() : *t;
+    };
+    Tensor x = get(conv.inputs[0]), w = get(conv.inputs[1]);
+    Tensor b = conv.inputs.size() > 2 && !conv.inputs[2].empty() ? get(conv.inputs[2]) : Tensor();
+    Tensor gamma = get(bn.inputs[1]), beta = get(bn.inputs[2]), mean_ = get(bn.inputs[3]), var_ = get(bn.inputs[4]);
+    for (const Tensor* t : {&x, &w, &gamma, &beta, &mean_, &var_})
+      if (!t->defined() || (t->dtype() != kFloat32 && t->dtype() != kFloat64)) return false;
+    if (w.dim() < 3 || gamma.numel() != w.size(0)) return false;
+    const auto start = profile_ != nullptr ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
+    auto eps_it = bn.attributes.find("epsilon");
+    const double eps = eps_it == bn.attributes.end() ? 1e-5 : eps_it->second.f;
+    Tensor scale = gamma * rsqrt(var_ + eps);
+    Shape ws(static_cast<size_t>(w.dim()), 1);
+    ws[0] = w.size(0);
+    Tensor w2 = w * reshape(scale, ws);
+    Tensor b2 = ((b.defined() ? b : zeros_like(mean_)) - mean_) * scale + beta;
+    const OpSchema* s = registry_.find(conv.domain, conv.op_type);
+    std::vector<Tensor> outputs;
+    try {
+      OpContext ctx(conv, model_.opset(conv.domain), training_, {x, w2, b2}, this);
+      outputs = act ? ops::conv_fused(ctx, *act) : s->run(ctx);
+    } catch (const Error& e) {
+      throw ValueError(detail::cat(model_.path, ": ", conv.label(), " (folded with ", bn.label(), "): ", e.what()));
+    }
+    scope.values[act_node ? act_node->outputs[0] : bn.outputs[0]] = outputs.at(0);
+    if (profile_ != nullptr) {
+      auto& slot = (*profile_)[act_node ? "Conv+BatchNormalization+" + act_node->op_type : "Conv+BatchNormalization"];
+      slot.ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+      slot.calls++;
+    }
+    return true;
+  }
+
+  template <typename E>
+  [[noreturn]] void rethrow_as(const E& e, const Node& n) {
+    throw E(detail::cat(model_.path, ": ", n.label(), ": ", e.what()));
+  }
+
+  // Whether act (an activation node the plan paired with conv) can run as conv's epilogue in this
+  // run, and which: a 1-d or 2-d convolution, and Clip's bounds known numbers.
+  bool fusable(const Node& conv, const Node& act, const Scope& scope, ops::FusedActivation& out) const {
+    const Tensor* x = scope.find(conv.inputs[0]);
+    if (x == nullptr || (x->dim() != 3 && x->dim() != 4)) return false;
+    auto attr_f = [&](const char* name, double fallback) {
+      auto it = act.attributes.find(name);
+      return it == act.attributes.end() ? fallback : static_cast<double>(it->second.f);
+    };
+    if (act.op_type == "Relu") out = {"relu"};
+    else if (act.op_type == "HardSwish") out = {"hardswish"};
+    else if (act.op_type == "HardSigmoid") out = {"hardsigmoid", attr_f("alpha", 0.2), attr_f("beta", 0.5)};
+    else if (act.op_type == "Clip") {
+      const double lowest = std::numeric_limits<float>::lowest(), highest = std::numeric_limits<float>::max();
+      out = {"clip", attr_f("min", lowest), attr_f("max", highest)};  // opsets before 11
+      for (size_t k = 1; k < act.inputs.size() && k < 3; ++k) {  // opset 11 on: optional scalar inputs
+        if (act.inputs[k].empty()) continue;
+        const Tensor* t = scope.find(act.inputs[k]);
+        if (t == nullptr || !t->defined() || t->numel() != 1 || !is_floating(t->dtype())) return false;
+        (k == 1 ? out.a : out.b) = t->item();
+      }
+    } else {
+      return false;
+    }
+    return true;
+  }
+
+  void run_node(const Node& n, Scope& scope, const ops::FusedActivation* act = nullptr, const Node* act_node = nullptr) {
+    const OpSchema* s = registry_.find(n.domain, n.op_type);
+    if (s == nullptr)
+      throw NotImplementedError(detail::cat(model_.path, ": ", n.label(), ": op '", n.op_type, "' is not supported"));
+    std::vector<Tensor> inputs;
+    inputs.reserve(n.inputs.size());
+    DType half = kFloat32;
+    bool has_half = false;
+    for (const std::string& name : n.inputs) {
+      if (name.empty()) {
+        inputs.emplace_back();
+        continue;
+      }
+      const Tensor* t = scope.find(name);
+      if (t == nullptr)
+        throw ValueError(detail::cat(model_.path, ": ", n.label(), ": input '", name, "' has no value"));
+      Tensor v = *t;
+      if (s->half_via_float && v.defined() && (v.dtype() == kFloat16 || v.dtype() == kBFloat16)) {
+        has_half = true;
+        half = v.dtype();
+        v = cast(v, kFloat32);
+      }
+      if (v.defined() && v.device() != device_) v = v.to(device_);
+      inputs.push_back(std::move(v));
+    }
+    std::vector<Tensor> outputs;
+    const auto start = profile_ != nullptr ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
+    const Scope* saved = current_;
+    current_ = &scope;
+    try {
+      OpContext ctx(n, model_.opset(n.domain), training_, std::move(inputs), this);
+      outputs = act ? ops::conv_fused(ctx, *act) : s->run(ctx);
+    } catch (const NotImplementedError& e) {
+      current_ = saved;
+      rethrow_as(e, n);
+    } catch (const IndexError& e) {
+      current_ = saved;
+      rethrow_as(e, n);
+    } catch (const TypeError& e) {
+      current_ = saved;
+      rethrow_as(e, n);
+    } catch (const ValueError& e) {
+      current_ = saved;
+      rethrow_as(e, n);
+    } catch (const DistributedError&) {
+      current_ = saved;
+      throw;
+    } catch (const Error& e) {
+      current_ = saved;
+      rethrow_as(e, n);
+    }
+    current_ = saved;
+    if (profile_ != nullptr) {
+      auto& slot = (*profile_)[act_node ? n.op_type + "+" + act_node->op_type : n.op_type];
+      slot.ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+      slot.calls++;
+    }
+    if (outputs.size() < n.outputs.size()) {
+      // Trailing optional outputs may be left undefined only if nobody asked for them.
+      for (size_t i = outputs.size(); i < n.outputs.size(); ++i)
+        if (!n.outputs[i].empty())
+          throw NotImplementedError(detail::cat(model_.path, ": ", n.label(), ": output ", i, " ('", n.outputs[i],
+                                                "') is not produced by braid's ", n.op_type));
+    }
+    const std::vector<std::string>& names = act_node ? act_node->outputs : n.outputs;  // fused: the activation's
+    for (size_t i = 0; i < names.size(); ++i) {
+      if (names[i].empty()) continue;
+      Tensor t = outputs[i];
+      if (!t.defined())
+        throw NotImplementedError(detail::cat(model_.path, ": ", n.label(), ": output ", i, " ('", n.outputs[i],
+                                              "') is not produced by braid's ", n.op_type));
+      if (has_half && is_floating(t.dtype()) && t.dtype() != half) t = cast(t, half);
+      // Note [Graph values on the device]
+      // Values an op makes from attributes or from the host (Constant, Shape, ConstantOfShape, index
+      // lists) start on the CPU; every value the graph hands on lives on the device the caller's
+      // inputs are on, as onnxruntime places initialisers and constants on its execution provider.
+      if (t.device() != device_) t = t.to(device_);
+      scope.values[names[i]] = std::move(t);
+    }
+  }
+
+  const Model& model_;
+  const OpRegistry& registry_;
+  bool training_;
+  Device device_;
+  const Scope* current_ = nullptr;
+  std::map<std::string, OnnxModule::OpTime>* profile_;
+  std::set<size_t> skip_;  // BatchNormalization and activation nodes fused into their Conv in this run
+};
+
+/// Value lifetimes, Conv+BatchNormalization folding and activation fusion for the top-level graph g.
+std::shared_ptr<ExecPlan> make_plan(const Graph& g, const std::map<std::string, Tensor>& weights);
+
+}  // namespace braid::onnx
