@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Builds braid with the CUDA backend here (the release tree build/, where CUDA is found) and packs what a GPU machine without braid's
+# Builds braid with the CUDA backend here (a release tree of its own, build-gpu/, without oneDNN:
+# the GPU checks compare CUDA with the CPU backend's own kernels, and oneDNN's 40 MB library would not
+# fit in what the device tool carries) and packs what a GPU machine without braid's
 # dependencies needs to run its GPU checks into build/bundle/: the test programs and braid-train,
 # libbraid.so and every shared library they load that is not part of the CUDA toolkit (OpenBLAS, MPICH,
 # protobuf, the ONNX library, libstdc++ and glibc with its loader, for machines whose glibc is older),
@@ -11,17 +13,18 @@
 # The device tool carries at most 64 MiB; the script prints the bundle's size and fails above 60 MiB.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-build=${BRAID_GPU_BUILD:-build}
+build=${BRAID_GPU_BUILD:-build-gpu}
 jobs=${BRAID_JOBS:-2}
 
 if [[ ! -f "$build/meson-private/coredata.dat" ]]; then
-  meson setup "$build" -Dbuildtype=release -Dwerror=true -Dcuda=enabled -Dtests=enabled -Dbenchmarks=enabled
+  meson setup "$build" -Dbuildtype=release -Dwerror=true -Dcuda=enabled -Ddnnl=disabled -Dtests=enabled \
+    -Dbenchmarks=enabled
 fi
 grep -q '#define BRAID_HAVE_CUDA' "$build/include/braid/config.h" ||
   { echo "gpu_bundle: $build is configured without CUDA (meson configure $build -Dcuda=enabled)" >&2; exit 1; }
 ninja -C "$build" -j "$jobs"
 
-out="$build/bundle"
+out=build/bundle  # where scripts/gpu_check.sh looks, whichever tree made it
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 rm -rf "$out"

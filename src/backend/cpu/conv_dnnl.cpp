@@ -13,6 +13,7 @@
 #include <iterator>
 #include <cstdlib>
 #include <mutex>
+#include <memory>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -31,10 +32,11 @@ using Tag = memory::format_tag;
 // the operands that the chosen kernel wants blocked into scratch buffers, runs, and reorders its
 // result back: the same thing PyTorch does for plain tensors, a pass over each operand that costs
 // far less than the convolution it buys. A primitive is built once per geometry (its JIT kernel
-// compiled then) and kept in a process-wide cache. The three passes are oneDNN's forward, backward
-// data and backward weights; the bias gradient stays the sum that src/ops/conv.cpp writes. A
-// geometry oneDNN refuses (it throws while building) is remembered as refused, so the composite
-// path takes it from then on without asking again.
+// compiled then) and kept in a process-wide cache of up to 1024 geometries. The three passes are
+// oneDNN's forward (with an activation as a post-op, Note [Fusing activations into Conv] in
+// onnx/executor.h), backward data and backward weights; the bias gradient stays the sum that
+// src/ops/conv.cpp writes. A geometry oneDNN refuses (it throws while building) is remembered as
+// refused, so the composite path takes it from then on without asking again.
 
 enum class Pass : int64_t { Forward, BackwardData, BackwardWeights };
 
@@ -184,21 +186,27 @@ bool wanted(const Key& key) {
 }
 
 // The plan of a geometry, built on first use; nullptr when oneDNN refuses it or is not wanted.
-const Plan* plan_for(const Key& key) {
+// The cache holds at most kMaxPlans geometries (a model whose input sizes vary from call to call
+// would otherwise grow it without end): past that it starts afresh. A plan in use stays alive
+// through its shared_ptr while the cache lets go of it.
+constexpr size_t kMaxPlans = 1024;
+
+std::shared_ptr<const Plan> plan_for(const Key& key) {
   if (!wanted(key)) return nullptr;
   static std::mutex mu;
-  static std::unordered_map<Key, std::optional<Plan>, KeyHash> cache;
+  static std::unordered_map<Key, std::shared_ptr<const Plan>, KeyHash> cache;
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache.find(key);
   if (it == cache.end()) {
-    std::optional<Plan> plan;
+    std::shared_ptr<const Plan> plan;
     try {
-      plan = build(key);
+      plan = std::make_shared<const Plan>(build(key));
     } catch (const dnnl::error&) {  // no kernel for this geometry: the composite path serves it
     }
+    if (cache.size() >= kMaxPlans) cache.clear();
     it = cache.emplace(key, std::move(plan)).first;
   }
-  return it->second ? &*it->second : nullptr;
+  return it->second;
 }
 
 // Scratch memory from the CPU backend's block cache, for an operand in the kernel's layout.
@@ -275,7 +283,7 @@ bool float32s(std::initializer_list<const Tensor*> ts) {
 bool CpuBackend::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Window2d& win, int64_t groups,
                         const Epilogue& epilogue, const Tensor& y) {
   if (!float32s({&x, &w, &bias, &y}) || y.numel() == 0) return false;
-  const Plan* p = plan_for(key_of(Pass::Forward, x.shape(), w.shape()[0], win, groups, bias.defined(), epilogue));
+  const std::shared_ptr<const Plan> p = plan_for(key_of(Pass::Forward, x.shape(), w.shape()[0], win, groups, bias.defined(), epilogue));
   if (!p) return false;
   execute(*p, x.raw_data(), w.raw_data(), bias.defined() ? bias.raw_data() : nullptr, y.raw_data());
   return true;
@@ -284,7 +292,7 @@ bool CpuBackend::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, co
 bool CpuBackend::conv2d_backward_input(const Tensor& gy, const Tensor& w, const Window2d& win, int64_t groups,
                                        const Tensor& gx) {
   if (!float32s({&gy, &w, &gx}) || gx.numel() == 0 || gy.numel() == 0) return false;
-  const Plan* p = plan_for(key_of(Pass::BackwardData, gx.shape(), w.shape()[0], win, groups, false));
+  const std::shared_ptr<const Plan> p = plan_for(key_of(Pass::BackwardData, gx.shape(), w.shape()[0], win, groups, false));
   if (!p) return false;
   execute(*p, gy.raw_data(), w.raw_data(), nullptr, gx.raw_data());
   return true;
@@ -293,7 +301,7 @@ bool CpuBackend::conv2d_backward_input(const Tensor& gy, const Tensor& w, const 
 bool CpuBackend::conv2d_backward_weight(const Tensor& x, const Tensor& gy, const Window2d& win, int64_t groups,
                                         const Tensor& gw) {
   if (!float32s({&x, &gy, &gw}) || gw.numel() == 0 || gy.numel() == 0) return false;
-  const Plan* p = plan_for(key_of(Pass::BackwardWeights, x.shape(), gw.shape()[0], win, groups, false));
+  const std::shared_ptr<const Plan> p = plan_for(key_of(Pass::BackwardWeights, x.shape(), gw.shape()[0], win, groups, false));
   if (!p) return false;
   execute(*p, x.raw_data(), gy.raw_data(), nullptr, gw.raw_data());
   return true;
