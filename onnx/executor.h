@@ -35,11 +35,26 @@ struct Scope {
   }
 };
 
+/// An activation that make_plan found after a Conv (Note [Fusing activations into Conv]).
+struct ActFusion {
+  std::vector<size_t> nodes;  // one activation node, or HardSwish written out as Add, Clip, Mul, Div
+  std::string label;          // its name in profiles: the op type, or "HardSwish"
+};
+
 /// What OnnxModule precomputes about its top-level graph (see make_plan).
 struct ExecPlan {
   std::vector<std::vector<std::string>> release_after;  // values whose last use is node i
   std::map<size_t, size_t> conv_bn;                     // Conv node -> the BatchNormalization it feeds
-  std::map<size_t, size_t> conv_act;  // Conv (or folded BatchNormalization) node -> the activation it alone feeds
+  std::map<size_t, ActFusion> conv_act;                 // Conv (or folded BatchNormalization) -> its activation
+  std::map<std::string, double> constants;  // one-element Constant nodes' values, known before they run
+};
+
+/// A Conv's run with an activation fused (all null when none): the activation, the value name it
+/// writes, and its profile label.
+struct Fused {
+  const ops::FusedActivation* act = nullptr;
+  const std::string* output = nullptr;
+  const std::string* label = nullptr;
 };
 
 class Executor {
@@ -62,18 +77,21 @@ class Executor {
         const size_t last = it != plan->conv_bn.end() ? it->second : i;
         auto a = plan->conv_act.find(last);
         ops::FusedActivation act;
-        const Node* act_node =
-            a != plan->conv_act.end() && fusable(g.nodes[i], g.nodes[a->second], scope, act) ? &g.nodes[a->second] : nullptr;
+        const ActFusion* fusion =
+            a != plan->conv_act.end() && fusable(g, g.nodes[i], g.nodes[last].outputs[0], a->second, scope, *plan, act)
+                ? &a->second
+                : nullptr;
+        const Fused fused = fusion ? Fused{&act, &g.nodes[fusion->nodes.back()].outputs[0], &fusion->label} : Fused();
         if (it != plan->conv_bn.end()) {
-          if (run_folded(g.nodes[i], g.nodes[it->second], scope, act_node ? &act : nullptr, act_node)) {
+          if (run_folded(g.nodes[i], g.nodes[it->second], scope, fused)) {
             skip_.insert(it->second);
-            if (act_node) skip_.insert(a->second);
+            if (fusion) skip_.insert(fusion->nodes.begin(), fusion->nodes.end());
             release(plan, i, scope);
             continue;
           }
-        } else if (act_node) {
-          run_node(g.nodes[i], scope, &act, act_node);
-          skip_.insert(a->second);
+        } else if (fusion) {
+          run_node(g.nodes[i], scope, fused);
+          skip_.insert(fusion->nodes.begin(), fusion->nodes.end());
           release(plan, i, scope);
           continue;
         }
@@ -131,8 +149,7 @@ class Executor {
   // over the activations instead of three. The folded weights are computed from the current
   // parameters on every run (their size is the weights', not the activations'), so fine-tuning and
   // load_state_dict need no invalidation; training runs the graph as written.
-  bool run_folded(const Node& conv, const Node& bn, Scope& scope, const ops::FusedActivation* act = nullptr,
-                  const Node* act_node = nullptr) {
+  bool run_folded(const Node& conv, const Node& bn, Scope& scope, const Fused& fused = Fused()) {
     auto get = [&](const std::string& name) {
       const Tensor* t = scope.find(name);
       return t == nullptr ? Tensor() : *t;
@@ -155,13 +172,13 @@ class Executor {
     std::vector<Tensor> outputs;
     try {
       OpContext ctx(conv, model_.opset(conv.domain), training_, {x, w2, b2}, this);
-      outputs = act ? ops::conv_fused(ctx, *act) : s->run(ctx);
+      outputs = fused.act ? ops::conv_fused(ctx, *fused.act) : s->run(ctx);
     } catch (const Error& e) {
       throw ValueError(detail::cat(model_.path, ": ", conv.label(), " (folded with ", bn.label(), "): ", e.what()));
     }
-    scope.values[act_node ? act_node->outputs[0] : bn.outputs[0]] = outputs.at(0);
+    scope.values[fused.output ? *fused.output : bn.outputs[0]] = outputs.at(0);
     if (profile_ != nullptr) {
-      auto& slot = (*profile_)[act_node ? "Conv+BatchNormalization+" + act_node->op_type : "Conv+BatchNormalization"];
+      auto& slot = (*profile_)[fused.label ? "Conv+BatchNormalization+" + *fused.label : "Conv+BatchNormalization"];
       slot.ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
       slot.calls++;
     }
@@ -173,11 +190,38 @@ class Executor {
     throw E(detail::cat(model_.path, ": ", n.label(), ": ", e.what()));
   }
 
-  // Whether act (an activation node the plan paired with conv) can run as conv's epilogue in this
-  // run, and which: a 1-d or 2-d convolution, and Clip's bounds known numbers.
-  bool fusable(const Node& conv, const Node& act, const Scope& scope, ops::FusedActivation& out) const {
+  // A one-element value known now: computed in scope, or a Constant node's that has not run yet.
+  static bool number(const std::string& name, const Scope& scope, const ExecPlan& plan, double& out) {
+    if (const Tensor* t = scope.find(name)) {
+      if (!t->defined() || t->numel() != 1) return false;
+      out = t->item();
+      return true;
+    }
+    auto it = plan.constants.find(name);
+    if (it == plan.constants.end()) return false;
+    out = it->second;
+    return true;
+  }
+
+  // Whether the activation the plan paired with conv can run as its epilogue in this run, and
+  // which: a 1-d or 2-d convolution, and the numbers it depends on known and as expected.
+  // src is the value the activation reads: the Conv's output, or its folded BatchNormalization's.
+  static bool fusable(const Graph& g, const Node& conv, const std::string& src, const ActFusion& f, const Scope& scope,
+                      const ExecPlan& plan, ops::FusedActivation& out) {
     const Tensor* x = scope.find(conv.inputs[0]);
     if (x == nullptr || (x->dim() != 3 && x->dim() != 4)) return false;
+    const Node& act = g.nodes[f.nodes[0]];
+    if (f.nodes.size() == 4) {  // x * Clip(x + 3, 0, 6) / 6, as PaddlePaddle writes HardSwish
+      const Node &add = act, &clip = g.nodes[f.nodes[1]], &div = g.nodes[f.nodes[3]];
+      const std::string& three = add.inputs[0] == src ? add.inputs[1] : add.inputs[0];
+      double k3, lo, hi, k6;
+      if (!number(three, scope, plan, k3) || clip.inputs.size() < 3 || !number(clip.inputs[1], scope, plan, lo) ||
+          !number(clip.inputs[2], scope, plan, hi) || !number(div.inputs[1], scope, plan, k6))
+        return false;
+      if (k3 != 3 || lo != 0 || hi != 6 || k6 != 6) return false;
+      out = {"hardswish"};
+      return true;
+    }
     auto attr_f = [&](const char* name, double fallback) {
       auto it = act.attributes.find(name);
       return it == act.attributes.end() ? fallback : static_cast<double>(it->second.f);
@@ -188,19 +232,15 @@ class Executor {
     else if (act.op_type == "Clip") {
       const double lowest = std::numeric_limits<float>::lowest(), highest = std::numeric_limits<float>::max();
       out = {"clip", attr_f("min", lowest), attr_f("max", highest)};  // opsets before 11
-      for (size_t k = 1; k < act.inputs.size() && k < 3; ++k) {  // opset 11 on: optional scalar inputs
-        if (act.inputs[k].empty()) continue;
-        const Tensor* t = scope.find(act.inputs[k]);
-        if (t == nullptr || !t->defined() || t->numel() != 1 || !is_floating(t->dtype())) return false;
-        (k == 1 ? out.a : out.b) = t->item();
-      }
+      for (size_t k = 1; k < act.inputs.size() && k < 3; ++k)  // opset 11 on: optional scalar inputs
+        if (!act.inputs[k].empty() && !number(act.inputs[k], scope, plan, k == 1 ? out.a : out.b)) return false;
     } else {
       return false;
     }
     return true;
   }
 
-  void run_node(const Node& n, Scope& scope, const ops::FusedActivation* act = nullptr, const Node* act_node = nullptr) {
+  void run_node(const Node& n, Scope& scope, const Fused& fused = Fused()) {
     const OpSchema* s = registry_.find(n.domain, n.op_type);
     if (s == nullptr)
       throw NotImplementedError(detail::cat(model_.path, ": ", n.label(), ": op '", n.op_type, "' is not supported"));
@@ -231,7 +271,7 @@ class Executor {
     current_ = &scope;
     try {
       OpContext ctx(n, model_.opset(n.domain), training_, std::move(inputs), this);
-      outputs = act ? ops::conv_fused(ctx, *act) : s->run(ctx);
+      outputs = fused.act ? ops::conv_fused(ctx, *fused.act) : s->run(ctx);
     } catch (const NotImplementedError& e) {
       current_ = saved;
       rethrow_as(e, n);
@@ -253,7 +293,7 @@ class Executor {
     }
     current_ = saved;
     if (profile_ != nullptr) {
-      auto& slot = (*profile_)[act_node ? n.op_type + "+" + act_node->op_type : n.op_type];
+      auto& slot = (*profile_)[fused.label ? n.op_type + "+" + *fused.label : n.op_type];
       slot.ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
       slot.calls++;
     }
@@ -264,7 +304,10 @@ class Executor {
           throw NotImplementedError(detail::cat(model_.path, ": ", n.label(), ": output ", i, " ('", n.outputs[i],
                                                 "') is not produced by braid's ", n.op_type));
     }
-    const std::vector<std::string>& names = act_node ? act_node->outputs : n.outputs;  // fused: the activation's
+    // Fused, the convolution's one output is the activation's.
+    std::vector<std::string> activation_output;
+    if (fused.output) activation_output.push_back(*fused.output);
+    const std::vector<std::string>& names = fused.output ? activation_output : n.outputs;
     for (size_t i = 0; i < names.size(); ++i) {
       if (names[i].empty()) continue;
       Tensor t = outputs[i];

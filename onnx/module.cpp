@@ -132,19 +132,58 @@ std::shared_ptr<ExecPlan> make_plan(const Graph& g, const std::map<std::string, 
     plan->conv_bn[p->second] = i;
   }
   // Note [Fusing activations into Conv]: an activation whose input only it reads, made by a Conv or
-  // by a BatchNormalization folded into one.
+  // by a BatchNormalization folded into one; or HardSwish written out as x * Clip(x + 3, 0, 6) / 6
+  // (x read by the Add and the Mul only), whose numbers the executor checks when it runs.
+  for (const Node& c : g.nodes) {
+    auto v = c.attributes.find("value");
+    if (c.op_type == "Constant" && c.domain.empty() && c.outputs.size() == 1 && v != c.attributes.end() &&
+        v->second.kind == Attribute::Kind::Tensor && v->second.t.defined() && v->second.t.numel() == 1 &&
+        is_floating(v->second.t.dtype()))
+      plan->constants[c.outputs[0]] = v->second.t.item();
+  }
+  std::map<std::string, std::vector<size_t>> readers;
+  for (size_t i = 0; i < n; ++i)
+    for (const auto& r : g.nodes[i].inputs) readers[r].push_back(i);
+  // The one node that reads name (and is of op_type), or n when there is not exactly one.
+  auto only_reader = [&](const std::string& name, const char* op_type) {
+    auto it = readers.find(name);
+    if (it == readers.end() || it->second.size() != 1 || keep.count(name) != 0 || uses[name] != 1) return n;
+    const Node& r = g.nodes[it->second[0]];
+    return r.op_type == op_type && r.domain.empty() && r.outputs.size() == 1 ? it->second[0] : n;
+  };
   std::set<size_t> folded_bn;
   for (const auto& [conv, bn] : plan->conv_bn) folded_bn.insert(bn);
-  for (size_t i = 0; i < n; ++i) {
-    const Node& act = g.nodes[i];
-    static const std::set<std::string> kFusable{"Relu", "Clip", "HardSwish", "HardSigmoid"};
-    if (!act.domain.empty() || kFusable.count(act.op_type) == 0 || act.inputs.empty() || act.outputs.size() != 1)
-      continue;
-    auto p = producer.find(act.inputs[0]);
-    if (p == producer.end() || uses[act.inputs[0]] != 1 || keep.count(act.inputs[0]) != 0) continue;
-    const Node& src = g.nodes[p->second];
+  for (size_t p = 0; p < n; ++p) {
+    const Node& src = g.nodes[p];
     const bool conv = src.op_type == "Conv" && src.domain.empty() && src.outputs.size() == 1;
-    if (conv || folded_bn.count(p->second) != 0) plan->conv_act[p->second] = i;
+    if ((!conv && folded_bn.count(p) == 0) || src.outputs.empty() || keep.count(src.outputs[0]) != 0) continue;
+    const std::string& x = src.outputs[0];
+    auto rd = readers.find(x);
+    if (rd == readers.end()) continue;
+    if (rd->second.size() == 1 && uses[x] == 1) {
+      const Node& act = g.nodes[rd->second[0]];
+      static const std::set<std::string> kFusable{"Relu", "Clip", "HardSwish", "HardSigmoid"};
+      if (act.domain.empty() && kFusable.count(act.op_type) != 0 && act.outputs.size() == 1 && act.inputs[0] == x)
+        plan->conv_act[p] = {{rd->second[0]}, act.op_type};
+      continue;
+    }
+    if (rd->second.size() != 2) continue;
+    size_t add = n, mul = n;
+    for (size_t r : rd->second) {
+      if (g.nodes[r].op_type == "Add" && g.nodes[r].domain.empty()) add = r;
+      if (g.nodes[r].op_type == "Mul" && g.nodes[r].domain.empty()) mul = r;
+    }
+    if (add == n || mul == n || g.nodes[add].inputs.size() != 2) continue;
+    const size_t clip = only_reader(g.nodes[add].outputs[0], "Clip");
+    if (clip == n || g.nodes[clip].inputs[0] != g.nodes[add].outputs[0]) continue;
+    const Node& m = g.nodes[mul];
+    const std::string& clip_out = g.nodes[clip].outputs[0];
+    if (m.inputs.size() != 2 || !((m.inputs[0] == x && m.inputs[1] == clip_out) || (m.inputs[1] == x && m.inputs[0] == clip_out)))
+      continue;
+    if (only_reader(clip_out, "Mul") != mul) continue;
+    const size_t div = only_reader(m.outputs[0], "Div");
+    if (div == n || g.nodes[div].inputs.size() != 2 || g.nodes[div].inputs[0] != m.outputs[0]) continue;
+    plan->conv_act[p] = {{add, clip, mul, div}, "HardSwish"};
   }
   return plan;
 }

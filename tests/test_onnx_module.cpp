@@ -190,6 +190,47 @@ TEST(OnnxModule, FusedConvActivationsEqualTheGraphAsWritten) {
   }
 }
 
+// HardSwish as PaddlePaddle writes it, x * Clip(x + 3, 0, 6) / 6 after a folded Conv +
+// BatchNormalization, with the Constant nodes between the ops as in its exports: fused into the
+// convolution when the numbers are HardSwish's, and left as written when one differs.
+TEST(OnnxModule, WrittenOutHardSwishFusesIntoTheConv) {
+  Generator gen(4);
+  for (double three : {3.0, 2.5}) {
+    SCOPED_TRACE(three);
+    bx::GraphBuilder g(11);
+    const std::string k3 = g.scalar(three, kFloat32), k6 = g.scalar(6.0, kFloat32);
+    std::string y = g.node("Conv", {"x", "w"}, {{"pads", bx::attr_ints({1, 1, 1, 1})}})[0];
+    y = g.node("BatchNormalization", {y, "gamma", "beta", "mean", "var"})[0];
+    const std::string added = g.node("Add", {y, k3})[0];
+    const std::string k0 = g.scalar(0.0, kFloat32), k6b = g.scalar(6.0, kFloat32);
+    const std::string clipped = g.node("Clip", {added, k0, k6b})[0];
+    const std::string product = g.node("Mul", {y, clipped})[0];
+    g.graph().nodes.push_back(bx::Node{"div", "Div", "", {product, k6}, {"y"}, {}});
+    bx::Model m;
+    m.path = "paddle_hardswish";
+    m.ir_version = 8;
+    m.opsets[""] = 11;
+    m.graph = g.graph();
+    m.graph.initializers.insert({{"w", randn({16, 8, 3, 3}, kFloat32, &gen, 0, 0.3)},
+                                 {"gamma", rand({16}, kFloat32, &gen, 0.5, 1.5)}, {"beta", randn({16}, kFloat32, &gen)},
+                                 {"mean", randn({16}, kFloat32, &gen, 0, 0.1)}, {"var", rand({16}, kFloat32, &gen, 0.5, 2)}});
+    m.graph.inputs.push_back(info("x", kFloat32, {2, 8, 6, 7}));
+    m.graph.outputs.push_back(info("y", kFloat32, {2, 16, 6, 7}));
+    bx::OnnxModule mod(m);
+    mod.set_profiling(true);
+    const Tensor x = randn({2, 8, 6, 7}, kFloat32, &gen) * 3.0;
+    const Tensor as_written = mod.forward(x).detach();
+    Tensor fused;
+    {
+      NoGradGuard no_grad;
+      fused = mod.forward(x);
+    }
+    EXPECT_EQ(mod.profile().count("Conv+BatchNormalization+HardSwish"), three == 3.0 ? 1u : 0u);
+    EXPECT_EQ(mod.profile().at("Div").calls, three == 3.0 ? 1 : 2);
+    EXPECT_TRUE(allclose(fused, as_written, 1e-5, 1e-5)) << "max |diff| " << amax(abs(fused - as_written)).item();
+  }
+}
+
 TEST(OnnxModule, ToSequentialCutsWhereOneValueCrossesAndSharesTheWeights) {
   // small_net: Conv, BatchNormalization, Tanh, then the Shape/Gather/Concat/Reshape chain (which
   // reads the activation twice, so no cut inside it), Gemm, LayerNormalization, Softmax.
