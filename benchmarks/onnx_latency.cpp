@@ -6,6 +6,12 @@
 //   braid-onnx-bench time MODEL.onnx NxCxHxW ITERS
 //                                                 prints "median_ms min_ms" over ITERS runs after
 //                                                 two warm-up runs (threads: BRAID_NUM_THREADS)
+//   braid-onnx-bench time MODEL.onnx tokens:NxL ITERS
+//                                                 the same for a text model whose inputs are int64
+//                                                 (N, L): token ids in [1000, 2000) (the same
+//                                                 numbers as onnx_bench.py gives onnxruntime), and
+//                                                 ones for an input whose name holds "mask", zeros
+//                                                 for one whose name holds "type" 
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -81,14 +87,26 @@ int main(int argc, char** argv) {
     }
     if (cmd == "time" && argc == 5) {
       auto m = onnx::OnnxModule::load(argv[2], {.frozen = true});
-      const Shape shape = parse_shape(argv[3]);
+      const std::string spec = argv[3];
+      const bool tokens = spec.rfind("tokens:", 0) == 0;
+      const Shape shape = parse_shape(tokens ? spec.substr(7) : spec);
       const int iters = std::stoi(argv[4]);
       NoGradGuard no_grad;
-      Tensor x = rand(shape);
+      std::vector<Tensor> x;
+      if (!tokens) x.push_back(rand(shape));
+      for (const std::string& name : tokens ? m->input_names() : std::vector<std::string>{}) {
+        if (name.find("mask") != std::string::npos) x.push_back(ones(shape, kInt64));
+        else if (name.find("type") != std::string::npos) x.push_back(zeros(shape, kInt64));
+        else {
+          std::vector<int64_t> ids(static_cast<size_t>(shape[0] * shape[1]));
+          for (size_t i = 0; i < ids.size(); ++i) ids[i] = 1000 + static_cast<int64_t>(i % 1000);
+          x.push_back(tensor(ids, shape));
+        }
+      }
       std::vector<double> ms;
       for (int i = 0; i < iters + 2; ++i) {
         auto t0 = std::chrono::steady_clock::now();
-        std::vector<Tensor> out = m->run(std::vector<Tensor>{x});
+        std::vector<Tensor> out = m->run(x);
         auto t1 = std::chrono::steady_clock::now();
         if (i >= 2) ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
       }
@@ -96,7 +114,7 @@ int main(int argc, char** argv) {
       std::printf("%.3f %.3f\n", ms[ms.size() / 2], ms.front());
       if (std::getenv("BRAID_ONNX_PROFILE") != nullptr) {
         m->set_profiling(true);
-        m->run(std::vector<Tensor>{x});
+        m->run(x);
         std::vector<std::pair<double, std::string>> rows;
         for (const auto& [op, t] : m->profile()) rows.emplace_back(t.ms, op);
         std::sort(rows.rbegin(), rows.rend());
@@ -105,7 +123,8 @@ int main(int argc, char** argv) {
       }
       return 0;
     }
-    std::fprintf(stderr, "usage: braid-onnx-bench export-resnet18 OUT.onnx | time MODEL.onnx NxCxHxW ITERS\n");
+    std::fprintf(stderr,
+                 "usage: braid-onnx-bench export-resnet18 OUT.onnx | time MODEL.onnx NxCxHxW|tokens:NxL ITERS\n");
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "braid-onnx-bench: %s\n", e.what());

@@ -172,17 +172,13 @@ Plan build(const Key& key) {
 // of a MobileNet at batch 1 ran 1.4x faster composed (ppocr_cls, 2 threads). The test suite sets 0,
 // so that every float32 convolution it runs goes through oneDNN.
 bool wanted(const Key& key) {
-  static const bool on = [] {
-    const char* v = std::getenv("BRAID_ONEDNN");
-    return !(v && std::string(v) == "0");
-  }();
   static const double min_macs = [] {
     const char* v = std::getenv("BRAID_ONEDNN_MIN_MACS");
     return v ? std::atof(v) : 1e6;
   }();
   // N * C_out * oh * ow outputs, each a sum over C / groups * kh * kw taps.
   const double macs = static_cast<double>(key[1]) * key[5] * key[6] * key[7] * (key[2] / key[16]) * key[8] * key[9];
-  return on && macs >= min_macs;
+  return onednn_enabled() && macs >= min_macs;
 }
 
 // The plan of a geometry, built on first use; nullptr when oneDNN refuses it or is not wanted.
@@ -279,6 +275,14 @@ bool float32s(std::initializer_list<const Tensor*> ts) {
 }
 
 }  // namespace
+
+bool onednn_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("BRAID_ONEDNN");
+    return !(v && std::string(v) == "0");
+  }();
+  return on;
+}
 
 bool CpuBackend::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Window2d& win, int64_t groups,
                         const Epilogue& epilogue, const Tensor& y) {

@@ -63,4 +63,10 @@ class CpuBackend final : public Backend {
 /// The process's one CPU backend.
 Backend& cpu_backend();
 
+#ifdef BRAID_HAVE_DNNL
+/// Whether oneDNN runs what it can (convolutions, float32 GEMM): not when BRAID_ONEDNN=0, which
+/// leaves braid's own kernels and OpenBLAS for a comparison (conv_dnnl.cpp).
+bool onednn_enabled();
+#endif
+
 }  // namespace braid::detail
