@@ -75,6 +75,26 @@ int threads_over(int64_t units, int64_t work) {
                                                      : 1;
 }
 
+// Note [Sums in lanes]
+// A sum into one double waits for its previous addition at every element, a latency-bound loop that
+// ran BatchNorm's statistics at a quarter of memory speed. Eight independent partial sums per row,
+// added at the end, keep the adders busy and let the compiler vectorise; the order of additions is
+// fixed (a function of the row length only), so results do not depend on threads.
+constexpr int kLanes = 8;
+
+// The sum over i < n of f(i), in double, in kLanes partial sums.
+template <typename F>
+double lane_sum(int64_t n, F f) {
+  double acc[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) acc[l] += f(i + l);
+  double total = 0;
+  for (; i < n; ++i) total += f(i);
+  for (int l = 0; l < kLanes; ++l) total += acc[l];
+  return total;
+}
+
 template <typename T>
 void moments_kernel(const T* x, T* mean, T* var, Ncs d) {
   const double count = static_cast<double>(d.n * d.s);
@@ -83,16 +103,16 @@ void moments_kernel(const T* x, T* mean, T* var, Ncs d) {
     double sum = 0;
     for (int64_t n = 0; n < d.n; ++n) {
       const T* row = x + (n * d.c + c) * d.s;
-      for (int64_t i = 0; i < d.s; ++i) sum += row[i];
+      sum += lane_sum(d.s, [row](int64_t i) { return static_cast<double>(row[i]); });
     }
     const T m = static_cast<T>(sum / count);
     double sq = 0;
     for (int64_t n = 0; n < d.n; ++n) {
       const T* row = x + (n * d.c + c) * d.s;
-      for (int64_t i = 0; i < d.s; ++i) {
+      sq += lane_sum(d.s, [row, m](int64_t i) {
         const T centred = row[i] - m;
-        sq += centred * centred;
-      }
+        return static_cast<double>(centred * centred);
+      });
     }
     mean[c] = m;
     var[c] = static_cast<T>(sq / count);
@@ -106,11 +126,10 @@ void grad_sums_kernel(const T* g, const T* x, const T* mean, T* sum_g, T* sum_gx
     double sg = 0, sgx = 0;
     const T m = mean[c];
     for (int64_t n = 0; n < d.n; ++n) {
-      const int64_t at = (n * d.c + c) * d.s;
-      for (int64_t i = 0; i < d.s; ++i) {
-        sg += g[at + i];
-        sgx += g[at + i] * (x[at + i] - m);
-      }
+      const T* gr = g + (n * d.c + c) * d.s;
+      const T* xr = x + (n * d.c + c) * d.s;
+      sg += lane_sum(d.s, [gr](int64_t i) { return static_cast<double>(gr[i]); });
+      sgx += lane_sum(d.s, [gr, xr, m](int64_t i) { return static_cast<double>(gr[i] * (xr[i] - m)); });
     }
     sum_g[c] = static_cast<T>(sg);
     sum_gxc[c] = static_cast<T>(sgx);
