@@ -246,8 +246,15 @@ class Executor {
       throw NotImplementedError(detail::cat(model_.path, ": ", n.label(), ": op '", n.op_type, "' is not supported"));
     std::vector<Tensor> inputs;
     inputs.reserve(n.inputs.size());
-    DType half = kFloat32;
-    bool has_half = false;
+    // Note [Storage types through compute types]
+    // Every ONNX value keeps its element type; float16, bfloat16, int8 and uint8 are storage types
+    // in braid, which its kernels do not compute in. An op that does not handle dtypes itself
+    // (OpSchema::storage_via_compute) gets such inputs widened exactly (float16/bfloat16 to float32,
+    // int8/uint8 to int32), and its outputs of that compute type are narrowed back to the storage
+    // type they came from, as ONNX's type constraints tie an op's result type to its inputs'. Narrowing
+    // an integer wraps, as ONNX's integer arithmetic does. half/narrow: what each compute type was.
+    DType half = kFloat32, narrow = kInt32;
+    bool has_half = false, has_narrow = false;
     for (const std::string& name : n.inputs) {
       if (name.empty()) {
         inputs.emplace_back();
@@ -257,10 +264,10 @@ class Executor {
       if (t == nullptr)
         throw ValueError(detail::cat(model_.path, ": ", n.label(), ": input '", name, "' has no value"));
       Tensor v = *t;
-      if (s->half_via_float && v.defined() && (v.dtype() == kFloat16 || v.dtype() == kBFloat16)) {
-        has_half = true;
-        half = v.dtype();
-        v = cast(v, kFloat32);
+      if (s->storage_via_compute && v.defined() && !is_compute_type(v.dtype())) {
+        (is_floating(v.dtype()) ? has_half : has_narrow) = true;
+        (is_floating(v.dtype()) ? half : narrow) = v.dtype();
+        v = cast(v, compute_type(v.dtype()));
       }
       if (v.defined() && v.device() != device_) v = v.to(device_);
       inputs.push_back(std::move(v));
@@ -315,6 +322,7 @@ class Executor {
         throw NotImplementedError(detail::cat(model_.path, ": ", n.label(), ": output ", i, " ('", n.outputs[i],
                                               "') is not produced by braid's ", n.op_type));
       if (has_half && is_floating(t.dtype()) && t.dtype() != half) t = cast(t, half);
+      if (has_narrow && t.dtype() == kInt32) t = cast(t, narrow);
       // Note [Graph values on the device]
       // Values an op makes from attributes or from the host (Constant, Shape, ConstantOfShape, index
       // lists) start on the CPU; every value the graph hands on lives on the device the caller's

@@ -62,11 +62,11 @@ bool type_info(int32_t t, TypeInfo& out) {
     case TP::BFLOAT16: out = {kBFloat16, 2, "bfloat16"}; return true;
     case TP::INT64: out = {kInt64, 8, "int64"}; return true;
     case TP::INT32: out = {kInt32, 4, "int32"}; return true;
-    // Narrower integers widen to int32 (values kept); uint32 to int64.
+    // int16/uint16 widen to int32 (values kept), uint32 to int64; int8/uint8 stay (quantised values).
     case TP::INT16: out = {kInt32, 2, "int16"}; return true;
     case TP::UINT16: out = {kInt32, 2, "uint16"}; return true;
-    case TP::INT8: out = {kInt32, 1, "int8"}; return true;
-    case TP::UINT8: out = {kInt32, 1, "uint8"}; return true;
+    case TP::INT8: out = {kInt8, 1, "int8"}; return true;
+    case TP::UINT8: out = {kUInt8, 1, "uint8"}; return true;
     case TP::UINT32: out = {kInt64, 4, "uint32"}; return true;
     case TP::BOOL: out = {kBool, 1, "bool"}; return true;
     default: return false;
@@ -189,8 +189,6 @@ Tensor to_tensor(const Ctx& c, const ::onnx::TensorProto& t, const std::string& 
     switch (dt) {
       case TP::INT16: convert(reinterpret_cast<const int16_t*>(p), out.data<int32_t>(), numel); break;
       case TP::UINT16: convert(reinterpret_cast<const uint16_t*>(p), out.data<int32_t>(), numel); break;
-      case TP::INT8: convert(reinterpret_cast<const int8_t*>(p), out.data<int32_t>(), numel); break;
-      case TP::UINT8: convert(reinterpret_cast<const uint8_t*>(p), out.data<int32_t>(), numel); break;
       case TP::UINT32: convert(reinterpret_cast<const uint32_t*>(p), out.data<int64_t>(), numel); break;
       case TP::BOOL: {
         auto* b = static_cast<uint8_t*>(out.raw_data());
@@ -239,7 +237,15 @@ Tensor to_tensor(const Ctx& c, const ::onnx::TensorProto& t, const std::string& 
       for (int64_t i = 0; i < numel; ++i) b[i] = t.int32_data(static_cast<int>(i)) != 0;
       break;
     }
-    default:  // INT32 and the narrower integers
+    case TP::INT8:
+      check_count(t.int32_data_size(), "int32_data");
+      convert(t.int32_data().data(), out.data<int8_t>(), numel);
+      break;
+    case TP::UINT8:
+      check_count(t.int32_data_size(), "int32_data");
+      convert(t.int32_data().data(), out.data<uint8_t>(), numel);
+      break;
+    default:  // INT32, INT16 and UINT16
       check_count(t.int32_data_size(), "int32_data");
       convert(t.int32_data().data(), out.data<int32_t>(), numel);
   }

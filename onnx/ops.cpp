@@ -13,6 +13,7 @@ void register_builtin_ops(OpRegistry& r) {
   ops::register_einsum_ops(r);
   ops::register_control_ops(r);
   ops::register_signal_ops(r);
+  ops::register_quant_ops(r);
 }
 
 }  // namespace braid::onnx

@@ -17,7 +17,7 @@ namespace {
 
 OpSchema control(const char* type, std::vector<std::string> attrs, std::function<Tensors(OpContext&)> fn, int64_t since) {
   OpSchema s = op(type, std::move(attrs), std::move(fn), since);
-  s.half_via_float = false;
+  s.storage_via_compute = false;
   return s;
 }
 
@@ -30,13 +30,13 @@ Tensors if_op(OpContext& c) {
   return c.run_subgraph(*branch.g, {});
 }
 
-// Stacks a loop's per-iteration outputs; float16/bfloat16 (storage types, which braid's stack does
-// not take) go through float32, which holds them exactly.
+// Stacks a loop's per-iteration outputs; storage types (which braid's stack does not take) go
+// through their compute type, which holds them exactly.
 Tensor stack_iterations(const std::vector<Tensor>& v, int64_t axis) {
   const DType t = v[0].dtype();
   if (is_compute_type(t)) return stack(v, axis);
   std::vector<Tensor> wide;
-  for (const Tensor& x : v) wide.push_back(cast(x, kFloat32));
+  for (const Tensor& x : v) wide.push_back(cast(x, compute_type(t)));
   return cast(stack(wide, axis), t);
 }
 

@@ -537,7 +537,7 @@ void register_extra_ops(OpRegistry& r) {
   r.add(op("Det", {}, det_op, 11));
   {
     OpSchema s = op("BitShift", {"direction"}, bit_shift, 11);
-    s.half_via_float = false;
+    s.storage_via_compute = false;
     s.until_opset = 27;  // opset 28 defines shifts of signed types and by the type's width or more
     r.add(std::move(s));
   }

@@ -117,8 +117,10 @@ std::vector<Tensor> conv(OpContext& c) { return conv_fused(c, FusedActivation())
 }  // namespace
 
 Tensors conv_fused(OpContext& c, const FusedActivation& act) {
-  Tensor x = c.input(0), weight = c.input(1);
-  Tensor bias = c.has_input(2) ? c.input(2) : Tensor();
+  return {conv_of(c, c.input(0), c.input(1), c.has_input(2) ? c.input(2) : Tensor(), act)};
+}
+
+Tensor conv_of(const OpContext& c, Tensor x, Tensor weight, const Tensor& bias, const FusedActivation& act) {
   check_rank(c, x, "Conv");
   if (weight.dim() != x.dim()) c.fail("weight of shape ", shape_str(weight.shape()), " does not match input of shape ", shape_str(x.shape()));
   const std::vector<int64_t> kernel(weight.shape().begin() + 2, weight.shape().end());
@@ -132,7 +134,7 @@ Tensors conv_fused(OpContext& c, const FusedActivation& act) {
   if (x.dim() == 5) {
     Tensor y = conv3d(c, x, weight, bias, w, group);
     if (!act.name.empty()) c.fail("no fused activation for a 3-d Conv");  // the executor fuses 1-d and 2-d only
-    return {y};
+    return y;
   }
   const bool one_d = x.dim() == 3;
   if (one_d) {
@@ -144,7 +146,7 @@ Tensors conv_fused(OpContext& c, const FusedActivation& act) {
   Tensor y = act.name.empty() ? conv2d(x, weight, bias, w.stride, pads, w.dilation, group)
                               : conv2d_activation(x, weight, bias, w.stride, pads, w.dilation, group, act.name, act.a,
                                                   act.b);
-  return {one_d ? squeeze(y, 2) : y};
+  return one_d ? squeeze(y, 2) : y;
 }
 
 namespace {

@@ -150,7 +150,7 @@ void register_signal_ops(OpRegistry& r) {
   r.add(op("STFT", {"onesided"}, stft_op, 17));
   {
     OpSchema s = op("MelWeightMatrix", {"output_datatype"}, mel_weight_matrix, 17);
-    s.half_via_float = false;
+    s.storage_via_compute = false;
     r.add(std::move(s));
   }
 }

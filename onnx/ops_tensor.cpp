@@ -10,7 +10,9 @@ namespace braid::onnx::ops {
 DType dtype_from_onnx(const OpContext& c, int64_t code) {
   switch (code) {
     case 1: return kFloat32;
-    case 2: case 3: case 4: case 5: case 6: return kInt32;  // uint8, int8, uint16, int16, int32
+    case 2: return kUInt8;
+    case 3: return kInt8;
+    case 4: case 5: case 6: return kInt32;  // uint16, int16 (widened), int32
     case 7: case 12: return kInt64;                          // int64, uint32
     case 9: return kBool;
     case 10: return kFloat16;
@@ -31,6 +33,8 @@ int64_t onnx_type_code(DType t) {
     case DType::Bool: return 9;
     case DType::Float16: return 10;
     case DType::BFloat16: return 16;
+    case DType::Int8: return 3;
+    case DType::UInt8: return 2;
   }
   return 0;
 }
@@ -140,7 +144,7 @@ void register_tensor_ops(OpRegistry& r) {
   {
     OpSchema s = op("Constant", {"value", "value_float", "value_floats", "value_int", "value_ints"},
                     [](OpContext& c) { return Tensors{constant_from_attr(c)}; });
-    s.half_via_float = false;
+    s.storage_via_compute = false;
     r.add(std::move(s));
   }
   {
@@ -153,7 +157,7 @@ void register_tensor_ops(OpRegistry& r) {
       if (v.dtype() == kFloat16 || v.dtype() == kBFloat16) return Tensors{cast(full(shape, cast(v, kFloat32).item(), kFloat32, c.device()), v.dtype())};
       return Tensors{full(shape, v.item(), v.dtype(), c.device())};
     });
-    s.half_via_float = false;
+    s.storage_via_compute = false;
     r.add(std::move(s));
   }
   {
@@ -168,24 +172,24 @@ void register_tensor_ops(OpRegistry& r) {
       std::vector<int64_t> v(sh.begin() + start, sh.begin() + end);
       return Tensors{tensor(v, {static_cast<int64_t>(v.size())}, c.device())};
     });
-    s.half_via_float = false;
+    s.storage_via_compute = false;
     r.add(std::move(s));
   }
   {
     OpSchema s = op("Size", {}, [](OpContext& c) { return Tensors{scalar_tensor(static_cast<double>(c.input(0).numel()), kInt64, c.device())}; });
-    s.half_via_float = false;
+    s.storage_via_compute = false;
     r.add(std::move(s));
   }
   {
     OpSchema s = op("Cast", {"to", "saturate"}, [](OpContext& c) {
       return Tensors{cast(c.input(0), dtype_from_onnx(c, c.attr_int("to", 1)))};
     });
-    s.half_via_float = false;
+    s.storage_via_compute = false;
     r.add(std::move(s));
   }
   {
     OpSchema s = op("CastLike", {"saturate"}, [](OpContext& c) { return Tensors{cast(c.input(0), c.input(1).dtype())}; });
-    s.half_via_float = false;
+    s.storage_via_compute = false;
     r.add(std::move(s));
   }
   r.add(op("Reshape", {"allowzero"}, [](OpContext& c) {
@@ -444,7 +448,7 @@ void register_tensor_ops(OpRegistry& r) {
       }
       return Tensors{tensor(out, {static_cast<int64_t>(sh.size()), count}, c.device())};
     });
-    s.half_via_float = false;
+    s.storage_via_compute = false;
     r.add(std::move(s));
   }
 }

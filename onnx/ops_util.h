@@ -31,6 +31,10 @@ struct FusedActivation {
 };
 /// The Conv op with an activation applied to its output, fused where braid::conv2d_activation can.
 Tensors conv_fused(OpContext& c, const FusedActivation& act);
+/// Conv of the given tensors with c's attributes (pads, strides, dilations, group, auto_pad):
+/// what Conv, ConvInteger and QLinearConv compute.
+Tensor conv_of(const OpContext& c, Tensor x, Tensor weight, const Tensor& bias,
+               const FusedActivation& act = FusedActivation());
 
 /// A schema with the common fields filled in.
 inline OpSchema op(const char* type, std::vector<std::string> attributes,
@@ -86,5 +90,6 @@ void register_sampling_ops(OpRegistry& r);
 void register_einsum_ops(OpRegistry& r);
 void register_control_ops(OpRegistry& r);
 void register_signal_ops(OpRegistry& r);
+void register_quant_ops(OpRegistry& r);
 
 }  // namespace braid::onnx::ops

@@ -4,8 +4,8 @@
 // Tensors are written as raw little-endian data (the form every ONNX reader accepts), values
 // bit for bit, so importing a written model gives bitwise the same weights. The file is written
 // to "<path>.tmp" and renamed over path only once complete, so a crash while writing never leaves
-// a truncated model where a good one was. Narrow integer types that the loader widened (int8,
-// uint8, int16, uint16 -> int32; uint32 -> int64) are written in the widened type.
+// a truncated model where a good one was. Integer types that the loader widened (int16,
+// uint16 -> int32; uint32 -> int64) are written in the widened type; int8 and uint8 as themselves.
 #include <onnx/onnx_pb.h>
 
 #include <cstdio>
@@ -30,6 +30,8 @@ int32_t proto_type(DType t) {
     case DType::Bool: return TP::BOOL;
     case DType::Float16: return TP::FLOAT16;
     case DType::BFloat16: return TP::BFLOAT16;
+    case DType::Int8: return TP::INT8;
+    case DType::UInt8: return TP::UINT8;
   }
   return TP::UNDEFINED;
 }

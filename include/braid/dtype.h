@@ -1,5 +1,6 @@
 // Element types and devices. float32 is the working type, float64 serves gradient checks, the
-// integer types hold indices and labels, bool holds masks; float16/bfloat16 are storage formats
+// integer types hold indices and labels, bool holds masks; float16/bfloat16 and int8/uint8 are
+// storage formats (half-precision weights and activations; quantised values and raw image bytes)
 // that convert to and from the others.
 #pragma once
 
@@ -11,7 +12,7 @@
 
 namespace braid {
 
-enum class DType { Float32, Float64, Int64, Int32, Bool, Float16, BFloat16 };
+enum class DType { Float32, Float64, Int64, Int32, Bool, Float16, BFloat16, Int8, UInt8 };
 
 constexpr DType kFloat32 = DType::Float32;
 constexpr DType kFloat64 = DType::Float64;
@@ -20,6 +21,8 @@ constexpr DType kInt32 = DType::Int32;
 constexpr DType kBool = DType::Bool;
 constexpr DType kFloat16 = DType::Float16;
 constexpr DType kBFloat16 = DType::BFloat16;
+constexpr DType kInt8 = DType::Int8;
+constexpr DType kUInt8 = DType::UInt8;
 
 /// Bytes per element.
 int64_t dtype_size(DType t);
@@ -27,13 +30,16 @@ int64_t dtype_size(DType t);
 std::string dtype_name(DType t);
 /// float16, bfloat16, float32 or float64.
 bool is_floating(DType t);
-/// Types the compute kernels run on (all but float16/bfloat16, which are storage only).
+/// Types the compute kernels run on (all but float16/bfloat16 and int8/uint8, which are storage only).
 bool is_compute_type(DType t);
+/// The compute type a storage type widens to without loss: float32 for float16/bfloat16, int32 for
+/// int8/uint8; a compute type itself.
+DType compute_type(DType t);
 // Note [Type promotion]
 // braid follows PyTorch's rules, with the differences marked (*).
 //
-// Two tensors: the higher of the two dtypes, bool < int32 < int64 < float32 < float64 (float16 and
-// bfloat16, storage types, count as float32). The dtype of a 0-d tensor counts like any other (*:
+// Two tensors: the higher of the two dtypes, bool < int32 < int64 < float32 < float64 (the storage
+// types count as their compute_type: float16 and bfloat16 as float32, int8 and uint8 as int32). The dtype of a 0-d tensor counts like any other (*:
 // PyTorch lets a 0-d tensor act as a scalar, so int32[n] + int64[] is int32 there and int64 here;
 // braid's result type depends on dtypes alone, as NumPy 2's does).
 //

@@ -17,6 +17,8 @@ int64_t dtype_size(DType t) {
     case DType::Bool: return 1;
     case DType::Float16: return 2;
     case DType::BFloat16: return 2;
+    case DType::Int8: return 1;
+    case DType::UInt8: return 1;
   }
   return 0;
 }
@@ -30,6 +32,8 @@ std::string dtype_name(DType t) {
     case DType::Bool: return "bool";
     case DType::Float16: return "float16";
     case DType::BFloat16: return "bfloat16";
+    case DType::Int8: return "int8";
+    case DType::UInt8: return "uint8";
   }
   return "unknown";
 }
@@ -38,14 +42,24 @@ bool is_floating(DType t) {
   return t == DType::Float32 || t == DType::Float64 || t == DType::Float16 || t == DType::BFloat16;
 }
 
-bool is_compute_type(DType t) { return t != DType::Float16 && t != DType::BFloat16; }
+bool is_compute_type(DType t) {
+  return t != DType::Float16 && t != DType::BFloat16 && t != DType::Int8 && t != DType::UInt8;
+}
 
-// The table is in dtype.h (Note [Type promotion]). Half types promote to float32, since kernels do
-// not compute in them.
+DType compute_type(DType t) {
+  if (t == DType::Float16 || t == DType::BFloat16) return DType::Float32;
+  if (t == DType::Int8 || t == DType::UInt8) return DType::Int32;
+  return t;
+}
+
+// The table is in dtype.h (Note [Type promotion]). Storage types promote to their compute_type,
+// since kernels do not compute in them.
 DType promote_types(DType a, DType b) {
   auto rank = [](DType t) {
     switch (t) {
       case DType::Bool: return 0;
+      case DType::Int8:
+      case DType::UInt8:
       case DType::Int32: return 1;
       case DType::Int64: return 2;
       case DType::Float16:
@@ -69,14 +83,14 @@ bool scalar_fits(double v, DType t) {
   }
   if (!std::isfinite(v)) return false;
   // Conversion truncates toward zero; the bounds are exact powers of two.
-  const double lo = t == DType::Int32 ? -2147483648.0 : -9223372036854775808.0;
-  const double hi = t == DType::Int32 ? 2147483648.0 : 9223372036854775808.0;
+  const double lo = t == DType::Int8 ? -128.0 : t == DType::UInt8 ? 0.0 : t == DType::Int32 ? -2147483648.0 : -9223372036854775808.0;
+  const double hi = t == DType::Int8 ? 128.0 : t == DType::UInt8 ? 256.0 : t == DType::Int32 ? 2147483648.0 : 9223372036854775808.0;
   return std::trunc(v) >= lo && v < hi;
 }
 
 DType scalar_result_type(DType t, double v) {
   if (is_floating(t)) return is_compute_type(t) ? t : DType::Float32;
-  const DType as_int = t == DType::Bool ? DType::Int64 : t;
+  const DType as_int = t == DType::Bool ? DType::Int64 : compute_type(t);
   const bool whole = std::isfinite(v) && v == std::trunc(v);
   return whole && scalar_fits(v, as_int) ? as_int : DType::Float32;
 }

@@ -43,7 +43,7 @@ constexpr uint32_t kVersion = 1;
 constexpr size_t kHeaderSize = 24;
 
 // Stable codes, independent of the DType enum's order.
-constexpr DType kDTypeCodes[] = {kFloat32, kFloat64, kInt64, kInt32, kBool, kFloat16, kBFloat16};
+constexpr DType kDTypeCodes[] = {kFloat32, kFloat64, kInt64, kInt32, kBool, kFloat16, kBFloat16, kInt8, kUInt8};
 
 uint8_t dtype_code(DType t) {
   for (size_t i = 0; i < std::size(kDTypeCodes); ++i)

@@ -13,11 +13,12 @@ namespace braid::detail {
 
 inline Backend& backend_of(const Tensor& t) { return backend_for(t.device()); }
 
-/// Rejects undefined tensors and the storage-only half types.
+/// Rejects undefined tensors and the storage-only types (float16, bfloat16, int8, uint8).
 inline void check_compute(const Tensor& t, const char* op) {
   BRAID_CHECK(t.defined(), op, ": got an undefined tensor");
-  BRAID_CHECK_T(TypeError, is_compute_type(t.dtype()), op, ": ", dtype_name(t.dtype()),
-                " is a storage type; cast to float32 first (x.to(kFloat32))");
+  BRAID_CHECK_T(TypeError, is_compute_type(t.dtype()), op, ": ", dtype_name(t.dtype()), " is a storage type; cast to ",
+                dtype_name(compute_type(t.dtype())), " first (x.to(k", is_floating(t.dtype()) ? "Float32" : "Int32",
+                "))");
 }
 
 /// Floating-point ops promote integer and bool input to float32, as PyTorch does.

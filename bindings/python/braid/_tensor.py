@@ -22,7 +22,8 @@ _method = _core._swig_new_instance_method
 
 class dtype(enum.IntEnum):
     """An element type: braid.float32, braid.float64, braid.int64, braid.int32, braid.bool,
-    braid.float16 (storage) and braid.bfloat16 (storage)."""
+    braid.float16, braid.bfloat16, braid.int8 and braid.uint8 (the last four storage types:
+    convert to a compute type to compute)."""
 
     float32 = _core.DType_Float32
     float64 = _core.DType_Float64
@@ -31,6 +32,8 @@ class dtype(enum.IntEnum):
     bool = _core.DType_Bool
     float16 = _core.DType_Float16
     bfloat16 = _core.DType_BFloat16
+    int8 = _core.DType_Int8
+    uint8 = _core.DType_UInt8
 
     def __repr__(self):
         return f"braid.{self.name}"
@@ -53,8 +56,12 @@ _TO_NUMPY = {
     dtype.int32: np.dtype(np.int32),
     dtype.bool: np.dtype(np.bool_),
     dtype.float16: np.dtype(np.float16),
+    dtype.int8: np.dtype(np.int8),
+    dtype.uint8: np.dtype(np.uint8),
 }
-_FROM_NUMPY = {v: k for k, v in _TO_NUMPY.items()}
+# NumPy's int8/uint8 arrays (images, labels) become int64 tensors that compute, as torch.tensor
+# makes lists of ints; braid's int8/uint8 (storage: quantised ONNX values) come back as themselves.
+_FROM_NUMPY = {v: k for k, v in _TO_NUMPY.items() if k not in (dtype.int8, dtype.uint8)}
 
 
 def _numpy_dtype(dt):

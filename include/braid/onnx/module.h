@@ -90,9 +90,10 @@ struct OpSchema {
   std::function<std::string(const Node&, int64_t opset)> check;
   /// The computation, in braid ops (so autograd differentiates it).
   std::function<std::vector<Tensor>(OpContext&)> run;
-  /// Float16/bfloat16 inputs are computed in float32 and floating outputs cast back (true for
-  /// arithmetic; false for ops that handle dtypes themselves, such as Cast and Shape).
-  bool half_via_float = true;
+  /// Inputs of a storage type are computed in its compute type, and outputs of that type cast back:
+  /// float16/bfloat16 through float32, int8/uint8 through int32 (true for arithmetic; false for ops
+  /// that handle dtypes themselves, such as Cast, Shape and the quantised ops).
+  bool storage_via_compute = true;
 };
 
 /// The table from (domain, op type) to implementation. global() holds braid's ops; users add

@@ -37,7 +37,7 @@ decltype(auto) dispatch_compute(DType t, const char* op, F&& f) {
   unsupported_dtype(op, t);
 }
 
-/// dispatch_compute plus the storage types Half and BFloat16.
+/// dispatch_compute plus the storage types Half, BFloat16, int8_t and uint8_t.
 template <typename F>
 decltype(auto) dispatch_all(DType t, const char* op, F&& f) {
   switch (t) {
@@ -45,6 +45,10 @@ decltype(auto) dispatch_all(DType t, const char* op, F&& f) {
       return f.template operator()<Half>();
     case DType::BFloat16:
       return f.template operator()<BFloat16>();
+    case DType::Int8:
+      return f.template operator()<int8_t>();
+    case DType::UInt8:
+      return f.template operator()<uint8_t>();
     default:
       return dispatch_compute(t, op, std::forward<F>(f));
   }
@@ -54,6 +58,8 @@ template <typename T>
 constexpr bool kIsHalfType = std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>;
 template <typename T>
 constexpr bool kIsInt = std::is_same_v<T, int32_t> || std::is_same_v<T, int64_t>;
+template <typename T>
+constexpr bool kIsNarrowInt = std::is_same_v<T, int8_t> || std::is_same_v<T, uint8_t>;
 
 // Note [Rounding to half without double rounding]
 // double -> float -> half can round twice (a double just above a half tie rounds to the tie in
@@ -89,6 +95,12 @@ To convert(From x) {
     if (!(x == x)) return 0;
     if (x >= kLimit) return std::numeric_limits<To>::max();
     if (x <= -kLimit) return std::numeric_limits<To>::min();
+    return static_cast<To>(x);
+  } else if constexpr (kIsNarrowInt<To> && std::is_floating_point_v<From>) {
+    // Saturating, truncated toward zero like the wider integers; NaN gives 0.
+    if (!(x == x)) return 0;
+    if (x >= static_cast<From>(std::numeric_limits<To>::max())) return std::numeric_limits<To>::max();
+    if (x <= static_cast<From>(std::numeric_limits<To>::min())) return std::numeric_limits<To>::min();
     return static_cast<To>(x);
   } else {
     return static_cast<To>(x);

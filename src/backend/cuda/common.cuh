@@ -78,11 +78,13 @@ void dispatch_compute(DType t, const char* op, F&& f) {
   unsupported_dtype(op, t);
 }
 
-/// dispatch_compute plus float16 and bfloat16.
+/// dispatch_compute plus the storage types float16, bfloat16, int8 and uint8.
 template <typename F>
 void dispatch_all(DType t, const char* op, F&& f) {
   if (t == DType::Float16) return f(Tag<F16>{});
   if (t == DType::BFloat16) return f(Tag<BF16>{});
+  if (t == DType::Int8) return f(Tag<int8_t>{});
+  if (t == DType::UInt8) return f(Tag<uint8_t>{});
   dispatch_compute(t, op, f);
 }
 

@@ -1,4 +1,4 @@
-// Data movement kernels: copy with dtype conversion between any layouts (any of the seven dtypes to
+// Data movement kernels: copy with dtype conversion between any layouts (any of the nine dtypes to
 // any other), fill with a bit pattern, and iota. Copies within one dtype move bits, so dtypes of
 // one width share a kernel; conversions are one kernel per (destination, source) pair.
 #include "backend/cuda/common.cuh"
