@@ -5,9 +5,9 @@
 // Every op here is exact integer arithmetic followed by one rounding, as ONNX's reference defines
 // them: an integer product (a - a_zero) * (b - b_zero) summed over K, then for the QLinear ops
 // acc * (a_scale * b_scale / y_scale) + y_zero rounded half to even and saturated to the output
-// type. The sums are computed exactly: int8 GEMM through oneDNN when the backend has it
-// (Backend::matmul_u8s8, Note [Optional primitives]), otherwise in float64, which holds every sum
-// of K < 2^37 products of 8-bit values exactly. The multiplier is computed in float32 from the
+// type. The sums are computed exactly: matrix products by braid::int_matmul (oneDNN's int8 GEMM
+// where the backend has it, Note [int8 GEMM through oneDNN]; otherwise in float64, which holds
+// every sum of K < 2^37 products of 8-bit values exactly), convolutions in float64. The multiplier is computed in float32 from the
 // float32 scales and applied in float64, as the reference's NumPy does, so results agree with it
 // (and with onnxruntime) to the rounding of the last step. Zero points and scales are per tensor
 // (scalars) or per axis (1-d, along `axis`, or along the rows of A / columns of B / output
@@ -127,14 +127,29 @@ Tensor column_zero(const OpContext& c, const Tensor& z, const Tensor& b, const c
          shape_str(b.shape()), ")");
 }
 
-/// The exact sums of (a - a_zero)(b - b_zero), in float64 (Note [Quantised ops]).
+/// The zero point's one value as an integer.
+int64_t zero_value(const Tensor& z) { return z.defined() ? static_cast<int64_t>(z.item()) : 0; }
+
+/// The exact int32 sums of (a - a_zero)(b - b_zero) (Note [Quantised ops]). One zero point per
+/// tensor goes to int_matmul as it is; per-row/per-column ones are the corrections of the plain
+/// product: a b - a_zero colsum(b) - rowsum(a) b_zero + K a_zero b_zero.
 Tensor integer_matmul(const OpContext& c, const Tensor& a, const Tensor& a_zero, const Tensor& b, const Tensor& b_zero) {
   check_quantised(c, a, "A");
   check_quantised(c, b, "B");
-  Tensor x = cast(a, kFloat64), y = cast(b, kFloat64);
-  if (a_zero.defined()) x = x - cast(row_zero(c, a_zero, a, "a_zero_point"), kFloat64);
-  if (b_zero.defined()) y = y - cast(column_zero(c, b_zero, b, "b_zero_point"), kFloat64);
-  return matmul(x, y);
+  for (const Tensor* z : {&a_zero, &b_zero})
+    if (z->defined() && z->dtype() != (z == &a_zero ? a : b).dtype())
+      c.fail(z == &a_zero ? "a" : "b", "_zero_point is ", dtype_name(z->dtype()), ", its operand ",
+             dtype_name((z == &a_zero ? a : b).dtype()));
+  const bool per_tensor = (!a_zero.defined() || a_zero.numel() == 1) && (!b_zero.defined() || b_zero.numel() == 1);
+  if (per_tensor) return int_matmul(a, b, zero_value(a_zero), zero_value(b_zero));
+  if (a.dim() < 2 || b.dim() < 2) c.fail("per-row or per-column zero points need 2-d or batched operands");
+  Tensor za = a_zero.defined() ? cast(row_zero(c, a_zero, a, "a_zero_point"), kInt64) : Tensor();
+  Tensor zb = b_zero.defined() ? cast(column_zero(c, b_zero, b, "b_zero_point"), kInt64) : Tensor();
+  Tensor out = cast(int_matmul(a, b), kInt64);
+  if (zb.defined()) out = out - sum(cast(a, kInt32), {-1}, true) * zb;
+  if (za.defined()) out = out - za * sum(cast(b, kInt32), {-2}, true);
+  if (za.defined() && zb.defined()) out = out + za * zb * a.size(-1);
+  return cast(out, kInt32);
 }
 
 /// Output channel m's value of a per-channel weight parameter, shaped to broadcast over the
@@ -193,16 +208,12 @@ Tensor requantise(const OpContext& c, const Tensor& acc, const Tensor& ab_scale,
 Tensor input_or_none(const OpContext& c, size_t i) { return c.has_input(i) ? c.input(i) : Tensor(); }
 
 Tensors matmul_integer(OpContext& c) {
-  return {cast(integer_matmul(c, c.input(0), input_or_none(c, 2), c.input(1), input_or_none(c, 3)), kInt32)};
+  return {integer_matmul(c, c.input(0), input_or_none(c, 2), c.input(1), input_or_none(c, 3))};
 }
 
 Tensors qlinear_matmul(OpContext& c) {
   const Tensor &a = c.input(0), &b = c.input(3);
-  if (c.input(2).dtype() != a.dtype() || c.input(5).dtype() != b.dtype())
-    c.fail("zero points must have their operand's type (a ", dtype_name(a.dtype()), ", a_zero_point ",
-           dtype_name(c.input(2).dtype()), ", b ", dtype_name(b.dtype()), ", b_zero_point ",
-           dtype_name(c.input(5).dtype()), ")");
-  Tensor acc = integer_matmul(c, a, c.input(2), b, c.input(5));
+  Tensor acc = cast(integer_matmul(c, a, c.input(2), b, c.input(5)), kFloat64);
   Tensor as = cast(row_zero(c, c.input(1), a, "a_scale"), kFloat32);
   Tensor bs = cast(column_zero(c, c.input(4), b, "b_scale"), kFloat32);
   return {requantise(c, acc, as * bs, cast(c.input(6), kFloat32), c.input(7))};

@@ -170,6 +170,11 @@ std::vector<Tensor> batch_norm_training(const Tensor& x, const Tensor& weight, c
 /// 1-d, 2-d and batched (broadcast batch axes) matrix product, as numpy.matmul. Operands of
 /// different dtypes are promoted as in add (PyTorch requires equal dtypes); bool is refused.
 Tensor matmul(const Tensor& a, const Tensor& b);
+/// The exact integer product (a - a_zero) @ (b - b_zero) as int32, for a and b of int8 or uint8
+/// (each either; zero points in their operand's range), with matmul's 1-d and batch rules: the
+/// products of quantised inference (ONNX's MatMulInteger). Through the backend's int8 GEMM where
+/// it has one (oneDNN on the CPU), else summed exactly in float64. Not differentiable.
+Tensor int_matmul(const Tensor& a, const Tensor& b, int64_t a_zero = 0, int64_t b_zero = 0);
 
 // ---- shape and indexing ----
 Tensor reshape(const Tensor& x, const Shape& shape);

@@ -171,6 +171,9 @@ class Backend {
   /// and gy (N, C_out, oh, ow) (overwritten). All contiguous.
   virtual bool conv2d_backward_weight(const Tensor& x, const Tensor& gy, const Window2d& win, int64_t groups,
                                       const Tensor& gw);
+  /// out (M, N) int32 = (a - a_zero)(b - b_zero) for a (M, K) and b (K, N), each int8 or uint8, zero
+  /// points in their operand's range; all contiguous (int_matmul, ONNX's quantised products).
+  virtual bool matmul_int8(const Tensor& a, int64_t a_zero, const Tensor& b, int64_t b_zero, const Tensor& out);
   /// One Adam step in one pass over memory, in the order of the optimizer's composite update:
   /// p = p * decay; m = beta1 m + (1 - beta1) g; v = beta2 v + (1 - beta2) g^2; s = max(max_v, v)
   /// written to max_v when it is defined (amsgrad), else v; p = p + (m / (sqrt(s) /

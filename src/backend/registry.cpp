@@ -70,7 +70,7 @@ bool device_available(Device device) { return device.index >= 0 && device.index 
 
 namespace detail {
 
-// A backend without its own kernels composes every convolution, optimizer step and BatchNorm pass
+// A backend without its own kernels composes every convolution, int8 product, optimizer step and BatchNorm pass
 // (Note [Optional primitives]).
 bool Backend::conv2d(const Tensor&, const Tensor&, const Tensor&, const Window2d&, int64_t, const Epilogue&,
                      const Tensor&) {
@@ -82,6 +82,7 @@ bool Backend::conv2d_backward_input(const Tensor&, const Tensor&, const Window2d
 bool Backend::conv2d_backward_weight(const Tensor&, const Tensor&, const Window2d&, int64_t, const Tensor&) {
   return false;
 }
+bool Backend::matmul_int8(const Tensor&, int64_t, const Tensor&, int64_t, const Tensor&) { return false; }
 bool Backend::adam_step(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const AdamStep&) {
   return false;
 }

@@ -208,4 +208,52 @@ void CpuBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& out) {
   });
 }
 
+#ifdef BRAID_HAVE_DNNL
+// Note [int8 GEMM through oneDNN]
+// oneDNN's dnnl_gemm_u8s8s32 computes (A - ao)(B - bo) in int32 for uint8 A and int8 B with one
+// offset each. The other signedness maps onto it exactly: an int8 A is A + 128 as uint8 with
+// offset ao + 128, a uint8 B is B - 128 as int8 with offset bo - 128 (a copy of the operand, O(MK)
+// against the GEMM's O(MNK)). Without VNNI instructions oneDNN's int8 kernels add pairs of products
+// in saturating 16-bit lanes, which can be off for large values, so those CPUs decline and
+// int_matmul sums exactly in float64 instead.
+bool CpuBackend::matmul_int8(const Tensor& a, int64_t a_zero, const Tensor& b, int64_t b_zero, const Tensor& out) {
+  static const bool vnni = [] {
+    const unsigned isa = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
+    return (isa & 0x40u) != 0 || (isa & 0x400u) != 0;  // avx512_core_vnni's or avx2_vnni's bit
+  }();
+  if (!onednn_enabled() || !vnni) return false;
+  const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
+  if (m == 0 || n == 0) return true;
+  if (k == 0) {
+    std::fill_n(out.data<int32_t>(), m * n, 0);
+    return true;
+  }
+  std::vector<uint8_t> a_shifted;
+  const uint8_t* pa = nullptr;
+  if (a.dtype() == kUInt8) {
+    pa = a.data<uint8_t>();
+  } else {
+    const int8_t* src = a.data<int8_t>();
+    a_shifted.resize(static_cast<size_t>(m * k));
+    for (int64_t i = 0; i < m * k; ++i) a_shifted[static_cast<size_t>(i)] = static_cast<uint8_t>(src[i] + 128);
+    pa = a_shifted.data();
+    a_zero += 128;
+  }
+  std::vector<int8_t> b_shifted;
+  const int8_t* pb = nullptr;
+  if (b.dtype() == kInt8) {
+    pb = b.data<int8_t>();
+  } else {
+    const uint8_t* src = b.data<uint8_t>();
+    b_shifted.resize(static_cast<size_t>(k * n));
+    for (int64_t i = 0; i < k * n; ++i) b_shifted[static_cast<size_t>(i)] = static_cast<int8_t>(src[i] - 128);
+    pb = b_shifted.data();
+    b_zero -= 128;
+  }
+  const int32_t c_offset = 0;
+  return dnnl_gemm_u8s8s32('N', 'N', 'F', m, n, k, 1.0f, pa, k, static_cast<uint8_t>(a_zero), pb, n,
+                           static_cast<int8_t>(b_zero), 0.0f, out.data<int32_t>(), n, &c_offset) == dnnl_success;
+}
+#endif
+
 }  // namespace braid::detail

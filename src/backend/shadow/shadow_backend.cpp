@@ -111,6 +111,10 @@ class ShadowBackend final : public Backend {
     const char* op = "conv2d_backward_weight";
     return cpu().conv2d_backward_weight(host(op, gw, x), host(op, gw, gy), win, groups, host(op, gw, gw));
   }
+  bool matmul_int8(const Tensor& a, int64_t a_zero, const Tensor& b, int64_t b_zero, const Tensor& out) override {
+    const char* op = "matmul_int8";
+    return cpu().matmul_int8(host(op, out, a), a_zero, host(op, out, b), b_zero, host(op, out, out));
+  }
   bool adam_step(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const Tensor& max_v,
                  const AdamStep& s) override {
     const char* op = "adam_step";
