@@ -93,6 +93,9 @@ BRAID_AVX2_CLONES void tanh_run(float* o, const float* x, int64_t n) {
 BRAID_AVX2_CLONES void sigmoid_run(float* o, const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) o[i] = sigmoid_f32(x[i]);
 }
+BRAID_AVX2_CLONES void erf_run(float* o, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) o[i] = erf_f32(x[i]);
+}
 BRAID_AVX2_CLONES void gelu_tanh_run(float* o, const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) o[i] = gelu_tanh_t(x[i]);
 }
@@ -145,7 +148,15 @@ void float_unary(UnaryOp op, const StridedLoop& loop, double p0d, double p1d) {
     case UnaryOp::Relu:
       return map_unary<T, T>(loop, [](T x) { return x < 0 ? T(0) : x; });  // NaN stays
     case UnaryOp::Erf:
-      return map_unary<T, T>(loop, [](T x) { return std::erf(x); });
+      return map_unary<T, T>(
+          loop,
+          [](T x) {
+            if constexpr (std::is_same_v<T, float>)
+              return erf_f32(x);
+            else
+              return std::erf(x);
+          },
+          clone_for<T>(erf_run));
     case UnaryOp::Asin:
       return map_unary<T, T>(loop, [](T x) { return std::asin(x); });
     case UnaryOp::Acos:
