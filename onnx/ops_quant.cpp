@@ -57,6 +57,9 @@ Tensor along(const OpContext& c, const Tensor& p, const Tensor& x, int64_t axis_
   return reshape(p, s);
 }
 
+/// The zero point's one value as an integer.
+int64_t zero_value(const Tensor& z) { return z.defined() ? static_cast<int64_t>(z.item()) : 0; }
+
 /// round half to even, saturate to t's range, convert: the last step of every quantising op.
 Tensor saturate(const Tensor& v, DType t) { return cast(clamp(round(v), qmin(t), qmax(t)), t); }
 
@@ -70,6 +73,11 @@ Tensors quantize_linear(OpContext& c) {
     not_supported(detail::cat("quantising to ", dtype_name(out), " is not supported (braid quantises to int8 and ",
                                  "uint8; it holds int16/uint16 as int32)"));
   const int64_t axis = c.attr_int("axis", 1), block = c.attr_int("block_size", 0);
+  const Tensor& scale = c.input(1);
+  if (x.dtype() == kFloat32 && scale.numel() == 1 && (!zero.defined() || zero.numel() == 1)) {
+    const double s = scale.item();
+    if (std::isfinite(s) && s > 0) return {quantize(x, s, zero.defined() ? zero_value(zero) : 0, out)};
+  }
   const DType work = x.dtype() == kFloat64 ? kFloat64 : kFloat32;
   Tensor q = round(div(cast(x, work), cast(along(c, c.input(1), x, axis, block, "y_scale"), work)));
   if (zero.defined()) q = q + cast(along(c, zero, x, axis, block, "y_zero_point"), work);
@@ -103,7 +111,7 @@ Tensors dynamic_quantize_linear(OpContext& c) {
   const float lo = x.numel() ? std::min(0.0f, static_cast<float>(amin(x).item())) : 0.0f;
   const float scale = (hi == lo ? 1.0f : hi - lo) / 255.0f;
   const float zero = std::nearbyint(std::clamp(0.0f - lo / scale, 0.0f, 255.0f));
-  Tensor y = cast(clamp(round(x / static_cast<double>(scale)) + static_cast<double>(zero), 0.0, 255.0), kUInt8);
+  Tensor y = quantize(x, scale, static_cast<int64_t>(zero), kUInt8);
   return {y, scalar_tensor(scale, kFloat32, c.device()), cast(scalar_tensor(zero, kFloat32, c.device()), kUInt8)};
 }
 
@@ -126,9 +134,6 @@ Tensor column_zero(const OpContext& c, const Tensor& z, const Tensor& b, const c
   c.fail(what, " of shape ", shape_str(z.shape()), " is neither one value nor one per column of B (shape ",
          shape_str(b.shape()), ")");
 }
-
-/// The zero point's one value as an integer.
-int64_t zero_value(const Tensor& z) { return z.defined() ? static_cast<int64_t>(z.item()) : 0; }
 
 /// The exact int32 sums of (a - a_zero)(b - b_zero) (Note [Quantised ops]). One zero point per
 /// tensor goes to int_matmul as it is; per-row/per-column ones are the corrections of the plain

@@ -289,16 +289,22 @@ void register_tensor_ops(OpRegistry& r) {
     }
     return Tensors{x};
   }));
-  r.add(op("Gather", {"axis"}, [](OpContext& c) {
-    const Tensor& x = c.input(0);
-    const int64_t axis = norm_axis(c, c.attr_int("axis", 0), x.dim());
-    Tensor idx = wrap_indices(c, c.input(1), x.size(axis), axis);
-    Tensor picked = index_select(x, axis, reshape(idx, {idx.numel()}));
-    Shape out(x.shape().begin(), x.shape().begin() + axis);
-    out.insert(out.end(), idx.shape().begin(), idx.shape().end());
-    out.insert(out.end(), x.shape().begin() + axis + 1, x.shape().end());
-    return Tensors{reshape(picked, out)};
-  }));
+  {
+    // Rows of a table in any element type as they are (an int8 or float16 embedding table is not
+    // widened whole for the few rows a batch picks).
+    OpSchema s = op("Gather", {"axis"}, [](OpContext& c) {
+      const Tensor& x = c.input(0);
+      const int64_t axis = norm_axis(c, c.attr_int("axis", 0), x.dim());
+      Tensor idx = wrap_indices(c, c.input(1), x.size(axis), axis);
+      Tensor picked = index_select(x, axis, reshape(idx, {idx.numel()}));
+      Shape out(x.shape().begin(), x.shape().begin() + axis);
+      out.insert(out.end(), idx.shape().begin(), idx.shape().end());
+      out.insert(out.end(), x.shape().begin() + axis + 1, x.shape().end());
+      return Tensors{reshape(picked, out)};
+    });
+    s.storage_via_compute = false;
+    r.add(std::move(s));
+  }
   r.add(op("GatherElements", {"axis"}, [](OpContext& c) {
     const Tensor& x = c.input(0);
     const int64_t axis = norm_axis(c, c.attr_int("axis", 0), x.dim());

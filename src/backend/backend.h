@@ -174,6 +174,12 @@ class Backend {
   /// out (M, N) int32 = (a - a_zero)(b - b_zero) for a (M, K) and b (K, N), each int8 or uint8, zero
   /// points in their operand's range; all contiguous (int_matmul, ONNX's quantised products).
   virtual bool matmul_int8(const Tensor& a, int64_t a_zero, const Tensor& b, int64_t b_zero, const Tensor& out);
+  /// out = softmax of x along its last axis, x contiguous (rows of x.size(-1)), with the composite's
+  /// steps: m = max, e = exp(x - m), out = e / sum(e) (braid::softmax, forward only).
+  virtual bool softmax_rows(const Tensor& x, const Tensor& out);
+  /// out (int8 or uint8, x's shape) = round_half_even(x / scale) + zero saturated to out's range, x
+  /// float32 and contiguous, the division in float32; NaN gives 0 (braid::quantize).
+  virtual bool quantize(const Tensor& x, double scale, int64_t zero, const Tensor& out);
   /// One Adam step in one pass over memory, in the order of the optimizer's composite update:
   /// p = p * decay; m = beta1 m + (1 - beta1) g; v = beta2 v + (1 - beta2) g^2; s = max(max_v, v)
   /// written to max_v when it is defined (amsgrad), else v; p = p + (m / (sqrt(s) /

@@ -23,7 +23,7 @@ Tensor gather_raw(const Tensor& x, int64_t a, const Tensor& idx) {
 }  // namespace
 
 Tensor gather(const Tensor& x, int64_t axis, const Tensor& index) {
-  check_compute(x, "gather");
+  BRAID_CHECK(x.defined(), "gather: got an undefined tensor");  // any dtype: the backend moves bits
   check_same_device(x, index, "gather");
   int64_t a = normalize_axis_or_scalar(axis, x.dim(), "gather");
   // A 0-d input or index stands for one of size 1 when the other is at most 1-d (Note [Axes of a
@@ -34,7 +34,7 @@ Tensor gather(const Tensor& x, int64_t axis, const Tensor& index) {
   Tensor idx = checked_index(index, x.shape()[a], "gather", axis);
   Tensor out = gather_raw(x, a, idx);
   traced("gather", out, {x, index}, {{a}, {}});
-  if (!is_floating(x.dtype())) return out;
+  if (!is_floating(x.dtype()) || !is_compute_type(x.dtype())) return out;
   Shape in_shape = x.shape();
   return record("gather", out, {x}, [idx, a, in_shape](const Tensor& g, Grads& r) {
     r.set(0, scatter_add(zeros(in_shape, g.dtype(), g.device()), a, idx, g));
@@ -42,7 +42,7 @@ Tensor gather(const Tensor& x, int64_t axis, const Tensor& index) {
 }
 
 Tensor index_select(const Tensor& x, int64_t axis, const Tensor& index) {
-  check_compute(x, "index_select");
+  BRAID_CHECK(x.defined(), "index_select: got an undefined tensor");  // any dtype: the backend moves bits
   check_same_device(x, index, "index_select");
   int64_t a = normalize_axis_or_scalar(axis, x.dim(), "index_select");
   BRAID_CHECK(index.dim() <= 1, "index_select: index must be 1-d, got shape ", shape_str(index.shape()));
@@ -59,7 +59,7 @@ Tensor index_select(const Tensor& x, int64_t axis, const Tensor& index) {
   Tensor wide = broadcast_view(idx.reshape(view_shape), out_shape);
   Tensor out = gather_raw(x, a, wide);
   traced("index_select", out, {x, index}, {{a}, {}});
-  if (!is_floating(x.dtype())) return out;
+  if (!is_floating(x.dtype()) || !is_compute_type(x.dtype())) return out;
   Shape in_shape = x.shape();
   return record("index_select", out, {x}, [wide, a, in_shape](const Tensor& g, Grads& r) {
     r.set(0, scatter_add(zeros(in_shape, g.dtype(), g.device()), a, wide, g));

@@ -68,34 +68,4 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   });
 }
 
-Tensor int_matmul(const Tensor& a, const Tensor& b, int64_t a_zero, int64_t b_zero) {
-  auto check = [](const Tensor& t, int64_t zero, const char* what) {
-    BRAID_CHECK(t.defined(), "int_matmul: ", what, " is undefined");
-    BRAID_CHECK_T(TypeError, t.dtype() == kInt8 || t.dtype() == kUInt8, "int_matmul: ", what,
-                  " must be int8 or uint8, got ", dtype_name(t.dtype()));
-    BRAID_CHECK(scalar_fits(static_cast<double>(zero), t.dtype()), "int_matmul: zero point ", zero, " of ", what,
-                " is outside ", dtype_name(t.dtype()), "'s range");
-    BRAID_CHECK(t.dim() >= 1, "int_matmul: ", what, " needs at least 1 dimension");
-  };
-  check(a, a_zero, "a");
-  check(b, b_zero, "b");
-  check_same_device(a, b, "int_matmul");
-  if (a.dim() == 1) return int_matmul(a.unsqueeze(0), b, a_zero, b_zero).squeeze(-2);
-  if (b.dim() == 1) return int_matmul(a, b.unsqueeze(1), a_zero, b_zero).squeeze(-1);
-  const int64_t k = a.size(-1);
-  BRAID_CHECK(k == b.size(-2), "int_matmul: shapes ", shape_str(a.shape()), " and ", shape_str(b.shape()),
-              " do not match (", k, " != ", b.size(-2), ")");
-  if (b.dim() == 2) {  // (..., M, K) @ (K, N): one GEMM of all rows (Note [Optional primitives])
-    const int64_t m = a.numel() / std::max<int64_t>(k, 1), n = b.size(1);
-    Shape so(a.shape().begin(), a.shape().end() - 1);
-    so.push_back(n);
-    Tensor out = new_tensor({m, n}, kInt32, a.device());
-    if (backend_of(a).matmul_int8(contiguous(a).reshape({m, k}), a_zero, contiguous(b), b_zero, out))
-      return out.reshape(so);
-  }
-  // Each sum of K products of values below 2^8 in magnitude is exact in float64 for K < 2^37.
-  Tensor x = cast(a, kFloat64) - static_cast<double>(a_zero), y = cast(b, kFloat64) - static_cast<double>(b_zero);
-  return cast(matmul(x, y), kInt32);
-}
-
 }  // namespace braid

@@ -73,30 +73,21 @@ T gelu_tanh_t(T x) {
   return x * sigmoid_t(k * (x + T(0.044715) * x * x * x));
 }
 
-// Note [AVX2 clones]
-// The float32 polynomial kernels are compute-bound at SSE2 width, the x86-64 baseline braid is
-// built for. target_clones also compiles them for AVX2 (twice the width, 2x faster) and the loader
-// picks the copy the CPU runs. Both copies do the same IEEE operations (-std=c++20 turns off FMA
-// contraction, and "avx2" does not enable FMA), so results do not depend on the machine.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define BRAID_AVX2_CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define BRAID_AVX2_CLONES
-#endif
+// BRAID_VECTOR_CLONES: Note [Vector clones] in fast_math.h.
 
-BRAID_AVX2_CLONES void exp_run(float* o, const float* x, int64_t n) {
+BRAID_VECTOR_CLONES void exp_run(float* o, const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) o[i] = exp_f32(x[i]);
 }
-BRAID_AVX2_CLONES void tanh_run(float* o, const float* x, int64_t n) {
+BRAID_VECTOR_CLONES void tanh_run(float* o, const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) o[i] = tanh_f32(x[i]);
 }
-BRAID_AVX2_CLONES void sigmoid_run(float* o, const float* x, int64_t n) {
+BRAID_VECTOR_CLONES void sigmoid_run(float* o, const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) o[i] = sigmoid_f32(x[i]);
 }
-BRAID_AVX2_CLONES void erf_run(float* o, const float* x, int64_t n) {
+BRAID_VECTOR_CLONES void erf_run(float* o, const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) o[i] = erf_f32(x[i]);
 }
-BRAID_AVX2_CLONES void gelu_tanh_run(float* o, const float* x, int64_t n) {
+BRAID_VECTOR_CLONES void gelu_tanh_run(float* o, const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) o[i] = gelu_tanh_t(x[i]);
 }
 

@@ -9,6 +9,18 @@
 #include <cstdint>
 #include <type_traits>
 
+// Note [Vector clones]
+// The float32 polynomial kernels are compute-bound at SSE2 width, the x86-64 baseline braid is
+// built for. target_clones also compiles them for AVX2 and AVX-512 (two and four times the width)
+// and the loader picks the copy the CPU runs. Every copy does the same IEEE operations: libbraid is
+// compiled with -ffp-contract=off (meson.build), so that the FMA instructions those targets have
+// never fuse a multiply and an add, and results do not depend on the machine.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define BRAID_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define BRAID_VECTOR_CLONES
+#endif
+
 namespace braid::detail {
 
 // Note [Branch-free select]

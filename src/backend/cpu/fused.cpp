@@ -10,11 +10,13 @@
 #include <cmath>
 #include <cstdlib>
 #include <initializer_list>
+#include <limits>
 #include <string>
 #include <type_traits>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/dispatch.h"
+#include "backend/cpu/fast_math.h"
 #include "backend/cpu/loop.h"
 #include "braid/parallel.h"
 
@@ -211,6 +213,90 @@ bool CpuBackend::adam_step(const Tensor& p, const Tensor& g, const Tensor& m, co
         adam_kernel<T, false>(p.data<T>(), g.data<T>(), m.data<T>(), v.data<T>(), nullptr, p.numel(), s);
     }
   });
+  return true;
+}
+
+// quantize's composite, clamp(round(x / scale) + zero) then a cast, in one pass. Rounding half to
+// even by adding and subtracting 1.5 * 2^23 (exact below 2^22 in magnitude, and anything larger
+// saturates), which vectorises where nearbyint would be a call; selects by masks for the same
+// reason (Note [Branch-free select]), and vector clones (Note [Vector clones]) for the division.
+template <typename Q>
+inline void quantize_range(const float* x, Q* out, int64_t n, float scale, float zero) {
+  constexpr float lo = std::is_same_v<Q, int8_t> ? -128.0f : 0.0f, hi = std::is_same_v<Q, int8_t> ? 127.0f : 255.0f;
+  constexpr float kShift = 0x1.8p23f;
+  for (int64_t i = 0; i < n; ++i) {
+    const float q = x[i] / scale;
+    const float r = (q + kShift) - kShift;
+    float v = select(std::fabs(q) < 0x1p22f, r, q) + zero;
+    v = select(v == v, v, 0.0f);
+    v = select(v < lo, lo, v);
+    v = select(v > hi, hi, v);
+    out[i] = static_cast<Q>(static_cast<int32_t>(v));
+  }
+}
+BRAID_VECTOR_CLONES void quantize_u8(const float* x, uint8_t* out, int64_t n, float scale, float zero) {
+  quantize_range(x, out, n, scale, zero);
+}
+BRAID_VECTOR_CLONES void quantize_s8(const float* x, int8_t* out, int64_t n, float scale, float zero) {
+  quantize_range(x, out, n, scale, zero);
+}
+
+template <typename Q>
+void quantize_kernel(const float* x, Q* out, int64_t n, float scale, float zero) {
+  const int nt = n > kParallelGrain && !omp_in_parallel() ? get_num_threads() : 1;
+#pragma omp parallel num_threads(nt)
+  {
+    const int t = omp_get_thread_num(), parts = omp_get_num_threads();
+    const int64_t begin = n * t / parts, end = n * (t + 1) / parts;
+    if constexpr (std::is_same_v<Q, uint8_t>)
+      quantize_u8(x + begin, out + begin, end - begin, scale, zero);
+    else
+      quantize_s8(x + begin, out + begin, end - begin, scale, zero);
+  }
+}
+
+bool CpuBackend::quantize(const Tensor& x, double scale, int64_t zero, const Tensor& out) {
+  if (!fused_on() || x.dtype() != kFloat32 || !x.is_contiguous()) return false;
+  const float s = static_cast<float>(scale), z = static_cast<float>(zero);
+  if (out.dtype() == kUInt8)
+    quantize_kernel(x.data<float>(), out.data<uint8_t>(), x.numel(), s, z);
+  else
+    quantize_kernel(x.data<float>(), out.data<int8_t>(), x.numel(), s, z);
+  return true;
+}
+
+// Softmax rows in one pass each (three sweeps over a row that stays in cache), with the composite's
+// arithmetic: the max (NaN propagating), exp(x - max) by exp_f32, the sum in double over eight
+// partial sums as the composite's reduction adds a row (reduce.cpp), and the division in float.
+// Where the composite's reduction would split one long row over threads it rounds its sum
+// differently: the two agree to float32 reassociation there, and bit for bit elsewhere.
+BRAID_VECTOR_CLONES void softmax_row(const float* x, float* y, int64_t n) {
+  float m = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < n; ++i) m = (m > x[i]) | (m != m) ? m : x[i];
+  for (int64_t i = 0; i < n; ++i) y[i] = exp_f32(x[i] - m);
+  double acc = 0;
+  int64_t i = 0;
+  if (n >= 16) {
+    double lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (; i + 8 <= n; i += 8)
+      for (int k = 0; k < 8; ++k) lanes[k] += static_cast<double>(y[i + k]);
+    for (; i < n; ++i) acc += static_cast<double>(y[i]);
+    for (double l : lanes) acc += l;
+  } else {
+    for (; i < n; ++i) acc += static_cast<double>(y[i]);
+  }
+  const float s = static_cast<float>(acc);
+  for (int64_t j = 0; j < n; ++j) y[j] = y[j] / s;
+}
+
+bool CpuBackend::softmax_rows(const Tensor& x, const Tensor& out) {
+  if (!fused_on() || x.dtype() != kFloat32 || !x.is_contiguous() || x.dim() == 0) return false;
+  const int64_t n = x.size(-1), rows = x.numel() / n;
+  const float* px = x.data<float>();
+  float* py = out.data<float>();
+  const int nt = x.numel() > kParallelGrain && rows > 1 && !omp_in_parallel() ? get_num_threads() : 1;
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (int64_t r = 0; r < rows; ++r) softmax_row(px + r * n, py + r * n, n);
   return true;
 }
 

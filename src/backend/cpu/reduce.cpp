@@ -34,6 +34,7 @@ using WideAcc = std::conditional_t<std::is_floating_point_v<T>, double, uint64_t
 template <typename T>
 struct SumR {
   using Acc = WideAcc<T>;
+  static constexpr int kLanes = 8;  // partial sums in reduce_run: the rounding of float sums depends on it
   static Acc init() { return Acc(0); }
   static Acc step(Acc a, T x) { return a + static_cast<Acc>(x); }
   static Acc combine(Acc a, Acc b) { return a + b; }
@@ -43,6 +44,7 @@ struct SumR {
 template <typename T>
 struct ProdR {
   using Acc = WideAcc<T>;
+  static constexpr int kLanes = 8;
   static Acc init() { return Acc(1); }
   static Acc step(Acc a, T x) { return a * static_cast<Acc>(x); }
   static Acc combine(Acc a, Acc b) { return a * b; }
@@ -54,6 +56,7 @@ struct ProdR {
 template <typename T>
 struct MaxR {
   using Acc = T;
+  static constexpr int kLanes = 32;  // exact in any order: enough independent chains to hide the latency
   static Acc init() {
     if constexpr (std::is_floating_point_v<T>)
       return -std::numeric_limits<T>::infinity();
@@ -68,6 +71,7 @@ struct MaxR {
 template <typename T>
 struct MinR {
   using Acc = T;
+  static constexpr int kLanes = 32;
   static Acc init() {
     if constexpr (std::is_floating_point_v<T>)
       return std::numeric_limits<T>::infinity();
@@ -79,16 +83,17 @@ struct MinR {
   static T finish(Acc a) { return a; }
 };
 
-// Reduces x (n, stride s) into acc.
+// Reduces x (n, stride s) into acc; contiguous runs through R::kLanes independent partial results.
 template <typename R, typename T>
 typename R::Acc reduce_run(typename R::Acc acc, const T* x, int64_t s, int64_t n) {
   using Acc = typename R::Acc;
-  if (s == 1 && n >= 16) {
-    Acc lanes[8];
+  constexpr int kLanes = R::kLanes;
+  if (s == 1 && n >= 2 * kLanes) {
+    Acc lanes[kLanes];
     for (Acc& l : lanes) l = R::init();
     int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-      for (int k = 0; k < 8; ++k) lanes[k] = R::step(lanes[k], x[i + k]);
+    for (; i + kLanes <= n; i += kLanes)
+      for (int k = 0; k < kLanes; ++k) lanes[k] = R::step(lanes[k], x[i + k]);
     for (; i < n; ++i) acc = R::step(acc, x[i]);
     for (const Acc& l : lanes) acc = R::combine(acc, l);
   } else {

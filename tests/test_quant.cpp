@@ -1,0 +1,142 @@
+// Quantised values and their arithmetic: int8/uint8 as storage dtypes (conversions as C++ and NumPy
+// define them), int_matmul against the integer product summed in int64 by a loop here, quantize
+// against its closed form, and the one-pass softmax against the composite it replaces, on the device under test
+// (tests/test_device.h). The family also runs with oneDNN and the fused kernels off (tests/meson.build), which takes the composites.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "braid/braid.h"
+#include "error_of.h"
+
+namespace braid {
+namespace {
+
+TEST(Int8, ConversionsSaturateFromFloatAndWrapBetweenIntegers) {
+  EXPECT_EQ(dtype_size(kInt8), 1);
+  EXPECT_EQ(dtype_name(kUInt8), "uint8");
+  EXPECT_FALSE(is_compute_type(kInt8));
+  EXPECT_EQ(compute_type(kUInt8), kInt32);
+  EXPECT_EQ(promote_types(kInt8, kUInt8), kInt32);
+  EXPECT_EQ(promote_types(kUInt8, kFloat32), kFloat32);
+  const Tensor f = tensor(std::vector<float>{-300.f, -128.9f, -1.5f, 0.7f, 126.9f, 255.5f, 1e9f, NAN}, {8});
+  // Truncation toward zero, then saturation (NaN gives 0), as braid's float -> int32.
+  EXPECT_EQ(cast(f, kInt8).to_vector<int32_t>(), (std::vector<int32_t>{-128, -128, -1, 0, 126, 127, 127, 0}));
+  EXPECT_EQ(cast(f, kUInt8).to_vector<int32_t>(), (std::vector<int32_t>{0, 0, 0, 0, 126, 255, 255, 0}));
+  // Between integers the low bits are kept, as numpy's astype and ONNX's Cast do.
+  const Tensor i = tensor(std::vector<int32_t>{300, -1, 128, -129}, {4});
+  EXPECT_EQ(cast(i, kUInt8).to_vector<int32_t>(), (std::vector<int32_t>{44, 255, 128, 127}));
+  EXPECT_EQ(cast(i, kInt8).to_vector<int32_t>(), (std::vector<int32_t>{44, -1, -128, 127}));
+  // Storage types do not compute; the error says what to cast to.
+  const Tensor q = cast(i, kInt8);
+  EXPECT_NE(error_of<TypeError>([&] { (void)sum(q); }).find("cast to int32 first"), std::string::npos);
+  EXPECT_EQ(sum(cast(q, kInt32)).item(), 44 - 1 - 128 + 127);
+}
+
+// (a - za)(b - zb) summed exactly in int64, for a (m, k) and b (k, n) given as int32 values.
+std::vector<int64_t> reference_product(const std::vector<int32_t>& a, const std::vector<int32_t>& b, int64_t m,
+                                       int64_t k, int64_t n, int64_t za, int64_t zb) {
+  std::vector<int64_t> c(static_cast<size_t>(m * n), 0);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t p = 0; p < k; ++p)
+        c[static_cast<size_t>(i * n + j)] += (a[static_cast<size_t>(i * k + p)] - za) * (b[static_cast<size_t>(p * n + j)] - zb);
+  return c;
+}
+
+std::vector<int32_t> random_values(DType t, int64_t count, Generator& gen) {
+  const double lo = t == kInt8 ? -128 : 0, hi = t == kInt8 ? 128 : 256;
+  return cast(floor(rand({count}, kFloat64, &gen) * (hi - lo) + lo), kInt32).to_vector<int32_t>();
+}
+
+TEST(IntMatmul, IsTheExactIntegerProductForEverySignedness) {
+  Generator gen(11);
+  const int64_t batch = 2, m = 5, k = 300, n = 19;  // sums of 300 products of up to 255 * 255
+  for (DType ta : {kUInt8, kInt8})
+    for (DType tb : {kUInt8, kInt8}) {
+      SCOPED_TRACE(dtype_name(ta) + " x " + dtype_name(tb));
+      const std::vector<int32_t> av = random_values(ta, batch * m * k, gen), bv = random_values(tb, k * n, gen);
+      const int64_t za = ta == kInt8 ? -7 : 131, zb = tb == kInt8 ? 3 : 255;
+      const Tensor a = cast(tensor(av, {batch, m, k}), ta);
+      const Tensor b = cast(tensor(bv, {k, n}), tb);
+      const Tensor c = int_matmul(a, b, za, zb);
+      ASSERT_EQ(c.dtype(), kInt32);
+      ASSERT_EQ(c.shape(), (Shape{batch, m, n}));
+      const std::vector<int32_t> got = c.to_vector<int32_t>();
+      for (int64_t s = 0; s < batch; ++s) {
+        const std::vector<int32_t> as(av.begin() + s * m * k, av.begin() + (s + 1) * m * k);
+        const std::vector<int64_t> want = reference_product(as, bv, m, k, n, za, zb);
+        for (int64_t i = 0; i < m * n; ++i) ASSERT_EQ(got[static_cast<size_t>(s * m * n + i)], want[static_cast<size_t>(i)]) << "batch " << s << " element " << i;
+      }
+      // A batched b and 1-d operands take matmul's rules (the float64 path).
+      const Tensor b2 = cast(tensor(bv, {1, k, n}), tb);
+      EXPECT_TRUE(equal(int_matmul(a, b2, za, zb), c));
+      const Tensor row = narrow(reshape(a, {batch * m, k}), 0, 0, 1).reshape({k});
+      EXPECT_TRUE(equal(int_matmul(row, b, za, zb), narrow(reshape(c, {batch * m, n}), 0, 0, 1).reshape({n})));
+    }
+  const Tensor u = cast(zeros({2, 3}), kUInt8);
+  EXPECT_NE(error_of([&] { (void)int_matmul(u, u); }).find("do not match"), std::string::npos);
+  EXPECT_NE(error_of([&] { (void)int_matmul(u, cast(zeros({3, 2}), kUInt8), 256); }).find("outside uint8's range"),
+            std::string::npos);
+  EXPECT_NE(error_of<TypeError>([&] { (void)int_matmul(zeros({2, 3}), u); }).find("int8 or uint8"), std::string::npos);
+}
+
+TEST(Quantize, IsRoundHalfToEvenOfTheQuotientSaturated) {
+  Generator gen(3);
+  std::vector<float> x = (randn({100000}, kFloat32, &gen) * 3.0).to_vector<float>();
+  const float scale = 0.02f;
+  // Exact ties of the quotient, both signs, values past either end, NaN and infinities.
+  for (float t : {0.5f, 1.5f, 2.5f, -0.5f, -1.5f, -2.5f, 126.5f, 127.5f})
+    x.push_back(t * scale);
+  for (float v : {1e9f, -1e9f, NAN, INFINITY, -INFINITY, 0.0f, -0.0f}) x.push_back(v);
+  const int64_t count = static_cast<int64_t>(x.size());
+  for (DType t : {kUInt8, kInt8}) {
+    const int64_t zero = t == kUInt8 ? 128 : -3;
+    const double lo = t == kUInt8 ? 0 : -128, hi = t == kUInt8 ? 255 : 127;
+    const std::vector<int32_t> got =
+        quantize(tensor(x, {count}), scale, zero, t).to_vector<int32_t>();
+    for (int64_t i = 0; i < count; ++i) {
+      const float q = x[static_cast<size_t>(i)] / scale;  // in float32, as ONNX's reference divides
+      double want = std::nearbyint(static_cast<double>(q)) + static_cast<double>(zero);
+      want = std::isnan(want) ? 0 : std::min(std::max(want, lo), hi);
+      ASSERT_EQ(got[static_cast<size_t>(i)], static_cast<int32_t>(want)) << dtype_name(t) << " x = " << x[static_cast<size_t>(i)];
+    }
+  }
+  EXPECT_NE(error_of([&] { (void)quantize(zeros({2}), 0.0, 0, kUInt8); }).find("scale"), std::string::npos);
+  EXPECT_NE(error_of<TypeError>([&] { (void)quantize(zeros({2}), 1.0, 0, kInt32); }).find("int8 or uint8"),
+            std::string::npos);
+}
+
+// The one-pass softmax (Backend::softmax_rows) gives the composite's numbers bit for bit: rows short
+// and long, with infinities and NaN, enough rows for every thread.
+TEST(Softmax, RowKernelIsTheComposite) {
+  Generator gen(8);
+  for (int64_t n : {1, 7, 16, 37, 300}) {
+    SCOPED_TRACE("row length " + std::to_string(n));
+    Tensor x = randn({500, n}, kFloat32, &gen) * 4.0;
+    std::vector<float> v = x.to_vector<float>();
+    v[0] = INFINITY;
+    v[static_cast<size_t>(n)] = -INFINITY;
+    v[static_cast<size_t>(2 * n)] = NAN;
+    x = tensor(v, {500, n});
+    const Tensor e = exp(x - amax(x, {1}, true));
+    const Tensor composite = e / sum(e, {1}, true);
+    const std::vector<float> got = softmax(x, 1).to_vector<float>(), want = composite.to_vector<float>();
+    for (size_t i = 0; i < got.size(); ++i) {
+      if (std::isnan(want[i])) ASSERT_TRUE(std::isnan(got[i])) << i;
+      else ASSERT_EQ(got[i], want[i]) << i;
+    }
+    // And a closed-form check of one ordinary row, in double.
+    double s = 0, m = -INFINITY;
+    for (int64_t j = 0; j < n; ++j) m = std::max(m, static_cast<double>(v[static_cast<size_t>(3 * n + j)]));
+    for (int64_t j = 0; j < n; ++j) s += std::exp(v[static_cast<size_t>(3 * n + j)] - m);
+    for (int64_t j = 0; j < n; ++j)
+      EXPECT_NEAR(got[static_cast<size_t>(3 * n + j)], std::exp(v[static_cast<size_t>(3 * n + j)] - m) / s, 2e-7);
+  }
+}
+
+}  // namespace
+}  // namespace braid
