@@ -377,3 +377,23 @@ def test_dlpack_1_0_with_numpy_2_is_writable_both_ways():
     np.testing.assert_array_equal(c.numpy(), [0.0, 1.0, 2.0])
     c[0] = 9.0  # a copy: the read-only array is untouched
     assert frozen[0] == 0.0
+
+
+def test_int8_and_uint8_storage_tensors_come_back_as_themselves():
+    # Quantised values (ONNX's int8/uint8) are braid storage dtypes: casts wrap between integers
+    # as NumPy's astype does, saturate from floats, and numpy()/DLPack give the same type back.
+    t = braid.tensor([1, 2, 300, -1])
+    u = t.to(braid.uint8)
+    assert u.dtype == braid.uint8 and u.dtype.itemsize == 1
+    np.testing.assert_array_equal(u.numpy(), np.array([1, 2, 300, -1]).astype(np.uint8))
+    assert u.numpy().dtype == np.uint8
+    s = braid.tensor([-200.0, -3.7, 3.7, 200.0]).to(braid.int8)
+    np.testing.assert_array_equal(s.numpy(), np.array([-128, -3, 3, 127], np.int8))
+    back = np.from_dlpack(s)
+    assert back.dtype == np.int8
+    np.testing.assert_array_equal(back, [-128, -3, 3, 127])
+    d = braid.from_dlpack(np.array([7, 250], np.uint8))
+    assert d.dtype == braid.uint8
+    assert d.to(braid.int32).numpy().tolist() == [7, 250]
+    with pytest.raises(TypeError, match="storage type"):
+        s + s
