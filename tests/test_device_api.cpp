@@ -4,6 +4,7 @@
 // shadow device's, which every build has.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "braid/braid.h"
@@ -134,6 +135,32 @@ TEST(Device, MemoryStatisticsPerDevice) {
   EXPECT_EQ(max_memory_allocated(kShadow) - before, 4160);
   reset_peak_memory_stats(kShadow);
   EXPECT_EQ(max_memory_allocated(kShadow), before);
+}
+
+// Note [Block cache]: freed large CPU blocks are reused (a request is served by a cached block of
+// up to twice its size), and what the cache keeps is bounded by the peak of live tensor bytes, so
+// a run through many sizes does not keep one block of each resident.
+TEST(Device, CpuBlockCacheReusesBlocksAndStaysBoundedByTheLivePeak) {
+  const Device cpu = Device::cpu();
+  empty_cache(cpu);
+  reset_peak_memory_stats(cpu);
+  void* first = nullptr;
+  {
+    Tensor a = empty({1 << 20}, kFloat32, cpu);  // 4 MiB
+    first = a.raw_data();
+  }
+  EXPECT_GE(memory_cached(cpu), 4 << 20);
+  {
+    Tensor b = empty({(1 << 20) - 4096}, kFloat32, cpu);  // a little smaller: served by the same block
+    EXPECT_EQ(b.raw_data(), first);
+  }
+  // 64 sizes from 1 to 64 MiB, one alive at a time: the cache keeps at most max(64 MiB, 3 x peak).
+  for (int64_t mib = 1; mib <= 64; ++mib) Tensor t = empty({mib << 18}, kFloat32, cpu);
+  const int64_t peak = max_memory_allocated(cpu);
+  EXPECT_LE(memory_cached(cpu), std::max<int64_t>(int64_t{64} << 20, 3 * peak));
+  EXPECT_LT(memory_cached(cpu), int64_t{64 * 65 / 2} << 20);  // not every block ever freed
+  empty_cache(cpu);
+  EXPECT_EQ(memory_cached(cpu), 0);
 }
 
 TEST(Device, DefaultDeviceIsWhatTheRunTests) {
