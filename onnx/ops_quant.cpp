@@ -91,6 +91,10 @@ Tensors dequantize_linear(OpContext& c) {
   const Tensor& scale = c.input(1);
   if (!is_floating(scale.dtype())) c.fail("x_scale must be floating-point, got ", dtype_name(scale.dtype()));
   const int64_t axis = c.attr_int("axis", 1), block = c.attr_int("block_size", 0);
+  const bool per_tensor = scale.numel() == 1 && (!c.has_input(2) || c.input(2).numel() == 1);
+  if (per_tensor && scale.dtype() == kFloat32 && c.attr_int("output_dtype", 0) == 0 &&
+      (!c.has_input(2) || c.input(2).dtype() == x.dtype()))
+    return {dequantize(x, scale.item(), c.has_input(2) ? zero_value(c.input(2)) : 0)};
   Tensor v = cast(x, kFloat32);
   if (c.has_input(2)) {
     if (c.input(2).dtype() != x.dtype())

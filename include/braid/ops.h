@@ -179,6 +179,9 @@ Tensor int_matmul(const Tensor& a, const Tensor& b, int64_t a_zero = 0, int64_t 
 /// saturated to dtype (int8 or uint8); x / scale is computed in x's floating dtype, NaN gives 0.
 /// One pass through the backend's kernel where it has one. Not differentiable.
 Tensor quantize(const Tensor& x, double scale, int64_t zero_point, DType dtype);
+/// Its inverse per tensor, as ONNX's DequantizeLinear: (x - zero_point) * scale in float32, for x
+/// int8, uint8 or int32. One pass through the backend's kernel where it has one.
+Tensor dequantize(const Tensor& x, double scale, int64_t zero_point);
 
 // ---- shape and indexing ----
 Tensor reshape(const Tensor& x, const Shape& shape);

@@ -174,6 +174,9 @@ class Backend {
   /// out (M, N) int32 = (a - a_zero)(b - b_zero) for a (M, K) and b (K, N), each int8 or uint8, zero
   /// points in their operand's range; all contiguous (int_matmul, ONNX's quantised products).
   virtual bool matmul_int8(const Tensor& a, int64_t a_zero, const Tensor& b, int64_t b_zero, const Tensor& out);
+  /// out (float32, x's shape) = (x - zero) * scale for x int8 or uint8, contiguous; the subtraction
+  /// and the multiplication in float32 (braid::dequantize).
+  virtual bool dequantize(const Tensor& x, double scale, int64_t zero, const Tensor& out);
   /// out = softmax of x along its last axis, x contiguous (rows of x.size(-1)), with the composite's
   /// steps: m = max, e = exp(x - m), out = e / sum(e) (braid::softmax, forward only).
   virtual bool softmax_rows(const Tensor& x, const Tensor& out);

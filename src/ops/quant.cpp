@@ -55,4 +55,17 @@ Tensor quantize(const Tensor& x, double scale, int64_t zero_point, DType dtype) 
   return cast(clamp(round(x / scale) + static_cast<double>(zero_point), lo, hi), dtype);
 }
 
+Tensor dequantize(const Tensor& x, double scale, int64_t zero_point) {
+  BRAID_CHECK(x.defined(), "dequantize: got an undefined tensor");
+  BRAID_CHECK_T(TypeError, x.dtype() == kInt8 || x.dtype() == kUInt8 || x.dtype() == kInt32,
+                "dequantize: x must be int8, uint8 or int32, got ", dtype_name(x.dtype()));
+  BRAID_CHECK(scalar_fits(static_cast<double>(zero_point), x.dtype()), "dequantize: zero point ", zero_point,
+              " is outside ", dtype_name(x.dtype()), "'s range");
+  NoGradGuard no_grad;
+  Tensor out = new_tensor(x.shape(), kFloat32, x.device());
+  if (x.dtype() != kInt32 && backend_of(x).dequantize(contiguous(x), scale, zero_point, out)) return out;
+  // In float32: x - zero_point is exact for 8-bit values, then one rounding by the multiplication.
+  return (cast(x, kFloat32) - static_cast<double>(zero_point)) * scale;
+}
+
 }  // namespace braid

@@ -44,6 +44,7 @@ class CpuBackend final : public Backend {
   // fused.cpp: whole composites in one pass (Note [Optional primitives])
   bool quantize(const Tensor& x, double scale, int64_t zero, const Tensor& out) override;
   bool softmax_rows(const Tensor& x, const Tensor& out) override;
+  bool dequantize(const Tensor& x, double scale, int64_t zero, const Tensor& out) override;
   bool adam_step(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const Tensor& max_v,
                  const AdamStep& s) override;
   bool channel_moments(const Tensor& x, const Tensor& mean, const Tensor& var) override;

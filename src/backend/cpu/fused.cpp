@@ -300,4 +300,24 @@ bool CpuBackend::softmax_rows(const Tensor& x, const Tensor& out) {
   return true;
 }
 
+// dequantize's composite, (float(x) - zero) * scale, in one pass.
+template <typename Q>
+void dequantize_kernel(const Q* x, float* out, int64_t n, float scale, float zero) {
+  const int nt = n > kParallelGrain && !omp_in_parallel() ? get_num_threads() : 1;
+#pragma omp parallel for simd num_threads(nt) schedule(static)
+  for (int64_t i = 0; i < n; ++i) out[i] = (static_cast<float>(x[i]) - zero) * scale;
+}
+
+bool CpuBackend::dequantize(const Tensor& x, double scale, int64_t zero, const Tensor& out) {
+  if (!fused_on() || !x.is_contiguous()) return false;
+  const float s = static_cast<float>(scale), z = static_cast<float>(zero);
+  if (x.dtype() == kUInt8)
+    dequantize_kernel(x.data<uint8_t>(), out.data<float>(), x.numel(), s, z);
+  else if (x.dtype() == kInt8)
+    dequantize_kernel(x.data<int8_t>(), out.data<float>(), x.numel(), s, z);
+  else
+    return false;
+  return true;
+}
+
 }  // namespace braid::detail

@@ -115,6 +115,10 @@ class ShadowBackend final : public Backend {
     const char* op = "matmul_int8";
     return cpu().matmul_int8(host(op, out, a), a_zero, host(op, out, b), b_zero, host(op, out, out));
   }
+  bool dequantize(const Tensor& x, double scale, int64_t zero, const Tensor& out) override {
+    const char* op = "dequantize";
+    return cpu().dequantize(host(op, out, x), scale, zero, host(op, out, out));
+  }
   bool softmax_rows(const Tensor& x, const Tensor& out) override {
     const char* op = "softmax_rows";
     return cpu().softmax_rows(host(op, out, x), host(op, out, out));
