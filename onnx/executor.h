@@ -12,6 +12,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "braid/autograd.h"
@@ -25,7 +26,7 @@ namespace braid::onnx {
 
 struct Scope {
   const Scope* parent = nullptr;
-  std::map<std::string, Tensor> values;
+  std::unordered_map<std::string, Tensor> values;  // hashed: graph value names are long and share prefixes
   const Tensor* find(const std::string& name) const {
     for (const Scope* s = this; s != nullptr; s = s->parent) {
       auto it = s->values.find(name);
