@@ -46,6 +46,7 @@ struct ActFusion {
 struct ExecPlan {
   std::vector<std::vector<std::string>> release_after;  // values whose last use is node i
   std::map<size_t, size_t> conv_bn;                     // Conv node -> the BatchNormalization it feeds
+  std::map<size_t, std::pair<size_t, size_t>> conv_affine;  // Conv node -> the Mul and Add by scalars after it
   std::map<size_t, ActFusion> conv_act;                 // Conv (or folded BatchNormalization) -> its activation
   std::map<std::string, double> constants;  // one-element Constant nodes' values, known before they run
 };
@@ -75,7 +76,10 @@ class Executor {
         // output (or the output of the BatchNormalization folded into it) runs as the convolution's
         // epilogue (braid::conv2d_activation: oneDNN's post-ops on the CPU), so its pass over the
         // activations, which onnxruntime never makes either, disappears.
-        const size_t last = it != plan->conv_bn.end() ? it->second : i;
+        auto af = plan->conv_affine.find(i);
+        const size_t last = it != plan->conv_bn.end()      ? it->second
+                            : af != plan->conv_affine.end() ? af->second.second
+                                                            : i;
         auto a = plan->conv_act.find(last);
         ops::FusedActivation act;
         const ActFusion* fusion =
@@ -86,6 +90,14 @@ class Executor {
         if (it != plan->conv_bn.end()) {
           if (run_folded(g.nodes[i], g.nodes[it->second], scope, fused)) {
             skip_.insert(it->second);
+            if (fusion) skip_.insert(fusion->nodes.begin(), fusion->nodes.end());
+            release(plan, i, scope);
+            continue;
+          }
+        } else if (af != plan->conv_affine.end()) {
+          if (run_affine(g.nodes[i], g.nodes[af->second.first], g.nodes[af->second.second], scope, *plan, fused)) {
+            skip_.insert(af->second.first);
+            skip_.insert(af->second.second);
             if (fusion) skip_.insert(fusion->nodes.begin(), fusion->nodes.end());
             release(plan, i, scope);
             continue;
@@ -180,6 +192,44 @@ class Executor {
     scope.values[fused.output ? *fused.output : bn.outputs[0]] = outputs.at(0);
     if (profile_ != nullptr) {
       auto& slot = (*profile_)[fused.label ? "Conv+BatchNormalization+" + *fused.label : "Conv+BatchNormalization"];
+      slot.ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+      slot.calls++;
+    }
+    return true;
+  }
+
+  // Note [Folding a scalar affine into Conv]
+  // Some exporters write a learnable scale and shift after a convolution as Mul and Add by
+  // one-element constants (PP-LCNetV3's "learnable affine blocks" in PP-OCRv4): in inference
+  // y = conv(x, W, b) * a + d is one convolution with W' = a W and b' = a b + d, folded on every run
+  // as BatchNormalization is, and the activation after the Add can then fuse into it too.
+  bool run_affine(const Node& conv, const Node& mul, const Node& add, Scope& scope, const ExecPlan& plan,
+                  const Fused& fused) {
+    const std::string& ka = mul.inputs[0] == conv.outputs[0] ? mul.inputs[1] : mul.inputs[0];
+    const std::string& kd = add.inputs[0] == mul.outputs[0] ? add.inputs[1] : add.inputs[0];
+    double a = 0, d = 0;
+    if (!number(ka, scope, plan, a) || !number(kd, scope, plan, d)) return false;
+    const Tensor* x = scope.find(conv.inputs[0]);
+    const Tensor* w = scope.find(conv.inputs[1]);
+    const Tensor* b = conv.inputs.size() > 2 && !conv.inputs[2].empty() ? scope.find(conv.inputs[2]) : nullptr;
+    if (x == nullptr || w == nullptr || w->dim() < 3 || (x->dtype() != kFloat32 && x->dtype() != kFloat64) ||
+        w->dtype() != x->dtype() || (b != nullptr && b->dtype() != x->dtype()))
+      return false;
+    const auto start = profile_ != nullptr ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
+    Tensor w2 = *w * a;
+    Tensor b2 = (b != nullptr ? *b : zeros({w->size(0)}, w->dtype(), w->device())) * a + d;
+    const OpSchema* s = registry_.find(conv.domain, conv.op_type);
+    std::vector<Tensor> outputs;
+    try {
+      OpContext ctx(conv, model_.opset(conv.domain), training_, {*x, w2, b2}, this);
+      outputs = fused.act ? ops::conv_fused(ctx, *fused.act) : s->run(ctx);
+    } catch (const Error& e) {
+      throw ValueError(detail::cat(model_.path, ": ", conv.label(), " (folded with ", mul.label(), " and ",
+                                   add.label(), "): ", e.what()));
+    }
+    scope.values[fused.output ? *fused.output : add.outputs[0]] = outputs.at(0);
+    if (profile_ != nullptr) {
+      auto& slot = (*profile_)[fused.label ? "Conv+Affine+" + *fused.label : "Conv+Affine"];
       slot.ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
       slot.calls++;
     }

@@ -151,12 +151,41 @@ std::shared_ptr<ExecPlan> make_plan(const Graph& g, const std::map<std::string, 
     const Node& r = g.nodes[it->second[0]];
     return r.op_type == op_type && r.domain.empty() && r.outputs.size() == 1 ? it->second[0] : n;
   };
+  // Note [Folding a scalar affine into Conv]: a Conv (not already folded with a BatchNormalization)
+  // whose output only a Mul by a one-element constant reads, whose output only an Add of one reads.
+  auto one_element = [&](const std::string& name) {
+    auto w = weights.find(name);
+    if (w != weights.end()) return w->second.numel() == 1 && w->second.dim() <= 1;
+    auto pr = producer.find(name);
+    if (pr == producer.end()) return false;
+    const Node& c = g.nodes[pr->second];
+    auto v = c.attributes.find("value");
+    return c.op_type == "Constant" && v != c.attributes.end() && v->second.kind == Attribute::Kind::Tensor &&
+           v->second.t.defined() && v->second.t.numel() == 1 && v->second.t.dim() <= 1;
+  };
+  auto other = [](const Node& node, const std::string& x) -> const std::string& {
+    return node.inputs[0] == x ? node.inputs[1] : node.inputs[0];
+  };
+  std::set<size_t> affine_add;
+  for (size_t p = 0; p < n; ++p) {
+    const Node& c = g.nodes[p];
+    if (c.op_type != "Conv" || !c.domain.empty() || c.outputs.size() != 1 || plan->conv_bn.count(p) != 0) continue;
+    const size_t mul = only_reader(c.outputs[0], "Mul");
+    if (mul == n || g.nodes[mul].inputs.size() != 2 || !one_element(other(g.nodes[mul], c.outputs[0]))) continue;
+    const size_t add = only_reader(g.nodes[mul].outputs[0], "Add");
+    if (add == n || g.nodes[add].inputs.size() != 2 || !one_element(other(g.nodes[add], g.nodes[mul].outputs[0])))
+      continue;
+    plan->conv_affine[p] = {mul, add};
+    affine_add.insert(add);
+  }
   std::set<size_t> folded_bn;
   for (const auto& [conv, bn] : plan->conv_bn) folded_bn.insert(bn);
   for (size_t p = 0; p < n; ++p) {
     const Node& src = g.nodes[p];
     const bool conv = src.op_type == "Conv" && src.domain.empty() && src.outputs.size() == 1;
-    if ((!conv && folded_bn.count(p) == 0) || src.outputs.empty() || keep.count(src.outputs[0]) != 0) continue;
+    if ((!conv && folded_bn.count(p) == 0 && affine_add.count(p) == 0) || src.outputs.empty() ||
+        keep.count(src.outputs[0]) != 0)
+      continue;
     const std::string& x = src.outputs[0];
     auto rd = readers.find(x);
     if (rd == readers.end()) continue;

@@ -231,6 +231,54 @@ TEST(OnnxModule, WrittenOutHardSwishFusesIntoTheConv) {
   }
 }
 
+// Note [Folding a scalar affine into Conv]: PP-OCRv4's learnable scale and shift, Mul and Add by
+// one-element constants after a Conv (the scale's Constant placed after the Conv, the shift an
+// initialiser), folded into the convolution in inference, with the written-out HardSwish after it
+// fused as well; a per-channel scale is left as written. The unfolded run (gradients recording)
+// is the reference, and an explicit composition of braid ops checks both.
+TEST(OnnxModule, ScalarAffineAfterConvFoldsIntoIt) {
+  Generator gen(6);
+  for (bool scalar : {true, false}) {
+    SCOPED_TRACE(scalar ? "scalar scale" : "per-channel scale");
+    bx::GraphBuilder g(11);
+    std::string y = g.node("Conv", {"x", "w", "b"}, {{"pads", bx::attr_ints({1, 1, 1, 1})}})[0];
+    const std::string scale = scalar ? g.scalar(0.75, kFloat32) : "scale";
+    y = g.node("Mul", {scale, y})[0];
+    y = g.node("Add", {y, "shift"})[0];
+    const std::string k3 = g.scalar(3.0, kFloat32), k0 = g.scalar(0.0, kFloat32), k6 = g.scalar(6.0, kFloat32);
+    const std::string clipped = g.node("Clip", {g.node("Add", {y, k3})[0], k0, k6})[0];
+    const std::string product = g.node("Mul", {y, clipped})[0];
+    g.graph().nodes.push_back(bx::Node{"div", "Div", "", {product, k6}, {"y"}, {}});
+    bx::Model m;
+    m.path = "learnable_affine";
+    m.ir_version = 8;
+    m.opsets[""] = 11;
+    m.graph = g.graph();
+    m.graph.initializers.insert({{"w", randn({16, 8, 3, 3}, kFloat32, &gen, 0, 0.3)}, {"b", randn({16}, kFloat32, &gen)},
+                                 {"shift", tensor(std::vector<float>{-0.4f}, {1})},
+                                 {"scale", rand({16, 1, 1}, kFloat32, &gen, 0.5, 1.5)}});
+    m.graph.inputs.push_back(info("x", kFloat32, {2, 8, 6, 7}));
+    m.graph.outputs.push_back(info("y", kFloat32, {2, 16, 6, 7}));
+    bx::OnnxModule mod(m);
+    mod.set_profiling(true);
+    const Tensor x = randn({2, 8, 6, 7}, kFloat32, &gen) * 3.0;
+    const Tensor as_written = mod.forward(x).detach();
+    Tensor folded;
+    {
+      NoGradGuard no_grad;
+      folded = mod.forward(x);
+    }
+    EXPECT_EQ(mod.profile().count("Conv+Affine+HardSwish"), scalar ? 1u : 0u);
+    EXPECT_EQ(mod.profile().at("Div").calls, scalar ? 1 : 2);
+    EXPECT_TRUE(allclose(folded, as_written, 1e-5, 1e-5)) << "max |diff| " << amax(abs(folded - as_written)).item();
+    const Tensor& w = mod.weights().at("w");
+    const Tensor s = scalar ? full({}, 0.75, kFloat32) : mod.weights().at("scale");
+    const Tensor z = conv2d(x, w, mod.weights().at("b"), {1, 1}, {1, 1}) * s - 0.4;
+    const Tensor want = z * clamp(z + 3.0, 0.0, 6.0) / 6.0;
+    EXPECT_TRUE(allclose(folded, want.detach(), 1e-5, 1e-5)) << "max |diff| " << amax(abs(folded - want)).item();
+  }
+}
+
 TEST(OnnxModule, ToSequentialCutsWhereOneValueCrossesAndSharesTheWeights) {
   // small_net: Conv, BatchNormalization, Tanh, then the Shape/Gather/Concat/Reshape chain (which
   // reads the activation twice, so no cut inside it), Gemm, LayerNormalization, Softmax.
