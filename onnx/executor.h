@@ -40,6 +40,7 @@ struct Scope {
 struct ActFusion {
   std::vector<size_t> nodes;  // one activation node, or HardSwish written out as Add, Clip, Mul, Div
   std::string label;          // its name in profiles: the op type, or "HardSwish"
+  std::vector<size_t> post;   // a Mul and an Add by one-element constants after it, or none
 };
 
 /// What OnnxModule precomputes about its top-level graph (see make_plan).
@@ -86,11 +87,17 @@ class Executor {
             a != plan->conv_act.end() && fusable(g, g.nodes[i], g.nodes[last].outputs[0], a->second, scope, *plan, act)
                 ? &a->second
                 : nullptr;
-        const Fused fused = fusion ? Fused{&act, &g.nodes[fusion->nodes.back()].outputs[0], &fusion->label} : Fused();
+        const size_t out_node = fusion ? (fusion->post.empty() ? fusion->nodes.back() : fusion->post.back()) : 0;
+        const Fused fused = fusion ? Fused{&act, &g.nodes[out_node].outputs[0], &fusion->label} : Fused();
+        const auto skip_fusion = [&] {
+          if (!fusion) return;
+          skip_.insert(fusion->nodes.begin(), fusion->nodes.end());
+          skip_.insert(fusion->post.begin(), fusion->post.end());
+        };
         if (it != plan->conv_bn.end()) {
           if (run_folded(g.nodes[i], g.nodes[it->second], scope, fused)) {
             skip_.insert(it->second);
-            if (fusion) skip_.insert(fusion->nodes.begin(), fusion->nodes.end());
+            skip_fusion();
             release(plan, i, scope);
             continue;
           }
@@ -98,13 +105,13 @@ class Executor {
           if (run_affine(g.nodes[i], g.nodes[af->second.first], g.nodes[af->second.second], scope, *plan, fused)) {
             skip_.insert(af->second.first);
             skip_.insert(af->second.second);
-            if (fusion) skip_.insert(fusion->nodes.begin(), fusion->nodes.end());
+            skip_fusion();
             release(plan, i, scope);
             continue;
           }
         } else if (fusion) {
           run_node(g.nodes[i], scope, fused);
-          skip_.insert(fusion->nodes.begin(), fusion->nodes.end());
+          skip_fusion();
           release(plan, i, scope);
           continue;
         }
@@ -271,7 +278,7 @@ class Executor {
         return false;
       if (k3 != 3 || lo != 0 || hi != 6 || k6 != 6) return false;
       out = {"hardswish"};
-      return true;
+      return post_affine(g, f, scope, plan, out);
     }
     auto attr_f = [&](const char* name, double fallback) {
       auto it = act.attributes.find(name);
@@ -288,7 +295,19 @@ class Executor {
     } else {
       return false;
     }
-    return true;
+    return post_affine(g, f, scope, plan, out);
+  }
+
+  // The affine map after the activation that the plan found (Note [Folding a scalar affine into
+  // Conv]): its scale and shift into out; false when they are not known numbers.
+  static bool post_affine(const Graph& g, const ActFusion& f, const Scope& scope, const ExecPlan& plan,
+                          ops::FusedActivation& out) {
+    if (f.post.empty()) return true;
+    const Node &mul = g.nodes[f.post[0]], &add = g.nodes[f.post[1]];
+    const std::string& from = g.nodes[f.nodes.back()].outputs[0];
+    const std::string& ka = mul.inputs[0] == from ? mul.inputs[1] : mul.inputs[0];
+    const std::string& kd = add.inputs[0] == mul.outputs[0] ? add.inputs[1] : add.inputs[0];
+    return number(ka, scope, plan, out.scale) && number(kd, scope, plan, out.shift);
   }
 
   void run_node(const Node& n, Scope& scope, const Fused& fused = Fused()) {

@@ -166,17 +166,24 @@ std::shared_ptr<ExecPlan> make_plan(const Graph& g, const std::map<std::string, 
   auto other = [](const Node& node, const std::string& x) -> const std::string& {
     return node.inputs[0] == x ? node.inputs[1] : node.inputs[0];
   };
+  // The Mul and Add by one-element constants that alone follow node i, or none.
+  auto affine_after = [&](size_t i) -> std::vector<size_t> {
+    const std::string& y = g.nodes[i].outputs[0];
+    const size_t mul = only_reader(y, "Mul");
+    if (mul == n || g.nodes[mul].inputs.size() != 2 || !one_element(other(g.nodes[mul], y))) return {};
+    const size_t add = only_reader(g.nodes[mul].outputs[0], "Add");
+    if (add == n || g.nodes[add].inputs.size() != 2 || !one_element(other(g.nodes[add], g.nodes[mul].outputs[0])))
+      return {};
+    return {mul, add};
+  };
   std::set<size_t> affine_add;
   for (size_t p = 0; p < n; ++p) {
     const Node& c = g.nodes[p];
     if (c.op_type != "Conv" || !c.domain.empty() || c.outputs.size() != 1 || plan->conv_bn.count(p) != 0) continue;
-    const size_t mul = only_reader(c.outputs[0], "Mul");
-    if (mul == n || g.nodes[mul].inputs.size() != 2 || !one_element(other(g.nodes[mul], c.outputs[0]))) continue;
-    const size_t add = only_reader(g.nodes[mul].outputs[0], "Add");
-    if (add == n || g.nodes[add].inputs.size() != 2 || !one_element(other(g.nodes[add], g.nodes[mul].outputs[0])))
-      continue;
-    plan->conv_affine[p] = {mul, add};
-    affine_add.insert(add);
+    const std::vector<size_t> affine = affine_after(p);
+    if (affine.empty()) continue;
+    plan->conv_affine[p] = {affine[0], affine[1]};
+    affine_add.insert(affine[1]);
   }
   std::set<size_t> folded_bn;
   for (const auto& [conv, bn] : plan->conv_bn) folded_bn.insert(bn);
@@ -193,7 +200,7 @@ std::shared_ptr<ExecPlan> make_plan(const Graph& g, const std::map<std::string, 
       const Node& act = g.nodes[rd->second[0]];
       static const std::set<std::string> kFusable{"Relu", "Clip", "HardSwish", "HardSigmoid"};
       if (act.domain.empty() && kFusable.count(act.op_type) != 0 && act.outputs.size() == 1 && act.inputs[0] == x)
-        plan->conv_act[p] = {{rd->second[0]}, act.op_type};
+        plan->conv_act[p] = {{rd->second[0]}, act.op_type, affine_after(rd->second[0])};
       continue;
     }
     if (rd->second.size() != 2) continue;
@@ -212,7 +219,7 @@ std::shared_ptr<ExecPlan> make_plan(const Graph& g, const std::map<std::string, 
     if (only_reader(clip_out, "Mul") != mul) continue;
     const size_t div = only_reader(m.outputs[0], "Div");
     if (div == n || g.nodes[div].inputs.size() != 2 || g.nodes[div].inputs[0] != m.outputs[0]) continue;
-    plan->conv_act[p] = {{add, clip, mul, div}, "HardSwish"};
+    plan->conv_act[p] = {{add, clip, mul, div}, "HardSwish", affine_after(div)};
   }
   return plan;
 }

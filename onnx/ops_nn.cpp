@@ -145,7 +145,7 @@ Tensor conv_of(const OpContext& c, Tensor x, Tensor weight, const Tensor& bias, 
   const std::vector<int64_t> pads{w.begin[0], w.end[0], w.begin[1], w.end[1]};
   Tensor y = act.name.empty() ? conv2d(x, weight, bias, w.stride, pads, w.dilation, group)
                               : conv2d_activation(x, weight, bias, w.stride, pads, w.dilation, group, act.name, act.a,
-                                                  act.b);
+                                                  act.b, act.scale, act.shift);
   return one_d ? squeeze(y, 2) : y;
 }
 

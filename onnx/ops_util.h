@@ -28,6 +28,7 @@ int64_t onnx_type_code(DType t);
 struct FusedActivation {
   std::string name;
   double a = 0, b = 0;
+  double scale = 1, shift = 0;  // an affine map after the activation (Note [Folding a scalar affine into Conv])
 };
 /// The Conv op with an activation applied to its output, fused where braid::conv2d_activation can.
 Tensors conv_fused(OpContext& c, const FusedActivation& act);

@@ -522,5 +522,40 @@ TEST(ConvErrors, PoolingArguments) {
   EXPECT_EQ(adaptive_avg_pool2d(zeros({1, 1, 4, 4}), {0, 2}).shape(), Shape({1, 1, 0, 2}));
 }
 
+// conv2d_activation: each epilogue, with and without the affine map after it, fused (nothing
+// records: oneDNN's post-ops where the suite sends every float32 convolution) against the same
+// composition of braid's ops; with gradients recording it is that composition.
+TEST(ConvActivation, FusedEpiloguesEqualTheComposition) {
+  Generator gen(21);
+  const Tensor x = randn({2, 8, 9, 10}, kFloat32, &gen) * 2.0;
+  const Tensor w = randn({16, 8, 3, 3}, kFloat32, &gen, 0, 0.3), b = randn({16}, kFloat32, &gen);
+  const Tensor z = conv2d(x, w, b, {2, 1}, {1, 1});
+  struct Case {
+    std::string name;
+    double a, b;
+    Tensor want;
+  };
+  const std::vector<Case> cases = {{"relu", 0, 0, relu(z)},
+                                   {"clip", -0.5, 0.75, clamp(z, -0.5, 0.75)},
+                                   {"hardswish", 0, 0, z * clamp(z + 3.0, 0.0, 6.0) / 6.0},
+                                   {"hardsigmoid", 0.25, 0.4, clamp(z * 0.25 + 0.4, 0.0, 1.0)}};
+  for (const Case& c : cases)
+    for (bool affine : {false, true}) {
+      SCOPED_TRACE(c.name + (affine ? " then * 1.5 - 0.25" : ""));
+      const double scale = affine ? 1.5 : 1.0, shift = affine ? -0.25 : 0.0;
+      const Tensor want = affine ? c.want * 1.5 - 0.25 : c.want;
+      Tensor fused;
+      {
+        NoGradGuard no_grad;
+        fused = conv2d_activation(x, w, b, {2, 1}, {1, 1}, {1, 1}, 1, c.name, c.a, c.b, scale, shift);
+      }
+      EXPECT_TRUE(allclose(fused, want, 1e-5, 1e-5)) << "max |diff| " << amax(abs(fused - want)).item();
+      Tensor wg = w.clone().set_requires_grad(true);
+      const Tensor recorded = conv2d_activation(x, wg, b, {2, 1}, {1, 1}, {1, 1}, 1, c.name, c.a, c.b, scale, shift);
+      EXPECT_TRUE(recorded.requires_grad());
+      EXPECT_TRUE(allclose(recorded.detach(), want, 1e-5, 1e-5));
+    }
+}
+
 }  // namespace
 }  // namespace braid

@@ -234,7 +234,7 @@ TEST(OnnxModule, WrittenOutHardSwishFusesIntoTheConv) {
 // Note [Folding a scalar affine into Conv]: PP-OCRv4's learnable scale and shift, Mul and Add by
 // one-element constants after a Conv (the scale's Constant placed after the Conv, the shift an
 // initialiser), folded into the convolution in inference, with the written-out HardSwish after it
-// fused as well; a per-channel scale is left as written. The unfolded run (gradients recording)
+// and the next scale and shift fused as its epilogue; a per-channel scale is left as written. The unfolded run (gradients recording)
 // is the reference, and an explicit composition of braid ops checks both.
 TEST(OnnxModule, ScalarAffineAfterConvFoldsIntoIt) {
   Generator gen(6);
@@ -248,7 +248,10 @@ TEST(OnnxModule, ScalarAffineAfterConvFoldsIntoIt) {
     const std::string k3 = g.scalar(3.0, kFloat32), k0 = g.scalar(0.0, kFloat32), k6 = g.scalar(6.0, kFloat32);
     const std::string clipped = g.node("Clip", {g.node("Add", {y, k3})[0], k0, k6})[0];
     const std::string product = g.node("Mul", {y, clipped})[0];
-    g.graph().nodes.push_back(bx::Node{"div", "Div", "", {product, k6}, {"y"}, {}});
+    const std::string swished = g.node("Div", {product, k6})[0];
+    // A second affine after the activation: the convolution's epilogue as well.
+    const std::string k15 = g.scalar(1.5, kFloat32), km = g.scalar(-0.25, kFloat32);
+    g.graph().nodes.push_back(bx::Node{"post_add", "Add", "", {g.node("Mul", {swished, k15})[0], km}, {"y"}, {}});
     bx::Model m;
     m.path = "learnable_affine";
     m.ir_version = 8;
@@ -270,11 +273,12 @@ TEST(OnnxModule, ScalarAffineAfterConvFoldsIntoIt) {
     }
     EXPECT_EQ(mod.profile().count("Conv+Affine+HardSwish"), scalar ? 1u : 0u);
     EXPECT_EQ(mod.profile().at("Div").calls, scalar ? 1 : 2);
+    EXPECT_EQ(mod.profile().at("Add").calls, scalar ? 3 : 6);  // the shift, HardSwish's + 3, the last shift
     EXPECT_TRUE(allclose(folded, as_written, 1e-5, 1e-5)) << "max |diff| " << amax(abs(folded - as_written)).item();
     const Tensor& w = mod.weights().at("w");
     const Tensor s = scalar ? full({}, 0.75, kFloat32) : mod.weights().at("scale");
     const Tensor z = conv2d(x, w, mod.weights().at("b"), {1, 1}, {1, 1}) * s - 0.4;
-    const Tensor want = z * clamp(z + 3.0, 0.0, 6.0) / 6.0;
+    const Tensor want = z * clamp(z + 3.0, 0.0, 6.0) / 6.0 * 1.5 - 0.25;
     EXPECT_TRUE(allclose(folded, want.detach(), 1e-5, 1e-5)) << "max |diff| " << amax(abs(folded - want)).item();
   }
 }

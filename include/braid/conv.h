@@ -26,10 +26,12 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const s
 /// post-ops on the CPU) and nothing records (no gradient needed, no export trace active); otherwise
 /// conv2d and the activation's op, recorded as usual. activation: "relu"; "clip" (min a, max b,
 /// infinite for no bound); "hardswish"; "hardsigmoid" (min(max(a x + b, 0), 1)). The ONNX executor
-/// runs a Conv and the activation after it this way in inference.
+/// runs a Conv and the activation after it this way in inference. scale and shift, when given, are
+/// an affine map after the activation (activation(conv) * scale + shift), fused as well.
 Tensor conv2d_activation(const Tensor& x, const Tensor& weight, const Tensor& bias, const std::vector<int64_t>& stride,
                          const std::vector<int64_t>& padding, const std::vector<int64_t>& dilation, int64_t groups,
-                         const std::string& activation, double a = 0, double b = 0);
+                         const std::string& activation, double a = 0, double b = 0, double scale = 1,
+                         double shift = 0);
 /// PyTorch's padding='same' for stride 1, per axis as {before, after} (the extra element of an odd
 /// total goes after): {top, bottom, left, right} for conv2d; conv1d takes the padding itself when
 /// before == after, else pad() the input first.

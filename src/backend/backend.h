@@ -58,6 +58,8 @@ struct Epilogue {
   enum class Kind { None, Relu, Clip, HardSwish, HardSigmoid };
   Kind kind = Kind::None;
   double a = 0, b = 0;  // Clip: min and max; HardSigmoid: alpha and beta (min(max(a x + b, 0), 1))
+  double scale = 1, shift = 0;  // then y * scale + shift (a learnable affine after the activation)
+  bool any() const { return kind != Kind::None || scale != 1 || shift != 0; }
 };
 
 /// The numbers of one Adam step (Backend::adam_step), worked out by the optimizer.

@@ -131,7 +131,7 @@ Tensor im2col(const Tensor& x, const Window2d& win, int64_t groups) {
 // y (N, C_out, oh, ow) = w (C_out, C / G, kh, kw) convolved with x (N, C, h, w), plus bias; x and w
 // of one dtype, y and bias of that dtype or float32 for half x and w.
 // The activation of an epilogue, applied with the ops (recorded when its input needs a gradient).
-Tensor apply_epilogue(const Tensor& y, const Epilogue& e) {
+Tensor apply_activation(const Tensor& y, const Epilogue& e) {
   switch (e.kind) {
     case Epilogue::Kind::None: return y;
     case Epilogue::Kind::Relu: return relu(y);
@@ -142,6 +142,13 @@ Tensor apply_epilogue(const Tensor& y, const Epilogue& e) {
   return y;
 }
 
+Tensor apply_epilogue(const Tensor& y, const Epilogue& e) {
+  Tensor out = apply_activation(y, e);
+  if (e.scale != 1) out = out * e.scale;
+  if (e.shift != 0) out = out + e.shift;
+  return out;
+}
+
 Tensor conv_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Window2d& win, int64_t groups,
                     const Epilogue& epilogue = Epilogue()) {
   const int64_t n = x.shape()[0], c_out = w.shape()[0];
@@ -149,7 +156,7 @@ Tensor conv_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const 
       backend_of(x).conv2d(contiguous(x), contiguous(w), bias.defined() ? contiguous(bias) : bias, win, groups,
                            epilogue, y))
     return y;
-  if (epilogue.kind != Epilogue::Kind::None) return apply_epilogue(conv_forward(x, w, bias, win, groups), epilogue);
+  if (epilogue.any()) return apply_epilogue(conv_forward(x, w, bias, win, groups), epilogue);
   if (groups > 1 && groups == x.shape()[1]) {
     if (!is_compute_type(x.dtype()))  // the direct kernel has no half form (Note [Autocast])
       return conv_forward(cast_raw(x, kFloat32), cast_raw(w, kFloat32), bias, win, groups);
@@ -218,7 +225,7 @@ Tensor conv_weight_grad(const Tensor& x, const ChannelMajor& g, const Window2d& 
 // and no trace for export is active; otherwise the convolution's node and the activation's.
 Tensor conv_recorded(const Tensor& x, const Tensor& w, const Tensor& bias_in, const Window2d& win, int64_t groups,
                      const Epilogue& epilogue = Epilogue()) {
-  if (epilogue.kind != Epilogue::Kind::None) {
+  if (epilogue.any()) {
     const bool grads = is_grad_enabled() && (x.requires_grad() || w.requires_grad() ||
                                              (bias_in.defined() && bias_in.requires_grad()));
     if (grads || active_trace() != nullptr)
@@ -367,18 +374,19 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const s
 
 Tensor conv2d_activation(const Tensor& x, const Tensor& weight, const Tensor& bias, const std::vector<int64_t>& stride,
                          const std::vector<int64_t>& padding, const std::vector<int64_t>& dilation, int64_t groups,
-                         const std::string& activation, double a, double b) {
+                         const std::string& activation, double a, double b, double scale, double shift) {
   static const std::pair<const char*, Epilogue::Kind> kKinds[] = {{"relu", Epilogue::Kind::Relu},
                                                                    {"clip", Epilogue::Kind::Clip},
                                                                    {"hardswish", Epilogue::Kind::HardSwish},
                                                                    {"hardsigmoid", Epilogue::Kind::HardSigmoid}};
   Epilogue e;
   for (const auto& [name, kind] : kKinds)
-    if (activation == name) e = {kind, a, b};
+    if (activation == name) e = {kind, a, b, scale, shift};
   BRAID_CHECK(e.kind != Epilogue::Kind::None, "conv2d_activation: unknown activation '", activation,
               "'; known: relu, clip, hardswish, hardsigmoid");
   if (x.defined() && x.dim() == 3)
-    return conv2d_activation(x.unsqueeze(0), weight, bias, stride, padding, dilation, groups, activation, a, b)
+    return conv2d_activation(x.unsqueeze(0), weight, bias, stride, padding, dilation, groups, activation, a, b, scale,
+                             shift)
         .squeeze(0);
   return conv2d_with(x, weight, bias, stride, padding, dilation, groups, e, "conv2d_activation");
 }
