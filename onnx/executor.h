@@ -188,21 +188,30 @@ class Executor {
     ws[0] = w.size(0);
     Tensor w2 = w * reshape(scale, ws);
     Tensor b2 = ((b.defined() ? b : zeros_like(mean_)) - mean_) * scale + beta;
+    run_conv_folded(conv, {x, w2, b2}, detail::cat(" (folded with ", bn.label(), ")"), bn.outputs[0],
+                    "Conv+BatchNormalization", scope, fused, start);
+    return true;
+  }
+
+  // The Conv with folded weights and bias: its output (or the fused activation's) under output,
+  // errors naming what was folded, the time under the label in profiles.
+  void run_conv_folded(const Node& conv, std::vector<Tensor> inputs, const std::string& folded,
+                       const std::string& output, const std::string& label, Scope& scope, const Fused& fused,
+                       std::chrono::steady_clock::time_point start) {
     const OpSchema* s = registry_.find(conv.domain, conv.op_type);
     std::vector<Tensor> outputs;
     try {
-      OpContext ctx(conv, model_.opset(conv.domain), training_, {x, w2, b2}, this);
+      OpContext ctx(conv, model_.opset(conv.domain), training_, std::move(inputs), this);
       outputs = fused.act ? ops::conv_fused(ctx, *fused.act) : s->run(ctx);
     } catch (const Error& e) {
-      throw ValueError(detail::cat(model_.path, ": ", conv.label(), " (folded with ", bn.label(), "): ", e.what()));
+      throw ValueError(detail::cat(model_.path, ": ", conv.label(), folded, ": ", e.what()));
     }
-    scope.values[fused.output ? *fused.output : bn.outputs[0]] = outputs.at(0);
+    scope.values[fused.output ? *fused.output : output] = outputs.at(0);
     if (profile_ != nullptr) {
-      auto& slot = (*profile_)[fused.label ? "Conv+BatchNormalization+" + *fused.label : "Conv+BatchNormalization"];
+      auto& slot = (*profile_)[fused.label ? label + "+" + *fused.label : label];
       slot.ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
       slot.calls++;
     }
-    return true;
   }
 
   // Note [Folding a scalar affine into Conv]
@@ -225,21 +234,8 @@ class Executor {
     const auto start = profile_ != nullptr ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
     Tensor w2 = *w * a;
     Tensor b2 = (b != nullptr ? *b : zeros({w->size(0)}, w->dtype(), w->device())) * a + d;
-    const OpSchema* s = registry_.find(conv.domain, conv.op_type);
-    std::vector<Tensor> outputs;
-    try {
-      OpContext ctx(conv, model_.opset(conv.domain), training_, {*x, w2, b2}, this);
-      outputs = fused.act ? ops::conv_fused(ctx, *fused.act) : s->run(ctx);
-    } catch (const Error& e) {
-      throw ValueError(detail::cat(model_.path, ": ", conv.label(), " (folded with ", mul.label(), " and ",
-                                   add.label(), "): ", e.what()));
-    }
-    scope.values[fused.output ? *fused.output : add.outputs[0]] = outputs.at(0);
-    if (profile_ != nullptr) {
-      auto& slot = (*profile_)[fused.label ? "Conv+Affine+" + *fused.label : "Conv+Affine"];
-      slot.ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-      slot.calls++;
-    }
+    run_conv_folded(conv, {*x, w2, b2}, detail::cat(" (folded with ", mul.label(), " and ", add.label(), ")"),
+                    add.outputs[0], "Conv+Affine", scope, fused, start);
     return true;
   }
 

@@ -17,7 +17,6 @@ then writes onnxruntime's outputs for it like for every other model.
 """
 
 import argparse
-import hashlib
 import os
 import sys
 
@@ -25,6 +24,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_dynamic, quantize_static
+
+from make_pretrained_refs import sha256  # the same script folder
 
 
 class Images(CalibrationDataReader):
@@ -54,14 +55,6 @@ DERIVED = {
     "ppocr_cls_qdq": ("ppocr_cls", static_qdq, "quantize_static(QDQ, per_channel=True, QInt8 weights, QUInt8 "
                       "activations, 8 seeded normal images)"),
 }
-
-
-def sha256(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def main():
