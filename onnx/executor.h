@@ -78,7 +78,7 @@ class Executor {
         // epilogue (braid::conv2d_activation: oneDNN's post-ops on the CPU), so its pass over the
         // activations, which onnxruntime never makes either, disappears.
         auto af = plan->conv_affine.find(i);
-        const size_t last = it != plan->conv_bn.end()      ? it->second
+        const size_t last = it != plan->conv_bn.end()       ? it->second
                             : af != plan->conv_affine.end() ? af->second.second
                                                             : i;
         auto a = plan->conv_act.find(last);

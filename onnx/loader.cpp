@@ -65,8 +65,12 @@ bool type_info(int32_t t, TypeInfo& out) {
     // int16/uint16 widen to int32 (values kept), uint32 to int64; int8/uint8 stay (quantised values).
     case TP::INT16: out = {kInt32, 2, "int16"}; return true;
     case TP::UINT16: out = {kInt32, 2, "uint16"}; return true;
-    case TP::INT8: out = {kInt8, 1, "int8"}; return true;
-    case TP::UINT8: out = {kUInt8, 1, "uint8"}; return true;
+    case TP::INT8:
+      out = {kInt8, 1, "int8"};
+      return true;
+    case TP::UINT8:
+      out = {kUInt8, 1, "uint8"};
+      return true;
     case TP::UINT32: out = {kInt64, 4, "uint32"}; return true;
     case TP::BOOL: out = {kBool, 1, "bool"}; return true;
     default: return false;
@@ -188,7 +192,9 @@ Tensor to_tensor(const Ctx& c, const ::onnx::TensorProto& t, const std::string& 
     const char* p = raw->data();
     switch (dt) {
       case TP::INT16: convert(reinterpret_cast<const int16_t*>(p), out.data<int32_t>(), numel); break;
-      case TP::UINT16: convert(reinterpret_cast<const uint16_t*>(p), out.data<int32_t>(), numel); break;
+      case TP::UINT16:
+        convert(reinterpret_cast<const uint16_t*>(p), out.data<int32_t>(), numel);
+        break;
       case TP::UINT32: convert(reinterpret_cast<const uint32_t*>(p), out.data<int64_t>(), numel); break;
       case TP::BOOL: {
         auto* b = static_cast<uint8_t*>(out.raw_data());

@@ -7,11 +7,12 @@
 // acc * (a_scale * b_scale / y_scale) + y_zero rounded half to even and saturated to the output
 // type. The sums are computed exactly: matrix products by braid::int_matmul (oneDNN's int8 GEMM
 // where the backend has it, Note [int8 GEMM through oneDNN]; otherwise in float64, which holds
-// every sum of K < 2^37 products of 8-bit values exactly), convolutions in float64. The multiplier is computed in float32 from the
-// float32 scales and applied in float64, as the reference's NumPy does, so results agree with it
-// (and with onnxruntime) to the rounding of the last step. Zero points and scales are per tensor
-// (scalars) or per axis (1-d, along `axis`, or along the rows of A / columns of B / output
-// channels of W), and QuantizeLinear/DequantizeLinear also take blocked scales (opset 21).
+// every sum of K < 2^37 products of 8-bit values exactly), convolutions in float64. The
+// multiplier is computed in float32 from the float32 scales and applied in float64, as the
+// reference's NumPy does, so results agree with it (and with onnxruntime) to the rounding of the
+// last step. Zero points and scales are per tensor (scalars) or per axis (1-d, along `axis`, or
+// along the rows of A / columns of B / output channels of W), and QuantizeLinear/DequantizeLinear
+// also take blocked scales (opset 21).
 #include <cmath>
 #include <optional>
 
@@ -43,8 +44,8 @@ Tensor along(const OpContext& c, const Tensor& p, const Tensor& x, int64_t axis_
     const int64_t n = x.size(axis);
     for (int64_t d = 0; d < x.dim(); ++d)
       if (d == axis ? p.size(d) != (n + block - 1) / block : p.size(d) != x.size(d))
-        c.fail(what, " of shape ", shape_str(p.shape()), " does not block x of shape ", shape_str(x.shape()),
-               " by ", block, " along axis ", axis);
+        c.fail(what, " of shape ", shape_str(p.shape()), " does not block x of shape ", shape_str(x.shape()), " by ",
+               block, " along axis ", axis);
     std::vector<int64_t> idx(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) idx[static_cast<size_t>(i)] = i / block;
     return index_select(cast(p, compute_type(p.dtype())), axis, index_vec(idx, p.device()));
@@ -67,11 +68,13 @@ Tensors quantize_linear(OpContext& c) {
   const Tensor& x = c.input(0);
   const Tensor zero = c.has_input(2) ? c.input(2) : Tensor();
   DType out = kUInt8;
-  if (zero.defined()) out = zero.dtype();
-  else if (c.attr_int("output_dtype", 0) != 0) out = dtype_from_onnx(c, c.attr_int("output_dtype", 0));
+  if (zero.defined())
+    out = zero.dtype();
+  else if (c.attr_int("output_dtype", 0) != 0)
+    out = dtype_from_onnx(c, c.attr_int("output_dtype", 0));
   if (!narrow_int(out))
     not_supported(detail::cat("quantising to ", dtype_name(out), " is not supported (braid quantises to int8 and ",
-                                 "uint8; it holds int16/uint16 as int32)"));
+                              "uint8; it holds int16/uint16 as int32)"));
   const int64_t axis = c.attr_int("axis", 1), block = c.attr_int("block_size", 0);
   const Tensor& scale = c.input(1);
   if (x.dtype() == kFloat32 && scale.numel() == 1 && (!zero.defined() || zero.numel() == 1)) {
@@ -142,7 +145,8 @@ Tensor column_zero(const OpContext& c, const Tensor& z, const Tensor& b, const c
 /// The exact int32 sums of (a - a_zero)(b - b_zero) (Note [Quantised ops]). One zero point per
 /// tensor goes to int_matmul as it is; per-row/per-column ones are the corrections of the plain
 /// product: a b - a_zero colsum(b) - rowsum(a) b_zero + K a_zero b_zero.
-Tensor integer_matmul(const OpContext& c, const Tensor& a, const Tensor& a_zero, const Tensor& b, const Tensor& b_zero) {
+Tensor integer_matmul(const OpContext& c, const Tensor& a, const Tensor& a_zero, const Tensor& b,
+                      const Tensor& b_zero) {
   check_quantised(c, a, "A");
   check_quantised(c, b, "B");
   for (const Tensor* z : {&a_zero, &b_zero})
@@ -166,7 +170,8 @@ Tensor integer_matmul(const OpContext& c, const Tensor& a, const Tensor& a_zero,
 Tensor per_channel(const OpContext& c, const Tensor& p, int64_t channels, int64_t rank, const char* what) {
   if (p.numel() == 1) return reshape(p, {});
   if (p.dim() != 1 || p.numel() != channels)
-    c.fail(what, " of shape ", shape_str(p.shape()), " is neither one value nor one per output channel (", channels, ")");
+    c.fail(what, " of shape ", shape_str(p.shape()), " is neither one value nor one per output channel (", channels,
+           ")");
   Shape s(static_cast<size_t>(rank), 1);
   s[1] = channels;
   return reshape(p, s);

@@ -10,9 +10,14 @@ namespace braid::onnx::ops {
 DType dtype_from_onnx(const OpContext& c, int64_t code) {
   switch (code) {
     case 1: return kFloat32;
-    case 2: return kUInt8;
-    case 3: return kInt8;
-    case 4: case 5: case 6: return kInt32;  // uint16, int16 (widened), int32
+    case 2:
+      return kUInt8;
+    case 3:
+      return kInt8;
+    case 4:
+    case 5:
+    case 6:
+      return kInt32;                                         // uint16, int16 (widened), int32
     case 7: case 12: return kInt64;                          // int64, uint32
     case 9: return kBool;
     case 10: return kFloat16;
@@ -33,8 +38,10 @@ int64_t onnx_type_code(DType t) {
     case DType::Bool: return 9;
     case DType::Float16: return 10;
     case DType::BFloat16: return 16;
-    case DType::Int8: return 3;
-    case DType::UInt8: return 2;
+    case DType::Int8:
+      return 3;
+    case DType::UInt8:
+      return 2;
   }
   return 0;
 }

@@ -30,8 +30,10 @@ int32_t proto_type(DType t) {
     case DType::Bool: return TP::BOOL;
     case DType::Float16: return TP::FLOAT16;
     case DType::BFloat16: return TP::BFLOAT16;
-    case DType::Int8: return TP::INT8;
-    case DType::UInt8: return TP::UINT8;
+    case DType::Int8:
+      return TP::INT8;
+    case DType::UInt8:
+      return TP::UINT8;
   }
   return TP::UNDEFINED;
 }

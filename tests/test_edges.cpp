@@ -4,8 +4,8 @@
 // or closed forms; the differential test (test_differential.cpp) covers the same ground at random.
 #include <gtest/gtest.h>
 
-#include <cmath>
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <vector>
 
@@ -205,4 +205,3 @@ TEST(Edges, Float32ErfIsWithinTwoUlpOfLibm) {
   EXPECT_EQ(special[3], -1.0f);
   EXPECT_TRUE(std::isnan(special[4]));
 }
-

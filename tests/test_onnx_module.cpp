@@ -234,8 +234,9 @@ TEST(OnnxModule, WrittenOutHardSwishFusesIntoTheConv) {
 // Note [Folding a scalar affine into Conv]: PP-OCRv4's learnable scale and shift, Mul and Add by
 // one-element constants after a Conv (the scale's Constant placed after the Conv, the shift an
 // initialiser), folded into the convolution in inference, with the written-out HardSwish after it
-// and the next scale and shift fused as its epilogue; a per-channel scale is left as written. The unfolded run (gradients recording)
-// is the reference, and an explicit composition of braid ops checks both.
+// and the next scale and shift fused as its epilogue; a per-channel scale is left as written. The
+// unfolded run (gradients recording) is the reference, and an explicit composition of braid ops
+// checks both.
 TEST(OnnxModule, ScalarAffineAfterConvFoldsIntoIt) {
   Generator gen(6);
   for (bool scalar : {true, false}) {
@@ -257,7 +258,8 @@ TEST(OnnxModule, ScalarAffineAfterConvFoldsIntoIt) {
     m.ir_version = 8;
     m.opsets[""] = 11;
     m.graph = g.graph();
-    m.graph.initializers.insert({{"w", randn({16, 8, 3, 3}, kFloat32, &gen, 0, 0.3)}, {"b", randn({16}, kFloat32, &gen)},
+    m.graph.initializers.insert({{"w", randn({16, 8, 3, 3}, kFloat32, &gen, 0, 0.3)},
+                                 {"b", randn({16}, kFloat32, &gen)},
                                  {"shift", tensor(std::vector<float>{-0.4f}, {1})},
                                  {"scale", rand({16, 1, 1}, kFloat32, &gen, 0.5, 1.5)}});
     m.graph.inputs.push_back(info("x", kFloat32, {2, 8, 6, 7}));

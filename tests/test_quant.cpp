@@ -1,7 +1,8 @@
 // Quantised values and their arithmetic: int8/uint8 as storage dtypes (conversions as C++ and NumPy
-// define them), int_matmul against the integer product summed in int64 by a loop here, quantize
-// against its closed form, and the one-pass softmax against the composite it replaces, on the device under test
-// (tests/test_device.h). The family also runs with oneDNN and the fused kernels off (tests/meson.build), which takes the composites.
+// define them), int_matmul against the integer product summed in int64 by a loop here, quantize and
+// dequantize against their closed forms, and the one-pass softmax against the composite it
+// replaces, on the device under test (tests/test_device.h). The family also runs with oneDNN and
+// the fused kernels off (tests/meson.build), which takes the composites.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -43,7 +44,8 @@ std::vector<int64_t> reference_product(const std::vector<int32_t>& a, const std:
   for (int64_t i = 0; i < m; ++i)
     for (int64_t j = 0; j < n; ++j)
       for (int64_t p = 0; p < k; ++p)
-        c[static_cast<size_t>(i * n + j)] += (a[static_cast<size_t>(i * k + p)] - za) * (b[static_cast<size_t>(p * n + j)] - zb);
+        c[static_cast<size_t>(i * n + j)] +=
+            (a[static_cast<size_t>(i * k + p)] - za) * (b[static_cast<size_t>(p * n + j)] - zb);
   return c;
 }
 
@@ -69,7 +71,9 @@ TEST(IntMatmul, IsTheExactIntegerProductForEverySignedness) {
       for (int64_t s = 0; s < batch; ++s) {
         const std::vector<int32_t> as(av.begin() + s * m * k, av.begin() + (s + 1) * m * k);
         const std::vector<int64_t> want = reference_product(as, bv, m, k, n, za, zb);
-        for (int64_t i = 0; i < m * n; ++i) ASSERT_EQ(got[static_cast<size_t>(s * m * n + i)], want[static_cast<size_t>(i)]) << "batch " << s << " element " << i;
+        for (int64_t i = 0; i < m * n; ++i)
+          ASSERT_EQ(got[static_cast<size_t>(s * m * n + i)], want[static_cast<size_t>(i)])
+              << "batch " << s << " element " << i;
       }
       // A batched b and 1-d operands take matmul's rules (the float64 path).
       const Tensor b2 = cast(tensor(bv, {1, k, n}), tb);
@@ -79,7 +83,9 @@ TEST(IntMatmul, IsTheExactIntegerProductForEverySignedness) {
     }
   const Tensor u = cast(zeros({2, 3}), kUInt8);
   EXPECT_NE(error_of([&] { (void)int_matmul(u, u); }).find("do not match"), std::string::npos);
-  EXPECT_NE(error_of([&] { (void)int_matmul(u, cast(zeros({3, 2}), kUInt8), 256); }).find("outside uint8's range"),
+  EXPECT_NE(error_of([&] {
+              (void)int_matmul(u, cast(zeros({3, 2}), kUInt8), 256);
+            }).find("outside uint8's range"),
             std::string::npos);
   EXPECT_NE(error_of<TypeError>([&] { (void)int_matmul(zeros({2, 3}), u); }).find("int8 or uint8"), std::string::npos);
 }
@@ -89,20 +95,19 @@ TEST(Quantize, IsRoundHalfToEvenOfTheQuotientSaturated) {
   std::vector<float> x = (randn({100000}, kFloat32, &gen) * 3.0).to_vector<float>();
   const float scale = 0.02f;
   // Exact ties of the quotient, both signs, values past either end, NaN and infinities.
-  for (float t : {0.5f, 1.5f, 2.5f, -0.5f, -1.5f, -2.5f, 126.5f, 127.5f})
-    x.push_back(t * scale);
+  for (float t : {0.5f, 1.5f, 2.5f, -0.5f, -1.5f, -2.5f, 126.5f, 127.5f}) x.push_back(t * scale);
   for (float v : {1e9f, -1e9f, NAN, INFINITY, -INFINITY, 0.0f, -0.0f}) x.push_back(v);
   const int64_t count = static_cast<int64_t>(x.size());
   for (DType t : {kUInt8, kInt8}) {
     const int64_t zero = t == kUInt8 ? 128 : -3;
     const double lo = t == kUInt8 ? 0 : -128, hi = t == kUInt8 ? 255 : 127;
-    const std::vector<int32_t> got =
-        quantize(tensor(x, {count}), scale, zero, t).to_vector<int32_t>();
+    const std::vector<int32_t> got = quantize(tensor(x, {count}), scale, zero, t).to_vector<int32_t>();
     for (int64_t i = 0; i < count; ++i) {
       const float q = x[static_cast<size_t>(i)] / scale;  // in float32, as ONNX's reference divides
       double want = std::nearbyint(static_cast<double>(q)) + static_cast<double>(zero);
       want = std::isnan(want) ? 0 : std::min(std::max(want, lo), hi);
-      ASSERT_EQ(got[static_cast<size_t>(i)], static_cast<int32_t>(want)) << dtype_name(t) << " x = " << x[static_cast<size_t>(i)];
+      ASSERT_EQ(got[static_cast<size_t>(i)], static_cast<int32_t>(want))
+          << dtype_name(t) << " x = " << x[static_cast<size_t>(i)];
     }
   }
   EXPECT_NE(error_of([&] { (void)quantize(zeros({2}), 0.0, 0, kUInt8); }).find("scale"), std::string::npos);
@@ -146,8 +151,10 @@ TEST(Softmax, RowKernelIsTheComposite) {
     const Tensor composite = e / sum(e, {1}, true);
     const std::vector<float> got = softmax(x, 1).to_vector<float>(), want = composite.to_vector<float>();
     for (size_t i = 0; i < got.size(); ++i) {
-      if (std::isnan(want[i])) ASSERT_TRUE(std::isnan(got[i])) << i;
-      else ASSERT_EQ(got[i], want[i]) << i;
+      if (std::isnan(want[i]))
+        ASSERT_TRUE(std::isnan(got[i])) << i;
+      else
+        ASSERT_EQ(got[i], want[i]) << i;
     }
     // And a closed-form check of one ordinary row, in double.
     double s = 0, m = -INFINITY;

@@ -30,8 +30,7 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const s
 /// an affine map after the activation (activation(conv) * scale + shift), fused as well.
 Tensor conv2d_activation(const Tensor& x, const Tensor& weight, const Tensor& bias, const std::vector<int64_t>& stride,
                          const std::vector<int64_t>& padding, const std::vector<int64_t>& dilation, int64_t groups,
-                         const std::string& activation, double a = 0, double b = 0, double scale = 1,
-                         double shift = 0);
+                         const std::string& activation, double a = 0, double b = 0, double scale = 1, double shift = 0);
 /// PyTorch's padding='same' for stride 1, per axis as {before, after} (the extra element of an odd
 /// total goes after): {top, bottom, left, right} for conv2d; conv1d takes the padding itself when
 /// before == after, else pad() the input first.

@@ -39,9 +39,10 @@ DType compute_type(DType t);
 // braid follows PyTorch's rules, with the differences marked (*).
 //
 // Two tensors: the higher of the two dtypes, bool < int32 < int64 < float32 < float64 (the storage
-// types count as their compute_type: float16 and bfloat16 as float32, int8 and uint8 as int32). The dtype of a 0-d tensor counts like any other (*:
-// PyTorch lets a 0-d tensor act as a scalar, so int32[n] + int64[] is int32 there and int64 here;
-// braid's result type depends on dtypes alone, as NumPy 2's does).
+// types count as their compute_type: float16 and bfloat16 as float32, int8 and uint8 as int32). The
+// dtype of a 0-d tensor counts like any other (*: PyTorch lets a 0-d tensor act as a scalar, so
+// int32[n] + int64[] is int32 there and int64 here; braid's result type depends on dtypes alone, as
+// NumPy 2's does).
 //
 // A tensor and a C++ scalar (`x + 2.0`, `clamp(x, lo)`, `add(a, b, alpha)`): a floating tensor keeps
 // its dtype. For an integer tensor a whole-number scalar that fits the dtype acts as a Python int

@@ -38,8 +38,10 @@ constexpr DType dtype_of() {
   else if constexpr (std::is_same_v<T, bool>) return DType::Bool;
   else if constexpr (std::is_same_v<T, Half>) return DType::Float16;
   else if constexpr (std::is_same_v<T, BFloat16>) return DType::BFloat16;
-  else if constexpr (std::is_same_v<T, int8_t>) return DType::Int8;
-  else if constexpr (std::is_same_v<T, uint8_t>) return DType::UInt8;
+  else if constexpr (std::is_same_v<T, int8_t>)
+    return DType::Int8;
+  else if constexpr (std::is_same_v<T, uint8_t>)
+    return DType::UInt8;
   else static_assert(sizeof(T) == 0, "unsupported element type");
 }
 }  // namespace detail

@@ -17,8 +17,10 @@ int64_t dtype_size(DType t) {
     case DType::Bool: return 1;
     case DType::Float16: return 2;
     case DType::BFloat16: return 2;
-    case DType::Int8: return 1;
-    case DType::UInt8: return 1;
+    case DType::Int8:
+      return 1;
+    case DType::UInt8:
+      return 1;
   }
   return 0;
 }
@@ -32,8 +34,10 @@ std::string dtype_name(DType t) {
     case DType::Bool: return "bool";
     case DType::Float16: return "float16";
     case DType::BFloat16: return "bfloat16";
-    case DType::Int8: return "int8";
-    case DType::UInt8: return "uint8";
+    case DType::Int8:
+      return "int8";
+    case DType::UInt8:
+      return "uint8";
   }
   return "unknown";
 }
@@ -83,8 +87,14 @@ bool scalar_fits(double v, DType t) {
   }
   if (!std::isfinite(v)) return false;
   // Conversion truncates toward zero; the bounds are exact powers of two.
-  const double lo = t == DType::Int8 ? -128.0 : t == DType::UInt8 ? 0.0 : t == DType::Int32 ? -2147483648.0 : -9223372036854775808.0;
-  const double hi = t == DType::Int8 ? 128.0 : t == DType::UInt8 ? 256.0 : t == DType::Int32 ? 2147483648.0 : 9223372036854775808.0;
+  const double lo = t == DType::Int8    ? -128.0
+                    : t == DType::UInt8 ? 0.0
+                    : t == DType::Int32 ? -2147483648.0
+                                        : -9223372036854775808.0;
+  const double hi = t == DType::Int8    ? 128.0
+                    : t == DType::UInt8 ? 256.0
+                    : t == DType::Int32 ? 2147483648.0
+                                        : 9223372036854775808.0;
   return std::trunc(v) >= lo && v < hi;
 }
 

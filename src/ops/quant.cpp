@@ -45,8 +45,8 @@ Tensor quantize(const Tensor& x, double scale, int64_t zero_point, DType dtype) 
   BRAID_CHECK_T(TypeError, dtype == kInt8 || dtype == kUInt8, "quantize: dtype must be int8 or uint8, got ",
                 dtype_name(dtype));
   BRAID_CHECK(std::isfinite(scale) && scale > 0, "quantize: scale must be positive and finite, got ", scale);
-  BRAID_CHECK(scalar_fits(static_cast<double>(zero_point), dtype), "quantize: zero point ", zero_point,
-              " is outside ", dtype_name(dtype), "'s range");
+  BRAID_CHECK(scalar_fits(static_cast<double>(zero_point), dtype), "quantize: zero point ", zero_point, " is outside ",
+              dtype_name(dtype), "'s range");
   NoGradGuard no_grad;
   const double lo = dtype == kInt8 ? -128.0 : 0.0, hi = dtype == kInt8 ? 127.0 : 255.0;
   Tensor out = new_tensor(x.shape(), dtype, x.device());

@@ -163,8 +163,10 @@ DLDataType dl_dtype(braid::DType t) {
     case braid::DType::Int64: return {kDLInt, 64, 1};
     case braid::DType::Int32: return {kDLInt, 32, 1};
     case braid::DType::Bool: return {kDLBoolCode, 8, 1};
-    case braid::DType::Int8: return {kDLInt, 8, 1};
-    case braid::DType::UInt8: return {kDLUInt, 8, 1};
+    case braid::DType::Int8:
+      return {kDLInt, 8, 1};
+    case braid::DType::UInt8:
+      return {kDLUInt, 8, 1};
   }
   throw braid::TypeError("to_dlpack: unknown dtype");
 }
@@ -180,8 +182,9 @@ braid::DType braid_dtype(const DLDataType& t) {
   if (t.code == kDLBoolCode && t.bits == 8) return braid::DType::Bool;
   if (t.code == kDLInt && t.bits == 8) return braid::DType::Int8;
   if (t.code == kDLUInt && t.bits == 8) return braid::DType::UInt8;
-  throw braid::TypeError(braid::detail::cat("from_dlpack: DLPack type code ", int(t.code), " with ", int(t.bits),
-                                            " bits has no braid dtype (float16/32/64, bfloat16, int8/32/64, uint8, bool)"));
+  throw braid::TypeError(
+      braid::detail::cat("from_dlpack: DLPack type code ", int(t.code), " with ", int(t.bits),
+                         " bits has no braid dtype (float16/32/64, bfloat16, int8/32/64, uint8, bool)"));
 }
 
 DLDevice dl_device(braid::Device d) {

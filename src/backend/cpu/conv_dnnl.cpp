@@ -281,8 +281,9 @@ Key key_of(Pass pass, const Shape& x, int64_t c_out, const Window2d& win, int64_
     return static_cast<int64_t>(out);
   };
   Key k{static_cast<int64_t>(pass), x[0], x[1], win.h, win.w, c_out, win.oh, win.ow, win.kh, win.kw, win.sh};
-  const int64_t rest[] = {win.sw,    win.ph,    win.pw,        win.dh,         win.dw, groups, bias ? 1 : 0,
-                          static_cast<int64_t>(e.kind), bits(e.a), bits(e.b), bits(e.scale), bits(e.shift)};
+  const int64_t rest[] = {win.sw,    win.ph,    win.pw,        win.dh,
+                          win.dw,    groups,    bias ? 1 : 0,  static_cast<int64_t>(e.kind),
+                          bits(e.a), bits(e.b), bits(e.scale), bits(e.shift)};
   std::copy(std::begin(rest), std::end(rest), k.begin() + 11);
   return k;
 }

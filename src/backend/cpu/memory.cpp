@@ -2,9 +2,9 @@
 // with a cache of large freed blocks, and the byte copies that move tensors to and from devices.
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <algorithm>
 #include <list>
 #include <map>
 #include <mutex>

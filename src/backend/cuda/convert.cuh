@@ -1,7 +1,8 @@
 // Element conversions on the device, bit for bit those of the CPU backend (convert in
 // src/backend/cpu/dispatch.h and the half conversions in src/backend/cpu/copy.cpp): float -> int
-// (int8 and uint8 included) saturates (NaN gives 0), float16/bfloat16 round to nearest even once, with inf, NaN and
-// subnormals kept. Written out rather than taken from cuda_fp16.h, whose NaN bits differ.
+// (int8 and uint8 included) saturates (NaN gives 0), float16/bfloat16 round to nearest even once,
+// with inf, NaN and subnormals kept. Written out rather than taken from cuda_fp16.h, whose NaN bits
+// differ.
 #pragma once
 
 #include <cstdint>
@@ -86,7 +87,7 @@ __device__ inline To convert(From x) {
     return BF16{float_to_bfloat16_bits(static_cast<float>(x))};
   } else if constexpr (kIsInt<To> && kIsFloat<From>) {
     return saturate_to_int<To>(static_cast<double>(x));  // float -> double is exact
-  } else if constexpr ((std::is_same_v<To, int8_t> || std::is_same_v<To, uint8_t>) && kIsFloat<From>) {
+  } else if constexpr ((std::is_same_v<To, int8_t> || std::is_same_v<To, uint8_t>)&&kIsFloat<From>) {
     const double lo = std::is_same_v<To, int8_t> ? -128.0 : 0.0, hi = std::is_same_v<To, int8_t> ? 127.0 : 255.0;
     const double v = static_cast<double>(x);
     if (!(v == v)) return 0;
