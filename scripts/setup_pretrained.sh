@@ -139,10 +139,12 @@ for entry in "${MODELS[@]}"; do
   selected "$name" && names+=("$name")
 done
 # The quantised models, derived from the float ones by onnxruntime's quantiser.
+# A failure here (an onnxruntime whose quantiser changed) leaves them out, and their tests skip.
 if selected minilm_l3 || selected ppocr_cls; then
-  "$PYTHON" "$HERE/quantize_pretrained.py" --cache "$CACHE"
-  selected minilm_l3 && names+=(minilm_l3_int8)
-  selected ppocr_cls && names+=(ppocr_cls_qdq)
+  "$PYTHON" "$HERE/quantize_pretrained.py" --cache "$CACHE" ||
+    echo "setup_pretrained.sh: the quantised models could not be made; their tests will skip" >&2
+  if selected minilm_l3 && [[ -f "$CACHE/minilm_l3_int8/model.onnx" ]]; then names+=(minilm_l3_int8); fi
+  if selected ppocr_cls && [[ -f "$CACHE/ppocr_cls_qdq/model.onnx" ]]; then names+=(ppocr_cls_qdq); fi
 fi
 if [[ ${#names[@]} -gt 0 ]]; then
   echo "reference outputs (onnxruntime, CPUExecutionProvider):"
