@@ -16,6 +16,16 @@ namespace bx = braid::onnx;
 
 namespace {
 
+/// A model of IR 8 importing the default domain at opset, around graph (empty when not given).
+bx::Model model_of(const std::string& path, int64_t opset, bx::Graph graph = bx::Graph()) {
+  bx::Model m;
+  m.path = path;
+  m.ir_version = 8;
+  m.opsets[""] = opset;
+  m.graph = std::move(graph);
+  return m;
+}
+
 bx::ValueInfo info(const std::string& name, DType t, std::vector<int64_t> dims, bool dynamic_batch = true) {
   bx::ValueInfo v;
   v.name = name;
@@ -46,11 +56,7 @@ bx::Model small_net(const std::map<std::string, Tensor>& w) {
   auto fc = g.node("Gemm", {flat, "fc.weight", "fc.bias"}, {{"transB", bx::attr_int(1)}})[0];
   auto ln = g.node("LayerNormalization", {fc, "ln.weight", "ln.bias"}, {{"epsilon", bx::attr_float(1e-5)}})[0];
   g.graph().nodes.push_back(bx::Node{"out", "Softmax", "", {ln}, {"y"}, {{"axis", bx::attr_int(1)}}});
-  bx::Model m;
-  m.path = "small_net";
-  m.ir_version = 8;
-  m.opsets[""] = 17;
-  m.graph = g.graph();
+  bx::Model m = model_of("small_net", 17, g.graph());
   m.graph.initializers = w;
   m.graph.inputs.push_back(info("x", kFloat64, {2, 2, 4, 4}));
   m.graph.outputs.push_back(info("y", kFloat64, {2, 5}));
@@ -163,11 +169,7 @@ TEST(OnnxModule, FusedConvActivationsEqualTheGraphAsWritten) {
     std::vector<std::string> in{y};
     in.insert(in.end(), bounds.begin(), bounds.end());
     g.graph().nodes.push_back(bx::Node{"act", c.op, "", in, {"y"}, c.attrs});
-    bx::Model m;
-    m.path = "conv_" + c.op;
-    m.ir_version = 8;
-    m.opsets[""] = 17;
-    m.graph = g.graph();
+    bx::Model m = model_of("conv_" + c.op, 17, g.graph());
     m.graph.initializers.insert({{"w", randn({16, 8, 3, 3}, kFloat32, &gen, 0, 0.3)}, {"b", randn({16}, kFloat32, &gen)},
                                  {"gamma", rand({16}, kFloat32, &gen, 0.5, 1.5)}, {"beta", randn({16}, kFloat32, &gen)},
                                  {"mean", randn({16}, kFloat32, &gen, 0, 0.1)}, {"var", rand({16}, kFloat32, &gen, 0.5, 2)}});
@@ -206,11 +208,7 @@ TEST(OnnxModule, WrittenOutHardSwishFusesIntoTheConv) {
     const std::string clipped = g.node("Clip", {added, k0, k6b})[0];
     const std::string product = g.node("Mul", {y, clipped})[0];
     g.graph().nodes.push_back(bx::Node{"div", "Div", "", {product, k6}, {"y"}, {}});
-    bx::Model m;
-    m.path = "paddle_hardswish";
-    m.ir_version = 8;
-    m.opsets[""] = 11;
-    m.graph = g.graph();
+    bx::Model m = model_of("paddle_hardswish", 11, g.graph());
     m.graph.initializers.insert({{"w", randn({16, 8, 3, 3}, kFloat32, &gen, 0, 0.3)},
                                  {"gamma", rand({16}, kFloat32, &gen, 0.5, 1.5)}, {"beta", randn({16}, kFloat32, &gen)},
                                  {"mean", randn({16}, kFloat32, &gen, 0, 0.1)}, {"var", rand({16}, kFloat32, &gen, 0.5, 2)}});
@@ -253,11 +251,7 @@ TEST(OnnxModule, ScalarAffineAfterConvFoldsIntoIt) {
     // A second affine after the activation: the convolution's epilogue as well.
     const std::string k15 = g.scalar(1.5, kFloat32), km = g.scalar(-0.25, kFloat32);
     g.graph().nodes.push_back(bx::Node{"post_add", "Add", "", {g.node("Mul", {swished, k15})[0], km}, {"y"}, {}});
-    bx::Model m;
-    m.path = "learnable_affine";
-    m.ir_version = 8;
-    m.opsets[""] = 11;
-    m.graph = g.graph();
+    bx::Model m = model_of("learnable_affine", 11, g.graph());
     m.graph.initializers.insert({{"w", randn({16, 8, 3, 3}, kFloat32, &gen, 0, 0.3)},
                                  {"b", randn({16}, kFloat32, &gen)},
                                  {"shift", tensor(std::vector<float>{-0.4f}, {1})},
@@ -307,11 +301,8 @@ TEST(OnnxModule, ToSequentialCutsWhereOneValueCrossesAndSharesTheWeights) {
 }
 
 TEST(OnnxModule, PreflightListsEveryProblemWithNodeNames) {
-  bx::Model m;
-  m.path = "bad.onnx";
-  m.ir_version = 8;
-  m.opsets[""] = 17;
-  m.graph.inputs.push_back(info("x", kFloat32, {1, 3}));
+  bx::Model m = model_of("bad.onnx", 17);
+    m.graph.inputs.push_back(info("x", kFloat32, {1, 3}));
   m.graph.nodes.push_back(bx::Node{"first", "Relu", "", {"x"}, {"a"}, {}});
   m.graph.nodes.push_back(bx::Node{"warp", "Warp", "", {"a"}, {"b"}, {}});
   m.graph.nodes.push_back(bx::Node{"sm", "Softmax", "", {"b"}, {"c"}, {{"temperature", bx::attr_float(2)}}});
@@ -332,11 +323,8 @@ TEST(OnnxModule, PreflightListsEveryProblemWithNodeNames) {
 TEST(OnnxModule, ShapesFromDataAreCheckedBeforeAllocating) {
   // A hostile ConstantOfShape asking for 2^62 elements is an error naming the node, not an attempt
   // to allocate.
-  bx::Model m;
-  m.path = "huge.onnx";
-  m.ir_version = 8;
-  m.opsets[""] = 17;
-  m.graph.inputs.push_back(info("s", kInt64, {2}, false));
+  bx::Model m = model_of("huge.onnx", 17);
+    m.graph.inputs.push_back(info("s", kInt64, {2}, false));
   m.graph.nodes.push_back(bx::Node{"fill", "ConstantOfShape", "", {"s"}, {"y"}, {}});
   m.graph.outputs.push_back(info("y", kFloat32, {}, false));
   m.graph.outputs.back().has_shape = false;
@@ -352,11 +340,8 @@ TEST(OnnxModule, ShapesFromDataAreCheckedBeforeAllocating) {
 }
 
 TEST(OnnxModule, CustomOpsInAUserRegistry) {
-  bx::Model m;
-  m.path = "custom.onnx";
-  m.ir_version = 8;
-  m.opsets[""] = 17;
-  m.opsets["com.example"] = 1;
+  bx::Model m = model_of("custom.onnx", 17);
+    m.opsets["com.example"] = 1;
   m.graph.inputs.push_back(info("x", kFloat32, {2, 3}));
   m.graph.nodes.push_back(bx::Node{"g", "Twice", "com.example", {"x"}, {"y"}, {}});
   m.graph.outputs.push_back(info("y", kFloat32, {2, 3}));
@@ -373,11 +358,8 @@ TEST(OnnxModule, CustomOpsInAUserRegistry) {
 }
 
 TEST(OnnxModule, BadIndicesAndInputsAreNamed) {
-  bx::Model m;
-  m.path = "gather.onnx";
-  m.ir_version = 8;
-  m.opsets[""] = 17;
-  m.graph.inputs.push_back(info("x", kFloat32, {4, 3}, false));
+  bx::Model m = model_of("gather.onnx", 17);
+    m.graph.inputs.push_back(info("x", kFloat32, {4, 3}, false));
   m.graph.inputs.push_back(info("i", kInt64, {2}, false));
   m.graph.nodes.push_back(bx::Node{"pick", "Gather", "", {"x", "i"}, {"y"}, {{"axis", bx::attr_int(0)}}});
   m.graph.outputs.push_back(info("y", kFloat32, {2, 3}, false));
