@@ -302,7 +302,7 @@ TEST(OnnxModule, ToSequentialCutsWhereOneValueCrossesAndSharesTheWeights) {
 
 TEST(OnnxModule, PreflightListsEveryProblemWithNodeNames) {
   bx::Model m = model_of("bad.onnx", 17);
-    m.graph.inputs.push_back(info("x", kFloat32, {1, 3}));
+  m.graph.inputs.push_back(info("x", kFloat32, {1, 3}));
   m.graph.nodes.push_back(bx::Node{"first", "Relu", "", {"x"}, {"a"}, {}});
   m.graph.nodes.push_back(bx::Node{"warp", "Warp", "", {"a"}, {"b"}, {}});
   m.graph.nodes.push_back(bx::Node{"sm", "Softmax", "", {"b"}, {"c"}, {{"temperature", bx::attr_float(2)}}});
@@ -324,7 +324,7 @@ TEST(OnnxModule, ShapesFromDataAreCheckedBeforeAllocating) {
   // A hostile ConstantOfShape asking for 2^62 elements is an error naming the node, not an attempt
   // to allocate.
   bx::Model m = model_of("huge.onnx", 17);
-    m.graph.inputs.push_back(info("s", kInt64, {2}, false));
+  m.graph.inputs.push_back(info("s", kInt64, {2}, false));
   m.graph.nodes.push_back(bx::Node{"fill", "ConstantOfShape", "", {"s"}, {"y"}, {}});
   m.graph.outputs.push_back(info("y", kFloat32, {}, false));
   m.graph.outputs.back().has_shape = false;
@@ -341,7 +341,7 @@ TEST(OnnxModule, ShapesFromDataAreCheckedBeforeAllocating) {
 
 TEST(OnnxModule, CustomOpsInAUserRegistry) {
   bx::Model m = model_of("custom.onnx", 17);
-    m.opsets["com.example"] = 1;
+  m.opsets["com.example"] = 1;
   m.graph.inputs.push_back(info("x", kFloat32, {2, 3}));
   m.graph.nodes.push_back(bx::Node{"g", "Twice", "com.example", {"x"}, {"y"}, {}});
   m.graph.outputs.push_back(info("y", kFloat32, {2, 3}));
@@ -359,7 +359,7 @@ TEST(OnnxModule, CustomOpsInAUserRegistry) {
 
 TEST(OnnxModule, BadIndicesAndInputsAreNamed) {
   bx::Model m = model_of("gather.onnx", 17);
-    m.graph.inputs.push_back(info("x", kFloat32, {4, 3}, false));
+  m.graph.inputs.push_back(info("x", kFloat32, {4, 3}, false));
   m.graph.inputs.push_back(info("i", kInt64, {2}, false));
   m.graph.nodes.push_back(bx::Node{"pick", "Gather", "", {"x", "i"}, {"y"}, {{"axis", bx::attr_int(0)}}});
   m.graph.outputs.push_back(info("y", kFloat32, {2, 3}, false));
