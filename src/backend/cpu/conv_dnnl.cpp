@@ -244,6 +244,7 @@ class Scratch {
 // output computed in its layout and reordered back. bias (forward only) is always plain.
 void execute(const Plan& p, const void* in0, const void* in1, const void* bias, void* out) {
   thread_local dnnl::stream stream(engine());
+  OneDnnSignalGuard no_signals;  // Note [Signals and oneDNN's kernels]
   std::unordered_map<int, memory> args;
   std::optional<Scratch> scratch[3];
   memory outs[2];

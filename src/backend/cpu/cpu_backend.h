@@ -5,6 +5,8 @@
 // oneDNN runs, when it is built in.
 #pragma once
 
+#include <csignal>
+
 #include "backend/backend.h"
 #include "braid/config.h"
 
@@ -72,6 +74,19 @@ Backend& cpu_backend();
 /// Whether oneDNN runs what it can (convolutions, float32 GEMM): not when BRAID_ONEDNN=0, which
 /// leaves braid's own kernels and OpenBLAS for a comparison (conv_dnnl.cpp).
 bool onednn_enabled();
+
+/// Blocks asynchronous signals on this thread while it lives, and for good on the OpenMP workers
+/// (Note [Signals and oneDNN's kernels]): held around every call that runs oneDNN's kernels.
+class OneDnnSignalGuard {
+ public:
+  OneDnnSignalGuard();
+  ~OneDnnSignalGuard();
+  OneDnnSignalGuard(const OneDnnSignalGuard&) = delete;
+  OneDnnSignalGuard& operator=(const OneDnnSignalGuard&) = delete;
+
+ private:
+  sigset_t old_;
+};
 #endif
 
 }  // namespace braid::detail

@@ -84,13 +84,18 @@ int blas_int(int64_t v) {
 // (the same library as the convolutions, the same libgomp pool) picks AVX-512 where the CPU has it.
 // Measured on this project's AVX-512 VM with 2 threads: 2.2x to 4.9x OpenBLAS's throughput on
 // the shapes of braid's training steps and of MiniLM (benchmarks/README.md). float64 stays on
-// OpenBLAS, and BRAID_ONEDNN=0 sends float32 back to it too.
+// OpenBLAS, and BRAID_ONEDNN=0 sends float32 back to it too. So do products of fewer than 2^16
+// multiply-adds, where OpenBLAS is as fast or faster (0.32 us against 0.68 for 4x4 by 4x4, 1.8 us
+// each at 16x64 by 64x64) and needs no signal guard (Note [Signals and oneDNN's kernels]).
+constexpr int64_t kOneDnnMinMacs = int64_t{1} << 16;
+
 void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb,
           float* c, int64_t ldc) {
 #ifdef BRAID_HAVE_DNNL
-  if (onednn_enabled() &&
-      dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc) == dnnl_success)
-    return;
+  if (onednn_enabled() && m * n * k >= kOneDnnMinMacs) {
+    OneDnnSignalGuard no_signals;  // Note [Signals and oneDNN's kernels]
+    if (dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc) == dnnl_success) return;
+  }
 #endif
   cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, blas_int(m), blas_int(n),
               blas_int(k), 1.0f, a, blas_int(lda), b, blas_int(ldb), 0.0f, c, blas_int(ldc));
@@ -251,6 +256,7 @@ bool CpuBackend::matmul_int8(const Tensor& a, int64_t a_zero, const Tensor& b, i
     b_zero -= 128;
   }
   const int32_t c_offset = 0;
+  OneDnnSignalGuard no_signals;  // Note [Signals and oneDNN's kernels]
   return dnnl_gemm_u8s8s32('N', 'N', 'F', m, n, k, 1.0f, pa, k, static_cast<uint8_t>(a_zero), pb, n,
                            static_cast<int8_t>(b_zero), 0.0f, out.data<int32_t>(), n, &c_offset) == dnnl_success;
 }
