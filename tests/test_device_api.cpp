@@ -181,8 +181,8 @@ extern "C" void count_signal(int) { g_signals_seen.fetch_add(1, std::memory_orde
 // results. Without the guard this aborted within a few hundred products ("corrupted size vs.
 // prev_size": the handler's frame written over the heap).
 TEST(Device, SignalsDuringKernelsLeaveTheHeapAndTheResultsIntact) {
-  struct sigaction counting {
-  }, before{};
+  struct sigaction counting = {};
+  struct sigaction before = {};
   counting.sa_handler = count_signal;
   sigemptyset(&counting.sa_mask);
   counting.sa_flags = SA_RESTART;
