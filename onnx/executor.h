@@ -10,6 +10,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <string>
 #include <unordered_map>
@@ -43,6 +44,59 @@ struct ActFusion {
   std::vector<size_t> post;   // a Mul and an Add by one-element constants after it, or none
 };
 
+// Note [Folded weights kept]
+// In inference a folded convolution's weight and bias (Note [Folding BatchNormalization into Conv],
+// Note [Folding a scalar affine into Conv]) are kept with the plan and used again while every
+// tensor they were made from is the same view of the same storage at the same version (Note
+// [Storage versions]): fine-tuning, load_state_dict and any in-place update bump a version, and the
+// next run folds afresh. Kept, the folded weight is also what oneDNN's reordered copy stays with
+// (Note [Reordered weights kept]), so a run reads each weight once, in the kernel's layout, instead
+// of folding and reordering all of them.
+class FoldedWeights {
+ public:
+  /// The weight and bias folded from sources (and numbers) when none of them changed since, or
+  /// false.
+  bool find(size_t node, const std::vector<Tensor>& sources, const std::vector<double>& numbers, Tensor& w,
+            Tensor& b) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = kept_.find(node);
+    if (it == kept_.end() || it->second.sources.size() != sources.size() || it->second.numbers != numbers) return false;
+    const Entry& e = it->second;
+    for (size_t i = 0; i < sources.size(); ++i) {
+      const Tensor &a = e.sources[i], &t = sources[i];
+      if (a.defined() != t.defined()) return false;
+      if (!a.defined()) continue;
+      if (a.storage() != t.storage() || a.raw_data() != t.raw_data() || a.shape() != t.shape() ||
+          a.strides() != t.strides() || a.dtype() != t.dtype() || t.storage()->version() != e.versions[i])
+        return false;
+    }
+    w = e.w;
+    b = e.b;
+    return true;
+  }
+  /// Keeps w and b as folded from sources at their versions before the fold (versions).
+  void keep(size_t node, std::vector<Tensor> sources, std::vector<uint64_t> versions, std::vector<double> numbers,
+            Tensor w, Tensor b) {
+    std::lock_guard<std::mutex> lock(mu_);
+    kept_[node] = Entry{std::move(sources), std::move(versions), std::move(numbers), std::move(w), std::move(b)};
+  }
+  static std::vector<uint64_t> versions_of(const std::vector<Tensor>& ts) {
+    std::vector<uint64_t> v;
+    for (const Tensor& t : ts) v.push_back(t.defined() ? t.storage()->version() : 0);
+    return v;
+  }
+
+ private:
+  struct Entry {
+    std::vector<Tensor> sources;
+    std::vector<uint64_t> versions;
+    std::vector<double> numbers;
+    Tensor w, b;
+  };
+  mutable std::mutex mu_;
+  std::unordered_map<size_t, Entry> kept_;
+};
+
 /// What OnnxModule precomputes about its top-level graph (see make_plan).
 struct ExecPlan {
   std::vector<std::vector<std::string>> release_after;  // values whose last use is node i
@@ -50,6 +104,7 @@ struct ExecPlan {
   std::map<size_t, std::pair<size_t, size_t>> conv_affine;  // Conv node -> the Mul and Add by scalars after it
   std::map<size_t, ActFusion> conv_act;                 // Conv (or folded BatchNormalization) -> its activation
   std::map<std::string, double> constants;  // one-element Constant nodes' values, known before they run
+  mutable FoldedWeights folded;             // Note [Folded weights kept]
 };
 
 /// A Conv's run with an activation fused (all null when none): the activation, the value name it
@@ -95,14 +150,14 @@ class Executor {
           skip_.insert(fusion->post.begin(), fusion->post.end());
         };
         if (it != plan->conv_bn.end()) {
-          if (run_folded(g.nodes[i], g.nodes[it->second], scope, fused)) {
+          if (run_folded(g.nodes[i], g.nodes[it->second], scope, *plan, i, fused)) {
             skip_.insert(it->second);
             skip_fusion();
             release(plan, i, scope);
             continue;
           }
         } else if (af != plan->conv_affine.end()) {
-          if (run_affine(g.nodes[i], g.nodes[af->second.first], g.nodes[af->second.second], scope, *plan, fused)) {
+          if (run_affine(g.nodes[i], g.nodes[af->second.first], g.nodes[af->second.second], scope, *plan, i, fused)) {
             skip_.insert(af->second.first);
             skip_.insert(af->second.second);
             skip_fusion();
@@ -166,10 +221,11 @@ class Executor {
   // Note [Folding BatchNormalization into Conv]
   // In inference (eval mode, no gradients) y = BN(conv(x, W, b)) is one convolution with
   // W' = W s and b' = (b - mean) s + beta per output channel, s = gamma / sqrt(var + eps): one pass
-  // over the activations instead of three. The folded weights are computed from the current
-  // parameters on every run (their size is the weights', not the activations'), so fine-tuning and
-  // load_state_dict need no invalidation; training runs the graph as written.
-  bool run_folded(const Node& conv, const Node& bn, Scope& scope, const Fused& fused = Fused()) {
+  // over the activations instead of three. The folded weights are kept between runs while the
+  // parameters they came from stay unchanged (Note [Folded weights kept]); training runs the graph
+  // as written.
+  bool run_folded(const Node& conv, const Node& bn, Scope& scope, const ExecPlan& plan, size_t node,
+                  const Fused& fused = Fused()) {
     auto get = [&](const std::string& name) {
       const Tensor* t = scope.find(name);
       return t == nullptr ? Tensor() : *t;
@@ -183,11 +239,17 @@ class Executor {
     const auto start = profile_ != nullptr ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
     auto eps_it = bn.attributes.find("epsilon");
     const double eps = eps_it == bn.attributes.end() ? 1e-5 : eps_it->second.f;
-    Tensor scale = gamma * rsqrt(var_ + eps);
-    Shape ws(static_cast<size_t>(w.dim()), 1);
-    ws[0] = w.size(0);
-    Tensor w2 = w * reshape(scale, ws);
-    Tensor b2 = ((b.defined() ? b : zeros_like(mean_)) - mean_) * scale + beta;
+    const std::vector<Tensor> sources{w, b, gamma, beta, mean_, var_};
+    Tensor w2, b2;
+    if (!plan.folded.find(node, sources, {eps}, w2, b2)) {
+      const auto versions = FoldedWeights::versions_of(sources);
+      Tensor scale = gamma * rsqrt(var_ + eps);
+      Shape ws(static_cast<size_t>(w.dim()), 1);
+      ws[0] = w.size(0);
+      w2 = w * reshape(scale, ws);
+      b2 = ((b.defined() ? b : zeros_like(mean_)) - mean_) * scale + beta;
+      plan.folded.keep(node, sources, versions, {eps}, w2, b2);
+    }
     run_conv_folded(conv, {x, w2, b2}, detail::cat(" (folded with ", bn.label(), ")"), bn.outputs[0],
                     "Conv+BatchNormalization", scope, fused, start);
     return true;
@@ -217,9 +279,9 @@ class Executor {
   // Note [Folding a scalar affine into Conv]
   // Some exporters write a learnable scale and shift after a convolution as Mul and Add by
   // one-element constants (PP-LCNetV3's "learnable affine blocks" in PP-OCRv4): in inference
-  // y = conv(x, W, b) * a + d is one convolution with W' = a W and b' = a b + d, folded on every run
-  // as BatchNormalization is, and the activation after the Add can then fuse into it too.
-  bool run_affine(const Node& conv, const Node& mul, const Node& add, Scope& scope, const ExecPlan& plan,
+  // y = conv(x, W, b) * a + d is one convolution with W' = a W and b' = a b + d, folded and kept as
+  // BatchNormalization is, and the activation after the Add can then fuse into it too.
+  bool run_affine(const Node& conv, const Node& mul, const Node& add, Scope& scope, const ExecPlan& plan, size_t node,
                   const Fused& fused) {
     const std::string& ka = mul.inputs[0] == conv.outputs[0] ? mul.inputs[1] : mul.inputs[0];
     const std::string& kd = add.inputs[0] == mul.outputs[0] ? add.inputs[1] : add.inputs[0];
@@ -232,8 +294,14 @@ class Executor {
         w->dtype() != x->dtype() || (b != nullptr && b->dtype() != x->dtype()))
       return false;
     const auto start = profile_ != nullptr ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
-    Tensor w2 = *w * a;
-    Tensor b2 = (b != nullptr ? *b : zeros({w->size(0)}, w->dtype(), w->device())) * a + d;
+    const std::vector<Tensor> sources{*w, b != nullptr ? *b : Tensor()};
+    Tensor w2, b2;
+    if (!plan.folded.find(node, sources, {a, d}, w2, b2)) {
+      const auto versions = FoldedWeights::versions_of(sources);
+      w2 = *w * a;
+      b2 = (b != nullptr ? *b : zeros({w->size(0)}, w->dtype(), w->device())) * a + d;
+      plan.folded.keep(node, sources, versions, {a, d}, w2, b2);
+    }
     run_conv_folded(conv, {*x, w2, b2}, detail::cat(" (folded with ", mul.label(), " and ", add.label(), ")"),
                     add.outputs[0], "Conv+Affine", scope, fused, start);
     return true;

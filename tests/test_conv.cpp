@@ -557,5 +557,34 @@ TEST(ConvActivation, FusedEpiloguesEqualTheComposition) {
     }
 }
 
+// Note [Reordered weights kept]: a forward convolution large enough for oneDNN keeps its weight in
+// the kernel's layout between calls, and an in-place change to the weight (a version bump) is
+// seen by the next call. Against float64 convolutions of the same numbers.
+TEST(ConvActivation, KeptWeightsFollowInPlaceChanges) {
+  Generator gen(12);
+  const Tensor x = randn({1, 16, 32, 32}, kFloat32, &gen);  // 4.7 M multiply-adds: oneDNN's
+  Tensor w = randn({32, 16, 3, 3}, kFloat32, &gen, 0, 0.2);
+  const Tensor b = randn({32}, kFloat32, &gen);
+  NoGradGuard no_grad;
+  const auto reference = [&] { return conv2d(x.to(kFloat64), w.to(kFloat64), b.to(kFloat64), {1, 1}, {1, 1}); };
+  for (int run = 0; run < 2; ++run) {
+    const Tensor y = conv2d(x, w, b, {1, 1}, {1, 1});
+    EXPECT_TRUE(allclose(y.to(kFloat64), reference(), 1e-4, 1e-4)) << "run " << run;
+  }
+  w.mul_(-1.5);
+  EXPECT_TRUE(allclose(conv2d(x, w, b, {1, 1}, {1, 1}).to(kFloat64), reference(), 1e-4, 1e-4));
+  w.narrow(0, 3, 1).fill_(0.25);  // through a view
+  const Tensor y = conv2d(x, w, b, {1, 1}, {1, 1});
+  EXPECT_TRUE(allclose(y.to(kFloat64), reference(), 1e-4, 1e-4));
+  // A view of the weight at another offset is another weight, not the kept one.
+  Tensor both = randn({64, 16, 3, 3}, kFloat32, &gen, 0, 0.2);
+  const Tensor top = both.narrow(0, 0, 32), bottom = both.narrow(0, 32, 32);
+  const Tensor y_top = conv2d(x, top, b, {1, 1}, {1, 1}), y_bottom = conv2d(x, bottom, b, {1, 1}, {1, 1});
+  EXPECT_TRUE(allclose(y_top.to(kFloat64), conv2d(x.to(kFloat64), top.to(kFloat64), b.to(kFloat64), {1, 1}, {1, 1}),
+                       1e-4, 1e-4));
+  EXPECT_TRUE(allclose(y_bottom.to(kFloat64),
+                       conv2d(x.to(kFloat64), bottom.to(kFloat64), b.to(kFloat64), {1, 1}, {1, 1}), 1e-4, 1e-4));
+}
+
 }  // namespace
 }  // namespace braid

@@ -9,6 +9,7 @@
 #include "braid/autograd.h"
 #include "braid/onnx/export.h"
 #include "braid/onnx/module.h"
+#include "braid/optim.h"
 #include "gradcheck.h"
 
 using namespace braid;
@@ -138,6 +139,42 @@ TEST(OnnxModule, FoldedConvBatchNormEqualsTheGraphAsWritten) {
   }
   EXPECT_EQ(m.profile().at("Conv+BatchNormalization").calls, 1);
   EXPECT_TRUE(allclose(folded, as_written, 1e-12, 1e-14));
+}
+
+// Note [Folded weights kept]: the folded weights are kept between inference runs, and every way a
+// user changes the parameters (an in-place update, load_state_dict, an optimizer's step after
+// fine-tuning) shows in the next run, which equals the graph as written with the new parameters.
+TEST(OnnxModule, KeptFoldedWeightsFollowEveryChangeToTheParameters) {
+  bx::OnnxModule m(small_net(small_net_weights()));
+  const Tensor x = randn({3, 2, 4, 4}, kFloat64);
+  const auto folded_equals_as_written = [&](const char* after) {
+    SCOPED_TRACE(after);
+    const Tensor as_written = m.forward(x).detach();
+    for (int run = 0; run < 2; ++run) {
+      NoGradGuard no_grad;
+      EXPECT_TRUE(allclose(m.forward(x), as_written, 1e-12, 1e-14)) << "run " << run;
+    }
+    return as_written;
+  };
+  const Tensor first = folded_equals_as_written("as loaded");
+  {
+    NoGradGuard no_grad;
+    Tensor gamma = m.weights().at("bn.weight"), w = m.weights().at("conv.weight");  // handles on the same storage
+    gamma.mul_(1.7);
+    w.narrow(0, 1, 1).fill_(0.05);
+  }
+  const Tensor changed = folded_equals_as_written("after in-place updates");
+  EXPECT_FALSE(allclose(changed, first, 1e-6, 1e-6));
+  auto state = m.state_dict();
+  std::map<std::string, Tensor> fresh;
+  for (const auto& [name, t] : state) fresh[name] = t.detach().clone();
+  fresh.at("bn.running_var").fill_(3.0);
+  m.load_state_dict(fresh);
+  folded_equals_as_written("after load_state_dict");
+  braid::optim::SGD sgd(m.parameters(), {.lr = 0.5});
+  sum(m.forward(x) * randn({3, 5}, kFloat64)).backward();
+  sgd.step();
+  folded_equals_as_written("after an optimizer step");
 }
 
 // Note [Fusing activations into Conv]: in inference a Relu, Clip, HardSwish or HardSigmoid that

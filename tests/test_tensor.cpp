@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "braid/braid.h"
+#include "braid/optim.h"
 
 namespace braid {
 namespace {
@@ -847,6 +848,37 @@ TEST(Arithmetic, OperatorOverloads) {
   EXPECT_EQ(m.sum({1}).to_vector<float>(), (F{6, 15}));
   EXPECT_EQ(m.mean({0}, true).to_vector<float>(), (F{2.5f, 3.5f, 4.5f}));
   EXPECT_EQ(m.mean({0}, true).shape(), (Shape{1, 3}));
+}
+
+// Note [Storage versions]: every in-place write counts in the storage's version, through a view
+// too; ops that make new tensors leave their inputs' versions alone, and so does reading.
+TEST(StorageVersion, InPlaceWritesAndOptimizerStepsBumpIt) {
+  Tensor t = zeros({4, 3});
+  const auto version = [&] { return t.storage()->version(); };
+  uint64_t v = version();
+  t.fill_(2.0);
+  EXPECT_EQ(version(), ++v);
+  t.add_(ones({3}));
+  EXPECT_EQ(version(), ++v);
+  t.mul_(0.5);
+  EXPECT_EQ(version(), ++v);
+  t.narrow(0, 1, 2).copy_(full({2, 3}, 7.0));  // a view's write is the base's
+  EXPECT_EQ(version(), ++v);
+  t.zero_();
+  EXPECT_EQ(version(), ++v);
+  Tensor sum_of = t + 1.0;  // a new tensor, and a read
+  (void)t.sum().item();
+  EXPECT_EQ(version(), v);
+  EXPECT_EQ(sum_of.storage()->version(), 0u);
+  // An optimizer's step writes its parameters in place, fused or not.
+  Tensor p = full({5}, 1.0, kFloat32);
+  p.set_requires_grad(true);
+  optim::Adam adam({p});
+  (p * p).sum().backward();
+  const uint64_t before = p.storage()->version();
+  adam.step();
+  EXPECT_GT(p.storage()->version(), before);
+  EXPECT_LT(amax(p.detach()).item(), 1.0);  // and it did move
 }
 
 }  // namespace

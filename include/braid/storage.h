@@ -2,10 +2,13 @@
 // also wrap a user's buffer without owning it.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "braid/dtype.h"
 
@@ -39,6 +42,20 @@ class Storage {
   Device device() const { return device_; }
   bool owns_memory() const { return owned_; }
 
+  // Note [Storage versions]
+  // A count of the in-place writes to this memory: the in-place methods (fill_, zero_, copy_, add_,
+  // mul_) and the optimizers' fused steps bump it, as PyTorch's version counter does. What is
+  // derived from a tensor and kept (the ONNX executor's folded convolution weights, oneDNN's
+  // reordered weights) records the versions it was made from and is made again when one moved.
+  // Writes through a raw pointer (data<T>(), a NumPy or DLPack view) are not counted.
+  uint64_t version() const { return version_.load(std::memory_order_acquire); }
+  void bump_version() { version_.fetch_add(1, std::memory_order_acq_rel); }
+  /// A value derived from this memory and kept with it, freed with it (a backend's reordered copy
+  /// of a weight): the one stored under key at the current version, or null.
+  std::shared_ptr<void> derived(const std::string& key) const;
+  /// Keeps value under key for the current version (at most four keys; the oldest goes first).
+  void set_derived(const std::string& key, std::shared_ptr<void> value);
+
   /// Bytes currently held by all owning storages on the CPU (for memory tests and benchmarks).
   static int64_t live_bytes();
   /// Returns the blocks kept for reuse (Note [Block cache] in src/backend/cpu/memory.cpp) to the system.
@@ -50,6 +67,13 @@ class Storage {
   Device device_;
   bool owned_;
   std::function<void()> release_;
+  std::atomic<uint64_t> version_{0};
+  struct Derived {
+    std::string key;
+    uint64_t version;
+    std::shared_ptr<void> value;
+  };
+  std::vector<Derived> derived_;  // guarded by one process-wide mutex (storage.cpp)
 };
 
 }  // namespace braid

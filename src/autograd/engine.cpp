@@ -89,6 +89,7 @@ void check_inplace(const Tensor& t, const char* op) {
   BRAID_CHECK(!(g_grad_enabled && t.requires_grad()), op, ": a tensor that requires grad (shape ",
               shape_str(t.shape()), ") cannot be modified in place while grad mode is on; "
               "do the update inside a NoGradGuard, or on a detached tensor");
+  if (t.defined()) t.storage()->bump_version();  // Note [Storage versions]
 }
 
 namespace {

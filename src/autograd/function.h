@@ -78,7 +78,8 @@ Tensor record(const char* name, Tensor out, ArgView<Tensor> inputs, F&& fn) {
   return record_backward(name, std::move(out), inputs, BackwardFn(std::forward<F>(fn)));
 }
 
-/// Throws when t may not be modified in place (it is tracked by autograd and grad mode is on).
+/// Throws when t may not be modified in place (it is tracked by autograd and grad mode is on);
+/// otherwise counts the write in its storage's version (Note [Storage versions]).
 void check_inplace(const Tensor& t, const char* op);
 
 }  // namespace braid::detail

@@ -4,6 +4,7 @@
 
 #include <array>
 #include <atomic>
+#include <mutex>
 
 #include "backend/backend.h"
 #include "braid/error.h"
@@ -62,6 +63,37 @@ Storage::~Storage() {
   }
   count(device_, -nbytes_);
   detail::backend_for(device_).deallocate(device_, data_, nbytes_);
+}
+
+namespace {
+std::mutex& derived_mu() {
+  static std::mutex* m = new std::mutex();  // outlives static tensors freed at exit
+  return *m;
+}
+}  // namespace
+
+std::shared_ptr<void> Storage::derived(const std::string& key) const {
+  std::lock_guard<std::mutex> lock(derived_mu());
+  for (const Derived& d : derived_)
+    if (d.key == key) return d.version == version() ? d.value : nullptr;
+  return nullptr;
+}
+
+void Storage::set_derived(const std::string& key, std::shared_ptr<void> value) {
+  std::shared_ptr<void> dropped;  // freed outside the lock
+  std::lock_guard<std::mutex> lock(derived_mu());
+  for (Derived& d : derived_)
+    if (d.key == key) {
+      dropped = std::move(d.value);
+      d.value = std::move(value);
+      d.version = version();
+      return;
+    }
+  if (derived_.size() >= 4) {
+    dropped = std::move(derived_.front().value);
+    derived_.erase(derived_.begin());
+  }
+  derived_.push_back({key, version(), std::move(value)});
 }
 
 int64_t Storage::live_bytes() { return counter(cpu()).live.load(); }

@@ -75,7 +75,10 @@ void Adam::update(const ParamGroup& group, const Tensor& param, const Tensor& gr
     const Tensor max_v = amsgrad ? state_tensor(state, "max_exp_avg_sq", param) : Tensor();
     const braid::detail::AdamStep fused{decoupled_ ? 1 - lr * weight_decay : 1.0, beta1, beta2, step_size,
                                         std::sqrt(bias_correction2), eps};
-    if (braid::detail::backend_for(p.device()).adam_step(p, g, m, v, max_v, fused)) return;
+    if (braid::detail::backend_for(p.device()).adam_step(p, g, m, v, max_v, fused)) {
+      p.storage()->bump_version();  // Note [Storage versions]
+      return;
+    }
   }
 
   if (decoupled_) p.mul_(1 - lr * weight_decay);
