@@ -143,8 +143,8 @@ class Backend {
   virtual void depthwise_conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Window2d& win,
                                 const Tensor& y) = 0;
   /// out (N, C, oh, ow) = the max of each window of x (N, C, h, w), padding excluded, NaN winning;
-  /// indices (int64, out's shape) = its position y * w + x in the plane. Every window holds an
-  /// element of x. All contiguous.
+  /// indices (int64, out's shape) = its position y * w + x in the plane, when defined (undefined
+  /// when no gradient will need them). Every window holds an element of x. All contiguous.
   virtual void max_pool2d(const Tensor& x, const Window2d& win, const Tensor& out, const Tensor& indices) = 0;
   /// out (N, C, oh, ow) = each window's sum over x (N, C, h, w) (dilation 1) divided by its size
   /// clipped to [-ph, h + ph) x [-pw, w + pw) when count_include_pad, else to the input. All contiguous.

@@ -457,7 +457,9 @@ Tensor max_pool2d(const Tensor& x, const std::vector<int64_t>& kernel, const std
   check_pool_input(x, "max_pool2d");
   const Window2d win = pool_window("max_pool2d", x, kernel, stride, padding, dilation, ceil_mode);
   const int64_t n = x.shape()[0], c = x.shape()[1];
-  Tensor out = new_like(x, {n, c, win.oh, win.ow}, x.dtype()), indices = new_like(x, out.shape(), kInt64);
+  // The positions only backward reads: not written in inference.
+  Tensor out = new_like(x, {n, c, win.oh, win.ow}, x.dtype());
+  Tensor indices = needs_grad(x) ? new_like(x, out.shape(), kInt64) : Tensor();
   backend_of(x).max_pool2d(contiguous(x.detach()), win, out, indices);
   traced("max_pool2d", out, {x}, {{win.kh, win.kw, win.sh, win.sw, win.ph, win.pw, win.dh, win.dw, ceil_mode}, {}});
   return record("max_pool2d", out, {x}, [indices, x_shape = x.shape()](const Tensor& g, Grads& r) {

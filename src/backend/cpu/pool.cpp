@@ -3,6 +3,8 @@
 // scatter_add through the indices it returns, so it needs no kernel here.
 #include <omp.h>
 
+#include <vector>
+
 #include <algorithm>
 #include <bit>
 #include <cstdint>
@@ -34,7 +36,9 @@ void max_pool_2x2_kernel(const T* x, T* out, int64_t* indices, int64_t planes, c
     const T* r0 = x + t * win.h * w + top;
     const T* r1 = r0 + w;
     T* o = out + r * win.ow;
-    int64_t* at = indices + r * win.ow;
+    thread_local std::vector<int64_t> unkept;  // the positions when no indices are wanted
+    if (indices == nullptr && unkept.size() < static_cast<size_t>(win.ow)) unkept.resize(static_cast<size_t>(win.ow));
+    int64_t* at = indices != nullptr ? indices + r * win.ow : unkept.data();
     for (int64_t ox = 0; ox < win.ow; ++ox) {
       const int64_t c = 2 * ox;
       // Selects by bit masks: GCC compiles `take ? a : b` on floats to a branch here, and random data
@@ -69,12 +73,13 @@ void max_pool_kernel(const T* x, T* out, int64_t* indices, int64_t planes, const
   for (int64_t t = 0; t < planes; ++t) {
     const T* src = x + t * plane;   // (h, w)
     T* o = out + t * p;             // (oh, ow)
-    int64_t* at = indices + t * p;  // (oh, ow)
+    thread_local std::vector<int64_t> unkept;  // one row of positions when no indices are wanted
+    if (indices == nullptr && unkept.size() < static_cast<size_t>(win.ow)) unkept.resize(static_cast<size_t>(win.ow));
     for (int64_t oy = 0; oy < win.oh; ++oy) {
       const int64_t y0 = oy * win.sh - win.ph;
       const auto [ilo, ihi] = window_taps(y0, win.dh, win.kh, win.h);
       T* orow = o + oy * win.ow;
-      int64_t* arow = at + oy * win.ow;
+      int64_t* arow = indices != nullptr ? indices + t * p + oy * win.ow : unkept.data();  // (oh, ow)
       // Selected by bit masks as in the 2x2 kernel (a branch mispredicts on real data).
       const auto take = [](T& best, int64_t& best_at, T v, int64_t where) {
         const U m = U(0) - static_cast<U>((v > best) | (v != v));  // NaN propagates, as in PyTorch
@@ -184,13 +189,15 @@ void check_planes(const Tensor& x, const Tensor& out, const char* op) {
 
 void CpuBackend::max_pool2d(const Tensor& x, const Window2d& win, const Tensor& out, const Tensor& indices) {
   check_planes(x, out, "max_pool2d");
-  BRAID_ASSERT(indices.dtype() == kInt64 && indices.is_contiguous() && indices.shape() == out.shape(),
-               "max_pool2d: indices must be contiguous int64 of out's shape");
+  BRAID_ASSERT(
+      !indices.defined() || (indices.dtype() == kInt64 && indices.is_contiguous() && indices.shape() == out.shape()),
+      "max_pool2d: indices must be contiguous int64 of out's shape");
   const int64_t planes = out.shape()[0] * out.shape()[1];
   if (out.numel() == 0) return;
   dispatch_compute(x.dtype(), "max_pool2d", [&]<typename T>() {
     if constexpr (std::is_floating_point_v<T>)
-      max_pool_kernel<T>(x.data<T>(), out.data<T>(), indices.data<int64_t>(), planes, win);
+      max_pool_kernel<T>(x.data<T>(), out.data<T>(), indices.defined() ? indices.data<int64_t>() : nullptr, planes,
+                         win);
     else
       unsupported_dtype("max_pool2d", x.dtype());
   });

@@ -42,7 +42,7 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
     out[idx] = best;
-    indices[idx] = best_at;
+    if (indices != nullptr) indices[idx] = best_at;  // null when no gradient needs them
   }
 }
 

@@ -205,11 +205,12 @@ void check_planes(const Tensor& x, const Tensor& out, const char* op) {
 
 void CudaBackend::max_pool2d(const Tensor& x, const Window2d& win, const Tensor& out, const Tensor& indices) {
   check_planes(x, out, "max_pool2d");
-  BRAID_ASSERT(indices.dtype() == kInt64 && indices.is_contiguous() && indices.shape() == out.shape(),
-               "max_pool2d: indices must be contiguous int64 of out's shape");
+  BRAID_ASSERT(
+      !indices.defined() || (indices.dtype() == kInt64 && indices.is_contiguous() && indices.shape() == out.shape()),
+      "max_pool2d: indices must be contiguous int64 of out's shape");
   if (out.numel() == 0) return;
   Launch l("max_pool2d", out, {x, indices});
-  cuda::launch_max_pool2d(x.dtype(), ptr(x), ptr(out), static_cast<int64_t*>(ptr(indices)),
+  cuda::launch_max_pool2d(x.dtype(), ptr(x), ptr(out), static_cast<int64_t*>(ptr(indices)),  // null when undefined
                           out.shape()[0] * out.shape()[1], win, l.stream);
 }
 

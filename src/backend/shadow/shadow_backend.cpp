@@ -85,7 +85,7 @@ class ShadowBackend final : public Backend {
   }
   void max_pool2d(const Tensor& x, const Window2d& win, const Tensor& out, const Tensor& indices) override {
     const char* op = "max_pool2d";
-    cpu().max_pool2d(host(op, out, x), win, host(op, out, out), host(op, out, indices));
+    cpu().max_pool2d(host(op, out, x), win, host(op, out, out), indices.defined() ? host(op, out, indices) : Tensor());
   }
   void avg_pool2d(const Tensor& x, const Window2d& win, bool count_include_pad, const Tensor& out) override {
     cpu().avg_pool2d(host("avg_pool2d", out, x), win, count_include_pad, host("avg_pool2d", out, out));
