@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <cmath>
 #include <fstream>
@@ -438,6 +439,36 @@ TEST(ConvClosedForm, MaxPoolRoutesGradientToTheWinner) {
 TEST(ConvClosedForm, MaxPoolPropagatesNaN) {
   Tensor x = tensor(std::vector<double>{1, NAN, 2, 3}, {1, 1, 2, 2});
   EXPECT_TRUE(std::isnan(max_pool2d(x, {2, 2}).item()));
+}
+
+// In inference max pooling keeps no positions and takes a vectorised path: the same values as the
+// path that tracks them (which the direct loop above checks), NaN included, for float32 and
+// float64 and the windows of ResNet-18 (3x3, stride 2, padding 1) and of an overlapping pooling.
+TEST(ConvClosedForm, MaxPoolValuesAloneEqualThePathWithPositions) {
+  Generator gen(21);
+  for (DType dt : {kFloat32, kFloat64}) {
+    Tensor x = randn({2, 3, 17, 20}, dt, &gen);
+    x.view({-1}).narrow(0, 100, 1).fill_(NAN);
+    x.view({-1}).narrow(0, 1500, 1).fill_(NAN);
+    for (const auto& [k, st, pad] : std::vector<std::array<int64_t, 3>>{{3, 2, 1}, {3, 1, 1}, {2, 1, 0}}) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " kernel " << k << " stride " << st << " pad " << pad);
+      const Tensor values = max_pool2d(x, {k, k}, {st, st}, {pad, pad});
+      Tensor tracked_x = x.detach().clone().set_requires_grad();
+      const Tensor tracked = max_pool2d(tracked_x, {k, k}, {st, st}, {pad, pad}).detach();
+      const auto a = values.to_vector<double>(), b = tracked.to_vector<double>();
+      ASSERT_EQ(a.size(), b.size());
+      int64_t nans = 0;
+      for (size_t i = 0; i < a.size(); ++i) {
+        if (std::isnan(b[i])) {
+          ++nans;
+          EXPECT_TRUE(std::isnan(a[i])) << i;
+        } else {
+          EXPECT_EQ(a[i], b[i]) << i;
+        }
+      }
+      EXPECT_GT(nans, 0);
+    }
+  }
 }
 
 TEST(ConvClosedForm, Conv2dRecordsOneNode) {
