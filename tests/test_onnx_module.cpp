@@ -73,6 +73,14 @@ std::map<std::string, Tensor> small_net_weights() {
           {"ln.weight", rand({5}, kFloat64, &gen, 0.5, 1.5)},         {"ln.bias", randn({5}, kFloat64, &gen)}};
 }
 
+/// The module's output with gradients recording (the graph as written) and in inference (folded
+/// and fused), on the same input.
+std::pair<Tensor, Tensor> as_written_and_in_inference(bx::OnnxModule& mod, const Tensor& x) {
+  const Tensor as_written = mod.forward(x).detach();
+  NoGradGuard no_grad;
+  return {as_written, mod.forward(x)};
+}
+
 TEST(OnnxModule, GradientsMatchFiniteDifferences) {
   const std::vector<std::string> names{"conv.weight", "conv.bias", "bn.weight", "bn.bias", "fc.weight", "fc.bias", "ln.weight", "ln.bias"};
   auto base = small_net_weights();
@@ -254,12 +262,7 @@ TEST(OnnxModule, WrittenOutHardSwishFusesIntoTheConv) {
     bx::OnnxModule mod(m);
     mod.set_profiling(true);
     const Tensor x = randn({2, 8, 6, 7}, kFloat32, &gen) * 3.0;
-    const Tensor as_written = mod.forward(x).detach();
-    Tensor fused;
-    {
-      NoGradGuard no_grad;
-      fused = mod.forward(x);
-    }
+    const auto [as_written, fused] = as_written_and_in_inference(mod, x);
     EXPECT_EQ(mod.profile().count("Conv+BatchNormalization+HardSwish"), three == 3.0 ? 1u : 0u);
     EXPECT_EQ(mod.profile().at("Div").calls, three == 3.0 ? 1 : 2);
     EXPECT_TRUE(allclose(fused, as_written, 1e-5, 1e-5)) << "max |diff| " << amax(abs(fused - as_written)).item();
@@ -298,12 +301,7 @@ TEST(OnnxModule, ScalarAffineAfterConvFoldsIntoIt) {
     bx::OnnxModule mod(m);
     mod.set_profiling(true);
     const Tensor x = randn({2, 8, 6, 7}, kFloat32, &gen) * 3.0;
-    const Tensor as_written = mod.forward(x).detach();
-    Tensor folded;
-    {
-      NoGradGuard no_grad;
-      folded = mod.forward(x);
-    }
+    const auto [as_written, folded] = as_written_and_in_inference(mod, x);
     EXPECT_EQ(mod.profile().count("Conv+Affine+HardSwish"), scalar ? 1u : 0u);
     EXPECT_EQ(mod.profile().at("Div").calls, scalar ? 1 : 2);
     EXPECT_EQ(mod.profile().at("Add").calls, scalar ? 3 : 6);  // the shift, HardSwish's + 3, the last shift

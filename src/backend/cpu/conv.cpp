@@ -78,10 +78,9 @@ void col2im_kernel(const T* cols, T* x, int64_t n, int64_t c, const Window2d& wi
   }
 }
 
-// One (sample, output channel) plane per task: the plane starts at the bias and each of the kh * kw
-// taps adds its weight times the shifted input row, a unit-stride loop the compiler vectorises.
-// One output plane of a depthwise convolution: the taps outermost, a vectorisable pass over each
-// output row innermost.
+// One output plane of a depthwise convolution: the plane starts at the bias and each of the
+// kh * kw taps, outermost, adds its weight times the shifted input row, a pass over each output
+// row that the compiler vectorises.
 template <typename T>
 inline void depthwise_plane(const T* src, const T* wk, T bias, T* dst, const Window2d& win) {
   std::fill(dst, dst + win.oh * win.ow, bias);
