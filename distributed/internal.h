@@ -43,9 +43,22 @@ void check_all_reduce(const Tensor& t, ReduceOp op, const AllReduceOptions& opti
 /// "all_reduce(sum, 1000 float32)".
 std::string describe_op(const char* op, const Tensor& t, const std::string& extra = "");
 
-/// host_group for tensors on any device: a tensor that is not on the CPU travels as a host copy
-/// (Note [Staging device tensors] in staged_group.cpp).
-ProcessGroupPtr stage_device_tensors(ProcessGroupPtr host_group);
+/// host_group for tensors on any device: a tensor that is not on the CPU goes to its device's native
+/// group where there is one (route_native; Note [Native device groups]), else travels as a host
+/// copy (Note [Staging device tensors] in staged_group.cpp).
+ProcessGroupPtr stage_device_tensors(ProcessGroupPtr host_group, bool route_native = true);
+
+/// Makes the group that moves device's tensors natively over host_group's ranks, or returns nullptr
+/// where that transport cannot serve them (Note [Native device groups] in staged_group.cpp). Called
+/// by every rank of host_group at the same point, like a collective.
+using DeviceGroupFactory = ProcessGroupPtr (*)(const ProcessGroupPtr& host_group, const Device& device);
+/// Registered by a device's backend module when it loads (libbraid_cuda.so: NCCL).
+void register_device_group(DeviceType type, DeviceGroupFactory factory);
+/// The registered factory's group for device, or nullptr (none registered, or it declined).
+ProcessGroupPtr make_native_group(const ProcessGroupPtr& host_group, const Device& device);
+
+/// Registers the NCCL group for CUDA tensors (distributed/nccl_group.cpp, in libbraid_cuda.so).
+void register_nccl();
 
 /// The world of one: every collective is an identity (Average divides by one).
 ProcessGroupPtr make_local_group();

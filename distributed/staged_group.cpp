@@ -1,5 +1,9 @@
-// Device tensors through a process group that moves host memory (MPI): each operation copies its
-// tensor to the host, runs there, and copies the result back when the work completes.
+// Device tensors through a process group that moves host memory (MPI): each operation goes to the
+// device's native group where there is one (NCCL), or else copies its tensor to the host, runs
+// there, and copies the result back when the work completes.
+#include <array>
+#include <map>
+
 #include "braid/autograd.h"
 #include "braid/ops.h"
 #include "distributed/internal.h"
@@ -25,6 +29,25 @@ void write_back(const Tensor& host, Tensor& dst) {
   dst.copy_(host);
 }
 
+// Note [Native device groups]
+// A device may have a transport of its own that moves its tensors without the host: NCCL for CUDA.
+// Its backend module registers a factory when it loads (register_device_group; libbraid_cuda.so
+// registers NCCL's). The first collective on a tensor of that device makes the native group over
+// the host group's ranks (a collective act: every rank reaches it at the same call, since
+// collectives are called in the same order everywhere), and from then on that device's
+// collectives go to it. Where no factory is registered, or it declines (two ranks share a GPU, or
+// BRAID_NCCL=0), the device's tensors are staged. Point-to-point transfers of device tensors are
+// staged in every case for now: NCCL matches sends and receives by call order and not by tag,
+// while a pipeline stage's transfers to one peer interleave by tag, and a send queued before a
+// receive on one NCCL stream can deadlock against the peer's mirror image.
+std::mutex g_factories_mu;
+std::array<DeviceGroupFactory, 3> g_factories{};
+
+DeviceGroupFactory factory_for(DeviceType type) {
+  std::lock_guard<std::mutex> lock(g_factories_mu);
+  return g_factories[static_cast<size_t>(type)];
+}
+
 class StagedWork final : public Work {
  public:
   StagedWork(WorkPtr inner, Tensor host, Tensor dst) : inner_(std::move(inner)), host_(std::move(host)), dst_(std::move(dst)) {}
@@ -43,7 +66,7 @@ class StagedWork final : public Work {
 
 class StagedGroup final : public ProcessGroup {
  public:
-  explicit StagedGroup(ProcessGroupPtr inner) : inner_(std::move(inner)) {}
+  StagedGroup(ProcessGroupPtr inner, bool route) : inner_(std::move(inner)), route_(route) {}
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
   std::string name() const override { return inner_->name(); }
@@ -51,12 +74,14 @@ class StagedGroup final : public ProcessGroup {
 
   WorkPtr all_reduce_async(Tensor t, ReduceOp op, const AllReduceOptions& options) override {
     if (on_host(t)) return inner_->all_reduce_async(std::move(t), op, options);
+    if (ProcessGroup* g = native(t)) return g->all_reduce_async(std::move(t), op, options);
     check_collective_tensor(t, "all_reduce");
     Tensor h = to_host(t);
     return std::make_shared<StagedWork>(inner_->all_reduce_async(h, op, options), h, t);
   }
   void all_reduce(Tensor t, ReduceOp op, const AllReduceOptions& options) override {
     if (on_host(t)) return inner_->all_reduce(std::move(t), op, options);
+    if (ProcessGroup* g = native(t)) return g->all_reduce(std::move(t), op, options);
     check_collective_tensor(t, "all_reduce");
     Tensor h = to_host(t);
     inner_->all_reduce(h, op, options);
@@ -64,6 +89,7 @@ class StagedGroup final : public ProcessGroup {
   }
   void broadcast(Tensor t, int root) override {
     if (on_host(t)) return inner_->broadcast(std::move(t), root);
+    if (ProcessGroup* g = native(t)) return g->broadcast(std::move(t), root);
     check_collective_tensor(t, "broadcast");
     Tensor h = to_host(t);
     inner_->broadcast(h, root);
@@ -71,11 +97,13 @@ class StagedGroup final : public ProcessGroup {
   }
   Tensor all_gather(const Tensor& t) override {
     if (on_host(t)) return inner_->all_gather(t);
+    if (ProcessGroup* g = native(t)) return g->all_gather(t);
     check_collective_tensor(t, "all_gather");
     return inner_->all_gather(to_host(t)).to(t.device());
   }
   Tensor reduce_scatter(const Tensor& t, ReduceOp op) override {
     if (on_host(t)) return inner_->reduce_scatter(t, op);
+    if (ProcessGroup* g = native(t)) return g->reduce_scatter(t, op);
     check_collective_tensor(t, "reduce_scatter");
     return inner_->reduce_scatter(to_host(t), op).to(t.device());
   }
@@ -94,18 +122,51 @@ class StagedGroup final : public ProcessGroup {
   }
   std::shared_ptr<ProcessGroup> split(int color, int key) override {
     ProcessGroupPtr child = inner_->split(color, key);
-    return child ? std::make_shared<StagedGroup>(std::move(child)) : nullptr;
+    return child ? std::make_shared<StagedGroup>(std::move(child), route_) : nullptr;
   }
 
  private:
   static bool on_host(const Tensor& t) { return !t.defined() || t.device().is_cpu(); }
+
+  /// The native group of t's device, made on first use; nullptr to stage t.
+  ProcessGroup* native(const Tensor& t) {
+    if (!route_) return nullptr;
+    const Device d = t.device();
+    const auto key = std::make_pair(static_cast<int>(d.type), d.index);
+    auto it = natives_.find(key);
+    if (it == natives_.end()) it = natives_.emplace(key, make_native_group(inner_, d)).first;
+    return it->second.get();
+  }
+
   ProcessGroupPtr inner_;
+  bool route_;
+  std::map<std::pair<int, int>, ProcessGroupPtr> natives_;  // by (device type, index); null: staged
 };
 
 }  // namespace
 
-ProcessGroupPtr stage_device_tensors(ProcessGroupPtr host_group) {
-  return std::make_shared<StagedGroup>(std::move(host_group));
+void register_device_group(DeviceType type, DeviceGroupFactory factory) {
+  std::lock_guard<std::mutex> lock(g_factories_mu);
+  g_factories[static_cast<size_t>(type)] = factory;
+}
+
+ProcessGroupPtr make_native_group(const ProcessGroupPtr& host_group, const Device& device) {
+  DeviceGroupFactory f = device.is_cpu() ? nullptr : factory_for(device.type);
+  return f ? f(host_group, device) : nullptr;
+}
+
+ProcessGroupPtr stage_device_tensors(ProcessGroupPtr host_group, bool route_native) {
+  return std::make_shared<StagedGroup>(std::move(host_group), route_native);
 }
 
 }  // namespace braid::distributed::detail
+
+namespace braid::distributed {
+
+ProcessGroupPtr native_group(const ProcessGroupPtr& group, Device device) {
+  BRAID_CHECK(group != nullptr, "native_group: the group is null");
+  (void)empty({0}, kFloat32, device);  // loads the device's backend module, which registers its factory
+  return detail::make_native_group(group, device);
+}
+
+}  // namespace braid::distributed

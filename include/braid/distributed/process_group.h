@@ -119,6 +119,13 @@ using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;
 /// The group of every rank (init() on first use).
 ProcessGroupPtr world();
 
+/// The group that moves device's tensors over group's ranks without the host (NCCL for CUDA), or
+/// nullptr where there is none: the device has no such transport, braid was built without it,
+/// two ranks share one GPU, or BRAID_NCCL=0. world() and its splits use it by themselves for every
+/// collective on such tensors; this is for programs and tests that want it by name. Every rank of
+/// group calls it, at the same point, like a collective.
+ProcessGroupPtr native_group(const ProcessGroupPtr& group, Device device);
+
 /// all_reduce as a differentiable op: returns the sum over the group of x, and backward sums the
 /// gradients over the group (every rank's output depends on every rank's input).
 Tensor all_reduce_sum(const Tensor& x, const ProcessGroupPtr& group);

@@ -9,6 +9,8 @@
 #include <memory>
 
 #include "backend/cuda/runtime.h"
+#include "braid/config.h"
+#include "distributed/internal.h"
 
 namespace braid::detail {
 
@@ -176,5 +178,12 @@ Backend& cuda_backend() {
 }  // namespace braid::detail
 
 // The entry point through which libbraid.so finds this backend (Note [The CUDA backend as a module]
-// in meson.build).
-extern "C" braid::detail::Backend* braid_cuda_backend() { return &braid::detail::cuda_backend(); }
+// in meson.build). Loading the module also registers what it brings besides the backend: the NCCL
+// group for CUDA tensors (Note [Native device groups] in distributed/staged_group.cpp).
+extern "C" braid::detail::Backend* braid_cuda_backend() {
+#ifdef BRAID_HAVE_NCCL
+  static const bool registered = (braid::distributed::detail::register_nccl(), true);
+  (void)registered;
+#endif
+  return &braid::detail::cuda_backend();
+}

@@ -1,0 +1,146 @@
+// The NCCL process group (distributed/nccl_group.cpp) at a world of one, on a GPU: every
+// collective and dtype against closed forms, the ordering against the compute stream, the
+// compressed wire, the front door, and the watchdog's abort of a collective stuck behind a blocked
+// stream. Without a GPU, or in a build without NCCL, every case skips with the reason. Two ranks on
+// one GPU (NCCL refuses them, so CUDA tensors are staged through MPI) run the distributed suites
+// with BRAID_TEST_DEVICE=cuda under mpiexec: scripts/gpu_check.sh.
+#include <gtest/gtest.h>
+
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <thread>
+#include <vector>
+
+#include "backend/cuda/runtime.h"
+#include "braid/braid.h"
+#include "braid/config.h"
+#include "braid/distributed.h"
+#include "error_of.h"
+
+namespace braid {
+namespace {
+
+using distributed::ReduceOp;
+const Device kCuda = Device::cuda(0);
+
+#define REQUIRE_NCCL_GROUP(g)                                                                              \
+  if (!device_available(kCuda))                                                                            \
+    GTEST_SKIP() << "no CUDA device: device_count(DeviceType::CUDA) is " << device_count(DeviceType::CUDA) \
+                 << " (no GPU or no driver visible to this process)";                                      \
+  auto g = distributed::native_group(distributed::world(), kCuda);                                         \
+  if (!g) GTEST_SKIP() << "no NCCL group: " << (kHaveNccl ? "BRAID_NCCL=0 is set" : "built without NCCL")
+
+#ifdef BRAID_HAVE_NCCL
+constexpr bool kHaveNccl = true;
+#else
+constexpr bool kHaveNccl = false;
+#endif
+
+// Values exact in every dtype below (small integers), written on the device just before the
+// collective so that a collective that does not wait for the compute stream reads stale memory.
+Tensor written_on_device(DType dtype, int64_t n) {
+  const bool is_unsigned = dtype == kUInt8;
+  std::vector<double> values(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) values[static_cast<size_t>(i)] = static_cast<double>(i % 7) - (is_unsigned ? 0 : 3);
+  Tensor t = zeros({n}, dtype, kCuda);
+  t.copy_(tensor(values, {n}, kCuda).to(dtype));  // a cast on the device's stream
+  return t;
+}
+
+std::vector<double> host(const Tensor& t) { return t.to(kFloat64).to_vector<double>(); }
+
+TEST(NcclWorldOfOne, EveryCollectiveAndDtypeAgainstClosedForms) {
+  REQUIRE_NCCL_GROUP(g);
+  EXPECT_EQ(g->size(), 1);
+  EXPECT_EQ(g->rank(), 0);
+  for (DType dt : {kFloat32, kFloat64, kFloat16, kBFloat16, kInt32, kInt64, kInt8, kUInt8}) {
+    for (int64_t n : {1, 1000, 1 << 20}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " x " + std::to_string(n));
+      const Tensor want = written_on_device(dt, n);
+      const std::vector<double> expect = host(want);
+      std::vector<ReduceOp> ops = {ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min};
+      if (is_floating(dt)) ops.push_back(ReduceOp::Average);
+      for (ReduceOp op : ops) {
+        Tensor t = written_on_device(dt, n);
+        g->all_reduce_async(t, op)->wait();  // a world of one: every reduction is the value itself
+        EXPECT_EQ(host(t), expect) << distributed::reduce_op_name(op);
+      }
+      Tensor b = written_on_device(dt, n);
+      g->broadcast(b, 0);
+      EXPECT_EQ(host(b), expect);
+      Tensor gathered = g->all_gather(written_on_device(dt, n));
+      EXPECT_EQ(gathered.shape(), (Shape{1, n}));
+      EXPECT_EQ(host(gathered.reshape({n})), expect);
+      Tensor scattered = g->reduce_scatter(written_on_device(dt, n), ReduceOp::Sum);
+      EXPECT_EQ(scattered.shape(), (Shape{n}));
+      EXPECT_EQ(host(scattered), expect);
+    }
+  }
+  g->barrier();
+}
+
+TEST(NcclWorldOfOne, CompressedWireRoundsLikeACastAndDeterministicModeIsExact) {
+  REQUIRE_NCCL_GROUP(g);
+  // 1 + k/4096 is not a float16 or bfloat16 number for most k: the result is the rounded value.
+  Tensor x = arange(0, 4096, 1.0, kFloat32, kCuda) / 4096.0 + 1.0;
+  for (auto [wire, dt] : {std::pair{distributed::WireDType::Float16, kFloat16},
+                          std::pair{distributed::WireDType::BFloat16, kBFloat16}}) {
+    Tensor t = x.clone();
+    distributed::AllReduceOptions o;
+    o.wire_dtype = wire;
+    g->all_reduce_async(t, ReduceOp::Sum, o)->wait();
+    EXPECT_EQ(host(t), host(x.to(dt).to(kFloat32)));
+  }
+  Tensor t = x.clone();
+  distributed::AllReduceOptions o;
+  o.deterministic = true;
+  g->all_reduce(t, ReduceOp::Average, o);
+  EXPECT_EQ(host(t), host(x));
+}
+
+TEST(NcclWorldOfOne, FrontDoorErrorsNameTheOpAndTheDevice) {
+  REQUIRE_NCCL_GROUP(g);
+  EXPECT_NE(error_of([&] { g->all_reduce(zeros({4}, kFloat32, Device::cpu())); }).find("cpu"), std::string::npos);
+  EXPECT_NE(error_of<TypeError>([&] { g->all_reduce(zeros({4}, kBool, kCuda)); }).find("bool"), std::string::npos);
+  EXPECT_NE(error_of<TypeError>([&] { g->all_reduce(zeros({4}, kInt32, kCuda), ReduceOp::Average); }).find("average"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { g->reduce_scatter(zeros({3}, kFloat32, kCuda)); }).find("leading axis"),
+            std::string::npos);
+  EXPECT_NE(error_of<IndexError>([&] { g->broadcast(zeros({3}, kFloat32, kCuda), 1); }).find("rank 1"),
+            std::string::npos);
+}
+
+// A host function blocks the backend's compute stream until the test releases it; the collective queued
+// behind it cannot start, its deadline passes, and the watchdog aborts the communicator. The error
+// names the rank, the op and its sequence number, as the MPI path's does.
+std::atomic<bool> g_release{false};
+void CUDART_CB block_stream(void*) {
+  while (!g_release.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
+
+TEST(NcclWorldOfOne, WatchdogAbortsACollectiveStuckBehindABlockedStream) {
+  REQUIRE_NCCL_GROUP(g);
+  distributed::set_timeout(1.0);
+  Tensor t = ones({1024}, kFloat32, kCuda);
+  g->all_reduce(t);  // #1 completes
+  g_release = false;
+  ASSERT_EQ(cudaLaunchHostFunc(detail::cuda::stream(0), block_stream, nullptr), cudaSuccess);
+  const auto start = std::chrono::steady_clock::now();
+  const std::string msg = error_of<DistributedError>([&] { g->all_reduce_async(t)->wait(); });
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  g_release = true;
+  ASSERT_EQ(cudaStreamSynchronize(detail::cuda::stream(0)), cudaSuccess);
+  distributed::set_timeout(600);
+  EXPECT_NE(msg.find("rank 0"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("all_reduce(sum, 1024 float32) #2"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("did not complete within 1 s"), std::string::npos) << msg;
+  EXPECT_LT(waited, 30.0) << "the watchdog should fail the group about a second after the deadline";
+  // The aborted group refuses further work with the same message.
+  EXPECT_NE(error_of<DistributedError>([&] { g->all_reduce(t); }).find("#2"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace braid
