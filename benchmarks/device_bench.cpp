@@ -3,7 +3,8 @@
 // {"name", "ms" (median wall time per iteration, the device synchronised around it), "flop" (the
 // model FLOPs of one iteration)}.
 //
-//   braid-device-bench --device cuda --suite gemm|conv|resnet50|gpt2 [--small] [--repeats N] [--amp off]
+//   braid-device-bench --device cuda --suite gemm|conv|resnet50|gpt2|buckets [--small] [--repeats N]
+//                      [--amp off]
 //
 // gemm: C = A B at n^3 in float32 and under autocast(bfloat16) (float32 accumulation, float32 out).
 // conv: forward + backward (data and filter) of ResNet-50's convolution shapes, batch 64.
@@ -12,15 +13,20 @@
 // gpt2: one training step of a GPT-2-small-shaped causal Transformer (12 pre-norm layers, d 768,
 //   12 heads, GELU, vocabulary 50257) at batch 8 x 1024 tokens under autocast(bfloat16), AdamW-free
 //   Adam. --small shrinks every workload so that the CPU and CI-sized machines can run it.
+// buckets: DistributedDataParallel's gradient buckets of ResNet-50 and the GPT-2-shaped model, and
+//   when in backward each is ready (one JSON line per model; benchmarks/gpu_scaling.py).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <functional>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "braid/amp.h"
 #include "braid/braid.h"
+#include "braid/distributed.h"
 #include "braid/nn/attention.h"
 #include "braid/nn/loss.h"
 #include "braid/optim.h"
@@ -179,6 +185,62 @@ void gpt2_step(const Options& o) {
          }), flop);
 }
 
+/// One backward of model under DistributedDataParallel with its default options (a world of one):
+/// the buckets in launch order, their bytes, and when each became ready, as a fraction of the
+/// backward pass (the latest grad-ready hook of its parameters). benchmarks/gpu_scaling.py feeds
+/// these to its model of NCCL data parallelism at 8 to 1,024 GPUs.
+void bucket_profile(const std::string& name, const std::shared_ptr<nn::Module>& model,
+                    const std::function<Tensor()>& loss_of) {
+  distributed::DistributedDataParallel ddp(model);
+  const auto params = model->named_parameters();
+  using Clock = std::chrono::steady_clock;
+  std::map<std::string, Clock::time_point> ready;
+  std::vector<int> ids;
+  for (const auto& [pname, p] : params)
+    ids.push_back(add_grad_ready_hook(p, [&ready, n = pname] { ready[n] = Clock::now(); }));
+  for (int pass = 0; pass < 2; ++pass) {  // the first warms the allocator and the kernels' plans
+    ready.clear();
+    model->zero_grad();
+    Tensor loss = loss_of();
+    const auto t0 = Clock::now();
+    loss.backward();
+    const double total = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (pass == 0) continue;
+    std::map<std::string, int64_t> bytes;
+    for (const auto& [pname, p] : params) bytes[pname] = p.numel() * static_cast<int64_t>(dtype_size(p.dtype()));
+    std::printf("{\"kind\": \"buckets\", \"model\": \"%s\", \"parameters\": %lld, \"backward_s\": %.4f, "
+                "\"buckets\": [", name.c_str(), static_cast<long long>(model->num_parameters()), total);
+    const auto names = ddp.bucket_names();
+    for (size_t b = 0; b < names.size(); ++b) {
+      int64_t n = 0;
+      double at = 0;
+      for (const auto& pname : names[b]) {
+        n += bytes[pname];
+        at = std::max(at, std::chrono::duration<double>(ready[pname] - t0).count() / total);
+      }
+      std::printf("%s{\"bytes\": %lld, \"ready\": %.4f}", b ? ", " : "", static_cast<long long>(n), at);
+    }
+    std::printf("]}\n");
+    std::fflush(stdout);
+  }
+  for (size_t i = 0; i < params.size(); ++i) remove_grad_ready_hook(params[i].second, ids[i]);
+}
+
+void buckets(const Options& o) {
+  manual_seed(0);
+  std::shared_ptr<nn::Module> resnet = zoo::resnet50(1000);
+  Tensor x = randn({4, 3, 224, 224}, kFloat32, nullptr, 0.0, 1.0, o.device);
+  Tensor y = randint(0, 1000, {4}, kInt64, nullptr, o.device);
+  resnet->to(o.device);
+  bucket_profile("resnet50", resnet, [&] { return nn::cross_entropy((*resnet)(x), y); });
+  const int64_t vocab = 50257, seq = 256;
+  auto gpt = std::make_shared<CausalLM>(vocab, 1024, 768, 12, 12);
+  gpt->to(o.device);
+  Tensor ids = randint(0, vocab, {1, seq}, kInt64, nullptr, o.device);
+  Tensor target = randint(0, vocab, {seq}, kInt64, nullptr, o.device);
+  bucket_profile("gpt2_small", gpt, [&] { return nn::cross_entropy(gpt->forward(ids).reshape({seq, vocab}), target); });
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -203,7 +265,8 @@ int main(int argc, char** argv) {
     else if (o.suite == "conv") conv(o);
     else if (o.suite == "resnet50") resnet50_step(o);
     else if (o.suite == "gpt2") gpt2_step(o);
-    else throw ValueError("braid-device-bench: unknown suite '" + o.suite + "'; known: gemm, conv, resnet50, gpt2");
+    else if (o.suite == "buckets") buckets(o);
+    else throw ValueError("braid-device-bench: unknown suite '" + o.suite + "'; known: gemm, conv, resnet50, gpt2, buckets");
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "braid-device-bench: error: %s\n", e.what());

@@ -153,7 +153,14 @@ class NcclGroup final : public ProcessGroup, public std::enable_shared_from_this
 
   ~NcclGroup() override {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      // What is still queued completes (or the watchdog fails it at its deadline) before the
+      // communicator goes.
+      std::unique_lock<std::mutex> lock(mu_);
+      while (!pending_.empty() && failed_.empty()) {
+        lock.unlock();
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        lock.lock();
+      }
       stop_ = true;
     }
     cv_.notify_all();
@@ -278,10 +285,9 @@ class NcclGroup final : public ProcessGroup, public std::enable_shared_from_this
       check_nccl(ncclCommGetAsyncError(comm_, &st), where_, "ncclCommGetAsyncError");
       if (st != ncclInProgress) break;
       if (Clock::now() > deadline) {
-        ncclCommAbort(comm_);
-        throw DistributedError(::braid::detail::cat(where_, ": ", what, " did not complete within ",
-                                                    settings().timeout_seconds, " s; a peer is dead or hung. "
-                                                    "(BRAID_TIMEOUT sets the limit.)"));
+        fail(::braid::detail::cat(where_, ": ", what, " did not complete within ", settings().timeout_seconds,
+                                  " s; a peer is dead or hung. (BRAID_TIMEOUT sets the limit.)"));
+        throw_if_failed();
       }
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
@@ -353,7 +359,16 @@ class NcclGroup final : public ProcessGroup, public std::enable_shared_from_this
         }
         continue;
       }
-      while (!pending_.empty() && pending_.front().done->done()) pending_.pop_front();
+      std::vector<Pending> finished;  // released outside the lock: freeing device memory takes the pool's
+      while (!pending_.empty() && pending_.front().done->done()) {
+        finished.push_back(std::move(pending_.front()));
+        pending_.pop_front();
+      }
+      if (!finished.empty()) {
+        lock.unlock();
+        finished.clear();
+        lock.lock();
+      }
       std::string error;
       ncclResult_t st = ncclSuccess;
       if (ncclCommGetAsyncError(comm_, &st) == ncclSuccess && st != ncclSuccess && st != ncclInProgress)

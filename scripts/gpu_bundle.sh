@@ -35,6 +35,11 @@ for p in "${programs[@]}"; do
   if [[ -f "$p" && -x "$p" ]]; then cp "$p" "$stage/bin/"; fi
 done
 cp "$build"/tests/diff_cases.jsonl "$stage/bin/" 2>/dev/null || true
+# MPICH's launcher, for the checks at 2 ranks on the one GPU (the machine's own MPI, if any, is
+# another implementation that braid's programs cannot talk to).
+for p in mpiexec.hydra hydra_pmi_proxy; do
+  if command -v "$p" >/dev/null; then cp "$(command -v "$p")" "$stage/bin/"; fi
+done
 
 # Every library the programs load, except the CUDA toolkit's (the GPU machine has its own, matching
 # its driver) and the kernel's vDSO. glibc and the loader come along for machines with an older one.

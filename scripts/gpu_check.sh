@@ -4,7 +4,11 @@
 #   nvidia-smi.txt       the device
 #   cuda_backend.txt     the backend parity suite (every primitive and dtype against the CPU backend)
 #   suite-<name>.txt     the unit tests with every tensor on cuda:0 (BRAID_TEST_DEVICE=cuda)
-#   main-job.txt         braid-train --device cuda on Fashion-MNIST, and --amp bf16
+#   nccl.txt             the NCCL group at a world of one, and its watchdog (tests/test_nccl.cpp)
+#   suite-*-np2.txt      the distributed suites at 2 ranks sharing the GPU (CUDA tensors staged
+#                        through MPI, since NCCL refuses two ranks on one GPU)
+#   main-job.txt         braid-train --device cuda on Fashion-MNIST, and --amp bf16; -np2: data-
+#                        parallel and pipeline runs at 2 ranks on the one GPU
 #   summary.txt          one line per step: passed / failed
 #   device_bench.md      GEMM, convolution, ResNet-50 and GPT-2-small steps against PyTorch
 #
@@ -69,12 +73,31 @@ if [[ -x "$work/bin/test_differential" ]]; then
   BRAID_DIFF_CASES="$work/bin/diff_cases.jsonl" BRAID_TEST_DEVICE=$dev \
     step "differential on $dev" "$out/suite-differential.txt" "$work/bin/test_differential"
 fi
+[[ -x "$work/bin/test_nccl" ]] && step "NCCL group, world of one" "$out/nccl.txt" "$work/bin/test_nccl"
+# Two ranks on the one GPU: DDP, SyncBatchNorm and pipeline equivalence with device tensors.
+mpirun=("$work/bin/mpiexec.hydra" -launcher fork -n 2)
+if [[ -x "$work/bin/mpiexec.hydra" ]]; then
+  for t in distributed pipeline amp_distributed; do
+    [[ -x "$work/bin/test_$t" ]] || continue
+    BRAID_TEST_DEVICE=$dev BRAID_NUM_THREADS=4 step "suite $t at 2 ranks on one $dev" "$out/suite-$t-np2.txt" \
+      "${mpirun[@]}" "$work/bin/test_$t"
+  done
+else
+  note "SKIP 2-rank checks: no mpiexec.hydra in the bundle"
+fi
+
 # The main job on the GPU: three epochs of the CNN, float32 and bfloat16 mixed precision.
 epochs=${BRAID_CHECK_EPOCHS:-3}
 step "braid-train --device $dev" "$out/main-job.txt" "$work/bin/braid-train" --device "$dev" --data "$data" \
   --epochs "$epochs" --out "$out/main-job"
 step "braid-train --device $dev --amp bf16" "$out/main-job-bf16.txt" "$work/bin/braid-train" --device "$dev" \
   --amp bf16 --data "$data" --epochs "$epochs" --out "$out/main-job-bf16"
+if [[ -x "$work/bin/mpiexec.hydra" ]]; then
+  BRAID_NUM_THREADS=4 step "braid-train --device $dev, 2 ranks (DDP)" "$out/main-job-np2.txt" "${mpirun[@]}" \
+    "$work/bin/braid-train" --device "$dev" --data "$data" --epochs 1 --out "$out/main-job-np2"
+  BRAID_NUM_THREADS=4 step "braid-train --device $dev, 2 pipeline stages" "$out/main-job-pp2.txt" "${mpirun[@]}" \
+    "$work/bin/braid-train" --device "$dev" --pipeline-stages 2 --data "$data" --epochs 1 --out "$out/main-job-pp2"
+fi
 grep -h "final test accuracy" "$out"/main-job*.txt | tee -a "$summary"
 
 # Benchmarks against PyTorch on the same GPU, in one run (benchmarks/device_bench.py). Python runs
