@@ -40,11 +40,11 @@ built_in=$(cd "$root" && pwd)
 
 # CUDA libraries: the machine's own (the toolkit's, or the ones PyTorch ships in its wheels).
 cuda_dirs=$(find / \( -path /proc -o -path /sys \) -prune -o \( -name 'libcublas.so.13*' -o -name 'libcudnn.so.9*' \
-  -o -name 'libcudart.so.13*' -o -name 'libnccl.so.2*' \) -print 2>/dev/null | xargs -r -n1 dirname | sort -u | tr '\n' ':')
+  -o -name 'libcudart.so.13*' -o -name 'libnccl.so.2*' \) ! -type d -print 2>/dev/null | xargs -r -n1 dirname | sort -u | tr '\n' ':')
 libs="$work/lib:${cuda_dirs}${LD_LIBRARY_PATH:-}"
 # Programs run with the machine's loader when its glibc is new enough, else with the carried one.
 run_prog() {
-  if LD_LIBRARY_PATH="$libs" "$work/bin/test_device_api" --gtest_list_tests >/dev/null 2>&1; then
+  if LD_LIBRARY_PATH="$libs" "$work/bin/test_device" --gtest_list_tests >/dev/null 2>&1; then
     LD_LIBRARY_PATH="$libs" "$@"
   else
     "$work/lib/ld-linux-x86-64.so.2" --library-path "$libs:/usr/lib/x86_64-linux-gnu:/lib/x86_64-linux-gnu" "$@"
@@ -55,27 +55,31 @@ export BRAID_NUM_THREADS=${BRAID_NUM_THREADS:-8} OMP_WAIT_POLICY=passive
 { nvidia-smi; nvcc --version; echo "bundle of $(cat "$bundle/commit" 2>/dev/null); checked from $built_in on $(date -u)"; } \
   >"$out/nvidia-smi.txt" 2>&1
 
-step() {  # step NAME LOG CMD...: runs one program, records pass/fail
-  local name=$1 log=$2
+step() {  # step NAME LOG [--direct] CMD...: runs one program (--direct: not through run_prog)
+  local name=$1 log=$2 runner=run_prog
   shift 2
-  if run_prog "$@" >"$log" 2>&1; then note "PASS $name"; else note "FAIL $name (see $(basename "$log"))"; fi
+  if [[ $1 == --direct ]]; then runner=; shift; fi
+  if $runner "$@" >"$log" 2>&1; then note "PASS $name"; else note "FAIL $name (see $(basename "$log"))"; fi
   grep -E '^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ tests?|^\[  FAILED  \] [A-Za-z].*[^)]$' "$log" | sed "s/^/    /" >>"$summary"
 }
 
 step cuda_backend "$out/cuda_backend.txt" "$work/bin/test_cuda_backend"
 # The families CI runs on the shadow device (Note [Tests on the shadow device] in tests/meson.build).
-for t in tensor ops_golden gradcheck autograd loss optim conv layers sequence_layers checkpoint device amp \
-         onnx_module onnx_conformance; do
-  [[ -x "$work/bin/test_$t" ]] || continue
+# BRAID_CHECK_SUITES="tensor conv" reruns only those (and "differential" the differential test).
+suites=${BRAID_CHECK_SUITES:-tensor ops_golden gradcheck autograd loss optim conv layers sequence_layers checkpoint \
+  device amp onnx_module onnx_conformance differential}
+for t in $suites; do
+  [[ $t != differential && -x "$work/bin/test_$t" ]] || continue
   BRAID_TEST_DEVICE=$dev step "suite $t on $dev" "$out/suite-$t.txt" "$work/bin/test_$t"
 done
-if [[ -x "$work/bin/test_differential" ]]; then
+if [[ " $suites " == *" differential "* && -x "$work/bin/test_differential" ]]; then
   BRAID_DIFF_CASES="$work/bin/diff_cases.jsonl" BRAID_TEST_DEVICE=$dev \
     step "differential on $dev" "$out/suite-differential.txt" "$work/bin/test_differential"
 fi
 [[ -x "$work/bin/test_nccl" ]] && step "NCCL group, world of one" "$out/nccl.txt" "$work/bin/test_nccl"
 # Two ranks on the one GPU: DDP, SyncBatchNorm and pipeline equivalence with device tensors.
-mpirun=("$work/bin/mpiexec.hydra" -launcher fork -n 2)
+# The launcher runs with the machine's loader and passes the library path on to the ranks.
+mpirun=(--direct env LD_LIBRARY_PATH="$libs" "$work/bin/mpiexec.hydra" -launcher fork -n 2)
 if [[ -x "$work/bin/mpiexec.hydra" ]]; then
   for t in distributed pipeline amp_distributed; do
     [[ -x "$work/bin/test_$t" ]] || continue
