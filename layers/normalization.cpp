@@ -110,11 +110,7 @@ Tensor LayerNorm::forward(const Tensor& x) {
   BRAID_CHECK(x.dim() >= k && Shape(x.shape().end() - k, x.shape().end()) == shape_, "LayerNorm: expected input "
               "whose trailing dimensions are ", shape_str(shape_), " (normalized_shape), got shape ",
               shape_str(x.shape()));
-  std::vector<int64_t> axes;
-  for (int64_t d = x.dim() - k; d < x.dim(); ++d) axes.push_back(d);
-  Tensor mean_r = mean(x, axes, true);
-  Tensor y = (x - mean_r) * rsqrt(var(x, axes, 0, true) + eps_);
-  return affine_ ? y * weight_ + bias_ : y;
+  return affine_ ? layer_norm(x, k, weight_, bias_, eps_) : layer_norm(x, k, Tensor(), Tensor(), eps_);
 }
 
 std::string LayerNorm::describe() const {

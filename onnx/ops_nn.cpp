@@ -544,12 +544,8 @@ void register_nn_ops(OpRegistry& r) {
   r.add(op("LayerNormalization", {"axis", "epsilon", "stash_type"}, [](OpContext& c) {
     const Tensor& x = c.input(0);
     const int64_t axis = norm_axis(c, c.attr_int("axis", -1), x.dim());
-    std::vector<int64_t> axes;
-    for (int64_t d = axis; d < x.dim(); ++d) axes.push_back(d);
-    std::vector<Tensor> n = normalize(x, axes, c.attr_float("epsilon", 1e-5));
-    Tensor y = n[0] * c.input(1);
-    if (c.has_input(2)) y = y + c.input(2);
-    return Tensors{y, n[1], n[2]};
+    const Tensor bias = c.has_input(2) ? c.input(2) : Tensor();
+    return Tensors{layer_norm_with_stats(x, x.dim() - axis, c.input(1), bias, c.attr_float("epsilon", 1e-5))};
   }));
   r.add(op("GroupNormalization", {"epsilon", "num_groups", "stash_type"}, [](OpContext& c) {
     const Tensor& x = c.input(0);

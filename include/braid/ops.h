@@ -165,6 +165,16 @@ Tensor sum_to(const Tensor& x, const Shape& shape);
 /// without gradients, for the running statistics. One autograd node with a closed-form backward
 /// (Note [BatchNorm as one node] in src/ops/norm.cpp).
 std::vector<Tensor> batch_norm_training(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps);
+/// Layer normalisation over the last `normalized_dims` axes of x, as PyTorch's F.layer_norm:
+/// y = (x - mean) / sqrt(var + eps) * weight + bias per row, var biased, weight and bias (the
+/// normalised shape) optional. Where nothing needs a gradient, one pass per row through the backend
+/// (Note [Optional primitives]); otherwise composed, so autograd differentiates it.
+Tensor layer_norm(const Tensor& x, int64_t normalized_dims, const Tensor& weight = Tensor(),
+                  const Tensor& bias = Tensor(), double eps = 1e-5);
+/// layer_norm's y with its statistics, as ONNX's LayerNormalization gives them: {y, mean, inverse
+/// standard deviation}, the statistics of x's shape with the normalised axes kept as size 1.
+std::vector<Tensor> layer_norm_with_stats(const Tensor& x, int64_t normalized_dims, const Tensor& weight,
+                                          const Tensor& bias, double eps);
 
 // ---- linear algebra ----
 /// 1-d, 2-d and batched (broadcast batch axes) matrix product, as numpy.matmul. Operands of

@@ -182,6 +182,13 @@ class Backend {
   /// out = softmax of x along its last axis, x contiguous (rows of x.size(-1)), with the composite's
   /// steps: m = max, e = exp(x - m), out = e / sum(e) (braid::softmax, forward only).
   virtual bool softmax_rows(const Tensor& x, const Tensor& out);
+  /// Layer normalisation of the rows of x (x contiguous, rows of n = weight's or bias's numel or the
+  /// caller's row length: out's trailing size), with the composite's steps: m = mean, inv =
+  /// 1 / sqrt(biased var + eps), out = (x - m) * inv, then * weight and + bias where defined (each n
+  /// contiguous). mean and inv (one per row, contiguous) are written where defined (braid::
+  /// layer_norm, forward only).
+  virtual bool layer_norm_rows(const Tensor& x, int64_t n, const Tensor& weight, const Tensor& bias, double eps,
+                               const Tensor& out, const Tensor& mean, const Tensor& inv);
   /// out (int8 or uint8, x's shape) = round_half_even(x / scale) + zero saturated to out's range, x
   /// float32 and contiguous, the division in float32; NaN gives 0 (braid::quantize).
   virtual bool quantize(const Tensor& x, double scale, int64_t zero, const Tensor& out);

@@ -106,4 +106,43 @@ std::vector<Tensor> batch_norm_training(const Tensor& x, const Tensor& weight_in
   return {y, m, v};
 }
 
+// Layer normalisation: the composite of mean, var and broadcast arithmetic, which autograd
+// differentiates; in inference the backend's fused rows (Backend::layer_norm_rows) where it has
+// them. An active ONNX trace takes the composite, whose ops the exporter knows.
+std::vector<Tensor> layer_norm_with_stats(const Tensor& x, int64_t k, const Tensor& weight, const Tensor& bias,
+                                          double eps) {
+  BRAID_CHECK(x.defined(), "layer_norm: the input is undefined");
+  BRAID_CHECK(k >= 1 && k <= x.dim(), "layer_norm: normalized_dims ", k, " is out of range for input shape ",
+              shape_str(x.shape()));
+  BRAID_CHECK(eps >= 0, "layer_norm: eps must be non-negative, got ", eps);
+  const Shape trailing(x.shape().end() - k, x.shape().end());
+  int64_t n = 1;
+  for (int64_t d : trailing) n *= d;
+  std::vector<int64_t> axes;
+  Shape stat_shape = x.shape();
+  for (int64_t d = x.dim() - k; d < x.dim(); ++d) {
+    axes.push_back(d);
+    stat_shape[static_cast<size_t>(d)] = 1;
+  }
+  auto exact = [&](const Tensor& t) { return !t.defined() || (t.shape() == trailing && t.device() == x.device()); };
+  if (!needs_grad(x) && !needs_grad(weight) && !needs_grad(bias) && active_trace() == nullptr && x.numel() > 0 &&
+      exact(weight) && exact(bias)) {
+    NoGradGuard no_grad;
+    Tensor y = new_tensor(x.shape(), x.dtype(), x.device());
+    Tensor m = new_tensor(stat_shape, x.dtype(), x.device()), inv = new_tensor(stat_shape, x.dtype(), x.device());
+    auto flat = [](const Tensor& t) { return t.defined() ? contiguous(t) : t; };
+    if (backend_of(x).layer_norm_rows(contiguous(x), n, flat(weight), flat(bias), eps, y, m, inv)) return {y, m, inv};
+  }
+  Tensor m = mean(x, axes, true);
+  Tensor inv = rsqrt(var(x, axes, 0, true) + eps);
+  Tensor y = (x - m) * inv;
+  if (weight.defined()) y = y * weight;
+  if (bias.defined()) y = y + bias;
+  return {y, m, inv};
+}
+
+Tensor layer_norm(const Tensor& x, int64_t k, const Tensor& weight, const Tensor& bias, double eps) {
+  return layer_norm_with_stats(x, k, weight, bias, eps)[0];
+}
+
 }  // namespace braid

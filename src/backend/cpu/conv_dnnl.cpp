@@ -119,10 +119,13 @@ dnnl::primitive_attr epilogue_attr(const Key& k) {
 }
 
 dnnl::convolution_forward::primitive_desc forward_pd(const Geometry& g, bool bias,
-                                                     const dnnl::primitive_attr& attr = dnnl::primitive_attr()) {
+                                                     const dnnl::primitive_attr& attr = dnnl::primitive_attr(),
+                                                     bool inference = false) {
   using F = dnnl::convolution_forward;
-  const auto kind = dnnl::prop_kind::forward_training;
-  const auto algo = dnnl::algorithm::convolution_direct;
+  const auto kind = inference ? dnnl::prop_kind::forward_inference : dnnl::prop_kind::forward_training;
+  const char* env = std::getenv("BRAID_ONEDNN_ALGO");
+  const auto algo = inference && env && std::string(env) == "auto" ? dnnl::algorithm::convolution_auto
+                                                                   : dnnl::algorithm::convolution_direct;
   const F::desc d = bias ? F::desc(kind, algo, any_desc(g.src), any_desc(g.weights), any_desc({g.dst[1]}),
                                    any_desc(g.dst), g.strides, g.dilates, g.pad_l, g.pad_r)
                          : F::desc(kind, algo, any_desc(g.src), any_desc(g.weights), any_desc(g.dst), g.strides,
@@ -150,7 +153,9 @@ Plan build(const Key& key) {
   switch (static_cast<Pass>(key[0])) {
     case Pass::Forward: {
       const bool plain = key[18] == 0 && key == key_of_plain(key);
-      const auto fused = plain ? fwd : forward_pd(g, bias, epilogue_attr(key));
+      const bool inf = std::getenv("BRAID_ONEDNN_INF") != nullptr && key[16] == 1 && key[8] * key[9] > 1;
+      const auto fused = inf ? forward_pd(g, bias, plain ? dnnl::primitive_attr() : epilogue_attr(key), true)
+                             : plain ? fwd : forward_pd(g, bias, epilogue_attr(key));
       p.prim = dnnl::convolution_forward(fused);
       p.args = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST};
       p.plain = {plain_desc(g.src), plain_desc(g.weights), plain_desc(g.dst)};

@@ -123,6 +123,12 @@ class ShadowBackend final : public Backend {
     const char* op = "softmax_rows";
     return cpu().softmax_rows(host(op, out, x), host(op, out, out));
   }
+  bool layer_norm_rows(const Tensor& x, int64_t n, const Tensor& weight, const Tensor& bias, double eps,
+                       const Tensor& out, const Tensor& mean, const Tensor& inv) override {
+    const char* op = "layer_norm_rows";
+    auto h = [&](const Tensor& t) { return t.defined() ? host(op, out, t) : Tensor(); };
+    return cpu().layer_norm_rows(h(x), n, h(weight), h(bias), eps, h(out), h(mean), h(inv));
+  }
   bool quantize(const Tensor& x, double scale, int64_t zero, const Tensor& out) override {
     const char* op = "quantize";
     return cpu().quantize(host(op, out, x), scale, zero, host(op, out, out));
