@@ -107,6 +107,48 @@ TEST_P(LayerGradient, MatchesFiniteDifferences) { testing::check_gradient_row(Ge
 INSTANTIATE_TEST_SUITE_P(Layers, LayerGradient, ::testing::ValuesIn(testing::differentiable_rows(feedforward_rows())),
                          testing::layer_case_name);
 
+// ---- LayerNorm's two paths: the backend's fused rows (inference) and the composite (autograd) ----
+
+TEST(LayerNorm, FusedRowsAndTheCompositeMatchAClosedFormInDouble) {
+  manual_seed(7);
+  const Tensor x = randn({3, 5, 4, 6}) * 3.0 + 1.5, w = randn({4, 6}), b = randn({4, 6});
+  const std::vector<double> xs = x.to_vector<double>(), ws = w.to_vector<double>(), bs = b.to_vector<double>();
+  const int64_t n = 24, rows = 15;
+  std::vector<double> want(xs.size()), want_mean(rows), want_inv(rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    double m = 0, v = 0;
+    for (int64_t i = 0; i < n; ++i) m += xs[r * n + i] / n;
+    for (int64_t i = 0; i < n; ++i) v += (xs[r * n + i] - m) * (xs[r * n + i] - m) / n;
+    want_mean[r] = m;
+    want_inv[r] = 1 / std::sqrt(v + 1e-5);
+    for (int64_t i = 0; i < n; ++i) want[r * n + i] = (xs[r * n + i] - m) * want_inv[r] * ws[i] + bs[i];
+  }
+  auto near = [](const std::vector<double>& got, const std::vector<double>& ref, const char* what) {
+    ASSERT_EQ(got.size(), ref.size()) << what;
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], ref[i], 2e-5 * (1 + std::abs(ref[i]))) << what << " " << i;
+  };
+  {
+    NoGradGuard inference;  // the fused rows where the backend has them
+    const std::vector<Tensor> y = layer_norm_with_stats(x, 2, w, b, 1e-5);
+    EXPECT_EQ(y[1].shape(), (Shape{3, 5, 1, 1}));
+    near(y[0].to_vector<double>(), want, "inference y");
+    near(y[1].to_vector<double>(), want_mean, "inference mean");
+    near(y[2].to_vector<double>(), want_inv, "inference inverse std");
+  }
+  Tensor xg = x.clone();
+  xg.set_requires_grad();  // the composite, which autograd differentiates
+  const Tensor y = layer_norm(xg, 2, w, b, 1e-5);
+  near(y.detach().to_vector<double>(), want, "composite y");
+  y.sum().backward();
+  ASSERT_TRUE(xg.grad().defined());
+  // Without an affine: the normalised rows alone.
+  NoGradGuard inference;
+  const std::vector<double> plain = layer_norm(x, 2).to_vector<double>();
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < n; ++i)
+      EXPECT_NEAR(plain[r * n + i], (xs[r * n + i] - want_mean[r]) * want_inv[r], 2e-5) << r << " " << i;
+}
+
 // ---- BatchNorm beyond one step: running statistics against a closed form computed here ----
 
 TEST(BatchNorm, RunningStatisticsOverTwoStepsAndEval) {
