@@ -125,7 +125,8 @@ TEST(LayerNorm, FusedRowsAndTheCompositeMatchAClosedFormInDouble) {
   }
   auto near = [](const std::vector<double>& got, const std::vector<double>& ref, const char* what) {
     ASSERT_EQ(got.size(), ref.size()) << what;
-    for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], ref[i], 2e-5 * (1 + std::abs(ref[i]))) << what << " " << i;
+    for (size_t i = 0; i < got.size(); ++i)
+      EXPECT_NEAR(got[i], ref[i], 2e-5 * (1 + std::abs(ref[i]))) << what << " " << i;
   };
   {
     NoGradGuard inference;  // the fused rows where the backend has them
