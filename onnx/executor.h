@@ -19,6 +19,7 @@
 #include "braid/autograd.h"
 #include "braid/onnx/module.h"
 #include "braid/ops.h"
+#include "kept.h"
 #include "ops_util.h"
 
 namespace braid::onnx {
@@ -44,84 +45,6 @@ struct ActFusion {
   std::vector<size_t> post;   // a Mul and an Add by one-element constants after it, or none
 };
 
-// Note [Folded weights kept]
-// In inference a folded convolution's weight and bias (Note [Folding BatchNormalization into Conv],
-// Note [Folding a scalar affine into Conv]) are kept with the plan and used again while every
-// tensor they were made from is the same view of the same storage at the same version (Note
-// [Storage versions]): fine-tuning, load_state_dict and any in-place update bump a version, and the
-// next run folds afresh. Kept, the folded weight is also what oneDNN's reordered copy stays with
-// (Note [Reordered weights kept]), so a run reads each weight once, in the kernel's layout, instead
-// of folding and reordering all of them.
-class FoldedWeights {
- public:
-  /// The weight and bias folded from sources (and numbers) when none of them changed since, or
-  /// false.
-  bool find(size_t node, const std::vector<Tensor>& sources, const std::vector<double>& numbers, Tensor& w,
-            Tensor& b) const {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = kept_.find(node);
-    if (it == kept_.end() || it->second.sources.size() != sources.size() || it->second.numbers != numbers) return false;
-    const Entry& e = it->second;
-    for (size_t i = 0; i < sources.size(); ++i) {
-      const Tensor &a = e.sources[i], &t = sources[i];
-      if (a.defined() != t.defined()) return false;
-      if (!a.defined()) continue;
-      if (a.storage() != t.storage() || a.offset() != t.offset() || a.shape() != t.shape() ||
-          a.strides() != t.strides() || a.dtype() != t.dtype() || t.storage()->version() != e.versions[i])
-        return false;
-    }
-    w = e.w;
-    b = e.b;
-    return true;
-  }
-  /// Keeps w and b as folded from sources at their versions before the fold (versions).
-  void keep(size_t node, std::vector<Tensor> sources, std::vector<uint64_t> versions, std::vector<double> numbers,
-            Tensor w, Tensor b) {
-    std::lock_guard<std::mutex> lock(mu_);
-    kept_[node] = Entry{std::move(sources), std::move(versions), std::move(numbers), std::move(w), std::move(b)};
-  }
-  static std::vector<uint64_t> versions_of(const std::vector<Tensor>& ts) {
-    std::vector<uint64_t> v;
-    for (const Tensor& t : ts) v.push_back(t.defined() ? t.storage()->version() : 0);
-    return v;
-  }
-
- private:
-  struct Entry {
-    std::vector<Tensor> sources;
-    std::vector<uint64_t> versions;
-    std::vector<double> numbers;
-    Tensor w, b;
-  };
-  mutable std::mutex mu_;
-  std::unordered_map<size_t, Entry> kept_;
-};
-
-// Note [Constants evaluated once]
-// A Constant node's value depends on nothing but its attribute, so the top-level graph evaluates
-// each one once per device and binds the kept tensor on later runs (MiniLM's 112 Constants cost
-// 4% of its inference when they ran every time). Nothing in the executor writes a value in place;
-// a Constant that is itself a graph output is not kept, since the caller may write to what it is
-// given.
-class ConstantCache {
- public:
-  bool find(size_t node, Device d, Tensor& out) const {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = kept_.find({node, d.str()});
-    if (it == kept_.end()) return false;
-    out = it->second;
-    return true;
-  }
-  void keep(size_t node, Device d, Tensor t) {
-    std::lock_guard<std::mutex> lock(mu_);
-    kept_[{node, d.str()}] = std::move(t);
-  }
-
- private:
-  mutable std::mutex mu_;
-  std::map<std::pair<size_t, std::string>, Tensor> kept_;
-};
-
 /// What OnnxModule precomputes about its top-level graph (see make_plan).
 struct ExecPlan {
   std::vector<std::vector<std::string>> release_after;  // values whose last use is node i
@@ -131,6 +54,8 @@ struct ExecPlan {
   std::map<std::string, double> constants;  // one-element Constant nodes' values, known before they run
   mutable FoldedWeights folded;             // Note [Folded weights kept]
   mutable ConstantCache constant_values;    // Note [Constants evaluated once]
+  std::vector<bool> static_node;            // Note [Static nodes evaluated once]
+  mutable StaticOutputs static_outputs;
 };
 
 /// A Conv's run with an activation fused (all null when none): the activation, the value name it
@@ -201,6 +126,11 @@ class Executor {
           continue;
         }
       }
+      if (fold && plan->static_node[i]) {
+        run_static(g.nodes[i], scope, *plan, i);
+        release(plan, i, scope);
+        continue;
+      }
       if (plan != nullptr && is_constant(g, g.nodes[i])) {
         Tensor& v = scope.values[g.nodes[i].outputs[0]];
         if (!plan->constant_values.find(i, device_, v)) {
@@ -248,6 +178,28 @@ class Executor {
   Device device() const { return device_; }
 
  private:
+  /// Runs a node of weights and constants, or binds what it gave last time (Note [Static nodes
+  /// evaluated once]).
+  void run_static(const Node& n, Scope& scope, const ExecPlan& plan, size_t node) {
+    std::vector<Tensor> inputs, outputs;
+    for (const std::string& name : n.inputs) {
+      const Tensor* t = name.empty() ? nullptr : scope.find(name);
+      inputs.push_back(t != nullptr ? *t : Tensor());
+    }
+    if (plan.static_outputs.find(node, inputs, outputs)) {
+      for (size_t k = 0; k < n.outputs.size() && k < outputs.size(); ++k)
+        if (!n.outputs[k].empty()) scope.values[n.outputs[k]] = outputs[k];
+      return;
+    }
+    const std::vector<uint64_t> versions = versions_of(inputs);
+    run_node(n, scope);
+    for (const std::string& name : n.outputs) {
+      const Tensor* t = name.empty() ? nullptr : scope.find(name);
+      outputs.push_back(t != nullptr ? *t : Tensor());
+    }
+    plan.static_outputs.keep(node, std::move(inputs), versions, std::move(outputs));
+  }
+
   /// A Constant node whose value may be kept (Note [Constants evaluated once]).
   bool is_constant(const Graph& g, const Node& n) const {
     if (n.op_type != "Constant" || !n.domain.empty() || n.outputs.size() != 1) return false;
@@ -285,7 +237,7 @@ class Executor {
     const std::vector<Tensor> sources{w, b, gamma, beta, mean_, var_};
     Tensor w2, b2;
     if (!plan.folded.find(node, sources, {eps}, w2, b2)) {
-      const auto versions = FoldedWeights::versions_of(sources);
+      const auto versions = versions_of(sources);
       Tensor scale = gamma * rsqrt(var_ + eps);
       Shape ws(static_cast<size_t>(w.dim()), 1);
       ws[0] = w.size(0);
@@ -340,7 +292,7 @@ class Executor {
     const std::vector<Tensor> sources{*w, b != nullptr ? *b : Tensor()};
     Tensor w2, b2;
     if (!plan.folded.find(node, sources, {a, d}, w2, b2)) {
-      const auto versions = FoldedWeights::versions_of(sources);
+      const auto versions = versions_of(sources);
       w2 = *w * a;
       b2 = (b != nullptr ? *b : zeros({w->size(0)}, w->dtype(), w->device())) * a + d;
       plan.folded.keep(node, sources, versions, {a, d}, w2, b2);

@@ -116,6 +116,30 @@ std::shared_ptr<ExecPlan> make_plan(const Graph& g, const std::map<std::string, 
   std::map<std::string, size_t> producer;
   for (size_t i = 0; i < n; ++i)
     for (const auto& o : g.nodes[i].outputs) producer[o] = i;
+  // Note [Static nodes evaluated once] in kept.h: the nodes that read only weights, constants and
+  // other such nodes' outputs. An initialiser that is also a graph input is the caller's to give.
+  static const std::set<std::string> kRandom = {
+      "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli", "Dropout"};
+  std::set<std::string> fixed;
+  for (const auto& [name, t] : weights) fixed.insert(name);
+  for (const auto& in : g.inputs) fixed.erase(in.name);
+  plan->static_node.assign(n, false);
+  for (size_t i = 0; i < n; ++i) {
+    const Node& node = g.nodes[i];
+    if (!node.domain.empty()) continue;
+    if (node.op_type == "Constant") {
+      for (const auto& o : node.outputs) fixed.insert(o);
+      continue;
+    }
+    bool ok = kRandom.count(node.op_type) == 0 && !node.inputs.empty();
+    for (const auto& [name, a] : node.attributes)
+      ok = ok && a.graphs.empty() && a.kind != Attribute::Kind::Graph && a.kind != Attribute::Kind::Graphs;
+    for (const auto& in : node.inputs) ok = ok && (in.empty() || fixed.count(in) != 0);
+    for (const auto& o : node.outputs) ok = ok && keep.count(o) == 0;
+    if (!ok) continue;
+    plan->static_node[i] = true;
+    for (const auto& o : node.outputs) fixed.insert(o);
+  }
   for (size_t i = 0; i < n; ++i) {
     const Node& bn = g.nodes[i];
     if (bn.op_type != "BatchNormalization" || !bn.domain.empty() || bn.inputs.size() < 5) continue;

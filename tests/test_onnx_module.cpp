@@ -185,6 +185,58 @@ TEST(OnnxModule, KeptFoldedWeightsFollowEveryChangeToTheParameters) {
   folded_equals_as_written("after an optimizer step");
 }
 
+// Note [Static nodes evaluated once]: in inference the nodes that read only weights and constants
+// (here a QDQ-style quantisation of the weight, its transpose and a scaled bias) run on the first
+// run only, and again after any change to what they read; the output always equals the closed
+// form x W'^T + 2 b, W' the weight rounded to its int8 grid.
+TEST(OnnxModule, StaticNodesRunOnceAndFollowChangesToTheWeights) {
+  bx::GraphBuilder g(17);
+  const std::string scale = g.scalar(0.05, kFloat32),
+                    zero = g.node("Cast", {g.ints({0})}, {{"to", bx::attr_int(3)}})[0];
+  auto q = g.node("QuantizeLinear", {"w", scale, zero})[0];
+  auto dq = g.node("DequantizeLinear", {q, scale, zero})[0];
+  auto wt = g.node("Transpose", {dq})[0];
+  auto b2 = g.node("Mul", {"b", g.scalar(2.0, kFloat32)})[0];
+  auto y = g.node("MatMul", {"x", wt})[0];
+  g.graph().nodes.push_back(bx::Node{"out", "Add", "", {y, b2}, {"y"}, {}});
+  bx::Model model = model_of("static_nodes", 17, g.graph());
+  Generator gen(11);
+  model.graph.initializers = {{"w", randn({3, 4}, kFloat32, &gen)}, {"b", randn({3}, kFloat32, &gen)}};
+  model.graph.inputs.push_back(info("x", kFloat32, {2, 4}));
+  model.graph.outputs.push_back(info("y", kFloat32, {2, 3}));
+  bx::OnnxModule m(model);
+  const Tensor x = randn({2, 4}, kFloat32, &gen);
+  const auto closed_form = [&] {
+    NoGradGuard no_grad;
+    const Tensor w = m.weights().at("w"), grid = clamp(round(w / 0.05), -128, 127) * 0.05;
+    return matmul(x, grid.mT()) + m.weights().at("b") * 2.0;
+  };
+  m.set_profiling(true);
+  const auto calls = [&](const char* op) { return m.profile().count(op) ? m.profile().at(op).calls : 0; };
+  const auto check = [&](const char* after) {
+    SCOPED_TRACE(after);
+    NoGradGuard no_grad;
+    EXPECT_TRUE(allclose(m.forward(x), closed_form(), 1e-5, 1e-6));  // runs the static nodes if anything changed
+    const int64_t transposes = calls("Transpose"), quantizes = calls("QuantizeLinear"), matmuls = calls("MatMul");
+    EXPECT_TRUE(allclose(m.forward(x), closed_form(), 1e-5, 1e-6));
+    EXPECT_EQ(calls("Transpose"), transposes) << "the static nodes ran again with nothing changed";
+    EXPECT_EQ(calls("QuantizeLinear"), quantizes);
+    EXPECT_EQ(calls("MatMul"), matmuls + 1);
+  };
+  check("as loaded");
+  {
+    NoGradGuard no_grad;
+    Tensor w = m.weights().at("w"), b = m.weights().at("b");  // handles on the same storage
+    w.mul_(1.5);
+    b.narrow(0, 1, 1).fill_(0.25);
+  }
+  check("after in-place updates");
+  std::map<std::string, Tensor> fresh;
+  for (const auto& [name, t] : m.state_dict()) fresh[name] = t.detach().clone() * 0.5;
+  m.load_state_dict(fresh);
+  check("after load_state_dict");
+}
+
 // Note [Fusing activations into Conv]: in inference a Relu, Clip, HardSwish or HardSigmoid that
 // alone reads a Conv's output (or its folded BatchNormalization's) runs as the convolution's
 // epilogue; with gradients recording the graph runs as written. float32, so that the CPU runs the

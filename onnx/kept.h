@@ -1,0 +1,142 @@
+// What the top-level graph keeps between inference runs (Note [Executing an ONNX graph] in
+// module.cpp): folded convolution weights, the values of Constant nodes, and the outputs of nodes
+// that read only weights and constants. Each is used again only while what it was made from is
+// unchanged (Note [Storage versions]). Internal to onnx/.
+#pragma once
+
+#include <map>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "braid/device.h"
+#include "braid/tensor.h"
+
+namespace braid::onnx {
+
+/// The versions of ts' storages now (0 for an undefined tensor).
+inline std::vector<uint64_t> versions_of(const std::vector<Tensor>& ts) {
+  std::vector<uint64_t> v;
+  for (const Tensor& t : ts) v.push_back(t.defined() ? t.storage()->version() : 0);
+  return v;
+}
+
+/// Whether now is, tensor by tensor, the same view of the same storage as kept, at the version
+/// recorded when it was kept.
+inline bool unchanged(const std::vector<Tensor>& kept, const std::vector<uint64_t>& versions,
+                      const std::vector<Tensor>& now) {
+  if (kept.size() != now.size()) return false;
+  for (size_t i = 0; i < kept.size(); ++i) {
+    const Tensor &a = kept[i], &t = now[i];
+    if (a.defined() != t.defined()) return false;
+    if (!a.defined()) continue;
+    if (a.storage() != t.storage() || a.offset() != t.offset() || a.shape() != t.shape() ||
+        a.strides() != t.strides() || a.dtype() != t.dtype() || t.storage()->version() != versions[i])
+      return false;
+  }
+  return true;
+}
+
+// Note [Folded weights kept]
+// In inference a folded convolution's weight and bias (Note [Folding BatchNormalization into Conv],
+// Note [Folding a scalar affine into Conv]) are kept with the plan and used again while every
+// tensor they were made from is the same view of the same storage at the same version (Note
+// [Storage versions]): fine-tuning, load_state_dict and any in-place update bump a version, and the
+// next run folds afresh. Kept, the folded weight is also what oneDNN's reordered copy stays with
+// (Note [Reordered weights kept]), so a run reads each weight once, in the kernel's layout, instead
+// of folding and reordering all of them.
+class FoldedWeights {
+ public:
+  /// The weight and bias folded from sources (and numbers) when none of them changed since, or
+  /// false.
+  bool find(size_t node, const std::vector<Tensor>& sources, const std::vector<double>& numbers, Tensor& w,
+            Tensor& b) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = kept_.find(node);
+    if (it == kept_.end() || it->second.sources.size() != sources.size() || it->second.numbers != numbers) return false;
+    const Entry& e = it->second;
+    if (!unchanged(e.sources, e.versions, sources)) return false;
+    w = e.w;
+    b = e.b;
+    return true;
+  }
+  /// Keeps w and b as folded from sources at their versions before the fold (versions).
+  void keep(size_t node, std::vector<Tensor> sources, std::vector<uint64_t> versions, std::vector<double> numbers,
+            Tensor w, Tensor b) {
+    std::lock_guard<std::mutex> lock(mu_);
+    kept_[node] = Entry{std::move(sources), std::move(versions), std::move(numbers), std::move(w), std::move(b)};
+  }
+
+ private:
+  struct Entry {
+    std::vector<Tensor> sources;
+    std::vector<uint64_t> versions;
+    std::vector<double> numbers;
+    Tensor w, b;
+  };
+  mutable std::mutex mu_;
+  std::unordered_map<size_t, Entry> kept_;
+};
+
+// Note [Constants evaluated once]
+// A Constant node's value depends on nothing but its attribute, so the top-level graph evaluates
+// each one once per device and binds the kept tensor on later runs (MiniLM's 112 Constants cost
+// 4% of its inference when they ran every time). Nothing in the executor writes a value in place;
+// a Constant that is itself a graph output is not kept, since the caller may write to what it is
+// given.
+class ConstantCache {
+ public:
+  bool find(size_t node, Device d, Tensor& out) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = kept_.find({node, d.str()});
+    if (it == kept_.end()) return false;
+    out = it->second;
+    return true;
+  }
+  void keep(size_t node, Device d, Tensor t) {
+    std::lock_guard<std::mutex> lock(mu_);
+    kept_[{node, d.str()}] = std::move(t);
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::map<std::pair<size_t, std::string>, Tensor> kept_;
+};
+
+// Note [Static nodes evaluated once]
+// In inference, a node of the top-level graph whose every input is a weight, a constant or the
+// output of such a node (a QDQ model's quantisation and dequantisation of its weights, a
+// transposed or reshaped weight, arithmetic on constants) gives the same outputs on every run while
+// its inputs stand. Its outputs are kept and bound again while each input is the same view of the
+// same storage at the same version, as the folded weights are; a changed weight makes its node run
+// again, and the new output, a different storage, makes every node after it run again too. Random
+// ops, nodes with subgraphs, ops of other domains than ai.onnx (a custom op may be anything) and
+// nodes writing a graph output are never kept. Training runs every node, so that autograd reaches
+// the weights through them.
+class StaticOutputs {
+ public:
+  bool find(size_t node, const std::vector<Tensor>& inputs, std::vector<Tensor>& outputs) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = kept_.find(node);
+    if (it == kept_.end() || !unchanged(it->second.inputs, it->second.versions, inputs)) return false;
+    outputs = it->second.outputs;
+    return true;
+  }
+  void keep(size_t node, std::vector<Tensor> inputs, std::vector<uint64_t> versions, std::vector<Tensor> outputs) {
+    std::lock_guard<std::mutex> lock(mu_);
+    kept_[node] = Entry{std::move(inputs), std::move(versions), std::move(outputs)};
+  }
+
+ private:
+  struct Entry {
+    std::vector<Tensor> inputs;
+    std::vector<uint64_t> versions;
+    std::vector<Tensor> outputs;
+  };
+  mutable std::mutex mu_;
+  std::unordered_map<size_t, Entry> kept_;
+};
+
+}  // namespace braid::onnx
