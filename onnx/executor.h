@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <limits>
 #include <map>
 #include <memory>
@@ -51,6 +52,7 @@ struct ExecPlan {
   std::map<size_t, size_t> conv_bn;                     // Conv node -> the BatchNormalization it feeds
   std::map<size_t, std::pair<size_t, size_t>> conv_affine;  // Conv node -> the Mul and Add by scalars after it
   std::map<size_t, ActFusion> conv_act;                 // Conv (or folded BatchNormalization) -> its activation
+  std::map<size_t, size_t> qdq;  // QuantizeLinear -> the DequantizeLinear that alone reads it (Note [QDQ pairs])
   std::map<std::string, double> constants;  // one-element Constant nodes' values, known before they run
   mutable FoldedWeights folded;             // Note [Folded weights kept]
   mutable ConstantCache constant_values;    // Note [Constants evaluated once]
@@ -131,6 +133,14 @@ class Executor {
         release(plan, i, scope);
         continue;
       }
+      if (fold) {
+        auto q = plan->qdq.find(i);
+        if (q != plan->qdq.end() && run_fake_quantize(g.nodes[i], g.nodes[q->second], scope)) {
+          skip_.insert(q->second);
+          release(plan, i, scope);
+          continue;
+        }
+      }
       if (plan != nullptr && is_constant(g, g.nodes[i])) {
         Tensor& v = scope.values[g.nodes[i].outputs[0]];
         if (!plan->constant_values.find(i, device_, v)) {
@@ -178,6 +188,33 @@ class Executor {
   Device device() const { return device_; }
 
  private:
+  // Note [QDQ pairs]
+  // A quantised model written as QDQ (QuantizeLinear, then a DequantizeLinear with the same scale
+  // and zero point that alone reads its output) rounds each activation to its int8 grid in float.
+  // In inference, with one scale and zero point, the pair runs as braid::fake_quantize: one pass
+  // and no 8-bit tensor between them, bitwise the same values. Otherwise, or when the values are
+  // not what the fused op takes, the two nodes run as written.
+  bool run_fake_quantize(const Node& q, const Node& dq, Scope& scope) {
+    const Tensor* x = scope.find(q.inputs[0]);
+    const Tensor* scale = scope.find(q.inputs[1]);
+    const Tensor* zero = q.inputs.size() > 2 && !q.inputs[2].empty() ? scope.find(q.inputs[2]) : nullptr;
+    if (x == nullptr || scale == nullptr || !x->defined() || x->dtype() != kFloat32 || x->device() != device_ ||
+        scale->numel() != 1 || scale->dtype() != kFloat32 ||
+        (zero != nullptr && (zero->numel() != 1 || (zero->dtype() != kInt8 && zero->dtype() != kUInt8))))
+      return false;
+    const double s = scale->item();
+    if (!std::isfinite(s) || s <= 0) return false;
+    const auto start = profile_ != nullptr ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
+    const DType qtype = zero != nullptr ? zero->dtype() : kUInt8;
+    scope.values[dq.outputs[0]] = fake_quantize(*x, s, zero != nullptr ? static_cast<int64_t>(zero->item()) : 0, qtype);
+    if (profile_ != nullptr) {
+      auto& slot = (*profile_)["QuantizeLinear+DequantizeLinear"];
+      slot.ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+      slot.calls++;
+    }
+    return true;
+  }
+
   /// Runs a node of weights and constants, or binds what it gave last time (Note [Static nodes
   /// evaluated once]).
   void run_static(const Node& n, Scope& scope, const ExecPlan& plan, size_t node) {

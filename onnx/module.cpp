@@ -116,6 +116,27 @@ std::shared_ptr<ExecPlan> make_plan(const Graph& g, const std::map<std::string, 
   std::map<std::string, size_t> producer;
   for (size_t i = 0; i < n; ++i)
     for (const auto& o : g.nodes[i].outputs) producer[o] = i;
+  // Note [QDQ pairs] in executor.h: a QuantizeLinear read only by a DequantizeLinear of the same
+  // scale and zero point, neither with attributes beyond a per-axis axis (unused per tensor).
+  for (size_t i = 0; i < n; ++i) {
+    const Node& q = g.nodes[i];
+    if (q.op_type != "QuantizeLinear" || !q.domain.empty() || q.outputs.size() != 1 || q.inputs.size() < 2) continue;
+    if (uses[q.outputs[0]] != 1 || keep.count(q.outputs[0]) != 0) continue;
+    size_t j = i + 1;
+    while (j < n &&
+           std::find(g.nodes[j].inputs.begin(), g.nodes[j].inputs.end(), q.outputs[0]) == g.nodes[j].inputs.end())
+      ++j;
+    if (j == n) continue;
+    const Node& dq = g.nodes[j];
+    const auto zero_of = [](const Node& m) { return m.inputs.size() > 2 ? m.inputs[2] : std::string(); };
+    if (dq.op_type != "DequantizeLinear" || !dq.domain.empty() || dq.inputs[0] != q.outputs[0] ||
+        dq.inputs.size() < 2 || dq.inputs[1] != q.inputs[1] || zero_of(dq) != zero_of(q) || dq.outputs.size() != 1)
+      continue;
+    bool plain = true;
+    for (const Node* m : {&q, &dq})
+      for (const auto& [name, a] : m->attributes) plain = plain && name == "axis";
+    if (plain) plan->qdq[i] = j;
+  }
   // Note [Static nodes evaluated once] in kept.h: the nodes that read only weights, constants and
   // other such nodes' outputs. An initialiser that is also a graph input is the caller's to give.
   static const std::set<std::string> kRandom = {

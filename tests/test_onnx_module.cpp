@@ -237,6 +237,36 @@ TEST(OnnxModule, StaticNodesRunOnceAndFollowChangesToTheWeights) {
   check("after load_state_dict");
 }
 
+// Note [QDQ pairs]: in inference a QuantizeLinear read only by a DequantizeLinear of the same scale
+// and zero point runs as one fake_quantize, bit for bit the pair as written.
+TEST(OnnxModule, QdqPairsRunAsOnePassWithTheSameBits) {
+  for (DType zt : {kUInt8, kInt8}) {
+    SCOPED_TRACE(dtype_name(zt));
+    bx::GraphBuilder g(13);
+    const std::string scale = g.scalar(0.03, kFloat32);
+    const std::string zero =
+        g.node("Cast", {g.ints({zt == kInt8 ? -4 : 120})}, {{"to", bx::attr_int(zt == kInt8 ? 3 : 2)}})[0];
+    auto q = g.node("QuantizeLinear", {"x", scale, zero})[0];
+    auto dq = g.node("DequantizeLinear", {q, scale, zero})[0];
+    g.graph().nodes.push_back(bx::Node{"out", "Relu", "", {dq}, {"y"}, {}});
+    bx::Model model = model_of("qdq", 13, g.graph());
+    model.graph.inputs.push_back(info("x", kFloat32, {2, 1000}));
+    model.graph.outputs.push_back(info("y", kFloat32, {2, 1000}));
+    bx::OnnxModule m(model);
+    Generator gen(4);
+    Tensor x = randn({2, 1000}, kFloat32, &gen) * 5.0;
+    x.narrow(1, 0, 3).copy_(tensor(std::vector<float>{1e9f, -1e9f, 0.045f}, {1, 3}).expand({2, 3}));
+    x.set_requires_grad();
+    auto [as_written, fused] = as_written_and_in_inference(m, x);
+    EXPECT_EQ(fused.to_vector<float>(), as_written.to_vector<float>());
+    m.set_profiling(true);
+    NoGradGuard no_grad;
+    m.forward(x);
+    EXPECT_EQ(m.profile().count("QuantizeLinear+DequantizeLinear"), 1u);
+    EXPECT_EQ(m.profile().count("DequantizeLinear"), 0u);
+  }
+}
+
 // Note [Fusing activations into Conv]: in inference a Relu, Clip, HardSwish or HardSigmoid that
 // alone reads a Conv's output (or its folded BatchNormalization's) runs as the convolution's
 // epilogue; with gradients recording the graph runs as written. float32, so that the CPU runs the

@@ -135,6 +135,30 @@ TEST(Dequantize, IsTheDifferenceScaledInFloat32) {
             std::string::npos);
 }
 
+// fake_quantize (ONNX's QuantizeLinear + DequantizeLinear in one pass) is the closed form, the
+// quotient rounded half to even, saturated, shifted back and scaled in float32, bit for bit.
+TEST(FakeQuantize, IsTheRoundedQuotientScaledBackBitForBit) {
+  Generator gen(5);
+  std::vector<float> x = (randn({100000}, kFloat32, &gen) * 3.0).to_vector<float>();
+  const float scale = 0.02f;
+  for (float t : {0.5f, 1.5f, 2.5f, -0.5f, -1.5f, -2.5f, 126.5f, 127.5f}) x.push_back(t * scale);
+  for (float v : {1e9f, -1e9f, NAN, INFINITY, -INFINITY, 0.0f, -0.0f}) x.push_back(v);
+  const int64_t count = static_cast<int64_t>(x.size());
+  for (DType t : {kUInt8, kInt8}) {
+    const int64_t zero = t == kUInt8 ? 128 : -3;
+    const double lo = t == kUInt8 ? 0 : -128, hi = t == kUInt8 ? 255 : 127;
+    const std::vector<float> got = fake_quantize(tensor(x, {count}), scale, zero, t).to_vector<float>();
+    for (int64_t i = 0; i < count; ++i) {
+      const float q = x[static_cast<size_t>(i)] / scale;
+      double v = std::nearbyint(static_cast<double>(q)) + static_cast<double>(zero);
+      v = std::isnan(v) ? 0 : std::min(std::max(v, lo), hi);
+      const float want = (static_cast<float>(v) - static_cast<float>(zero)) * scale;
+      ASSERT_EQ(got[static_cast<size_t>(i)], want) << dtype_name(t) << " x = " << x[static_cast<size_t>(i)];
+    }
+  }
+  EXPECT_NE(error_of([&] { (void)fake_quantize(zeros({2}), 0.0, 0, kUInt8); }).find("scale"), std::string::npos);
+}
+
 // The one-pass softmax (Backend::softmax_rows) gives the composite's numbers bit for bit: rows short
 // and long, with infinities and NaN, enough rows for every thread.
 TEST(Softmax, RowKernelIsTheComposite) {

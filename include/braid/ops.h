@@ -192,6 +192,10 @@ Tensor quantize(const Tensor& x, double scale, int64_t zero_point, DType dtype);
 /// Its inverse per tensor, as ONNX's DequantizeLinear: (x - zero_point) * scale in float32, for x
 /// int8, uint8 or int32. One pass through the backend's kernel where it has one.
 Tensor dequantize(const Tensor& x, double scale, int64_t zero_point);
+/// dequantize(quantize(x, scale, zero_point, dtype), scale, zero_point): x rounded to its grid
+/// (fake quantisation, ONNX's QuantizeLinear followed by DequantizeLinear), in float32, in one pass
+/// where the backend has it. Not differentiable.
+Tensor fake_quantize(const Tensor& x, double scale, int64_t zero_point, DType dtype);
 
 // ---- shape and indexing ----
 Tensor reshape(const Tensor& x, const Shape& shape);

@@ -189,6 +189,9 @@ class Backend {
   /// layer_norm, forward only).
   virtual bool layer_norm_rows(const Tensor& x, int64_t n, const Tensor& weight, const Tensor& bias, double eps,
                                const Tensor& out, const Tensor& mean, const Tensor& inv);
+  /// out (float32, x's shape) = dequantize(quantize(x, scale, zero, qtype), scale, zero), x float32
+  /// and contiguous, qtype int8 or uint8, bitwise the two composites (braid::fake_quantize).
+  virtual bool fake_quantize(const Tensor& x, double scale, int64_t zero, DType qtype, const Tensor& out);
   /// out (int8 or uint8, x's shape) = round_half_even(x / scale) + zero saturated to out's range, x
   /// float32 and contiguous, the division in float32; NaN gives 0 (braid::quantize).
   virtual bool quantize(const Tensor& x, double scale, int64_t zero, const Tensor& out);

@@ -90,6 +90,7 @@ bool Backend::layer_norm_rows(const Tensor&, int64_t, const Tensor&, const Tenso
   return false;
 }
 bool Backend::dequantize(const Tensor&, double, int64_t, const Tensor&) { return false; }
+bool Backend::fake_quantize(const Tensor&, double, int64_t, DType, const Tensor&) { return false; }
 bool Backend::adam_step(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const AdamStep&) {
   return false;
 }

@@ -68,4 +68,14 @@ Tensor dequantize(const Tensor& x, double scale, int64_t zero_point) {
   return (cast(x, kFloat32) - static_cast<double>(zero_point)) * scale;
 }
 
+Tensor fake_quantize(const Tensor& x, double scale, int64_t zero_point, DType dtype) {
+  if (x.defined() && x.dtype() == kFloat32 && x.numel() > 0 && std::isfinite(scale) && scale > 0 &&
+      (dtype == kInt8 || dtype == kUInt8) && scalar_fits(static_cast<double>(zero_point), dtype)) {
+    NoGradGuard no_grad;
+    Tensor out = new_tensor(x.shape(), kFloat32, x.device());
+    if (backend_of(x).fake_quantize(contiguous(x), scale, zero_point, dtype, out)) return out;
+  }
+  return dequantize(quantize(x, scale, zero_point, dtype), scale, zero_point);  // checks and composes
+}
+
 }  // namespace braid

@@ -49,6 +49,7 @@ class CpuBackend final : public Backend {
   bool layer_norm_rows(const Tensor& x, int64_t n, const Tensor& weight, const Tensor& bias, double eps,
                        const Tensor& out, const Tensor& mean, const Tensor& inv) override;
   bool dequantize(const Tensor& x, double scale, int64_t zero, const Tensor& out) override;
+  bool fake_quantize(const Tensor& x, double scale, int64_t zero, DType qtype, const Tensor& out) override;
   bool adam_step(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const Tensor& max_v,
                  const AdamStep& s) override;
   bool channel_moments(const Tensor& x, const Tensor& mean, const Tensor& var) override;

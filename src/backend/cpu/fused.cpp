@@ -241,6 +241,30 @@ BRAID_VECTOR_CLONES void quantize_s8(const float* x, int8_t* out, int64_t n, flo
   quantize_range(x, out, n, scale, zero);
 }
 
+// fake_quantize: quantize_range's integer value v, then dequantize's (v - zero) * scale in float32,
+// without the 8-bit tensor between them; v is an integer held exactly, so the bits are the two
+// composites'.
+template <bool kSigned>
+inline void fake_quantize_range(const float* x, float* out, int64_t n, float scale, float zero) {
+  constexpr float lo = kSigned ? -128.0f : 0.0f, hi = kSigned ? 127.0f : 255.0f;
+  constexpr float kShift = 0x1.8p23f;
+  for (int64_t i = 0; i < n; ++i) {
+    const float q = x[i] / scale;
+    const float r = (q + kShift) - kShift;
+    float v = select(std::fabs(q) < 0x1p22f, r, q) + zero;
+    v = select(v == v, v, 0.0f);
+    v = select(v < lo, lo, v);
+    v = select(v > hi, hi, v);
+    out[i] = (static_cast<float>(static_cast<int32_t>(v)) - zero) * scale;
+  }
+}
+BRAID_VECTOR_CLONES void fake_quantize_u8(const float* x, float* out, int64_t n, float scale, float zero) {
+  fake_quantize_range<false>(x, out, n, scale, zero);
+}
+BRAID_VECTOR_CLONES void fake_quantize_s8(const float* x, float* out, int64_t n, float scale, float zero) {
+  fake_quantize_range<true>(x, out, n, scale, zero);
+}
+
 template <typename Q>
 void quantize_kernel(const float* x, Q* out, int64_t n, float scale, float zero) {
   const int nt = n > kParallelGrain && !omp_in_parallel() ? get_num_threads() : 1;
@@ -262,6 +286,25 @@ bool CpuBackend::quantize(const Tensor& x, double scale, int64_t zero, const Ten
     quantize_kernel(x.data<float>(), out.data<uint8_t>(), x.numel(), s, z);
   else
     quantize_kernel(x.data<float>(), out.data<int8_t>(), x.numel(), s, z);
+  return true;
+}
+
+bool CpuBackend::fake_quantize(const Tensor& x, double scale, int64_t zero, DType qtype, const Tensor& out) {
+  if (!fused_on() || x.dtype() != kFloat32 || !x.is_contiguous() || (qtype != kInt8 && qtype != kUInt8)) return false;
+  const float s = static_cast<float>(scale), z = static_cast<float>(zero);
+  const float* px = x.data<float>();
+  float* py = out.data<float>();
+  const int64_t n = x.numel();
+  const int nt = n > kParallelGrain && !omp_in_parallel() ? get_num_threads() : 1;
+#pragma omp parallel num_threads(nt)
+  {
+    const int t = omp_get_thread_num(), parts = omp_get_num_threads();
+    const int64_t begin = n * t / parts, end = n * (t + 1) / parts;
+    if (qtype == kUInt8)
+      fake_quantize_u8(px + begin, py + begin, end - begin, s, z);
+    else
+      fake_quantize_s8(px + begin, py + begin, end - begin, s, z);
+  }
   return true;
 }
 

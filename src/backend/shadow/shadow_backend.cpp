@@ -119,6 +119,10 @@ class ShadowBackend final : public Backend {
     const char* op = "dequantize";
     return cpu().dequantize(host(op, out, x), scale, zero, host(op, out, out));
   }
+  bool fake_quantize(const Tensor& x, double scale, int64_t zero, DType qtype, const Tensor& out) override {
+    const char* op = "fake_quantize";
+    return cpu().fake_quantize(host(op, out, x), scale, zero, qtype, host(op, out, out));
+  }
   bool softmax_rows(const Tensor& x, const Tensor& out) override {
     const char* op = "softmax_rows";
     return cpu().softmax_rows(host(op, out, x), host(op, out, out));
