@@ -5,6 +5,7 @@
 
 #include "braid/autograd.h"
 #include "braid/conv.h"
+#include "braid/nn/layers.h"
 #include "ops_util.h"
 
 namespace braid::onnx::ops {
@@ -452,10 +453,8 @@ std::vector<Tensor> batch_norm(OpContext& c) {
   const bool onnx_training = c.opset() >= 14 && c.attr_int("training_mode", 0) != 0;
   std::vector<int64_t> axes{0};
   for (int64_t d = 2; d < x.dim(); ++d) axes.push_back(d);
-  if (!onnx_training && !c.training()) {
-    Tensor inv = rsqrt(reshape(var_in, cs) + eps) * reshape(scale, cs);
-    return {(x - reshape(mean_in, cs)) * inv + reshape(bias, cs)};
-  }
+  if (!onnx_training && !c.training())  // Note [BatchNorm as scale and shift] in layers/normalization.cpp
+    return {nn::batch_norm_apply(x, reshape(mean_in, cs), reshape(var_in, cs), scale, bias, eps)};
   Tensor m = mean(x, axes, true);
   Tensor v = var(x, axes, 0, true);
   Tensor y = (x - m) * rsqrt(v + eps) * reshape(scale, cs) + reshape(bias, cs);

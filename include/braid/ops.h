@@ -165,6 +165,9 @@ Tensor sum_to(const Tensor& x, const Shape& shape);
 /// without gradients, for the running statistics. One autograd node with a closed-form backward
 /// (Note [BatchNorm as one node] in src/ops/norm.cpp).
 std::vector<Tensor> batch_norm_training(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps);
+/// x * scale[c] + shift[c] over x (N, C, *), scale and shift (C): inference BatchNorm's scale and
+/// shift in one pass where the backend has it and nothing needs a gradient; composed otherwise.
+Tensor channel_affine(const Tensor& x, const Tensor& scale, const Tensor& shift);
 /// Layer normalisation over the last `normalized_dims` axes of x, as PyTorch's F.layer_norm:
 /// y = (x - mean) / sqrt(var + eps) * weight + bias per row, var biased, weight and bias (the
 /// normalised shape) optional. Where nothing needs a gradient, one pass per row through the backend

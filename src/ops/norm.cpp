@@ -106,6 +106,24 @@ std::vector<Tensor> batch_norm_training(const Tensor& x, const Tensor& weight_in
   return {y, m, v};
 }
 
+Tensor channel_affine(const Tensor& x, const Tensor& scale, const Tensor& shift) {
+  BRAID_CHECK(x.defined() && scale.defined() && shift.defined(), "channel_affine: an operand is undefined");
+  BRAID_CHECK(
+      x.dim() >= 2 && scale.dim() == 1 && shift.dim() == 1 && scale.numel() == x.size(1) && shift.numel() == x.size(1),
+      "channel_affine: expected x (N, C, ...) with scale and shift (C), got shapes ", shape_str(x.shape()), ", ",
+      shape_str(scale.shape()), " and ", shape_str(shift.shape()));
+  if (!needs_grad(x) && !needs_grad(scale) && !needs_grad(shift) && active_trace() == nullptr && x.numel() > 0 &&
+      scale.dtype() == x.dtype() && shift.dtype() == x.dtype() && scale.device() == x.device() &&
+      shift.device() == x.device()) {
+    NoGradGuard no_grad;
+    const Tensor y = affine(channels(x), contiguous(scale), contiguous(shift), Tensor(), Tensor(), Tensor());
+    return y.view(x.shape());
+  }
+  Shape cs(static_cast<size_t>(x.dim()), 1);
+  cs[1] = x.size(1);
+  return x * scale.reshape(cs) + shift.reshape(cs);
+}
+
 // Layer normalisation: the composite of mean, var and broadcast arithmetic, which autograd
 // differentiates; in inference the backend's fused rows (Backend::layer_norm_rows) where it has
 // them. An active ONNX trace takes the composite, whose ops the exporter knows.
