@@ -14,6 +14,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "gradcheck.h"
@@ -558,34 +559,39 @@ TEST(ConvErrors, PoolingArguments) {
 // composition of braid's ops; with gradients recording it is that composition.
 TEST(ConvActivation, FusedEpiloguesEqualTheComposition) {
   Generator gen(21);
-  const Tensor x = randn({2, 8, 9, 10}, kFloat32, &gen) * 2.0;
-  const Tensor w = randn({16, 8, 3, 3}, kFloat32, &gen, 0, 0.3), b = randn({16}, kFloat32, &gen);
-  const Tensor z = conv2d(x, w, b, {2, 1}, {1, 1});
-  struct Case {
-    std::string name;
-    double a, b;
-    Tensor want;
-  };
-  const std::vector<Case> cases = {{"relu", 0, 0, relu(z)},
-                                   {"clip", -0.5, 0.75, clamp(z, -0.5, 0.75)},
-                                   {"hardswish", 0, 0, z * clamp(z + 3.0, 0.0, 6.0) / 6.0},
-                                   {"hardsigmoid", 0.25, 0.4, clamp(z * 0.25 + 0.4, 0.0, 1.0)}};
-  for (const Case& c : cases)
-    for (bool affine : {false, true}) {
-      SCOPED_TRACE(c.name + (affine ? " then * 1.5 - 0.25" : ""));
-      const double scale = affine ? 1.5 : 1.0, shift = affine ? -0.25 : 0.0;
-      const Tensor want = affine ? c.want * 1.5 - 0.25 : c.want;
-      Tensor fused;
-      {
-        NoGradGuard no_grad;
-        fused = conv2d_activation(x, w, b, {2, 1}, {1, 1}, {1, 1}, 1, c.name, c.a, c.b, scale, shift);
+  const Tensor x = randn({2, 8, 9, 10}, kFloat32, &gen) * 2.0, b = randn({16}, kFloat32, &gen);
+  // A 3x3 convolution, and a 1x1 one under oneDNN's threshold (Note [Small pointwise convolutions]).
+  for (const auto& [k, stride, pad] : {std::tuple<int64_t, int64_t, int64_t>{3, 2, 1}, {1, 1, 0}}) {
+    SCOPED_TRACE(std::to_string(k) + "x" + std::to_string(k));
+    const Tensor w = randn({16, 8, k, k}, kFloat32, &gen, 0, 0.3);
+    const Tensor z = conv2d(x.to(kFloat64), w.to(kFloat64), b.to(kFloat64), {stride, 1}, {pad, pad}).to(kFloat32);
+    struct Case {
+      std::string name;
+      double a, b;
+      Tensor want;
+    };
+    const std::vector<Case> cases = {{"relu", 0, 0, relu(z)},
+                                     {"clip", -0.5, 0.75, clamp(z, -0.5, 0.75)},
+                                     {"hardswish", 0, 0, z * clamp(z + 3.0, 0.0, 6.0) / 6.0},
+                                     {"hardsigmoid", 0.25, 0.4, clamp(z * 0.25 + 0.4, 0.0, 1.0)}};
+    for (const Case& c : cases)
+      for (bool affine : {false, true}) {
+        SCOPED_TRACE(c.name + (affine ? " then * 1.5 - 0.25" : ""));
+        const double scale = affine ? 1.5 : 1.0, shift = affine ? -0.25 : 0.0;
+        const Tensor want = affine ? c.want * 1.5 - 0.25 : c.want;
+        Tensor fused;
+        {
+          NoGradGuard no_grad;
+          fused = conv2d_activation(x, w, b, {stride, 1}, {pad, pad}, {1, 1}, 1, c.name, c.a, c.b, scale, shift);
+        }
+        EXPECT_TRUE(allclose(fused, want, 1e-5, 1e-5)) << "max |diff| " << amax(abs(fused - want)).item();
+        Tensor wg = w.clone().set_requires_grad(true);
+        const Tensor recorded =
+            conv2d_activation(x, wg, b, {stride, 1}, {pad, pad}, {1, 1}, 1, c.name, c.a, c.b, scale, shift);
+        EXPECT_TRUE(recorded.requires_grad());
+        EXPECT_TRUE(allclose(recorded.detach(), want, 1e-5, 1e-5));
       }
-      EXPECT_TRUE(allclose(fused, want, 1e-5, 1e-5)) << "max |diff| " << amax(abs(fused - want)).item();
-      Tensor wg = w.clone().set_requires_grad(true);
-      const Tensor recorded = conv2d_activation(x, wg, b, {2, 1}, {1, 1}, {1, 1}, 1, c.name, c.a, c.b, scale, shift);
-      EXPECT_TRUE(recorded.requires_grad());
-      EXPECT_TRUE(allclose(recorded.detach(), want, 1e-5, 1e-5));
-    }
+  }
 }
 
 // Note [Reordered weights kept]: a forward convolution large enough for oneDNN keeps its weight in

@@ -57,6 +57,10 @@ class CpuBackend final : public Backend {
                          const Tensor& sum_gxc) override;
   bool channel_affine(const Tensor& a, const Tensor& sa, const Tensor& shift, const Tensor& b, const Tensor& b_mean,
                       const Tensor& sb, const Tensor& out) override;
+  // conv.cpp: a 1x1 convolution as a GEMM with its bias and epilogue in one pass (Note [Small
+  // pointwise convolutions]); conv2d's path for those under oneDNN's threshold.
+  bool pointwise_conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Window2d& win, int64_t groups,
+                        const Epilogue& epilogue, const Tensor& y);
 #ifdef BRAID_HAVE_DNNL
   // conv_dnnl.cpp: float32 convolutions through oneDNN (Note [oneDNN convolutions])
   bool conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Window2d& win, int64_t groups,
