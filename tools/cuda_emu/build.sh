@@ -1,11 +1,12 @@
 #!/bin/bash
 # Builds braid's CUDA backend against the host emulation and links a libbraid.so with it.
 #   tools/cuda_emu/build.sh [BUILD_DIR]   (default build-cuda: a tree configured with -Dcuda=enabled)
-# then run $EMU_DIR/test_cuda_backend (EMU_DIR defaults to /tmp/braid_cuda_emu).
+# then run $EMU_DIR/test_cuda_backend (EMU_DIR defaults to /tmp/braid_cuda_emu), and, in a tree built
+# with NCCL, $EMU_DIR/test_nccl (a world of one).
 set -e
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
-build=$(cd "$root/${1:-build-cuda}" && pwd)
+build=$(cd "$root" && cd "${1:-build-cuda}" && pwd)
 emu=${EMU_DIR:-/tmp/braid_cuda_emu}
 mkdir -p "$emu"
 cp -r "$here"/shim "$here"/gen.py "$here"/emu_runtime.cpp "$emu"/
@@ -16,9 +17,11 @@ for f in $root/src/backend/cuda/*.cu $root/src/backend/cuda/*.cuh; do
   b=$(basename $f); python3 gen.py $f src/backend/cuda/${b%.cu}$( [[ $b == *.cu ]] && echo .cpp || echo "" )
 done
 # common.cuh keeps its name (gen.py wrote it under the same name)
-FLAGS="-std=c++20 -O1 -g -fPIC -Wall -Wextra -I$emu/shim -I$emu/src -I$root/src -I$root/include -I$build/include -DBRAID_BUILDING_LIBRARY"
+FLAGS="-std=c++20 -O1 -g -fPIC -Wall -Wextra -I$emu/shim -I$emu/src -I$root/src -I$root/include -I$build/include -I$root -DBRAID_BUILDING_LIBRARY"
+# The NCCL group (a world of one against shim/nccl.h) where the tree was built with NCCL.
+if grep -q '#define BRAID_HAVE_NCCL' $build/include/braid/config.h; then cp $root/distributed/nccl_group.cpp src/; fi
 objs=()
-for f in src/backend/cuda/*.cpp emu_runtime.cpp; do
+for f in src/backend/cuda/*.cpp src/*.cpp emu_runtime.cpp; do
   o=obj/$(basename $f .cpp).o
   g++ $FLAGS -c $f -o $o &
   objs+=($o)
@@ -32,4 +35,8 @@ for o in "${objs[@]}"; do objabs="$objabs $emu/$o"; done
 (cd $build && eval "$cmd $objabs")
 g++ -std=c++20 -O1 -g -I$root/tests -I$root/src -I$root/include -I$build/include \
   $root/tests/test_cuda_backend.cpp -o $emu/test_cuda_backend -L$emu -lbraid -lgtest -lgtest_main -pthread -Wl,-rpath,$emu
+if [[ -f src/nccl_group.cpp ]]; then
+  g++ -std=c++20 -O1 -g -I$emu/shim -I$root/tests -I$root/src -I$root/include -I$build/include \
+    $root/tests/test_nccl.cpp -o $emu/test_nccl -L$emu -lbraid -lgtest -lgtest_main -pthread -Wl,-rpath,$emu
+fi
 echo built

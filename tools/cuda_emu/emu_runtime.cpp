@@ -23,7 +23,7 @@ const char* cudaGetErrorName(cudaError_t e) {
 }
 const char* cudaGetErrorString(cudaError_t e) { return e == cudaErrorMemoryAllocation ? "out of memory" : "emulated error"; }
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) { *s = new EmuStream{current}; return cudaSuccess; }
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaStreamSynchronize(cudaStream_t);
 cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t* p, int d) { *p = new EmuPool{d}; return cudaSuccess; }
 cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t, cudaMemPoolAttr a, void* v) {
   if (a != cudaMemPoolAttrReleaseThreshold || *static_cast<uint64_t*>(v) != UINT64_MAX) return emu::fail(cudaErrorInvalidValue);
@@ -136,12 +136,110 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t, cublasOperation_t ta, 
   return CUBLAS_STATUS_SUCCESS;
 }
 cudaError_t cudaEventCreate(cudaEvent_t* e) { *e = new EmuEvent{-1}; return cudaSuccess; }
+// A host function launched on a stream holds every stream until a cudaStreamSynchronize runs it
+// (the test releases it first): events recorded meanwhile complete only then, which is how a
+// collective stuck behind a blocked stream looks to the NCCL group's watchdog.
+namespace {
+std::mutex host_mu;
+std::vector<std::pair<cudaHostFn_t, void*>> held_fns;
+bool holding() {
+  std::lock_guard<std::mutex> l(host_mu);
+  return !held_fns.empty();
+}
+double now_ms() { return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+}  // namespace
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   if (!s) return emu::fail(cudaErrorInvalidValue);
-  e->ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  e->held = holding();
+  e->ms = e->held ? -1 : now_ms();
   return cudaSuccess;
 }
-cudaError_t cudaEventQuery(cudaEvent_t e) { return e->ms < 0 ? emu::fail(cudaErrorNotReady) : cudaSuccess; }
+cudaError_t cudaEventQuery(cudaEvent_t e) {
+  if (e->ms < 0 && e->held && !holding()) e->ms = now_ms();
+  return e->ms < 0 ? emu::fail(cudaErrorNotReady) : cudaSuccess;
+}
 cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) { *ms = static_cast<float>(b->ms - a->ms); return cudaSuccess; }
 cudaError_t cudaEventDestroy(cudaEvent_t e) { delete e; return cudaSuccess; }
+// Streams run their work as it is queued, so an event is complete once recorded (unless a host
+// function holds the streams) and waiting on one is a no-op.
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) { return cudaEventCreate(e); }
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t, unsigned) { return s ? cudaSuccess : emu::fail(cudaErrorInvalidValue); }
+cudaError_t cudaDeviceGetStreamPriorityRange(int* least, int* greatest) { *least = 0; *greatest = -5; return cudaSuccess; }
+cudaError_t cudaStreamCreateWithPriority(cudaStream_t* s, unsigned, int) { *s = new EmuStream{current}; return cudaSuccess; }
+cudaError_t cudaStreamDestroy(cudaStream_t s) { delete s; return cudaSuccess; }
+cudaError_t cudaDeviceGetPCIBusId(char* id, int len, int device) { std::snprintf(id, static_cast<size_t>(len), "0000:%02x:00.0", device); return cudaSuccess; }
+cudaError_t cudaLaunchHostFunc(cudaStream_t, cudaHostFn_t fn, void* data) {
+  std::lock_guard<std::mutex> l(host_mu);
+  held_fns.emplace_back(fn, data);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t) {
+  std::vector<std::pair<cudaHostFn_t, void*>> fns;
+  {
+    std::lock_guard<std::mutex> l(host_mu);
+    fns = held_fns;
+  }
+  for (auto& [fn, data] : fns) fn(data);
+  std::lock_guard<std::mutex> l(host_mu);
+  held_fns.clear();
+  return cudaSuccess;
+}
+
+// NCCL for a world of one, with non-blocking communicators whose calls report ncclInProgress once,
+// as a real non-blocking communicator may: every collective is a copy from send to receive buffer.
+#include "nccl.h"
+struct ncclComm {
+  int nranks = 1;
+  int pending = 0;  // calls that have returned ncclInProgress and not yet been polled
+  bool aborted = false;
+};
+namespace {
+size_t nccl_size(ncclDataType_t t) {
+  switch (t) {
+    case ncclInt8: case ncclUint8: return 1;
+    case ncclFloat16: case ncclBfloat16: return 2;
+    case ncclInt32: case ncclUint32: case ncclFloat32: return 4;
+    default: return 8;
+  }
+}
+ncclResult_t in_progress(ncclComm_t c) {
+  if (c->aborted) return ncclInvalidUsage;
+  c->pending = 1;
+  return ncclInProgress;
+}
+ncclResult_t copy(const void* s, void* r, size_t count, ncclDataType_t t, ncclComm_t c) {
+  if (c->aborted) return ncclInvalidUsage;
+  if (s != r) std::memmove(r, s, count * nccl_size(t));
+  return in_progress(c);
+}
+}  // namespace
+const char* ncclGetErrorString(ncclResult_t r) { return r == ncclSuccess ? "no error" : "emulated NCCL error"; }
+const char* ncclGetLastError(ncclComm_t) { return "emulated"; }
+ncclResult_t ncclGetUniqueId(ncclUniqueId* id) { std::memset(id, 7, sizeof *id); return ncclSuccess; }
+ncclResult_t ncclCommInitRankConfig(ncclComm_t* c, int nranks, ncclUniqueId, int rank, ncclConfig_t* config) {
+  if (nranks != 1 || rank != 0) return ncclInvalidArgument;
+  *c = new ncclComm;
+  return config && !config->blocking ? in_progress(*c) : ncclSuccess;
+}
+ncclResult_t ncclCommGetAsyncError(ncclComm_t c, ncclResult_t* r) {
+  *r = c->aborted ? ncclRemoteError : c->pending-- > 0 ? ncclInProgress : ncclSuccess;
+  if (c->pending < 0) c->pending = 0;
+  return ncclSuccess;
+}
+ncclResult_t ncclCommAbort(ncclComm_t c) { c->aborted = true; return ncclSuccess; }
+ncclResult_t ncclCommFinalize(ncclComm_t c) { return in_progress(c); }
+ncclResult_t ncclCommDestroy(ncclComm_t c) { delete c; return ncclSuccess; }
+ncclResult_t ncclAllReduce(const void* s, void* r, size_t n, ncclDataType_t t, ncclRedOp_t, ncclComm_t c, cudaStream_t) {
+  return copy(s, r, n, t, c);
+}
+ncclResult_t ncclBroadcast(const void* s, void* r, size_t n, ncclDataType_t t, int root, ncclComm_t c, cudaStream_t) {
+  return root == 0 ? copy(s, r, n, t, c) : ncclInvalidArgument;
+}
+ncclResult_t ncclAllGather(const void* s, void* r, size_t n, ncclDataType_t t, ncclComm_t c, cudaStream_t) {
+  return copy(s, r, n, t, c);
+}
+ncclResult_t ncclReduceScatter(const void* s, void* r, size_t n, ncclDataType_t t, ncclRedOp_t, ncclComm_t c,
+                               cudaStream_t) {
+  return copy(s, r, n, t, c);
+}

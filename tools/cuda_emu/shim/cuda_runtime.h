@@ -29,6 +29,7 @@ enum cudaError_t {
   cudaErrorInvalidConfiguration = 9,
   cudaErrorInsufficientDriver = 35,
   cudaErrorNotReady = 600,
+  cudaErrorNotSupported = 801,
   cudaErrorNoDevice = 100,
 };
 enum cudaMemcpyKind { cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2, cudaMemcpyDeviceToDevice = 3 };
@@ -39,6 +40,9 @@ enum cudaMemPoolAttr {
 };
 enum cudaDeviceAttr { cudaDevAttrMultiProcessorCount = 16 };
 constexpr unsigned cudaStreamNonBlocking = 1;
+constexpr unsigned cudaEventDisableTiming = 2;
+#define CUDART_CB
+using cudaHostFn_t = void (*)(void*);
 struct EmuStream {
   int id;
 };
@@ -49,6 +53,7 @@ using cudaStream_t = EmuStream*;
 using cudaMemPool_t = EmuPool*;
 struct EmuEvent {
   double ms;
+  bool held = false;  // recorded while a host function held the streams (see cudaLaunchHostFunc)
 };
 using cudaEvent_t = EmuEvent*;
 
@@ -149,3 +154,10 @@ cudaError_t cudaEventQuery(cudaEvent_t e);
 cudaError_t cudaEventSynchronize(cudaEvent_t e);
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b);
 cudaError_t cudaEventDestroy(cudaEvent_t e);
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned flags);
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags);
+cudaError_t cudaDeviceGetStreamPriorityRange(int* least, int* greatest);
+cudaError_t cudaStreamCreateWithPriority(cudaStream_t* s, unsigned flags, int priority);
+cudaError_t cudaStreamDestroy(cudaStream_t s);
+cudaError_t cudaDeviceGetPCIBusId(char* id, int len, int device);
+cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void* data);
