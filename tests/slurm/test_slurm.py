@@ -176,13 +176,15 @@ def test_a_killed_rank_ends_the_job_promptly_naming_it(slurm, tmp_path, job_env)
 
 def test_the_time_limit_signal_preempts_and_the_job_resumes(slurm, tmp_path, job_env):
     """Slurm's own timer, not a signal sent by the test: with --time=2 (minutes) and
-    --signal=B:USR1@100, slurmctld signals the job script once under 100 s are left (it checks
-    every 30 s or so, so 20 to about 50 s into the run). The training needs longer than that (16
-    epochs: about 100 s at the 10,000 images/s two ranks reach here), so the job checkpoints,
-    requeues, resumes (perhaps more than once) and completes every step."""
+    --signal=B:USR1@60, slurmctld signals the job script at its first time-limit check (every 30 s)
+    once the end is within the warning time plus that period, so 30 to 60 s into the run. (With
+    @100 the warning was due at once, and now and then a check in the job's first second sent it
+    while the job was still starting, and it was lost.) The training needs longer than that (16 epochs:
+    about 100 s at the 10,000 images/s two ranks reach here), so the job checkpoints, requeues,
+    resumes (perhaps more than once) and completes every step."""
     epochs = 16
     jid, out = submit_train(slurm, tmp_path, job_env, "timer", "--limit", "60000", "--epochs", str(epochs),
-                            "--batch-size", "64", "--seed", "2", options=["--time=2", "--signal=B:USR1@100"])
+                            "--batch-size", "64", "--seed", "2", options=["--time=2", "--signal=B:USR1@60"])
     [rec] = slurm.wait(jid, 900)
     text = expect_completed(rec)
     assert int(rec["Restarts"]) >= 1, text
@@ -190,7 +192,7 @@ def test_the_time_limit_signal_preempts_and_the_job_resumes(slurm, tmp_path, job
     assert "requeueing job" in text and "resumes from" in text, text
     rows = log_rows(out)
     assert [r["epoch"] for r in rows] == [str(e) for e in range(1, epochs + 1)], rows  # every epoch, once
-    assert rows[-1]["step"] == str(5 * (60000 // 64)), rows[-1]
+    assert rows[-1]["step"] == str(epochs * (60000 // 64)), rows[-1]
 
 
 @pytest.fixture(scope="module")
