@@ -90,6 +90,14 @@ TEST(IntMatmul, IsTheExactIntegerProductForEverySignedness) {
   EXPECT_NE(error_of<TypeError>([&] { (void)int_matmul(zeros({2, 3}), u); }).find("int8 or uint8"), std::string::npos);
 }
 
+/// ONNX's QuantizeLinear of one value: the quotient in float32 (as its reference divides), rounded
+/// half to even, shifted by the zero point, saturated to [lo, hi]; NaN gives 0.
+double quantized(float x, float scale, int64_t zero, double lo, double hi) {
+  const float q = x / scale;
+  const double v = std::nearbyint(static_cast<double>(q)) + static_cast<double>(zero);
+  return std::isnan(v) ? 0 : std::min(std::max(v, lo), hi);
+}
+
 TEST(Quantize, IsRoundHalfToEvenOfTheQuotientSaturated) {
   Generator gen(3);
   std::vector<float> x = (randn({100000}, kFloat32, &gen) * 3.0).to_vector<float>();
@@ -103,9 +111,7 @@ TEST(Quantize, IsRoundHalfToEvenOfTheQuotientSaturated) {
     const double lo = t == kUInt8 ? 0 : -128, hi = t == kUInt8 ? 255 : 127;
     const std::vector<int32_t> got = quantize(tensor(x, {count}), scale, zero, t).to_vector<int32_t>();
     for (int64_t i = 0; i < count; ++i) {
-      const float q = x[static_cast<size_t>(i)] / scale;  // in float32, as ONNX's reference divides
-      double want = std::nearbyint(static_cast<double>(q)) + static_cast<double>(zero);
-      want = std::isnan(want) ? 0 : std::min(std::max(want, lo), hi);
+      const double want = quantized(x[static_cast<size_t>(i)], scale, zero, lo, hi);
       ASSERT_EQ(got[static_cast<size_t>(i)], static_cast<int32_t>(want))
           << dtype_name(t) << " x = " << x[static_cast<size_t>(i)];
     }
@@ -149,9 +155,7 @@ TEST(FakeQuantize, IsTheRoundedQuotientScaledBackBitForBit) {
     const double lo = t == kUInt8 ? 0 : -128, hi = t == kUInt8 ? 255 : 127;
     const std::vector<float> got = fake_quantize(tensor(x, {count}), scale, zero, t).to_vector<float>();
     for (int64_t i = 0; i < count; ++i) {
-      const float q = x[static_cast<size_t>(i)] / scale;
-      double v = std::nearbyint(static_cast<double>(q)) + static_cast<double>(zero);
-      v = std::isnan(v) ? 0 : std::min(std::max(v, lo), hi);
+      const double v = quantized(x[static_cast<size_t>(i)], scale, zero, lo, hi);
       const float want = (static_cast<float>(v) - static_cast<float>(zero)) * scale;
       ASSERT_EQ(got[static_cast<size_t>(i)], want) << dtype_name(t) << " x = " << x[static_cast<size_t>(i)];
     }

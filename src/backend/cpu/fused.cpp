@@ -216,23 +216,28 @@ bool CpuBackend::adam_step(const Tensor& p, const Tensor& g, const Tensor& m, co
   return true;
 }
 
-// quantize's composite, clamp(round(x / scale) + zero) then a cast, in one pass. Rounding half to
-// even by adding and subtracting 1.5 * 2^23 (exact below 2^22 in magnitude, and anything larger
-// saturates), which vectorises where nearbyint would be a call; selects by masks for the same
-// reason (Note [Branch-free select]), and vector clones (Note [Vector clones]) for the division.
+// quantize's composite, clamp(round(x / scale) + zero), as the float holding the integer: rounding
+// half to even by adding and subtracting 1.5 * 2^23 (exact below 2^22 in magnitude, and anything
+// larger saturates), which vectorises where nearbyint would be a call; selects by masks for the
+// same reason (Note [Branch-free select]); NaN becomes 0. The callers are vector clones (Note
+// [Vector clones]) for the division.
+template <bool kSigned>
+inline float quantized_value(float x, float scale, float zero) {
+  constexpr float lo = kSigned ? -128.0f : 0.0f, hi = kSigned ? 127.0f : 255.0f;
+  constexpr float kShift = 0x1.8p23f;
+  const float q = x / scale;
+  const float r = (q + kShift) - kShift;
+  float v = select(std::fabs(q) < 0x1p22f, r, q) + zero;
+  v = select(v == v, v, 0.0f);
+  v = select(v < lo, lo, v);
+  return select(v > hi, hi, v);
+}
+
+// quantize in one pass: the value, then the cast.
 template <typename Q>
 inline void quantize_range(const float* x, Q* out, int64_t n, float scale, float zero) {
-  constexpr float lo = std::is_same_v<Q, int8_t> ? -128.0f : 0.0f, hi = std::is_same_v<Q, int8_t> ? 127.0f : 255.0f;
-  constexpr float kShift = 0x1.8p23f;
-  for (int64_t i = 0; i < n; ++i) {
-    const float q = x[i] / scale;
-    const float r = (q + kShift) - kShift;
-    float v = select(std::fabs(q) < 0x1p22f, r, q) + zero;
-    v = select(v == v, v, 0.0f);
-    v = select(v < lo, lo, v);
-    v = select(v > hi, hi, v);
-    out[i] = static_cast<Q>(static_cast<int32_t>(v));
-  }
+  for (int64_t i = 0; i < n; ++i)
+    out[i] = static_cast<Q>(static_cast<int32_t>(quantized_value<std::is_same_v<Q, int8_t>>(x[i], scale, zero)));
 }
 BRAID_VECTOR_CLONES void quantize_u8(const float* x, uint8_t* out, int64_t n, float scale, float zero) {
   quantize_range(x, out, n, scale, zero);
@@ -241,22 +246,12 @@ BRAID_VECTOR_CLONES void quantize_s8(const float* x, int8_t* out, int64_t n, flo
   quantize_range(x, out, n, scale, zero);
 }
 
-// fake_quantize: quantize_range's integer value v, then dequantize's (v - zero) * scale in float32,
-// without the 8-bit tensor between them; v is an integer held exactly, so the bits are the two
-// composites'.
+// fake_quantize: the quantised value v, then dequantize's (v - zero) * scale in float32, without the
+// 8-bit tensor between them; v is an integer held exactly, so the bits are the two composites'.
 template <bool kSigned>
 inline void fake_quantize_range(const float* x, float* out, int64_t n, float scale, float zero) {
-  constexpr float lo = kSigned ? -128.0f : 0.0f, hi = kSigned ? 127.0f : 255.0f;
-  constexpr float kShift = 0x1.8p23f;
-  for (int64_t i = 0; i < n; ++i) {
-    const float q = x[i] / scale;
-    const float r = (q + kShift) - kShift;
-    float v = select(std::fabs(q) < 0x1p22f, r, q) + zero;
-    v = select(v == v, v, 0.0f);
-    v = select(v < lo, lo, v);
-    v = select(v > hi, hi, v);
-    out[i] = (static_cast<float>(static_cast<int32_t>(v)) - zero) * scale;
-  }
+  for (int64_t i = 0; i < n; ++i)
+    out[i] = (static_cast<float>(static_cast<int32_t>(quantized_value<kSigned>(x[i], scale, zero))) - zero) * scale;
 }
 BRAID_VECTOR_CLONES void fake_quantize_u8(const float* x, float* out, int64_t n, float scale, float zero) {
   fake_quantize_range<false>(x, out, n, scale, zero);
