@@ -299,7 +299,11 @@ void mpi_start(const Launch& launch, bool handle_failures, WorldInfo& info, std:
   if (!peers.empty() && pipe(g_monitor_wake) == 0) g_monitor_thread = std::thread(monitor_loop, peers, info.host);
   if (handle_failures && size > 1) {
     std::set_terminate(on_terminate);
-    for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTERM}) std::signal(sig, on_signal);
+    for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL}) std::signal(sig, on_signal);
+    // SIGTERM only while nobody catches it: a program that catches it already (Note [Preemption],
+    // caught from a training program's first moments) keeps its handler.
+    struct sigaction term {};
+    if (::sigaction(SIGTERM, nullptr, &term) == 0 && term.sa_handler == SIG_DFL) std::signal(SIGTERM, on_signal);
     // A write to a dead peer's socket must come back as an error for the monitor or the deadline
     // to report, not kill this rank silently.
     std::signal(SIGPIPE, SIG_IGN);

@@ -144,6 +144,9 @@ EvalResult evaluate(nn::Module& model, data::DataLoader& loader) {
 }
 
 int run(int argc, char** argv) {
+  // Note [Preemption]: caught from the start, so that a warning that arrives while the job loads its
+  // data or checkpoint stops it after its first step instead of killing the ranks.
+  distributed::catch_preemption_signals();
   Args args = parse(argc, argv);
   const auto& world = distributed::init();
   const bool lead = world.rank == 0;
@@ -277,7 +280,6 @@ int run(int argc, char** argv) {
   zoo::Series train_acc{"train accuracy", {}, {}, "#1f77b4"}, test_acc{"test accuracy", {}, {}, "#d62728"};
   double final_accuracy = 0;
 
-  distributed::catch_preemption_signals();
   model->train();
   const int64_t stop_epoch = args.stop_after > 0 ? train_loader.epoch() + args.stop_after : args.epochs;
   while (train_loader.epoch() < std::min(args.epochs, stop_epoch)) {

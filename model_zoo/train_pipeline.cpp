@@ -246,8 +246,7 @@ int train_pipeline(const PipelineRun& r) {
     ck.integers["step"] = step;
     save_checkpoint(r.out + "/checkpoint.stage" + std::to_string(grid.stage) + ".braid", ck);
   };
-  catch_preemption_signals();
-  stage->train();
+  stage->train();  // preemption signals are caught from the start of run() (train.cpp)
   const int64_t stop_epoch = r.stop_after > 0 ? train_loader.epoch() + r.stop_after : r.epochs;
   while (train_loader.epoch() < std::min(r.epochs, stop_epoch)) {
     const int64_t epoch = train_loader.epoch();

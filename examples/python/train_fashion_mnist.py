@@ -101,6 +101,8 @@ def main():
     ap.add_argument("--auto-resume", action="store_true",
                     help="continue from OUT/checkpoint.braid when it exists (what a requeued job wants)")
     args = ap.parse_args()
+    # Caught from the start: a preemption warning while the job loads stops it after its first step.
+    braid.distributed.catch_preemption_signals()
     ckpt_path = os.path.join(args.out, "checkpoint.braid")
     if args.auto_resume and not args.resume and os.path.exists(ckpt_path):
         args.resume = ckpt_path
@@ -154,7 +156,6 @@ def main():
         if lead:
             print(f"resumed from {args.resume} at step {step_count} (epoch {train_loader.epoch() + 1}, "
                   f"batch {train_loader.batch()} of {steps_per_epoch})")
-    braid.distributed.catch_preemption_signals()
 
     if lead:
         n_params = sum(p.numel() for p in model.parameters())

@@ -62,6 +62,8 @@ def arguments(description, defaults):
 def parse(ap, script):
     """Parses the command line; fills in the mode's defaults and the output folder, and --auto-resume."""
     args = ap.parse_args()
+    # Caught from the start: a preemption warning while the job loads stops it after its first step.
+    braid.distributed.catch_preemption_signals()
     d = dict(args.mode_defaults, **(args.mode_defaults["probe"] if args.mode == "probe" else {}))
     args.epochs = d["epochs"] if args.epochs is None else args.epochs
     args.lr = d["lr"] if args.lr is None else args.lr
@@ -156,7 +158,6 @@ def fit(args, name, model, groups, train, val, forward, set_mode, log):
         step_count = ck.integers["step"]
         log(f"resumed from {args.resume} at step {step_count} (epoch {loader.epoch() + 1}, batch {loader.batch()} "
             f"of {steps_per_epoch}) on {size} rank{'s' if size > 1 else ''}")
-    braid.distributed.catch_preemption_signals()
     trainable = sum(p.numel() for g in groups for p in g["params"])
     rates = ", ".join(f"{g.get('lr', args.lr):g}" for g in groups)
     log(f"{name}: {args.mode}, {trainable:,} trainable parameters in {len(groups)} group"

@@ -12,7 +12,8 @@ What these machines taught (Debian 12, Slurm 22.05, munge 0.5.15):
   slurmstepd processes of its previous run are gone (a requeued job reuses its job and step ids, and
   started at once its srun's PMI-2 messages went to the old step: "failed to send temp kvs") and a
   few seconds have passed (slurmd refuses a credential issued in the second its predecessor was
-  revoked: "Killing non-startable batch job: Job credential revoked").
+  revoked: "Killing non-startable batch job: Job credential revoked"), timed from each requeue, not
+  only the first.
 """
 
 import os
@@ -208,7 +209,10 @@ PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
             if release_requeued:
                 for r in recs:
                     if r.get("JobState") == "PENDING" and r.get("Reason") == "BeginTime" and int(r.get("Restarts", 0)) > 0:
-                        held = requeued_at.setdefault(r["JobId"], time.time())
+                        # Timed per restart: a job requeued a second time must wait its own grace
+                        # (timed from the first, it was started in the second its credential was
+                        # revoked, and slurmd killed it).
+                        held = requeued_at.setdefault((r["JobId"], r.get("Restarts")), time.time())
                         if time.time() - held >= REQUEUE_GRACE and not self._steps_alive(r["JobId"]):
                             _run(["scontrol", "update", f"JobId={r['JobId']}", "StartTime=now"], env=self.env)
             if time.time() > deadline:

@@ -21,7 +21,10 @@ namespace braid::distributed {
 // The handler only records the signal: everything else happens at the next step boundary. So once
 // caught, SIGTERM no longer ends a process at once (nor prints braid's fatal-signal message): a rank
 // stuck in a collective is ended by BRAID_TIMEOUT, or by the SIGKILL that Slurm sends KillWait
-// seconds after its SIGTERM.
+// seconds after its SIGTERM. A program catches them from its first moments, before MPI, data and
+// checkpoint loading: a warning that comes while a job starts then stops it after its first step
+// instead of killing its ranks, and the job scripts pass on a signal that reaches them before srun
+// has started. Once SIGTERM is caught, braid's fatal-signal report (distributed::init) leaves it be.
 
 /// Catches SIGUSR1 and SIGTERM from now on, replacing their handlers.
 void catch_preemption_signals();
