@@ -58,6 +58,8 @@ struct ExecPlan {
   mutable ConstantCache constant_values;    // Note [Constants evaluated once]
   std::vector<bool> static_node;            // Note [Static nodes evaluated once]
   mutable StaticOutputs static_outputs;
+  std::vector<bool> small_node;  // Note [Small values evaluated once per value]
+  mutable SmallValues small_values;
 };
 
 /// A Conv's run with an activation fused (all null when none): the activation, the value name it
@@ -154,6 +156,10 @@ class Executor {
         release(plan, i, scope);
         continue;
       }
+      if (fold && plan->small_node[i] && run_small(g.nodes[i], scope, *plan, i)) {
+        release(plan, i, scope);
+        continue;
+      }
       run_node(g.nodes[i], scope);
       release(plan, i, scope);
     }
@@ -239,6 +245,38 @@ class Executor {
       outputs.push_back(t != nullptr ? *t : Tensor());
     }
     plan.static_outputs.keep(node, std::move(inputs), versions, std::move(outputs));
+  }
+
+  /// Runs a node of small values, or binds what it gave for the same values last time (Note [Small
+  /// values evaluated once per value]); false when its inputs are not all small.
+  bool run_small(const Node& n, Scope& scope, const ExecPlan& plan, size_t node) {
+    const auto start = profile_ != nullptr ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
+    std::vector<Tensor> inputs, outputs;
+    inputs.reserve(n.inputs.size());
+    for (const std::string& name : n.inputs) {
+      const Tensor* t = name.empty() ? nullptr : scope.find(name);
+      if (t == nullptr && !name.empty()) return false;  // run_node names what is missing
+      inputs.push_back(t != nullptr ? *t : Tensor());
+    }
+    std::string key;
+    if (!SmallValues::key_of(inputs, n.op_type == "Shape" || n.op_type == "Size", key)) return false;
+    if (plan.small_values.find(node, key, outputs)) {
+      for (size_t k = 0; k < n.outputs.size() && k < outputs.size(); ++k)
+        if (!n.outputs[k].empty()) scope.values[n.outputs[k]] = outputs[k];
+      if (profile_ != nullptr) {
+        auto& slot = (*profile_)[n.op_type];
+        slot.ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+        slot.calls++;
+      }
+      return true;
+    }
+    run_node(n, scope);
+    for (const std::string& name : n.outputs) {
+      const Tensor* t = name.empty() ? nullptr : scope.find(name);
+      outputs.push_back(t != nullptr ? *t : Tensor());
+    }
+    plan.small_values.keep(node, std::move(key), std::move(outputs));
+    return true;
   }
 
   /// A Constant node whose value may be kept (Note [Constants evaluated once]).

@@ -139,4 +139,56 @@ class StaticOutputs {
   std::unordered_map<size_t, Entry> kept_;
 };
 
+
+// Note [Small values evaluated once per value]
+// Exporters compute shapes inside the graph: MiniLM's 150 Shape, Gather, Unsqueeze, Concat, Reshape,
+// Equal and Where nodes on one-to-four-element integer tensors cost 2 to 3 µs each in dispatch and
+// allocation, as much as its layer normalisations. In inference, a node of a pure op whose inputs are
+// all small (at most kSmallValue elements, on the CPU, contiguous) is a function of their values: its
+// outputs are kept with a copy of those values and bound again, without running it, while the
+// values (bit for bit, with their types and shapes) are the same. Shape and Size read only their
+// input's type and shape, so their input may be of any size. Nodes writing a graph output are not
+// kept, as for Constants.
+class SmallValues {
+ public:
+  static constexpr int64_t kSmallValue = 1024;  // elements
+  static constexpr int64_t kLargestKept = 1 << 16;  // elements of an output worth keeping
+
+  /// The key of inputs (every value copied), or false when one of them is not small;
+  /// shape_only: the first input's dtype and shape are all that matter (Shape, Size).
+  static bool key_of(const std::vector<Tensor>& inputs, bool shape_only, std::string& key) {
+    key.clear();
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const Tensor& t = inputs[i];
+      key.push_back(t.defined() ? 'v' : '-');
+      if (!t.defined()) continue;
+      const int64_t numel = t.numel();
+      const int64_t dims[2] = {static_cast<int64_t>(t.dtype()), t.dim()};
+      key.append(reinterpret_cast<const char*>(dims), sizeof dims);
+      key.append(reinterpret_cast<const char*>(t.shape().data()), t.shape().size() * sizeof(int64_t));
+      if (shape_only && i == 0) continue;
+      if (numel > kSmallValue || !t.device().is_cpu() || !t.is_contiguous()) return false;
+      key.append(reinterpret_cast<const char*>(t.data_ptr()), static_cast<size_t>(numel * t.element_size()));
+    }
+    return true;
+  }
+  bool find(size_t node, const std::string& key, std::vector<Tensor>& outputs) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = kept_.find(node);
+    if (it == kept_.end() || it->second.first != key) return false;
+    outputs = it->second.second;
+    return true;
+  }
+  void keep(size_t node, std::string key, std::vector<Tensor> outputs) {
+    for (const Tensor& t : outputs)
+      if (t.defined() && t.numel() > kLargestKept) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    kept_[node] = {std::move(key), std::move(outputs)};
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::unordered_map<size_t, std::pair<std::string, std::vector<Tensor>>> kept_;
+};
+
 }  // namespace braid::onnx
