@@ -46,6 +46,12 @@ struct ActFusion {
   std::vector<size_t> post;   // a Mul and an Add by one-element constants after it, or none
 };
 
+/// An exact GELU written out as nodes (Note [GELU as one op]): Div by sqrt 2 (the key), then these.
+struct GeluFusion {
+  size_t erf, add, mul1, mul2;
+  std::string one, half;  // the values added to erf (1) and multiplied in (0.5)
+};
+
 /// What OnnxModule precomputes about its top-level graph (see make_plan).
 struct ExecPlan {
   std::vector<std::vector<std::string>> release_after;  // values whose last use is node i
@@ -53,6 +59,7 @@ struct ExecPlan {
   std::map<size_t, std::pair<size_t, size_t>> conv_affine;  // Conv node -> the Mul and Add by scalars after it
   std::map<size_t, ActFusion> conv_act;                 // Conv (or folded BatchNormalization) -> its activation
   std::map<size_t, size_t> qdq;  // QuantizeLinear -> the DequantizeLinear that alone reads it (Note [QDQ pairs])
+  std::map<size_t, GeluFusion> gelu;        // Div node -> the rest of an exact GELU (Note [GELU as one op])
   std::map<std::string, double> constants;  // one-element Constant nodes' values, known before they run
   mutable FoldedWeights folded;             // Note [Folded weights kept]
   mutable ConstantCache constant_values;    // Note [Constants evaluated once]
@@ -140,6 +147,12 @@ class Executor {
         continue;
       }
       if (fold) {
+        auto ge = plan->gelu.find(i);
+        if (ge != plan->gelu.end() && run_gelu(g, g.nodes[i], ge->second, scope, *plan)) {
+          skip_.insert({ge->second.erf, ge->second.add, ge->second.mul1, ge->second.mul2});
+          release(plan, i, scope);
+          continue;
+        }
         auto q = plan->qdq.find(i);
         if (q != plan->qdq.end() && run_fake_quantize(g.nodes[i], g.nodes[q->second], scope)) {
           skip_.insert(q->second);
@@ -219,6 +232,31 @@ class Executor {
     scope.values[dq.outputs[0]] = fake_quantize(*x, s, zero != nullptr ? static_cast<int64_t>(zero->item()) : 0, qtype);
     if (profile_ != nullptr) {
       auto& slot = (*profile_)["QuantizeLinear+DequantizeLinear"];
+      slot.ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+      slot.calls++;
+    }
+    return true;
+  }
+
+  // Note [GELU as one op]
+  // Exporters write the exact GELU of BERT-style models as five nodes, Div by sqrt 2, Erf, Add 1, Mul
+  // by x and Mul by 0.5 (in either order): five passes over the widest activation of a transformer
+  // block. In inference, with those numbers known and each intermediate read only by the next node,
+  // they run as braid::gelu, one pass (UnaryOp::Gelu). Its float operations are the composite
+  // x * (0.5 * (1 + erf(x / sqrt 2))): the halving moves, which is exact short of subnormals.
+  bool run_gelu(const Graph& g, const Node& div, const GeluFusion& f, Scope& scope, const ExecPlan& plan) {
+    double k = 0, one = 0, half = 0;
+    if (!number(div.inputs[1], scope, plan, k) || !number(f.one, scope, plan, one) ||
+        !number(f.half, scope, plan, half))
+      return false;
+    if (static_cast<float>(k) != static_cast<float>(1.4142135623730951) || one != 1 || half != 0.5) return false;
+    const Tensor* x = scope.find(div.inputs[0]);
+    if (x == nullptr || !x->defined() || (x->dtype() != kFloat32 && x->dtype() != kFloat64) || x->device() != device_)
+      return false;
+    const auto start = profile_ != nullptr ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
+    scope.values[g.nodes[f.mul2].outputs[0]] = gelu(*x);
+    if (profile_ != nullptr) {
+      auto& slot = (*profile_)["Gelu"];
       slot.ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
       slot.calls++;
     }
@@ -587,5 +625,8 @@ class Executor {
 
 /// Value lifetimes, Conv+BatchNormalization folding and activation fusion for the top-level graph g.
 std::shared_ptr<ExecPlan> make_plan(const Graph& g, const std::map<std::string, Tensor>& weights);
+/// The exact GELUs written out as nodes (Note [GELU as one op]), into plan.gelu (patterns.cpp).
+void find_gelus(const Graph& g, const std::map<std::string, size_t>& uses, const std::set<std::string>& keep,
+                ExecPlan& plan);
 
 }  // namespace braid::onnx

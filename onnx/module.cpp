@@ -137,6 +137,7 @@ std::shared_ptr<ExecPlan> make_plan(const Graph& g, const std::map<std::string, 
       for (const auto& [name, a] : m->attributes) plain = plain && name == "axis";
     if (plain) plan->qdq[i] = j;
   }
+  find_gelus(g, uses, keep, *plan);
   // Note [Static nodes evaluated once] in kept.h: the nodes that read only weights, constants and
   // other such nodes' outputs. An initialiser that is also a graph input is the caller's to give.
   static const std::set<std::string> kRandom = {

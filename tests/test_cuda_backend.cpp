@@ -245,7 +245,7 @@ TEST(CudaParity, Unary) {
       {U::Exp, "exp"}, {U::Log, "log"}, {U::Log1p, "log1p"}, {U::Expm1, "expm1"}, {U::Sin, "sin"}, {U::Cos, "cos"},
       {U::Tanh, "tanh"}, {U::Sigmoid, "sigmoid"}, {U::Erf, "erf"}, {U::PowScalar, "pow 3", 3},
       {U::PowScalar, "pow 1.7", 1.7}, {U::Elu, "elu", 1.3}, {U::Softplus, "softplus"}, {U::GeluTanh, "gelu_tanh"},
-      {U::Asin, "asin"}, {U::Acos, "acos"}, {U::Atan, "atan"}};
+      {U::Gelu, "gelu"},      {U::Asin, "asin"}, {U::Acos, "acos"}, {U::Atan, "atan"}};
   // clang-format on
   for (DType t : kComputeTypes) {
     for (const auto& [cases, tol] : {std::pair{exact, Tol{}}, std::pair{approximate, approx(t)}}) {

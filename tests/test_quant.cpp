@@ -1,7 +1,7 @@
 // Quantised values and their arithmetic: int8/uint8 as storage dtypes (conversions as C++ and NumPy
 // define them), int_matmul against the integer product summed in int64 by a loop here, quantize and
-// dequantize against their closed forms, and the one-pass softmax against the composite it
-// replaces, on the device under test (tests/test_device.h). The family also runs with oneDNN and
+// dequantize against their closed forms, and the one-pass softmax and GELU against the composites
+// they replace, on the device under test (tests/test_device.h). The family also runs with oneDNN and
 // the fused kernels off (tests/meson.build), which takes the composites.
 #include <gtest/gtest.h>
 
@@ -190,6 +190,30 @@ TEST(Softmax, RowKernelIsTheComposite) {
     for (int64_t j = 0; j < n; ++j) s += std::exp(v[static_cast<size_t>(3 * n + j)] - m);
     for (int64_t j = 0; j < n; ++j)
       EXPECT_NEAR(got[static_cast<size_t>(3 * n + j)], std::exp(v[static_cast<size_t>(3 * n + j)] - m) / s, 2e-7);
+  }
+}
+
+// The one-pass exact GELU (UnaryOp::Gelu) gives the composite x * (0.5 * (1 + erf(x / sqrt 2)))
+// bit for bit, with infinities and NaN, in both float dtypes; and std::erf's closed form in double.
+TEST(Gelu, OnePassIsTheComposite) {
+  Generator gen(9);
+  for (DType t : {kFloat32, kFloat64}) {
+    SCOPED_TRACE(dtype_name(t));
+    std::vector<double> v = (randn({40000}, kFloat64, &gen) * 5.0).to_vector<double>();
+    v[0] = INFINITY, v[1] = -INFINITY, v[2] = NAN, v[3] = 0.0, v[4] = -0.0, v[5] = 1e-40;
+    const Tensor x = cast(tensor(v, {40000}), t);
+    const Tensor composite = x * (0.5 * (1.0 + erf(x / 1.4142135623730951)));
+    const std::vector<double> got = gelu(x).to_vector<double>(), want = composite.to_vector<double>();
+    for (size_t i = 0; i < got.size(); ++i) {
+      if (std::isnan(want[i]))
+        ASSERT_TRUE(std::isnan(got[i])) << i;
+      else
+        ASSERT_EQ(got[i], want[i]) << i << ": x = " << v[i];
+    }
+    const std::vector<double> xs = x.to_vector<double>();
+    for (size_t i = 6; i < 200; ++i)
+      EXPECT_NEAR(got[i], xs[i] * 0.5 * (1 + std::erf(xs[i] / std::sqrt(2.0))),
+                  t == kFloat32 ? 2e-6 * (1 + std::fabs(xs[i])) : 1e-14);
   }
 }
 

@@ -16,15 +16,38 @@
 namespace braid::detail {
 
 enum class UnaryOp {
-  Neg, Abs, Exp, Log, Log1p, Expm1, Sqrt, Rsqrt, Square, Reciprocal, Sin, Cos, Tanh, Sigmoid, Relu,
-  Erf, Sign, Floor, Ceil, Round, LogicalNot, IsNan,
+  Neg,
+  Abs,
+  Exp,
+  Log,
+  Log1p,
+  Expm1,
+  Sqrt,
+  Rsqrt,
+  Square,
+  Reciprocal,
+  Sin,
+  Cos,
+  Tanh,
+  Sigmoid,
+  Relu,
+  Erf,
+  Sign,
+  Floor,
+  Ceil,
+  Round,
+  LogicalNot,
+  IsNan,
   PowScalar,  // x ** p0
   Clamp,      // min(max(x, p0), p1); +-inf for an absent bound
   LeakyRelu,  // x > 0 ? x : p0 * x
   Elu,        // x > 0 ? x : p0 * (exp(x) - 1)
   Softplus,   // log(1 + exp(x)), stable
   GeluTanh,   // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
-  Asin, Acos, Atan,
+  Gelu,       // x (0.5 (1 + erf(x / sqrt 2))), in that order (the composite's, bit for bit)
+  Asin,
+  Acos,
+  Atan,
   HardSigmoid,  // min(max(p0 x + p1, 0), 1)
   HardSwish,    // x min(max(x / 6 + 1/2, 0), 1)
 };

@@ -171,18 +171,15 @@ Tensor gelu(const Tensor& input, const std::string& approximate) {
       return g * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * kGeluK * (1.0 + 3.0 * kGeluC * x2));
     });
   }
-  // Exact GELU, x * Phi(x), composed from erf; its derivative is Phi(x) + x * phi(x).
+  // Exact GELU, x * Phi(x) with Phi(x) = 0.5 * (1 + erf(x / sqrt 2)): one pass (UnaryOp::Gelu, the
+  // same float operations as that composite); its derivative is Phi(x) + x * phi(x).
+  // Traced without arguments, which is how the ONNX export tells it from the tanh form.
   Tensor x = float_input(input, "gelu");
-  Tensor phi_cdf, y;
-  {
-    NoGradGuard no_grad;
-    phi_cdf = 0.5 * (1.0 + erf(x / kSqrt2));
-    y = x * phi_cdf;
-  }
+  Tensor y = unary_raw(UnaryOp::Gelu, x, 0, 0);
   traced("gelu", y, {x});
   if (!needs_grad(x)) return y;
-  return record("gelu", y, {x}, [x = x.detach(), phi_cdf](const Tensor& g, Grads& r) {
-    r.set(0, g * (phi_cdf + x * kInvSqrt2Pi * exp(-0.5 * x * x)));
+  return record("gelu", y, {x}, [x = x.detach()](const Tensor& g, Grads& r) {
+    r.set(0, g * (0.5 * (1.0 + erf(x / kSqrt2)) + x * kInvSqrt2Pi * exp(-0.5 * x * x)));
   });
 }
 

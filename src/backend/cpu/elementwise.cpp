@@ -73,6 +73,18 @@ T gelu_tanh_t(T x) {
   return x * sigmoid_t(k * (x + T(0.044715) * x * x * x));
 }
 
+// Exact GELU in one pass, with the float operations of the composite x * (0.5 * (1 + erf(x / sqrt 2)))
+// in its order, so that the two agree bit for bit.
+template <typename T>
+T gelu_t(T x) {
+  T e;
+  if constexpr (std::is_same_v<T, float>)
+    e = erf_f32(x / static_cast<float>(1.4142135623730951));
+  else
+    e = std::erf(x / T(1.4142135623730951));
+  return x * (T(0.5) * (T(1) + e));
+}
+
 // BRAID_VECTOR_CLONES: Note [Vector clones] in fast_math.h.
 
 BRAID_VECTOR_CLONES void exp_run(float* o, const float* x, int64_t n) {
@@ -89,6 +101,9 @@ BRAID_VECTOR_CLONES void erf_run(float* o, const float* x, int64_t n) {
 }
 BRAID_VECTOR_CLONES void gelu_tanh_run(float* o, const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) o[i] = gelu_tanh_t(x[i]);
+}
+BRAID_VECTOR_CLONES void gelu_run(float* o, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) o[i] = gelu_t(x[i]);
 }
 
 // The float32 clone as map_unary's contiguous kernel; none for double, whose kernels call libm.
@@ -182,6 +197,9 @@ void float_unary(UnaryOp op, const StridedLoop& loop, double p0d, double p1d) {
     case UnaryOp::GeluTanh:
       return map_unary<T, T>(
           loop, [](T x) { return gelu_tanh_t(x); }, clone_for<T>(gelu_tanh_run));
+    case UnaryOp::Gelu:
+      return map_unary<T, T>(
+          loop, [](T x) { return gelu_t(x); }, clone_for<T>(gelu_run));
     case UnaryOp::HardSigmoid:
       return map_unary<T, T>(loop, [p0, p1](T x) {
         const T v = p0 * x + p1;
