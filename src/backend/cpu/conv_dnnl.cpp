@@ -57,6 +57,10 @@ struct Plan {
   dnnl::primitive prim;
   std::array<int, 3> args{};                  // oneDNN's argument ids: two inputs, then the output
   std::array<memory::desc, 3> plain, chosen;  // braid's layout and the kernel's, per argument
+  // Where the layouts differ: the reorder into the kernel's (inputs) or out of it (the output),
+  // made once with the plan rather than on every call (a primitive-cache lookup and a dozen
+  // allocations each time).
+  std::array<std::optional<dnnl::reorder>, 3> reorders;
 };
 
 dnnl::engine& engine() {
@@ -191,6 +195,10 @@ Plan build(const Key& key) {
       break;
     }
   }
+  for (int i = 0; i < 3; ++i)
+    if (p.chosen[i] != p.plain[i])
+      p.reorders[i] = dnnl::reorder(i < 2 ? dnnl::reorder::primitive_desc(engine(), p.plain[i], engine(), p.chosen[i])
+                                          : dnnl::reorder::primitive_desc(engine(), p.chosen[i], engine(), p.plain[i]));
   return p;
 }
 
@@ -311,7 +319,7 @@ void execute(const Plan& p, const void* in0, const void* in1, const void* bias, 
     scratch[i].emplace(p.chosen[i].get_size());
     memory inner(p.chosen[i], engine(), scratch[i]->get());
     if (i < 2)
-      dnnl::reorder(user, inner).execute(stream, user, inner);
+      p.reorders[i]->execute(stream, {{DNNL_ARG_FROM, user}, {DNNL_ARG_TO, inner}});
     else
       outs[0] = inner, outs[1] = user;
     args.emplace(p.args[i], inner);
@@ -320,7 +328,7 @@ void execute(const Plan& p, const void* in0, const void* in1, const void* bias, 
     args.emplace(DNNL_ARG_BIAS, memory(memory::desc({p.plain[2].dims()[1]}, memory::data_type::f32, Tag::x), engine(),
                                        const_cast<void*>(bias)));
   p.prim.execute(stream, args);
-  if (outs[0]) dnnl::reorder(outs[0], outs[1]).execute(stream, outs[0], outs[1]);
+  if (outs[0]) p.reorders[2]->execute(stream, {{DNNL_ARG_FROM, outs[0]}, {DNNL_ARG_TO, outs[1]}});
   stream.wait();
 }
 

@@ -309,8 +309,15 @@ bool CpuBackend::fake_quantize(const Tensor& x, double scale, int64_t zero, DTyp
 // Where the composite's reduction would split one long row over threads it rounds its sum
 // differently: the two agree to float32 reassociation there, and bit for bit elsewhere.
 BRAID_VECTOR_CLONES void softmax_row(const float* x, float* y, int64_t n) {
+  // The max as a vector max (which any order gives: which zero wins does not matter, as
+  // exp(x - 0) = exp(x + 0)), with NaN counted apart and winning at the end, as in the composite.
   float m = -std::numeric_limits<float>::infinity();
-  for (int64_t i = 0; i < n; ++i) m = (m > x[i]) | (m != m) ? m : x[i];
+  int nan = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    m = x[i] > m ? x[i] : m;
+    nan |= x[i] != x[i];
+  }
+  if (nan) m = std::numeric_limits<float>::quiet_NaN();
   for (int64_t i = 0; i < n; ++i) y[i] = exp_f32(x[i] - m);
   double acc = 0;
   int64_t i = 0;
