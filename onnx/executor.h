@@ -12,12 +12,14 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "braid/autograd.h"
+#include "braid/conv.h"
 #include "braid/onnx/module.h"
 #include "braid/ops.h"
 #include "kept.h"
@@ -86,6 +88,9 @@ class Executor {
   /// released after their last use and, in inference, Conv+BatchNormalization pairs run folded.
   std::vector<Tensor> run_graph(const Graph& g, Scope& scope, const ExecPlan* plan = nullptr) {
     const bool fold = plan != nullptr && !training_ && !is_grad_enabled();
+    // Note [Channels-last activations in inference] (src/ops/conv.cpp); the outputs leave as NCHW.
+    std::optional<ChannelsLastGuard> channels_last;
+    if (fold) channels_last.emplace();
     for (size_t i = 0; i < g.nodes.size(); ++i) {
       if (fold) {
         auto it = plan->conv_bn.find(i);
@@ -181,7 +186,8 @@ class Executor {
       const Tensor* t = scope.find(o.name);
       if (t == nullptr || !t->defined())
         throw ValueError(detail::cat(model_.path, ": graph output '", o.name, "' was not computed"));
-      out.push_back(*t);
+      // Note [Channels-last activations in inference] (ops/conv.cpp): the caller gets NCHW.
+      out.push_back(!t->is_contiguous() && t->is_channels_last() ? contiguous(*t) : *t);
     }
     return out;
   }

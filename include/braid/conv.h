@@ -31,6 +31,23 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const s
 Tensor conv2d_activation(const Tensor& x, const Tensor& weight, const Tensor& bias, const std::vector<int64_t>& stride,
                          const std::vector<int64_t>& padding, const std::vector<int64_t>& dilation, int64_t groups,
                          const std::string& activation, double a = 0, double b = 0, double scale = 1, double shift = 0);
+/// Note [Channels-last activations in inference] (src/ops/conv.cpp): a convolution that needs no
+/// gradient gives a channels-last output (Tensor::is_channels_last) when its input is one, and,
+/// while a ChannelsLastGuard is alive on the thread, also when the backend's kernel prefers that
+/// layout. Outside the guard, an NCHW input gives a contiguous NCHW output, as in PyTorch. The ONNX
+/// executor runs inference inside one and hands its callers contiguous outputs.
+class ChannelsLastGuard {
+ public:
+  ChannelsLastGuard();
+  ~ChannelsLastGuard();
+  ChannelsLastGuard(const ChannelsLastGuard&) = delete;
+  ChannelsLastGuard& operator=(const ChannelsLastGuard&) = delete;
+  /// Whether a guard is alive on this thread.
+  static bool active();
+
+ private:
+  bool prev_;
+};
 /// PyTorch's padding='same' for stride 1, per axis as {before, after} (the extra element of an odd
 /// total goes after): {top, bottom, left, right} for conv2d; conv1d takes the padding itself when
 /// before == after, else pad() the input first.

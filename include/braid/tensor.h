@@ -73,6 +73,9 @@ class Tensor {
   int64_t size(int64_t axis) const;
   int64_t element_size() const { return dtype_size(dtype()); }
   bool is_contiguous() const;
+  /// A 4-d tensor (N, C, H, W) whose elements lie in memory as (N, H, W, C), densely: PyTorch's
+  /// channels_last memory format (Note [Channels-last activations in inference]).
+  bool is_channels_last() const;
   const std::shared_ptr<Storage>& storage() const { return impl().storage; }
   /// True when both handles refer to the same tensor object.
   bool is_same(const Tensor& o) const { return impl_ == o.impl_; }

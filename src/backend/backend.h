@@ -185,9 +185,14 @@ class Backend {
   // that the formulas call.
 
   /// y (N, C_out, oh, ow) = epilogue(x (N, C, h, w) convolved with w (C_out, C / groups, kh, kw),
-  /// plus bias (C_out) when defined). All contiguous; the backend checks the dtypes it takes.
+  /// plus bias (C_out) when defined). w and bias contiguous; x and y each contiguous or channels-last
+  /// (Note [Channels-last activations in inference]), which a backend that does not take that layout
+  /// declines. The backend checks the dtypes it takes.
   virtual bool conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Window2d& win, int64_t groups,
                       const Epilogue& epilogue, const Tensor& y);
+  /// Whether conv2d's kernel for this geometry works on channels-last activations, so that an
+  /// output in that layout saves it a conversion (Note [Channels-last activations in inference]).
+  virtual bool conv2d_prefers_channels_last(const Tensor& x, const Tensor& w, const Window2d& win, int64_t groups);
   /// gx (N, C, h, w) = the adjoint of conv2d in x applied to gy (N, C_out, oh, ow) (overwritten, not
   /// accumulated); w as conv2d's. All contiguous.
   virtual bool conv2d_backward_input(const Tensor& gy, const Tensor& w, const Window2d& win, int64_t groups,

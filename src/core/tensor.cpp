@@ -118,6 +118,17 @@ int64_t Tensor::numel() const {
 
 int64_t Tensor::size(int64_t axis) const { return shape()[detail::normalize_axis(axis, dim(), "size")]; }
 
+bool Tensor::is_channels_last() const {
+  if (impl().shape.size() != 4 || numel() == 0) return false;
+  int64_t expected = 1;
+  for (size_t i : {size_t{1}, size_t{3}, size_t{2}, size_t{0}}) {  // C, W, H, N from the innermost
+    if (impl().shape[i] == 1) continue;
+    if (impl().strides[i] != expected) return false;
+    expected *= impl().shape[i];
+  }
+  return true;
+}
+
 bool Tensor::is_contiguous() const {
   // An empty tensor has no element out of place (and a fresh one with a zero-size inner axis has
   // outer strides that the loop below would not expect).

