@@ -6,8 +6,11 @@
 // every output stays NCHW and the values must still agree.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "braid/braid.h"
@@ -115,6 +118,60 @@ TEST(ChannelsLast, AChannelsLastInputGivesAChannelsLastOutput) {
     EXPECT_TRUE(got.is_channels_last() && !got.is_contiguous());
   }
 #endif
+}
+
+// Max pooling keeps a channels-last input so (where the backend pools that layout) with the NCHW
+// kernel's values bit for bit: windows clipped by padding, 2x2 and 3x3 windows, NaN, and ties of
+// zeros of both signs (the first tap in the window's order wins, as there).
+TEST(ChannelsLast, MaxPoolingKeepsTheLayoutAndTheValues) {
+  Generator g(9);
+  Tensor x = randn({2, 5, 9, 11}, kFloat32, &g);
+  std::vector<float> v = x.to_vector<float>();
+  v[3] = NAN;
+  for (size_t i = 40; i < 60; ++i) v[i] = i % 2 ? 0.0f : -0.0f;
+  x = tensor(v, {2, 5, 9, 11});
+  const Tensor x_cl = channels_last_copy(x);
+  NoGradGuard no_grad;
+  for (auto [k, s, p] : {std::tuple{3, 2, 1}, std::tuple{2, 2, 0}, std::tuple{3, 1, 1}}) {
+    SCOPED_TRACE("kernel " + std::to_string(k) + " stride " + std::to_string(s) + " pad " + std::to_string(p));
+    const Tensor want = max_pool2d(x, {k, k}, {s, s}, {p, p});
+    const Tensor got = max_pool2d(x_cl, {k, k}, {s, s}, {p, p});
+    ASSERT_EQ(got.shape(), want.shape());
+    const std::vector<float> a = got.to_vector<float>(), b = want.to_vector<float>();
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (std::isnan(b[i])) {
+        ASSERT_TRUE(std::isnan(a[i])) << i;
+      } else {
+        ASSERT_EQ(a[i], b[i]) << i;
+        ASSERT_EQ(std::signbit(a[i]), std::signbit(b[i])) << i;
+      }
+    }
+    if (x.device().is_cpu() || x.device().type == DeviceType::Shadow) {
+      EXPECT_TRUE(got.is_channels_last() && !got.is_contiguous());
+    }
+    // And the closed form, a loop here: the max of each window's elements inside the input.
+    const int64_t oh = got.shape()[2], ow = got.shape()[3];
+    for (int64_t plane = 0; plane < 10; ++plane)
+      for (int64_t oy = 0; oy < oh; ++oy)
+        for (int64_t ox = 0; ox < ow; ++ox) {
+          float m = -INFINITY;
+          bool nan = false;
+          for (int64_t i = 0; i < k; ++i)
+            for (int64_t j = 0; j < k; ++j) {
+              const int64_t y = oy * s - p + i, xx = ox * s - p + j;
+              if (y < 0 || y >= 9 || xx < 0 || xx >= 11) continue;
+              const float e = v[static_cast<size_t>((plane * 9 + y) * 11 + xx)];
+              nan = nan || std::isnan(e);
+              m = std::max(m, e);
+            }
+          const float at = a[static_cast<size_t>((plane * oh + oy) * ow + ox)];
+          if (nan) {
+            ASSERT_TRUE(std::isnan(at));
+          } else {
+            ASSERT_EQ(at, m) << "plane " << plane << " (" << oy << ", " << ox << ")";
+          }
+        }
+  }
 }
 
 }  // namespace

@@ -190,6 +190,9 @@ class Backend {
   /// declines. The backend checks the dtypes it takes.
   virtual bool conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Window2d& win, int64_t groups,
                       const Epilogue& epilogue, const Tensor& y);
+  /// max_pool2d's values (no positions) for channels-last x and out (Note [Channels-last
+  /// activations in inference]); false where the backend has no such kernel.
+  virtual bool max_pool2d_channels_last(const Tensor& x, const Window2d& win, const Tensor& out);
   /// Whether conv2d's kernel for this geometry works on channels-last activations, so that an
   /// output in that layout saves it a conversion (Note [Channels-last activations in inference]).
   virtual bool conv2d_prefers_channels_last(const Tensor& x, const Tensor& w, const Window2d& win, int64_t groups);

@@ -500,9 +500,17 @@ Tensor max_pool2d(const Tensor& x, const std::vector<int64_t>& kernel, const std
   const Window2d win = pool_window("max_pool2d", x, kernel, stride, padding, dilation, ceil_mode);
   const int64_t n = x.shape()[0], c = x.shape()[1];
   // The positions only backward reads: not written in inference.
-  Tensor out = new_like(x, {n, c, win.oh, win.ow}, x.dtype());
-  Tensor indices = needs_grad(x) ? new_like(x, out.shape(), kInt64) : Tensor();
-  backend_of(x).max_pool2d(contiguous(x.detach()), win, out, indices);
+  Tensor out, indices = needs_grad(x) ? new_like(x, {n, c, win.oh, win.ow}, kInt64) : Tensor();
+  // Note [Channels-last activations in inference]: a channels-last input stays so where the backend
+  // pools that layout.
+  if (!indices.defined() && x.dim() == 4 && !x.is_contiguous() && x.is_channels_last()) {
+    out = new_like(x, {n, win.oh, win.ow, c}, x.dtype()).permute({0, 3, 1, 2});
+    if (!backend_of(x).max_pool2d_channels_last(x.detach(), win, out)) out = Tensor();
+  }
+  if (!out.defined()) {
+    out = new_like(x, {n, c, win.oh, win.ow}, x.dtype());
+    backend_of(x).max_pool2d(contiguous(x.detach()), win, out, indices);
+  }
   traced("max_pool2d", out, {x}, {{win.kh, win.kw, win.sh, win.sw, win.ph, win.pw, win.dh, win.dw, ceil_mode}, {}});
   return record("max_pool2d", out, {x}, [indices, x_shape = x.shape()](const Tensor& g, Grads& r) {
     // Each output's gradient goes to the element it took, through the flattened planes.

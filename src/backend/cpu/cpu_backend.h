@@ -40,6 +40,7 @@ class CpuBackend final : public Backend {
   void depthwise_conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Window2d& win,
                         const Tensor& y) override;
   void max_pool2d(const Tensor& x, const Window2d& win, const Tensor& out, const Tensor& indices) override;
+  bool max_pool2d_channels_last(const Tensor& x, const Window2d& win, const Tensor& out) override;
   void avg_pool2d(const Tensor& x, const Window2d& win, bool count_include_pad, const Tensor& out) override;
   void avg_pool2d_backward(const Tensor& grad, const Window2d& win, bool count_include_pad,
                            const Tensor& grad_x) override;

@@ -137,6 +137,41 @@ void max_pool_kernel(const T* x, T* out, int64_t* indices, int64_t planes, const
   }
 }
 
+// Note [Channels-last activations in inference] (ops/conv.cpp): max pooling of channels-last x into
+// channels-last out, values only. Each output pixel sees its taps in the order the NCHW kernel
+// gives them (rows, then columns, the clipped ones skipped), so ties and NaN resolve as there, and
+// each tap is a select over the channels, contiguous in memory, which the compiler vectorises.
+template <typename T>
+void max_pool_nhwc_kernel(const T* x, T* out, int64_t n, int64_t c, const Window2d& win) {
+  using U = std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>;  // T's bits
+  const int64_t rows = n * win.oh;
+  const int nt = threads_for(rows * win.ow * c * win.kh * win.kw);
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t b = r / win.oh, oy = r % win.oh;
+    const int64_t y0 = oy * win.sh - win.ph;
+    const auto [ilo, ihi] = window_taps(y0, win.dh, win.kh, win.h);
+    for (int64_t ox = 0; ox < win.ow; ++ox) {
+      const int64_t x0 = ox * win.sw - win.pw;
+      const auto [jlo, jhi] = window_taps(x0, win.dw, win.kw, win.w);
+      T* o = out + (r * win.ow + ox) * c;
+      for (int64_t i = ilo; i < ihi; ++i)
+        for (int64_t j = jlo; j < jhi; ++j) {
+          const T* in = x + ((b * win.h + y0 + i * win.dh) * win.w + x0 + j * win.dw) * c;
+          if (i == ilo && j == jlo) {
+            std::copy(in, in + c, o);
+            continue;
+          }
+          for (int64_t k = 0; k < c; ++k) {
+            const T v = in[k], best = o[k];
+            const U m = U(0) - static_cast<U>((v > best) | (v != v));  // NaN propagates
+            o[k] = std::bit_cast<T>((std::bit_cast<U>(v) & m) | (std::bit_cast<U>(best) & ~m));
+          }
+        }
+    }
+  }
+}
+
 // One average-pooling window: its clipped bounds in the input and the divisor (PyTorch's rule: the
 // window clipped to the padded input when count_include_pad, else to the input itself).
 struct AvgWindow {
@@ -213,6 +248,19 @@ void CpuBackend::max_pool2d(const Tensor& x, const Window2d& win, const Tensor& 
     else
       unsupported_dtype("max_pool2d", x.dtype());
   });
+}
+
+bool CpuBackend::max_pool2d_channels_last(const Tensor& x, const Window2d& win, const Tensor& out) {
+  if (x.dim() != 4 || out.dim() != 4 || !x.is_channels_last() || !out.is_channels_last() || x.dtype() != out.dtype() ||
+      x.shape()[0] != out.shape()[0] || x.shape()[1] != out.shape()[1] ||
+      (x.dtype() != kFloat32 && x.dtype() != kFloat64))
+    return false;
+  if (out.numel() == 0) return true;
+  dispatch_compute(x.dtype(), "max_pool2d", [&]<typename T>() {
+    if constexpr (std::is_floating_point_v<T>)
+      max_pool_nhwc_kernel<T>(x.data<T>(), out.data<T>(), x.shape()[0], x.shape()[1], win);
+  });
+  return true;
 }
 
 void CpuBackend::avg_pool2d(const Tensor& x, const Window2d& win, bool count_include_pad, const Tensor& out) {

@@ -83,6 +83,10 @@ class ShadowBackend final : public Backend {
     const char* op = "depthwise_conv2d";
     cpu().depthwise_conv2d(host(op, y, x), host(op, y, w), host(op, y, bias), win, host(op, y, y));
   }
+  bool max_pool2d_channels_last(const Tensor& x, const Window2d& win, const Tensor& out) override {
+    const char* op = "max_pool2d";
+    return cpu().max_pool2d_channels_last(host(op, out, x), win, host(op, out, out));
+  }
   void max_pool2d(const Tensor& x, const Window2d& win, const Tensor& out, const Tensor& indices) override {
     const char* op = "max_pool2d";
     cpu().max_pool2d(host(op, out, x), win, host(op, out, out), indices.defined() ? host(op, out, indices) : Tensor());
