@@ -217,57 +217,12 @@ class Executor {
   Device device() const { return device_; }
 
  private:
+  // The fused patterns' runs are in patterns.cpp, with their Notes.
   // Note [QDQ pairs]
-  // A quantised model written as QDQ (QuantizeLinear, then a DequantizeLinear with the same scale
-  // and zero point that alone reads its output) rounds each activation to its int8 grid in float.
-  // In inference, with one scale and zero point, the pair runs as braid::fake_quantize: one pass
-  // and no 8-bit tensor between them, bitwise the same values. Otherwise, or when the values are
-  // not what the fused op takes, the two nodes run as written.
-  bool run_fake_quantize(const Node& q, const Node& dq, Scope& scope) {
-    const Tensor* x = scope.find(q.inputs[0]);
-    const Tensor* scale = scope.find(q.inputs[1]);
-    const Tensor* zero = q.inputs.size() > 2 && !q.inputs[2].empty() ? scope.find(q.inputs[2]) : nullptr;
-    if (x == nullptr || scale == nullptr || !x->defined() || x->dtype() != kFloat32 || x->device() != device_ ||
-        scale->numel() != 1 || scale->dtype() != kFloat32 ||
-        (zero != nullptr && (zero->numel() != 1 || (zero->dtype() != kInt8 && zero->dtype() != kUInt8))))
-      return false;
-    const double s = scale->item();
-    if (!std::isfinite(s) || s <= 0) return false;
-    const auto start = profile_ != nullptr ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
-    const DType qtype = zero != nullptr ? zero->dtype() : kUInt8;
-    scope.values[dq.outputs[0]] = fake_quantize(*x, s, zero != nullptr ? static_cast<int64_t>(zero->item()) : 0, qtype);
-    if (profile_ != nullptr) {
-      auto& slot = (*profile_)["QuantizeLinear+DequantizeLinear"];
-      slot.ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-      slot.calls++;
-    }
-    return true;
-  }
+  bool run_fake_quantize(const Node& q, const Node& dq, Scope& scope);
 
   // Note [GELU as one op]
-  // Exporters write the exact GELU of BERT-style models as five nodes, Div by sqrt 2, Erf, Add 1, Mul
-  // by x and Mul by 0.5 (in either order): five passes over the widest activation of a transformer
-  // block. In inference, with those numbers known and each intermediate read only by the next node,
-  // they run as braid::gelu, one pass (UnaryOp::Gelu). Its float operations are the composite
-  // x * (0.5 * (1 + erf(x / sqrt 2))): the halving moves, which is exact short of subnormals.
-  bool run_gelu(const Graph& g, const Node& div, const GeluFusion& f, Scope& scope, const ExecPlan& plan) {
-    double k = 0, one = 0, half = 0;
-    if (!number(div.inputs[1], scope, plan, k) || !number(f.one, scope, plan, one) ||
-        !number(f.half, scope, plan, half))
-      return false;
-    if (static_cast<float>(k) != static_cast<float>(1.4142135623730951) || one != 1 || half != 0.5) return false;
-    const Tensor* x = scope.find(div.inputs[0]);
-    if (x == nullptr || !x->defined() || (x->dtype() != kFloat32 && x->dtype() != kFloat64) || x->device() != device_)
-      return false;
-    const auto start = profile_ != nullptr ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
-    scope.values[g.nodes[f.mul2].outputs[0]] = gelu(*x);
-    if (profile_ != nullptr) {
-      auto& slot = (*profile_)["Gelu"];
-      slot.ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-      slot.calls++;
-    }
-    return true;
-  }
+  bool run_gelu(const Graph& g, const Node& div, const GeluFusion& f, Scope& scope, const ExecPlan& plan);
 
   /// Runs a node of weights and constants, or binds what it gave last time (Note [Static nodes
   /// evaluated once]).
@@ -337,129 +292,20 @@ class Executor {
   }
 
   // Note [Folding BatchNormalization into Conv]
-  // In inference (eval mode, no gradients) y = BN(conv(x, W, b)) is one convolution with
-  // W' = W s and b' = (b - mean) s + beta per output channel, s = gamma / sqrt(var + eps): one pass
-  // over the activations instead of three. The folded weights are kept between runs while the
-  // parameters they came from stay unchanged (Note [Folded weights kept]); training runs the graph
-  // as written.
   bool run_folded(const Node& conv, const Node& bn, Scope& scope, const ExecPlan& plan, size_t node,
-                  const Fused& fused = Fused()) {
-    auto get = [&](const std::string& name) {
-      const Tensor* t = scope.find(name);
-      return t == nullptr ? Tensor() : *t;
-    };
-    Tensor x = get(conv.inputs[0]), w = get(conv.inputs[1]);
-    Tensor b = conv.inputs.size() > 2 && !conv.inputs[2].empty() ? get(conv.inputs[2]) : Tensor();
-    Tensor gamma = get(bn.inputs[1]), beta = get(bn.inputs[2]), mean_ = get(bn.inputs[3]), var_ = get(bn.inputs[4]);
-    for (const Tensor* t : {&x, &w, &gamma, &beta, &mean_, &var_})
-      if (!t->defined() || (t->dtype() != kFloat32 && t->dtype() != kFloat64)) return false;
-    if (w.dim() < 3 || gamma.numel() != w.size(0)) return false;
-    const auto start = profile_ != nullptr ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
-    auto eps_it = bn.attributes.find("epsilon");
-    const double eps = eps_it == bn.attributes.end() ? 1e-5 : eps_it->second.f;
-    const std::vector<Tensor> sources{w, b, gamma, beta, mean_, var_};
-    Tensor w2, b2;
-    if (!plan.folded.find(node, sources, {eps}, w2, b2)) {
-      const auto versions = versions_of(sources);
-      Tensor scale = gamma * rsqrt(var_ + eps);
-      Shape ws(static_cast<size_t>(w.dim()), 1);
-      ws[0] = w.size(0);
-      w2 = w * reshape(scale, ws);
-      b2 = ((b.defined() ? b : zeros_like(mean_)) - mean_) * scale + beta;
-      plan.folded.keep(node, sources, versions, {eps}, w2, b2);
-    }
-    run_conv_folded(conv, {x, w2, b2}, detail::cat(" (folded with ", bn.label(), ")"), bn.outputs[0],
-                    "Conv+BatchNormalization", scope, fused, start);
-    return true;
-  }
+                  const Fused& fused = Fused());
 
-  // A BatchNormalization that no Conv folds (its input quantised, say) in inference: its scale and
-  // shift, gamma / sqrt(var + eps) and beta - mean * scale (Note [BatchNorm as scale and shift] in
-  // layers/normalization.cpp), kept as folded weights are, then one pass over the activations
-  // (braid::channel_affine) instead of half a dozen small ops and two passes on every run.
-  bool run_batch_norm(const Node& bn, Scope& scope, const ExecPlan& plan, size_t node) {
-    if (!bn.domain.empty() || bn.inputs.size() < 5 || bn.outputs.size() != 1) return false;
-    auto tm = bn.attributes.find("training_mode");
-    if (tm != bn.attributes.end() && tm->second.i != 0) return false;
-    std::vector<Tensor> in;
-    for (size_t k = 0; k < 5; ++k) {
-      const Tensor* t = scope.find(bn.inputs[k]);
-      if (t == nullptr || !t->defined() || t->dtype() != kFloat32 || t->device() != device_) return false;
-      in.push_back(*t);
-    }
-    const Tensor& x = in[0];
-    if (x.dim() < 2 || in[1].numel() != x.size(1) || in[1].dim() != 1) return false;
-    const auto start = profile_ != nullptr ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
-    auto eps_it = bn.attributes.find("epsilon");
-    const double eps = eps_it == bn.attributes.end() ? 1e-5 : eps_it->second.f;
-    const std::vector<Tensor> sources(in.begin() + 1, in.end());
-    Tensor scale, shift;
-    if (!plan.folded.find(node, sources, {eps}, scale, shift)) {
-      const auto versions = versions_of(sources);
-      scale = rsqrt(in[4] + eps) * in[1];
-      shift = in[2] - in[3] * scale;
-      plan.folded.keep(node, sources, versions, {eps}, scale, shift);
-    }
-    scope.values[bn.outputs[0]] = channel_affine(x, scale, shift);
-    if (profile_ != nullptr) {
-      auto& slot = (*profile_)["BatchNormalization"];
-      slot.ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-      slot.calls++;
-    }
-    return true;
-  }
+  // A BatchNormalization that no Conv folds, as channel_affine (patterns.cpp).
+  bool run_batch_norm(const Node& bn, Scope& scope, const ExecPlan& plan, size_t node);
 
-  // The Conv with folded weights and bias: its output (or the fused activation's) under output,
-  // errors naming what was folded, the time under the label in profiles.
+  // The Conv with folded weights and bias (patterns.cpp).
   void run_conv_folded(const Node& conv, std::vector<Tensor> inputs, const std::string& folded,
                        const std::string& output, const std::string& label, Scope& scope, const Fused& fused,
-                       std::chrono::steady_clock::time_point start) {
-    const OpSchema* s = registry_.find(conv.domain, conv.op_type);
-    std::vector<Tensor> outputs;
-    try {
-      OpContext ctx(conv, model_.opset(conv.domain), training_, std::move(inputs), this);
-      outputs = fused.act ? ops::conv_fused(ctx, *fused.act) : s->run(ctx);
-    } catch (const Error& e) {
-      throw ValueError(detail::cat(model_.path, ": ", conv.label(), folded, ": ", e.what()));
-    }
-    scope.values[fused.output ? *fused.output : output] = outputs.at(0);
-    if (profile_ != nullptr) {
-      auto& slot = (*profile_)[fused.label ? label + "+" + *fused.label : label];
-      slot.ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-      slot.calls++;
-    }
-  }
+                       std::chrono::steady_clock::time_point start);
 
   // Note [Folding a scalar affine into Conv]
-  // Some exporters write a learnable scale and shift after a convolution as Mul and Add by
-  // one-element constants (PP-LCNetV3's "learnable affine blocks" in PP-OCRv4): in inference
-  // y = conv(x, W, b) * a + d is one convolution with W' = a W and b' = a b + d, folded and kept as
-  // BatchNormalization is, and the activation after the Add can then fuse into it too.
   bool run_affine(const Node& conv, const Node& mul, const Node& add, Scope& scope, const ExecPlan& plan, size_t node,
-                  const Fused& fused) {
-    const std::string& ka = mul.inputs[0] == conv.outputs[0] ? mul.inputs[1] : mul.inputs[0];
-    const std::string& kd = add.inputs[0] == mul.outputs[0] ? add.inputs[1] : add.inputs[0];
-    double a = 0, d = 0;
-    if (!number(ka, scope, plan, a) || !number(kd, scope, plan, d)) return false;
-    const Tensor* x = scope.find(conv.inputs[0]);
-    const Tensor* w = scope.find(conv.inputs[1]);
-    const Tensor* b = conv.inputs.size() > 2 && !conv.inputs[2].empty() ? scope.find(conv.inputs[2]) : nullptr;
-    if (x == nullptr || w == nullptr || w->dim() < 3 || (x->dtype() != kFloat32 && x->dtype() != kFloat64) ||
-        w->dtype() != x->dtype() || (b != nullptr && b->dtype() != x->dtype()))
-      return false;
-    const auto start = profile_ != nullptr ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
-    const std::vector<Tensor> sources{*w, b != nullptr ? *b : Tensor()};
-    Tensor w2, b2;
-    if (!plan.folded.find(node, sources, {a, d}, w2, b2)) {
-      const auto versions = versions_of(sources);
-      w2 = *w * a;
-      b2 = (b != nullptr ? *b : zeros({w->size(0)}, w->dtype(), w->device())) * a + d;
-      plan.folded.keep(node, sources, versions, {a, d}, w2, b2);
-    }
-    run_conv_folded(conv, {*x, w2, b2}, detail::cat(" (folded with ", mul.label(), " and ", add.label(), ")"),
-                    add.outputs[0], "Conv+Affine", scope, fused, start);
-    return true;
-  }
+                  const Fused& fused);
 
   template <typename E>
   [[noreturn]] void rethrow_as(const E& e, const Node& n) {
