@@ -272,7 +272,15 @@ class Executor {
     run_node(n, scope);
     for (const std::string& name : n.outputs) {
       const Tensor* t = name.empty() ? nullptr : scope.find(name);
-      outputs.push_back(t != nullptr ? *t : Tensor());
+      Tensor o = t != nullptr ? *t : Tensor();
+      // A view of an input (Unsqueeze, Reshape) is kept as a copy: the input's memory may be
+      // rewritten by its owner before a later run brings equal values in another tensor.
+      for (const Tensor& in : inputs)
+        if (o.defined() && in.defined() && o.storage() == in.storage()) {
+          o = o.clone();
+          break;
+        }
+      outputs.push_back(o);
     }
     plan.small_values.keep(node, std::move(key), std::move(outputs));
     return true;

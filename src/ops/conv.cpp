@@ -259,19 +259,15 @@ Tensor conv_weight_grad(const Tensor& x, const ChannelMajor& g, const Window2d& 
 // and no trace for export is active; otherwise the convolution's node and the activation's.
 Tensor conv_recorded(const Tensor& x, const Tensor& w, const Tensor& bias_in, const Window2d& win, int64_t groups,
                      const Epilogue& epilogue = Epilogue()) {
-  if (epilogue.any()) {
-    const bool grads = is_grad_enabled() && (x.requires_grad() || w.requires_grad() ||
-                                             (bias_in.defined() && bias_in.requires_grad()));
-    if (grads || active_trace() != nullptr)
-      return apply_epilogue(conv_recorded(x, w, bias_in, win, groups), epilogue);
-  }
+  // Whether a node records this convolution (a gradient wanted, or a trace for export active).
+  const bool records = (is_grad_enabled() &&
+                        (x.requires_grad() || w.requires_grad() || (bias_in.defined() && bias_in.requires_grad()))) ||
+                       active_trace() != nullptr;
+  if (epilogue.any() && records) return apply_epilogue(conv_recorded(x, w, bias_in, win, groups), epilogue);
   const bool amp = conv_autocasts(x, w, bias_in);
   const Tensor bias = amp && bias_in.defined() ? cast(bias_in, kFloat32) : bias_in;
   const Tensor xs = operand(x, amp), ws = operand(w, amp);
   // Note [Channels-last activations in inference]: only where no node records.
-  const bool records = (is_grad_enabled() &&
-                        (x.requires_grad() || w.requires_grad() || (bias_in.defined() && bias_in.requires_grad()))) ||
-                       active_trace() != nullptr;
   Tensor out = conv_forward(xs, ws, bias.defined() ? bias.detach() : bias, win, groups, epilogue, !records);
   traced("conv2d", out, {x, w, bias}, {{win.kh, win.kw, win.sh, win.sw, win.ph, win.pw, win.dh, win.dw, groups}, {}});
   return record("conv2d", out, {x, w, bias}, [xs, ws, win, groups](const Tensor& g, Grads& r) {
