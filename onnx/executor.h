@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "braid/autograd.h"
+#include "braid/chain.h"
 #include "braid/conv.h"
 #include "braid/onnx/module.h"
 #include "braid/ops.h"
@@ -54,6 +55,21 @@ struct GeluFusion {
   std::string one, half;  // the values added to erf (1) and multiplied in (0.5)
 };
 
+/// A run of elementwise nodes that runs as one braid::elementwise_chain in inference (Note
+/// [Elementwise chains] in src/ops/chain.cpp; found by find_chains, chains.cpp).
+struct ChainFusion {
+  struct Step {
+    ChainStep::Kind kind = ChainStep::Kind::Add;
+    size_t node = 0, dq = 0;  // the node; a QDQ pair's DequantizeLinear
+    int a = 0, b = -1;        // the slots read (ChainStep's)
+    std::string constant;     // the one-element constant operand of an arithmetic step, or none
+  };
+  std::string input, output;  // slot 0, and the last step's value
+  std::vector<Step> steps;
+  std::vector<size_t> nodes;  // every node the chain runs
+  std::vector<size_t> early;  // Constant and static nodes after the first that it reads, run before it
+};
+
 /// What OnnxModule precomputes about its top-level graph (see make_plan).
 struct ExecPlan {
   std::vector<std::vector<std::string>> release_after;  // values whose last use is node i
@@ -62,6 +78,7 @@ struct ExecPlan {
   std::map<size_t, ActFusion> conv_act;                 // Conv (or folded BatchNormalization) -> its activation
   std::map<size_t, size_t> qdq;  // QuantizeLinear -> the DequantizeLinear that alone reads it (Note [QDQ pairs])
   std::map<size_t, GeluFusion> gelu;        // Div node -> the rest of an exact GELU (Note [GELU as one op])
+  std::map<size_t, ChainFusion> chains;     // first node -> its elementwise chain (Note [Elementwise chains])
   std::map<std::string, double> constants;  // one-element Constant nodes' values, known before they run
   mutable FoldedWeights folded;             // Note [Folded weights kept]
   mutable ConstantCache constant_values;    // Note [Constants evaluated once]
@@ -152,6 +169,12 @@ class Executor {
         continue;
       }
       if (fold) {
+        auto ch = plan->chains.find(i);
+        if (ch != plan->chains.end() && run_chain(g, ch->second, scope, *plan)) {
+          skip_.insert(ch->second.nodes.begin(), ch->second.nodes.end());
+          release(plan, i, scope);
+          continue;
+        }
         auto ge = plan->gelu.find(i);
         if (ge != plan->gelu.end() && run_gelu(g, g.nodes[i], ge->second, scope, *plan)) {
           skip_.insert({ge->second.erf, ge->second.add, ge->second.mul1, ge->second.mul2});
@@ -166,11 +189,7 @@ class Executor {
         }
       }
       if (plan != nullptr && is_constant(g, g.nodes[i])) {
-        Tensor& v = scope.values[g.nodes[i].outputs[0]];
-        if (!plan->constant_values.find(i, device_, v)) {
-          run_node(g.nodes[i], scope);
-          plan->constant_values.keep(i, device_, v);
-        }
+        run_constant(g.nodes[i], scope, *plan, i);
         release(plan, i, scope);
         continue;
       }
@@ -220,6 +239,9 @@ class Executor {
   // The fused patterns' runs are in patterns.cpp, with their Notes.
   // Note [QDQ pairs]
   bool run_fake_quantize(const Node& q, const Node& dq, Scope& scope);
+
+  // Note [Elementwise chains] (src/ops/chain.cpp); chains.cpp.
+  bool run_chain(const Graph& g, const ChainFusion& chain, Scope& scope, const ExecPlan& plan);
 
   // Note [GELU as one op]
   bool run_gelu(const Graph& g, const Node& div, const GeluFusion& f, Scope& scope, const ExecPlan& plan);
@@ -294,6 +316,15 @@ class Executor {
     return true;
   }
 
+  /// Runs a Constant node, or binds the value it gave last time (Note [Constants evaluated once]).
+  void run_constant(const Node& n, Scope& scope, const ExecPlan& plan, size_t node) {
+    Tensor& v = scope.values[n.outputs[0]];
+    if (!plan.constant_values.find(node, device_, v)) {
+      run_node(n, scope);
+      plan.constant_values.keep(node, device_, v);
+    }
+  }
+
   void release(const ExecPlan* plan, size_t i, Scope& scope) {
     if (plan == nullptr) return;
     for (const std::string& name : plan->release_after[i]) scope.values.erase(name);
@@ -305,6 +336,10 @@ class Executor {
 
   // A BatchNormalization that no Conv folds, as channel_affine (patterns.cpp).
   bool run_batch_norm(const Node& bn, Scope& scope, const ExecPlan& plan, size_t node);
+  // An inference BatchNormalization of float32 (channels) parameters as y = x * scale + shift,
+  // folded once per parameter values (plan.folded); false when it is not one (patterns.cpp).
+  bool batch_norm_affine(const Node& bn, const Scope& scope, const ExecPlan& plan, size_t node, int64_t channels,
+                         Tensor& scale, Tensor& shift);
 
   // The Conv with folded weights and bias (patterns.cpp).
   void run_conv_folded(const Node& conv, std::vector<Tensor> inputs, const std::string& folded,
@@ -485,6 +520,10 @@ class Executor {
 
 /// Value lifetimes, Conv+BatchNormalization folding and activation fusion for the top-level graph g.
 std::shared_ptr<ExecPlan> make_plan(const Graph& g, const std::map<std::string, Tensor>& weights);
+/// The elementwise chains (Note [Elementwise chains]), into plan.chains (chains.cpp); after the
+/// other patterns, whose nodes they leave alone.
+void find_chains(const Graph& g, const std::map<std::string, size_t>& uses, const std::set<std::string>& keep,
+                 const std::map<std::string, Tensor>& weights, ExecPlan& plan);
 /// The exact GELUs written out as nodes (Note [GELU as one op]), into plan.gelu (patterns.cpp).
 void find_gelus(const Graph& g, const std::map<std::string, size_t>& uses, const std::set<std::string>& keep,
                 ExecPlan& plan);

@@ -142,30 +142,37 @@ bool Executor::run_folded(const Node& conv, const Node& bn, Scope& scope, const 
 // shift, gamma / sqrt(var + eps) and beta - mean * scale (Note [BatchNorm as scale and shift] in
 // layers/normalization.cpp), kept as folded weights are, then one pass over the activations
 // (braid::channel_affine) instead of half a dozen small ops and two passes on every run.
-bool Executor::run_batch_norm(const Node& bn, Scope& scope, const ExecPlan& plan, size_t node) {
+bool Executor::batch_norm_affine(const Node& bn, const Scope& scope, const ExecPlan& plan, size_t node,
+                                 int64_t channels, Tensor& scale, Tensor& shift) {
   if (!bn.domain.empty() || bn.inputs.size() < 5 || bn.outputs.size() != 1) return false;
   auto tm = bn.attributes.find("training_mode");
   if (tm != bn.attributes.end() && tm->second.i != 0) return false;
-  std::vector<Tensor> in;
-  for (size_t k = 0; k < 5; ++k) {
+  std::vector<Tensor> sources;
+  for (size_t k = 1; k < 5; ++k) {
     const Tensor* t = scope.find(bn.inputs[k]);
-    if (t == nullptr || !t->defined() || t->dtype() != kFloat32 || t->device() != device_) return false;
-    in.push_back(*t);
+    if (t == nullptr || !t->defined() || t->dtype() != kFloat32 || t->device() != device_ || t->dim() != 1 ||
+        t->numel() != channels)
+      return false;
+    sources.push_back(*t);
   }
-  const Tensor& x = in[0];
-  if (x.dim() < 2 || in[1].numel() != x.size(1) || in[1].dim() != 1) return false;
-  const auto start = profile_ != nullptr ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
   auto eps_it = bn.attributes.find("epsilon");
   const double eps = eps_it == bn.attributes.end() ? 1e-5 : eps_it->second.f;
-  const std::vector<Tensor> sources(in.begin() + 1, in.end());
-  Tensor scale, shift;
   if (!plan.folded.find(node, sources, {eps}, scale, shift)) {
     const auto versions = versions_of(sources);
-    scale = rsqrt(in[4] + eps) * in[1];
-    shift = in[2] - in[3] * scale;
+    scale = rsqrt(sources[3] + eps) * sources[0];
+    shift = sources[1] - sources[2] * scale;
     plan.folded.keep(node, sources, versions, {eps}, scale, shift);
   }
-  scope.values[bn.outputs[0]] = channel_affine(x, scale, shift);
+  return true;
+}
+
+bool Executor::run_batch_norm(const Node& bn, Scope& scope, const ExecPlan& plan, size_t node) {
+  const Tensor* x = bn.inputs.empty() ? nullptr : scope.find(bn.inputs[0]);
+  if (x == nullptr || !x->defined() || x->dtype() != kFloat32 || x->device() != device_ || x->dim() < 2) return false;
+  const auto start = profile_ != nullptr ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
+  Tensor scale, shift;
+  if (!batch_norm_affine(bn, scope, plan, node, x->size(1), scale, shift)) return false;
+  scope.values[bn.outputs[0]] = channel_affine(*x, scale, shift);
   if (profile_ != nullptr) {
     auto& slot = (*profile_)["BatchNormalization"];
     slot.ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();

@@ -237,6 +237,52 @@ TEST(OnnxModule, StaticNodesRunOnceAndFollowChangesToTheWeights) {
   check("after load_state_dict");
 }
 
+// Note [Elementwise chains]: a quantised HardSwish after a BatchNormalization, written as
+// onnxruntime's quantize_static writes it (a QDQ pair after every op, the + 3 a quantised
+// constant), runs in inference as one chain, bit for bit the nodes as written; a value read
+// outside the chain ends it there.
+TEST(OnnxModule, QuantisedElementwiseRunsAsOneChainWithTheSameBits) {
+  Generator gen(14);
+  bx::GraphBuilder g(13);
+  const auto pair = [&](const std::string& v, double scale, int64_t zero) {
+    const std::string s = g.scalar(scale, kFloat32);
+    const std::string z = g.node("Cast", {g.ints({zero})}, {{"to", bx::attr_int(2)}})[0];
+    return g.node("DequantizeLinear", {g.node("QuantizeLinear", {v, s, z})[0], s, z})[0];
+  };
+  const std::string conv = pair(g.node("Conv", {"x", "w"}, {{"pads", bx::attr_ints({1, 1, 1, 1})}})[0], 0.04, 128);
+  const std::string bn = pair(g.node("BatchNormalization", {conv, "gamma", "beta", "mean", "var"})[0], 0.05, 100);
+  const std::string three = pair(g.scalar(3.0, kFloat32), 3.0 / 255, 0);
+  const std::string shifted = pair(g.node("Add", {bn, three})[0], 6.0 / 255, 0);
+  const std::string swish =
+      pair(g.node("Div", {pair(g.node("Mul", {bn, shifted})[0], 0.06, 30), g.scalar(6.0, kFloat32)})[0], 0.03, 10);
+  g.graph().nodes.push_back(bx::Node{"next", "Conv", "", {swish, "w2"}, {"y"}, {}});
+  g.graph().nodes.push_back(bx::Node{"side", "Relu", "", {bn}, {"bn_relu"}, {}});  // bn read outside
+  bx::Model m = model_of("qdq_hardswish", 13, g.graph());
+  m.graph.initializers.insert({{"w", randn({8, 3, 3, 3}, kFloat32, &gen, 0, 0.3)},
+                               {"w2", randn({4, 8, 1, 1}, kFloat32, &gen, 0, 0.3)},
+                               {"gamma", rand({8}, kFloat32, &gen, 0.5, 1.5)},
+                               {"beta", randn({8}, kFloat32, &gen)},
+                               {"mean", randn({8}, kFloat32, &gen)},
+                               {"var", rand({8}, kFloat32, &gen, 0.5, 2.0)}});
+  m.graph.inputs.push_back(info("x", kFloat32, {2, 3, 10, 12}));
+  m.graph.outputs.push_back(info("y", kFloat32, {2, 4, 10, 12}));
+  m.graph.outputs.push_back(info("bn_relu", kFloat32, {2, 8, 10, 12}));
+  bx::OnnxModule mod(m);
+  const Tensor x = randn({2, 3, 10, 12}, kFloat32, &gen) * 3.0;
+  const std::vector<Tensor> as_written = mod.run({x});
+  mod.set_profiling(true);
+  NoGradGuard no_grad;
+  const std::vector<Tensor> fused = mod.run({x});
+  for (size_t k = 0; k < 2; ++k) EXPECT_EQ(fused[k].to_vector<float>(), as_written[k].detach().to_vector<float>()) << k;
+  // The Conv's pair, the BatchNormalization and its pair run as one chain, which ends at bn (the
+  // Relu reads it); the Add, the Mul, the Div and their pairs as another.
+  ASSERT_EQ(mod.profile().count("elementwise chain"), 1u);
+  EXPECT_EQ(mod.profile().at("elementwise chain").calls, 2);
+  EXPECT_EQ(mod.profile().count("QuantizeLinear+DequantizeLinear"), 0u);
+  EXPECT_EQ(mod.profile().count("BatchNormalization"), 0u);
+  EXPECT_EQ(mod.profile().count("Add") + mod.profile().count("Mul") + mod.profile().count("Div"), 0u);
+}
+
 // Note [QDQ pairs]: in inference a QuantizeLinear read only by a DequantizeLinear of the same scale
 // and zero point runs as one fake_quantize, bit for bit the pair as written.
 TEST(OnnxModule, QdqPairsRunAsOnePassWithTheSameBits) {
@@ -385,8 +431,12 @@ TEST(OnnxModule, ScalarAffineAfterConvFoldsIntoIt) {
     const Tensor x = randn({2, 8, 6, 7}, kFloat32, &gen) * 3.0;
     const auto [as_written, folded] = as_written_and_in_inference(mod, x);
     EXPECT_EQ(mod.profile().count("Conv+Affine+HardSwish"), scalar ? 1u : 0u);
-    EXPECT_EQ(mod.profile().at("Div").calls, scalar ? 1 : 2);
-    EXPECT_EQ(mod.profile().at("Add").calls, scalar ? 3 : 6);  // the shift, HardSwish's + 3, the last shift
+    // As written: the shift, HardSwish's + 3 and the last shift. In inference, with a per-channel
+    // scale, the Div, the Mul and the last Add run as one elementwise chain (Note [Elementwise
+    // chains]); with a scalar one, everything but the Conv's first shift and + 3 is its epilogue.
+    EXPECT_EQ(mod.profile().at("Div").calls, 1);
+    EXPECT_EQ(mod.profile().at("Add").calls, scalar ? 3 : 5);
+    EXPECT_EQ(mod.profile().count("elementwise chain"), scalar ? 0u : 1u);
     EXPECT_TRUE(allclose(folded, as_written, 1e-5, 1e-5)) << "max |diff| " << amax(abs(folded - as_written)).item();
     const Tensor& w = mod.weights().at("w");
     const Tensor s = scalar ? full({}, 0.75, kFloat32) : mod.weights().at("scale");

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "braid/braid.h"
+#include "braid/chain.h"
 #include "error_of.h"
 
 namespace braid {
@@ -215,6 +216,91 @@ TEST(Gelu, OnePassIsTheComposite) {
       EXPECT_NEAR(got[i], xs[i] * 0.5 * (1 + std::erf(xs[i] / std::sqrt(2.0))),
                   t == kFloat32 ? 2e-6 * (1 + std::fabs(xs[i])) : 1e-14);
   }
+}
+
+// An elementwise chain (Note [Elementwise chains]) gives, bit for bit, its steps run one by one as
+// the ops they stand for, in either layout (a channels-last input gives a channels-last result):
+// the fake quantisations of both types, a per-channel affine map, arithmetic by constants on
+// either side and between two earlier steps, with ties, saturation, NaN and infinities, on sizes
+// below and above the parallel grain.
+TEST(ElementwiseChain, EachStepIsItsOpBitForBit) {
+  Generator gen(12);
+  for (bool channels_last : {false, true}) {
+    for (const Shape& s : {Shape{1, 5, 3, 4}, Shape{2, 24, 37, 41}}) {
+      SCOPED_TRACE(std::string(channels_last ? "channels-last " : "contiguous ") + shape_str(s));
+      Tensor x = channels_last ? (randn({s[0], s[2], s[3], s[1]}, kFloat32, &gen) * 4.0).permute({0, 3, 1, 2})
+                               : randn(s, kFloat32, &gen) * 4.0;
+      {
+        std::vector<float> v = x.to_vector<float>();  // the logical order; written back through the view
+        v[0] = NAN, v[1] = INFINITY, v[2] = -INFINITY, v[3] = 1e9f, v[4] = 0.045f, v[5] = -0.015f;
+        x.copy_(tensor(v, s));
+      }
+      const int64_t c = s[1];
+      const Tensor sc = rand({c}, kFloat32, &gen, 0.5, 1.5), sh = randn({c}, kFloat32, &gen);
+      using K = ChainStep::Kind;
+      std::vector<ChainStep> steps(9);
+      steps[0].kind = K::FakeQuantize, steps[0].a = 0, steps[0].scale = 0.03, steps[0].zero = 120;
+      steps[1].kind = K::ChannelAffine, steps[1].a = 1, steps[1].channel_scale = sc, steps[1].channel_shift = sh;
+      steps[2].kind = K::FakeQuantize, steps[2].a = 2, steps[2].scale = 0.05, steps[2].zero = -4,
+      steps[2].qtype = kInt8;
+      steps[3].kind = K::Add, steps[3].a = 3, steps[3].b = -1, steps[3].k = 3.0f;
+      steps[4].kind = K::FakeQuantize, steps[4].a = 4, steps[4].scale = 6.0 / 255, steps[4].zero = 0;
+      steps[5].kind = K::Mul, steps[5].a = 3, steps[5].b = 5;
+      steps[6].kind = K::Div, steps[6].a = 6, steps[6].b = -1, steps[6].k = 6.0f;
+      steps[7].kind = K::Sub, steps[7].a = -1, steps[7].b = 7, steps[7].k = 0.5f;
+      steps[8].kind = K::Div, steps[8].a = -1, steps[8].b = 8, steps[8].k = 2.0f;
+      const Tensor got = elementwise_chain(x, steps);
+      EXPECT_EQ(got.shape(), s);
+      EXPECT_EQ(!got.is_contiguous() && got.is_channels_last(), channels_last);
+      const Tensor v1 = fake_quantize(x, 0.03, 120, kUInt8);
+      const Tensor v2 = channel_affine(v1, sc, sh);
+      const Tensor v3 = fake_quantize(v2, 0.05, -4, kInt8);
+      const Tensor v4 = v3 + full({}, 3.0, kFloat32);
+      const Tensor v5 = fake_quantize(v4, 6.0 / 255, 0, kUInt8);
+      const Tensor v8 = full({}, 0.5, kFloat32) - (v3 * v5) / full({}, 6.0, kFloat32);
+      const Tensor want = full({}, 2.0, kFloat32) / v8;
+      const std::vector<float> g = got.to_vector<float>(), w = want.to_vector<float>();
+      ASSERT_EQ(g.size(), w.size());
+      for (size_t i = 0; i < g.size(); ++i) {
+        if (std::isnan(w[i]))
+          ASSERT_TRUE(std::isnan(g[i])) << i;
+        else
+          ASSERT_EQ(g[i], w[i]) << i;
+      }
+      // One step alone, and a chain whose last step reads the input again.
+      EXPECT_EQ(elementwise_chain(x, {steps[0]}).to_vector<float>(), v1.to_vector<float>());
+      ChainStep again;
+      again.kind = K::Sub, again.a = 1, again.b = 0;
+      const std::vector<float> residual = elementwise_chain(x, {steps[0], again}).to_vector<float>(),
+                               residual_want = (v1 - x).to_vector<float>();
+      for (size_t i = 0; i < residual.size(); ++i) {
+        if (!std::isnan(residual_want[i])) {
+          ASSERT_EQ(residual[i], residual_want[i]) << i;
+        }
+      }
+    }
+  }
+}
+
+TEST(ElementwiseChain, RefusesStepsItCannotRunNamingThem) {
+  const Tensor x = ones({2, 3, 4, 4});
+  ChainStep later;
+  later.kind = ChainStep::Kind::Add, later.a = 0, later.b = 2;
+  EXPECT_NE(error_of<ValueError>([&] { elementwise_chain(x, {later}); }).find("step 0 reads slots 0 and 2"),
+            std::string::npos);
+  ChainStep affine;
+  affine.kind = ChainStep::Kind::ChannelAffine, affine.channel_scale = ones({4}), affine.channel_shift = zeros({4});
+  EXPECT_NE(error_of<ValueError>([&] { elementwise_chain(x, {affine}); }).find("channels (axis 1 of [2, 3, 4, 4])"),
+            std::string::npos);
+  ChainStep q;
+  q.kind = ChainStep::Kind::FakeQuantize, q.scale = 0.1, q.zero = 300;
+  EXPECT_NE(error_of<ValueError>([&] { elementwise_chain(x, {q}); }).find("zero point 300"), std::string::npos);
+  EXPECT_NE(error_of<TypeError>([&] { elementwise_chain(ones({3}, kFloat64), {later}); }).find("must be float32"),
+            std::string::npos);
+  Tensor w = ones({3});
+  w.set_requires_grad();
+  EXPECT_NE(error_of<ValueError>([&] { elementwise_chain(w, {q}); }).find("inference only"), std::string::npos);
+  EXPECT_NE(error_of<ValueError>([&] { elementwise_chain(x, {}); }).find("no steps"), std::string::npos);
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "braid/chain.h"
 #include "braid/tensor.h"
 
 namespace braid::detail {
@@ -223,6 +224,11 @@ class Backend {
   /// out (float32, x's shape) = dequantize(quantize(x, scale, zero, qtype), scale, zero), x float32
   /// and contiguous, qtype int8 or uint8, bitwise the two composites (braid::fake_quantize).
   virtual bool fake_quantize(const Tensor& x, double scale, int64_t zero, DType qtype, const Tensor& out);
+  /// out = the last slot of braid::elementwise_chain's steps over x (float32, contiguous, out
+  /// likewise), the channel of flat element i being (i / inner) % channels; each step the float32
+  /// operations of its op, so that the result is bitwise the steps run one by one.
+  virtual bool elementwise_chain(const Tensor& x, const std::vector<ChainStep>& steps, int64_t channels, int64_t inner,
+                                 const Tensor& out);
   /// out (int8 or uint8, x's shape) = round_half_even(x / scale) + zero saturated to out's range, x
   /// float32 and contiguous, the division in float32; NaN gives 0 (braid::quantize).
   virtual bool quantize(const Tensor& x, double scale, int64_t zero, const Tensor& out);

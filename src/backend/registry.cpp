@@ -93,6 +93,9 @@ bool Backend::layer_norm_rows(const Tensor&, int64_t, const Tensor&, const Tenso
 }
 bool Backend::dequantize(const Tensor&, double, int64_t, const Tensor&) { return false; }
 bool Backend::fake_quantize(const Tensor&, double, int64_t, DType, const Tensor&) { return false; }
+bool Backend::elementwise_chain(const Tensor&, const std::vector<ChainStep>&, int64_t, int64_t, const Tensor&) {
+  return false;
+}
 bool Backend::adam_step(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const AdamStep&) {
   return false;
 }

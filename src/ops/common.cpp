@@ -39,6 +39,16 @@ static Tensor new_elementwise(const Shape& s, DType dtype, const Tensor& first, 
   return new_tensor(s, dtype, first.device());
 }
 
+SameLayout same_layout(const Tensor& x, DType dtype) {
+  const Shape& s = x.shape();
+  if (s.size() == 4 && !x.is_contiguous() && x.is_channels_last()) {
+    Tensor result = new_tensor({s[0], s[2], s[3], s[1]}, dtype, x.device()).permute({0, 3, 1, 2});
+    return {x.permute({0, 2, 3, 1}), result.permute({0, 2, 3, 1}), result};
+  }
+  Tensor result = new_tensor(s, dtype, x.device());
+  return {contiguous_raw(x), result, result};
+}
+
 Tensor unary_raw(UnaryOp op, const Tensor& x, double p0, double p1, DType out_dtype, bool keep_dtype) {
   Tensor out = new_elementwise(x.shape(), keep_dtype ? x.dtype() : out_dtype, x);
   backend_of(x).unary(op, x, out, p0, p1);

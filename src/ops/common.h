@@ -48,6 +48,14 @@ Tensor broadcast_view(const Tensor& t, const Shape& shape);
 Tensor cast_raw(const Tensor& t, DType dtype);
 /// A contiguous copy without recording (t itself when already contiguous).
 Tensor contiguous_raw(const Tensor& t);
+/// An elementwise pass over x's memory in x's own layout (Note [Channels-last activations in
+/// inference] in ops/conv.cpp): `result` is a new tensor of x's shape and `dtype`, channels-last when
+/// x is; `in` and `out` are x and result as contiguous views of the same memory (their NHWC views
+/// then, x made contiguous when it is neither), for a primitive that takes contiguous tensors.
+struct SameLayout {
+  Tensor in, out, result;
+};
+SameLayout same_layout(const Tensor& x, DType dtype);
 /// Runs a unary primitive into a new tensor of out_dtype.
 Tensor unary_raw(UnaryOp op, const Tensor& x, double p0 = 0, double p1 = 0, DType out_dtype = kFloat32, bool keep_dtype = true);
 /// Runs a binary primitive with broadcasting into a new tensor; operands are cast to compute.

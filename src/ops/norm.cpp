@@ -116,6 +116,14 @@ Tensor channel_affine(const Tensor& x, const Tensor& scale, const Tensor& shift)
       scale.dtype() == x.dtype() && shift.dtype() == x.dtype() && scale.device() == x.device() &&
       shift.device() == x.device()) {
     NoGradGuard no_grad;
+    const Shape& s = x.shape();
+    if (s.size() == 4 && !x.is_contiguous() && x.is_channels_last()) {
+      // Note [Channels-last activations in inference] (ops/conv.cpp): NHWC memory is (N*H*W, C, 1)
+      // channels, and the result stays channels-last.
+      const Tensor y = affine(x.permute({0, 2, 3, 1}).view({s[0] * s[2] * s[3], s[1], 1}), contiguous(scale),
+                              contiguous(shift), Tensor(), Tensor(), Tensor());
+      return y.view({s[0], s[2], s[3], s[1]}).permute({0, 3, 1, 2});
+    }
     const Tensor y = affine(channels(x), contiguous(scale), contiguous(shift), Tensor(), Tensor(), Tensor());
     return y.view(x.shape());
   }

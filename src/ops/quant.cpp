@@ -49,8 +49,10 @@ Tensor quantize(const Tensor& x, double scale, int64_t zero_point, DType dtype) 
               dtype_name(dtype), "'s range");
   NoGradGuard no_grad;
   const double lo = dtype == kInt8 ? -128.0 : 0.0, hi = dtype == kInt8 ? 127.0 : 255.0;
-  Tensor out = new_tensor(x.shape(), dtype, x.device());
-  if (x.dtype() == kFloat32 && backend_of(x).quantize(contiguous(x), scale, zero_point, out)) return out;
+  if (x.dtype() == kFloat32) {
+    const SameLayout l = same_layout(x.detach(), dtype);
+    if (backend_of(x).quantize(l.in, scale, zero_point, l.out)) return l.result;
+  }
   // x / scale in x's dtype, rounded half to even; NaN becomes 0 in the cast.
   return cast(clamp(round(x / scale) + static_cast<double>(zero_point), lo, hi), dtype);
 }
@@ -62,8 +64,10 @@ Tensor dequantize(const Tensor& x, double scale, int64_t zero_point) {
   BRAID_CHECK(scalar_fits(static_cast<double>(zero_point), x.dtype()), "dequantize: zero point ", zero_point,
               " is outside ", dtype_name(x.dtype()), "'s range");
   NoGradGuard no_grad;
-  Tensor out = new_tensor(x.shape(), kFloat32, x.device());
-  if (x.dtype() != kInt32 && backend_of(x).dequantize(contiguous(x), scale, zero_point, out)) return out;
+  if (x.dtype() != kInt32) {
+    const SameLayout l = same_layout(x, kFloat32);
+    if (backend_of(x).dequantize(l.in, scale, zero_point, l.out)) return l.result;
+  }
   // In float32: x - zero_point is exact for 8-bit values, then one rounding by the multiplication.
   return (cast(x, kFloat32) - static_cast<double>(zero_point)) * scale;
 }
@@ -72,8 +76,8 @@ Tensor fake_quantize(const Tensor& x, double scale, int64_t zero_point, DType dt
   if (x.defined() && x.dtype() == kFloat32 && x.numel() > 0 && std::isfinite(scale) && scale > 0 &&
       (dtype == kInt8 || dtype == kUInt8) && scalar_fits(static_cast<double>(zero_point), dtype)) {
     NoGradGuard no_grad;
-    Tensor out = new_tensor(x.shape(), kFloat32, x.device());
-    if (backend_of(x).fake_quantize(contiguous(x), scale, zero_point, dtype, out)) return out;
+    const SameLayout l = same_layout(x.detach(), kFloat32);
+    if (backend_of(x).fake_quantize(l.in, scale, zero_point, dtype, l.out)) return l.result;
   }
   return dequantize(quantize(x, scale, zero_point, dtype), scale, zero_point);  // checks and composes
 }

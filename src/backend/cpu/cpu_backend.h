@@ -1,8 +1,8 @@
 // The CPU backend: the Backend primitives run with OpenMP threads over strided loops, OpenBLAS for
 // floating matmul and Philox for random numbers. Each primitive lives in the .cpp file named after
 // its kind (memory.cpp, copy.cpp, elementwise.cpp, reduce.cpp, matmul.cpp, index.cpp, random.cpp,
-// conv.cpp, pool.cpp); fused.cpp holds the fused optimizer step and BatchNorm passes and conv_dnnl.cpp the convolutions
-// oneDNN runs, when it is built in.
+// conv.cpp, pool.cpp); fused.cpp holds the fused optimizer step and BatchNorm passes, chain.cpp the
+// elementwise chains and conv_dnnl.cpp the convolutions oneDNN runs, when it is built in.
 #pragma once
 
 #include <csignal>
@@ -11,6 +11,9 @@
 #include "braid/config.h"
 
 namespace braid::detail {
+
+/// Whether the fused primitives run (fused.cpp; BRAID_CPU_FUSED=0 turns them off).
+bool fused_on();
 
 class CpuBackend final : public Backend {
  public:
@@ -51,6 +54,8 @@ class CpuBackend final : public Backend {
                        const Tensor& out, const Tensor& mean, const Tensor& inv) override;
   bool dequantize(const Tensor& x, double scale, int64_t zero, const Tensor& out) override;
   bool fake_quantize(const Tensor& x, double scale, int64_t zero, DType qtype, const Tensor& out) override;
+  bool elementwise_chain(const Tensor& x, const std::vector<ChainStep>& steps, int64_t channels, int64_t inner,
+                         const Tensor& out) override;
   bool adam_step(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const Tensor& max_v,
                  const AdamStep& s) override;
   bool channel_moments(const Tensor& x, const Tensor& mean, const Tensor& var) override;

@@ -122,4 +122,29 @@ inline float erf_f32(float x) {
   return std::copysign(select(ax < 1.0f, small, 1.0f - erfc), x);
 }
 
+// quantize's composite, clamp(round(x / scale) + zero), as the float holding the integer: rounding
+// half to even by adding and subtracting 1.5 * 2^23 (exact below 2^22 in magnitude, and anything
+// larger saturates), which vectorises where nearbyint would be a call; selects by masks for the
+// same reason (Note [Branch-free select]); NaN becomes 0. The callers are vector clones (Note
+// [Vector clones]) for the division.
+template <bool kSigned>
+inline float quantized_value(float x, float scale, float zero) {
+  constexpr float lo = kSigned ? -128.0f : 0.0f, hi = kSigned ? 127.0f : 255.0f;
+  constexpr float kShift = 0x1.8p23f;
+  const float q = x / scale;
+  const float r = (q + kShift) - kShift;
+  float v = select(std::fabs(q) < 0x1p22f, r, q) + zero;
+  v = select(v == v, v, 0.0f);
+  v = select(v < lo, lo, v);
+  return select(v > hi, hi, v);
+}
+
+// fake_quantize: the quantised value v, then dequantize's (v - zero) * scale in float32, without the
+// 8-bit tensor between them; v is an integer held exactly, so the bits are the two composites'.
+template <bool kSigned>
+inline void fake_quantize_range(const float* x, float* out, int64_t n, float scale, float zero) {
+  for (int64_t i = 0; i < n; ++i)
+    out[i] = (static_cast<float>(static_cast<int32_t>(quantized_value<kSigned>(x[i], scale, zero))) - zero) * scale;
+}
+
 }  // namespace braid::detail

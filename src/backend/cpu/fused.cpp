@@ -55,6 +55,8 @@ bool contiguous_like(const Tensor& t, const Tensor& p) {
   return t.is_contiguous() && t.dtype() == p.dtype() && t.shape() == p.shape();
 }
 
+}  // namespace
+
 // BRAID_CPU_FUSED=0 turns these primitives off, so that the ops compose what they compute: the path
 // every backend without them takes, tested on the CPU in CI (tests/meson.build, the *_composite runs).
 bool fused_on() {
@@ -64,6 +66,8 @@ bool fused_on() {
   }();
   return on;
 }
+
+namespace {
 
 // The channels of x (N, C, S) are the unit of work for the per-channel sums; (n, c) rows for maps.
 struct Ncs {
@@ -140,6 +144,17 @@ void grad_sums_kernel(const T* g, const T* x, const T* mean, T* sum_g, T* sum_gx
 
 template <typename T>
 void affine_kernel(const T* a, const T* sa, const T* shift, const T* b, const T* b_mean, const T* sb, T* out, Ncs d) {
+  if (d.s == 1 && b == nullptr) {
+    // Channels innermost (channels-last memory as (N*H*W, C, 1)): a row of C per step, the same
+    // arithmetic, in vectors along the channels.
+#pragma omp parallel for num_threads(threads_over(d.n, 2 * d.n * d.c)) schedule(static)
+    for (int64_t r = 0; r < d.n; ++r) {
+      const T* x = a + r * d.c;
+      T* y = out + r * d.c;
+      for (int64_t c = 0; c < d.c; ++c) y[c] = x[c] * sa[c] + shift[c];
+    }
+    return;
+  }
 #pragma omp parallel for num_threads(threads_over(d.n * d.c, 2 * d.n * d.c * d.s)) schedule(static)
   for (int64_t r = 0; r < d.n * d.c; ++r) {
     const int64_t c = r % d.c, at = r * d.s;
@@ -216,23 +231,6 @@ bool CpuBackend::adam_step(const Tensor& p, const Tensor& g, const Tensor& m, co
   return true;
 }
 
-// quantize's composite, clamp(round(x / scale) + zero), as the float holding the integer: rounding
-// half to even by adding and subtracting 1.5 * 2^23 (exact below 2^22 in magnitude, and anything
-// larger saturates), which vectorises where nearbyint would be a call; selects by masks for the
-// same reason (Note [Branch-free select]); NaN becomes 0. The callers are vector clones (Note
-// [Vector clones]) for the division.
-template <bool kSigned>
-inline float quantized_value(float x, float scale, float zero) {
-  constexpr float lo = kSigned ? -128.0f : 0.0f, hi = kSigned ? 127.0f : 255.0f;
-  constexpr float kShift = 0x1.8p23f;
-  const float q = x / scale;
-  const float r = (q + kShift) - kShift;
-  float v = select(std::fabs(q) < 0x1p22f, r, q) + zero;
-  v = select(v == v, v, 0.0f);
-  v = select(v < lo, lo, v);
-  return select(v > hi, hi, v);
-}
-
 // quantize in one pass: the value, then the cast.
 template <typename Q>
 inline void quantize_range(const float* x, Q* out, int64_t n, float scale, float zero) {
@@ -246,13 +244,6 @@ BRAID_VECTOR_CLONES void quantize_s8(const float* x, int8_t* out, int64_t n, flo
   quantize_range(x, out, n, scale, zero);
 }
 
-// fake_quantize: the quantised value v, then dequantize's (v - zero) * scale in float32, without the
-// 8-bit tensor between them; v is an integer held exactly, so the bits are the two composites'.
-template <bool kSigned>
-inline void fake_quantize_range(const float* x, float* out, int64_t n, float scale, float zero) {
-  for (int64_t i = 0; i < n; ++i)
-    out[i] = (static_cast<float>(static_cast<int32_t>(quantized_value<kSigned>(x[i], scale, zero))) - zero) * scale;
-}
 BRAID_VECTOR_CLONES void fake_quantize_u8(const float* x, float* out, int64_t n, float scale, float zero) {
   fake_quantize_range<false>(x, out, n, scale, zero);
 }

@@ -131,6 +131,17 @@ class ShadowBackend final : public Backend {
     const char* op = "fake_quantize";
     return cpu().fake_quantize(host(op, out, x), scale, zero, qtype, host(op, out, out));
   }
+  bool elementwise_chain(const Tensor& x, const std::vector<ChainStep>& steps, int64_t channels, int64_t inner,
+                         const Tensor& out) override {
+    const char* op = "elementwise_chain";
+    std::vector<ChainStep> on_host = steps;
+    for (ChainStep& s : on_host)
+      if (s.kind == ChainStep::Kind::ChannelAffine) {
+        s.channel_scale = host(op, out, s.channel_scale);
+        s.channel_shift = host(op, out, s.channel_shift);
+      }
+    return cpu().elementwise_chain(host(op, out, x), on_host, channels, inner, host(op, out, out));
+  }
   bool softmax_rows(const Tensor& x, const Tensor& out) override {
     const char* op = "softmax_rows";
     return cpu().softmax_rows(host(op, out, x), host(op, out, out));

@@ -1,0 +1,35 @@
+// A chain of elementwise steps run as one pass over memory in inference (Note [Elementwise chains]
+// in src/ops/chain.cpp): the fake quantisations, per-channel affine maps and arithmetic by constants
+// that a quantised model writes between its convolutions, each step the op it stands for.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "braid/tensor.h"
+
+namespace braid {
+
+/// One step of an elementwise chain. Slot 0 holds the chain's input; step i writes slot i + 1.
+struct ChainStep {
+  enum class Kind : uint8_t { FakeQuantize, ChannelAffine, Add, Sub, Mul, Div };
+  Kind kind = Kind::Add;
+  /// The slots read: `a` by every step; `b` by the arithmetic, whose operands are slot a and slot b,
+  /// either of them -1 for the constant k.
+  int a = 0, b = -1;
+  float k = 0;
+  /// FakeQuantize: braid::fake_quantize(slot a, scale, zero, qtype).
+  double scale = 1;
+  int64_t zero = 0;
+  DType qtype = kUInt8;
+  /// ChannelAffine: braid::channel_affine(slot a, channel_scale, channel_shift), each (C) float32.
+  Tensor channel_scale, channel_shift;
+};
+
+/// The last slot of the chain over x (float32, at least one step); bitwise what running the steps
+/// one by one as braid ops gives, with x's layout (channels-last stays so). Inference only: x must
+/// not require a gradient. Steps referring to a later slot, a ChannelAffine whose vectors are not
+/// x's channels (axis 1) or parameters out of range are refused with ValueError.
+Tensor elementwise_chain(const Tensor& x, const std::vector<ChainStep>& steps);
+
+}  // namespace braid

@@ -1,0 +1,237 @@
+// Runs of elementwise nodes that the executor runs as one braid::elementwise_chain in inference
+// (Note [Elementwise chains] in src/ops/chain.cpp): finding them in the top-level graph, and running
+// one. Internal to onnx/.
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "braid/chain.h"
+#include "executor.h"
+
+namespace braid::onnx {
+
+namespace {
+
+bool no_attributes(const Node& n) { return n.attributes.empty(); }
+
+std::optional<ChainStep::Kind> arithmetic(const Node& n) {
+  if (!n.domain.empty() || n.inputs.size() != 2 || n.outputs.size() != 1 || !no_attributes(n)) return std::nullopt;
+  if (n.op_type == "Add") return ChainStep::Kind::Add;
+  if (n.op_type == "Sub") return ChainStep::Kind::Sub;
+  if (n.op_type == "Mul") return ChainStep::Kind::Mul;
+  if (n.op_type == "Div") return ChainStep::Kind::Div;
+  return std::nullopt;
+}
+
+bool inference_batch_norm(const Node& n) {
+  if (n.op_type != "BatchNormalization" || !n.domain.empty() || n.inputs.size() != 5 || n.outputs.size() != 1)
+    return false;
+  auto tm = n.attributes.find("training_mode");
+  return tm == n.attributes.end() || tm->second.i == 0;
+}
+
+}  // namespace
+
+// A chain grows from its first node along the nodes that read its values, in graph order: a QDQ
+// pair, an inference BatchNormalization or an Add/Sub/Mul/Div whose operands are chain values or
+// one-element constants. It ends at the first node that reads a chain value and is none of those,
+// and is cut back to its longest prefix whose values, but the last, no node outside it reads.
+// Nodes already in another pattern (Conv folding, fused activations, GELU) stay out.
+void find_chains(const Graph& g, const std::map<std::string, size_t>& uses, const std::set<std::string>& keep,
+                 const std::map<std::string, Tensor>& weights, ExecPlan& plan) {
+  const size_t n = g.nodes.size();
+  std::set<size_t> taken;
+  for (const auto& [conv, bn] : plan.conv_bn) taken.insert(bn);
+  for (const auto& [conv, ms] : plan.conv_affine) taken.insert({ms.first, ms.second});
+  for (const auto& [at, f] : plan.conv_act) {
+    taken.insert(f.nodes.begin(), f.nodes.end());
+    taken.insert(f.post.begin(), f.post.end());
+  }
+  for (const auto& [div, f] : plan.gelu) taken.insert({div, f.erf, f.add, f.mul1, f.mul2});
+  std::map<std::string, size_t> producer;
+  for (size_t i = 0; i < n; ++i)
+    for (const auto& o : g.nodes[i].outputs) producer[o] = i;
+  // A value that may be a one-element constant (checked when the chain runs): a Constant node's, a
+  // weight of one element, or a static node's (a quantised constant is Q then DQ of one).
+  const auto constant = [&](const std::string& v) {
+    if (plan.constants.count(v) != 0) return true;
+    auto w = weights.find(v);
+    if (w != weights.end()) return w->second.defined() && w->second.numel() == 1;
+    auto p = producer.find(v);
+    return p != producer.end() && plan.static_node[p->second];
+  };
+  // Whether value v can be had before node `first` runs: made before it, or by Constant and static
+  // nodes (of weights and constants only) that can run early, gathered into `early`.
+  const std::function<bool(const std::string&, size_t, std::set<size_t>&)> available =
+      [&](const std::string& v, size_t first, std::set<size_t>& early) {
+        auto p = producer.find(v);
+        if (p == producer.end() || p->second < first || early.count(p->second) != 0) return true;
+        const Node& node = g.nodes[p->second];
+        const bool constant_node = node.op_type == "Constant" && node.domain.empty() && node.outputs.size() == 1 &&
+                                   keep.count(node.outputs[0]) == 0;
+        if (!constant_node && !plan.static_node[p->second]) return false;
+        early.insert(p->second);
+        for (const auto& in : node.inputs)
+          if (!in.empty() && !available(in, first, early)) return false;
+        return true;
+      };
+  std::set<size_t> dq_of_pair;
+  for (const auto& [q, dq] : plan.qdq) dq_of_pair.insert(dq);
+  for (size_t first = 0; first < n; ++first) {
+    if (taken.count(first) != 0 || dq_of_pair.count(first) != 0) continue;
+    ChainFusion chain;
+    std::map<std::string, int> slot;  // chain value -> slot
+    std::vector<std::string> slot_value;
+    // The step node m makes, given the chain's slots, or false when it is not one.
+    const auto step_of = [&](size_t m, ChainFusion::Step& st) {
+      const Node& node = g.nodes[m];
+      if (taken.count(m) != 0 || dq_of_pair.count(m) != 0 || plan.static_node[m]) return false;
+      st = ChainFusion::Step{};
+      st.node = m;
+      if (auto q = plan.qdq.find(m); q != plan.qdq.end()) {
+        if (slot.count(node.inputs[0]) == 0) return false;
+        st.kind = ChainStep::Kind::FakeQuantize;
+        st.dq = q->second;
+        st.a = slot[node.inputs[0]];
+        return true;
+      }
+      if (inference_batch_norm(node)) {
+        if (slot.count(node.inputs[0]) == 0) return false;
+        st.kind = ChainStep::Kind::ChannelAffine;
+        st.a = slot[node.inputs[0]];
+        return true;
+      }
+      if (auto kind = arithmetic(node)) {
+        st.kind = *kind;
+        int* operand[2] = {&st.a, &st.b};
+        for (size_t k = 0; k < 2; ++k) {
+          const std::string& v = node.inputs[k];
+          if (auto s = slot.find(v); s != slot.end()) {
+            *operand[k] = s->second;
+          } else if (constant(v) && st.constant.empty()) {
+            *operand[k] = -1;
+            st.constant = v;
+          } else {
+            return false;
+          }
+        }
+        return st.a >= 0 || st.b >= 0;
+      }
+      return false;
+    };
+    const Node& head = g.nodes[first];
+    if (head.inputs.empty() || head.inputs[0].empty()) continue;
+    slot[head.inputs[0]] = 0;
+    slot_value.push_back(head.inputs[0]);
+    for (size_t m = first; m < n; ++m) {
+      const Node& node = g.nodes[m];
+      bool reads_chain = false;
+      for (const auto& in : node.inputs) reads_chain = reads_chain || slot.count(in) != 0;
+      if (!reads_chain) continue;
+      ChainFusion::Step st;
+      if (!step_of(m, st)) break;
+      const std::string& out = st.kind == ChainStep::Kind::FakeQuantize ? g.nodes[st.dq].outputs[0] : node.outputs[0];
+      slot[out] = static_cast<int>(slot_value.size());
+      slot_value.push_back(out);
+      chain.steps.push_back(st);
+      if (chain.steps.size() == 1 && m != first) break;  // the chain starts at `first` or not at all
+    }
+    // The longest prefix of two steps or more whose inner values only its own nodes read, whose
+    // other inputs exist before `first`.
+    while (chain.steps.size() >= 2) {
+      const size_t count = chain.steps.size();
+      std::set<size_t> inside;
+      for (size_t s = 0; s < count; ++s) {
+        inside.insert(chain.steps[s].node);
+        if (chain.steps[s].kind == ChainStep::Kind::FakeQuantize) inside.insert(chain.steps[s].dq);
+      }
+      bool ok = true;
+      for (size_t s = 1; s < count && ok; ++s) {  // slots 1 .. count - 1 are inner values
+        const std::string& v = slot_value[s];
+        if (keep.count(v) != 0) ok = false;
+        size_t readers = 0;
+        for (size_t m : inside)
+          for (const auto& in : g.nodes[m].inputs) readers += in == v;
+        auto u = uses.find(v);
+        ok = ok && u != uses.end() && u->second == readers;
+      }
+      chain.early.clear();
+      std::set<size_t> early;
+      for (size_t m : inside)
+        for (const auto& in : g.nodes[m].inputs) {
+          auto p = producer.find(in);
+          if (!in.empty() && in != slot_value[0] && (p == producer.end() || inside.count(p->second) == 0))
+            ok = ok && available(in, first, early);
+        }
+      if (ok) {
+        chain.early.assign(early.begin(), early.end());
+        break;
+      }
+      chain.steps.pop_back();
+    }
+    if (chain.steps.size() < 2 || chain.steps[0].node != first) continue;
+    chain.input = slot_value[0];
+    chain.output = slot_value[chain.steps.size()];
+    for (const auto& st : chain.steps) {
+      chain.nodes.push_back(st.node);
+      if (st.kind == ChainStep::Kind::FakeQuantize) chain.nodes.push_back(st.dq);
+    }
+    taken.insert(chain.nodes.begin(), chain.nodes.end());
+    plan.chains[first] = std::move(chain);
+  }
+}
+
+bool Executor::run_chain(const Graph& g, const ChainFusion& chain, Scope& scope, const ExecPlan& plan) {
+  for (size_t e : chain.early) {  // bound again, from what they keep, when the loop reaches them
+    if (g.nodes[e].op_type == "Constant")
+      run_constant(g.nodes[e], scope, plan, e);
+    else
+      run_static(g.nodes[e], scope, plan, e);
+  }
+  const Tensor* x = scope.find(chain.input);
+  if (x == nullptr || !x->defined() || x->dtype() != kFloat32 || x->device() != device_ || x->numel() == 0)
+    return false;
+  std::vector<ChainStep> steps;
+  for (const ChainFusion::Step& st : chain.steps) {
+    const Node& node = g.nodes[st.node];
+    ChainStep s;
+    s.kind = st.kind;
+    s.a = st.a;
+    s.b = st.b;
+    if (st.kind == ChainStep::Kind::FakeQuantize) {
+      const Tensor* scale = scope.find(node.inputs[1]);
+      const Tensor* zero = node.inputs.size() > 2 && !node.inputs[2].empty() ? scope.find(node.inputs[2]) : nullptr;
+      if (scale == nullptr || !scale->defined() || scale->numel() != 1 || scale->dtype() != kFloat32 ||
+          (zero != nullptr && (zero->numel() != 1 || (zero->dtype() != kInt8 && zero->dtype() != kUInt8))))
+        return false;
+      s.scale = scale->item();
+      if (!std::isfinite(s.scale) || s.scale <= 0) return false;
+      s.qtype = zero != nullptr ? zero->dtype() : kUInt8;
+      s.zero = zero != nullptr ? static_cast<int64_t>(zero->item()) : 0;
+    } else if (st.kind == ChainStep::Kind::ChannelAffine) {
+      if (x->dim() < 2 || !batch_norm_affine(node, scope, plan, st.node, x->size(1), s.channel_scale, s.channel_shift))
+        return false;
+    } else if (!st.constant.empty()) {
+      const Tensor* k = scope.find(st.constant);
+      if (k == nullptr || !k->defined() || k->numel() != 1 || k->dtype() != kFloat32 || k->dim() > x->dim())
+        return false;
+      s.k = static_cast<float>(k->item());
+    }
+    steps.push_back(std::move(s));
+  }
+  const auto start = profile_ != nullptr ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
+  scope.values[chain.output] = elementwise_chain(*x, steps);
+  if (profile_ != nullptr) {
+    auto& slot = (*profile_)["elementwise chain"];
+    slot.ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    slot.calls++;
+  }
+  return true;
+}
+
+}  // namespace braid::onnx

@@ -1,0 +1,112 @@
+// Elementwise chains (include/braid/chain.h): checks, the backend's one pass where it has one, and
+// the steps run one by one as braid ops where it does not.
+//
+// Note [Elementwise chains]
+// A quantised model written as QDQ puts a QuantizeLinear/DequantizeLinear pair after nearly every
+// op, so that between two convolutions the activations go through a pair, a BatchNormalization, a
+// pair, an Add of 3, a pair, a Mul, a pair, a Div by 6 and a pair (a HardSwish written out and
+// quantised): nine passes over memory, nine tensors allocated and nine trips through the executor,
+// for arithmetic that is elementwise throughout. elementwise_chain runs such a run of steps in one
+// pass: the backend (Backend::elementwise_chain) takes the memory in blocks that stay in cache and
+// applies every step to a block before the next, each step the same float32 operations as the op
+// it stands for (braid::fake_quantize, braid::channel_affine, the binary ops by a float32 constant
+// or by an earlier step's value), so the result is bitwise the steps'. A backend without the
+// primitive gets exactly those ops. The ONNX executor finds the chains in inference (make_plan's
+// find_chains, onnx/chains.cpp).
+#include "braid/chain.h"
+
+#include <cmath>
+
+#include "braid/autograd.h"
+#include "braid/ops.h"
+#include "ops/common.h"
+
+namespace braid {
+
+using namespace detail;
+
+namespace {
+
+void check_chain(const Tensor& x, const std::vector<ChainStep>& steps) {
+  const char* op = "elementwise_chain";
+  BRAID_CHECK(x.defined(), op, ": the input is undefined");
+  BRAID_CHECK_T(TypeError, x.dtype() == kFloat32, op, ": the input must be float32, got ", dtype_name(x.dtype()));
+  BRAID_CHECK(!needs_grad(x), op, ": runs in inference only, but the input requires a gradient");
+  BRAID_CHECK(!steps.empty(), op, ": no steps");
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const ChainStep& s = steps[i];
+    const int written = static_cast<int>(i);  // slots 0 .. i hold values when step i runs
+    const auto slot = [&](int v, bool constant_ok) { return (v >= 0 && v <= written) || (constant_ok && v == -1); };
+    switch (s.kind) {
+      case ChainStep::Kind::FakeQuantize:
+        BRAID_CHECK(slot(s.a, false), op, ": step ", i, " reads slot ", s.a, ", which is not written before it");
+        BRAID_CHECK(std::isfinite(s.scale) && s.scale > 0, op, ": step ", i,
+                    ": scale must be positive and finite, got ", s.scale);
+        BRAID_CHECK_T(TypeError, s.qtype == kInt8 || s.qtype == kUInt8, op, ": step ", i,
+                      ": the quantised type must be int8 or uint8, got ", dtype_name(s.qtype));
+        BRAID_CHECK(scalar_fits(static_cast<double>(s.zero), s.qtype), op, ": step ", i, ": zero point ", s.zero,
+                    " is outside ", dtype_name(s.qtype), "'s range");
+        break;
+      case ChainStep::Kind::ChannelAffine:
+        BRAID_CHECK(slot(s.a, false), op, ": step ", i, " reads slot ", s.a, ", which is not written before it");
+        BRAID_CHECK(x.dim() >= 2 && s.channel_scale.defined() && s.channel_shift.defined() &&
+                        s.channel_scale.dim() == 1 && s.channel_shift.dim() == 1 &&
+                        s.channel_scale.numel() == x.size(1) && s.channel_shift.numel() == x.size(1) &&
+                        s.channel_scale.dtype() == kFloat32 && s.channel_shift.dtype() == kFloat32,
+                    op, ": step ", i, ": a per-channel affine map needs float32 scale and shift of the input's ",
+                    "channels (axis 1 of ", shape_str(x.shape()), ")");
+        check_same_device(x, s.channel_scale, op);
+        check_same_device(x, s.channel_shift, op);
+        break;
+      default:
+        BRAID_CHECK(slot(s.a, true) && slot(s.b, true) && (s.a >= 0 || s.b >= 0), op, ": step ", i, " reads slots ",
+                    s.a, " and ", s.b, ": each must be written before it or -1 (the constant), not both -1");
+    }
+  }
+}
+
+}  // namespace
+
+Tensor elementwise_chain(const Tensor& x, const std::vector<ChainStep>& steps) {
+  check_chain(x, steps);
+  NoGradGuard no_grad;
+  const Tensor xd = x.detach();
+  const bool channels_last = x.dim() == 4 && !x.is_contiguous() && x.is_channels_last();
+  const int64_t channels = x.dim() >= 2 ? x.size(1) : 1;
+  const int64_t inner = channels_last || x.dim() < 2 || x.numel() == 0 ? 1 : x.numel() / (x.size(0) * channels);
+  if (x.numel() > 0) {
+    const SameLayout l = same_layout(xd, kFloat32);
+    if (backend_of(x).elementwise_chain(l.in, steps, channels, channels_last ? 1 : inner, l.out)) return l.result;
+  }
+  // The composite: each step as its op.
+  std::vector<Tensor> v{xd};
+  for (const ChainStep& s : steps) {
+    const auto operand = [&](int i) { return i >= 0 ? v[static_cast<size_t>(i)] : scalar_operand(xd, s.k); };
+    switch (s.kind) {
+      case ChainStep::Kind::FakeQuantize:
+        v.push_back(fake_quantize(v[static_cast<size_t>(s.a)], s.scale, s.zero, s.qtype));
+        break;
+      case ChainStep::Kind::ChannelAffine:
+        v.push_back(channel_affine(v[static_cast<size_t>(s.a)], s.channel_scale, s.channel_shift));
+        break;
+      case ChainStep::Kind::Add:
+        v.push_back(operand(s.a) + operand(s.b));
+        break;
+      case ChainStep::Kind::Sub:
+        v.push_back(operand(s.a) - operand(s.b));
+        break;
+      case ChainStep::Kind::Mul:
+        v.push_back(operand(s.a) * operand(s.b));
+        break;
+      case ChainStep::Kind::Div:
+        v.push_back(operand(s.a) / operand(s.b));
+        break;
+    }
+  }
+  const Tensor& y = v.back();
+  if (channels_last && (y.is_contiguous() || !y.is_channels_last()))  // the layout promised, whatever the ops gave
+    return contiguous(y.permute({0, 2, 3, 1})).permute({0, 3, 1, 2});
+  return y;
+}
+
+}  // namespace braid
