@@ -38,10 +38,11 @@ bool inference_batch_norm(const Node& n) {
 }  // namespace
 
 // A chain grows from its first node along the nodes that read its values, in graph order: a QDQ
-// pair, an inference BatchNormalization or an Add/Sub/Mul/Div whose operands are chain values or
-// one-element constants. It ends at the first node that reads a chain value and is none of those,
-// and is cut back to its longest prefix whose values, but the last, no node outside it reads.
-// Nodes already in another pattern (Conv folding, fused activations, GELU) stay out.
+// pair, an inference BatchNormalization or an Add/Sub/Mul/Div whose operands are chain values and
+// at most one other value (a one-element constant, or a tensor that broadcasts to the chain's
+// shape: both are checked when the chain runs). It ends at the first node that reads a chain value and is none of
+// those, and is cut back to its longest prefix whose values, but the last, no node outside it reads. Nodes already in
+// another pattern (Conv folding, fused activations, GELU) stay out.
 void find_chains(const Graph& g, const std::map<std::string, size_t>& uses, const std::set<std::string>& keep,
                  const std::map<std::string, Tensor>& weights, ExecPlan& plan) {
   const size_t n = g.nodes.size();
@@ -56,14 +57,12 @@ void find_chains(const Graph& g, const std::map<std::string, size_t>& uses, cons
   std::map<std::string, size_t> producer;
   for (size_t i = 0; i < n; ++i)
     for (const auto& o : g.nodes[i].outputs) producer[o] = i;
-  // A value that may be a one-element constant (checked when the chain runs): a Constant node's, a
-  // weight of one element, or a static node's (a quantised constant is Q then DQ of one).
-  const auto constant = [&](const std::string& v) {
-    if (plan.constants.count(v) != 0) return true;
-    auto w = weights.find(v);
-    if (w != weights.end()) return w->second.defined() && w->second.numel() == 1;
+  // A weight, a Constant node's value or a static node's: not the chain's input when a head has a
+  // better one.
+  const auto fixed = [&](const std::string& v) {
+    if (plan.constants.count(v) != 0 || weights.count(v) != 0) return true;
     auto p = producer.find(v);
-    return p != producer.end() && plan.static_node[p->second];
+    return p != producer.end() && (plan.static_node[p->second] || g.nodes[p->second].op_type == "Constant");
   };
   // Whether value v can be had before node `first` runs: made before it, or by Constant and static
   // nodes (of weights and constants only) that can run early, gathered into `early`.
@@ -80,6 +79,35 @@ void find_chains(const Graph& g, const std::map<std::string, size_t>& uses, cons
           if (!in.empty() && !available(in, first, early)) return false;
         return true;
       };
+  // Whether the model declares v broader than x in some dimension (size 1 in x, more in v): an
+  // operand that would make the result larger than the chain's input, which a chain cannot take
+  // (a squeeze-and-excitation's input seen from its channel scale).
+  std::map<std::string, const ValueInfo*> declared;
+  for (const auto* infos : {&g.inputs, &g.value_info, &g.outputs})
+    for (const ValueInfo& vi : *infos)
+      if (vi.has_shape) declared[vi.name] = &vi;
+  // A value's declared shape, or that of the value a QDQ pair's node took (undeclared in files
+  // that onnxruntime's quantiser wrote).
+  const auto shape_of = [&](std::string v) -> const std::vector<Dim>* {
+    for (int hop = 0; hop < 4; ++hop) {
+      if (auto d = declared.find(v); d != declared.end()) return &d->second->shape;
+      auto p = producer.find(v);
+      if (p == producer.end()) return nullptr;
+      const Node& node = g.nodes[p->second];
+      if ((node.op_type != "QuantizeLinear" && node.op_type != "DequantizeLinear") || node.inputs.empty())
+        return nullptr;
+      v = node.inputs[0];
+    }
+    return nullptr;
+  };
+  // Unknown and symbolic sizes in v count as possibly more than 1.
+  const auto widens = [&](const std::string& v, const std::string& x) {
+    const std::vector<Dim>*sv = shape_of(v), *sx = shape_of(x);
+    if (sv == nullptr || sx == nullptr || sv->size() > sx->size()) return false;
+    for (size_t d = 1; d <= sv->size(); ++d)
+      if ((*sv)[sv->size() - d].size != 1 && (*sx)[sx->size() - d].size == 1) return true;
+    return false;
+  };
   std::set<size_t> dq_of_pair;
   for (const auto& [q, dq] : plan.qdq) dq_of_pair.insert(dq);
   for (size_t first = 0; first < n; ++first) {
@@ -113,8 +141,8 @@ void find_chains(const Graph& g, const std::map<std::string, size_t>& uses, cons
           const std::string& v = node.inputs[k];
           if (auto s = slot.find(v); s != slot.end()) {
             *operand[k] = s->second;
-          } else if (constant(v) && st.constant.empty()) {
-            *operand[k] = -1;
+          } else if (st.constant.empty() && !widens(v, slot_value[0])) {  // told apart when it runs
+            *operand[k] = ChainStep::kConstant;
             st.constant = v;
           } else {
             return false;
@@ -126,8 +154,10 @@ void find_chains(const Graph& g, const std::map<std::string, size_t>& uses, cons
     };
     const Node& head = g.nodes[first];
     if (head.inputs.empty() || head.inputs[0].empty()) continue;
-    slot[head.inputs[0]] = 0;
-    slot_value.push_back(head.inputs[0]);
+    const std::string& input =
+        arithmetic(head) && fixed(head.inputs[0]) && !fixed(head.inputs[1]) ? head.inputs[1] : head.inputs[0];
+    slot[input] = 0;
+    slot_value.push_back(input);
     for (size_t m = first; m < n; ++m) {
       const Node& node = g.nodes[m];
       bool reads_chain = false;
@@ -218,9 +248,16 @@ bool Executor::run_chain(const Graph& g, const ChainFusion& chain, Scope& scope,
         return false;
     } else if (!st.constant.empty()) {
       const Tensor* k = scope.find(st.constant);
-      if (k == nullptr || !k->defined() || k->numel() != 1 || k->dtype() != kFloat32 || k->dim() > x->dim())
+      if (k == nullptr || !k->defined() || k->dtype() != kFloat32 || k->device() != device_ || k->dim() > x->dim())
         return false;
-      s.k = static_cast<float>(k->item());
+      if (k->numel() == 1) {
+        s.k = static_cast<float>(k->item());
+      } else {  // a tensor operand (a bias, a residual, a mask), which must keep x's shape
+        for (int64_t d = 1; d <= k->dim(); ++d)
+          if (k->size(-d) != 1 && k->size(-d) != x->size(-d)) return false;
+        (s.a == ChainStep::kConstant ? s.a : s.b) = ChainStep::kTensor;
+        s.operand = *k;
+      }
     }
     steps.push_back(std::move(s));
   }

@@ -283,6 +283,35 @@ TEST(OnnxModule, QuantisedElementwiseRunsAsOneChainWithTheSameBits) {
   EXPECT_EQ(mod.profile().count("Add") + mod.profile().count("Mul") + mod.profile().count("Div"), 0u);
 }
 
+// Note [Elementwise chains] with tensor operands, as a transformer block writes them: the scores
+// scaled and masked before Softmax (a mask of shape (N, 1, 1, T)), a bias and a residual (which a
+// LayerNormalization would read next); bit for bit the graph as written.
+TEST(OnnxModule, AttentionMaskAndResidualRunAsChainsWithTheSameBits) {
+  Generator gen(15);
+  bx::GraphBuilder g(17);
+  const std::string scores = g.node("MatMul", {"q", "k"})[0];
+  const std::string masked = g.node("Add", {g.node("Div", {scores, g.scalar(8.0, kFloat32)})[0], "mask"})[0];
+  const std::string probs = g.node("Softmax", {masked}, {{"axis", bx::attr_int(-1)}})[0];
+  const std::string proj = g.node("MatMul", {probs, "w"})[0];
+  g.graph().nodes.push_back(bx::Node{"residual", "Add", "", {"q", g.node("Add", {"bias", proj})[0]}, {"y"}, {}});
+  bx::Model m = model_of("attention", 17, g.graph());
+  m.graph.initializers.insert({{"w", randn({6, 6}, kFloat32, &gen, 0, 0.4)}, {"bias", randn({6}, kFloat32, &gen)}});
+  m.graph.inputs = {info("q", kFloat32, {2, 3, 6, 6}), info("k", kFloat32, {2, 3, 6, 6}),
+                    info("mask", kFloat32, {2, 1, 1, 6})};
+  m.graph.outputs.push_back(info("y", kFloat32, {2, 3, 6, 6}));
+  bx::OnnxModule mod(m);
+  const Tensor q = randn({2, 3, 6, 6}, kFloat32, &gen), k = randn({2, 3, 6, 6}, kFloat32, &gen);
+  Tensor mask = zeros({2, 1, 1, 6});
+  mask.narrow(3, 4, 2).fill_(-10000.0);
+  const Tensor as_written = mod.run({q, k, mask})[0].detach();
+  mod.set_profiling(true);
+  NoGradGuard no_grad;
+  EXPECT_EQ(mod.run({q, k, mask})[0].to_vector<float>(), as_written.to_vector<float>());
+  ASSERT_EQ(mod.profile().count("elementwise chain"), 1u);
+  EXPECT_EQ(mod.profile().at("elementwise chain").calls, 2);  // Div + Add, and Add + Add
+  EXPECT_EQ(mod.profile().count("Add") + mod.profile().count("Div"), 0u);
+}
+
 // Note [QDQ pairs]: in inference a QuantizeLinear read only by a DequantizeLinear of the same scale
 // and zero point runs as one fake_quantize, bit for bit the pair as written.
 TEST(OnnxModule, QdqPairsRunAsOnePassWithTheSameBits) {
@@ -432,10 +461,12 @@ TEST(OnnxModule, ScalarAffineAfterConvFoldsIntoIt) {
     const auto [as_written, folded] = as_written_and_in_inference(mod, x);
     EXPECT_EQ(mod.profile().count("Conv+Affine+HardSwish"), scalar ? 1u : 0u);
     // As written: the shift, HardSwish's + 3 and the last shift. In inference, with a per-channel
-    // scale, the Div, the Mul and the last Add run as one elementwise chain (Note [Elementwise
-    // chains]); with a scalar one, everything but the Conv's first shift and + 3 is its epilogue.
+    // scale, the scale and the shift run as one elementwise chain (Note [Elementwise chains]), and
+    // the Div, the Mul and the last Add as another; with a scalar one, everything but HardSwish's
+    // + 3 is the Conv's epilogue.
     EXPECT_EQ(mod.profile().at("Div").calls, 1);
-    EXPECT_EQ(mod.profile().at("Add").calls, scalar ? 3 : 5);
+    EXPECT_EQ(mod.profile().at("Add").calls, scalar ? 3 : 4);
+    EXPECT_EQ(scalar ? 2 : mod.profile().at("elementwise chain").calls, 2);
     EXPECT_EQ(mod.profile().count("elementwise chain"), scalar ? 0u : 1u);
     EXPECT_TRUE(allclose(folded, as_written, 1e-5, 1e-5)) << "max |diff| " << amax(abs(folded - as_written)).item();
     const Tensor& w = mod.weights().at("w");

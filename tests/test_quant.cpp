@@ -221,8 +221,9 @@ TEST(Gelu, OnePassIsTheComposite) {
 // An elementwise chain (Note [Elementwise chains]) gives, bit for bit, its steps run one by one as
 // the ops they stand for, in either layout (a channels-last input gives a channels-last result):
 // the fake quantisations of both types, a per-channel affine map, arithmetic by constants on
-// either side and between two earlier steps, with ties, saturation, NaN and infinities, on sizes
-// below and above the parallel grain.
+// either side, between two earlier steps and with tensors that broadcast (a residual, a per-sample
+// channel scale, a bias, a mask), with ties, saturation, NaN and infinities, on sizes below and
+// above the parallel grain.
 TEST(ElementwiseChain, EachStepIsItsOpBitForBit) {
   Generator gen(12);
   for (bool channels_last : {false, true}) {
@@ -249,6 +250,15 @@ TEST(ElementwiseChain, EachStepIsItsOpBitForBit) {
       steps[6].kind = K::Div, steps[6].a = 6, steps[6].b = -1, steps[6].k = 6.0f;
       steps[7].kind = K::Sub, steps[7].a = -1, steps[7].b = 7, steps[7].k = 0.5f;
       steps[8].kind = K::Div, steps[8].a = -1, steps[8].b = 8, steps[8].k = 2.0f;
+      // Tensor operands: a residual of x's shape (always NCHW, so against a channels-last x its
+      // strides differ), a per-sample channel scale, a bias along the last axis and a mask.
+      const Tensor full_size = randn(s, kFloat32, &gen), se = rand({s[0], c, 1, 1}, kFloat32, &gen),
+                   bias = randn({s[3]}, kFloat32, &gen), mask = randn({s[0], 1, 1, s[3]}, kFloat32, &gen);
+      steps.resize(13);
+      steps[9].kind = K::Add, steps[9].a = 9, steps[9].b = ChainStep::kTensor, steps[9].operand = full_size;
+      steps[10].kind = K::Mul, steps[10].a = ChainStep::kTensor, steps[10].b = 10, steps[10].operand = se;
+      steps[11].kind = K::Add, steps[11].a = 11, steps[11].b = ChainStep::kTensor, steps[11].operand = bias;
+      steps[12].kind = K::Sub, steps[12].a = 12, steps[12].b = ChainStep::kTensor, steps[12].operand = mask;
       const Tensor got = elementwise_chain(x, steps);
       EXPECT_EQ(got.shape(), s);
       EXPECT_EQ(!got.is_contiguous() && got.is_channels_last(), channels_last);
@@ -258,7 +268,7 @@ TEST(ElementwiseChain, EachStepIsItsOpBitForBit) {
       const Tensor v4 = v3 + full({}, 3.0, kFloat32);
       const Tensor v5 = fake_quantize(v4, 6.0 / 255, 0, kUInt8);
       const Tensor v8 = full({}, 0.5, kFloat32) - (v3 * v5) / full({}, 6.0, kFloat32);
-      const Tensor want = full({}, 2.0, kFloat32) / v8;
+      const Tensor want = ((se * (full({}, 2.0, kFloat32) / v8 + full_size)) + bias) - mask;
       const std::vector<float> g = got.to_vector<float>(), w = want.to_vector<float>();
       ASSERT_EQ(g.size(), w.size());
       for (size_t i = 0; i < g.size(); ++i) {
@@ -301,6 +311,10 @@ TEST(ElementwiseChain, RefusesStepsItCannotRunNamingThem) {
   w.set_requires_grad();
   EXPECT_NE(error_of<ValueError>([&] { elementwise_chain(w, {q}); }).find("inference only"), std::string::npos);
   EXPECT_NE(error_of<ValueError>([&] { elementwise_chain(x, {}); }).find("no steps"), std::string::npos);
+  ChainStep wide;
+  wide.kind = ChainStep::Kind::Add, wide.b = ChainStep::kTensor, wide.operand = ones({3, 2, 3, 4, 4});
+  EXPECT_NE(error_of<ValueError>([&] { elementwise_chain(x, {wide}); }).find("does not broadcast to the input's"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -15,9 +15,13 @@ struct ChainStep {
   enum class Kind : uint8_t { FakeQuantize, ChannelAffine, Add, Sub, Mul, Div };
   Kind kind = Kind::Add;
   /// The slots read: `a` by every step; `b` by the arithmetic, whose operands are slot a and slot b,
-  /// either of them -1 for the constant k.
-  int a = 0, b = -1;
+  /// either of them kConstant for k or kTensor for `operand` (not both kConstant).
+  static constexpr int kConstant = -1, kTensor = -2;
+  int a = 0, b = kConstant;
   float k = 0;
+  /// An arithmetic step's tensor operand: float32, on x's device, broadcasting to x's shape (a bias,
+  /// a residual, a mask, a per-sample channel scale).
+  Tensor operand;
   /// FakeQuantize: braid::fake_quantize(slot a, scale, zero, qtype).
   double scale = 1;
   int64_t zero = 0;
@@ -29,7 +33,8 @@ struct ChainStep {
 /// The last slot of the chain over x (float32, at least one step); bitwise what running the steps
 /// one by one as braid ops gives, with x's layout (channels-last stays so). Inference only: x must
 /// not require a gradient. Steps referring to a later slot, a ChannelAffine whose vectors are not
-/// x's channels (axis 1) or parameters out of range are refused with ValueError.
+/// x's channels (axis 1), an operand that does not broadcast to x's shape or parameters out of range
+/// are refused with ValueError.
 Tensor elementwise_chain(const Tensor& x, const std::vector<ChainStep>& steps);
 
 }  // namespace braid

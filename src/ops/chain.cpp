@@ -6,11 +6,13 @@
 // op, so that between two convolutions the activations go through a pair, a BatchNormalization, a
 // pair, an Add of 3, a pair, a Mul, a pair, a Div by 6 and a pair (a HardSwish written out and
 // quantised): nine passes over memory, nine tensors allocated and nine trips through the executor,
-// for arithmetic that is elementwise throughout. elementwise_chain runs such a run of steps in one
-// pass: the backend (Backend::elementwise_chain) takes the memory in blocks that stay in cache and
+// for arithmetic that is elementwise throughout. A transformer has shorter runs of the same kind:
+// the scores' division and mask, a bias and a residual before a LayerNormalization. elementwise_chain runs such a run
+// of steps in one pass: the backend (Backend::elementwise_chain) takes the memory in blocks that stay in cache and
 // applies every step to a block before the next, each step the same float32 operations as the op
-// it stands for (braid::fake_quantize, braid::channel_affine, the binary ops by a float32 constant
-// or by an earlier step's value), so the result is bitwise the steps'. A backend without the
+// it stands for (braid::fake_quantize, braid::channel_affine, the binary ops by a float32 constant,
+// by a tensor that broadcasts to the input's shape or by an earlier step's value), so the result is
+// bitwise the steps'. A backend without the
 // primitive gets exactly those ops. The ONNX executor finds the chains in inference (make_plan's
 // find_chains, onnx/chains.cpp).
 #include "braid/chain.h"
@@ -58,9 +60,21 @@ void check_chain(const Tensor& x, const std::vector<ChainStep>& steps) {
         check_same_device(x, s.channel_scale, op);
         check_same_device(x, s.channel_shift, op);
         break;
-      default:
-        BRAID_CHECK(slot(s.a, true) && slot(s.b, true) && (s.a >= 0 || s.b >= 0), op, ": step ", i, " reads slots ",
-                    s.a, " and ", s.b, ": each must be written before it or -1 (the constant), not both -1");
+      default: {
+        const auto operand_ok = [&](int v) { return slot(v, true) || v == ChainStep::kTensor; };
+        BRAID_CHECK(operand_ok(s.a) && operand_ok(s.b) && (s.a != ChainStep::kConstant || s.b != ChainStep::kConstant),
+                    op, ": step ", i, " reads slots ", s.a, " and ", s.b,
+                    ": each must be written before it, -1 (the constant) or -2 (the tensor operand), not both -1");
+        if (s.a == ChainStep::kTensor || s.b == ChainStep::kTensor) {
+          BRAID_CHECK(s.operand.defined(), op, ": step ", i, " reads its tensor operand, which is undefined");
+          BRAID_CHECK_T(TypeError, s.operand.dtype() == kFloat32, op, ": step ", i,
+                        ": the tensor operand must be float32, got ", dtype_name(s.operand.dtype()));
+          check_same_device(x, s.operand, op);
+          BRAID_CHECK(broadcast_shapes(s.operand.shape(), x.shape(), op) == x.shape(), op, ": step ", i,
+                      ": an operand of shape ", shape_str(s.operand.shape()), " does not broadcast to the input's ",
+                      shape_str(x.shape()));
+        }
+      }
     }
   }
 }
@@ -76,12 +90,24 @@ Tensor elementwise_chain(const Tensor& x, const std::vector<ChainStep>& steps) {
   const int64_t inner = channels_last || x.dim() < 2 || x.numel() == 0 ? 1 : x.numel() / (x.size(0) * channels);
   if (x.numel() > 0) {
     const SameLayout l = same_layout(xd, kFloat32);
-    if (backend_of(x).elementwise_chain(l.in, steps, channels, channels_last ? 1 : inner, l.out)) return l.result;
+    // Tensor operands as views of x's shape in the memory order of l.in (stride 0 where they
+    // broadcast), so that the backend indexes them as it walks x's memory.
+    std::vector<ChainStep> in_order = steps;
+    for (ChainStep& s : in_order)
+      if (s.operand.defined()) {
+        s.operand = broadcast_view(s.operand.detach(), x.shape());
+        if (channels_last) s.operand = s.operand.permute({0, 2, 3, 1});
+      }
+    if (backend_of(x).elementwise_chain(l.in, in_order, channels, channels_last ? 1 : inner, l.out)) return l.result;
   }
   // The composite: each step as its op.
   std::vector<Tensor> v{xd};
   for (const ChainStep& s : steps) {
-    const auto operand = [&](int i) { return i >= 0 ? v[static_cast<size_t>(i)] : scalar_operand(xd, s.k); };
+    const auto operand = [&](int i) {
+      return i >= 0                    ? v[static_cast<size_t>(i)]
+             : i == ChainStep::kTensor ? s.operand.detach()
+                                       : scalar_operand(xd, s.k);
+    };
     switch (s.kind) {
       case ChainStep::Kind::FakeQuantize:
         v.push_back(fake_quantize(v[static_cast<size_t>(s.a)], s.scale, s.zero, s.qtype));

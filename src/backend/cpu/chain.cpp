@@ -16,6 +16,35 @@ namespace braid::detail {
 
 namespace {
 
+// A tensor operand's index at flat element i of x: the sum over terms of ((i / r) % m) * s, one term
+// per run of x's dimensions along which the operand's strides are those of one dimension (stride-0
+// dimensions, where it broadcasts, are in r but in no term). Innermost term first.
+struct Term {
+  int64_t r, m, s;
+};
+constexpr int kMaxTerms = 8;
+
+// The terms of v (x's shape, in x's memory order), or -1 when there are more than kMaxTerms.
+int terms_of(const Tensor& v, Term* terms) {
+  int count = 0;
+  int64_t r = 1;
+  for (int64_t j = v.dim() - 1; j >= 0; --j) {
+    const int64_t size = v.shape()[static_cast<size_t>(j)], stride = v.strides()[static_cast<size_t>(j)];
+    if (size == 1) continue;
+    if (stride != 0) {
+      Term* inner = count > 0 ? &terms[count - 1] : nullptr;
+      if (inner != nullptr && inner->r * inner->m == r && stride == inner->s * inner->m) {
+        inner->m *= size;  // continues the dimension inside it
+      } else {
+        if (count == kMaxTerms) return -1;
+        terms[count++] = Term{r, size, stride};
+      }
+    }
+    r *= size;
+  }
+  return count;
+}
+
 // A step with its operands resolved for one block.
 struct Resolved {
   ChainStep::Kind kind;
@@ -23,10 +52,43 @@ struct Resolved {
   float k, scale, zero;
   bool is_signed;
   const float *channel_scale, *channel_shift;
+  const float* operand;  // a tensor operand, indexed by its terms
+  Term terms[kMaxTerms];
+  int nterms;
 };
 
+// The tensor operand's values at x's elements [begin, begin + n), into y: in runs along which its
+// index moves by a fixed step or stays.
+void gather_operand(const Resolved& st, int64_t begin, int64_t n, float* y) {
+  const float* t = st.operand;
+  if (st.nterms == 0) {  // one value everywhere
+    for (int64_t i = 0; i < n; ++i) y[i] = t[0];
+    return;
+  }
+  const Term& in = st.terms[0];
+  for (int64_t i = begin, end = begin + n; i < end;) {
+    int64_t at = 0;
+    for (int k = 0; k < st.nterms; ++k) at += ((i / st.terms[k].r) % st.terms[k].m) * st.terms[k].s;
+    float* out = y + (i - begin);
+    int64_t len;
+    if (in.r == 1) {  // along the innermost term
+      len = std::min(in.m - i % in.m, end - i);
+      const float* src = t + at;
+      if (in.s == 1)
+        std::copy(src, src + len, out);
+      else
+        for (int64_t e = 0; e < len; ++e) out[e] = src[e * in.s];
+    } else {  // the same value for the rest of the innermost term's run
+      len = std::min(in.r - i % in.r, end - i);
+      std::fill(out, out + len, t[at]);
+    }
+    i += len;
+  }
+}
+
 // The steps over elements [begin, begin + n) of x: slot 0 is x itself, the last slot is out, the
-// others rows of `scratch` (stride `stride`). channel(i) = (i / inner) % channels. One clone per
+// others rows of `scratch` (stride `stride`), whose next row holds a tensor operand's values for the
+// block. channel(i) = (i / inner) % channels. One clone per
 // vector width (Note [Vector clones]); the loops are plain so that each vectorises.
 BRAID_VECTOR_CLONES void run_block(const float* x, float* out, float* scratch, int64_t stride, const Resolved* steps,
                                    int count, int64_t begin, int64_t n, int64_t channels, int64_t inner) {
@@ -35,11 +97,13 @@ BRAID_VECTOR_CLONES void run_block(const float* x, float* out, float* scratch, i
     if (s == count) return out + begin;
     return scratch + static_cast<int64_t>(s - 1) * stride;
   };
+  float* gathered = scratch + static_cast<int64_t>(std::max(count - 1, 0)) * stride;
   for (int j = 0; j < count; ++j) {
     const Resolved& st = steps[j];
     float* y = slot(j + 1);
-    const float* a = st.a >= 0 ? slot(st.a) : nullptr;
-    const float* b = st.b >= 0 ? slot(st.b) : nullptr;
+    if (st.operand != nullptr) gather_operand(st, begin, n, gathered);
+    const float* a = st.a >= 0 ? slot(st.a) : st.a == ChainStep::kTensor ? gathered : nullptr;
+    const float* b = st.b >= 0 ? slot(st.b) : st.b == ChainStep::kTensor ? gathered : nullptr;
     const float k = st.k;
     switch (st.kind) {
       case ChainStep::Kind::FakeQuantize: {
@@ -113,8 +177,15 @@ bool CpuBackend::elementwise_chain(const Tensor& x, const std::vector<ChainStep>
   std::vector<Resolved> rs;
   bool per_channel = false;
   for (const ChainStep& s : steps) {
-    Resolved r{s.kind,           s.a,     s.b,    s.k, static_cast<float>(s.scale), static_cast<float>(s.zero),
-               s.qtype == kInt8, nullptr, nullptr};
+    Resolved r{
+        s.kind,  s.a,     s.b, s.k, static_cast<float>(s.scale), static_cast<float>(s.zero), s.qtype == kInt8, nullptr,
+        nullptr, nullptr, {},  0};
+    if (s.a == ChainStep::kTensor || s.b == ChainStep::kTensor) {
+      if (s.operand.dtype() != kFloat32 || s.operand.shape() != x.shape()) return false;
+      r.nterms = terms_of(s.operand, r.terms);
+      if (r.nterms < 0) return false;
+      r.operand = s.operand.data<float>();
+    }
     if (s.kind == ChainStep::Kind::ChannelAffine) {
       if (!s.channel_scale.is_contiguous() || !s.channel_shift.is_contiguous()) return false;
       r.channel_scale = s.channel_scale.data<float>();
@@ -135,7 +206,7 @@ bool CpuBackend::elementwise_chain(const Tensor& x, const std::vector<ChainStep>
                      : 1;
 #pragma omp parallel num_threads(nt)
   {
-    std::vector<float> scratch(static_cast<size_t>(std::max(count - 1, 1) * block));
+    std::vector<float> scratch(static_cast<size_t>(count * block));  // count - 1 slots and a gathered operand
 #pragma omp for schedule(static)
     for (int64_t bi = 0; bi < blocks; ++bi) {
       const int64_t begin = bi * block;

@@ -135,11 +135,13 @@ class ShadowBackend final : public Backend {
                          const Tensor& out) override {
     const char* op = "elementwise_chain";
     std::vector<ChainStep> on_host = steps;
-    for (ChainStep& s : on_host)
+    for (ChainStep& s : on_host) {
       if (s.kind == ChainStep::Kind::ChannelAffine) {
         s.channel_scale = host(op, out, s.channel_scale);
         s.channel_shift = host(op, out, s.channel_shift);
       }
+      if (s.operand.defined()) s.operand = host(op, out, s.operand);
+    }
     return cpu().elementwise_chain(host(op, out, x), on_host, channels, inner, host(op, out, out));
   }
   bool softmax_rows(const Tensor& x, const Tensor& out) override {
