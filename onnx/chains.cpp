@@ -154,11 +154,17 @@ void find_chains(const Graph& g, const std::map<std::string, size_t>& uses, cons
     };
     const Node& head = g.nodes[first];
     if (head.inputs.empty() || head.inputs[0].empty()) continue;
-    const std::string& input =
-        arithmetic(head) && fixed(head.inputs[0]) && !fixed(head.inputs[1]) ? head.inputs[1] : head.inputs[0];
+    // A Cast to float32 may head a chain (of int32 values, checked when it runs: MatMulInteger's
+    // product before its scale); slot 0 is then its output.
+    auto to = head.attributes.find("to");
+    const bool cast_head = head.op_type == "Cast" && head.domain.empty() && head.outputs.size() == 1 &&
+                           to != head.attributes.end() && to->second.i == 1 && keep.count(head.outputs[0]) == 0;
+    const std::string& input = cast_head                                                             ? head.outputs[0]
+                               : arithmetic(head) && fixed(head.inputs[0]) && !fixed(head.inputs[1]) ? head.inputs[1]
+                                                                                                     : head.inputs[0];
     slot[input] = 0;
     slot_value.push_back(input);
-    for (size_t m = first; m < n; ++m) {
+    for (size_t m = cast_head ? first + 1 : first; m < n; ++m) {
       const Node& node = g.nodes[m];
       bool reads_chain = false;
       for (const auto& in : node.inputs) reads_chain = reads_chain || slot.count(in) != 0;
@@ -169,19 +175,21 @@ void find_chains(const Graph& g, const std::map<std::string, size_t>& uses, cons
       slot[out] = static_cast<int>(slot_value.size());
       slot_value.push_back(out);
       chain.steps.push_back(st);
-      if (chain.steps.size() == 1 && m != first) break;  // the chain starts at `first` or not at all
+      if (chain.steps.size() == 1 && m != first && !cast_head) break;  // it starts at `first` or not at all
     }
     // The longest prefix of two steps or more whose inner values only its own nodes read, whose
     // other inputs exist before `first`.
-    while (chain.steps.size() >= 2) {
+    const size_t least = cast_head ? 1 : 2;
+    while (chain.steps.size() >= least) {
       const size_t count = chain.steps.size();
       std::set<size_t> inside;
+      if (cast_head) inside.insert(first);
       for (size_t s = 0; s < count; ++s) {
         inside.insert(chain.steps[s].node);
         if (chain.steps[s].kind == ChainStep::Kind::FakeQuantize) inside.insert(chain.steps[s].dq);
       }
       bool ok = true;
-      for (size_t s = 1; s < count && ok; ++s) {  // slots 1 .. count - 1 are inner values
+      for (size_t s = cast_head ? 0 : 1; s < count && ok; ++s) {  // the inner values
         const std::string& v = slot_value[s];
         if (keep.count(v) != 0) ok = false;
         size_t readers = 0;
@@ -204,9 +212,11 @@ void find_chains(const Graph& g, const std::map<std::string, size_t>& uses, cons
       }
       chain.steps.pop_back();
     }
-    if (chain.steps.size() < 2 || chain.steps[0].node != first) continue;
-    chain.input = slot_value[0];
+    if (chain.steps.size() < least || (!cast_head && chain.steps[0].node != first)) continue;
+    chain.input = cast_head ? head.inputs[0] : slot_value[0];
+    chain.cast_input = cast_head;
     chain.output = slot_value[chain.steps.size()];
+    if (cast_head) chain.nodes.push_back(first);
     for (const auto& st : chain.steps) {
       chain.nodes.push_back(st.node);
       if (st.kind == ChainStep::Kind::FakeQuantize) chain.nodes.push_back(st.dq);
@@ -224,7 +234,8 @@ bool Executor::run_chain(const Graph& g, const ChainFusion& chain, Scope& scope,
       run_static(g.nodes[e], scope, plan, e);
   }
   const Tensor* x = scope.find(chain.input);
-  if (x == nullptr || !x->defined() || x->dtype() != kFloat32 || x->device() != device_ || x->numel() == 0)
+  if (x == nullptr || !x->defined() || x->dtype() != (chain.cast_input ? kInt32 : kFloat32) || x->device() != device_ ||
+      x->numel() == 0)
     return false;
   std::vector<ChainStep> steps;
   for (const ChainFusion::Step& st : chain.steps) {

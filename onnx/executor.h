@@ -64,7 +64,8 @@ struct ChainFusion {
     int a = 0, b = -1;        // the slots read (ChainStep's)
     std::string constant;     // the one-element constant operand of an arithmetic step, or none
   };
-  std::string input, output;  // slot 0, and the last step's value
+  std::string input, output;  // slot 0 (or what a Cast heading it reads), and the last step's value
+  bool cast_input = false;    // the chain starts with a Cast of int32 values to float32
   std::vector<Step> steps;
   std::vector<size_t> nodes;  // every node the chain runs
   std::vector<size_t> early;  // Constant and static nodes after the first that it reads, run before it

@@ -218,6 +218,35 @@ TEST(Gelu, OnePassIsTheComposite) {
   }
 }
 
+// aminmax (DynamicQuantizeLinear's range) is amin and amax in one pass: on sizes below and above
+// the parallel grain, a strided input, infinities, and NaN anywhere winning.
+TEST(Aminmax, IsAminAndAmax) {
+  Generator gen(13);
+  for (int64_t n : {1, 7, 1000, 100003}) {
+    SCOPED_TRACE(n);
+    Tensor x = randn({n}, kFloat32, &gen) * 3.0;
+    const auto [lo, hi] = aminmax(x);
+    EXPECT_EQ(lo.dim(), 0);
+    EXPECT_EQ(lo.item(), amin(x).item());
+    EXPECT_EQ(hi.item(), amax(x).item());
+    if (n > 1) {
+      x.narrow(0, n / 2, 1).fill_(INFINITY);
+      EXPECT_EQ(aminmax(x).second.item(), INFINITY);
+      x.narrow(0, n - 1, 1).fill_(NAN);
+      EXPECT_TRUE(std::isnan(aminmax(x).first.item()) && std::isnan(aminmax(x).second.item()));
+    }
+  }
+  const Tensor m = randn({40, 30}, kFloat32, &gen).transpose(0, 1);  // not contiguous
+  EXPECT_EQ(aminmax(m).first.item(), amin(m).item());
+  EXPECT_EQ(aminmax(m).second.item(), amax(m).item());
+  // With a gradient: amin and amax, recorded.
+  Tensor w = tensor(std::vector<float>{1.f, -2.f, 5.f}, {3});
+  w.set_requires_grad();
+  const auto [wl, wh] = aminmax(w);
+  (wh - wl).backward();
+  EXPECT_EQ(w.grad().to_vector<float>(), (std::vector<float>{0.f, -1.f, 1.f}));
+}
+
 // An elementwise chain (Note [Elementwise chains]) gives, bit for bit, its steps run one by one as
 // the ops they stand for, in either layout (a channels-last input gives a channels-last result):
 // the fake quantisations of both types, a per-channel affine map, arithmetic by constants on
@@ -292,6 +321,23 @@ TEST(ElementwiseChain, EachStepIsItsOpBitForBit) {
   }
 }
 
+// int32 values (MatMulInteger's products) enter a chain converted as braid::cast converts them,
+// including those that float32 rounds (above 2^24).
+TEST(ElementwiseChain, Int32InputIsCastFirst) {
+  Generator gen(16);
+  for (int64_t n : {5, 70000}) {
+    std::vector<int32_t> v(static_cast<size_t>(n));
+    for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<int32_t>((i * 2654435761u) % 100000) - 50000;
+    v[0] = (1 << 24) + 1, v[1] = -((1 << 30) + 3), v[2] = std::numeric_limits<int32_t>::max();
+    const Tensor x = tensor(v, {n / 5, 5}), bias = randn({5}, kFloat32, &gen);
+    std::vector<ChainStep> steps(2);
+    steps[0].kind = ChainStep::Kind::Mul, steps[0].a = 0, steps[0].b = ChainStep::kConstant, steps[0].k = 3.1e-4f;
+    steps[1].kind = ChainStep::Kind::Add, steps[1].a = ChainStep::kTensor, steps[1].b = 1, steps[1].operand = bias;
+    const Tensor want = bias + cast(x, kFloat32) * full({}, 3.1e-4, kFloat32);
+    EXPECT_EQ(elementwise_chain(x, steps).to_vector<float>(), want.to_vector<float>()) << n;
+  }
+}
+
 TEST(ElementwiseChain, RefusesStepsItCannotRunNamingThem) {
   const Tensor x = ones({2, 3, 4, 4});
   ChainStep later;
@@ -305,8 +351,9 @@ TEST(ElementwiseChain, RefusesStepsItCannotRunNamingThem) {
   ChainStep q;
   q.kind = ChainStep::Kind::FakeQuantize, q.scale = 0.1, q.zero = 300;
   EXPECT_NE(error_of<ValueError>([&] { elementwise_chain(x, {q}); }).find("zero point 300"), std::string::npos);
-  EXPECT_NE(error_of<TypeError>([&] { elementwise_chain(ones({3}, kFloat64), {later}); }).find("must be float32"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of<TypeError>([&] { elementwise_chain(ones({3}, kFloat64), {later}); }).find("must be float32 or int32"),
+      std::string::npos);
   Tensor w = ones({3});
   w.set_requires_grad();
   EXPECT_NE(error_of<ValueError>([&] { elementwise_chain(w, {q}); }).find("inference only"), std::string::npos);

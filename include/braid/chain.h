@@ -30,11 +30,11 @@ struct ChainStep {
   Tensor channel_scale, channel_shift;
 };
 
-/// The last slot of the chain over x (float32, at least one step); bitwise what running the steps
-/// one by one as braid ops gives, with x's layout (channels-last stays so). Inference only: x must
-/// not require a gradient. Steps referring to a later slot, a ChannelAffine whose vectors are not
-/// x's channels (axis 1), an operand that does not broadcast to x's shape or parameters out of range
-/// are refused with ValueError.
+/// The last slot of the chain over x (float32, or int32 converted to float32 first as braid::cast
+/// does; at least one step); bitwise what running the steps one by one as braid ops gives, with x's layout
+/// (channels-last stays so). Inference only: x must not require a gradient. Steps referring to a later slot, a
+/// ChannelAffine whose vectors are not x's channels (axis 1), an operand that does not broadcast to x's shape or
+/// parameters out of range are refused with ValueError.
 Tensor elementwise_chain(const Tensor& x, const std::vector<ChainStep>& steps);
 
 }  // namespace braid

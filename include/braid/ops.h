@@ -147,6 +147,9 @@ Tensor mean(const Tensor& x, const std::vector<int64_t>& axes = {}, bool keepdim
 Tensor prod(const Tensor& x, const std::vector<int64_t>& axes = {}, bool keepdim = false);
 Tensor amax(const Tensor& x, const std::vector<int64_t>& axes = {}, bool keepdim = false);
 Tensor amin(const Tensor& x, const std::vector<int64_t>& axes = {}, bool keepdim = false);
+/// The minimum and the maximum of all of x, as 0-d tensors (amin(x) and amax(x), NaN when x holds
+/// one), in one pass where the backend has it; recorded as amin and amax when x requires a gradient.
+std::pair<Tensor, Tensor> aminmax(const Tensor& x);
 Tensor argmax(const Tensor& x, int64_t axis, bool keepdim = false);
 Tensor argmin(const Tensor& x, int64_t axis, bool keepdim = false);
 /// correction 1 is the unbiased (Bessel) estimate, 0 the population variance.

@@ -211,6 +211,9 @@ class Backend {
   /// out (float32, x's shape) = (x - zero) * scale for x int8 or uint8, contiguous; the subtraction
   /// and the multiplication in float32 (braid::dequantize).
   virtual bool dequantize(const Tensor& x, double scale, int64_t zero, const Tensor& out);
+  /// lo and hi (0-d float32) = the minimum and the maximum of x (float32, contiguous, not empty),
+  /// NaN when x holds one; which zero of -0 and +0 is unspecified (braid::aminmax).
+  virtual bool aminmax(const Tensor& x, const Tensor& lo, const Tensor& hi);
   /// out = softmax of x along its last axis, x contiguous (rows of x.size(-1)), with the composite's
   /// steps: m = max, e = exp(x - m), out = e / sum(e) (braid::softmax, forward only).
   virtual bool softmax_rows(const Tensor& x, const Tensor& out);

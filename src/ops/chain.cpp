@@ -32,7 +32,8 @@ namespace {
 void check_chain(const Tensor& x, const std::vector<ChainStep>& steps) {
   const char* op = "elementwise_chain";
   BRAID_CHECK(x.defined(), op, ": the input is undefined");
-  BRAID_CHECK_T(TypeError, x.dtype() == kFloat32, op, ": the input must be float32, got ", dtype_name(x.dtype()));
+  BRAID_CHECK_T(TypeError, x.dtype() == kFloat32 || x.dtype() == kInt32, op,
+                ": the input must be float32 or int32, got ", dtype_name(x.dtype()));
   BRAID_CHECK(!needs_grad(x), op, ": runs in inference only, but the input requires a gradient");
   BRAID_CHECK(!steps.empty(), op, ": no steps");
   for (size_t i = 0; i < steps.size(); ++i) {
@@ -101,12 +102,12 @@ Tensor elementwise_chain(const Tensor& x, const std::vector<ChainStep>& steps) {
     if (backend_of(x).elementwise_chain(l.in, in_order, channels, channels_last ? 1 : inner, l.out)) return l.result;
   }
   // The composite: each step as its op.
-  std::vector<Tensor> v{xd};
+  std::vector<Tensor> v{cast(xd, kFloat32)};
   for (const ChainStep& s : steps) {
     const auto operand = [&](int i) {
       return i >= 0                    ? v[static_cast<size_t>(i)]
              : i == ChainStep::kTensor ? s.operand.detach()
-                                       : scalar_operand(xd, s.k);
+                                       : scalar_operand(v[0], s.k);
     };
     switch (s.kind) {
       case ChainStep::Kind::FakeQuantize:

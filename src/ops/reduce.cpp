@@ -109,6 +109,14 @@ Tensor amax(const Tensor& x, const std::vector<int64_t>& axes, bool keepdim) {
 Tensor amin(const Tensor& x, const std::vector<int64_t>& axes, bool keepdim) {
   return extremum("amin", ReduceOp::Min, x, axes, keepdim);
 }
+std::pair<Tensor, Tensor> aminmax(const Tensor& x) {
+  if (x.defined() && x.dtype() == kFloat32 && x.numel() > 0 && !needs_grad(x) && active_trace() == nullptr) {
+    Tensor lo = new_tensor({}, kFloat32, x.device()), hi = new_tensor({}, kFloat32, x.device());
+    if (backend_of(x).aminmax(contiguous_raw(x), lo, hi)) return {lo, hi};
+  }
+  return {amin(x), amax(x)};
+}
+
 Tensor argmax(const Tensor& x, int64_t axis, bool keepdim) {
   return arg_extremum("argmax", ReduceOp::ArgMax, x, axis, keepdim);
 }

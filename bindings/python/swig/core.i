@@ -14,6 +14,7 @@
 %template(Int32Vector) std::vector<int32_t>;
 %template(BoolVector) std::vector<bool>;
 %template(TensorVector) std::vector<braid::Tensor>;
+%template(TensorPair) std::pair<braid::Tensor, braid::Tensor>;  // aminmax
 %template(StringVector) std::vector<std::string>;
 
 // ---- what stays in C++ ----

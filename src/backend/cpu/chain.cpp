@@ -86,14 +86,14 @@ void gather_operand(const Resolved& st, int64_t begin, int64_t n, float* y) {
   }
 }
 
-// The steps over elements [begin, begin + n) of x: slot 0 is x itself, the last slot is out, the
-// others rows of `scratch` (stride `stride`), whose next row holds a tensor operand's values for the
-// block. channel(i) = (i / inner) % channels. One clone per
-// vector width (Note [Vector clones]); the loops are plain so that each vectorises.
-BRAID_VECTOR_CLONES void run_block(const float* x, float* out, float* scratch, int64_t stride, const Resolved* steps,
+// The steps over elements [begin, begin + n) of x: slot 0 is x0 (x's elements from begin), the last
+// slot is out, the others rows of `scratch` (stride `stride`), whose next row holds a tensor
+// operand's values for the block. channel(i) = (i / inner) % channels. One clone per vector width
+// (Note [Vector clones]); the loops are plain so that each vectorises.
+BRAID_VECTOR_CLONES void run_block(const float* x0, float* out, float* scratch, int64_t stride, const Resolved* steps,
                                    int count, int64_t begin, int64_t n, int64_t channels, int64_t inner) {
   const auto slot = [&](int s) -> float* {
-    if (s == 0) return const_cast<float*>(x + begin);
+    if (s == 0) return const_cast<float*>(x0);
     if (s == count) return out + begin;
     return scratch + static_cast<int64_t>(s - 1) * stride;
   };
@@ -171,8 +171,8 @@ BRAID_VECTOR_CLONES void run_block(const float* x, float* out, float* scratch, i
 
 bool CpuBackend::elementwise_chain(const Tensor& x, const std::vector<ChainStep>& steps, int64_t channels,
                                    int64_t inner, const Tensor& out) {
-  if (!fused_on() || x.dtype() != kFloat32 || out.dtype() != kFloat32 || !x.is_contiguous() || !out.is_contiguous() ||
-      x.numel() != out.numel() || steps.empty() || channels < 1 || inner < 1)
+  if (!fused_on() || (x.dtype() != kFloat32 && x.dtype() != kInt32) || out.dtype() != kFloat32 || !x.is_contiguous() ||
+      !out.is_contiguous() || x.numel() != out.numel() || steps.empty() || channels < 1 || inner < 1)
     return false;
   std::vector<Resolved> rs;
   bool per_channel = false;
@@ -199,18 +199,26 @@ bool CpuBackend::elementwise_chain(const Tensor& x, const std::vector<ChainStep>
   const int64_t block = per_channel && inner == 1 ? channels * std::max<int64_t>(1, 1024 / channels) : 1024;
   const int64_t blocks = (n + block - 1) / block;
   const int count = static_cast<int>(rs.size());
-  const float* px = x.data<float>();
+  // int32 values are converted block by block into a row of their own (braid::cast's conversion).
+  const bool ints = x.dtype() == kInt32;
+  const float* px = ints ? nullptr : x.data<float>();
+  const int32_t* pi = ints ? x.data<int32_t>() : nullptr;
   float* py = out.data<float>();
   const int nt = n * count > kParallelGrain && blocks > 1 && !omp_in_parallel()
                      ? static_cast<int>(std::min<int64_t>(get_num_threads(), blocks))
                      : 1;
 #pragma omp parallel num_threads(nt)
   {
-    std::vector<float> scratch(static_cast<size_t>(count * block));  // count - 1 slots and a gathered operand
+    // count - 1 slots, a gathered operand and the converted input
+    std::vector<float> scratch(static_cast<size_t>((count + 1) * block));
+    float* converted = scratch.data() + static_cast<int64_t>(count) * block;
 #pragma omp for schedule(static)
     for (int64_t bi = 0; bi < blocks; ++bi) {
-      const int64_t begin = bi * block;
-      run_block(px, py, scratch.data(), block, rs.data(), count, begin, std::min(block, n - begin), channels, inner);
+      const int64_t begin = bi * block, len = std::min(block, n - begin);
+      if (ints)
+        for (int64_t i = 0; i < len; ++i) converted[i] = static_cast<float>(pi[begin + i]);
+      run_block(ints ? converted : px + begin, py, scratch.data(), block, rs.data(), count, begin, len, channels,
+                inner);
     }
   }
   return true;

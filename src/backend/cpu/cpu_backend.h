@@ -49,6 +49,7 @@ class CpuBackend final : public Backend {
                            const Tensor& grad_x) override;
   // fused.cpp: whole composites in one pass (Note [Optional primitives])
   bool quantize(const Tensor& x, double scale, int64_t zero, const Tensor& out) override;
+  bool aminmax(const Tensor& x, const Tensor& lo, const Tensor& hi) override;
   bool softmax_rows(const Tensor& x, const Tensor& out) override;
   bool layer_norm_rows(const Tensor& x, int64_t n, const Tensor& weight, const Tensor& bias, double eps,
                        const Tensor& out, const Tensor& mean, const Tensor& inv) override;

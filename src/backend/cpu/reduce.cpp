@@ -9,9 +9,11 @@
 #include <limits>
 #include <memory>
 #include <type_traits>
+#include <vector>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/dispatch.h"
+#include "backend/cpu/fast_math.h"
 #include "backend/cpu/loop.h"
 #include "braid/parallel.h"
 
@@ -264,6 +266,50 @@ void CpuBackend::reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t>
         return arg_reduce<T, false>(x, axes[0], out);
     }
   });
+}
+
+namespace {
+
+// The minimum and maximum of x[0, n) as vector min/max with NaN counted apart (a NaN wins at the
+// end, as in amin and amax); one clone per vector width (Note [Vector clones]).
+BRAID_VECTOR_CLONES void min_max_range(const float* x, int64_t n, float* lo, float* hi, int* nan) {
+  float mn = std::numeric_limits<float>::infinity(), mx = -std::numeric_limits<float>::infinity();
+  int bad = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    mn = x[i] < mn ? x[i] : mn;
+    mx = x[i] > mx ? x[i] : mx;
+    bad |= x[i] != x[i];
+  }
+  *lo = mn, *hi = mx, *nan = bad;
+}
+
+}  // namespace
+
+bool CpuBackend::aminmax(const Tensor& x, const Tensor& lo, const Tensor& hi) {
+  if (!fused_on() || x.dtype() != kFloat32 || !x.is_contiguous() || x.numel() == 0) return false;
+  const float* px = x.data<float>();
+  const int64_t n = x.numel();
+  const int nt = n > kParallelGrain && !omp_in_parallel() ? get_num_threads() : 1;
+  std::vector<float> los(static_cast<size_t>(nt)), his(static_cast<size_t>(nt));
+  std::vector<int> nans(static_cast<size_t>(nt));
+#pragma omp parallel num_threads(nt)
+  {
+    const int t = omp_get_thread_num(), parts = omp_get_num_threads();
+    const int64_t begin = n * t / parts, end = n * (t + 1) / parts;
+    min_max_range(px + begin, end - begin, &los[static_cast<size_t>(t)], &his[static_cast<size_t>(t)],
+                  &nans[static_cast<size_t>(t)]);
+  }
+  float mn = los[0], mx = his[0];
+  int bad = nans[0];
+  for (size_t t = 1; t < los.size(); ++t) {
+    mn = std::min(mn, los[t]);
+    mx = std::max(mx, his[t]);
+    bad |= nans[t];
+  }
+  if (bad) mn = mx = std::numeric_limits<float>::quiet_NaN();
+  *lo.data<float>() = mn;
+  *hi.data<float>() = mx;
+  return true;
 }
 
 }  // namespace braid::detail

@@ -144,6 +144,10 @@ class ShadowBackend final : public Backend {
     }
     return cpu().elementwise_chain(host(op, out, x), on_host, channels, inner, host(op, out, out));
   }
+  bool aminmax(const Tensor& x, const Tensor& lo, const Tensor& hi) override {
+    const char* op = "aminmax";
+    return cpu().aminmax(host(op, lo, x), host(op, lo, lo), host(op, lo, hi));
+  }
   bool softmax_rows(const Tensor& x, const Tensor& out) override {
     const char* op = "softmax_rows";
     return cpu().softmax_rows(host(op, out, x), host(op, out, out));

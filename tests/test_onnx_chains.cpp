@@ -1,0 +1,120 @@
+// The elementwise chains of the ONNX executor's inference (Note [Elementwise chains] in
+// src/ops/chain.cpp) on graphs written as exporters write them: a quantised HardSwish in QDQ form,
+// a transformer's scaled and masked scores and its bias and residual, and a dynamically quantised
+// MatMul's scale and bias; each bit for bit the graph as written, and run as the chains expected.
+#include <gtest/gtest.h>
+
+#include "braid/braid.h"
+#include "braid/onnx/export.h"
+#include "onnx_graphs.h"
+
+using namespace braid;
+namespace bx = braid::onnx;
+using onnx_test::info;
+using onnx_test::model_of;
+
+namespace {
+
+// Note [Elementwise chains]: a quantised HardSwish after a BatchNormalization, written as
+// onnxruntime's quantize_static writes it (a QDQ pair after every op, the + 3 a quantised
+// constant), runs in inference as one chain, bit for bit the nodes as written; a value read
+// outside the chain ends it there.
+TEST(OnnxModule, QuantisedElementwiseRunsAsOneChainWithTheSameBits) {
+  Generator gen(14);
+  bx::GraphBuilder g(13);
+  const auto pair = [&](const std::string& v, double scale, int64_t zero) {
+    const std::string s = g.scalar(scale, kFloat32);
+    const std::string z = g.node("Cast", {g.ints({zero})}, {{"to", bx::attr_int(2)}})[0];
+    return g.node("DequantizeLinear", {g.node("QuantizeLinear", {v, s, z})[0], s, z})[0];
+  };
+  const std::string conv = pair(g.node("Conv", {"x", "w"}, {{"pads", bx::attr_ints({1, 1, 1, 1})}})[0], 0.04, 128);
+  const std::string bn = pair(g.node("BatchNormalization", {conv, "gamma", "beta", "mean", "var"})[0], 0.05, 100);
+  const std::string three = pair(g.scalar(3.0, kFloat32), 3.0 / 255, 0);
+  const std::string shifted = pair(g.node("Add", {bn, three})[0], 6.0 / 255, 0);
+  const std::string swish =
+      pair(g.node("Div", {pair(g.node("Mul", {bn, shifted})[0], 0.06, 30), g.scalar(6.0, kFloat32)})[0], 0.03, 10);
+  g.graph().nodes.push_back(bx::Node{"next", "Conv", "", {swish, "w2"}, {"y"}, {}});
+  g.graph().nodes.push_back(bx::Node{"side", "Relu", "", {bn}, {"bn_relu"}, {}});  // bn read outside
+  bx::Model m = model_of("qdq_hardswish", 13, g.graph());
+  m.graph.initializers.insert({{"w", randn({8, 3, 3, 3}, kFloat32, &gen, 0, 0.3)},
+                               {"w2", randn({4, 8, 1, 1}, kFloat32, &gen, 0, 0.3)},
+                               {"gamma", rand({8}, kFloat32, &gen, 0.5, 1.5)},
+                               {"beta", randn({8}, kFloat32, &gen)},
+                               {"mean", randn({8}, kFloat32, &gen)},
+                               {"var", rand({8}, kFloat32, &gen, 0.5, 2.0)}});
+  m.graph.inputs.push_back(info("x", kFloat32, {2, 3, 10, 12}));
+  m.graph.outputs.push_back(info("y", kFloat32, {2, 4, 10, 12}));
+  m.graph.outputs.push_back(info("bn_relu", kFloat32, {2, 8, 10, 12}));
+  bx::OnnxModule mod(m);
+  const Tensor x = randn({2, 3, 10, 12}, kFloat32, &gen) * 3.0;
+  const std::vector<Tensor> as_written = mod.run({x});
+  mod.set_profiling(true);
+  NoGradGuard no_grad;
+  const std::vector<Tensor> fused = mod.run({x});
+  for (size_t k = 0; k < 2; ++k) EXPECT_EQ(fused[k].to_vector<float>(), as_written[k].detach().to_vector<float>()) << k;
+  // The Conv's pair, the BatchNormalization and its pair run as one chain, which ends at bn (the
+  // Relu reads it); the Add, the Mul, the Div and their pairs as another.
+  ASSERT_EQ(mod.profile().count("elementwise chain"), 1u);
+  EXPECT_EQ(mod.profile().at("elementwise chain").calls, 2);
+  EXPECT_EQ(mod.profile().count("QuantizeLinear+DequantizeLinear"), 0u);
+  EXPECT_EQ(mod.profile().count("BatchNormalization"), 0u);
+  EXPECT_EQ(mod.profile().count("Add") + mod.profile().count("Mul") + mod.profile().count("Div"), 0u);
+}
+
+// Note [Elementwise chains] with tensor operands, as a transformer block writes them: the scores
+// scaled and masked before Softmax (a mask of shape (N, 1, 1, T)), a bias and a residual (which a
+// LayerNormalization would read next); bit for bit the graph as written.
+TEST(OnnxModule, AttentionMaskAndResidualRunAsChainsWithTheSameBits) {
+  Generator gen(15);
+  bx::GraphBuilder g(17);
+  const std::string scores = g.node("MatMul", {"q", "k"})[0];
+  const std::string masked = g.node("Add", {g.node("Div", {scores, g.scalar(8.0, kFloat32)})[0], "mask"})[0];
+  const std::string probs = g.node("Softmax", {masked}, {{"axis", bx::attr_int(-1)}})[0];
+  const std::string proj = g.node("MatMul", {probs, "w"})[0];
+  g.graph().nodes.push_back(bx::Node{"residual", "Add", "", {"q", g.node("Add", {"bias", proj})[0]}, {"y"}, {}});
+  bx::Model m = model_of("attention", 17, g.graph());
+  m.graph.initializers.insert({{"w", randn({6, 6}, kFloat32, &gen, 0, 0.4)}, {"bias", randn({6}, kFloat32, &gen)}});
+  m.graph.inputs = {info("q", kFloat32, {2, 3, 6, 6}), info("k", kFloat32, {2, 3, 6, 6}),
+                    info("mask", kFloat32, {2, 1, 1, 6})};
+  m.graph.outputs.push_back(info("y", kFloat32, {2, 3, 6, 6}));
+  bx::OnnxModule mod(m);
+  const Tensor q = randn({2, 3, 6, 6}, kFloat32, &gen), k = randn({2, 3, 6, 6}, kFloat32, &gen);
+  Tensor mask = zeros({2, 1, 1, 6});
+  mask.narrow(3, 4, 2).fill_(-10000.0);
+  const Tensor as_written = mod.run({q, k, mask})[0].detach();
+  mod.set_profiling(true);
+  NoGradGuard no_grad;
+  EXPECT_EQ(mod.run({q, k, mask})[0].to_vector<float>(), as_written.to_vector<float>());
+  ASSERT_EQ(mod.profile().count("elementwise chain"), 1u);
+  EXPECT_EQ(mod.profile().at("elementwise chain").calls, 2);  // Div + Add, and Add + Add
+  EXPECT_EQ(mod.profile().count("Add") + mod.profile().count("Div"), 0u);
+}
+
+// Note [Elementwise chains] headed by a Cast: a dynamically quantised MatMul as onnxruntime writes
+// it (MatMulInteger, its int32 product cast to float32, times the two scales, plus the bias) runs
+// the Cast, the Mul and the Add as one chain; bit for bit the graph as written.
+TEST(OnnxModule, MatMulIntegerScaleAndBiasRunAsOneChain) {
+  Generator gen(17);
+  bx::GraphBuilder g(13);
+  const std::string product = g.node("MatMulInteger", {"a", "b", "a_zero", "b_zero"})[0];
+  const std::string as_float = g.node("Cast", {product}, {{"to", bx::attr_int(1)}})[0];
+  const std::string scaled = g.node("Mul", {as_float, "scale"})[0];
+  g.graph().nodes.push_back(bx::Node{"bias", "Add", "", {"bias", scaled}, {"y"}, {}});
+  bx::Model m = model_of("dynamic_matmul", 13, g.graph());
+  m.graph.initializers.insert({{"b", cast(randn({16, 8}, kFloat32, &gen) * 40.0, kInt8)},
+                               {"b_zero", cast(zeros({}), kInt8)},
+                               {"bias", randn({8}, kFloat32, &gen)}});
+  m.graph.inputs = {info("a", kUInt8, {4, 16}), info("a_zero", kUInt8, {}), info("scale", kFloat32, {})};
+  m.graph.outputs.push_back(info("y", kFloat32, {4, 8}));
+  bx::OnnxModule mod(m);
+  const Tensor a = cast(rand({4, 16}, kFloat32, &gen, 0, 255), kUInt8), a_zero = cast(full({}, 97.0), kUInt8),
+               scale = full({}, 0.0123, kFloat32);
+  const Tensor as_written = mod.run({a, a_zero, scale})[0].detach();
+  mod.set_profiling(true);
+  NoGradGuard no_grad;
+  EXPECT_EQ(mod.run({a, a_zero, scale})[0].to_vector<float>(), as_written.to_vector<float>());
+  EXPECT_EQ(mod.profile().at("elementwise chain").calls, 1);
+  EXPECT_EQ(mod.profile().count("Cast") + mod.profile().count("Mul") + mod.profile().count("Add"), 0u);
+}
+
+}  // namespace
