@@ -297,7 +297,8 @@ ValueInfo to_value_info(const Ctx& c, const ::onnx::ValueInfoProto& v, const std
   return out;
 }
 
-Graph to_graph(const Ctx& c, const ::onnx::GraphProto& g, const std::set<std::string>& outer, int depth);
+Graph to_graph(const Ctx& c, const ::onnx::GraphProto& g, const std::set<std::string>& outer, int depth,
+               ::onnx::GraphProto* consume = nullptr);
 
 Attribute to_attribute(const Ctx& c, const ::onnx::AttributeProto& a, const std::string& where,
                        const std::set<std::string>& scope, int depth) {
@@ -350,7 +351,11 @@ Attribute to_attribute(const Ctx& c, const ::onnx::AttributeProto& a, const std:
   return out;
 }
 
-Graph to_graph(const Ctx& c, const ::onnx::GraphProto& g, const std::set<std::string>& outer, int depth) {
+// consume: g itself, mutable, when its initialisers' bytes may be released as they are converted
+// (the top-level graph of a model parsed for this load), so that a model's weights are not held
+// twice at the peak of loading.
+Graph to_graph(const Ctx& c, const ::onnx::GraphProto& g, const std::set<std::string>& outer, int depth,
+               ::onnx::GraphProto* consume) {
   if (depth > c.options.max_graph_depth) {
     std::ostringstream s;
     s << "graph '" << g.name() << "' is nested " << depth << " levels deep in subgraphs, more than the limit of "
@@ -360,10 +365,16 @@ Graph to_graph(const Ctx& c, const ::onnx::GraphProto& g, const std::set<std::st
   Graph out;
   out.name = g.name();
   std::set<std::string> known = outer;  // names visible to this graph's nodes
-  for (const auto& t : g.initializer()) {
+  for (int i = 0; i < g.initializer_size(); ++i) {
+    const ::onnx::TensorProto& t = g.initializer(i);
     if (out.initializers.count(t.name())) fail(c, "initializer '" + t.name() + "' appears twice");
     out.initializers[t.name()] = to_tensor(c, t, "initializer '" + t.name() + "'");
     known.insert(t.name());
+    if (consume != nullptr) {
+      ::onnx::TensorProto* mine = consume->mutable_initializer(i);
+      std::string().swap(*mine->mutable_raw_data());
+      ::google::protobuf::RepeatedField<float>().Swap(mine->mutable_float_data());
+    }
   }
   if (g.sparse_initializer_size()) fail(c, "graph '" + g.name() + "' has sparse initializers, which braid does not support");
   for (const auto& v : g.input()) {
@@ -473,7 +484,7 @@ Graph to_graph(const Ctx& c, const ::onnx::GraphProto& g, const std::set<std::st
   return out;
 }
 
-Model to_model(const Ctx& c, const ::onnx::ModelProto& m) {
+Model to_model(const Ctx& c, ::onnx::ModelProto& m) {
   Model out;
   out.path = c.file;
   out.ir_version = m.ir_version();
@@ -497,7 +508,7 @@ Model to_model(const Ctx& c, const ::onnx::ModelProto& m) {
     out.opsets[domain] = v;
   }
   if (!m.has_graph()) fail(c, "it has no graph");
-  out.graph = to_graph(c, m.graph(), {}, 0);
+  out.graph = to_graph(c, m.graph(), {}, 0, m.mutable_graph());
   for (const Node& n : out.graph.nodes)
     if (!out.opsets.count(n.domain))
       fail(c, "node " + n.label() + " is in domain '" + (n.domain.empty() ? std::string("ai.onnx") : n.domain) +
@@ -564,10 +575,14 @@ Model parse_model(const void* data, size_t size, const std::string& name, const 
 }
 
 Model load_model(const std::string& path, const LoadOptions& options) {
-  Ctx c{path, "", options};
-  const std::string bytes = read_file(c, path);
-  fs::path dir = fs::path(path).parent_path();
-  return parse_model(bytes.data(), bytes.size(), path, dir.empty() ? "." : dir.string(), options);
+  const fs::path dir = fs::path(path).parent_path();
+  Ctx c{path, dir.empty() ? std::string(".") : dir.string(), options};
+  ::onnx::ModelProto m;
+  {
+    const std::string bytes = read_file(c, path);  // released once parsed: the weights are then held once
+    parse_bytes(c, bytes.data(), bytes.size(), m, "ONNX model");
+  }
+  return to_model(c, m);
 }
 
 Tensor load_tensor(const std::string& path, const LoadOptions& options) {
