@@ -58,30 +58,55 @@ struct Resolved {
 };
 
 // The tensor operand's values at x's elements [begin, begin + n), into y: in runs along which its
-// index moves by a fixed step or stays.
+// index moves by a fixed step (the innermost term, r = 1) or stays (r > 1). An outer term's r is a
+// multiple of the innermost's r * m (the terms are nested dimensions), so runs end where outer terms
+// may change; each term's position is kept and carried by countdowns, without a division per run.
 void gather_operand(const Resolved& st, int64_t begin, int64_t n, float* y) {
   const float* t = st.operand;
   if (st.nterms == 0) {  // one value everywhere
-    for (int64_t i = 0; i < n; ++i) y[i] = t[0];
+    std::fill(y, y + n, t[0]);
     return;
   }
+  int64_t q[kMaxTerms], left[kMaxTerms], at = 0;
+  for (int k = 0; k < st.nterms; ++k) {
+    const Term& tk = st.terms[k];
+    q[k] = (begin / tk.r) % tk.m;
+    left[k] = tk.r - begin % tk.r;
+    at += q[k] * tk.s;
+  }
+  // Moves term k on by one position (wrapping), as its countdown ran out.
+  const auto step = [&](int k) {
+    const Term& tk = st.terms[k];
+    left[k] = tk.r;
+    at += tk.s;
+    if (++q[k] == tk.m) {
+      q[k] = 0;
+      at -= tk.m * tk.s;
+    }
+  };
   const Term& in = st.terms[0];
-  for (int64_t i = begin, end = begin + n; i < end;) {
-    int64_t at = 0;
-    for (int k = 0; k < st.nterms; ++k) at += ((i / st.terms[k].r) % st.terms[k].m) * st.terms[k].s;
-    float* out = y + (i - begin);
+  for (int64_t i = 0; i < n;) {
     int64_t len;
     if (in.r == 1) {  // along the innermost term
-      len = std::min(in.m - i % in.m, end - i);
+      len = std::min(in.m - q[0], n - i);
       const float* src = t + at;
       if (in.s == 1)
-        std::copy(src, src + len, out);
+        std::copy(src, src + len, y + i);
       else
-        for (int64_t e = 0; e < len; ++e) out[e] = src[e * in.s];
+        for (int64_t e = 0; e < len; ++e) y[i + e] = src[e * in.s];
+      at += len * in.s;
+      q[0] += len;
+      if (q[0] == in.m) {
+        q[0] = 0;
+        at -= in.m * in.s;
+      }
     } else {  // the same value for the rest of the innermost term's run
-      len = std::min(in.r - i % in.r, end - i);
-      std::fill(out, out + len, t[at]);
+      len = std::min(left[0], n - i);
+      std::fill(y + i, y + i + len, t[at]);
+      if ((left[0] -= len) == 0) step(0);
     }
+    for (int k = 1; k < st.nterms; ++k)
+      if ((left[k] -= len) == 0) step(k);
     i += len;
   }
 }
