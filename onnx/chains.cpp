@@ -53,7 +53,7 @@ void find_chains(const Graph& g, const std::map<std::string, size_t>& uses, cons
     taken.insert(f.nodes.begin(), f.nodes.end());
     taken.insert(f.post.begin(), f.post.end());
   }
-  for (const auto& [div, f] : plan.gelu) taken.insert({div, f.erf, f.add, f.mul1, f.mul2});
+  for (const auto& [div, f] : plan.gelu) taken.insert({f.erf, f.add, f.mul1, f.mul2});  // the Div heads a step
   std::map<std::string, size_t> producer;
   for (size_t i = 0; i < n; ++i)
     for (const auto& o : g.nodes[i].outputs) producer[o] = i;
@@ -124,7 +124,14 @@ void find_chains(const Graph& g, const std::map<std::string, size_t>& uses, cons
       if (auto q = plan.qdq.find(m); q != plan.qdq.end()) {
         if (slot.count(node.inputs[0]) == 0) return false;
         st.kind = ChainStep::Kind::FakeQuantize;
-        st.dq = q->second;
+        st.also = {q->second};
+        st.a = slot[node.inputs[0]];
+        return true;
+      }
+      if (auto ge = plan.gelu.find(m); ge != plan.gelu.end()) {  // Note [GELU as one op]
+        if (slot.count(node.inputs[0]) == 0) return false;
+        st.kind = ChainStep::Kind::Gelu;
+        st.also = {ge->second.erf, ge->second.add, ge->second.mul1, ge->second.mul2};
         st.a = slot[node.inputs[0]];
         return true;
       }
@@ -171,7 +178,7 @@ void find_chains(const Graph& g, const std::map<std::string, size_t>& uses, cons
       if (!reads_chain) continue;
       ChainFusion::Step st;
       if (!step_of(m, st)) break;
-      const std::string& out = st.kind == ChainStep::Kind::FakeQuantize ? g.nodes[st.dq].outputs[0] : node.outputs[0];
+      const std::string& out = g.nodes[st.also.empty() ? m : st.also.back()].outputs[0];
       slot[out] = static_cast<int>(slot_value.size());
       slot_value.push_back(out);
       chain.steps.push_back(st);
@@ -186,7 +193,7 @@ void find_chains(const Graph& g, const std::map<std::string, size_t>& uses, cons
       if (cast_head) inside.insert(first);
       for (size_t s = 0; s < count; ++s) {
         inside.insert(chain.steps[s].node);
-        if (chain.steps[s].kind == ChainStep::Kind::FakeQuantize) inside.insert(chain.steps[s].dq);
+        inside.insert(chain.steps[s].also.begin(), chain.steps[s].also.end());
       }
       bool ok = true;
       for (size_t s = cast_head ? 0 : 1; s < count && ok; ++s) {  // the inner values
@@ -219,7 +226,7 @@ void find_chains(const Graph& g, const std::map<std::string, size_t>& uses, cons
     if (cast_head) chain.nodes.push_back(first);
     for (const auto& st : chain.steps) {
       chain.nodes.push_back(st.node);
-      if (st.kind == ChainStep::Kind::FakeQuantize) chain.nodes.push_back(st.dq);
+      chain.nodes.insert(chain.nodes.end(), st.also.begin(), st.also.end());
     }
     taken.insert(chain.nodes.begin(), chain.nodes.end());
     plan.chains[first] = std::move(chain);
@@ -254,6 +261,13 @@ bool Executor::run_chain(const Graph& g, const ChainFusion& chain, Scope& scope,
       if (!std::isfinite(s.scale) || s.scale <= 0) return false;
       s.qtype = zero != nullptr ? zero->dtype() : kUInt8;
       s.zero = zero != nullptr ? static_cast<int64_t>(zero->item()) : 0;
+    } else if (st.kind == ChainStep::Kind::Gelu) {  // the numbers run_gelu checks
+      const GeluFusion& f = plan.gelu.at(st.node);
+      double k = 0, one = 0, half = 0;
+      if (!number(node.inputs[1], scope, plan, k) || !number(f.one, scope, plan, one) ||
+          !number(f.half, scope, plan, half) || static_cast<float>(k) != static_cast<float>(1.4142135623730951) ||
+          one != 1 || half != 0.5)
+        return false;
     } else if (st.kind == ChainStep::Kind::ChannelAffine) {
       if (x->dim() < 2 || !batch_norm_affine(node, scope, plan, st.node, x->size(1), s.channel_scale, s.channel_shift))
         return false;

@@ -60,7 +60,8 @@ struct GeluFusion {
 struct ChainFusion {
   struct Step {
     ChainStep::Kind kind = ChainStep::Kind::Add;
-    size_t node = 0, dq = 0;  // the node; a QDQ pair's DequantizeLinear
+    size_t node = 0;           // the node, and the step's other nodes: a QDQ pair's DequantizeLinear,
+    std::vector<size_t> also;  // an exact GELU's Erf, Add and Muls (the last writes the step's value)
     int a = 0, b = -1;        // the slots read (ChainStep's)
     std::string constant;     // the one-element constant operand of an arithmetic step, or none
   };

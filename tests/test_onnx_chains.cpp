@@ -1,7 +1,7 @@
 // The elementwise chains of the ONNX executor's inference (Note [Elementwise chains] in
 // src/ops/chain.cpp) on graphs written as exporters write them: a quantised HardSwish in QDQ form,
-// a transformer's scaled and masked scores and its bias and residual, and a dynamically quantised
-// MatMul's scale and bias; each bit for bit the graph as written, and run as the chains expected.
+// a transformer's scaled and masked scores, its bias and residual and its bias and GELU, and a
+// dynamically quantised MatMul's scale and bias; each bit for bit the graph as written, and run as the chains expected.
 #include <gtest/gtest.h>
 
 #include "braid/braid.h"
@@ -115,6 +115,29 @@ TEST(OnnxModule, MatMulIntegerScaleAndBiasRunAsOneChain) {
   EXPECT_EQ(mod.run({a, a_zero, scale})[0].to_vector<float>(), as_written.to_vector<float>());
   EXPECT_EQ(mod.profile().at("elementwise chain").calls, 1);
   EXPECT_EQ(mod.profile().count("Cast") + mod.profile().count("Mul") + mod.profile().count("Add"), 0u);
+}
+
+// A feed-forward layer's bias and exact GELU written out as exporters write it (Div by sqrt 2, Erf,
+// Add 1, Mul by x, Mul by 0.5: Note [GELU as one op]) run as one chain.
+TEST(OnnxModule, BiasAndGeluRunAsOneChain) {
+  Generator gen(18);
+  bx::GraphBuilder g(17);
+  const std::string h = g.node("Add", {g.node("MatMul", {"x", "w"})[0], "bias"})[0];
+  const std::string e = g.node("Erf", {g.node("Div", {h, g.scalar(1.4142135623730951, kFloat32)})[0]})[0];
+  const std::string hx = g.node("Mul", {h, g.node("Add", {e, g.scalar(1.0, kFloat32)})[0]})[0];
+  g.graph().nodes.push_back(bx::Node{"half", "Mul", "", {hx, g.scalar(0.5, kFloat32)}, {"y"}, {}});
+  bx::Model m = model_of("ffn_gelu", 17, g.graph());
+  m.graph.initializers.insert({{"w", randn({12, 20}, kFloat32, &gen, 0, 0.5)}, {"bias", randn({20}, kFloat32, &gen)}});
+  m.graph.inputs.push_back(info("x", kFloat32, {3, 7, 12}));
+  m.graph.outputs.push_back(info("y", kFloat32, {3, 7, 20}));
+  bx::OnnxModule mod(m);
+  const Tensor x = randn({3, 7, 12}, kFloat32, &gen) * 2.0;
+  const Tensor as_written = mod.run({x})[0].detach();
+  mod.set_profiling(true);
+  NoGradGuard no_grad;
+  EXPECT_EQ(mod.run({x})[0].to_vector<float>(), as_written.to_vector<float>());
+  EXPECT_EQ(mod.profile().at("elementwise chain").calls, 1);
+  EXPECT_EQ(mod.profile().count("Gelu") + mod.profile().count("Erf") + mod.profile().count("Add"), 0u);
 }
 
 }  // namespace

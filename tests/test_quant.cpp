@@ -251,7 +251,7 @@ TEST(Aminmax, IsAminAndAmax) {
 // the ops they stand for, in either layout (a channels-last input gives a channels-last result):
 // the fake quantisations of both types, a per-channel affine map, arithmetic by constants on
 // either side, between two earlier steps and with tensors that broadcast (a residual, a per-sample
-// channel scale, a bias, a mask), with ties, saturation, NaN and infinities, on sizes below and
+// channel scale, a bias, a mask), the exact GELU, with ties, saturation, NaN and infinities, on sizes below and
 // above the parallel grain.
 TEST(ElementwiseChain, EachStepIsItsOpBitForBit) {
   Generator gen(12);
@@ -283,11 +283,12 @@ TEST(ElementwiseChain, EachStepIsItsOpBitForBit) {
       // strides differ), a per-sample channel scale, a bias along the last axis and a mask.
       const Tensor full_size = randn(s, kFloat32, &gen), se = rand({s[0], c, 1, 1}, kFloat32, &gen),
                    bias = randn({s[3]}, kFloat32, &gen), mask = randn({s[0], 1, 1, s[3]}, kFloat32, &gen);
-      steps.resize(13);
+      steps.resize(14);
       steps[9].kind = K::Add, steps[9].a = 9, steps[9].b = ChainStep::kTensor, steps[9].operand = full_size;
       steps[10].kind = K::Mul, steps[10].a = ChainStep::kTensor, steps[10].b = 10, steps[10].operand = se;
       steps[11].kind = K::Add, steps[11].a = 11, steps[11].b = ChainStep::kTensor, steps[11].operand = bias;
       steps[12].kind = K::Sub, steps[12].a = 12, steps[12].b = ChainStep::kTensor, steps[12].operand = mask;
+      steps[13].kind = K::Gelu, steps[13].a = 13;
       const Tensor got = elementwise_chain(x, steps);
       EXPECT_EQ(got.shape(), s);
       EXPECT_EQ(!got.is_contiguous() && got.is_channels_last(), channels_last);
@@ -297,7 +298,7 @@ TEST(ElementwiseChain, EachStepIsItsOpBitForBit) {
       const Tensor v4 = v3 + full({}, 3.0, kFloat32);
       const Tensor v5 = fake_quantize(v4, 6.0 / 255, 0, kUInt8);
       const Tensor v8 = full({}, 0.5, kFloat32) - (v3 * v5) / full({}, 6.0, kFloat32);
-      const Tensor want = ((se * (full({}, 2.0, kFloat32) / v8 + full_size)) + bias) - mask;
+      const Tensor want = gelu(((se * (full({}, 2.0, kFloat32) / v8 + full_size)) + bias) - mask);
       const std::vector<float> g = got.to_vector<float>(), w = want.to_vector<float>();
       ASSERT_EQ(g.size(), w.size());
       for (size_t i = 0; i < g.size(); ++i) {

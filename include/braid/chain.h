@@ -12,7 +12,7 @@ namespace braid {
 
 /// One step of an elementwise chain. Slot 0 holds the chain's input; step i writes slot i + 1.
 struct ChainStep {
-  enum class Kind : uint8_t { FakeQuantize, ChannelAffine, Add, Sub, Mul, Div };
+  enum class Kind : uint8_t { FakeQuantize, ChannelAffine, Gelu, Add, Sub, Mul, Div };
   Kind kind = Kind::Add;
   /// The slots read: `a` by every step; `b` by the arithmetic, whose operands are slot a and slot b,
   /// either of them kConstant for k or kTensor for `operand` (not both kConstant).
@@ -26,6 +26,7 @@ struct ChainStep {
   double scale = 1;
   int64_t zero = 0;
   DType qtype = kUInt8;
+  /// Gelu: braid::gelu(slot a), the exact (erf) GELU.
   /// ChannelAffine: braid::channel_affine(slot a, channel_scale, channel_shift), each (C) float32.
   Tensor channel_scale, channel_shift;
 };

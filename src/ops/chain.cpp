@@ -50,6 +50,9 @@ void check_chain(const Tensor& x, const std::vector<ChainStep>& steps) {
         BRAID_CHECK(scalar_fits(static_cast<double>(s.zero), s.qtype), op, ": step ", i, ": zero point ", s.zero,
                     " is outside ", dtype_name(s.qtype), "'s range");
         break;
+      case ChainStep::Kind::Gelu:
+        BRAID_CHECK(slot(s.a, false), op, ": step ", i, " reads slot ", s.a, ", which is not written before it");
+        break;
       case ChainStep::Kind::ChannelAffine:
         BRAID_CHECK(slot(s.a, false), op, ": step ", i, " reads slot ", s.a, ", which is not written before it");
         BRAID_CHECK(x.dim() >= 2 && s.channel_scale.defined() && s.channel_shift.defined() &&
@@ -112,6 +115,9 @@ Tensor elementwise_chain(const Tensor& x, const std::vector<ChainStep>& steps) {
     switch (s.kind) {
       case ChainStep::Kind::FakeQuantize:
         v.push_back(fake_quantize(v[static_cast<size_t>(s.a)], s.scale, s.zero, s.qtype));
+        break;
+      case ChainStep::Kind::Gelu:
+        v.push_back(gelu(v[static_cast<size_t>(s.a)]));
         break;
       case ChainStep::Kind::ChannelAffine:
         v.push_back(channel_affine(v[static_cast<size_t>(s.a)], s.channel_scale, s.channel_shift));

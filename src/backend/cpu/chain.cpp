@@ -141,6 +141,10 @@ BRAID_VECTOR_CLONES void run_block(const float* x0, float* out, float* scratch, 
             y[i] = (static_cast<float>(static_cast<int32_t>(quantized_value<false>(a[i], s, z))) - z) * s;
         break;
       }
+      case ChainStep::Kind::Gelu:  // UnaryOp::Gelu's float operations (elementwise.cpp's gelu_t)
+        for (int64_t i = 0; i < n; ++i)
+          y[i] = a[i] * (0.5f * (1.0f + erf_f32(a[i] / static_cast<float>(1.4142135623730951))));
+        break;
       case ChainStep::Kind::ChannelAffine: {
         const float *sc = st.channel_scale, *sh = st.channel_shift;
         if (inner == 1) {  // channels innermost; blocks start at a multiple of channels
