@@ -200,8 +200,8 @@ void find_chains(const Graph& g, const std::map<std::string, size_t>& uses, cons
         const std::string& v = slot_value[s];
         if (keep.count(v) != 0) ok = false;
         size_t readers = 0;
-        for (size_t m : inside)
-          for (const auto& in : g.nodes[m].inputs) readers += in == v;
+        for (size_t m : inside)  // nodes, as `uses` counts them (Mul(v, v) reads v once)
+          readers += std::find(g.nodes[m].inputs.begin(), g.nodes[m].inputs.end(), v) != g.nodes[m].inputs.end();
         auto u = uses.find(v);
         ok = ok && u != uses.end() && u->second == readers;
       }

@@ -140,4 +140,25 @@ TEST(OnnxModule, BiasAndGeluRunAsOneChain) {
   EXPECT_EQ(mod.profile().count("Gelu") + mod.profile().count("Erf") + mod.profile().count("Add"), 0u);
 }
 
+// A value that a node reads twice (Mul(d, d)) and another node outside reads as well (the Div of a
+// normalisation written out) ends a chain before it: no chain takes the Sub and the Mul here.
+TEST(OnnxModule, AValueReadTwiceByOneNodeAndOnceOutsideIsNotHidden) {
+  Generator gen(19);
+  bx::GraphBuilder g(17);
+  const std::string d = g.node("Sub", {"x", "m"})[0];
+  const std::string var = g.node("ReduceMean", {g.node("Mul", {d, d})[0], g.ints({-1})})[0];
+  const std::string sd = g.node("Sqrt", {g.node("Add", {var, g.scalar(1e-5, kFloat32)})[0]})[0];
+  g.graph().nodes.push_back(bx::Node{"norm", "Div", "", {d, sd}, {"y"}, {}});
+  bx::Model m = model_of("normalised", 18, g.graph());
+  m.graph.inputs = {info("x", kFloat32, {2, 3, 8}), info("m", kFloat32, {2, 3, 1})};
+  m.graph.outputs.push_back(info("y", kFloat32, {2, 3, 8}));
+  bx::OnnxModule mod(m);
+  const Tensor x = randn({2, 3, 8}, kFloat32, &gen), mean = randn({2, 3, 1}, kFloat32, &gen);
+  const Tensor as_written = mod.run({x, mean})[0].detach();
+  mod.set_profiling(true);
+  NoGradGuard no_grad;
+  EXPECT_EQ(mod.run({x, mean})[0].to_vector<float>(), as_written.to_vector<float>());
+  EXPECT_EQ(mod.profile().count("elementwise chain"), 0u);
+}
+
 }  // namespace
