@@ -38,11 +38,13 @@ bool inference_batch_norm(const Node& n) {
 }  // namespace
 
 // A chain grows from its first node along the nodes that read its values, in graph order: a QDQ
-// pair, an inference BatchNormalization or an Add/Sub/Mul/Div whose operands are chain values and
-// at most one other value (a one-element constant, or a tensor that broadcasts to the chain's
-// shape: both are checked when the chain runs). It ends at the first node that reads a chain value and is none of
-// those, and is cut back to its longest prefix whose values, but the last, no node outside it reads. Nodes already in
-// another pattern (Conv folding, fused activations, GELU) stay out.
+// pair, an inference BatchNormalization, an exact GELU written out, or an Add/Sub/Mul/Div whose
+// operands are chain values and at most one other value (a one-element constant, or a tensor that
+// broadcasts to the chain's shape: both checked when the chain runs). A Cast to float32 may head it.
+// It ends at the first node that reads a chain value and is none of those, and is cut back to its
+// longest prefix whose values, but the last, no node outside it reads, and whose other inputs exist
+// before it runs (made earlier, or by Constant and static nodes it runs early). Nodes already in
+// another pattern (Conv folding, fused activations) stay out. The chain runs at its first node.
 void find_chains(const Graph& g, const std::map<std::string, size_t>& uses, const std::set<std::string>& keep,
                  const std::map<std::string, Tensor>& weights, ExecPlan& plan) {
   const size_t n = g.nodes.size();
