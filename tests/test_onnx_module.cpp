@@ -210,6 +210,26 @@ TEST(OnnxModule, StaticNodesRunOnceAndFollowChangesToTheWeights) {
   check("after load_state_dict");
 }
 
+// Note [Small values evaluated once per value]: a kept output that is a view of its input
+// (Unsqueeze) is kept as a copy, so that a caller rewriting its input tensor in place after a run
+// does not change what a later run with the old values gets.
+TEST(OnnxModule, KeptSmallValuesDoNotAliasTheCallersTensors) {
+  bx::GraphBuilder g(13);
+  const std::string u = g.node("Unsqueeze", {"x", g.ints({0})})[0];
+  g.graph().nodes.push_back(bx::Node{"as_float", "Cast", "", {u}, {"y"}, {{"to", bx::attr_int(1)}}});
+  bx::Model m = model_of("small_values", 13, g.graph());
+  m.graph.inputs.push_back(info("x", kInt64, {3}, false));
+  m.graph.outputs.push_back(info("y", kFloat32, {1, 3}, false));
+  bx::OnnxModule mod(m);
+  NoGradGuard no_grad;
+  Tensor a = tensor(std::vector<int64_t>{1, 2, 3}, {3});
+  EXPECT_EQ(mod.run({a})[0].to_vector<float>(), (std::vector<float>{1, 2, 3}));
+  a.copy_(tensor(std::vector<int64_t>{7, 8, 9}, {3}));  // the caller reuses its tensor
+  const Tensor b = tensor(std::vector<int64_t>{1, 2, 3}, {3});
+  EXPECT_EQ(mod.run({b})[0].to_vector<float>(), (std::vector<float>{1, 2, 3}));
+  EXPECT_EQ(mod.run({a})[0].to_vector<float>(), (std::vector<float>{7, 8, 9}));
+}
+
 // Note [QDQ pairs]: in inference a QuantizeLinear read only by a DequantizeLinear of the same scale
 // and zero point runs as one fake_quantize, bit for bit the pair as written.
 TEST(OnnxModule, QdqPairsRunAsOnePassWithTheSameBits) {
