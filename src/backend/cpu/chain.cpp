@@ -238,8 +238,11 @@ bool CpuBackend::elementwise_chain(const Tensor& x, const std::vector<ChainStep>
                      : 1;
 #pragma omp parallel num_threads(nt)
   {
-    // count - 1 slots, a gathered operand and the converted input
-    std::vector<float> scratch(static_cast<size_t>((count + 1) * block));
+    // count - 1 slots, a gathered operand and the converted input; each thread's own, kept between
+    // calls (a chain runs between every two convolutions of a quantised model)
+    thread_local std::vector<float> scratch;
+    if (scratch.size() < static_cast<size_t>((count + 1) * block))
+      scratch.resize(static_cast<size_t>((count + 1) * block));
     float* converted = scratch.data() + static_cast<int64_t>(count) * block;
 #pragma omp for schedule(static)
     for (int64_t bi = 0; bi < blocks; ++bi) {
