@@ -322,6 +322,35 @@ TEST(ElementwiseChain, EachStepIsItsOpBitForBit) {
   }
 }
 
+// A chain against its closed form written out here in float arithmetic: the fake quantisation
+// (round half to even by std::nearbyint, saturated), a per-channel affine map, an added constant and
+// a bias along the last axis exactly; then the exact GELU against std::erf in double.
+TEST(ElementwiseChain, MatchesTheClosedForm) {
+  Generator gen(20);
+  const Tensor x = randn({2, 3, 50}, kFloat32, &gen) * 4.0, sc = rand({3}, kFloat32, &gen, 0.5, 1.5),
+               sh = randn({3}, kFloat32, &gen), bias = randn({50}, kFloat32, &gen);
+  using K = ChainStep::Kind;
+  std::vector<ChainStep> steps(5);
+  steps[0].kind = K::FakeQuantize, steps[0].a = 0, steps[0].scale = 0.05, steps[0].zero = 128;
+  steps[1].kind = K::ChannelAffine, steps[1].a = 1, steps[1].channel_scale = sc, steps[1].channel_shift = sh;
+  steps[2].kind = K::Add, steps[2].a = 2, steps[2].b = ChainStep::kConstant, steps[2].k = 0.25f;
+  steps[3].kind = K::Mul, steps[3].a = 3, steps[3].b = ChainStep::kTensor, steps[3].operand = bias;
+  steps[4].kind = K::Gelu, steps[4].a = 4;
+  const std::vector<float> exact = elementwise_chain(x, {steps[0], steps[1], steps[2], steps[3]}).to_vector<float>();
+  const std::vector<float> with_gelu = elementwise_chain(x, steps).to_vector<float>();
+  const std::vector<float> xs = x.to_vector<float>(), a = sc.to_vector<float>(), b = sh.to_vector<float>(),
+                           t = bias.to_vector<float>();
+  const float s = 0.05f, z = 128.0f;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const size_t c = (i / 50) % 3, l = i % 50;
+    const float q = std::min(255.0f, std::max(0.0f, std::nearbyint(xs[i] / s) + z));
+    const float want = (((q - z) * s) * a[c] + b[c] + 0.25f) * t[l];
+    ASSERT_EQ(exact[i], want) << i;
+    const double g = static_cast<double>(want) * 0.5 * (1 + std::erf(static_cast<double>(want) / std::sqrt(2.0)));
+    ASSERT_NEAR(with_gelu[i], g, 2e-6 * (1 + std::fabs(g))) << i;
+  }
+}
+
 // int32 values (MatMulInteger's products) enter a chain converted as braid::cast converts them,
 // including those that float32 rounds (above 2^24).
 TEST(ElementwiseChain, Int32InputIsCastFirst) {
