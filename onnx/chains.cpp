@@ -254,22 +254,9 @@ bool Executor::run_chain(const Graph& g, const ChainFusion& chain, Scope& scope,
     s.a = st.a;
     s.b = st.b;
     if (st.kind == ChainStep::Kind::FakeQuantize) {
-      const Tensor* scale = scope.find(node.inputs[1]);
-      const Tensor* zero = node.inputs.size() > 2 && !node.inputs[2].empty() ? scope.find(node.inputs[2]) : nullptr;
-      if (scale == nullptr || !scale->defined() || scale->numel() != 1 || scale->dtype() != kFloat32 ||
-          (zero != nullptr && (zero->numel() != 1 || (zero->dtype() != kInt8 && zero->dtype() != kUInt8))))
-        return false;
-      s.scale = scale->item();
-      if (!std::isfinite(s.scale) || s.scale <= 0) return false;
-      s.qtype = zero != nullptr ? zero->dtype() : kUInt8;
-      s.zero = zero != nullptr ? static_cast<int64_t>(zero->item()) : 0;
-    } else if (st.kind == ChainStep::Kind::Gelu) {  // the numbers run_gelu checks
-      const GeluFusion& f = plan.gelu.at(st.node);
-      double k = 0, one = 0, half = 0;
-      if (!number(node.inputs[1], scope, plan, k) || !number(f.one, scope, plan, one) ||
-          !number(f.half, scope, plan, half) || static_cast<float>(k) != static_cast<float>(1.4142135623730951) ||
-          one != 1 || half != 0.5)
-        return false;
+      if (!qdq_numbers(node, scope, s.scale, s.zero, s.qtype)) return false;
+    } else if (st.kind == ChainStep::Kind::Gelu) {
+      if (!gelu_numbers(node, plan.gelu.at(st.node), scope, plan)) return false;
     } else if (st.kind == ChainStep::Kind::ChannelAffine) {
       if (x->dim() < 2 || !batch_norm_affine(node, scope, plan, st.node, x->size(1), s.channel_scale, s.channel_shift))
         return false;

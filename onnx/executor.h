@@ -241,12 +241,17 @@ class Executor {
   // The fused patterns' runs are in patterns.cpp, with their Notes.
   // Note [QDQ pairs]
   bool run_fake_quantize(const Node& q, const Node& dq, Scope& scope);
+  // A QuantizeLinear's per-tensor scale (float32, positive, finite), zero point and type (uint8
+  // without one), or false when they are not such.
+  static bool qdq_numbers(const Node& q, const Scope& scope, double& scale, int64_t& zero, DType& qtype);
 
   // Note [Elementwise chains] (src/ops/chain.cpp); chains.cpp.
   bool run_chain(const Graph& g, const ChainFusion& chain, Scope& scope, const ExecPlan& plan);
 
   // Note [GELU as one op]
   bool run_gelu(const Graph& g, const Node& div, const GeluFusion& f, Scope& scope, const ExecPlan& plan);
+  // Whether an exact GELU's numbers are sqrt 2, 1 and 0.5 in this run.
+  static bool gelu_numbers(const Node& div, const GeluFusion& f, const Scope& scope, const ExecPlan& plan);
 
   /// Runs a node of weights and constants, or binds what it gave last time (Note [Static nodes
   /// evaluated once]).

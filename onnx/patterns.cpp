@@ -56,19 +56,28 @@ void find_gelus(const Graph& g, const std::map<std::string, size_t>& uses, const
 // In inference, with one scale and zero point, the pair runs as braid::fake_quantize: one pass
 // and no 8-bit tensor between them, bitwise the same values. Otherwise, or when the values are
 // not what the fused op takes, the two nodes run as written.
+bool Executor::qdq_numbers(const Node& q, const Scope& scope, double& scale, int64_t& zero, DType& qtype) {
+  const Tensor* s = q.inputs.size() > 1 ? scope.find(q.inputs[1]) : nullptr;
+  const Tensor* z = q.inputs.size() > 2 && !q.inputs[2].empty() ? scope.find(q.inputs[2]) : nullptr;
+  if (s == nullptr || !s->defined() || s->numel() != 1 || s->dtype() != kFloat32 ||
+      (z != nullptr && (!z->defined() || z->numel() != 1 || (z->dtype() != kInt8 && z->dtype() != kUInt8))))
+    return false;
+  scale = s->item();
+  qtype = z != nullptr ? z->dtype() : kUInt8;
+  zero = z != nullptr ? static_cast<int64_t>(z->item()) : 0;
+  return std::isfinite(scale) && scale > 0;
+}
+
 bool Executor::run_fake_quantize(const Node& q, const Node& dq, Scope& scope) {
   const Tensor* x = scope.find(q.inputs[0]);
-  const Tensor* scale = scope.find(q.inputs[1]);
-  const Tensor* zero = q.inputs.size() > 2 && !q.inputs[2].empty() ? scope.find(q.inputs[2]) : nullptr;
-  if (x == nullptr || scale == nullptr || !x->defined() || x->dtype() != kFloat32 || x->device() != device_ ||
-      scale->numel() != 1 || scale->dtype() != kFloat32 ||
-      (zero != nullptr && (zero->numel() != 1 || (zero->dtype() != kInt8 && zero->dtype() != kUInt8))))
+  double s = 0;
+  int64_t zero = 0;
+  DType qtype = kUInt8;
+  if (x == nullptr || !x->defined() || x->dtype() != kFloat32 || x->device() != device_ ||
+      !qdq_numbers(q, scope, s, zero, qtype))
     return false;
-  const double s = scale->item();
-  if (!std::isfinite(s) || s <= 0) return false;
   const auto start = profile_ != nullptr ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
-  const DType qtype = zero != nullptr ? zero->dtype() : kUInt8;
-  scope.values[dq.outputs[0]] = fake_quantize(*x, s, zero != nullptr ? static_cast<int64_t>(zero->item()) : 0, qtype);
+  scope.values[dq.outputs[0]] = fake_quantize(*x, s, zero, qtype);
   if (profile_ != nullptr) {
     auto& slot = (*profile_)["QuantizeLinear+DequantizeLinear"];
     slot.ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
@@ -83,11 +92,15 @@ bool Executor::run_fake_quantize(const Node& q, const Node& dq, Scope& scope) {
 // block. In inference, with those numbers known and each intermediate read only by the next node,
 // they run as braid::gelu, one pass (UnaryOp::Gelu). Its float operations are the composite
 // x * (0.5 * (1 + erf(x / sqrt 2))): the halving moves, which is exact short of subnormals.
-bool Executor::run_gelu(const Graph& g, const Node& div, const GeluFusion& f, Scope& scope, const ExecPlan& plan) {
+bool Executor::gelu_numbers(const Node& div, const GeluFusion& f, const Scope& scope, const ExecPlan& plan) {
   double k = 0, one = 0, half = 0;
   if (!number(div.inputs[1], scope, plan, k) || !number(f.one, scope, plan, one) || !number(f.half, scope, plan, half))
     return false;
-  if (static_cast<float>(k) != static_cast<float>(1.4142135623730951) || one != 1 || half != 0.5) return false;
+  return static_cast<float>(k) == static_cast<float>(1.4142135623730951) && one == 1 && half == 0.5;
+}
+
+bool Executor::run_gelu(const Graph& g, const Node& div, const GeluFusion& f, Scope& scope, const ExecPlan& plan) {
+  if (!gelu_numbers(div, f, scope, plan)) return false;
   const Tensor* x = scope.find(div.inputs[0]);
   if (x == nullptr || !x->defined() || (x->dtype() != kFloat32 && x->dtype() != kFloat64) || x->device() != device_)
     return false;
