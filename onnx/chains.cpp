@@ -37,6 +37,29 @@ bool inference_batch_norm(const Node& n) {
 
 }  // namespace
 
+bool available_early(const Graph& g, const std::map<std::string, size_t>& producer, const std::set<std::string>& keep,
+                     const ExecPlan& plan, const std::string& v, size_t first, std::set<size_t>& early) {
+  auto p = producer.find(v);
+  if (p == producer.end() || p->second < first || early.count(p->second) != 0) return true;
+  const Node& node = g.nodes[p->second];
+  const bool constant_node =
+      node.op_type == "Constant" && node.domain.empty() && node.outputs.size() == 1 && keep.count(node.outputs[0]) == 0;
+  if (!constant_node && !plan.static_node[p->second]) return false;
+  early.insert(p->second);
+  for (const auto& in : node.inputs)
+    if (!in.empty() && !available_early(g, producer, keep, plan, in, first, early)) return false;
+  return true;
+}
+
+void Executor::run_early(const Graph& g, const std::vector<size_t>& early, Scope& scope, const ExecPlan& plan) {
+  for (size_t e : early) {  // bound again, from what they keep, when the loop reaches them
+    if (g.nodes[e].op_type == "Constant")
+      run_constant(g.nodes[e], scope, plan, e);
+    else
+      run_static(g.nodes[e], scope, plan, e);
+  }
+}
+
 // A chain grows from its first node along the nodes that read its values, in graph order: a QDQ
 // pair, an inference BatchNormalization, an exact GELU written out, or an Add/Sub/Mul/Div whose
 // operands are chain values and at most one other value (a one-element constant, or a tensor that
@@ -56,6 +79,7 @@ void find_chains(const Graph& g, const std::map<std::string, size_t>& uses, cons
     taken.insert(f.post.begin(), f.post.end());
   }
   for (const auto& [div, f] : plan.gelu) taken.insert({f.erf, f.add, f.mul1, f.mul2});  // the Div heads a step
+  for (const auto& [pool, f] : plan.gates) taken.insert(f.nodes.begin(), f.nodes.end() - 1);  // not the Mul
   std::map<std::string, size_t> producer;
   for (size_t i = 0; i < n; ++i)
     for (const auto& o : g.nodes[i].outputs) producer[o] = i;
@@ -66,21 +90,9 @@ void find_chains(const Graph& g, const std::map<std::string, size_t>& uses, cons
     auto p = producer.find(v);
     return p != producer.end() && (plan.static_node[p->second] || g.nodes[p->second].op_type == "Constant");
   };
-  // Whether value v can be had before node `first` runs: made before it, or by Constant and static
-  // nodes (of weights and constants only) that can run early, gathered into `early`.
-  const std::function<bool(const std::string&, size_t, std::set<size_t>&)> available =
-      [&](const std::string& v, size_t first, std::set<size_t>& early) {
-        auto p = producer.find(v);
-        if (p == producer.end() || p->second < first || early.count(p->second) != 0) return true;
-        const Node& node = g.nodes[p->second];
-        const bool constant_node = node.op_type == "Constant" && node.domain.empty() && node.outputs.size() == 1 &&
-                                   keep.count(node.outputs[0]) == 0;
-        if (!constant_node && !plan.static_node[p->second]) return false;
-        early.insert(p->second);
-        for (const auto& in : node.inputs)
-          if (!in.empty() && !available(in, first, early)) return false;
-        return true;
-      };
+  const auto available = [&](const std::string& v, size_t first, std::set<size_t>& early) {
+    return available_early(g, producer, keep, plan, v, first, early);
+  };
   // Whether the model declares v broader than x in some dimension (size 1 in x, more in v): an
   // operand that would make the result larger than the chain's input, which a chain cannot take
   // (a squeeze-and-excitation's input seen from its channel scale).
@@ -236,12 +248,7 @@ void find_chains(const Graph& g, const std::map<std::string, size_t>& uses, cons
 }
 
 bool Executor::run_chain(const Graph& g, const ChainFusion& chain, Scope& scope, const ExecPlan& plan) {
-  for (size_t e : chain.early) {  // bound again, from what they keep, when the loop reaches them
-    if (g.nodes[e].op_type == "Constant")
-      run_constant(g.nodes[e], scope, plan, e);
-    else
-      run_static(g.nodes[e], scope, plan, e);
-  }
+  run_early(g, chain.early, scope, plan);
   const Tensor* x = scope.find(chain.input);
   if (x == nullptr || !x->defined() || x->dtype() != (chain.cast_input ? kInt32 : kFloat32) || x->device() != device_ ||
       x->numel() == 0)

@@ -72,6 +72,24 @@ struct ChainFusion {
   std::vector<size_t> early;  // Constant and static nodes after the first that it reads, run before it
 };
 
+/// A squeeze-and-excitation block written as nodes, run as one braid::squeeze_excite in inference
+/// (Note [Squeeze-and-excitation as one op] in src/ops/squeeze_excite.cpp; found by find_gates,
+/// gates.cpp): a GlobalAveragePool, two stages of a 1x1 Conv, an optional Add of a bias and an
+/// optional activation, and the Mul of the pool's input by the gate.
+struct GateFusion {
+  static constexpr size_t kNone = static_cast<size_t>(-1);
+  struct Stage {
+    size_t conv = kNone, add = kNone, act = kNone;
+    std::string bias;  // the Add's operand, or none
+  };
+  std::string input, output;  // the pool's input, the Mul's output
+  std::string gate;           // the value the Mul reads besides the input
+  Stage stages[2];
+  std::vector<size_t> nodes;  // every node the block runs (Identity nodes between included), the Mul last
+  bool gate_only = false;     // the Mul runs in an elementwise chain: the block makes `gate` alone
+  std::vector<size_t> early;  // Constant and static nodes after the pool that it reads, run before it
+};
+
 /// What OnnxModule precomputes about its top-level graph (see make_plan).
 struct ExecPlan {
   std::vector<std::vector<std::string>> release_after;  // values whose last use is node i
@@ -81,6 +99,7 @@ struct ExecPlan {
   std::map<size_t, size_t> qdq;  // QuantizeLinear -> the DequantizeLinear that alone reads it (Note [QDQ pairs])
   std::map<size_t, GeluFusion> gelu;        // Div node -> the rest of an exact GELU (Note [GELU as one op])
   std::map<size_t, ChainFusion> chains;     // first node -> its elementwise chain (Note [Elementwise chains])
+  std::map<size_t, GateFusion> gates;       // GlobalAveragePool -> its squeeze-and-excitation block
   std::map<std::string, double> constants;  // one-element Constant nodes' values, known before they run
   mutable FoldedWeights folded;             // Note [Folded weights kept]
   mutable ConstantCache constant_values;    // Note [Constants evaluated once]
@@ -171,6 +190,12 @@ class Executor {
         continue;
       }
       if (fold) {
+        auto ga = plan->gates.find(i);
+        if (ga != plan->gates.end() && run_gate(g, ga->second, scope, *plan)) {
+          skip_.insert(ga->second.nodes.begin(), ga->second.nodes.end());
+          release(plan, i, scope);
+          continue;
+        }
         auto ch = plan->chains.find(i);
         if (ch != plan->chains.end() && run_chain(g, ch->second, scope, *plan)) {
           skip_.insert(ch->second.nodes.begin(), ch->second.nodes.end());
@@ -247,6 +272,12 @@ class Executor {
 
   // Note [Elementwise chains] (src/ops/chain.cpp); chains.cpp.
   bool run_chain(const Graph& g, const ChainFusion& chain, Scope& scope, const ExecPlan& plan);
+
+  // Runs Constant and static nodes ahead of the pattern that reads them (available_early).
+  void run_early(const Graph& g, const std::vector<size_t>& early, Scope& scope, const ExecPlan& plan);
+
+  // Note [Squeeze-and-excitation as one op] (src/ops/squeeze_excite.cpp); gates.cpp.
+  bool run_gate(const Graph& g, const GateFusion& gate, Scope& scope, const ExecPlan& plan);
 
   // Note [GELU as one op]
   bool run_gelu(const Graph& g, const Node& div, const GeluFusion& f, Scope& scope, const ExecPlan& plan);
@@ -531,6 +562,17 @@ std::shared_ptr<ExecPlan> make_plan(const Graph& g, const std::map<std::string, 
 /// other patterns, whose nodes they leave alone.
 void find_chains(const Graph& g, const std::map<std::string, size_t>& uses, const std::set<std::string>& keep,
                  const std::map<std::string, Tensor>& weights, ExecPlan& plan);
+/// Whether value v can be had before node `first` runs: made before it, or by Constant and static
+/// nodes (of weights and constants only) that can run early, gathered into `early` (chains.cpp).
+bool available_early(const Graph& g, const std::map<std::string, size_t>& producer, const std::set<std::string>& keep,
+                     const ExecPlan& plan, const std::string& v, size_t first, std::set<size_t>& early);
+/// The squeeze-and-excitation blocks (Note [Squeeze-and-excitation as one op]), into plan.gates
+/// (gates.cpp); after the Conv patterns, whose activations of the blocks' Convs it takes over, and
+/// before find_chains, which may take a block's Mul into a chain (settle_gates then leaves the
+/// block its gate alone).
+void find_gates(const Graph& g, const std::map<std::string, size_t>& uses, const std::set<std::string>& keep,
+                const std::map<std::string, Tensor>& weights, ExecPlan& plan);
+void settle_gates(ExecPlan& plan);
 /// The exact GELUs written out as nodes (Note [GELU as one op]), into plan.gelu (patterns.cpp).
 void find_gelus(const Graph& g, const std::map<std::string, size_t>& uses, const std::set<std::string>& keep,
                 ExecPlan& plan);

@@ -280,7 +280,9 @@ std::shared_ptr<ExecPlan> make_plan(const Graph& g, const std::map<std::string, 
     if (div == n || g.nodes[div].inputs.size() != 2 || g.nodes[div].inputs[0] != m.outputs[0]) continue;
     plan->conv_act[p] = {{add, clip, mul, div}, "HardSwish", affine_after(div)};
   }
+  find_gates(g, uses, keep, weights, *plan);
   find_chains(g, uses, keep, weights, *plan);
+  settle_gates(*plan);
   return plan;
 }
 

@@ -71,4 +71,24 @@ Tensor avg_pool2d(const Tensor& x, const std::vector<int64_t>& kernel, const std
 /// [floor(i n / out), ceil((i + 1) n / out)), as PyTorch.
 Tensor adaptive_avg_pool2d(const Tensor& x, const std::vector<int64_t>& output_size);
 
+/// An activation as conv2d_activation names it, with its numbers: "relu", "clip" (min a, max b),
+/// "hardswish", "hardsigmoid" (min(max(a x + b, 0), 1)), or "" for none.
+struct ConvActivation {
+  std::string name;
+  double a = 0, b = 0;
+};
+
+/// A squeeze-and-excitation block (MobileNetV3, PP-LCNet) as one op, for inference (Note
+/// [Squeeze-and-excitation as one op] in src/ops/squeeze_excite.cpp): x (N, C, H, W) float32 times
+/// its per-sample channel gate act2(conv1x1(act1(conv1x1(mean of x over H and W, w1, b1)), w2, b2)),
+/// w1 (C_mid, C, 1, 1), w2 (C, C_mid, 1, 1), b1 (C_mid) and b2 (C) or undefined. The result keeps x's
+/// layout (channels-last stays so) and equals those ops run one by one to float32 reassociation.
+/// Inference only: run under NoGradGuard or on tensors that do not require a gradient.
+Tensor squeeze_excite(const Tensor& x, const Tensor& w1, const Tensor& b1, const ConvActivation& act1, const Tensor& w2,
+                      const Tensor& b2, const ConvActivation& act2);
+/// The gate alone, (N, C, 1, 1): what squeeze_excite multiplies x by (for a graph that multiplies
+/// it in later, with other elementwise work).
+Tensor squeeze_excite_gate(const Tensor& x, const Tensor& w1, const Tensor& b1, const ConvActivation& act1,
+                           const Tensor& w2, const Tensor& b2, const ConvActivation& act2);
+
 }  // namespace braid

@@ -232,6 +232,14 @@ class Backend {
   /// operations of its op, so that the result is bitwise the steps run one by one.
   virtual bool elementwise_chain(const Tensor& x, const std::vector<ChainStep>& steps, int64_t channels, int64_t inner,
                                  const Tensor& out);
+  /// The squeeze-and-excitation gate of x (braid::squeeze_excite_gate) into gate (N, C), and where out
+  /// is defined x times it (braid::squeeze_excite): per sample n, m = the mean of x over H and W,
+  /// gate[n] = e2(w2 e1(w1 m + b1) + b2), out[n, c, ...] = x[n, c, ...] * gate[n, c]. x and out float32
+  /// and contiguous, (N, H, W, C) when channels_last, else (N, C, H, W); w1 (C_mid, C), w2 (C, C_mid),
+  /// b1 (C_mid) and b2 (C) contiguous float32 or undefined; e1 and e2 activations only.
+  virtual bool squeeze_excite(const Tensor& x, bool channels_last, const Tensor& w1, const Tensor& b1,
+                              const Epilogue& e1, const Tensor& w2, const Tensor& b2, const Epilogue& e2,
+                              const Tensor& gate, const Tensor& out);
   /// out (int8 or uint8, x's shape) = round_half_even(x / scale) + zero saturated to out's range, x
   /// float32 and contiguous, the division in float32; NaN gives 0 (braid::quantize).
   virtual bool quantize(const Tensor& x, double scale, int64_t zero, const Tensor& out);

@@ -87,6 +87,10 @@ bool Backend::conv2d_backward_weight(const Tensor&, const Tensor&, const Window2
 bool Backend::matmul_int8(const Tensor&, int64_t, const Tensor&, int64_t, const Tensor&) { return false; }
 bool Backend::quantize(const Tensor&, double, int64_t, const Tensor&) { return false; }
 bool Backend::aminmax(const Tensor&, const Tensor&, const Tensor&) { return false; }
+bool Backend::squeeze_excite(const Tensor&, bool, const Tensor&, const Tensor&, const Epilogue&, const Tensor&,
+                             const Tensor&, const Epilogue&, const Tensor&, const Tensor&) {
+  return false;
+}
 bool Backend::softmax_rows(const Tensor&, const Tensor&) { return false; }
 bool Backend::layer_norm_rows(const Tensor&, int64_t, const Tensor&, const Tensor&, double, const Tensor&,
                               const Tensor&, const Tensor&) {

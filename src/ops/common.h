@@ -56,6 +56,9 @@ struct SameLayout {
   Tensor in, out, result;
 };
 SameLayout same_layout(const Tensor& x, DType dtype);
+/// The epilogue of an activation named as conv2d_activation names it ("" for none), with its numbers
+/// (ValueError naming op for a name it does not know; ops/conv.cpp).
+Epilogue activation_epilogue(const std::string& name, double a, double b, const char* op);
 /// Runs a unary primitive into a new tensor of out_dtype.
 Tensor unary_raw(UnaryOp op, const Tensor& x, double p0 = 0, double p1 = 0, DType out_dtype = kFloat32, bool keep_dtype = true);
 /// Runs a binary primitive with broadcasting into a new tensor; operands are cast to compute.

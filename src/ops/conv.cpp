@@ -410,18 +410,25 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const s
   return conv2d_with(x, weight, bias, stride, padding, dilation, groups, Epilogue(), "conv2d");
 }
 
+Epilogue detail::activation_epilogue(const std::string& name, double a, double b, const char* op) {
+  static const std::pair<const char*, Epilogue::Kind> kKinds[] = {{"", Epilogue::Kind::None},
+                                                                  {"relu", Epilogue::Kind::Relu},
+                                                                  {"clip", Epilogue::Kind::Clip},
+                                                                  {"hardswish", Epilogue::Kind::HardSwish},
+                                                                  {"hardsigmoid", Epilogue::Kind::HardSigmoid}};
+  for (const auto& [known, kind] : kKinds)
+    if (name == known) return {kind, a, b};
+  throw ValueError(cat(op, ": unknown activation '", name, "'; known: relu, clip, hardswish, hardsigmoid"));
+}
+
 Tensor conv2d_activation(const Tensor& x, const Tensor& weight, const Tensor& bias, const std::vector<int64_t>& stride,
                          const std::vector<int64_t>& padding, const std::vector<int64_t>& dilation, int64_t groups,
                          const std::string& activation, double a, double b, double scale, double shift) {
-  static const std::pair<const char*, Epilogue::Kind> kKinds[] = {{"relu", Epilogue::Kind::Relu},
-                                                                   {"clip", Epilogue::Kind::Clip},
-                                                                   {"hardswish", Epilogue::Kind::HardSwish},
-                                                                   {"hardsigmoid", Epilogue::Kind::HardSigmoid}};
-  Epilogue e;
-  for (const auto& [name, kind] : kKinds)
-    if (activation == name) e = {kind, a, b, scale, shift};
+  Epilogue e = activation_epilogue(activation, a, b, "conv2d_activation");
   BRAID_CHECK(e.kind != Epilogue::Kind::None, "conv2d_activation: unknown activation '", activation,
               "'; known: relu, clip, hardswish, hardsigmoid");
+  e.scale = scale;
+  e.shift = shift;
   if (x.defined() && x.dim() == 3)
     return conv2d_activation(x.unsqueeze(0), weight, bias, stride, padding, dilation, groups, activation, a, b, scale,
                              shift)

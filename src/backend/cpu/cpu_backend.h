@@ -59,6 +59,10 @@ class CpuBackend final : public Backend {
                          const Tensor& out) override;
   bool adam_step(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const Tensor& max_v,
                  const AdamStep& s) override;
+  // squeeze_excite.cpp (Note [Squeeze-and-excitation as one op])
+  bool squeeze_excite(const Tensor& x, bool channels_last, const Tensor& w1, const Tensor& b1, const Epilogue& e1,
+                      const Tensor& w2, const Tensor& b2, const Epilogue& e2, const Tensor& gate,
+                      const Tensor& out) override;
   bool channel_moments(const Tensor& x, const Tensor& mean, const Tensor& var) override;
   bool channel_grad_sums(const Tensor& g, const Tensor& x, const Tensor& mean, const Tensor& sum_g,
                          const Tensor& sum_gxc) override;

@@ -144,6 +144,13 @@ class ShadowBackend final : public Backend {
     }
     return cpu().elementwise_chain(host(op, out, x), on_host, channels, inner, host(op, out, out));
   }
+  bool squeeze_excite(const Tensor& x, bool channels_last, const Tensor& w1, const Tensor& b1, const Epilogue& e1,
+                      const Tensor& w2, const Tensor& b2, const Epilogue& e2, const Tensor& gate,
+                      const Tensor& out) override {
+    const char* op = "squeeze_excite";
+    return cpu().squeeze_excite(host(op, gate, x), channels_last, host(op, gate, w1), host(op, gate, b1), e1,
+                                host(op, gate, w2), host(op, gate, b2), e2, host(op, gate, gate), host(op, gate, out));
+  }
   bool aminmax(const Tensor& x, const Tensor& lo, const Tensor& hi) override {
     const char* op = "aminmax";
     return cpu().aminmax(host(op, lo, x), host(op, lo, lo), host(op, lo, hi));
