@@ -358,6 +358,10 @@ OnnxModule::OnnxModule(Model model, const OnnxOptions& options)
   for (const ValueInfo& in : model_.graph.inputs)
     if (model_.graph.initializers.count(in.name) == 0) input_names_.push_back(in.name);
   plan_ = make_plan(model_.graph, weights_);
+  // The weights' tensors stay the same objects for the module's life (moving it to a device or
+  // loading a state dict changes them in place), so their scope is built once, not on every run.
+  weight_scope_ = std::make_shared<Scope>();
+  for (const auto& [name, t] : weights_) weight_scope_->values[name] = t;
   eval();  // an imported model starts in inference mode, as onnxruntime runs it; train() to fine-tune
 }
 
@@ -554,7 +558,7 @@ std::vector<Tensor> OnnxModule::run_ordered(const std::vector<Tensor>& inputs) {
   BRAID_CHECK(inputs.size() == input_names_.size(), model_.path, ": expected ", input_names_.size(),
               " inputs [", join(input_names_), "], got ", inputs.size());
   Scope scope;
-  for (const auto& [name, t] : weights_) scope.values[name] = t;
+  scope.parent = weight_scope_.get();
   for (size_t i = 0; i < inputs.size(); ++i) {
     const ValueInfo* info = nullptr;
     for (const ValueInfo& v : model_.graph.inputs)

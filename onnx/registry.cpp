@@ -106,11 +106,22 @@ void OpRegistry::add(OpSchema schema) {
   BRAID_CHECK(!schema.op_type.empty() && schema.run, "OpRegistry::add: an op needs a type and a run function");
   if (schema.domain == "ai.onnx") schema.domain.clear();
   auto key = std::make_pair(schema.domain, schema.op_type);
-  ops_[key] = std::move(schema);
+  OpSchema& kept = ops_[key] = std::move(schema);
+  if (key.first.empty()) default_domain_[key.second] = &kept;
+}
+
+void OpRegistry::index() {
+  default_domain_.clear();
+  for (const auto& [key, schema] : ops_)
+    if (key.first.empty()) default_domain_[key.second] = &schema;
 }
 
 const OpSchema* OpRegistry::find(const std::string& domain, const std::string& op_type) const {
-  auto it = ops_.find({domain == "ai.onnx" ? std::string() : domain, op_type});
+  if (domain.empty() || domain == "ai.onnx") {
+    auto it = default_domain_.find(op_type);
+    return it == default_domain_.end() ? nullptr : it->second;
+  }
+  auto it = ops_.find({domain, op_type});
   return it == ops_.end() ? nullptr : &it->second;
 }
 

@@ -16,6 +16,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "braid/nn/module.h"
@@ -25,6 +26,7 @@ namespace braid::onnx {
 
 class Executor;
 struct ExecPlan;
+struct Scope;
 
 /// What an op implementation sees of the node it runs: its inputs (an undefined Tensor for an
 /// omitted optional input), its attributes with defaults, the opset and the training flag.
@@ -101,6 +103,16 @@ struct OpSchema {
 class OpRegistry {
  public:
   static OpRegistry& global();
+  OpRegistry() = default;
+  /// A copy (to extend a registry without changing the original), with its own index.
+  OpRegistry(const OpRegistry& other) : ops_(other.ops_) { index(); }
+  OpRegistry& operator=(const OpRegistry& other) {
+    if (this != &other) {
+      ops_ = other.ops_;
+      index();
+    }
+    return *this;
+  }
   /// Adds or replaces an op.
   void add(OpSchema schema);
   const OpSchema* find(const std::string& domain, const std::string& op_type) const;
@@ -108,7 +120,9 @@ class OpRegistry {
   std::vector<std::string> op_types(const std::string& domain = "") const;
 
  private:
+  void index();
   std::map<std::pair<std::string, std::string>, OpSchema> ops_;
+  std::unordered_map<std::string, const OpSchema*> default_domain_;  // ai.onnx's, hashed: found for every node run
 };
 
 /// Every problem the preflight found ("Conv 'conv1': attribute 'foo' is not supported"); empty when
@@ -169,6 +183,7 @@ class OnnxModule : public nn::Module {
   std::vector<std::string> input_names_;
   std::map<std::string, Tensor> weights_;  // initialiser name -> the parameter or buffer tensor
   std::shared_ptr<ExecPlan> plan_;  // value lifetimes and Conv+BatchNormalization folding
+  std::shared_ptr<Scope> weight_scope_;  // the weights by name, every run's outer scope
   bool profiling_ = false;
   std::map<std::string, OpTime> profile_;
 };

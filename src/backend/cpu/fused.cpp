@@ -330,7 +330,8 @@ bool CpuBackend::softmax_rows(const Tensor& x, const Tensor& out) {
   const int64_t n = x.size(-1), rows = x.numel() / n;
   const float* px = x.data<float>();
   float* py = out.data<float>();
-  const int nt = x.numel() > kParallelGrain && rows > 1 && !omp_in_parallel() ? get_num_threads() : 1;
+  // An exponential and three sweeps per element: worth a team sooner than a plain elementwise pass.
+  const int nt = 8 * x.numel() > kParallelGrain && rows > 1 && !omp_in_parallel() ? get_num_threads() : 1;
 #pragma omp parallel for num_threads(nt) schedule(static)
   for (int64_t r = 0; r < rows; ++r) softmax_row(px + r * n, py + r * n, n);
   return true;
@@ -378,7 +379,8 @@ bool CpuBackend::layer_norm_rows(const Tensor& x, int64_t n, const Tensor& weigh
   float* pm = mean.defined() ? mean.data<float>() : nullptr;
   float* pi = inv.defined() ? inv.data<float>() : nullptr;
   const float e = static_cast<float>(eps);
-  const int nt = x.numel() > kParallelGrain && rows > 1 && !omp_in_parallel() ? get_num_threads() : 1;
+  const int nt =
+      3 * x.numel() > kParallelGrain && rows > 1 && !omp_in_parallel() ? get_num_threads() : 1;  // three sweeps
 #pragma omp parallel for num_threads(nt) schedule(static)
   for (int64_t r = 0; r < rows; ++r)
     layer_norm_row(px + r * n, pw, pb, e, py + r * n, pm ? pm + r : nullptr, pi ? pi + r : nullptr, n);

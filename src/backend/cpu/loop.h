@@ -81,8 +81,10 @@ class StridedLoop {
   int ndim_ = 0;
   int64_t numel_ = 0;
   std::array<char*, kMaxOperands> base_{};
-  std::array<int64_t, kMaxLoopDims> shape_{};                            // coalesced, outermost first
-  std::array<std::array<int64_t, kMaxOperands>, kMaxLoopDims> bytes_{};  // byte strides [dim][operand]
+  // Written for the ndim_ dimensions in use only: a small op's loop is built for every call, and
+  // clearing all of them was most of its cost.
+  std::array<int64_t, kMaxLoopDims> shape_;                              // coalesced, outermost first
+  std::array<std::array<int64_t, kMaxOperands>, kMaxLoopDims> bytes_;    // byte strides [dim][operand]
   std::array<int64_t, kMaxOperands> inner_strides_{};                    // element strides of the last dim
 };
 
