@@ -126,6 +126,77 @@ BlockCache& cache() {
   return *c;
 }
 
+// Note [Small block cache]
+// Blocks under kCacheMin come from the C heap, whose aligned allocation takes its slow path on every
+// call (a small op's output at batch 1: a 64-byte tensor for 16 values). Freed small blocks are kept
+// in free lists by size class (multiples of 64 bytes up to 4 KiB, then four classes per power of
+// two) and handed out again, most recently freed first, up to kSmallCacheMax bytes in all; past
+// that they go back to the heap. A model's small values are the same sizes run after run, so the
+// lists stay short and the cache holds about one run's worth of them.
+constexpr int64_t kSmallCacheMax = int64_t{16} << 20;
+constexpr int64_t kSmallLinear = 4096;                 // 64-byte classes below this
+constexpr int kSmallClasses = kSmallLinear / 64 + 4 * 5;  // then 4 per power of two up to kCacheMin (2^17)
+
+// The class of a small block of n bytes (0 < n < kCacheMin) and the size it holds.
+int small_class(int64_t n, int64_t* size) {
+  if (n <= kSmallLinear) {
+    const int64_t c = (n + 63) / 64;
+    *size = c * 64;
+    return static_cast<int>(c - 1);
+  }
+  int k = 0;
+  int64_t p = kSmallLinear;
+  while (p * 2 <= n) p *= 2, ++k;
+  const int64_t quarter = p / 4, q = (n + quarter - 1) / quarter;  // 4 to 8 quarters
+  *size = q * quarter;
+  return static_cast<int>(kSmallLinear / 64 + 4 * k + (q - 4));  // n = 2p exactly: q = 4, the class of q = 8 below
+}
+
+class SmallCache {
+ public:
+  void* take(int cls) {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<void*>& list = free_[cls];
+    if (list.empty()) return nullptr;
+    void* p = list.back();
+    list.pop_back();
+    cached_ -= sizes_[cls];
+    return p;
+  }
+  /// Keeps p unless the cache is full; false when it is (the caller frees p).
+  bool give(int cls, int64_t size, void* p) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (cached_ + size > kSmallCacheMax) return false;
+    free_[cls].push_back(p);
+    sizes_[cls] = size;
+    cached_ += size;
+    return true;
+  }
+  void clear() {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& list : free_) {
+      for (void* p : list) std::free(p);
+      list.clear();
+    }
+    cached_ = 0;
+  }
+  int64_t cached() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return cached_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<void*> free_[kSmallClasses + 1];
+  int64_t sizes_[kSmallClasses + 1] = {};
+  int64_t cached_ = 0;
+};
+
+SmallCache& small_cache() {
+  static SmallCache* c = new SmallCache();  // outlives static tensors freed at exit
+  return *c;
+}
+
 }  // namespace
 
 // The size of each mapped block, by address: a block taken from the cache may be larger than the
@@ -143,9 +214,14 @@ void* CpuBackend::allocate(Device device, int64_t nbytes_in) {
   int64_t nbytes = kUseCache ? block_size(nbytes_in) : nbytes_in;
   const bool big = kUseCache && nbytes >= kCacheMin;
   if (!big) {
-    if (void* p = std::aligned_alloc(kAlignment, static_cast<size_t>(nbytes))) return p;
+    int64_t size = nbytes;
+    if (kUseCache && nbytes > 0) {
+      if (void* p = small_cache().take(small_class(nbytes, &size))) return p;  // Note [Small block cache]
+    }
+    if (void* p = std::aligned_alloc(kAlignment, static_cast<size_t>(size))) return p;
     cache().clear();
-    if (void* p = std::aligned_alloc(kAlignment, static_cast<size_t>(nbytes))) return p;
+    small_cache().clear();
+    if (void* p = std::aligned_alloc(kAlignment, static_cast<size_t>(size))) return p;
     throw Error(cat("out of memory allocating ", nbytes, " bytes on ", device.str()));
   }
   void* p = cache().take(nbytes, &nbytes);
@@ -163,7 +239,13 @@ void* CpuBackend::allocate(Device device, int64_t nbytes_in) {
 }
 
 void CpuBackend::deallocate(Device, void* p, int64_t nbytes_in) {
-  if (!kUseCache || block_size(nbytes_in) < kCacheMin) return std::free(p);
+  if (!kUseCache) return std::free(p);
+  if (block_size(nbytes_in) < kCacheMin) {
+    int64_t size = 0;
+    const int cls = nbytes_in > 0 ? small_class(nbytes_in, &size) : -1;
+    if (cls < 0 || !small_cache().give(cls, size, p)) std::free(p);
+    return;
+  }
   int64_t nbytes = 0;
   {
     std::lock_guard<std::mutex> lock(sizes_mu());
@@ -175,8 +257,11 @@ void CpuBackend::deallocate(Device, void* p, int64_t nbytes_in) {
   cache().give(p, nbytes, std::max(kCacheFloor, 3 * max_memory_allocated(Device::cpu())));
 }
 
-int64_t CpuBackend::cached_bytes(Device) { return cache().cached(); }
-void CpuBackend::empty_cache(Device) { cache().clear(); }
+int64_t CpuBackend::cached_bytes(Device) { return cache().cached() + small_cache().cached(); }
+void CpuBackend::empty_cache(Device) {
+  cache().clear();
+  small_cache().clear();
+}
 
 void CpuBackend::copy_from_host(Device, const void* host, void* dev, int64_t nbytes) {
   if (nbytes > 0) std::memcpy(dev, host, static_cast<size_t>(nbytes));
