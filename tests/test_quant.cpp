@@ -55,6 +55,30 @@ std::vector<int32_t> random_values(DType t, int64_t count, Generator& gen) {
   return cast(floor(rand({count}, kFloat64, &gen) * (hi - lo) + lo), kInt32).to_vector<int32_t>();
 }
 
+// A weight multiplied again and again (a quantised model's, symmetric: zero point 0) is kept in the
+// GEMM's layout from its second product on (Note [Kept int8 weights]): every product stays the
+// exact one, with A's zero point changing between calls, and a weight written in place is used as
+// it is now.
+TEST(IntMatmul, AWeightUsedAgainGivesTheExactProductEachTime) {
+  Generator gen(12);
+  const int64_t m = 7, k = 150, n = 33;
+  const std::vector<int32_t> bv = random_values(kInt8, k * n, gen);
+  Tensor b = cast(tensor(bv, {k, n}), kInt8);
+  for (int call = 0; call < 4; ++call) {
+    SCOPED_TRACE(call);
+    const std::vector<int32_t> av = random_values(kUInt8, m * k, gen);
+    const int64_t za = 100 + call;
+    const std::vector<int64_t> want = reference_product(av, bv, m, k, n, za, 0);
+    const std::vector<int32_t> got = int_matmul(cast(tensor(av, {m, k}), kUInt8), b, za, 0).to_vector<int32_t>();
+    for (int64_t i = 0; i < m * n; ++i) ASSERT_EQ(got[static_cast<size_t>(i)], want[static_cast<size_t>(i)]) << i;
+  }
+  b.fill_(1.0);  // in place: the kept copy is stale
+  const std::vector<int32_t> av = random_values(kUInt8, m * k, gen);
+  const std::vector<int64_t> want = reference_product(av, std::vector<int32_t>(k * n, 1), m, k, n, 9, 0);
+  const std::vector<int32_t> got = int_matmul(cast(tensor(av, {m, k}), kUInt8), b, 9, 0).to_vector<int32_t>();
+  for (int64_t i = 0; i < m * n; ++i) ASSERT_EQ(got[static_cast<size_t>(i)], want[static_cast<size_t>(i)]) << i;
+}
+
 TEST(IntMatmul, IsTheExactIntegerProductForEverySignedness) {
   Generator gen(11);
   const int64_t batch = 2, m = 5, k = 300, n = 19;  // sums of 300 products of up to 255 * 255

@@ -81,7 +81,7 @@ class CpuBackend final : public Backend {
                              const Tensor& gx) override;
   bool conv2d_backward_weight(const Tensor& x, const Tensor& gy, const Window2d& win, int64_t groups,
                               const Tensor& gw) override;
-  // matmul.cpp: int8 GEMM (Note [int8 GEMM through oneDNN])
+  // matmul_int8.cpp: int8 GEMM (Note [int8 GEMM through oneDNN])
   bool matmul_int8(const Tensor& a, int64_t a_zero, const Tensor& b, int64_t b_zero, const Tensor& out) override;
 #endif
 };
