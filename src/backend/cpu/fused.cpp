@@ -253,16 +253,14 @@ BRAID_VECTOR_CLONES void fake_quantize_s8(const float* x, float* out, int64_t n,
 
 template <typename Q>
 void quantize_kernel(const float* x, Q* out, int64_t n, float scale, float zero) {
-  const int nt = n > kParallelGrain && !omp_in_parallel() ? get_num_threads() : 1;
-#pragma omp parallel num_threads(nt)
-  {
-    const int t = omp_get_thread_num(), parts = omp_get_num_threads();
+  const int nt = 4 * n > kParallelGrain && !omp_in_parallel() ? get_num_threads() : 1;  // a division each
+  in_team(nt, [&](int t, int parts) {
     const int64_t begin = n * t / parts, end = n * (t + 1) / parts;
     if constexpr (std::is_same_v<Q, uint8_t>)
       quantize_u8(x + begin, out + begin, end - begin, scale, zero);
     else
       quantize_s8(x + begin, out + begin, end - begin, scale, zero);
-  }
+  });
 }
 
 bool CpuBackend::quantize(const Tensor& x, double scale, int64_t zero, const Tensor& out) {
@@ -281,16 +279,14 @@ bool CpuBackend::fake_quantize(const Tensor& x, double scale, int64_t zero, DTyp
   const float* px = x.data<float>();
   float* py = out.data<float>();
   const int64_t n = x.numel();
-  const int nt = n > kParallelGrain && !omp_in_parallel() ? get_num_threads() : 1;
-#pragma omp parallel num_threads(nt)
-  {
-    const int t = omp_get_thread_num(), parts = omp_get_num_threads();
+  const int nt = 4 * n > kParallelGrain && !omp_in_parallel() ? get_num_threads() : 1;  // a division each
+  in_team(nt, [&](int t, int parts) {
     const int64_t begin = n * t / parts, end = n * (t + 1) / parts;
     if (qtype == kUInt8)
       fake_quantize_u8(px + begin, py + begin, end - begin, s, z);
     else
       fake_quantize_s8(px + begin, py + begin, end - begin, s, z);
-  }
+  });
   return true;
 }
 

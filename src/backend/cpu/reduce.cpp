@@ -308,19 +308,16 @@ bool CpuBackend::aminmax(const Tensor& x, const Tensor& lo, const Tensor& hi) {
   if (!fused_on() || x.dtype() != kFloat32 || !x.is_contiguous() || x.numel() == 0) return false;
   const float* px = x.data<float>();
   const int64_t n = x.numel();
-  const int nt = n > kParallelGrain && !omp_in_parallel() ? get_num_threads() : 1;
-  std::vector<float> los(static_cast<size_t>(nt)), his(static_cast<size_t>(nt));
-  std::vector<int> nans(static_cast<size_t>(nt));
-#pragma omp parallel num_threads(nt)
-  {
-    const int t = omp_get_thread_num(), parts = omp_get_num_threads();
+  const int nt = n > kParallelGrain && !omp_in_parallel() ? std::min(get_num_threads(), 64) : 1;
+  float los[64], his[64];
+  int nans[64];
+  in_team(nt, [&](int t, int parts) {
     const int64_t begin = n * t / parts, end = n * (t + 1) / parts;
-    min_max_range(px + begin, end - begin, &los[static_cast<size_t>(t)], &his[static_cast<size_t>(t)],
-                  &nans[static_cast<size_t>(t)]);
-  }
+    min_max_range(px + begin, end - begin, &los[t], &his[t], &nans[t]);
+  });
   float mn = los[0], mx = his[0];
   int bad = nans[0];
-  for (size_t t = 1; t < los.size(); ++t) {
+  for (int t = 1; t < nt; ++t) {
     mn = std::min(mn, los[t]);
     mx = std::max(mx, his[t]);
     bad |= nans[t];

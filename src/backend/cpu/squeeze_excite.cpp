@@ -157,16 +157,7 @@ bool CpuBackend::squeeze_excite(const Tensor& x, bool channels_last, const Tenso
   double* sums = partial.data();
   float *means = values.data(), *hidden = means + n * c;
   // Each pass as work-sharing constructs of the team that runs it (or of no team: one thread).
-  const auto in_team = [nt](const auto& pass) {
-    if (nt == 1) {
-      pass();
-    } else {
-#pragma omp parallel num_threads(nt)
-      pass();
-    }
-  };
-  in_team([&] {  // the means
-    const int t = omp_get_thread_num(), parts = omp_get_num_threads();
+  in_team(nt, [&](int t, int parts) {  // the means
     if (channels_last) {  // rows (N * H * W) of C values, split evenly over the threads
       const int64_t rows = n * r, begin = rows * t / parts, end = rows * (t + 1) / parts;
       double* acc = sums + static_cast<int64_t>(t) * n * c;
@@ -188,7 +179,7 @@ bool CpuBackend::squeeze_excite(const Tensor& x, bool channels_last, const Tenso
       run_means(px, runs * t / parts, runs * (t + 1) / parts, r, means);
     }
   });
-  in_team([&] {  // the gates, per sample
+  in_team(nt, [&](int, int) {  // the gates, per sample
 #pragma omp for schedule(static)
     for (int64_t s = 0; s < n; ++s) {
       dense(pw1, pb1, means + s * c, mid, c, e1, hidden + s * mid);
@@ -196,8 +187,7 @@ bool CpuBackend::squeeze_excite(const Tensor& x, bool channels_last, const Tenso
     }
   });
   if (py == nullptr) return true;
-  in_team([&] {  // x times the gate
-    const int t = omp_get_thread_num(), parts = omp_get_num_threads();
+  in_team(nt, [&](int t, int parts) {  // x times the gate
     const int64_t rows = channels_last ? n * r : n * c;
     scale_rows(px, gate, py, rows * t / parts, rows * (t + 1) / parts, r, c, channels_last);
   });
