@@ -6,6 +6,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <limits>
@@ -380,7 +381,7 @@ class Executor {
                          Tensor& scale, Tensor& shift);
 
   // The Conv with folded weights and bias (patterns.cpp).
-  void run_conv_folded(const Node& conv, std::vector<Tensor> inputs, const std::string& folded,
+  void run_conv_folded(const Node& conv, std::vector<Tensor> inputs, std::array<const Node*, 2> folded,
                        const std::string& output, const std::string& label, Scope& scope, const Fused& fused,
                        std::chrono::steady_clock::time_point start);
 

@@ -146,8 +146,7 @@ bool Executor::run_folded(const Node& conv, const Node& bn, Scope& scope, const 
     b2 = ((b.defined() ? b : zeros_like(mean_)) - mean_) * scale + beta;
     plan.folded.keep(node, sources, versions, {eps}, w2, b2);
   }
-  run_conv_folded(conv, {x, w2, b2}, detail::cat(" (folded with ", bn.label(), ")"), bn.outputs[0],
-                  "Conv+BatchNormalization", scope, fused, start);
+  run_conv_folded(conv, {x, w2, b2}, {&bn, nullptr}, bn.outputs[0], "Conv+BatchNormalization", scope, fused, start);
   return true;
 }
 
@@ -196,7 +195,7 @@ bool Executor::run_batch_norm(const Node& bn, Scope& scope, const ExecPlan& plan
 
 // The Conv with folded weights and bias: its output (or the fused activation's) under output,
 // errors naming what was folded, the time under the label in profiles.
-void Executor::run_conv_folded(const Node& conv, std::vector<Tensor> inputs, const std::string& folded,
+void Executor::run_conv_folded(const Node& conv, std::vector<Tensor> inputs, std::array<const Node*, 2> folded,
                                const std::string& output, const std::string& label, Scope& scope, const Fused& fused,
                                std::chrono::steady_clock::time_point start) {
   const OpSchema* s = registry_.find(conv.domain, conv.op_type);
@@ -205,7 +204,10 @@ void Executor::run_conv_folded(const Node& conv, std::vector<Tensor> inputs, con
     OpContext ctx(conv, model_.opset(conv.domain), training_, std::move(inputs), this);
     outputs = fused.act ? ops::conv_fused(ctx, *fused.act) : s->run(ctx);
   } catch (const Error& e) {
-    throw ValueError(detail::cat(model_.path, ": ", conv.label(), folded, ": ", e.what()));
+    // What was folded is named here only, so that a run builds no message it does not throw.
+    const std::string with =
+        folded[1] != nullptr ? detail::cat(folded[0]->label(), " and ", folded[1]->label()) : folded[0]->label();
+    throw ValueError(detail::cat(model_.path, ": ", conv.label(), " (folded with ", with, "): ", e.what()));
   }
   scope.values[fused.output ? *fused.output : output] = outputs.at(0);
   if (profile_ != nullptr) {
@@ -241,8 +243,7 @@ bool Executor::run_affine(const Node& conv, const Node& mul, const Node& add, Sc
     b2 = (b != nullptr ? *b : zeros({w->size(0)}, w->dtype(), w->device())) * a + d;
     plan.folded.keep(node, sources, versions, {a, d}, w2, b2);
   }
-  run_conv_folded(conv, {*x, w2, b2}, detail::cat(" (folded with ", mul.label(), " and ", add.label(), ")"),
-                  add.outputs[0], "Conv+Affine", scope, fused, start);
+  run_conv_folded(conv, {*x, w2, b2}, {&mul, &add}, add.outputs[0], "Conv+Affine", scope, fused, start);
   return true;
 }
 

@@ -6,6 +6,7 @@
 
 #include "braid/braid.h"
 #include "braid/onnx/export.h"
+#include "error_of.h"
 #include "onnx_graphs.h"
 
 using namespace braid;
@@ -159,6 +160,29 @@ TEST(OnnxModule, AValueReadTwiceByOneNodeAndOnceOutsideIsNotHidden) {
   NoGradGuard no_grad;
   EXPECT_EQ(mod.run({x, mean})[0].to_vector<float>(), as_written.to_vector<float>());
   EXPECT_EQ(mod.profile().count("elementwise chain"), 0u);
+}
+
+// A convolution that fails after its BatchNormalization was folded into it (its weight does not fit
+// the input's channels) names both nodes, in inference as when run as written.
+TEST(OnnxModule, AFoldedConvolutionsErrorNamesWhatWasFolded) {
+  Generator gen(20);
+  bx::GraphBuilder g(13);
+  const std::string conv = g.node("Conv", {"x", "w"})[0];
+  g.graph().nodes.push_back(
+      bx::Node{"bn1", "BatchNormalization", "", {conv, "gamma", "beta", "mean", "var"}, {"y"}, {}});
+  g.graph().nodes[0].name = "conv1";
+  bx::Model m = model_of("folded_error", 13, g.graph());
+  m.graph.initializers.insert({{"w", randn({4, 5, 1, 1}, kFloat32, &gen)},
+                               {"gamma", ones({4})},
+                               {"beta", zeros({4})},
+                               {"mean", zeros({4})},
+                               {"var", ones({4})}});
+  m.graph.inputs.push_back(info("x", kFloat32, {1, 3, 4, 4}));
+  m.graph.outputs.push_back(info("y", kFloat32, {1, 4, 4, 4}));
+  bx::OnnxModule mod(m);
+  NoGradGuard no_grad;
+  const std::string message = error_of<ValueError>([&] { mod.run({randn({1, 3, 4, 4}, kFloat32, &gen)}); });
+  EXPECT_NE(message.find("Conv 'conv1' (folded with BatchNormalization 'bn1'): "), std::string::npos) << message;
 }
 
 }  // namespace
