@@ -61,6 +61,43 @@ std::vector<double> cubic_coeffs(double r, double a) {
           ((a * ((1 - r) + 1) - 5 * a) * ((1 - r) + 1) + 8 * a) * ((1 - r) + 1) - 4 * a};
 }
 
+/// The input index each of out positions takes along an axis of in elements in nearest mode;
+/// extrapolated (out flags) marks positions outside the input (tf_crop_and_resize), which get 0.
+std::vector<int64_t> nearest_indices(const ResizeMode& rm, int64_t in, int64_t out, double scale, double roi_start,
+                                     double roi_end, std::vector<bool>& extrapolated) {
+  const bool crop = rm.ctm == "tf_crop_and_resize";
+  extrapolated.assign(static_cast<size_t>(out), false);
+  std::vector<int64_t> idx(static_cast<size_t>(out));
+  for (int64_t y = 0; y < out; ++y) {
+    const double xo = source_coord(rm, static_cast<double>(y), scale, in, out, roi_start, roi_end);
+    if (crop && (xo < 0 || xo > static_cast<double>(in - 1))) {
+      extrapolated[static_cast<size_t>(y)] = true;
+      idx[static_cast<size_t>(y)] = 0;
+      continue;
+    }
+    double base = std::floor(xo);
+    double ratio = xo - base;
+    if (ratio == 0) {
+      ratio = 1;
+      base -= 1;
+    }
+    bool second;
+    if (ratio == 1)
+      second = true;
+    else if (rm.nearest_mode == "round_prefer_ceil")
+      second = ratio >= 0.5;
+    else if (rm.nearest_mode == "floor")
+      second = false;
+    else if (rm.nearest_mode == "ceil")
+      second = true;
+    else
+      second = ratio > 0.5;  // round_prefer_floor
+    const auto i = static_cast<int64_t>(base) + (second ? 1 : 0);
+    idx[static_cast<size_t>(y)] = std::clamp<int64_t>(i, 0, in - 1);
+  }
+  return idx;
+}
+
 /// Resizes axis of x to out elements.
 Tensor resize_axis(const Tensor& x, int64_t axis, int64_t out, double scale, const ResizeMode& rm, double roi_start,
                    double roi_end) {
@@ -69,29 +106,8 @@ Tensor resize_axis(const Tensor& x, int64_t axis, int64_t out, double scale, con
   std::vector<bool> extrapolated(static_cast<size_t>(out), false);
   bool any_extrapolated = false;
   if (rm.mode == "nearest") {
-    std::vector<int64_t> idx(static_cast<size_t>(out));
-    for (int64_t y = 0; y < out; ++y) {
-      const double xo = source_coord(rm, static_cast<double>(y), scale, in, out, roi_start, roi_end);
-      if (crop && (xo < 0 || xo > static_cast<double>(in - 1))) {
-        extrapolated[static_cast<size_t>(y)] = any_extrapolated = true;
-        idx[static_cast<size_t>(y)] = 0;
-        continue;
-      }
-      double base = std::floor(xo);
-      double ratio = xo - base;
-      if (ratio == 0) {
-        ratio = 1;
-        base -= 1;
-      }
-      bool second;
-      if (ratio == 1) second = true;
-      else if (rm.nearest_mode == "round_prefer_ceil") second = ratio >= 0.5;
-      else if (rm.nearest_mode == "floor") second = false;
-      else if (rm.nearest_mode == "ceil") second = true;
-      else second = ratio > 0.5;  // round_prefer_floor
-      const auto i = static_cast<int64_t>(base) + (second ? 1 : 0);
-      idx[static_cast<size_t>(y)] = std::clamp<int64_t>(i, 0, in - 1);
-    }
+    const std::vector<int64_t> idx = nearest_indices(rm, in, out, scale, roi_start, roi_end, extrapolated);
+    for (bool e : extrapolated) any_extrapolated = any_extrapolated || e;
     Tensor r = index_select(x, axis, index_vec(idx, x.device()));
     if (!any_extrapolated) return r;
     Shape ms(static_cast<size_t>(x.dim()), 1);
@@ -162,6 +178,37 @@ std::string resize_check(const Node& n, int64_t) {
   return "";
 }
 
+// Note [Nearest upsampling by whole factors]
+// A feature pyramid upsamples channels-last activations by whole factors in nearest mode (PP-OCR's
+// detector: x2 three times, x2, x4 and x8 before a Concat). Where every resized axis is H or W and
+// output position y takes input y / f along it, the result is x with each pixel repeated f_h x f_w
+// times: one copy of a broadcast view in x's memory order (rows of C values), channels-last as x
+// is. Gathering along H and then W (index_select) made two passes and an NCHW result, which the Add
+// after it then met in the other layout (0.28 ms and 0.19 ms against 0.06 and 0.04 for the largest).
+Tensor nearest_by_factors(const Tensor& x, const std::vector<int64_t>& axes, const std::vector<int64_t>& outs,
+                          const std::vector<double>& scales, const ResizeMode& rm, const std::vector<double>& roi_start,
+                          const std::vector<double>& roi_end) {
+  if (rm.mode != "nearest" || rm.ctm == "tf_crop_and_resize" || x.dim() != 4 || x.is_contiguous() ||
+      !x.is_channels_last())
+    return Tensor();
+  int64_t factor[4] = {1, 1, 1, 1};
+  for (size_t i = 0; i < axes.size(); ++i) {
+    const int64_t a = axes[i], in = x.size(a), out = outs[i];
+    if (out == in && scales[i] == 1.0) continue;
+    if ((a != 2 && a != 3) || in == 0 || out % in != 0) return Tensor();
+    const int64_t f = out / in;
+    std::vector<bool> extrapolated;
+    const std::vector<int64_t> idx = nearest_indices(rm, in, out, scales[i], roi_start[static_cast<size_t>(a)],
+                                                     roi_end[static_cast<size_t>(a)], extrapolated);
+    for (int64_t y = 0; y < out; ++y)
+      if (idx[static_cast<size_t>(y)] != y / f) return Tensor();
+    factor[a] = f;
+  }
+  const int64_t n = x.size(0), ch = x.size(1), h = x.size(2), w = x.size(3), fh = factor[2], fw = factor[3];
+  const Tensor tiles = x.permute({0, 2, 3, 1}).unsqueeze(2).unsqueeze(4).expand({n, h, fh, w, fw, ch});
+  return contiguous(tiles).view({n, h * fh, w * fw, ch}).permute({0, 3, 1, 2});
+}
+
 /// scales or sizes (one of them) per axis of x -> resized x.
 Tensor resize(const OpContext& c, Tensor x, std::vector<double> scales, std::vector<int64_t> sizes, const ResizeMode& rm,
               std::vector<double> roi, const std::vector<int64_t>& axes_attr) {
@@ -184,20 +231,26 @@ Tensor resize(const OpContext& c, Tensor x, std::vector<double> scales, std::vec
       roi_end[static_cast<size_t>(axes[i])] = roi[i + na];
     }
   }
+  std::vector<int64_t> outs(na);
+  std::vector<double> axis_scales(na);
+  for (size_t i = 0; i < na; ++i) {
+    const int64_t in = x.size(axes[i]);
+    if (!scales.empty()) {
+      axis_scales[i] = scales[i];
+      if (!(scales[i] > 0)) c.fail("scale ", scales[i], " must be positive");
+      outs[i] = static_cast<int64_t>(std::floor(scales[i] * static_cast<double>(in)));
+    } else {
+      outs[i] = sizes[i];
+      if (outs[i] < 0) c.fail("size ", outs[i], " must be non-negative");
+      axis_scales[i] = in == 0 ? 1.0 : static_cast<double>(outs[i]) / static_cast<double>(in);
+    }
+  }
+  if (Tensor y = nearest_by_factors(x, axes, outs, axis_scales, rm, roi_start, roi_end); y.defined()) return y;
   for (size_t i = 0; i < na; ++i) {
     const int64_t a = axes[i];
     const int64_t in = x.size(a);
-    double scale;
-    int64_t out;
-    if (!scales.empty()) {
-      scale = scales[i];
-      if (!(scale > 0)) c.fail("scale ", scale, " must be positive");
-      out = static_cast<int64_t>(std::floor(scale * static_cast<double>(in)));
-    } else {
-      out = sizes[i];
-      if (out < 0) c.fail("size ", out, " must be non-negative");
-      scale = in == 0 ? 1.0 : static_cast<double>(out) / static_cast<double>(in);
-    }
+    const double scale = axis_scales[i];
+    const int64_t out = outs[i];
     if (out == in && scale == 1.0 && rm.ctm != "tf_crop_and_resize") continue;
     if (in == 0 || out == 0) {
       Shape s = x.shape();

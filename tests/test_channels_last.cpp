@@ -120,6 +120,42 @@ TEST(ChannelsLast, AChannelsLastInputGivesAChannelsLastOutput) {
 #endif
 }
 
+// A transposed convolution whose stride is its kernel (Note [Transposed convolution without
+// overlap]) keeps a channels-last input so in inference, with the values of the closed form
+// y[n, o, i kh + a, j kw + b] = bias[o] + sum_c x[n, c, i, j] w[c, o, a, b] (summed here in double),
+// and gives NCHW where a gradient is recorded.
+TEST(ChannelsLast, ATiledTransposedConvolutionKeepsTheLayout) {
+  Generator g(9);
+  const int64_t n = 2, c = 6, h = 3, wd = 5, o = 4, kh = 2, kw = 3;
+  const Tensor x = randn({n, c, h, wd}, kFloat32, &g), w = randn({c, o, kh, kw}, kFloat32, &g),
+               bias = randn({o}, kFloat32, &g);
+  const std::vector<float> xs = x.to_vector<float>(), ws = w.to_vector<float>(), bs = bias.to_vector<float>();
+  Tensor got;
+  {
+    NoGradGuard no_grad;
+    got = conv_transpose2d(channels_last_copy(x), w, bias, {kh, kw});
+  }
+  EXPECT_TRUE(got.is_channels_last() && !got.is_contiguous());
+  ASSERT_EQ(got.shape(), (Shape{n, o, h * kh, wd * kw}));
+  const std::vector<float> ys = contiguous(got).to_vector<float>();
+  for (int64_t s = 0; s < n; ++s)
+    for (int64_t q = 0; q < o; ++q)
+      for (int64_t y = 0; y < h * kh; ++y)
+        for (int64_t z = 0; z < wd * kw; ++z) {
+          double want = bs[static_cast<size_t>(q)];
+          for (int64_t k = 0; k < c; ++k)
+            want += static_cast<double>(xs[static_cast<size_t>(((s * c + k) * h + y / kh) * wd + z / kw)]) *
+                    ws[static_cast<size_t>(((k * o + q) * kh + y % kh) * kw + z % kw)];
+          ASSERT_NEAR(ys[static_cast<size_t>(((s * o + q) * h * kh + y) * wd * kw + z)], want,
+                      1e-5 * (1 + std::fabs(want)));
+        }
+  Tensor xg = x.detach();
+  xg.set_requires_grad();
+  const Tensor recorded = conv_transpose2d(xg, w, bias, {kh, kw});
+  EXPECT_TRUE(recorded.is_contiguous());
+  EXPECT_TRUE(same_values(recorded.detach(), contiguous(got)));
+}
+
 // Max pooling keeps a channels-last input so (where the backend pools that layout) with the NCHW
 // kernel's values bit for bit: windows clipped by padding, 2x2 and 3x3 windows, NaN, and ties of
 // zeros of both signs (the first tap in the window's order wins, as there).

@@ -4,7 +4,8 @@
 // PyTorch exports it (biases in the Convs, the gated activations then added to a residual, which an
 // elementwise chain takes with the Mul), and a block whose gate is read elsewhere, which stays as
 // written. Each against the graph as written (the nodes one by one, with gradients recording), to
-// float32 reassociation, and run as the fused ops expected.
+// float32 reassociation, and run as the fused ops expected. Also a feature pyramid's nearest
+// upsampling of channels-last activations (Note [Nearest upsampling by whole factors]).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -128,6 +129,54 @@ TEST(OnnxModule, ASqueezeExciteWhoseGateIsReadElsewhereRunsAsWritten) {
   for (size_t k = 0; k < 2; ++k) expect_close(got[k], as_written[k].detach());
   EXPECT_EQ(mod.profile().count("squeeze-excite"), 0u);
   EXPECT_EQ(mod.profile().at("GlobalAveragePool").calls, 1);
+}
+
+// Note [Nearest upsampling by whole factors]: a feature pyramid's top-down path as PaddlePaddle
+// writes it (Resize by scales 2 and by sizes 4x in nearest mode after a 1x1 Conv, whose output is
+// channels-last in inference, then an Add of the lateral branch): bit for bit the graph as written,
+// where the resize gathers along each axis; and a factor that is not whole, and an odd
+// coordinate mode, still resize as written.
+TEST(OnnxModule, NearestUpsamplingOfChannelsLastActivationsHasTheSameBits) {
+  Generator gen(44);
+  bx::GraphBuilder g(13);
+  // (1, 64, 8, 6): 3x3 over 48 channels, over oneDNN's threshold, so channels-last in inference
+  const std::string top = g.node("Conv", {"x", "w"})[0];
+  bx::Graph& graph = g.graph();
+  graph.nodes.push_back(
+      bx::Node{"up2", "Resize", "", {top, "", "scales"}, {"up2"}, {{"mode", bx::attr_string("nearest")}}});
+  graph.nodes.push_back(bx::Node{"sum", "Add", "", {"up2", "lateral"}, {"y"}, {}});
+  graph.nodes.push_back(bx::Node{"up4",
+                                 "Resize",
+                                 "",
+                                 {top, "", "", "sizes"},
+                                 {"z"},
+                                 {{"mode", bx::attr_string("nearest")},
+                                  {"coordinate_transformation_mode", bx::attr_string("asymmetric")},
+                                  {"nearest_mode", bx::attr_string("floor")}}});
+  graph.nodes.push_back(bx::Node{
+      "odd",
+      "Resize",
+      "",
+      {top, "", "odd_scales"},
+      {"u"},
+      {{"mode", bx::attr_string("nearest")}, {"coordinate_transformation_mode", bx::attr_string("align_corners")}}});
+  bx::Model m = model_of("fpn_up", 13, graph);
+  m.graph.initializers.insert({{"w", randn({64, 48, 3, 3}, kFloat32, &gen, 0, 0.1)},
+                               {"scales", tensor(std::vector<float>{1, 1, 2, 2}, {4})},
+                               {"odd_scales", tensor(std::vector<float>{1, 1, 1.5f, 2}, {4})},
+                               {"sizes", tensor(std::vector<int64_t>{1, 64, 32, 24}, {4})}});
+  m.graph.inputs = {info("x", kFloat32, {1, 48, 10, 8}), info("lateral", kFloat32, {1, 64, 16, 12})};
+  m.graph.outputs = {info("y", kFloat32, {1, 64, 16, 12}), info("z", kFloat32, {1, 64, 32, 24}),
+                     info("u", kFloat32, {1, 64, 12, 12})};
+  bx::OnnxModule mod(m);
+  const Tensor x = randn({1, 48, 10, 8}, kFloat32, &gen), lateral = randn({1, 64, 16, 12}, kFloat32, &gen);
+  const std::vector<Tensor> as_written = mod.run({x, lateral});
+  NoGradGuard no_grad;
+  const std::vector<Tensor> got = mod.run({x, lateral});
+  for (size_t k = 0; k < 3; ++k) {
+    ASSERT_EQ(got[k].shape(), as_written[k].shape()) << k;
+    EXPECT_EQ(contiguous(got[k]).to_vector<float>(), contiguous(as_written[k].detach()).to_vector<float>()) << k;
+  }
 }
 
 }  // namespace

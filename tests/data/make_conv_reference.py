@@ -139,6 +139,12 @@ conv_transpose2d_case("groups2_no_bias", (2, 4, 3, 4), (4, 2, 2, 3), bias=False,
 conv_transpose2d_case("dilation2", (1, 2, 4, 4), (2, 3, 3, 2), padding=(1, 0), dilation=(2, 2))
 conv_transpose2d_case("outpad_below_dilation", (1, 2, 3, 3), (2, 2, 2, 2), stride=(1, 1), dilation=(3, 3),
                       output_padding=(2, 1))
+# Stride equal to the kernel: the tiles path (Note [Transposed convolution without overlap]). Drawn
+# from a saved state of the generator, so that the cases after these keep their values.
+_state = torch.get_rng_state()
+conv_transpose2d_case("tiles_2x2_stride2", (2, 3, 4, 5), (3, 4, 2, 2), stride=(2, 2))
+conv_transpose2d_case("tiles_3x2_no_bias", (1, 2, 3, 3), (2, 3, 3, 2), bias=False, stride=(3, 2))
+torch.set_rng_state(_state)
 OUT.close()
 OUT = open(os.path.join(HERE, "conv_pool_reference.txt"), "w")
 OUT.write("# Written by make_conv_reference.py; do not edit.\n")
