@@ -120,6 +120,21 @@ TEST(ChannelsLast, AChannelsLastInputGivesAChannelsLastOutput) {
 #endif
 }
 
+// Channels-last parts join into a channels-last result, along the channels as along the rows, with
+// the values of the NCHW concat.
+TEST(ChannelsLast, ConcatKeepsTheLayout) {
+  Generator g(10);
+  const Tensor a = randn({2, 3, 4, 5}, kFloat32, &g), b = randn({2, 5, 4, 5}, kFloat32, &g),
+               c = randn({2, 3, 2, 5}, kFloat32, &g);
+  const Tensor channels = concat({channels_last_copy(a), channels_last_copy(b)}, 1);
+  EXPECT_TRUE(channels.is_channels_last() && !channels.is_contiguous());
+  EXPECT_TRUE(same_values(contiguous(channels), concat({a, b}, 1)));
+  const Tensor rows = concat({channels_last_copy(a), c}, 2);  // the first part's layout
+  EXPECT_TRUE(rows.is_channels_last() && !rows.is_contiguous());
+  EXPECT_TRUE(same_values(contiguous(rows), concat({a, c}, 2)));
+  EXPECT_TRUE(concat({a, b}, 1).is_contiguous());
+}
+
 // A transposed convolution whose stride is its kernel (Note [Transposed convolution without
 // overlap]) keeps a channels-last input so in inference, with the values of the closed form
 // y[n, o, i kh + a, j kw + b] = bias[o] + sum_c x[n, c, i, j] w[c, o, a, b] (summed here in double),

@@ -26,7 +26,13 @@ Tensor concat(const std::vector<Tensor>& xs, int64_t axis) {
     sizes.push_back(x.shape()[a]);
     out_shape[a] += x.shape()[a];
   }
-  Tensor out = new_tensor(out_shape, t, first.device());
+  // Channels-last inputs give a channels-last result (Note [Channels-last activations in inference]
+  // in ops/conv.cpp): joined along any axis, each part is then a copy of rows of channels, not a
+  // transposition (a feature pyramid's four maps before its last convolution).
+  const bool channels_last = out_shape.size() == 4 && !first.is_contiguous() && first.is_channels_last();
+  Tensor out = channels_last ? new_tensor({out_shape[0], out_shape[2], out_shape[3], out_shape[1]}, t, first.device())
+                                   .permute({0, 3, 1, 2})
+                             : new_tensor(out_shape, t, first.device());
   int64_t offset = 0;
   for (size_t i = 0; i < xs.size(); ++i) {
     Shape s = out_shape;

@@ -73,6 +73,20 @@ void parallel_memcpy(void* dst, const void* src, int64_t nbytes) {
 // Same-dtype strided copy: only the element's bytes matter, so dtypes share an unsigned type.
 template <typename U>
 void copy_bits(const StridedLoop& loop) {
+  if (loop.ndim() >= 2 && loop.inner_size() < 64) {  // short runs: a call per block of them
+    loop.run_rows([](char* const* p, const int64_t* s, int64_t n, const int64_t* outer, int64_t rows) {
+      for (int64_t r = 0; r < rows; ++r) {
+        U* __restrict d = reinterpret_cast<U*>(p[0] + r * outer[0]);
+        const U* __restrict x = reinterpret_cast<const U*>(p[1] + r * outer[1]);
+        if (s[0] == 1 && s[1] == 1) {
+          for (int64_t i = 0; i < n; ++i) d[i] = x[i];
+        } else {
+          for (int64_t i = 0; i < n; ++i) d[i * s[0]] = x[i * s[1]];
+        }
+      }
+    });
+    return;
+  }
   loop.run([](char* const* p, const int64_t* s, int64_t n) {
     U* __restrict d = reinterpret_cast<U*>(p[0]);
     const U* __restrict x = reinterpret_cast<const U*>(p[1]);

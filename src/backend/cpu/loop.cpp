@@ -86,6 +86,53 @@ void StridedLoop::run(RunFn fn, int64_t work_per_element) const {
   }
 }
 
+void StridedLoop::run_rows(RowsFn fn, int64_t work_per_element) const {
+  if (numel_ == 0) return;
+  const int last = ndim_ - 1, outer = last - 1;
+  const int64_t n = shape_[last], total = numel_ / n;  // rows
+  std::array<int64_t, kMaxOperands> outer_bytes{};
+  if (outer >= 0)
+    for (int k = 0; k < nops_; ++k) outer_bytes[k] = bytes_[outer][k];
+  // Rows [rb, re) in order, in blocks that end where the second-innermost dimension wraps.
+  const auto rows_range = [&](int64_t rb, int64_t re) {
+    if (rb >= re) return;
+    if (outer < 0) {  // one dimension: one row
+      fn(const_cast<char* const*>(base_.data()), inner_strides_.data(), n, outer_bytes.data(), 1);
+      return;
+    }
+    std::array<int64_t, kMaxLoopDims> idx;
+    std::array<int64_t, kMaxOperands> off{};
+    int64_t rem = rb;
+    for (int d = outer; d >= 0; --d) {
+      idx[d] = rem % shape_[d];
+      rem /= shape_[d];
+      for (int k = 0; k < nops_; ++k) off[k] += idx[d] * bytes_[d][k];
+    }
+    std::array<char*, kMaxOperands> ptrs{};
+    for (int64_t r = rb;;) {
+      const int64_t rows = std::min(shape_[outer] - idx[outer], re - r);
+      for (int k = 0; k < nops_; ++k) ptrs[k] = base_[k] + off[k];
+      fn(ptrs.data(), inner_strides_.data(), n, outer_bytes.data(), rows);
+      r += rows;
+      if (r >= re) return;
+      idx[outer] += rows;
+      for (int k = 0; k < nops_; ++k) off[k] += rows * bytes_[outer][k];
+      for (int d = outer; d > 0 && idx[d] == shape_[d]; --d) {  // carry into the outer dimensions
+        idx[d] = 0;
+        ++idx[d - 1];
+        for (int k = 0; k < nops_; ++k) off[k] += bytes_[d - 1][k] - shape_[d] * bytes_[d][k];
+      }
+    }
+  };
+  const int nt = get_num_threads();
+  const bool small = numel_ <= kParallelGrain / std::max<int64_t>(work_per_element, 1);
+  if (nt <= 1 || small || omp_in_parallel() || total < 2) {
+    rows_range(0, total);
+    return;
+  }
+  in_team(nt, [&](int t, int parts) { rows_range(total * t / parts, total * (t + 1) / parts); });
+}
+
 void StridedLoop::run_range(char* const* base, int64_t begin, int64_t end, RunFn fn) const {
   if (begin >= end) return;
   const int last = ndim_ - 1;

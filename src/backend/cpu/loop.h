@@ -60,6 +60,11 @@ inline LoopOperand loop_operand(const Tensor& t) {
 /// A kernel's view of one run: ptrs[k] is operand k's first element of the run, strides[k] its step
 /// in elements, n the run length.
 using RunFn = FunctionRef<void(char* const* ptrs, const int64_t* strides, int64_t n)>;
+/// A block of rows: `rows` runs of n elements each, run r of operand k starting outer[k] * r bytes
+/// after ptrs[k] (the loop's second-innermost dimension). For kernels whose runs are short (a
+/// channels-last tensor of few channels), where a call per run would cost more than the run.
+using RowsFn =
+    FunctionRef<void(char* const* ptrs, const int64_t* strides, int64_t n, const int64_t* outer, int64_t rows)>;
 
 class StridedLoop {
  public:
@@ -74,6 +79,11 @@ class StridedLoop {
 
   /// Calls fn on every run; in parallel when numel * work_per_element exceeds kParallelGrain.
   void run(RunFn fn, int64_t work_per_element = 1) const;
+  /// Calls fn on blocks of whole runs (a run per row; one row when the loop has one dimension); in
+  /// parallel as run does.
+  void run_rows(RowsFn fn, int64_t work_per_element = 1) const;
+  /// The length of the innermost runs.
+  int64_t inner_size() const { return shape_[ndim_ - 1]; }
   /// Calls fn, on this thread, on the runs covering flat indices [begin, end), with the operands
   /// starting at base instead of at their own data.
   void run_range(char* const* base, int64_t begin, int64_t end, RunFn fn) const;
