@@ -25,7 +25,7 @@ const char* binary_name(BinaryOp op) {
 // runtime overlap check.
 template <typename O, typename T, typename F>
 void map_binary(const StridedLoop& loop, F f) {
-  loop.run([&f](char* const* p, const int64_t* s, int64_t n) {
+  const auto one_run = [&f](char* const* p, const int64_t* s, int64_t n) {
     O* o = reinterpret_cast<O*>(p[0]);
     const T* a = reinterpret_cast<const T*>(p[1]);
     const T* b = reinterpret_cast<const T*>(p[2]);
@@ -40,7 +40,17 @@ void map_binary(const StridedLoop& loop, F f) {
     } else {
       for (int64_t i = 0; i < n; ++i) o[i * s[0]] = f(a[i * s[1]], b[i * s[2]]);
     }
-  });
+  };
+  if (loop.ndim() >= 2 && loop.inner_size() < 64) {  // short runs (few channels, channels-last): blocks of rows
+    loop.run_rows([&one_run](char* const* p, const int64_t* s, int64_t n, const int64_t* outer, int64_t rows) {
+      for (int64_t r = 0; r < rows; ++r) {
+        char* const q[3] = {p[0] + r * outer[0], p[1] + r * outer[1], p[2] + r * outer[2]};
+        one_run(q, s, n);
+      }
+    });
+    return;
+  }
+  loop.run(one_run);
 }
 
 // Integer power by squaring; wraps on overflow like the other integer arithmetic.
