@@ -108,6 +108,9 @@ struct ExecPlan {
   mutable StaticOutputs static_outputs;
   std::vector<bool> small_node;  // Note [Small values evaluated once per value]
   mutable SmallValues small_values;
+  // Per node, the patterns above that start there (a bit each; settle_starts).
+  static constexpr uint8_t kConv = 1, kGate = 2, kChain = 4, kGelu = 8, kQdq = 16;
+  std::vector<uint8_t> starts;
 };
 
 /// A Conv's run with an activation fused (all null when none): the activation, the value name it
@@ -130,8 +133,15 @@ class Executor {
     // Note [Channels-last activations in inference] (src/ops/conv.cpp); the outputs leave as NCHW.
     std::optional<ChannelsLastGuard> channels_last;
     if (fold) channels_last.emplace();
+    if (fold) skip_.assign(g.nodes.size(), 0);
     for (size_t i = 0; i < g.nodes.size(); ++i) {
-      if (fold) {
+      // The patterns that start at node i (a bit each), so that most nodes look up none of them.
+      const uint8_t starts = fold ? plan->starts[i] : 0;
+      if (fold && skip_[i] != 0) {  // run by a pattern that started earlier
+        release(plan, i, scope);
+        continue;
+      }
+      if (starts & ExecPlan::kConv) {
         auto it = plan->conv_bn.find(i);
         // Note [Fusing activations into Conv]
         // In inference an activation (Relu, Clip, HardSwish, HardSigmoid) that alone reads a Conv's
@@ -152,20 +162,19 @@ class Executor {
         const Fused fused = fusion ? Fused{&act, &g.nodes[out_node].outputs[0], &fusion->label} : Fused();
         const auto skip_fusion = [&] {
           if (!fusion) return;
-          skip_.insert(fusion->nodes.begin(), fusion->nodes.end());
-          skip_.insert(fusion->post.begin(), fusion->post.end());
+          for (size_t k : fusion->nodes) skip_[k] = 1;
+          for (size_t k : fusion->post) skip_[k] = 1;
         };
         if (it != plan->conv_bn.end()) {
           if (run_folded(g.nodes[i], g.nodes[it->second], scope, *plan, i, fused)) {
-            skip_.insert(it->second);
+            skip_[it->second] = 1;
             skip_fusion();
             release(plan, i, scope);
             continue;
           }
         } else if (af != plan->conv_affine.end()) {
           if (run_affine(g.nodes[i], g.nodes[af->second.first], g.nodes[af->second.second], scope, *plan, i, fused)) {
-            skip_.insert(af->second.first);
-            skip_.insert(af->second.second);
+            skip_[af->second.first] = skip_[af->second.second] = 1;
             skip_fusion();
             release(plan, i, scope);
             continue;
@@ -173,10 +182,6 @@ class Executor {
         } else if (fusion) {
           run_node(g.nodes[i], scope, fused);
           skip_fusion();
-          release(plan, i, scope);
-          continue;
-        }
-        if (skip_.count(i) != 0) {
           release(plan, i, scope);
           continue;
         }
@@ -191,27 +196,27 @@ class Executor {
         continue;
       }
       if (fold) {
-        auto ga = plan->gates.find(i);
+        auto ga = starts & ExecPlan::kGate ? plan->gates.find(i) : plan->gates.end();
         if (ga != plan->gates.end() && run_gate(g, ga->second, scope, *plan)) {
-          skip_.insert(ga->second.nodes.begin(), ga->second.nodes.end());
+          for (size_t k : ga->second.nodes) skip_[k] = 1;
           release(plan, i, scope);
           continue;
         }
-        auto ch = plan->chains.find(i);
+        auto ch = starts & ExecPlan::kChain ? plan->chains.find(i) : plan->chains.end();
         if (ch != plan->chains.end() && run_chain(g, ch->second, scope, *plan)) {
-          skip_.insert(ch->second.nodes.begin(), ch->second.nodes.end());
+          for (size_t k : ch->second.nodes) skip_[k] = 1;
           release(plan, i, scope);
           continue;
         }
-        auto ge = plan->gelu.find(i);
+        auto ge = starts & ExecPlan::kGelu ? plan->gelu.find(i) : plan->gelu.end();
         if (ge != plan->gelu.end() && run_gelu(g, g.nodes[i], ge->second, scope, *plan)) {
-          skip_.insert({ge->second.erf, ge->second.add, ge->second.mul1, ge->second.mul2});
+          for (size_t k : {ge->second.erf, ge->second.add, ge->second.mul1, ge->second.mul2}) skip_[k] = 1;
           release(plan, i, scope);
           continue;
         }
-        auto q = plan->qdq.find(i);
+        auto q = starts & ExecPlan::kQdq ? plan->qdq.find(i) : plan->qdq.end();
         if (q != plan->qdq.end() && run_fake_quantize(g.nodes[i], g.nodes[q->second], scope)) {
-          skip_.insert(q->second);
+          skip_[q->second] = 1;
           release(plan, i, scope);
           continue;
         }
@@ -554,7 +559,7 @@ class Executor {
   Device device_;
   const Scope* current_ = nullptr;
   std::map<std::string, OnnxModule::OpTime>* profile_;
-  std::set<size_t> skip_;  // BatchNormalization and activation nodes fused into their Conv in this run
+  std::vector<char> skip_;  // per node of the top-level graph: run by a fused pattern in this run
 };
 
 /// Value lifetimes, Conv+BatchNormalization folding and activation fusion for the top-level graph g.

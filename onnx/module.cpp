@@ -283,6 +283,14 @@ std::shared_ptr<ExecPlan> make_plan(const Graph& g, const std::map<std::string, 
   find_gates(g, uses, keep, weights, *plan);
   find_chains(g, uses, keep, weights, *plan);
   settle_gates(*plan);
+  plan->starts.assign(n, 0);
+  for (const auto& [at, bn] : plan->conv_bn) plan->starts[at] |= ExecPlan::kConv;
+  for (const auto& [at, ms] : plan->conv_affine) plan->starts[at] |= ExecPlan::kConv;
+  for (const auto& [at, f] : plan->conv_act) plan->starts[at] |= ExecPlan::kConv;
+  for (const auto& [at, f] : plan->gates) plan->starts[at] |= ExecPlan::kGate;
+  for (const auto& [at, f] : plan->chains) plan->starts[at] |= ExecPlan::kChain;
+  for (const auto& [at, f] : plan->gelu) plan->starts[at] |= ExecPlan::kGelu;
+  for (const auto& [at, dq] : plan->qdq) plan->starts[at] |= ExecPlan::kQdq;
   return plan;
 }
 
