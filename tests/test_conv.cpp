@@ -39,167 +39,69 @@ std::vector<GradCase> grad_cases() {
   return {
       {"conv2d_basic", {{2, 3, 5, 4}, {4, 3, 3, 3}, {4}}, [](V x) { return conv2d(x[0], x[1], x[2]); }},
       {"conv2d_no_bias", {{2, 3, 5, 5}, {4, 3, 3, 3}}, [](V x) { return conv2d(x[0], x[1], Tensor()); }},
-      {"conv2d_stride2_pad1",
-       {{2, 3, 6, 5}, {4, 3, 3, 3}, {4}},
-       [](V x) {
-         return conv2d(x[0], x[1], x[2], {2, 2}, {1, 1});
-       }},
-      {"conv2d_rect_stride_pad",
-       {{1, 2, 7, 6}, {3, 2, 2, 3}, {3}},
-       [](V x) {
-         return conv2d(x[0], x[1], x[2], {2, 1}, {0, 1});
-       }},
-      {"conv2d_dilation2",
-       {{1, 2, 7, 7}, {2, 2, 3, 3}, {2}},
+      {"conv2d_stride2_pad1", {{2, 3, 6, 5}, {4, 3, 3, 3}, {4}},
+       [](V x) { return conv2d(x[0], x[1], x[2], {2, 2}, {1, 1}); }},
+      {"conv2d_rect_stride_pad", {{1, 2, 7, 6}, {3, 2, 2, 3}, {3}},
+       [](V x) { return conv2d(x[0], x[1], x[2], {2, 1}, {0, 1}); }},
+      {"conv2d_dilation2", {{1, 2, 7, 7}, {2, 2, 3, 3}, {2}},
        [](V x) { return conv2d(x[0], x[1], x[2], {1}, {2}, {2}); }},
-      {"conv2d_dilation_stride_mixed",
-       {{1, 2, 8, 7}, {2, 2, 2, 3}, {2}},
-       [](V x) {
-         return conv2d(x[0], x[1], x[2], {2, 3}, {1, 2}, {3, 2});
-       }},
-      {"conv2d_groups2",
-       {{2, 4, 4, 4}, {4, 2, 3, 3}, {4}},
-       [](V x) {
-         return conv2d(x[0], x[1], x[2], {1, 1}, {1, 1}, {1, 1}, 2);
-       }},
-      {"conv2d_depthwise",
-       {{2, 3, 5, 5}, {3, 1, 3, 3}, {3}},
-       [](V x) {
-         return conv2d(x[0], x[1], x[2], {2, 2}, {1, 1}, {1, 1}, 3);
-       }},
-      {"conv2d_depthwise_multiplier2",
-       {{1, 2, 4, 4}, {4, 1, 3, 3}},
-       [](V x) {
-         return conv2d(x[0], x[1], Tensor(), {1, 1}, {1, 1}, {1, 1}, 2);
-       }},
+      {"conv2d_dilation_stride_mixed", {{1, 2, 8, 7}, {2, 2, 2, 3}, {2}},
+       [](V x) { return conv2d(x[0], x[1], x[2], {2, 3}, {1, 2}, {3, 2}); }},
+      {"conv2d_groups2", {{2, 4, 4, 4}, {4, 2, 3, 3}, {4}},
+       [](V x) { return conv2d(x[0], x[1], x[2], {1, 1}, {1, 1}, {1, 1}, 2); }},
+      {"conv2d_depthwise", {{2, 3, 5, 5}, {3, 1, 3, 3}, {3}},
+       [](V x) { return conv2d(x[0], x[1], x[2], {2, 2}, {1, 1}, {1, 1}, 3); }},
+      {"conv2d_depthwise_multiplier2", {{1, 2, 4, 4}, {4, 1, 3, 3}},
+       [](V x) { return conv2d(x[0], x[1], Tensor(), {1, 1}, {1, 1}, {1, 1}, 2); }},
       {"conv2d_pointwise", {{2, 3, 3, 4}, {2, 3, 1, 1}, {2}}, [](V x) { return conv2d(x[0], x[1], x[2]); }},
-      {"conv2d_asymmetric_padding",
-       {{1, 2, 4, 5}, {2, 2, 2, 3}, {2}},
-       [](V x) {
-         return conv2d(x[0], x[1], x[2], {1, 1}, {0, 1, 2, 1});
-       }},
-      {"conv2d_padding_same_even_kernel",
-       {{1, 2, 5, 4}, {2, 2, 4, 2}, {2}},
-       [](V x) {
-         return conv2d(x[0], x[1], x[2], {1, 1}, conv_padding_same({4, 2}, {1, 1}));
-       }},
+      {"conv2d_asymmetric_padding", {{1, 2, 4, 5}, {2, 2, 2, 3}, {2}},
+       [](V x) { return conv2d(x[0], x[1], x[2], {1, 1}, {0, 1, 2, 1}); }},
+      {"conv2d_padding_same_even_kernel", {{1, 2, 5, 4}, {2, 2, 4, 2}, {2}},
+       [](V x) { return conv2d(x[0], x[1], x[2], {1, 1}, conv_padding_same({4, 2}, {1, 1})); }},
       {"conv2d_unbatched", {{2, 4, 4}, {3, 2, 2, 2}, {3}}, [](V x) { return conv2d(x[0], x[1], x[2]); }},
-      {"conv2d_strided_input",
-       {{2, 4, 5, 3}, {2, 3, 2, 2}},
-       [](V x) {
-         return conv2d(x[0].permute({0, 3, 1, 2}), x[1], Tensor(), {1, 1}, {1, 0});
-       }},
+      {"conv2d_strided_input", {{2, 4, 5, 3}, {2, 3, 2, 2}},
+       [](V x) { return conv2d(x[0].permute({0, 3, 1, 2}), x[1], Tensor(), {1, 1}, {1, 0}); }},
       {"conv1d_basic", {{2, 3, 7}, {4, 3, 3}, {4}}, [](V x) { return conv1d(x[0], x[1], x[2]); }},
-      {"conv1d_stride_pad_dilation",
-       {{2, 2, 9}, {3, 2, 3}, {3}},
+      {"conv1d_stride_pad_dilation", {{2, 2, 9}, {3, 2, 3}, {3}},
        [](V x) { return conv1d(x[0], x[1], x[2], 2, 2, 2); }},
-      {"conv1d_groups_no_bias", {{1, 4, 6}, {4, 2, 2}}, [](V x) { return conv1d(x[0], x[1], Tensor(), 1, 1, 1, 2); }},
+      {"conv1d_groups_no_bias", {{1, 4, 6}, {4, 2, 2}},
+       [](V x) { return conv1d(x[0], x[1], Tensor(), 1, 1, 1, 2); }},
       {"conv1d_unbatched", {{3, 6}, {2, 3, 3}, {2}}, [](V x) { return conv1d(x[0], x[1], x[2], 1, 1); }},
-      {"conv_transpose2d_basic",
-       {{2, 3, 3, 3}, {3, 2, 3, 3}, {2}},
+      {"conv_transpose2d_basic", {{2, 3, 3, 3}, {3, 2, 3, 3}, {2}},
        [](V x) { return conv_transpose2d(x[0], x[1], x[2]); }},
-      {"conv_transpose2d_stride2_outpad1",
-       {{1, 2, 3, 3}, {2, 3, 3, 3}, {3}},
-       [](V x) {
-         return conv_transpose2d(x[0], x[1], x[2], {2, 2}, {1, 1}, {1, 1});
-       }},
-      {"conv_transpose2d_groups2",
-       {{1, 4, 3, 3}, {4, 1, 2, 2}, {2}},
-       [](V x) {
-         return conv_transpose2d(x[0], x[1], x[2], {2, 1}, {0, 0}, {1, 0}, 2);
-       }},
-      {"conv_transpose2d_tiles",
-       {{2, 3, 3, 4}, {3, 2, 2, 2}, {2}},  // stride = kernel: the tiles path
-       [](V x) {
-         return conv_transpose2d(x[0], x[1], x[2], {2, 2});
-       }},
-      {"conv_transpose2d_dilation",
-       {{1, 2, 3, 3}, {2, 2, 2, 3}, {2}},
-       [](V x) {
-         return conv_transpose2d(x[0], x[1], x[2], {1, 1}, {1, 0}, {0, 0}, 1, {2, 2});
-       }},
-      {"conv_transpose2d_outpad_below_dilation",
-       {{1, 2, 3, 3}, {2, 2, 2, 2}},
-       [](V x) {
-         return conv_transpose2d(x[0], x[1], Tensor(), {1, 1}, {0, 0}, {2, 1}, 1, {3, 3});
-       }},
-      {"max_pool2d_k2s2",
-       {{2, 2, 4, 4}},
-       [](V x) {
-         return max_pool2d(x[0], {2, 2});
-       }},
-      {"max_pool2d_k3s2p1",
-       {{1, 2, 5, 5}},
-       [](V x) {
-         return max_pool2d(x[0], {3, 3}, {2, 2}, {1, 1});
-       }},
-      {"max_pool2d_overlapping",
-       {{1, 2, 5, 4}},
-       [](V x) {
-         return max_pool2d(x[0], {3, 2}, {1, 1});
-       }},
-      {"max_pool2d_dilation",
-       {{1, 2, 6, 5}},
-       [](V x) {
-         return max_pool2d(x[0], {2, 3}, {1, 2}, {1, 1}, {2, 2});
-       }},
-      {"max_pool2d_ceil_mode",
-       {{1, 2, 5, 6}},
-       [](V x) {
-         return max_pool2d(x[0], {3, 2}, {2, 2}, {0, 0}, {1, 1}, true);
-       }},
-      {"max_pool2d_ceil_mode_pad",
-       {{1, 1, 6, 6}},
-       [](V x) {
-         return max_pool2d(x[0], {3, 3}, {2, 2}, {1, 1}, {1, 1}, true);
-       }},
+      {"conv_transpose2d_stride2_outpad1", {{1, 2, 3, 3}, {2, 3, 3, 3}, {3}},
+       [](V x) { return conv_transpose2d(x[0], x[1], x[2], {2, 2}, {1, 1}, {1, 1}); }},
+      {"conv_transpose2d_groups2", {{1, 4, 3, 3}, {4, 1, 2, 2}, {2}},
+       [](V x) { return conv_transpose2d(x[0], x[1], x[2], {2, 1}, {0, 0}, {1, 0}, 2); }},
+      // Stride equal to the kernel: the tiles path (Note [Transposed convolution without overlap]).
+      {"conv_transpose2d_tiles", {{2, 3, 3, 4}, {3, 2, 2, 2}, {2}},
+       [](V x) { return conv_transpose2d(x[0], x[1], x[2], {2, 2}); }},
+      {"conv_transpose2d_dilation", {{1, 2, 3, 3}, {2, 2, 2, 3}, {2}},
+       [](V x) { return conv_transpose2d(x[0], x[1], x[2], {1, 1}, {1, 0}, {0, 0}, 1, {2, 2}); }},
+      {"conv_transpose2d_outpad_below_dilation", {{1, 2, 3, 3}, {2, 2, 2, 2}},
+       [](V x) { return conv_transpose2d(x[0], x[1], Tensor(), {1, 1}, {0, 0}, {2, 1}, 1, {3, 3}); }},
+      {"max_pool2d_k2s2", {{2, 2, 4, 4}}, [](V x) { return max_pool2d(x[0], {2, 2}); }},
+      {"max_pool2d_k3s2p1", {{1, 2, 5, 5}}, [](V x) { return max_pool2d(x[0], {3, 3}, {2, 2}, {1, 1}); }},
+      {"max_pool2d_overlapping", {{1, 2, 5, 4}}, [](V x) { return max_pool2d(x[0], {3, 2}, {1, 1}); }},
+      {"max_pool2d_dilation", {{1, 2, 6, 5}}, [](V x) { return max_pool2d(x[0], {2, 3}, {1, 2}, {1, 1}, {2, 2}); }},
+      {"max_pool2d_ceil_mode", {{1, 2, 5, 6}}, [](V x) { return max_pool2d(x[0], {3, 2}, {2, 2}, {0, 0}, {1, 1}, true); }},
+      {"max_pool2d_ceil_mode_pad", {{1, 1, 6, 6}},
+       [](V x) { return max_pool2d(x[0], {3, 3}, {2, 2}, {1, 1}, {1, 1}, true); }},
       {"max_pool2d_unbatched", {{2, 4, 4}}, [](V x) { return max_pool2d(x[0], {2}); }},
-      {"avg_pool2d_k2s2",
-       {{2, 2, 4, 4}},
-       [](V x) {
-         return avg_pool2d(x[0], {2, 2});
-       }},
-      {"avg_pool2d_include_pad",
-       {{1, 2, 5, 4}},
-       [](V x) {
-         return avg_pool2d(x[0], {3, 3}, {2, 2}, {1, 1});
-       }},
-      {"avg_pool2d_exclude_pad",
-       {{1, 2, 5, 4}},
-       [](V x) {
-         return avg_pool2d(x[0], {3, 3}, {2, 2}, {1, 1}, false, false);
-       }},
-      {"avg_pool2d_ceil_include_pad",
-       {{1, 2, 6, 5}},
-       [](V x) {
-         return avg_pool2d(x[0], {3, 2}, {2, 2}, {1, 1}, true, true);
-       }},
-      {"avg_pool2d_ceil_exclude_pad",
-       {{1, 2, 6, 5}},
-       [](V x) {
-         return avg_pool2d(x[0], {3, 2}, {2, 2}, {1, 1}, true, false);
-       }},
-      {"adaptive_avg_pool2d_non_divisible",
-       {{1, 2, 5, 7}},
-       [](V x) {
-         return adaptive_avg_pool2d(x[0], {3, 4});
-       }},
-      {"adaptive_avg_pool2d_divisible",
-       {{1, 2, 6, 4}},
-       [](V x) {
-         return adaptive_avg_pool2d(x[0], {3, 2});
-       }},
+      {"avg_pool2d_k2s2", {{2, 2, 4, 4}}, [](V x) { return avg_pool2d(x[0], {2, 2}); }},
+      {"avg_pool2d_include_pad", {{1, 2, 5, 4}}, [](V x) { return avg_pool2d(x[0], {3, 3}, {2, 2}, {1, 1}); }},
+      {"avg_pool2d_exclude_pad", {{1, 2, 5, 4}},
+       [](V x) { return avg_pool2d(x[0], {3, 3}, {2, 2}, {1, 1}, false, false); }},
+      {"avg_pool2d_ceil_include_pad", {{1, 2, 6, 5}},
+       [](V x) { return avg_pool2d(x[0], {3, 2}, {2, 2}, {1, 1}, true, true); }},
+      {"avg_pool2d_ceil_exclude_pad", {{1, 2, 6, 5}},
+       [](V x) { return avg_pool2d(x[0], {3, 2}, {2, 2}, {1, 1}, true, false); }},
+      {"adaptive_avg_pool2d_non_divisible", {{1, 2, 5, 7}}, [](V x) { return adaptive_avg_pool2d(x[0], {3, 4}); }},
+      {"adaptive_avg_pool2d_divisible", {{1, 2, 6, 4}}, [](V x) { return adaptive_avg_pool2d(x[0], {3, 2}); }},
       {"adaptive_avg_pool2d_global", {{2, 3, 3, 4}}, [](V x) { return adaptive_avg_pool2d(x[0], {1}); }},
-      {"adaptive_avg_pool2d_upsampling",
-       {{1, 1, 3, 2}},
-       [](V x) {
-         return adaptive_avg_pool2d(x[0], {4, 3});
-       }},
-      {"conv_relu_pool_chain",
-       {{1, 2, 6, 6}, {3, 2, 3, 3}, {3}},
-       [](V x) {
-         return avg_pool2d(tanh(conv2d(x[0], x[1], x[2], {1, 1}, {1, 1})), {2, 2});
-       }},
+      {"adaptive_avg_pool2d_upsampling", {{1, 1, 3, 2}}, [](V x) { return adaptive_avg_pool2d(x[0], {4, 3}); }},
+      {"conv_relu_pool_chain", {{1, 2, 6, 6}, {3, 2, 3, 3}, {3}},
+       [](V x) { return avg_pool2d(tanh(conv2d(x[0], x[1], x[2], {1, 1}, {1, 1})), {2, 2}); }},
   };
 }
 
