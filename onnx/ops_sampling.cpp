@@ -61,25 +61,33 @@ std::vector<double> cubic_coeffs(double r, double a) {
           ((a * ((1 - r) + 1) - 5 * a) * ((1 - r) + 1) + 8 * a) * ((1 - r) + 1) - 4 * a};
 }
 
+/// Output position y's source coordinate as the cell [base, base + 1] and the ratio in it (an exact
+/// integer coordinate k as base k - 1, ratio 1); false when tf_crop_and_resize puts it outside.
+bool source_cell(const ResizeMode& rm, int64_t y, double scale, int64_t in, int64_t out, double roi_start,
+                 double roi_end, double& base, double& ratio) {
+  const double xo = source_coord(rm, static_cast<double>(y), scale, in, out, roi_start, roi_end);
+  if (rm.ctm == "tf_crop_and_resize" && (xo < 0 || xo > static_cast<double>(in - 1))) return false;
+  base = std::floor(xo);
+  ratio = xo - base;
+  if (ratio == 0) {
+    ratio = 1;
+    base -= 1;
+  }
+  return true;
+}
+
 /// The input index each of out positions takes along an axis of in elements in nearest mode;
 /// extrapolated (out flags) marks positions outside the input (tf_crop_and_resize), which get 0.
 std::vector<int64_t> nearest_indices(const ResizeMode& rm, int64_t in, int64_t out, double scale, double roi_start,
                                      double roi_end, std::vector<bool>& extrapolated) {
-  const bool crop = rm.ctm == "tf_crop_and_resize";
   extrapolated.assign(static_cast<size_t>(out), false);
   std::vector<int64_t> idx(static_cast<size_t>(out));
   for (int64_t y = 0; y < out; ++y) {
-    const double xo = source_coord(rm, static_cast<double>(y), scale, in, out, roi_start, roi_end);
-    if (crop && (xo < 0 || xo > static_cast<double>(in - 1))) {
+    double base, ratio;
+    if (!source_cell(rm, y, scale, in, out, roi_start, roi_end, base, ratio)) {
       extrapolated[static_cast<size_t>(y)] = true;
       idx[static_cast<size_t>(y)] = 0;
       continue;
-    }
-    double base = std::floor(xo);
-    double ratio = xo - base;
-    if (ratio == 0) {
-      ratio = 1;
-      base -= 1;
     }
     bool second;
     if (ratio == 1)
@@ -102,7 +110,6 @@ std::vector<int64_t> nearest_indices(const ResizeMode& rm, int64_t in, int64_t o
 Tensor resize_axis(const Tensor& x, int64_t axis, int64_t out, double scale, const ResizeMode& rm, double roi_start,
                    double roi_end) {
   const int64_t in = x.size(axis);
-  const bool crop = rm.ctm == "tf_crop_and_resize";
   std::vector<bool> extrapolated(static_cast<size_t>(out), false);
   bool any_extrapolated = false;
   if (rm.mode == "nearest") {
@@ -118,17 +125,11 @@ Tensor resize_axis(const Tensor& x, int64_t axis, int64_t out, double scale, con
   const int64_t taps = rm.mode == "cubic" ? 4 : 2;
   std::vector<double> w(static_cast<size_t>(out * in), 0.0), bias(static_cast<size_t>(out), 0.0);
   for (int64_t y = 0; y < out; ++y) {
-    const double xo = source_coord(rm, static_cast<double>(y), scale, in, out, roi_start, roi_end);
-    if (crop && (xo < 0 || xo > static_cast<double>(in - 1))) {
+    double base, ratio;
+    if (!source_cell(rm, y, scale, in, out, roi_start, roi_end, base, ratio)) {
       bias[static_cast<size_t>(y)] = rm.extrapolation;
       any_extrapolated = true;
       continue;
-    }
-    double base = std::floor(xo);
-    double ratio = xo - base;
-    if (ratio == 0) {
-      ratio = 1;
-      base -= 1;
     }
     std::vector<double> co = taps == 4 ? cubic_coeffs(ratio, rm.cubic_a) : std::vector<double>{1 - ratio, ratio};
     const int64_t first = static_cast<int64_t>(base) - taps / 2 + 1;
