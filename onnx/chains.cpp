@@ -284,11 +284,7 @@ bool Executor::run_chain(const Graph& g, const ChainFusion& chain, Scope& scope,
   }
   const auto start = profile_ != nullptr ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
   scope.values[chain.output] = elementwise_chain(*x, steps);
-  if (profile_ != nullptr) {
-    auto& slot = (*profile_)["elementwise chain"];
-    slot.ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-    slot.calls++;
-  }
+  add_time(start, "elementwise chain");
   return true;
 }
 

@@ -16,6 +16,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -328,11 +329,7 @@ class Executor {
     if (plan.small_values.find(node, key, outputs)) {
       for (size_t k = 0; k < n.outputs.size() && k < outputs.size(); ++k)
         if (!n.outputs[k].empty()) scope.values[n.outputs[k]] = outputs[k];
-      if (profile_ != nullptr) {
-        auto& slot = (*profile_)[n.op_type];
-        slot.ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-        slot.calls++;
-      }
+      add_time(start, n.op_type);
       return true;
     }
     run_node(n, scope);
@@ -393,6 +390,18 @@ class Executor {
   // Note [Folding a scalar affine into Conv]
   bool run_affine(const Node& conv, const Node& mul, const Node& add, Scope& scope, const ExecPlan& plan, size_t node,
                   const Fused& fused);
+
+  // Adds the time since start to a row of the profile (when one is kept): label, or label+suffix
+  // where a fused activation's label is given; the name is made only when profiling.
+  void add_time(std::chrono::steady_clock::time_point start, std::string_view label,
+                const std::string* suffix = nullptr) {
+    if (profile_ == nullptr) return;
+    std::string name(label);
+    if (suffix != nullptr) name += "+" + *suffix;
+    auto& slot = (*profile_)[name];
+    slot.ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    slot.calls++;
+  }
 
   template <typename E>
   [[noreturn]] void rethrow_as(const E& e, const Node& n) {
@@ -520,11 +529,7 @@ class Executor {
       rethrow_as(e, n);
     }
     current_ = saved;
-    if (profile_ != nullptr) {
-      auto& slot = (*profile_)[fused.label ? n.op_type + "+" + *fused.label : n.op_type];
-      slot.ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-      slot.calls++;
-    }
+    add_time(start, n.op_type, fused.label);
     if (outputs.size() < n.outputs.size()) {
       // Trailing optional outputs may be left undefined only if nobody asked for them.
       for (size_t i = outputs.size(); i < n.outputs.size(); ++i)

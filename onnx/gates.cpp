@@ -216,11 +216,7 @@ bool Executor::run_gate(const Graph& g, const GateFusion& gate, Scope& scope, co
     scope.values[gate.gate] = squeeze_excite_gate(*x, w[0], b[0], act[0], w[1], b[1], act[1]);
   else
     scope.values[gate.output] = squeeze_excite(*x, w[0], b[0], act[0], w[1], b[1], act[1]);
-  if (profile_ != nullptr) {
-    auto& slot = (*profile_)["squeeze-excite"];
-    slot.ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-    slot.calls++;
-  }
+  add_time(start, "squeeze-excite");
   return true;
 }
 

@@ -78,11 +78,7 @@ bool Executor::run_fake_quantize(const Node& q, const Node& dq, Scope& scope) {
     return false;
   const auto start = profile_ != nullptr ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
   scope.values[dq.outputs[0]] = fake_quantize(*x, s, zero, qtype);
-  if (profile_ != nullptr) {
-    auto& slot = (*profile_)["QuantizeLinear+DequantizeLinear"];
-    slot.ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-    slot.calls++;
-  }
+  add_time(start, "QuantizeLinear+DequantizeLinear");
   return true;
 }
 
@@ -106,11 +102,7 @@ bool Executor::run_gelu(const Graph& g, const Node& div, const GeluFusion& f, Sc
     return false;
   const auto start = profile_ != nullptr ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
   scope.values[g.nodes[f.mul2].outputs[0]] = gelu(*x);
-  if (profile_ != nullptr) {
-    auto& slot = (*profile_)["Gelu"];
-    slot.ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-    slot.calls++;
-  }
+  add_time(start, "Gelu");
   return true;
 }
 
@@ -185,11 +177,7 @@ bool Executor::run_batch_norm(const Node& bn, Scope& scope, const ExecPlan& plan
   Tensor scale, shift;
   if (!batch_norm_affine(bn, scope, plan, node, x->size(1), scale, shift)) return false;
   scope.values[bn.outputs[0]] = channel_affine(*x, scale, shift);
-  if (profile_ != nullptr) {
-    auto& slot = (*profile_)["BatchNormalization"];
-    slot.ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-    slot.calls++;
-  }
+  add_time(start, "BatchNormalization");
   return true;
 }
 
@@ -210,11 +198,7 @@ void Executor::run_conv_folded(const Node& conv, std::vector<Tensor> inputs, std
     throw ValueError(detail::cat(model_.path, ": ", conv.label(), " (folded with ", with, "): ", e.what()));
   }
   scope.values[fused.output ? *fused.output : output] = outputs.at(0);
-  if (profile_ != nullptr) {
-    auto& slot = (*profile_)[fused.label ? label + "+" + *fused.label : label];
-    slot.ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-    slot.calls++;
-  }
+  add_time(start, label, fused.label);
 }
 
 // Note [Folding a scalar affine into Conv]
