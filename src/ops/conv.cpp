@@ -264,7 +264,7 @@ Tensor tiled_transpose(const Tensor& x, const Tensor& w, const Tensor& bias, con
   const Tensor rows = contiguous(x.permute({0, 2, 3, 1})).view({n * h * wd, c});
   const Tensor wm = contiguous(w.permute({2, 0, 3, 1})).view({kh, c, kw * co});  // (a, C, (b, co))
   // The bias along an output row: C_out values repeated for each of its W kw pixels.
-  const Tensor bias_row = bias.defined() ? contiguous(bias.view({1, co}).expand({wd * kw, co})).view({row}) : Tensor();
+  const Tensor bias_row = bias.defined() ? contiguous(bias.reshape({1, co}).expand({wd * kw, co})).view({row}) : Tensor();
   Tensor out = new_like(x, {n, h * kh, wd * kw, co}, x.dtype());  // channels-last memory
   const Tensor out_rows = out.view({n * h, kh, row});
   for (int64_t a = 0; a < kh; ++a) {
