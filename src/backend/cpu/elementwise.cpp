@@ -34,6 +34,16 @@ void map_unary(const StridedLoop& loop, F f, void (*contiguous)(O*, const T*, in
         contiguous(o, x, n);
       else
         for (int64_t i = 0; i < n; ++i) o[i] = f(x[i]);
+    } else if (contiguous) {  // strided: through the vector clone in gathered blocks (Note [Vector clones])
+      constexpr int64_t kBlock = 256;
+      T in[kBlock];
+      O out[kBlock];
+      for (int64_t i0 = 0; i0 < n; i0 += kBlock) {
+        const int64_t m = std::min(kBlock, n - i0);
+        for (int64_t i = 0; i < m; ++i) in[i] = x[(i0 + i) * s[1]];
+        contiguous(out, in, m);
+        for (int64_t i = 0; i < m; ++i) o[(i0 + i) * s[0]] = out[i];
+      }
     } else {
       for (int64_t i = 0; i < n; ++i) o[i * s[0]] = f(x[i * s[1]]);
     }
@@ -104,6 +114,13 @@ BRAID_VECTOR_CLONES void gelu_tanh_run(float* o, const float* x, int64_t n) {
 }
 BRAID_VECTOR_CLONES void gelu_run(float* o, const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) o[i] = gelu_t(x[i]);
+}
+template <typename T>
+T softplus_t(T x) {  // max(x, 0) + log1p(exp(-|x|)): no overflow for large |x|
+  return (x < 0 ? T(0) : x) + std::log1p(exp_t(-std::fabs(x)));
+}
+BRAID_VECTOR_CLONES void softplus_run(float* o, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) o[i] = softplus_t(x[i]);
 }
 
 // The float32 clone as map_unary's contiguous kernel; none for double, whose kernels call libm.
@@ -192,8 +209,9 @@ void float_unary(UnaryOp op, const StridedLoop& loop, double p0d, double p1d) {
       return map_unary<T, T>(loop, [p0](T x) { return select(x > 0, x, p0 * x); });
     case UnaryOp::Elu:
       return map_unary<T, T>(loop, [p0](T x) { return x > 0 ? x : p0 * std::expm1(x); });
-    case UnaryOp::Softplus:  // max(x, 0) + log1p(exp(-|x|)): no overflow for large |x|
-      return map_unary<T, T>(loop, [](T x) { return (x < 0 ? T(0) : x) + std::log1p(exp_t(-std::fabs(x))); });
+    case UnaryOp::Softplus:
+      return map_unary<T, T>(
+          loop, [](T x) { return softplus_t(x); }, clone_for<T>(softplus_run));
     case UnaryOp::GeluTanh:
       return map_unary<T, T>(
           loop, [](T x) { return gelu_tanh_t(x); }, clone_for<T>(gelu_tanh_run));
