@@ -188,6 +188,41 @@ TEST(FakeQuantize, IsTheRoundedQuotientScaledBackBitForBit) {
   EXPECT_NE(error_of([&] { (void)fake_quantize(zeros({2}), 0.0, 0, kUInt8); }).find("scale"), std::string::npos);
 }
 
+// Values a few ulp either side of every rounding tie, for scales whose reciprocal is inexact: each
+// quotient rounds as the float32 division x / scale does (a multiplication by 1/scale would round
+// some of them the other way), in quantize, fake_quantize and a chain's step alike.
+TEST(Quantize, NearTiesRoundAsTheDivisionDoes) {
+  for (const float scale : {0.0371f, 1.0f / 3.0f, 7.3e-3f, 0.02f, 1.7e-5f}) {
+    std::vector<float> x;
+    for (int k = -131; k <= 131; ++k) {
+      float v = (static_cast<float>(k) + 0.5f) * scale;
+      for (int u = 0; u < 6; ++u) v = std::nextafter(v, -INFINITY);
+      for (int u = 0; u < 12; ++u, v = std::nextafter(v, INFINITY)) x.push_back(v);
+    }
+    const int64_t count = static_cast<int64_t>(x.size());
+    for (DType t : {kUInt8, kInt8}) {
+      const int64_t zero = t == kUInt8 ? 127 : 0;
+      const double lo = t == kUInt8 ? 0 : -128, hi = t == kUInt8 ? 255 : 127;
+      const Tensor xt = tensor(x, {count});
+      const std::vector<int32_t> q = quantize(xt, scale, zero, t).to_vector<int32_t>();
+      const std::vector<float> fq = fake_quantize(xt, scale, zero, t).to_vector<float>();
+      ChainStep step;
+      step.kind = ChainStep::Kind::FakeQuantize;
+      step.scale = scale;
+      step.zero = zero;
+      step.qtype = t;
+      const std::vector<float> chained = elementwise_chain(xt, {step}).to_vector<float>();
+      for (size_t i = 0; i < x.size(); ++i) {
+        const double v = quantized(x[i], scale, zero, lo, hi);
+        const float back = (static_cast<float>(v) - static_cast<float>(zero)) * scale;
+        ASSERT_EQ(q[i], static_cast<int32_t>(v)) << "scale " << scale << " x = " << x[i];
+        ASSERT_EQ(fq[i], back) << "scale " << scale << " x = " << x[i];
+        ASSERT_EQ(chained[i], back) << "scale " << scale << " x = " << x[i];
+      }
+    }
+  }
+}
+
 // The one-pass softmax (Backend::softmax_rows) gives the composite's numbers bit for bit: rows short
 // and long, with infinities and NaN, enough rows for every thread.
 TEST(Softmax, RowKernelIsTheComposite) {
