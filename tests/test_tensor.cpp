@@ -883,3 +883,22 @@ TEST(StorageVersion, InPlaceWritesAndOptimizerStepsBumpIt) {
 
 }  // namespace
 }  // namespace braid
+
+// item() reads a one-element view in place on the CPU: the element at the view's offset, in every
+// dtype, as the converting copy (to_vector) gives it.
+TEST(Tensor, ItemReadsTheViewsElementInEveryDType) {
+  using namespace braid;
+  const std::vector<double> values{3, 7, 0, 1, 100};
+  for (DType t : {kFloat32, kFloat64, kInt64, kInt32, kBool, kFloat16, kBFloat16, kInt8, kUInt8}) {
+    const Tensor x = cast(tensor(values, {5}), t);
+    for (int64_t i = 0; i < 5; ++i) {
+      const Tensor one = x.select(0, i);
+      const double v = values[static_cast<size_t>(i)];
+      EXPECT_EQ(one.item(), t == kBool ? (v != 0 ? 1 : 0) : v) << dtype_name(t) << " element " << i;
+      EXPECT_EQ(one.item(), one.to_vector<double>()[0]) << dtype_name(t);
+    }
+  }
+  for (DType t : {kFloat32, kFloat64, kInt64, kInt32, kInt8})
+    EXPECT_EQ(cast(tensor(std::vector<double>{-3.0}, {1}), t).item(), -3.0) << dtype_name(t);
+  EXPECT_EQ(tensor(std::vector<float>{0.25f, -1.5f}, {2}).select(0, 1).item(), -1.5);
+}

@@ -152,6 +152,27 @@ uintptr_t Tensor::data_ptr() const { return reinterpret_cast<uintptr_t>(detail::
 
 double Tensor::item() const {
   BRAID_CHECK(numel() == 1, "item: expected a tensor with one element, got shape ", shape_str(shape()));
+  if (device().is_cpu()) {  // read in place: the executor reads scales and zero points every run
+    const void* p = raw_data();
+    switch (dtype()) {
+      case DType::Float32:
+        return *static_cast<const float*>(p);
+      case DType::Float64:
+        return *static_cast<const double*>(p);
+      case DType::Int64:
+        return static_cast<double>(*static_cast<const int64_t*>(p));
+      case DType::Int32:
+        return *static_cast<const int32_t*>(p);
+      case DType::Bool:
+        return *static_cast<const uint8_t*>(p) != 0 ? 1.0 : 0.0;
+      case DType::Int8:
+        return *static_cast<const int8_t*>(p);
+      case DType::UInt8:
+        return *static_cast<const uint8_t*>(p);
+      default:  // the half types convert below
+        break;
+    }
+  }
   return to_vector<double>()[0];
 }
 
