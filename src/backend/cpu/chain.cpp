@@ -132,13 +132,10 @@ BRAID_VECTOR_CLONES void run_block(const float* x0, float* out, float* scratch, 
     const float k = st.k;
     switch (st.kind) {
       case ChainStep::Kind::FakeQuantize: {
-        const float s = st.scale, z = st.zero;
         if (st.is_signed)
-          for (int64_t i = 0; i < n; ++i)
-            y[i] = (static_cast<float>(static_cast<int32_t>(quantized_value<true>(a[i], s, z))) - z) * s;
+          fake_quantize_range<true>(a, y, n, st.scale, st.zero);
         else
-          for (int64_t i = 0; i < n; ++i)
-            y[i] = (static_cast<float>(static_cast<int32_t>(quantized_value<false>(a[i], s, z))) - z) * s;
+          fake_quantize_range<false>(a, y, n, st.scale, st.zero);
         break;
       }
       case ChainStep::Kind::Gelu:  // UnaryOp::Gelu's float operations (elementwise.cpp's gelu_t)

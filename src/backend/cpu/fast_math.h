@@ -132,29 +132,37 @@ inline float erf_f32(float x) {
   return std::copysign(select(ax <= 0.921875f, small, 1.0f - exp_normal_f32(-q)), x);
 }
 
-// quantize's composite, clamp(round(x / scale) + zero), as the float holding the integer: rounding
-// half to even by adding and subtracting 1.5 * 2^23 (exact below 2^22 in magnitude, and anything
-// larger saturates), which vectorises where nearbyint would be a call; selects by masks for the
-// same reason (Note [Branch-free select]); NaN becomes 0. The callers are vector clones (Note
-// [Vector clones]) for the division.
+// quantize's composite, clamp(round(x / scale) + zero), as the float holding the integer; NaN
+// becomes 0. The quotient is clamped first, to [lo - zero, hi - zero] (integers, so rounding keeps
+// it inside and the result is the composite's), which leaves it small enough to round half to even
+// by adding and subtracting 1.5 * 2^23, a rounding that vectorises where nearbyint would be a call.
+// Selects by masks for the same reason (Note [Branch-free select]). The callers are vector clones
+// (Note [Vector clones]) for the division.
 template <bool kSigned>
-inline float quantized_value(float x, float scale, float zero) {
+inline float rounded_quotient(float x, float scale, float zero) {  // round(clamped x / scale); NaN stays
   constexpr float lo = kSigned ? -128.0f : 0.0f, hi = kSigned ? 127.0f : 255.0f;
   constexpr float kShift = 0x1.8p23f;
-  const float q = x / scale;
-  const float r = (q + kShift) - kShift;
-  float v = select(std::fabs(q) < 0x1p22f, r, q) + zero;
-  v = select(v == v, v, 0.0f);
-  v = select(v < lo, lo, v);
-  return select(v > hi, hi, v);
+  float q = x / scale;
+  q = select(q < lo - zero, lo - zero, q);
+  q = select(q > hi - zero, hi - zero, q);
+  return (q + kShift) - kShift;
+}
+
+template <bool kSigned>
+inline float quantized_value(float x, float scale, float zero) {
+  const float r = rounded_quotient<kSigned>(x, scale, zero);
+  return select(r == r, r + zero, 0.0f);
 }
 
 // fake_quantize: the quantised value v, then dequantize's (v - zero) * scale in float32, without the
-// 8-bit tensor between them; v is an integer held exactly, so the bits are the two composites'.
+// 8-bit tensor between them. v - zero is the rounded quotient itself (exact: small integers), so
+// the bits are the two composites'.
 template <bool kSigned>
 inline void fake_quantize_range(const float* x, float* out, int64_t n, float scale, float zero) {
-  for (int64_t i = 0; i < n; ++i)
-    out[i] = (static_cast<float>(static_cast<int32_t>(quantized_value<kSigned>(x[i], scale, zero))) - zero) * scale;
+  for (int64_t i = 0; i < n; ++i) {
+    const float r = rounded_quotient<kSigned>(x[i], scale, zero);
+    out[i] = select(r == r, r, 0.0f - zero) * scale;  // NaN: (0 - zero) * scale
+  }
 }
 
 }  // namespace braid::detail
