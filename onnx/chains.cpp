@@ -242,18 +242,36 @@ void find_chains(const Graph& g, const std::map<std::string, size_t>& uses, cons
       chain.nodes.push_back(st.node);
       chain.nodes.insert(chain.nodes.end(), st.also.begin(), st.also.end());
     }
+    size_t at = first;
+    if (cast_head) {  // Note [int8 epilogues]: the product that the Cast alone reads runs with the chain
+      auto p = producer.find(head.inputs[0]);
+      auto u = uses.find(head.inputs[0]);
+      if (p != producer.end() && g.nodes[p->second].op_type == "MatMulInteger" && g.nodes[p->second].domain.empty() &&
+          g.nodes[p->second].outputs.size() == 1 && taken.count(p->second) == 0 && keep.count(head.inputs[0]) == 0 &&
+          u != uses.end() && u->second == 1) {
+        std::set<size_t> inside(chain.nodes.begin(), chain.nodes.end()), early(chain.early.begin(), chain.early.end());
+        bool ok = true;
+        for (size_t m : inside)  // the chain's other inputs exist when the product runs
+          for (const auto& in : g.nodes[m].inputs) {
+            auto q = producer.find(in);
+            if (!in.empty() && in != head.inputs[0] && (q == producer.end() || inside.count(q->second) == 0))
+              ok = ok && available(in, p->second, early);
+          }
+        if (ok) {
+          at = chain.matmul = p->second;
+          chain.early.assign(early.begin(), early.end());
+          chain.nodes.insert(chain.nodes.begin(), at);
+        }
+      }
+    }
     taken.insert(chain.nodes.begin(), chain.nodes.end());
-    plan.chains[first] = std::move(chain);
+    plan.chains[at] = std::move(chain);
   }
 }
 
-bool Executor::run_chain(const Graph& g, const ChainFusion& chain, Scope& scope, const ExecPlan& plan) {
-  run_early(g, chain.early, scope, plan);
-  const Tensor* x = scope.find(chain.input);
-  if (x == nullptr || !x->defined() || x->dtype() != (chain.cast_input ? kInt32 : kFloat32) || x->device() != device_ ||
-      x->numel() == 0)
-    return false;
-  std::vector<ChainStep> steps;
+bool Executor::chain_steps(const Graph& g, const ChainFusion& chain, const Scope& scope, const ExecPlan& plan,
+                           const Shape& x, std::vector<ChainStep>& steps) {
+  const int64_t rank = static_cast<int64_t>(x.size());
   for (const ChainFusion::Step& st : chain.steps) {
     const Node& node = g.nodes[st.node];
     ChainStep s;
@@ -265,23 +283,68 @@ bool Executor::run_chain(const Graph& g, const ChainFusion& chain, Scope& scope,
     } else if (st.kind == ChainStep::Kind::Gelu) {
       if (!gelu_numbers(node, plan.gelu.at(st.node), scope, plan)) return false;
     } else if (st.kind == ChainStep::Kind::ChannelAffine) {
-      if (x->dim() < 2 || !batch_norm_affine(node, scope, plan, st.node, x->size(1), s.channel_scale, s.channel_shift))
+      if (rank < 2 || !batch_norm_affine(node, scope, plan, st.node, x[1], s.channel_scale, s.channel_shift))
         return false;
     } else if (!st.constant.empty()) {
       const Tensor* k = scope.find(st.constant);
-      if (k == nullptr || !k->defined() || k->dtype() != kFloat32 || k->device() != device_ || k->dim() > x->dim())
+      if (k == nullptr || !k->defined() || k->dtype() != kFloat32 || k->device() != device_ || k->dim() > rank)
         return false;
       if (k->numel() == 1) {
         s.k = static_cast<float>(k->item());
       } else {  // a tensor operand (a bias, a residual, a mask), which must keep x's shape
         for (int64_t d = 1; d <= k->dim(); ++d)
-          if (k->size(-d) != 1 && k->size(-d) != x->size(-d)) return false;
+          if (k->size(-d) != 1 && k->size(-d) != x[static_cast<size_t>(rank - d)]) return false;
         (s.a == ChainStep::kConstant ? s.a : s.b) = ChainStep::kTensor;
         s.operand = *k;
       }
     }
     steps.push_back(std::move(s));
   }
+  return true;
+}
+
+bool Executor::run_int_matmul_chain(const Graph& g, const ChainFusion& chain, Scope& scope, const ExecPlan& plan) {
+  const Node& mm = g.nodes[chain.matmul];
+  const auto input = [&](size_t k) -> const Tensor* {
+    return k < mm.inputs.size() && !mm.inputs[k].empty() ? scope.find(mm.inputs[k]) : nullptr;
+  };
+  const Tensor *a = input(0), *b = input(1), *az = input(2), *bz = input(3);
+  const auto eight_bit = [&](const Tensor* t) {
+    return t != nullptr && t->defined() && (t->dtype() == kInt8 || t->dtype() == kUInt8) && t->device() == device_;
+  };
+  const auto zero_of = [&](const Tensor* z, const Tensor* t, int64_t& v) {
+    if (z == nullptr) return (v = 0, true);
+    if (!z->defined() || z->numel() != 1 || z->dtype() != t->dtype() || z->device() != device_) return false;
+    v = static_cast<int64_t>(z->item());
+    return true;
+  };
+  int64_t za = 0, zb = 0;
+  if (!eight_bit(a) || !eight_bit(b) || a->dim() < 2 || b->dim() != 2 || a->size(-1) != b->size(0) ||
+      (mm.inputs.size() > 2 && !mm.inputs[2].empty() && az == nullptr) ||
+      (mm.inputs.size() > 3 && !mm.inputs[3].empty() && bz == nullptr) || !zero_of(az, a, za) || !zero_of(bz, b, zb))
+    return false;
+  Shape product(a->shape().begin(), a->shape().end() - 1);
+  product.push_back(b->size(1));
+  std::vector<ChainStep> steps;
+  if (!chain_steps(g, chain, scope, plan, product, steps)) return false;
+  const auto start = profile_ != nullptr ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
+  scope.values[chain.output] = int_matmul_chain(*a, *b, za, zb, steps);
+  add_time(start, "MatMulInteger+chain");
+  return true;
+}
+
+bool Executor::run_chain(const Graph& g, const ChainFusion& chain, Scope& scope, const ExecPlan& plan) {
+  run_early(g, chain.early, scope, plan);
+  if (chain.matmul != ChainFusion::kNone) {
+    if (run_int_matmul_chain(g, chain, scope, plan)) return true;
+    run_node(g.nodes[chain.matmul], scope);  // the product as a node, then the chain over it
+  }
+  const Tensor* x = scope.find(chain.input);
+  if (x == nullptr || !x->defined() || x->dtype() != (chain.cast_input ? kInt32 : kFloat32) || x->device() != device_ ||
+      x->numel() == 0)
+    return false;
+  std::vector<ChainStep> steps;
+  if (!chain_steps(g, chain, scope, plan, x->shape(), steps)) return false;
   const auto start = profile_ != nullptr ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
   scope.values[chain.output] = elementwise_chain(*x, steps);
   add_time(start, "elementwise chain");

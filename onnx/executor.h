@@ -67,8 +67,10 @@ struct ChainFusion {
     int a = 0, b = -1;        // the slots read (ChainStep's)
     std::string constant;     // the one-element constant operand of an arithmetic step, or none
   };
+  static constexpr size_t kNone = static_cast<size_t>(-1);
   std::string input, output;  // slot 0 (or what a Cast heading it reads), and the last step's value
   bool cast_input = false;    // the chain starts with a Cast of int32 values to float32
+  size_t matmul = kNone;      // the MatMulInteger whose product alone the Cast reads, run with the chain
   std::vector<Step> steps;
   std::vector<size_t> nodes;  // every node the chain runs
   std::vector<size_t> early;  // Constant and static nodes after the first that it reads, run before it
@@ -100,7 +102,7 @@ struct ExecPlan {
   std::map<size_t, ActFusion> conv_act;                 // Conv (or folded BatchNormalization) -> its activation
   std::map<size_t, size_t> qdq;  // QuantizeLinear -> the DequantizeLinear that alone reads it (Note [QDQ pairs])
   std::map<size_t, GeluFusion> gelu;        // Div node -> the rest of an exact GELU (Note [GELU as one op])
-  std::map<size_t, ChainFusion> chains;     // first node -> its elementwise chain (Note [Elementwise chains])
+  std::map<size_t, ChainFusion> chains;     // first node (or its MatMulInteger) -> its elementwise chain
   std::map<size_t, GateFusion> gates;       // GlobalAveragePool -> its squeeze-and-excitation block
   std::map<std::string, double> constants;  // one-element Constant nodes' values, known before they run
   mutable FoldedWeights folded;             // Note [Folded weights kept]
@@ -279,6 +281,12 @@ class Executor {
 
   // Note [Elementwise chains] (src/ops/chain.cpp); chains.cpp.
   bool run_chain(const Graph& g, const ChainFusion& chain, Scope& scope, const ExecPlan& plan);
+  // The chain's steps for an input of shape x (its numbers read from scope), or false when they do not apply.
+  bool chain_steps(const Graph& g, const ChainFusion& chain, const Scope& scope, const ExecPlan& plan, const Shape& x,
+                   std::vector<ChainStep>& steps);
+  // A chain with its MatMulInteger as braid::int_matmul_chain (Note [int8 epilogues]), or false when
+  // the product is not one of two 8-bit matrices with one zero point each.
+  bool run_int_matmul_chain(const Graph& g, const ChainFusion& chain, Scope& scope, const ExecPlan& plan);
 
   // Runs Constant and static nodes ahead of the pattern that reads them (available_early).
   void run_early(const Graph& g, const std::vector<size_t>& early, Scope& scope, const ExecPlan& plan);

@@ -91,31 +91,41 @@ TEST(OnnxModule, AttentionMaskAndResidualRunAsChainsWithTheSameBits) {
   EXPECT_EQ(mod.profile().count("Add") + mod.profile().count("Div"), 0u);
 }
 
-// Note [Elementwise chains] headed by a Cast: a dynamically quantised MatMul as onnxruntime writes
-// it (MatMulInteger, its int32 product cast to float32, times the two scales, plus the bias) runs
-// the Cast, the Mul and the Add as one chain; bit for bit the graph as written.
-TEST(OnnxModule, MatMulIntegerScaleAndBiasRunAsOneChain) {
+// Note [int8 epilogues]: a dynamically quantised MatMul as onnxruntime writes it (MatMulInteger, its
+// int32 product cast to float32, times the two scales, plus the bias) runs as one int_matmul_chain,
+// the scale and the bias in the product's epilogue once the weight is kept; bit for bit the graph
+// as written every time. With one zero point per row of A the product runs as its node and the
+// Cast, the Mul and the Add as a chain after it.
+TEST(OnnxModule, MatMulIntegerScaleAndBiasRunWithTheProduct) {
   Generator gen(17);
-  bx::GraphBuilder g(13);
-  const std::string product = g.node("MatMulInteger", {"a", "b", "a_zero", "b_zero"})[0];
-  const std::string as_float = g.node("Cast", {product}, {{"to", bx::attr_int(1)}})[0];
-  const std::string scaled = g.node("Mul", {as_float, "scale"})[0];
-  g.graph().nodes.push_back(bx::Node{"bias", "Add", "", {"bias", scaled}, {"y"}, {}});
-  bx::Model m = model_of("dynamic_matmul", 13, g.graph());
-  m.graph.initializers.insert({{"b", cast(randn({16, 8}, kFloat32, &gen) * 40.0, kInt8)},
-                               {"b_zero", cast(zeros({}), kInt8)},
-                               {"bias", randn({8}, kFloat32, &gen)}});
-  m.graph.inputs = {info("a", kUInt8, {4, 16}), info("a_zero", kUInt8, {}), info("scale", kFloat32, {})};
-  m.graph.outputs.push_back(info("y", kFloat32, {4, 8}));
-  bx::OnnxModule mod(m);
-  const Tensor a = cast(rand({4, 16}, kFloat32, &gen, 0, 255), kUInt8), a_zero = cast(full({}, 97.0), kUInt8),
-               scale = full({}, 0.0123, kFloat32);
-  const Tensor as_written = mod.run({a, a_zero, scale})[0].detach();
-  mod.set_profiling(true);
-  NoGradGuard no_grad;
-  EXPECT_EQ(mod.run({a, a_zero, scale})[0].to_vector<float>(), as_written.to_vector<float>());
-  EXPECT_EQ(mod.profile().at("elementwise chain").calls, 1);
-  EXPECT_EQ(mod.profile().count("Cast") + mod.profile().count("Mul") + mod.profile().count("Add"), 0u);
+  const Tensor b = cast(randn({16, 8}, kFloat32, &gen) * 40.0, kInt8), bias = randn({8}, kFloat32, &gen);
+  const Tensor a = cast(rand({4, 16}, kFloat32, &gen, 0, 255), kUInt8), scale = full({}, 0.0123, kFloat32);
+  for (const Tensor& a_zero : {cast(full({}, 97.0), kUInt8), cast(rand({4, 1}, kFloat32, &gen, 0, 255), kUInt8)}) {
+    SCOPED_TRACE(a_zero.numel() == 1 ? "one zero point" : "one per row");
+    bx::GraphBuilder g(13);
+    const std::string product = g.node("MatMulInteger", {"a", "b", "a_zero", "b_zero"})[0];
+    const std::string as_float = g.node("Cast", {product}, {{"to", bx::attr_int(1)}})[0];
+    const std::string scaled = g.node("Mul", {as_float, "scale"})[0];
+    g.graph().nodes.push_back(bx::Node{"bias", "Add", "", {"bias", scaled}, {"y"}, {}});
+    bx::Model m = model_of("dynamic_matmul", 13, g.graph());
+    m.graph.initializers.insert({{"b", b}, {"b_zero", cast(zeros({}), kInt8)}, {"bias", bias}});
+    m.graph.inputs = {info("a", kUInt8, {4, 16}), info("a_zero", kUInt8, a_zero.shape()), info("scale", kFloat32, {})};
+    m.graph.outputs.push_back(info("y", kFloat32, {4, 8}));
+    bx::OnnxModule mod(m);
+    const Tensor as_written = mod.run({a, a_zero, scale})[0].detach();
+    mod.set_profiling(true);
+    NoGradGuard no_grad;
+    for (int run = 0; run < 3; ++run)
+      EXPECT_EQ(mod.run({a, a_zero, scale})[0].to_vector<float>(), as_written.to_vector<float>()) << "run " << run;
+    EXPECT_EQ(mod.profile().count("Cast") + mod.profile().count("Mul") + mod.profile().count("Add"), 0u);
+    if (a_zero.numel() == 1) {
+      EXPECT_EQ(mod.profile().at("MatMulInteger+chain").calls, 3);
+      EXPECT_EQ(mod.profile().count("MatMulInteger"), 0u);
+    } else {
+      EXPECT_EQ(mod.profile().at("MatMulInteger").calls, 3);
+      EXPECT_EQ(mod.profile().at("elementwise chain").calls, 3);
+    }
+  }
 }
 
 // A feed-forward layer's bias and exact GELU written out as exporters write it (Div by sqrt 2, Erf,

@@ -79,6 +79,89 @@ TEST(IntMatmul, AWeightUsedAgainGivesTheExactProductEachTime) {
   for (int64_t i = 0; i < m * n; ++i) ASSERT_EQ(got[static_cast<size_t>(i)], want[static_cast<size_t>(i)]) << i;
 }
 
+// int_matmul_chain: the exact product converted to float32 and carried through a quantised linear
+// layer's steps, each the float32 operation of its op, bit for bit: a scale (one value or one per
+// column), a bias, a residual, then steps that stay a chain (GELU) or that read an earlier value
+// (which keeps them out of the product's epilogue, Note [int8 epilogues]). Each case runs three
+// times with one weight, so that the weight is kept and the epilogue runs.
+TEST(IntMatmulChain, IsTheProductThroughTheStepsBitForBit) {
+  Generator gen(21);
+  const int64_t batch = 2, m = 16, k = 64, n = 48;
+  const std::vector<int32_t> bv = random_values(kInt8, k * n, gen);
+  const Tensor b = cast(tensor(bv, {k, n}), kInt8);
+  const std::vector<float> bias = (randn({n}, kFloat32, &gen)).to_vector<float>();
+  const std::vector<float> col = (rand({n}, kFloat32, &gen) * 1e-3).to_vector<float>();
+  const std::vector<float> res = (randn({batch, m, n}, kFloat32, &gen)).to_vector<float>();
+  const float scale = 3.7e-4f;
+  using K = ChainStep::Kind;
+  const auto step = [](K kind, int a, int b_slot, float k_value = 0, Tensor operand = Tensor()) {
+    ChainStep s;
+    s.kind = kind;
+    s.a = a;
+    s.b = b_slot;
+    s.k = k_value;
+    s.operand = std::move(operand);
+    return s;
+  };
+  const Tensor bias_t = tensor(bias, {n}), col_t = tensor(col, {1, n}), res_t = tensor(res, {batch, m, n});
+  constexpr int C = ChainStep::kConstant, T = ChainStep::kTensor;
+  struct Case {
+    const char* name;
+    std::vector<ChainStep> steps;
+    // the closed form of one element: the product p at row r, column j (flat index i)
+    float (*want)(float p, int64_t j, int64_t i, const std::vector<float>& bias, const std::vector<float>& col,
+                  const std::vector<float>& res, float scale);
+  };
+  const std::vector<Case> cases = {
+      {"scale and bias",
+       {step(K::Mul, 0, C, scale), step(K::Add, T, 1, 0, bias_t)},
+       [](float p, int64_t j, int64_t, const std::vector<float>& bias, const std::vector<float>&,
+          const std::vector<float>&, float scale) { return bias[j] + p * scale; }},
+      {"per-column scale, bias, residual",
+       {step(K::Mul, T, 0, 0, col_t), step(K::Add, 1, T, 0, bias_t), step(K::Add, 2, T, 0, res_t)},
+       [](float p, int64_t j, int64_t i, const std::vector<float>& bias, const std::vector<float>& col,
+          const std::vector<float>& res, float) { return (col[j] * p + bias[j]) + res[i]; }},
+      {"division and subtraction",
+       {step(K::Div, 0, C, 2731.0f), step(K::Sub, 1, T, 0, bias_t)},
+       [](float p, int64_t j, int64_t, const std::vector<float>& bias, const std::vector<float>&,
+          const std::vector<float>&, float) { return p / 2731.0f - bias[j]; }},
+      {"constant minus the product (not an epilogue)",
+       {step(K::Sub, C, 0, 1.5f), step(K::Mul, 1, C, scale)},
+       [](float p, int64_t, int64_t, const std::vector<float>&, const std::vector<float>&, const std::vector<float>&,
+          float scale) { return (1.5f - p) * scale; }},
+      {"a later step reads the product",
+       {step(K::Mul, 0, C, scale), step(K::Add, 1, 0)},
+       [](float p, int64_t, int64_t, const std::vector<float>&, const std::vector<float>&, const std::vector<float>&,
+          float scale) { return p * scale + p; }},
+  };
+  for (DType at : {kUInt8, kInt8}) {
+    const std::vector<int32_t> av = random_values(at, batch * m * k, gen);
+    const int64_t za = at == kUInt8 ? 131 : -7;
+    const std::vector<int64_t> p = reference_product(av, bv, batch * m, k, n, za, 0);
+    const Tensor a = cast(tensor(av, {batch, m, k}), at);
+    for (const Case& c : cases)
+      for (int call = 0; call < 3; ++call) {
+        const std::vector<float> got = int_matmul_chain(a, b, za, 0, c.steps).to_vector<float>();
+        ASSERT_EQ(got.size(), p.size());
+        for (size_t i = 0; i < got.size(); ++i) {
+          const int64_t j = static_cast<int64_t>(i) % n;
+          ASSERT_EQ(got[i], c.want(static_cast<float>(p[i]), j, static_cast<int64_t>(i), bias, col, res, scale))
+              << c.name << ", " << dtype_name(at) << " A, call " << call << ", element " << i;
+        }
+      }
+    // Steps after the epilogue run as a chain: GELU of the scaled, biased product, then a scale.
+    std::vector<ChainStep> gelu_steps{step(K::Mul, 0, C, scale), step(K::Add, 1, T, 0, bias_t), ChainStep{},
+                                      step(K::Mul, 3, C, 0.5f)};
+    gelu_steps[2].kind = K::Gelu;
+    gelu_steps[2].a = 2;
+    std::vector<float> pre(p.size());
+    for (size_t i = 0; i < p.size(); ++i) pre[i] = static_cast<float>(p[i]) * scale + bias[i % n];
+    const std::vector<float> want = (gelu(tensor(pre, {batch, m, n})) * 0.5).to_vector<float>();
+    for (int call = 0; call < 3; ++call)
+      EXPECT_EQ(int_matmul_chain(a, b, za, 0, gelu_steps).to_vector<float>(), want) << dtype_name(at) << " A";
+  }
+}
+
 TEST(IntMatmul, IsTheExactIntegerProductForEverySignedness) {
   Generator gen(11);
   const int64_t batch = 2, m = 5, k = 300, n = 19;  // sums of 300 products of up to 255 * 255

@@ -38,4 +38,12 @@ struct ChainStep {
 /// parameters out of range are refused with ValueError.
 Tensor elementwise_chain(const Tensor& x, const std::vector<ChainStep>& steps);
 
+/// elementwise_chain(int_matmul(a, b, a_zero, b_zero), steps): the exact integer product converted
+/// to float32 and carried through the steps, bitwise. Its leading arithmetic steps on the running
+/// value, by a constant or by a tensor of one value, one per column or one per element of the
+/// product (a quantised linear layer's scale, bias and residual), run in the product's epilogue
+/// where the backend has one (Note [int8 epilogues]); the rest as elementwise_chain. Inference only.
+Tensor int_matmul_chain(const Tensor& a, const Tensor& b, int64_t a_zero, int64_t b_zero,
+                        const std::vector<ChainStep>& steps);
+
 }  // namespace braid

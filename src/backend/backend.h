@@ -208,6 +208,17 @@ class Backend {
   /// out (M, N) int32 = (a - a_zero)(b - b_zero) for a (M, K) and b (K, N), each int8 or uint8, zero
   /// points in their operand's range; all contiguous (int_matmul, ONNX's quantised products).
   virtual bool matmul_int8(const Tensor& a, int64_t a_zero, const Tensor& b, int64_t b_zero, const Tensor& out);
+  /// One step of matmul_int8_epilogue: out = out (+ - * /) operand.
+  struct EpilogueStep {
+    ChainStep::Kind kind;  // Add, Sub, Mul or Div
+    Tensor operand;        // float32, contiguous: 1, N (one per column) or M * N (row-major) elements
+  };
+  /// out (M, N) float32 = matmul_int8's exact product of a (M, K) and b (K, N) converted to float32,
+  /// then each step of `epilogue` in order, each one float32 operation, so that the result is bitwise
+  /// the conversion and the steps run as ops (braid::int_matmul_chain; onnxruntime's quantisers write
+  /// the scale and the bias after every MatMulInteger).
+  virtual bool matmul_int8_epilogue(const Tensor& a, int64_t a_zero, const Tensor& b, int64_t b_zero,
+                                    const std::vector<EpilogueStep>& epilogue, const Tensor& out);
   /// out (float32, x's shape) = (x - zero) * scale for x int8 or uint8, contiguous; the subtraction
   /// and the multiplication in float32 (braid::dequantize).
   virtual bool dequantize(const Tensor& x, double scale, int64_t zero, const Tensor& out);

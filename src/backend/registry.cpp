@@ -85,6 +85,10 @@ bool Backend::conv2d_backward_weight(const Tensor&, const Tensor&, const Window2
   return false;
 }
 bool Backend::matmul_int8(const Tensor&, int64_t, const Tensor&, int64_t, const Tensor&) { return false; }
+bool Backend::matmul_int8_epilogue(const Tensor&, int64_t, const Tensor&, int64_t, const std::vector<EpilogueStep>&,
+                                   const Tensor&) {
+  return false;
+}
 bool Backend::quantize(const Tensor&, double, int64_t, const Tensor&) { return false; }
 bool Backend::aminmax(const Tensor&, const Tensor&, const Tensor&) { return false; }
 bool Backend::squeeze_excite(const Tensor&, bool, const Tensor&, const Tensor&, const Epilogue&, const Tensor&,

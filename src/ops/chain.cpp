@@ -142,4 +142,74 @@ Tensor elementwise_chain(const Tensor& x, const std::vector<ChainStep>& steps) {
   return y;
 }
 
+namespace {
+
+// Step s (reading slots before `from` or a constant or tensor) as an epilogue step on the running
+// value (slot `at`), or false: arithmetic with the running value first (either side for Add and
+// Mul) and a constant or a tensor of one value, n (along the last axis) or all of the product's.
+bool epilogue_step(const ChainStep& s, int at, const Shape& product, Device device, Backend::EpilogueStep& e) {
+  using K = ChainStep::Kind;
+  if (s.kind != K::Add && s.kind != K::Sub && s.kind != K::Mul && s.kind != K::Div) return false;
+  const bool commutes = s.kind == K::Add || s.kind == K::Mul;
+  const int other = s.a == at ? s.b : commutes && s.b == at ? s.a : at;
+  if (other != ChainStep::kConstant && other != ChainStep::kTensor) return false;
+  if (other == ChainStep::kConstant) {
+    e = {s.kind, full({1}, s.k, kFloat32, device)};
+    return true;
+  }
+  const Tensor& t = s.operand;
+  if (!t.defined() || t.dtype() != kFloat32 || t.device() != device || t.dim() > static_cast<int64_t>(product.size()))
+    return false;
+  const int64_t n = product.back();
+  const bool one = t.numel() == 1, column = t.numel() == n && t.size(-1) == n, whole = t.shape() == product;
+  if (!one && !column && !whole) return false;
+  e = {s.kind, contiguous(t.detach()).reshape({t.numel()})};
+  return true;
+}
+
+}  // namespace
+
+Tensor int_matmul_chain(const Tensor& a, const Tensor& b, int64_t a_zero, int64_t b_zero,
+                        const std::vector<ChainStep>& steps) {
+  BRAID_CHECK(!steps.empty(), "int_matmul_chain: no steps");
+  NoGradGuard no_grad;
+  if (a.defined() && b.defined() && a.dim() >= 2 && b.dim() == 2 && a.size(-1) == b.size(0) &&
+      (a.dtype() == kInt8 || a.dtype() == kUInt8) && (b.dtype() == kInt8 || b.dtype() == kUInt8) &&
+      a.device() == b.device()) {
+    const int64_t k = a.size(-1), n = b.size(1), m = a.numel() / std::max<int64_t>(k, 1);
+    Shape product(a.shape().begin(), a.shape().end() - 1);
+    product.push_back(n);
+    std::vector<Backend::EpilogueStep> epilogue;
+    for (size_t j = 0; j < steps.size(); ++j) {
+      Backend::EpilogueStep e;
+      if (!epilogue_step(steps[j], static_cast<int>(j), product, a.device(), e)) break;
+      epilogue.push_back(std::move(e));
+    }
+    // The steps after the epilogue read only its last value and their own (the others are not kept).
+    const auto rest_reads_later = [&](size_t from) {
+      for (size_t j = from; j < steps.size(); ++j)
+        for (int v : {steps[j].a, steps[j].b})
+          if (v >= 0 && v < static_cast<int>(from)) return false;
+      return true;
+    };
+    while (!epilogue.empty() && !rest_reads_later(epilogue.size())) epilogue.pop_back();
+    if (!epilogue.empty() && scalar_fits(static_cast<double>(a_zero), a.dtype()) &&
+        scalar_fits(static_cast<double>(b_zero), b.dtype())) {
+      Tensor out = new_tensor({m, n}, kFloat32, a.device());
+      if (backend_of(a).matmul_int8_epilogue(contiguous(a).reshape({m, k}), a_zero, contiguous(b), b_zero, epilogue,
+                                             out)) {
+        out = out.reshape(product);
+        const size_t done = epilogue.size();
+        if (done == steps.size()) return out;
+        std::vector<ChainStep> rest(steps.begin() + static_cast<std::ptrdiff_t>(done), steps.end());
+        for (ChainStep& s : rest)
+          for (int* v : {&s.a, &s.b})
+            if (*v >= 0) *v -= static_cast<int>(done);
+        return elementwise_chain(out, rest);
+      }
+    }
+  }
+  return elementwise_chain(int_matmul(a, b, a_zero, b_zero), steps);
+}
+
 }  // namespace braid

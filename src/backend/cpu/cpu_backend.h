@@ -83,6 +83,8 @@ class CpuBackend final : public Backend {
                               const Tensor& gw) override;
   // matmul_int8.cpp: int8 GEMM (Note [int8 GEMM through oneDNN])
   bool matmul_int8(const Tensor& a, int64_t a_zero, const Tensor& b, int64_t b_zero, const Tensor& out) override;
+  bool matmul_int8_epilogue(const Tensor& a, int64_t a_zero, const Tensor& b, int64_t b_zero,
+                            const std::vector<EpilogueStep>& epilogue, const Tensor& out) override;
 #endif
 };
 

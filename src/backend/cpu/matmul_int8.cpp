@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <array>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <oneapi/dnnl/dnnl.hpp>
@@ -39,26 +40,42 @@ dnnl::engine& engine() {
   return e;
 }
 
-std::shared_ptr<const Primitive> primitive_for(int64_t m, int64_t k, int64_t n) {
+using dt = dnnl::memory::data_type;
+using tag = dnnl::memory::format_tag;
+
+// An epilogue step's oneDNN form: its binary algorithm and its operand's shape against (M, N).
+struct PostOp {
+  dnnl::algorithm alg;
+  dnnl::memory::dims dims;  // {1, 1}, {1, N} or {M, N}
+};
+
+// The matmul primitive for (M, K) by (K, N): int32 out without post-ops; float32 out carried through
+// them otherwise (Note [int8 epilogues]). Null where oneDNN has no kernel.
+std::shared_ptr<const Primitive> primitive_for(int64_t m, int64_t k, int64_t n, const std::vector<PostOp>& post) {
   static std::mutex mu;
-  static std::unordered_map<int64_t, std::shared_ptr<const Primitive>> cache;  // by (m, k, n)
-  const int64_t key = (m * 1000003 + k) * 1000003 + n;
+  static std::map<std::vector<int64_t>, std::shared_ptr<const Primitive>> cache;
+  std::vector<int64_t> key{m, k, n};
+  for (const PostOp& p : post) key.insert(key.end(), {static_cast<int64_t>(p.alg), p.dims[0], p.dims[1]});
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
-  using dt = dnnl::memory::data_type;
-  using tag = dnnl::memory::format_tag;
   std::shared_ptr<const Primitive> p;
   try {
     dnnl::primitive_attr attr;
     attr.set_zero_points(DNNL_ARG_SRC, 0, {DNNL_RUNTIME_S32_VAL});
-    const dnnl::memory::desc a({m, k}, dt::u8, tag::ab), b({k, n}, dt::s8, tag::any), c({m, n}, dt::s32, tag::ab);
+    if (!post.empty()) {
+      dnnl::post_ops ops;
+      for (const PostOp& q : post) ops.append_binary(q.alg, dnnl::memory::desc(q.dims, dt::f32, tag::ab));
+      attr.set_post_ops(ops);
+    }
+    const dnnl::memory::desc a({m, k}, dt::u8, tag::ab), b({k, n}, dt::s8, tag::any),
+        c({m, n}, post.empty() ? dt::s32 : dt::f32, tag::ab);
     auto pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), attr, engine());
     p = std::make_shared<const Primitive>(Primitive{pd, dnnl::matmul(pd)});
   } catch (const dnnl::error&) {  // no kernel: the GEMM routine serves it
   }
   if (cache.size() >= 1024) cache.clear();  // shapes that vary from call to call
-  cache.emplace(key, p);
+  cache.emplace(std::move(key), p);
   return p;
 }
 
@@ -84,14 +101,46 @@ std::shared_ptr<KeptWeight> kept_weight(const Tensor& b, const Primitive& p, dnn
   auto made = std::make_shared<KeptWeight>();
   made->desc = p.pd.weights_desc();
   made->data.resize(made->desc.get_size());
-  using dt = dnnl::memory::data_type;
-  using tag = dnnl::memory::format_tag;
   dnnl::memory plain({{b.size(0), b.size(1)}, dt::s8, tag::ab}, engine(), const_cast<void*>(b.raw_data()));
   dnnl::memory inner(made->desc, engine(), made->data.data());
   dnnl::reorder(plain, inner).execute(stream, plain, inner);
   stream.wait();
   if (st->version() == version) st->set_derived(key, made);
   return made;
+}
+
+// A as uint8 with its zero point: itself, or an int8 A shifted by 128 into `shifted`.
+const uint8_t* as_uint8(const Tensor& a, int64_t& a_zero, std::vector<uint8_t>& shifted) {
+  if (a.dtype() == kUInt8) return a.data<uint8_t>();
+  const int8_t* src = a.data<int8_t>();
+  const int64_t count = a.numel();
+  shifted.resize(static_cast<size_t>(count));
+  for (int64_t i = 0; i < count; ++i) shifted[static_cast<size_t>(i)] = static_cast<uint8_t>(src[i] + 128);
+  a_zero += 128;
+  return shifted.data();
+}
+
+// Runs p on A (M, K) uint8 and the kept B into out's memory, with the post-ops' operands.
+void execute(const Primitive& p, const KeptWeight& w, const uint8_t* pa, int64_t a_zero, int64_t m, int64_t k,
+             void* out, const std::vector<dnnl::memory>& operands, dnnl::stream& stream) {
+  int32_t zero = static_cast<int32_t>(a_zero);
+  std::unordered_map<int, dnnl::memory> args{
+      {DNNL_ARG_SRC, dnnl::memory({{m, k}, dt::u8, tag::ab}, engine(), const_cast<uint8_t*>(pa))},
+      {DNNL_ARG_WEIGHTS, dnnl::memory(w.desc, engine(), const_cast<int8_t*>(w.data.data()))},
+      {DNNL_ARG_DST, dnnl::memory(p.pd.dst_desc(), engine(), out)},
+      {DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC, dnnl::memory({{1}, dt::s32, tag::x}, engine(), &zero)}};
+  for (size_t i = 0; i < operands.size(); ++i)
+    args.emplace(DNNL_ARG_ATTR_MULTIPLE_POST_OP(static_cast<int>(i)) | DNNL_ARG_SRC_1, operands[i]);
+  p.prim.execute(stream, args);
+  stream.wait();
+}
+
+bool has_vnni() {
+  static const bool vnni = [] {
+    const unsigned isa = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
+    return (isa & 0x40u) != 0 || (isa & 0x400u) != 0;  // avx512_core_vnni's or avx2_vnni's bit
+  }();
+  return vnni;
 }
 
 }  // namespace
@@ -104,11 +153,7 @@ std::shared_ptr<KeptWeight> kept_weight(const Tensor& b, const Primitive& p, dnn
 // in saturating 16-bit lanes, which can be off for large values, so those CPUs decline and
 // int_matmul sums exactly in float64 instead.
 bool CpuBackend::matmul_int8(const Tensor& a, int64_t a_zero, const Tensor& b, int64_t b_zero, const Tensor& out) {
-  static const bool vnni = [] {
-    const unsigned isa = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
-    return (isa & 0x40u) != 0 || (isa & 0x400u) != 0;  // avx512_core_vnni's or avx2_vnni's bit
-  }();
-  if (!onednn_enabled() || !vnni) return false;
+  if (!onednn_enabled() || !has_vnni()) return false;
   const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
   if (m == 0 || n == 0) return true;
   if (k == 0) {
@@ -116,33 +161,13 @@ bool CpuBackend::matmul_int8(const Tensor& a, int64_t a_zero, const Tensor& b, i
     return true;
   }
   std::vector<uint8_t> a_shifted;
-  const uint8_t* pa = nullptr;
-  if (a.dtype() == kUInt8) {
-    pa = a.data<uint8_t>();
-  } else {
-    const int8_t* src = a.data<int8_t>();
-    a_shifted.resize(static_cast<size_t>(m * k));
-    for (int64_t i = 0; i < m * k; ++i) a_shifted[static_cast<size_t>(i)] = static_cast<uint8_t>(src[i] + 128);
-    pa = a_shifted.data();
-    a_zero += 128;
-  }
+  const uint8_t* pa = as_uint8(a, a_zero, a_shifted);
   OneDnnSignalGuard no_signals;             // Note [Signals and oneDNN's kernels]
   if (b.dtype() == kInt8 && b_zero == 0) {  // Note [Kept int8 weights]
     thread_local dnnl::stream stream(engine());
-    if (const auto p = primitive_for(m, k, n))
+    if (const auto p = primitive_for(m, k, n, {}))
       if (const auto w = kept_weight(b, *p, stream)) {
-        using dt = dnnl::memory::data_type;
-        using tag = dnnl::memory::format_tag;
-        int32_t zero = static_cast<int32_t>(a_zero);
-        dnnl::memory am({{m, k}, dt::u8, tag::ab}, engine(), const_cast<uint8_t*>(pa));
-        dnnl::memory bm(w->desc, engine(), w->data.data());
-        dnnl::memory cm({{m, n}, dt::s32, tag::ab}, engine(), out.data<int32_t>());
-        dnnl::memory zm({{1}, dt::s32, tag::x}, engine(), &zero);
-        p->prim.execute(stream, {{DNNL_ARG_SRC, am},
-                                 {DNNL_ARG_WEIGHTS, bm},
-                                 {DNNL_ARG_DST, cm},
-                                 {DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC, zm}});
-        stream.wait();
+        execute(*p, *w, pa, a_zero, m, k, out.data<int32_t>(), {}, stream);
         return true;
       }
   }
@@ -160,6 +185,46 @@ bool CpuBackend::matmul_int8(const Tensor& a, int64_t a_zero, const Tensor& b, i
   const int32_t c_offset = 0;
   return dnnl_gemm_u8s8s32('N', 'N', 'F', m, n, k, 1.0f, pa, k, static_cast<uint8_t>(a_zero), pb, n,
                            static_cast<int8_t>(b_zero), 0.0f, out.data<int32_t>(), n, &c_offset) == dnnl_success;
+}
+
+// Note [int8 epilogues]
+// onnxruntime's quantisers follow every MatMulInteger by a Cast to float32, a Mul by the two
+// scales' product and an Add of the bias (and a transformer then adds the residual): passes over
+// the product that onnxruntime itself runs inside its GEMM. matmul_int8_epilogue gives the steps to
+// the matmul primitive as binary post-ops (operands of one value, one per column or one per
+// element), which oneDNN applies to each tile of float32 sums in registers before it stores it: one
+// conversion and one float32 operation per step, in order, so the bits are the ops'. Only on a
+// kept weight (Note [Kept int8 weights]): the first product of a weight takes the ops.
+bool CpuBackend::matmul_int8_epilogue(const Tensor& a, int64_t a_zero, const Tensor& b, int64_t b_zero,
+                                      const std::vector<EpilogueStep>& epilogue, const Tensor& out) {
+  if (!fused_on() || !onednn_enabled() || !has_vnni() || b.dtype() != kInt8 || b_zero != 0) return false;
+  const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
+  if (m == 0 || n == 0 || k == 0) return false;
+  std::vector<PostOp> post;
+  std::vector<dnnl::memory> operands;
+  for (const EpilogueStep& s : epilogue) {
+    const int64_t count = s.operand.numel();
+    if (s.operand.dtype() != kFloat32 || !s.operand.is_contiguous() || (count != 1 && count != n && count != m * n))
+      return false;
+    const dnnl::algorithm alg = s.kind == ChainStep::Kind::Add   ? dnnl::algorithm::binary_add
+                                : s.kind == ChainStep::Kind::Sub ? dnnl::algorithm::binary_sub
+                                : s.kind == ChainStep::Kind::Mul ? dnnl::algorithm::binary_mul
+                                                                 : dnnl::algorithm::binary_div;
+    const dnnl::memory::dims dims{count == m * n ? m : 1, count == 1 ? 1 : n};  // M * N = N only when M = 1
+    post.push_back({alg, dims});
+    operands.emplace_back(dnnl::memory::desc(dims, dt::f32, tag::ab), engine(),
+                          const_cast<void*>(s.operand.raw_data()));
+  }
+  OneDnnSignalGuard no_signals;  // Note [Signals and oneDNN's kernels]
+  thread_local dnnl::stream stream(engine());
+  const auto p = primitive_for(m, k, n, post);
+  if (!p) return false;
+  const auto w = kept_weight(b, *p, stream);
+  if (!w) return false;
+  std::vector<uint8_t> a_shifted;
+  const uint8_t* pa = as_uint8(a, a_zero, a_shifted);
+  execute(*p, *w, pa, a_zero, m, k, out.data<float>(), operands, stream);
+  return true;
 }
 
 }  // namespace braid::detail

@@ -123,6 +123,13 @@ class ShadowBackend final : public Backend {
     const char* op = "matmul_int8";
     return cpu().matmul_int8(host(op, out, a), a_zero, host(op, out, b), b_zero, host(op, out, out));
   }
+  bool matmul_int8_epilogue(const Tensor& a, int64_t a_zero, const Tensor& b, int64_t b_zero,
+                            const std::vector<EpilogueStep>& epilogue, const Tensor& out) override {
+    const char* op = "matmul_int8_epilogue";
+    std::vector<EpilogueStep> on_host;
+    for (const EpilogueStep& s : epilogue) on_host.push_back({s.kind, host(op, out, s.operand)});
+    return cpu().matmul_int8_epilogue(host(op, out, a), a_zero, host(op, out, b), b_zero, on_host, host(op, out, out));
+  }
   bool dequantize(const Tensor& x, double scale, int64_t zero, const Tensor& out) override {
     const char* op = "dequantize";
     return cpu().dequantize(host(op, out, x), scale, zero, host(op, out, out));
