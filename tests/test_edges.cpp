@@ -244,3 +244,30 @@ TEST(Edges, StridedTranscendentalsMatchContiguousAndLibm) {
     }
   }
 }
+
+// index_select copies whole runs where its index is the same along the innermost axis (rows of an
+// embedding table): every element width, along the first and a middle axis, with repeated and
+// reversed positions, against the positions written out.
+TEST(Edges, IndexSelectRowsMatchThePositions) {
+  const int64_t d0 = 5, d1 = 3, d2 = 40;
+  std::vector<double> xs;
+  for (int64_t i = 0; i < d0 * d1 * d2; ++i) xs.push_back(static_cast<double>(i % 113));
+  const std::vector<int64_t> pick{4, 0, 4, 2, 1};
+  for (braid::DType t : {braid::kUInt8, braid::kFloat16, braid::kFloat32, braid::kInt64}) {
+    const braid::Tensor x = braid::cast(braid::tensor(xs, {d0, d1, d2}), t);
+    const braid::Tensor idx = braid::tensor(pick, {5});
+    const std::vector<double> rows = braid::index_select(x, 0, idx).to_vector<double>();
+    const std::vector<int64_t> mid{2, 2, 0};
+    const std::vector<double> cols = braid::index_select(x, 1, braid::tensor(mid, {3})).to_vector<double>();
+    for (int64_t r = 0; r < 5; ++r)
+      for (int64_t j = 0; j < d1 * d2; ++j)
+        ASSERT_EQ(rows[static_cast<size_t>(r * d1 * d2 + j)], xs[static_cast<size_t>(pick[r] * d1 * d2 + j)])
+            << braid::dtype_name(t);
+    for (int64_t a = 0; a < d0; ++a)
+      for (int64_t r = 0; r < 3; ++r)
+        for (int64_t k = 0; k < d2; ++k)
+          ASSERT_EQ(cols[static_cast<size_t>((a * 3 + r) * d2 + k)],
+                    xs[static_cast<size_t>((a * d1 + mid[static_cast<size_t>(r)]) * d2 + k)])
+              << braid::dtype_name(t);
+  }
+}

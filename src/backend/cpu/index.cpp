@@ -4,6 +4,7 @@
 // output element: threads split the positions off the axis, and each walks the whole axis itself.
 #include <omp.h>
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "backend/cpu/cpu_backend.h"
@@ -21,6 +22,10 @@ void gather_bits(const StridedLoop& loop, int64_t axis_stride) {
     U* o = reinterpret_cast<U*>(p[0]);                            // (n) outputs
     const int64_t* idx = reinterpret_cast<const int64_t*>(p[1]);  // (n) positions along the axis
     const U* x = reinterpret_cast<const U*>(p[2]);                // (n) row starts in x
+    if (s[1] == 0 && s[0] == 1 && s[2] == 1) {  // one position for a contiguous run (index_select's rows)
+      std::copy_n(x + idx[0] * axis_stride, n, o);
+      return;
+    }
     for (int64_t i = 0; i < n; ++i) o[i * s[0]] = x[i * s[2] + idx[i * s[1]] * axis_stride];
   });
 }
