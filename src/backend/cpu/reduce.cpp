@@ -270,11 +270,11 @@ void CpuBackend::reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t>
 
 namespace {
 
-// The minimum and maximum of x[0, n) in 16 lanes of vector min/max (a compiler does not reorder a
+// The minimum and maximum of x[0, n) in 64 lanes of vector min/max (a compiler does not reorder a
 // float min reduction by itself), with NaN counted apart (a NaN wins at the end, as in amin and
 // amax); one clone per vector width (Note [Vector clones]).
 BRAID_VECTOR_CLONES void min_max_range(const float* x, int64_t n, float* lo, float* hi, int* nan) {
-  constexpr int kLanes = 16;
+  constexpr int kLanes = 64;  // four vector registers at AVX-512 width, so that no comparison waits on the last
   float mn[kLanes], mx[kLanes], bad[kLanes];  // bad: 1 where a lane met NaN
   for (int l = 0; l < kLanes; ++l) {
     mn[l] = std::numeric_limits<float>::infinity();
