@@ -22,7 +22,7 @@
 // and adds. Callers of these functions are vector clones themselves: elsewhere each fma_f32
 // would be a call.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define BRAID_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#define BRAID_VECTOR_CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
 #else
 #define BRAID_VECTOR_CLONES
 #endif
