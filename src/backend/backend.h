@@ -211,7 +211,8 @@ class Backend {
   /// One step of matmul_int8_epilogue: out = out (+ - * /) operand.
   struct EpilogueStep {
     ChainStep::Kind kind;  // Add, Sub, Mul or Div
-    Tensor operand;        // float32, contiguous: 1, N (one per column) or M * N (row-major) elements
+    Tensor operand;        // float32, contiguous: 1, N (one per column) or M * N (row-major) elements,
+    float k = 0;           // or undefined for this one value
   };
   /// out (M, N) float32 = matmul_int8's exact product of a (M, K) and b (K, N) converted to float32,
   /// then each step of `epilogue` in order, each one float32 operation, so that the result is bitwise

@@ -154,7 +154,7 @@ bool epilogue_step(const ChainStep& s, int at, const Shape& product, Device devi
   const int other = s.a == at ? s.b : commutes && s.b == at ? s.a : at;
   if (other != ChainStep::kConstant && other != ChainStep::kTensor) return false;
   if (other == ChainStep::kConstant) {
-    e = {s.kind, full({1}, s.k, kFloat32, device)};
+    e = {s.kind, Tensor(), s.k};
     return true;
   }
   const Tensor& t = s.operand;
@@ -163,7 +163,7 @@ bool epilogue_step(const ChainStep& s, int at, const Shape& product, Device devi
   const int64_t n = product.back();
   const bool one = t.numel() == 1, column = t.numel() == n && t.size(-1) == n, whole = t.shape() == product;
   if (!one && !column && !whole) return false;
-  e = {s.kind, contiguous(t.detach()).reshape({t.numel()})};
+  e = {s.kind, contiguous(t.detach()).reshape({t.numel()}), 0};
   return true;
 }
 

@@ -33,6 +33,7 @@ namespace {
 struct Primitive {
   dnnl::matmul::primitive_desc pd;
   dnnl::matmul prim;
+  std::vector<dnnl::memory::desc> operands;  // the post-ops' second operands
 };
 
 dnnl::engine& engine() {
@@ -71,7 +72,9 @@ std::shared_ptr<const Primitive> primitive_for(int64_t m, int64_t k, int64_t n, 
     const dnnl::memory::desc a({m, k}, dt::u8, tag::ab), b({k, n}, dt::s8, tag::any),
         c({m, n}, post.empty() ? dt::s32 : dt::f32, tag::ab);
     auto pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), attr, engine());
-    p = std::make_shared<const Primitive>(Primitive{pd, dnnl::matmul(pd)});
+    std::vector<dnnl::memory::desc> operands;
+    for (const PostOp& q : post) operands.emplace_back(q.dims, dt::f32, tag::ab);
+    p = std::make_shared<const Primitive>(Primitive{pd, dnnl::matmul(pd), std::move(operands)});
   } catch (const dnnl::error&) {  // no kernel: the GEMM routine serves it
   }
   if (cache.size() >= 1024) cache.clear();  // shapes that vary from call to call
@@ -120,18 +123,44 @@ const uint8_t* as_uint8(const Tensor& a, int64_t& a_zero, std::vector<uint8_t>& 
   return shifted.data();
 }
 
-// Runs p on A (M, K) uint8 and the kept B into out's memory, with the post-ops' operands.
-void execute(const Primitive& p, const KeptWeight& w, const uint8_t* pa, int64_t a_zero, int64_t m, int64_t k,
-             void* out, const std::vector<dnnl::memory>& operands, dnnl::stream& stream) {
-  int32_t zero = static_cast<int32_t>(a_zero);
-  std::unordered_map<int, dnnl::memory> args{
-      {DNNL_ARG_SRC, dnnl::memory({{m, k}, dt::u8, tag::ab}, engine(), const_cast<uint8_t*>(pa))},
-      {DNNL_ARG_WEIGHTS, dnnl::memory(w.desc, engine(), const_cast<int8_t*>(w.data.data()))},
-      {DNNL_ARG_DST, dnnl::memory(p.pd.dst_desc(), engine(), out)},
-      {DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC, dnnl::memory({{1}, dt::s32, tag::x}, engine(), &zero)}};
-  for (size_t i = 0; i < operands.size(); ++i)
-    args.emplace(DNNL_ARG_ATTR_MULTIPLE_POST_OP(static_cast<int>(i)) | DNNL_ARG_SRC_1, operands[i]);
-  p.prim.execute(stream, args);
+// A primitive's arguments, made once per thread and pointed at each call's memory (a dnnl::memory
+// costs more to make than a small product's epilogue takes).
+struct Bound {
+  std::shared_ptr<const Primitive> primitive;  // kept alive while its arguments are
+  std::unordered_map<int, dnnl::memory> args;
+  int32_t zero = 0;
+  std::vector<float> constants;  // the one-value operands given as numbers
+};
+
+// Runs p on A (M, K) uint8 and the kept B into out's memory, with the post-ops' operands (a
+// pointer each, or null for the number in `constants`).
+void execute(const std::shared_ptr<const Primitive>& p, const KeptWeight& w, const uint8_t* pa, int64_t a_zero,
+             void* out, const std::vector<const void*>& operands, const std::vector<float>& constants,
+             dnnl::stream& stream) {
+  thread_local std::unordered_map<const Primitive*, Bound> bound;
+  if (bound.size() > 256) bound.clear();
+  Bound& b = bound[p.get()];
+  if (!b.primitive) {
+    b.primitive = p;
+    b.args = {{DNNL_ARG_SRC, dnnl::memory(p->pd.src_desc(), engine(), const_cast<uint8_t*>(pa))},
+              {DNNL_ARG_WEIGHTS, dnnl::memory(p->pd.weights_desc(), engine(), const_cast<int8_t*>(w.data.data()))},
+              {DNNL_ARG_DST, dnnl::memory(p->pd.dst_desc(), engine(), out)},
+              {DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC, dnnl::memory({{1}, dt::s32, tag::x}, engine(), &b.zero)}};
+    b.constants.resize(operands.size());
+    for (size_t i = 0; i < operands.size(); ++i)
+      b.args.emplace(DNNL_ARG_ATTR_MULTIPLE_POST_OP(static_cast<int>(i)) | DNNL_ARG_SRC_1,
+                     dnnl::memory(p->operands[i], engine(), &b.constants[i]));
+  }
+  b.zero = static_cast<int32_t>(a_zero);
+  b.args.at(DNNL_ARG_SRC).set_data_handle(const_cast<uint8_t*>(pa));
+  b.args.at(DNNL_ARG_WEIGHTS).set_data_handle(const_cast<int8_t*>(w.data.data()));
+  b.args.at(DNNL_ARG_DST).set_data_handle(out);
+  for (size_t i = 0; i < operands.size(); ++i) {
+    b.constants[i] = constants[i];
+    b.args.at(DNNL_ARG_ATTR_MULTIPLE_POST_OP(static_cast<int>(i)) | DNNL_ARG_SRC_1)
+        .set_data_handle(const_cast<void*>(operands[i] != nullptr ? operands[i] : &b.constants[i]));
+  }
+  p->prim.execute(stream, b.args);
   stream.wait();
 }
 
@@ -167,7 +196,7 @@ bool CpuBackend::matmul_int8(const Tensor& a, int64_t a_zero, const Tensor& b, i
     thread_local dnnl::stream stream(engine());
     if (const auto p = primitive_for(m, k, n, {}))
       if (const auto w = kept_weight(b, *p, stream)) {
-        execute(*p, *w, pa, a_zero, m, k, out.data<int32_t>(), {}, stream);
+        execute(p, *w, pa, a_zero, out.data<int32_t>(), {}, {}, stream);
         return true;
       }
   }
@@ -201,10 +230,12 @@ bool CpuBackend::matmul_int8_epilogue(const Tensor& a, int64_t a_zero, const Ten
   const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
   if (m == 0 || n == 0 || k == 0) return false;
   std::vector<PostOp> post;
-  std::vector<dnnl::memory> operands;
+  std::vector<const void*> operands;
+  std::vector<float> constants;
   for (const EpilogueStep& s : epilogue) {
-    const int64_t count = s.operand.numel();
-    if (s.operand.dtype() != kFloat32 || !s.operand.is_contiguous() || (count != 1 && count != n && count != m * n))
+    const int64_t count = s.operand.defined() ? s.operand.numel() : 1;
+    if (s.operand.defined() &&
+        (s.operand.dtype() != kFloat32 || !s.operand.is_contiguous() || (count != 1 && count != n && count != m * n)))
       return false;
     const dnnl::algorithm alg = s.kind == ChainStep::Kind::Add   ? dnnl::algorithm::binary_add
                                 : s.kind == ChainStep::Kind::Sub ? dnnl::algorithm::binary_sub
@@ -212,8 +243,8 @@ bool CpuBackend::matmul_int8_epilogue(const Tensor& a, int64_t a_zero, const Ten
                                                                  : dnnl::algorithm::binary_div;
     const dnnl::memory::dims dims{count == m * n ? m : 1, count == 1 ? 1 : n};  // M * N = N only when M = 1
     post.push_back({alg, dims});
-    operands.emplace_back(dnnl::memory::desc(dims, dt::f32, tag::ab), engine(),
-                          const_cast<void*>(s.operand.raw_data()));
+    operands.push_back(s.operand.defined() ? s.operand.raw_data() : nullptr);
+    constants.push_back(s.k);
   }
   OneDnnSignalGuard no_signals;  // Note [Signals and oneDNN's kernels]
   thread_local dnnl::stream stream(engine());
@@ -223,7 +254,7 @@ bool CpuBackend::matmul_int8_epilogue(const Tensor& a, int64_t a_zero, const Ten
   if (!w) return false;
   std::vector<uint8_t> a_shifted;
   const uint8_t* pa = as_uint8(a, a_zero, a_shifted);
-  execute(*p, *w, pa, a_zero, m, k, out.data<float>(), operands, stream);
+  execute(p, *w, pa, a_zero, out.data<float>(), operands, constants, stream);
   return true;
 }
 

@@ -127,7 +127,7 @@ class ShadowBackend final : public Backend {
                             const std::vector<EpilogueStep>& epilogue, const Tensor& out) override {
     const char* op = "matmul_int8_epilogue";
     std::vector<EpilogueStep> on_host;
-    for (const EpilogueStep& s : epilogue) on_host.push_back({s.kind, host(op, out, s.operand)});
+    for (const EpilogueStep& s : epilogue) on_host.push_back({s.kind, host(op, out, s.operand), s.k});
     return cpu().matmul_int8_epilogue(host(op, out, a), a_zero, host(op, out, b), b_zero, on_host, host(op, out, out));
   }
   bool dequantize(const Tensor& x, double scale, int64_t zero, const Tensor& out) override {
