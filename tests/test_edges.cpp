@@ -271,3 +271,28 @@ TEST(Edges, IndexSelectRowsMatchThePositions) {
               << braid::dtype_name(t);
   }
 }
+
+// Batched products of small matrices read from views (a transposed operand, batch axes permuted so
+// that no single batch stride walks them) against the sums written out in double.
+TEST(Edges, BatchedSmallProductsOfViewsMatchTheSums) {
+  braid::Generator gen(31);
+  const braid::Tensor a = braid::randn({2, 3, 5, 4}, braid::kFloat32, &gen);
+  const braid::Tensor b_rows = braid::randn({2, 3, 6, 4}, braid::kFloat32, &gen);
+  const braid::Tensor b = braid::transpose(b_rows, 2, 3);  // (2, 3, 4, 6), column-major matrices
+  const braid::Tensor a_swapped = braid::transpose(braid::randn({3, 2, 5, 4}, braid::kFloat32, &gen), 0, 1);
+  for (const braid::Tensor& x : {a, a_swapped}) {
+    const std::vector<float> got = braid::matmul(x, b).to_vector<float>();
+    const std::vector<float> xv = braid::contiguous(x).to_vector<float>(), bv = braid::contiguous(b).to_vector<float>();
+    ASSERT_EQ(got.size(), 2u * 3 * 5 * 6);
+    for (int64_t batch = 0; batch < 6; ++batch)
+      for (int64_t i = 0; i < 5; ++i)
+        for (int64_t j = 0; j < 6; ++j) {
+          double want = 0;
+          for (int64_t k = 0; k < 4; ++k)
+            want += static_cast<double>(xv[static_cast<size_t>((batch * 5 + i) * 4 + k)]) *
+                    bv[static_cast<size_t>((batch * 4 + k) * 6 + j)];
+          EXPECT_NEAR(got[static_cast<size_t>((batch * 5 + i) * 6 + j)], want, 1e-5 * (1 + std::fabs(want)))
+              << "batch " << batch << " (" << i << ", " << j << ")";
+        }
+  }
+}
