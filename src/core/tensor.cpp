@@ -179,6 +179,10 @@ double Tensor::item() const {
 template <typename T>
 std::vector<T> Tensor::to_vector() const {
   constexpr DType target = detail::dtype_of<T>();
+  if (device().is_cpu() && dtype() == target && is_contiguous()) {  // read in place (shapes, indices)
+    const T* p = static_cast<const T*>(raw_data());
+    return std::vector<T>(p, p + numel());
+  }
   Tensor c = detail::new_tensor(shape(), target, device());
   {
     NoGradGuard guard;
