@@ -318,15 +318,26 @@ bool Executor::run_int_matmul_chain(const Graph& g, const ChainFusion& chain, Sc
     v = static_cast<int64_t>(z->item());
     return true;
   };
-  int64_t za = 0, zb = 0;
   if (!eight_bit(a) || !eight_bit(b) || a->dim() < 2 || b->dim() != 2 || a->size(-1) != b->size(0) ||
       (mm.inputs.size() > 2 && !mm.inputs[2].empty() && az == nullptr) ||
-      (mm.inputs.size() > 3 && !mm.inputs[3].empty() && bz == nullptr) || !zero_of(az, a, za) || !zero_of(bz, b, zb))
+      (mm.inputs.size() > 3 && !mm.inputs[3].empty() && bz == nullptr))
     return false;
   Shape product(a->shape().begin(), a->shape().end() - 1);
   product.push_back(b->size(1));
   std::vector<ChainStep> steps;
   if (!chain_steps(g, chain, scope, plan, product, steps)) return false;
+  int64_t za = 0, zb = 0;
+  if (!zero_of(az, a, za) || !zero_of(bz, b, zb)) {  // zero points per row or column: the product as its node
+    run_node(mm, scope);
+    const Tensor* x = scope.find(chain.input);
+    if (x == nullptr || !x->defined() || x->dtype() != kInt32 || x->shape() != product)
+      throw ValueError(detail::cat(model_.path, ": ", mm.label(), " did not give the int32 product of shape ",
+                                   shape_str(product), " that the chain after it reads"));
+    const auto start = profile_ != nullptr ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
+    scope.values[chain.output] = elementwise_chain(*x, steps);
+    add_time(start, "elementwise chain");
+    return true;
+  }
   const auto start = profile_ != nullptr ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
   scope.values[chain.output] = int_matmul_chain(*a, *b, za, zb, steps);
   add_time(start, "MatMulInteger+chain");
@@ -335,10 +346,7 @@ bool Executor::run_int_matmul_chain(const Graph& g, const ChainFusion& chain, Sc
 
 bool Executor::run_chain(const Graph& g, const ChainFusion& chain, Scope& scope, const ExecPlan& plan) {
   run_early(g, chain.early, scope, plan);
-  if (chain.matmul != ChainFusion::kNone) {
-    if (run_int_matmul_chain(g, chain, scope, plan)) return true;
-    run_node(g.nodes[chain.matmul], scope);  // the product as a node, then the chain over it
-  }
+  if (chain.matmul != ChainFusion::kNone) return run_int_matmul_chain(g, chain, scope, plan);
   const Tensor* x = scope.find(chain.input);
   if (x == nullptr || !x->defined() || x->dtype() != (chain.cast_input ? kInt32 : kFloat32) || x->device() != device_ ||
       x->numel() == 0)

@@ -284,8 +284,9 @@ class Executor {
   // The chain's steps for an input of shape x (its numbers read from scope), or false when they do not apply.
   bool chain_steps(const Graph& g, const ChainFusion& chain, const Scope& scope, const ExecPlan& plan, const Shape& x,
                    std::vector<ChainStep>& steps);
-  // A chain with its MatMulInteger as braid::int_matmul_chain (Note [int8 epilogues]), or false when
-  // the product is not one of two 8-bit matrices with one zero point each.
+  // A chain with its MatMulInteger as braid::int_matmul_chain (Note [int8 epilogues]); with zero
+  // points per row or column the product as its node and the chain after it; false (both left to
+  // run as nodes) when the product is not of two 8-bit matrices or the chain's steps do not apply.
   bool run_int_matmul_chain(const Graph& g, const ChainFusion& chain, Scope& scope, const ExecPlan& plan);
 
   // Runs Constant and static nodes ahead of the pattern that reads them (available_early).

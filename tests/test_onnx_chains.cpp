@@ -128,6 +128,35 @@ TEST(OnnxModule, MatMulIntegerScaleAndBiasRunWithTheProduct) {
   }
 }
 
+// The scale's product of two runtime values made after the MatMulInteger (as some exporters order
+// it): the chain cannot run at the product, whose step reads a value not yet made, so the product
+// runs as its node and the Cast, the Mul and the Add as a chain; bit for bit the graph as written.
+TEST(OnnxModule, AScaleMadeAfterTheProductKeepsTheProductANode) {
+  Generator gen(19);
+  bx::GraphBuilder g(13);
+  const std::string product = g.node("MatMulInteger", {"a", "b", "a_zero"})[0];
+  const std::string scale = g.node("Mul", {"a_scale", "b_scale"})[0];
+  const std::string as_float = g.node("Cast", {product}, {{"to", bx::attr_int(1)}})[0];
+  g.graph().nodes.push_back(bx::Node{"bias", "Add", "", {g.node("Mul", {as_float, scale})[0], "bias"}, {"y"}, {}});
+  bx::Model m = model_of("late_scale", 13, g.graph());
+  m.graph.initializers.insert({{"b", cast(randn({16, 8}, kFloat32, &gen) * 40.0, kInt8)},
+                               {"b_scale", full({}, 0.02, kFloat32)},
+                               {"bias", randn({8}, kFloat32, &gen)}});
+  m.graph.inputs = {info("a", kUInt8, {4, 16}), info("a_zero", kUInt8, {}), info("a_scale", kFloat32, {})};
+  m.graph.outputs.push_back(info("y", kFloat32, {4, 8}));
+  bx::OnnxModule mod(m);
+  const Tensor a = cast(rand({4, 16}, kFloat32, &gen, 0, 255), kUInt8), a_zero = cast(full({}, 120.0), kUInt8),
+               a_scale = full({}, 0.031, kFloat32);
+  const Tensor as_written = mod.run({a, a_zero, a_scale})[0].detach();
+  mod.set_profiling(true);
+  NoGradGuard no_grad;
+  for (int run = 0; run < 3; ++run)
+    EXPECT_EQ(mod.run({a, a_zero, a_scale})[0].to_vector<float>(), as_written.to_vector<float>()) << "run " << run;
+  EXPECT_EQ(mod.profile().at("MatMulInteger").calls, 3);
+  EXPECT_EQ(mod.profile().at("elementwise chain").calls, 3);
+  EXPECT_EQ(mod.profile().count("MatMulInteger+chain"), 0u);
+}
+
 // A feed-forward layer's bias and exact GELU written out as exporters write it (Div by sqrt 2, Erf,
 // Add 1, Mul by x, Mul by 0.5: Note [GELU as one op]) run as one chain.
 TEST(OnnxModule, BiasAndGeluRunAsOneChain) {
