@@ -113,17 +113,9 @@ Tensors dequantize_linear(OpContext& c) {
 Tensors dynamic_quantize_linear(OpContext& c) {
   const Tensor& x = c.input(0);
   if (x.dtype() != kFloat32) c.fail("x must be float32, got ", dtype_name(x.dtype()));
-  // The reference's float32 arithmetic: the range includes 0, and an all-zero x gets scale 1/255.
-  float lo = 0, hi = 0;
-  if (x.numel() > 0) {
-    const auto [mn, mx] = aminmax(x);
-    lo = std::min(0.0f, static_cast<float>(mn.item()));
-    hi = std::max(0.0f, static_cast<float>(mx.item()));
-  }
-  const float scale = (hi == lo ? 1.0f : hi - lo) / 255.0f;
-  const float zero = std::nearbyint(std::clamp(0.0f - lo / scale, 0.0f, 255.0f));
-  Tensor y = quantize(x, scale, static_cast<int64_t>(zero), kUInt8);
-  return {y, scalar_tensor(scale, kFloat32, c.device()), cast(scalar_tensor(zero, kFloat32, c.device()), kUInt8)};
+  const DynamicQuantized q = dynamic_quantize(x);  // the reference's float32 arithmetic
+  return {q.values, scalar_tensor(q.scale, kFloat32, c.device()),
+          scalar_tensor(static_cast<double>(q.zero_point), kUInt8, c.device())};
 }
 
 // ---- integer products ----

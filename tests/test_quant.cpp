@@ -5,6 +5,7 @@
 // the fused kernels off (tests/meson.build), which takes the composites.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -226,6 +227,55 @@ TEST(Quantize, IsRoundHalfToEvenOfTheQuotientSaturated) {
   }
   EXPECT_NE(error_of([&] { (void)quantize(zeros({2}), 0.0, 0, kUInt8); }).find("scale"), std::string::npos);
   EXPECT_NE(error_of<TypeError>([&] { (void)quantize(zeros({2}), 1.0, 0, kInt32); }).find("int8 or uint8"),
+            std::string::npos);
+}
+
+// dynamic_quantize (ONNX's DynamicQuantizeLinear) is the reference's closed form: the range widened
+// to include 0, scale = range / 255 in float32, zero = round(-lo / scale) clamped to [0, 255], then
+// the quotient rounded half to even and saturated; for sizes on either side of the parallel grain,
+// all-positive and all-negative inputs, zeros, and a NaN (counted as 0 in the range).
+TEST(DynamicQuantize, IsTheReferencesClosedForm) {
+  Generator gen(8);
+  struct Case {
+    const char* name;
+    std::vector<float> x;
+  };
+  std::vector<Case> cases;
+  for (int64_t n : {7, 5000, 40000}) {
+    cases.push_back({"mixed", (randn({n}, kFloat32, &gen) * 2.5).to_vector<float>()});
+    cases.push_back({"positive", (rand({n}, kFloat32, &gen) * 3.0 + 0.5).to_vector<float>()});
+  }
+  cases.push_back({"negative", (rand({300}, kFloat32, &gen) * -4.0 - 1.0).to_vector<float>()});
+  cases.push_back({"zeros", std::vector<float>(100, 0.0f)});
+  std::vector<float> with_nan = (randn({1000}, kFloat32, &gen)).to_vector<float>();
+  with_nan[417] = NAN;
+  cases.push_back({"a NaN", with_nan});
+  for (const Case& c : cases) {
+    float mn = 0, mx = 0;
+    bool nan = false;
+    for (float v : c.x) {
+      nan = nan || std::isnan(v);
+      mn = std::min(mn, v);
+      mx = std::max(mx, v);
+    }
+    if (nan) mn = mx = 0;
+    const float scale = (mx == mn ? 1.0f : mx - mn) / 255.0f;
+    const int64_t zero = static_cast<int64_t>(std::nearbyint(std::clamp(0.0f - mn / scale, 0.0f, 255.0f)));
+    const int64_t n = static_cast<int64_t>(c.x.size());
+    const DynamicQuantized q = dynamic_quantize(tensor(c.x, {n}));
+    EXPECT_EQ(q.scale, scale) << c.name << ", " << n;
+    EXPECT_EQ(q.zero_point, zero) << c.name << ", " << n;
+    ASSERT_EQ(q.values.dtype(), kUInt8);
+    const std::vector<int32_t> got = q.values.to_vector<int32_t>();
+    for (int64_t i = 0; i < n; ++i)
+      ASSERT_EQ(got[static_cast<size_t>(i)],
+                static_cast<int32_t>(quantized(c.x[static_cast<size_t>(i)], scale, zero, 0, 255)))
+          << c.name << ", " << n << " values, element " << i;
+  }
+  const DynamicQuantized empty = dynamic_quantize(zeros({0}));
+  EXPECT_EQ(empty.values.numel(), 0);
+  EXPECT_EQ(empty.scale, 1.0f / 255.0f);
+  EXPECT_NE(error_of<TypeError>([&] { (void)dynamic_quantize(zeros({3}, kFloat64)); }).find("float32"),
             std::string::npos);
 }
 

@@ -195,6 +195,15 @@ Tensor int_matmul(const Tensor& a, const Tensor& b, int64_t a_zero = 0, int64_t 
 /// saturated to dtype (int8 or uint8); x / scale is computed in x's floating dtype, NaN gives 0.
 /// One pass through the backend's kernel where it has one. Not differentiable.
 Tensor quantize(const Tensor& x, double scale, int64_t zero_point, DType dtype);
+/// ONNX's DynamicQuantizeLinear: x (float32) as uint8 values with the scale and zero point that its
+/// range, widened to include 0, gives (scale = range / 255, zero = round(-min / scale)); the
+/// reference's float32 arithmetic. One team through the backend's kernel where it has one.
+struct DynamicQuantized {
+  Tensor values;
+  float scale = 1;
+  int64_t zero_point = 0;
+};
+DynamicQuantized dynamic_quantize(const Tensor& x);
 /// Its inverse per tensor, as ONNX's DequantizeLinear: (x - zero_point) * scale in float32, for x
 /// int8, uint8 or int32. One pass through the backend's kernel where it has one.
 Tensor dequantize(const Tensor& x, double scale, int64_t zero_point);

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <utility>
@@ -226,6 +227,10 @@ class Backend {
   /// lo and hi (0-d float32) = the minimum and the maximum of x (float32, contiguous, not empty),
   /// NaN when x holds one; which zero of -0 and +0 is unspecified (braid::aminmax).
   virtual bool aminmax(const Tensor& x, const Tensor& lo, const Tensor& hi);
+  /// ONNX's DynamicQuantizeLinear of x (float32, contiguous, not empty) into out (uint8, x's
+  /// shape): scale and zero point from x's minimum and maximum as dynamic_quantize_params gives them,
+  /// then quantize's values; bitwise braid::dynamic_quantize's composite.
+  virtual bool dynamic_quantize(const Tensor& x, const Tensor& out, float& scale, int64_t& zero);
   /// out = softmax of x along its last axis, x contiguous (rows of x.size(-1)), with the composite's
   /// steps: m = max, e = exp(x - m), out = e / sum(e) (braid::softmax, forward only).
   virtual bool softmax_rows(const Tensor& x, const Tensor& out);
@@ -277,5 +282,15 @@ class Backend {
 /// The backend that runs tensors on device; NotImplementedError when the device is not compiled
 /// in or does not exist.
 Backend& backend_for(Device device);
+
+/// DynamicQuantizeLinear's scale and zero point from x's minimum and maximum (NaN where x holds
+/// one) in the ONNX reference's float32 arithmetic: the range widened to include 0 (a NaN bound
+/// counts as 0), scale = range / 255 (1 / 255 for an all-zero x), zero = round(-lo / scale) in
+/// [0, 255].
+inline void dynamic_quantize_params(float mn, float mx, float& scale, int64_t& zero) {
+  const float lo = std::min(0.0f, mn), hi = std::max(0.0f, mx);
+  scale = (hi == lo ? 1.0f : hi - lo) / 255.0f;
+  zero = static_cast<int64_t>(std::nearbyint(std::clamp(0.0f - lo / scale, 0.0f, 255.0f)));
+}
 
 }  // namespace braid::detail

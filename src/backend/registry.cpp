@@ -91,6 +91,7 @@ bool Backend::matmul_int8_epilogue(const Tensor&, int64_t, const Tensor&, int64_
 }
 bool Backend::quantize(const Tensor&, double, int64_t, const Tensor&) { return false; }
 bool Backend::aminmax(const Tensor&, const Tensor&, const Tensor&) { return false; }
+bool Backend::dynamic_quantize(const Tensor&, const Tensor&, float&, int64_t&) { return false; }
 bool Backend::squeeze_excite(const Tensor&, bool, const Tensor&, const Tensor&, const Epilogue&, const Tensor&,
                              const Tensor&, const Epilogue&, const Tensor&, const Tensor&) {
   return false;

@@ -57,6 +57,29 @@ Tensor quantize(const Tensor& x, double scale, int64_t zero_point, DType dtype) 
   return cast(clamp(round(x / scale) + static_cast<double>(zero_point), lo, hi), dtype);
 }
 
+DynamicQuantized dynamic_quantize(const Tensor& x) {
+  BRAID_CHECK(x.defined(), "dynamic_quantize: got an undefined tensor");
+  BRAID_CHECK_T(TypeError, x.dtype() == kFloat32, "dynamic_quantize: x must be float32, got ", dtype_name(x.dtype()));
+  NoGradGuard no_grad;
+  DynamicQuantized q;
+  if (x.numel() > 0) {
+    const SameLayout l = same_layout(x.detach(), kUInt8);
+    if (backend_of(x).dynamic_quantize(l.in, l.out, q.scale, q.zero_point)) {
+      q.values = l.result;
+      return q;
+    }
+  }
+  float mn = 0, mx = 0;  // an empty x: the range of 0 alone
+  if (x.numel() > 0) {
+    const auto [lo, hi] = aminmax(x);
+    mn = static_cast<float>(lo.item());
+    mx = static_cast<float>(hi.item());
+  }
+  dynamic_quantize_params(mn, mx, q.scale, q.zero_point);
+  q.values = quantize(x, q.scale, q.zero_point, kUInt8);
+  return q;
+}
+
 Tensor dequantize(const Tensor& x, double scale, int64_t zero_point) {
   BRAID_CHECK(x.defined(), "dequantize: got an undefined tensor");
   BRAID_CHECK_T(TypeError, x.dtype() == kInt8 || x.dtype() == kUInt8 || x.dtype() == kInt32,

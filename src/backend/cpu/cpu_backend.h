@@ -50,6 +50,7 @@ class CpuBackend final : public Backend {
   // fused.cpp: whole composites in one pass (Note [Optional primitives])
   bool quantize(const Tensor& x, double scale, int64_t zero, const Tensor& out) override;
   bool aminmax(const Tensor& x, const Tensor& lo, const Tensor& hi) override;
+  bool dynamic_quantize(const Tensor& x, const Tensor& out, float& scale, int64_t& zero) override;
   bool softmax_rows(const Tensor& x, const Tensor& out) override;
   bool layer_norm_rows(const Tensor& x, int64_t n, const Tensor& weight, const Tensor& bias, double eps,
                        const Tensor& out, const Tensor& mean, const Tensor& inv) override;
@@ -87,6 +88,9 @@ class CpuBackend final : public Backend {
                             const std::vector<EpilogueStep>& epilogue, const Tensor& out) override;
 #endif
 };
+
+/// quantize's values of x[0, n) into out as uint8 (fused.cpp; a vector clone).
+void quantize_u8(const float* x, uint8_t* out, int64_t n, float scale, float zero);
 
 /// The process's one CPU backend.
 Backend& cpu_backend();

@@ -304,27 +304,72 @@ BRAID_VECTOR_CLONES void min_max_range(const float* x, int64_t n, float* lo, flo
 
 }  // namespace
 
+// Each thread's share of a range (min_max_range over its part of n values), and the whole.
+struct Ranges {
+  static constexpr int kMaxParts = 64;
+  float lo[kMaxParts], hi[kMaxParts];
+  int nan[kMaxParts];
+  int parts = 1;
+  void take(const float* x, int64_t n, int t, int count) {
+    const int64_t begin = n * t / count, end = n * (t + 1) / count;
+    min_max_range(x + begin, end - begin, &lo[t], &hi[t], &nan[t]);
+    if (t == 0) parts = count;
+  }
+  // The minimum and maximum of all parts, both NaN where one met a NaN.
+  std::pair<float, float> whole() const {
+    float mn = lo[0], mx = hi[0];
+    int bad = nan[0];
+    for (int t = 1; t < parts; ++t) {
+      mn = std::min(mn, lo[t]);
+      mx = std::max(mx, hi[t]);
+      bad |= nan[t];
+    }
+    if (bad) mn = mx = std::numeric_limits<float>::quiet_NaN();
+    return {mn, mx};
+  }
+};
+
 bool CpuBackend::aminmax(const Tensor& x, const Tensor& lo, const Tensor& hi) {
   if (!fused_on() || x.dtype() != kFloat32 || !x.is_contiguous() || x.numel() == 0) return false;
   const float* px = x.data<float>();
   const int64_t n = x.numel();
-  const int nt = n > kParallelGrain && !omp_in_parallel() ? std::min(get_num_threads(), 64) : 1;
-  float los[64], his[64];
-  int nans[64];
-  in_team(nt, [&](int t, int parts) {
-    const int64_t begin = n * t / parts, end = n * (t + 1) / parts;
-    min_max_range(px + begin, end - begin, &los[t], &his[t], &nans[t]);
-  });
-  float mn = los[0], mx = his[0];
-  int bad = nans[0];
-  for (int t = 1; t < nt; ++t) {
-    mn = std::min(mn, los[t]);
-    mx = std::max(mx, his[t]);
-    bad |= nans[t];
-  }
-  if (bad) mn = mx = std::numeric_limits<float>::quiet_NaN();
+  const int nt = n > kParallelGrain && !omp_in_parallel() ? std::min(get_num_threads(), Ranges::kMaxParts) : 1;
+  Ranges r;
+  in_team(nt, [&](int t, int parts) { r.take(px, n, t, parts); });
+  const auto [mn, mx] = r.whole();
   *lo.data<float>() = mn;
   *hi.data<float>() = mx;
+  return true;
+}
+
+// DynamicQuantizeLinear in one team: each thread's minimum and maximum, then, from the combined
+// range, the scale and zero point (every thread the same numbers) and each thread's share of the
+// values (quantize's kernel), where aminmax and quantize would take a team each and the ops between
+// them four small tensors.
+bool CpuBackend::dynamic_quantize(const Tensor& x, const Tensor& out, float& scale, int64_t& zero) {
+  if (!fused_on() || x.dtype() != kFloat32 || !x.is_contiguous() || x.numel() == 0 || out.dtype() != kUInt8 ||
+      !out.is_contiguous())
+    return false;
+  const float* px = x.data<float>();
+  uint8_t* py = out.data<uint8_t>();
+  const int64_t n = x.numel();
+  const int nt = 4 * n > kParallelGrain && !omp_in_parallel() ? std::min(get_num_threads(), Ranges::kMaxParts) : 1;
+  Ranges r;
+  float s = 0;
+  int64_t z = 0;
+  in_team(nt, [&](int t, int parts) {
+    r.take(px, n, t, parts);
+#pragma omp barrier
+    const auto [mn, mx] = r.whole();
+    const int64_t begin = n * t / parts, end = n * (t + 1) / parts;
+    float ts;
+    int64_t tz;
+    dynamic_quantize_params(mn, mx, ts, tz);
+    quantize_u8(px + begin, py + begin, end - begin, ts, static_cast<float>(tz));
+    if (t == 0) s = ts, z = tz;
+  });
+  scale = s;
+  zero = z;
   return true;
 }
 

@@ -158,6 +158,10 @@ class ShadowBackend final : public Backend {
     return cpu().squeeze_excite(host(op, gate, x), channels_last, host(op, gate, w1), host(op, gate, b1), e1,
                                 host(op, gate, w2), host(op, gate, b2), e2, host(op, gate, gate), host(op, gate, out));
   }
+  bool dynamic_quantize(const Tensor& x, const Tensor& out, float& scale, int64_t& zero) override {
+    const char* op = "dynamic_quantize";
+    return cpu().dynamic_quantize(host(op, out, x), host(op, out, out), scale, zero);
+  }
   bool aminmax(const Tensor& x, const Tensor& lo, const Tensor& hi) override {
     const char* op = "aminmax";
     return cpu().aminmax(host(op, lo, x), host(op, lo, lo), host(op, lo, hi));
