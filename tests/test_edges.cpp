@@ -296,3 +296,36 @@ TEST(Edges, BatchedSmallProductsOfViewsMatchTheSums) {
         }
   }
 }
+
+// exp, tanh and sigmoid in float32 are vectorised polynomials with fused multiply-adds
+// (fast_math.h): within the ulp that its header states of double-precision libm over a dense grid.
+TEST(Edges, Float32ExpTanhSigmoidAreWithinTheirStatedUlp) {
+  struct Case {
+    const char* name;
+    braid::Tensor (*op)(const braid::Tensor&);
+    double (*ref)(double);
+    double lo, hi, bound;  // the grid, and the worst relative error allowed
+  };
+  const Case cases[] = {
+      {"exp", [](const braid::Tensor& t) { return braid::exp(t); }, [](double v) { return std::exp(v); }, -87, 88,
+       1.2e-7},
+      {"tanh", [](const braid::Tensor& t) { return braid::tanh(t); }, [](double v) { return std::tanh(v); }, -12, 12,
+       1.7e-7},
+      {"sigmoid", [](const braid::Tensor& t) { return braid::sigmoid(t); },
+       [](double v) { return 1 / (1 + std::exp(-v)); }, -80, 30, 2.4e-7},
+  };
+  for (const Case& c : cases) {
+    std::vector<float> xs;
+    for (int i = 0; i <= 1000000; ++i) xs.push_back(static_cast<float>(c.lo + (c.hi - c.lo) * i / 1e6));
+    const int64_t n = static_cast<int64_t>(xs.size());
+    const std::vector<float> got = c.op(braid::tensor(xs, {n})).to_vector<float>();
+    double worst = 0;
+    float at = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const double want = c.ref(static_cast<double>(xs[static_cast<size_t>(i)]));
+      const double err = std::fabs(got[static_cast<size_t>(i)] - want) / std::max(std::fabs(want), 1e-38);
+      if (err > worst) worst = err, at = xs[static_cast<size_t>(i)];
+    }
+    EXPECT_LE(worst, c.bound) << c.name << " at " << at;
+  }
+}

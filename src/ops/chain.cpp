@@ -144,9 +144,9 @@ Tensor elementwise_chain(const Tensor& x, const std::vector<ChainStep>& steps) {
 
 namespace {
 
-// Step s (reading slots before `from` or a constant or tensor) as an epilogue step on the running
-// value (slot `at`), or false: arithmetic with the running value first (either side for Add and
-// Mul) and a constant or a tensor of one value, n (along the last axis) or all of the product's.
+// Step s as an epilogue step on the running value (slot `at`), or false: arithmetic with the
+// running value first (either side for Add and Mul) and a constant, or a tensor of one value, one per
+// column (n along the last axis) or one per element of the product.
 bool epilogue_step(const ChainStep& s, int at, const Shape& product, Device device, Backend::EpilogueStep& e) {
   using K = ChainStep::Kind;
   if (s.kind != K::Add && s.kind != K::Sub && s.kind != K::Mul && s.kind != K::Div) return false;

@@ -12,8 +12,9 @@
 
 // Note [Vector clones]
 // The float32 polynomial kernels are compute-bound at SSE2 width, the x86-64 baseline braid is
-// built for. target_clones also compiles them for AVX2 and AVX-512 (two and four times the width)
-// and the loader picks the copy the CPU runs. Every copy does the same IEEE operations: libbraid is
+// built for. target_clones also compiles them for AVX2 and AVX-512 (two and four times the width;
+// x86-64-v4, whose byte and word instructions let conversions to 8 bits run at full width) and the
+// loader picks the copy the CPU runs. Every copy does the same IEEE operations: libbraid is
 // compiled with -ffp-contract=off (meson.build), so that no copy fuses a multiply and an add on its
 // own, and the polynomials ask for their fused multiply-adds by name (fma_f32). A fused multiply-add
 // is one correctly rounded operation wherever it runs: an instruction in the AVX2 and AVX-512
