@@ -300,63 +300,13 @@ class Executor {
   // Whether an exact GELU's numbers are sqrt 2, 1 and 0.5 in this run.
   static bool gelu_numbers(const Node& div, const GeluFusion& f, const Scope& scope, const ExecPlan& plan);
 
-  /// Runs a node of weights and constants, or binds what it gave last time (Note [Static nodes
-  /// evaluated once]).
-  void run_static(const Node& n, Scope& scope, const ExecPlan& plan, size_t node) {
-    std::vector<Tensor> inputs, outputs;
-    for (const std::string& name : n.inputs) {
-      const Tensor* t = name.empty() ? nullptr : scope.find(name);
-      inputs.push_back(t != nullptr ? *t : Tensor());
-    }
-    if (plan.static_outputs.find(node, inputs, outputs)) {
-      for (size_t k = 0; k < n.outputs.size() && k < outputs.size(); ++k)
-        if (!n.outputs[k].empty()) scope.values[n.outputs[k]] = outputs[k];
-      return;
-    }
-    const std::vector<uint64_t> versions = versions_of(inputs);
-    run_node(n, scope);
-    for (const std::string& name : n.outputs) {
-      const Tensor* t = name.empty() ? nullptr : scope.find(name);
-      outputs.push_back(t != nullptr ? *t : Tensor());
-    }
-    plan.static_outputs.keep(node, std::move(inputs), versions, std::move(outputs));
-  }
-
-  /// Runs a node of small values, or binds what it gave for the same values last time (Note [Small
-  /// values evaluated once per value]); false when its inputs are not all small.
-  bool run_small(const Node& n, Scope& scope, const ExecPlan& plan, size_t node) {
-    const auto start = profile_ != nullptr ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
-    std::vector<Tensor> inputs, outputs;
-    inputs.reserve(n.inputs.size());
-    for (const std::string& name : n.inputs) {
-      const Tensor* t = name.empty() ? nullptr : scope.find(name);
-      if (t == nullptr && !name.empty()) return false;  // run_node names what is missing
-      inputs.push_back(t != nullptr ? *t : Tensor());
-    }
-    std::string key;
-    if (!SmallValues::key_of(inputs, n.op_type == "Shape" || n.op_type == "Size", key)) return false;
-    if (plan.small_values.find(node, key, outputs)) {
-      for (size_t k = 0; k < n.outputs.size() && k < outputs.size(); ++k)
-        if (!n.outputs[k].empty()) scope.values[n.outputs[k]] = outputs[k];
-      add_time(start, n.op_type);
-      return true;
-    }
-    run_node(n, scope);
-    for (const std::string& name : n.outputs) {
-      const Tensor* t = name.empty() ? nullptr : scope.find(name);
-      Tensor o = t != nullptr ? *t : Tensor();
-      // A view of an input (Unsqueeze, Reshape) is kept as a copy: the input's memory may be
-      // rewritten by its owner before a later run brings equal values in another tensor.
-      for (const Tensor& in : inputs)
-        if (o.defined() && in.defined() && o.storage() == in.storage()) {
-          o = o.clone();
-          break;
-        }
-      outputs.push_back(o);
-    }
-    plan.small_values.keep(node, std::move(key), std::move(outputs));
-    return true;
-  }
+  // The kept values' runs (kept_runs.cpp): a node of weights and constants, or what it gave last
+  // time (Note [Static nodes evaluated once]); a node of small values, or what it gave for the same
+  // values (Note [Small values evaluated once per value]; false when its inputs are not all small);
+  // a Constant node, or the value it gave last time (Note [Constants evaluated once]).
+  void run_static(const Node& n, Scope& scope, const ExecPlan& plan, size_t node);
+  bool run_small(const Node& n, Scope& scope, const ExecPlan& plan, size_t node);
+  void run_constant(const Node& n, Scope& scope, const ExecPlan& plan, size_t node);
 
   /// A Constant node whose value may be kept (Note [Constants evaluated once]).
   bool is_constant(const Graph& g, const Node& n) const {
@@ -364,15 +314,6 @@ class Executor {
     for (const ValueInfo& o : g.outputs)
       if (o.name == n.outputs[0]) return false;
     return true;
-  }
-
-  /// Runs a Constant node, or binds the value it gave last time (Note [Constants evaluated once]).
-  void run_constant(const Node& n, Scope& scope, const ExecPlan& plan, size_t node) {
-    Tensor& v = scope.values[n.outputs[0]];
-    if (!plan.constant_values.find(node, device_, v)) {
-      run_node(n, scope);
-      plan.constant_values.keep(node, device_, v);
-    }
   }
 
   void release(const ExecPlan* plan, size_t i, Scope& scope) {
