@@ -94,6 +94,15 @@ struct GateFusion {
   std::vector<size_t> early;  // Constant and static nodes after the pool that it reads, run before it
 };
 
+/// Shape computations that read one value's shape, evaluated once per shape (Note [Shape
+/// computations evaluated once per shape], shape_groups.cpp).
+struct ShapeGroup {
+  std::string root;                // the value whose shape its Shape nodes read
+  std::vector<size_t> nodes;       // in graph order, the first a Shape node
+  std::vector<std::string> exits;  // its values that nodes outside it read
+  std::vector<size_t> exit_of;     // per exit, the node that makes it
+};
+
 /// What OnnxModule precomputes about its top-level graph (see make_plan).
 struct ExecPlan {
   std::vector<std::vector<std::string>> release_after;  // values whose last use is node i
@@ -111,8 +120,11 @@ struct ExecPlan {
   mutable StaticOutputs static_outputs;
   std::vector<bool> small_node;  // Note [Small values evaluated once per value]
   mutable SmallValues small_values;
+  std::vector<ShapeGroup> shape_groups;
+  std::vector<int> shape_group_of;  // per node, its shape group or -1
+  mutable SmallValues shape_kept;   // per group: its root's dtype and shape, and the exits they gave
   // Per node, the patterns above that start there (a bit each; settle_starts).
-  static constexpr uint8_t kConv = 1, kGate = 2, kChain = 4, kGelu = 8, kQdq = 16;
+  static constexpr uint8_t kConv = 1, kGate = 2, kChain = 4, kGelu = 8, kQdq = 16, kShapes = 32;
   std::vector<uint8_t> starts;
 };
 
@@ -137,10 +149,15 @@ class Executor {
     std::optional<ChannelsLastGuard> channels_last;
     if (fold) channels_last.emplace();
     if (fold) skip_.assign(g.nodes.size(), 0);
+    if (fold) shapes_.assign(plan->shape_groups.size(), PendingShapes());
     for (size_t i = 0; i < g.nodes.size(); ++i) {
       // The patterns that start at node i (a bit each), so that most nodes look up none of them.
       const uint8_t starts = fold ? plan->starts[i] : 0;
       if (fold && skip_[i] != 0) {  // run by a pattern that started earlier
+        release(plan, i, scope);
+        continue;
+      }
+      if ((starts & ExecPlan::kShapes) && bind_shapes(plan->shape_group_of[i], scope, *plan)) {
         release(plan, i, scope);
         continue;
       }
@@ -300,6 +317,19 @@ class Executor {
   // Whether an exact GELU's numbers are sqrt 2, 1 and 0.5 in this run.
   static bool gelu_numbers(const Node& div, const GeluFusion& f, const Scope& scope, const ExecPlan& plan);
 
+  // Note [Shape computations evaluated once per shape] (shape_groups.cpp): binds a group's exits
+  // and skips its nodes when its root has the shape it had when they were kept, else starts
+  // collecting them (true when bound); note_shapes takes node i's exits as they are made.
+  bool bind_shapes(int group, Scope& scope, const ExecPlan& plan);
+  void note_shapes(size_t i, const Scope& scope, const ExecPlan& plan);
+  struct PendingShapes {
+    bool collecting = false;
+    std::string key;
+    std::vector<Tensor> exits;
+    size_t made = 0;
+  };
+  std::vector<PendingShapes> shapes_;
+
   // The kept values' runs (kept_runs.cpp): a node of weights and constants, or what it gave last
   // time (Note [Static nodes evaluated once]); a node of small values, or what it gave for the same
   // values (Note [Small values evaluated once per value]; false when its inputs are not all small);
@@ -317,6 +347,7 @@ class Executor {
   }
 
   void release(const ExecPlan* plan, size_t i, Scope& scope) {
+    if (plan != nullptr && !shapes_.empty() && plan->shape_group_of[i] >= 0) note_shapes(i, scope, *plan);
     if (plan == nullptr) return;
     for (const std::string& name : plan->release_after[i]) scope.values.erase(name);
   }
@@ -534,6 +565,11 @@ bool available_early(const Graph& g, const std::map<std::string, size_t>& produc
 void find_gates(const Graph& g, const std::map<std::string, size_t>& uses, const std::set<std::string>& keep,
                 const std::map<std::string, Tensor>& weights, ExecPlan& plan);
 void settle_gates(ExecPlan& plan);
+/// The shape computations (Note [Shape computations evaluated once per shape]), into
+/// plan.shape_groups (shape_groups.cpp); last, among the nodes no other pattern took. reads[i]: the
+/// values node i reads, its subgraphs' included.
+void find_shape_groups(const Graph& g, const std::vector<std::set<std::string>>& reads,
+                       const std::set<std::string>& keep, ExecPlan& plan);
 /// The exact GELUs written out as nodes (Note [GELU as one op]), into plan.gelu (patterns.cpp).
 void find_gelus(const Graph& g, const std::map<std::string, size_t>& uses, const std::set<std::string>& keep,
                 ExecPlan& plan);

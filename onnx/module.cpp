@@ -283,6 +283,7 @@ std::shared_ptr<ExecPlan> make_plan(const Graph& g, const std::map<std::string, 
   find_gates(g, uses, keep, weights, *plan);
   find_chains(g, uses, keep, weights, *plan);
   settle_gates(*plan);
+  find_shape_groups(g, reads, keep, *plan);
   plan->starts.assign(n, 0);
   for (const auto& [at, bn] : plan->conv_bn) plan->starts[at] |= ExecPlan::kConv;
   for (const auto& [at, ms] : plan->conv_affine) plan->starts[at] |= ExecPlan::kConv;
@@ -291,6 +292,7 @@ std::shared_ptr<ExecPlan> make_plan(const Graph& g, const std::map<std::string, 
   for (const auto& [at, f] : plan->chains) plan->starts[at] |= ExecPlan::kChain;
   for (const auto& [at, f] : plan->gelu) plan->starts[at] |= ExecPlan::kGelu;
   for (const auto& [at, dq] : plan->qdq) plan->starts[at] |= ExecPlan::kQdq;
+  for (const ShapeGroup& sg : plan->shape_groups) plan->starts[sg.nodes[0]] |= ExecPlan::kShapes;
   return plan;
 }
 
