@@ -233,23 +233,22 @@ bool CpuBackend::elementwise_chain(const Tensor& x, const std::vector<ChainStep>
   const int nt = n * count > kParallelGrain && blocks > 1 && !omp_in_parallel()
                      ? static_cast<int>(std::min<int64_t>(get_num_threads(), blocks))
                      : 1;
-#pragma omp parallel num_threads(nt)
-  {
-    // count - 1 slots, a gathered operand and the converted input; each thread's own, kept between
-    // calls (a chain runs between every two convolutions of a quantised model)
+  // count - 1 slots, a gathered operand and the converted input; each thread's own, kept between
+  // calls (a chain runs between every two convolutions of a quantised model). A team only where
+  // the work is worth one: most chains of a quantised model at batch 1 are a few hundred values.
+  in_team(nt, [&](int t, int parts) {
     thread_local std::vector<float> scratch;
     if (scratch.size() < static_cast<size_t>((count + 1) * block))
       scratch.resize(static_cast<size_t>((count + 1) * block));
     float* converted = scratch.data() + static_cast<int64_t>(count) * block;
-#pragma omp for schedule(static)
-    for (int64_t bi = 0; bi < blocks; ++bi) {
+    for (int64_t bi = blocks * t / parts; bi < blocks * (t + 1) / parts; ++bi) {
       const int64_t begin = bi * block, len = std::min(block, n - begin);
       if (ints)
         for (int64_t i = 0; i < len; ++i) converted[i] = static_cast<float>(pi[begin + i]);
       run_block(ints ? converted : px + begin, py, scratch.data(), block, rs.data(), count, begin, len, channels,
                 inner);
     }
-  }
+  });
   return true;
 }
 

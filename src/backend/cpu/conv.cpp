@@ -22,8 +22,7 @@ void im2col_kernel(const T* x, T* cols, int64_t n, int64_t c, const Window2d& wi
   const int64_t p = win.oh * win.ow, taps = win.kh * win.kw, plane = win.h * win.w;
   const int64_t tasks = c * taps * n;
   const int nt = threads_for(tasks * p);
-#pragma omp parallel for num_threads(nt) schedule(static)
-  for (int64_t task = 0; task < tasks; ++task) {
+  parallel_for(nt, tasks, [&](int64_t task) {
     const int64_t row = task / n, b = task % n;  // row = (channel, i, j)
     const int64_t ch = row / taps, i = row / win.kw % win.kh, j = row % win.kw;
     const T* src = x + (b * c + ch) * plane;  // (h, w)
@@ -45,7 +44,7 @@ void im2col_kernel(const T* x, T* cols, int64_t n, int64_t c, const Window2d& wi
         for (int64_t k = 0; k < hi - lo; ++k) d[lo + k] = s[k * win.sw];
       std::fill(d + hi, d + win.ow, T(0));
     }
-  }
+  });
 }
 
 template <typename T>
@@ -53,8 +52,7 @@ void col2im_kernel(const T* cols, T* x, int64_t n, int64_t c, const Window2d& wi
   const int64_t p = win.oh * win.ow, plane = win.h * win.w;
   const int64_t planes = n * c;
   const int nt = threads_for(planes * win.kh * win.kw * p);
-#pragma omp parallel for num_threads(nt) schedule(static)
-  for (int64_t task = 0; task < planes; ++task) {
+  parallel_for(nt, planes, [&](int64_t task) {
     const int64_t b = task / c, ch = task % c;
     T* dst = x + task * plane;  // (h, w)
     for (int64_t i = 0; i < win.kh; ++i) {
@@ -75,7 +73,7 @@ void col2im_kernel(const T* cols, T* x, int64_t n, int64_t c, const Window2d& wi
         }
       }
     }
-  }
+  });
 }
 
 // One output plane of a depthwise convolution: the plane starts at the bias and each of the
@@ -118,8 +116,7 @@ void depthwise_kernel(const T* x, const T* w, const T* bias, T* y, int64_t n, in
   const int64_t plane = win.h * win.w, p = win.oh * win.ow, c_out = c * mult, taps = win.kh * win.kw;
   const int64_t tasks = n * c_out;
   const int nt = threads_for(tasks * p * taps);
-#pragma omp parallel for num_threads(nt) schedule(static)
-  for (int64_t task = 0; task < tasks; ++task) {
+  parallel_for(nt, tasks, [&](int64_t task) {
     const int64_t b = task / c_out, co = task % c_out, ci = co / mult;
     const T* src = x + (b * c + ci) * plane;
     const T bv = bias != nullptr ? bias[co] : T(0);
@@ -127,7 +124,7 @@ void depthwise_kernel(const T* x, const T* w, const T* bias, T* y, int64_t n, in
       depthwise_plane_f32(src, w + co * taps, bv, y + task * p, win);
     else
       depthwise_plane(src, w + co * taps, bv, y + task * p, win);
-  }
+  });
 }
 
 }  // namespace
@@ -189,8 +186,7 @@ template <typename Act>
 void bias_epilogue_rows(float* y, const float* bias, int64_t rows, int64_t c_out, int64_t p, float scale, float shift,
                         Act act) {
   const int nt = rows * p > kParallelGrain && !omp_in_parallel() ? get_num_threads() : 1;
-#pragma omp parallel for num_threads(nt) schedule(static)
-  for (int64_t r = 0; r < rows; ++r) {
+  parallel_for(nt, rows, [&](int64_t r) {
     float* row = y + r * p;
     const float b = bias != nullptr ? bias[r % c_out] : 0.0f;
     if (bias != nullptr)
@@ -200,7 +196,7 @@ void bias_epilogue_rows(float* y, const float* bias, int64_t rows, int64_t c_out
       for (int64_t i = 0; i < p; ++i) row[i] = row[i] * scale;
     if (shift != 0.0f)
       for (int64_t i = 0; i < p; ++i) row[i] = row[i] + shift;
-  }
+  });
 }
 
 bool CpuBackend::pointwise_conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Window2d& win,

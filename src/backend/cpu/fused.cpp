@@ -328,8 +328,7 @@ bool CpuBackend::softmax_rows(const Tensor& x, const Tensor& out) {
   float* py = out.data<float>();
   // An exponential and three sweeps per element: worth a team sooner than a plain elementwise pass.
   const int nt = 8 * x.numel() > kParallelGrain && rows > 1 && !omp_in_parallel() ? get_num_threads() : 1;
-#pragma omp parallel for num_threads(nt) schedule(static)
-  for (int64_t r = 0; r < rows; ++r) softmax_row(px + r * n, py + r * n, n);
+  parallel_for(nt, rows, [&](int64_t r) { softmax_row(px + r * n, py + r * n, n); });
   return true;
 }
 
@@ -377,9 +376,9 @@ bool CpuBackend::layer_norm_rows(const Tensor& x, int64_t n, const Tensor& weigh
   const float e = static_cast<float>(eps);
   const int nt =
       3 * x.numel() > kParallelGrain && rows > 1 && !omp_in_parallel() ? get_num_threads() : 1;  // three sweeps
-#pragma omp parallel for num_threads(nt) schedule(static)
-  for (int64_t r = 0; r < rows; ++r)
+  parallel_for(nt, rows, [&](int64_t r) {
     layer_norm_row(px + r * n, pw, pb, e, py + r * n, pm ? pm + r : nullptr, pi ? pi + r : nullptr, n);
+  });
   return true;
 }
 
@@ -387,8 +386,10 @@ bool CpuBackend::layer_norm_rows(const Tensor& x, int64_t n, const Tensor& weigh
 template <typename Q>
 void dequantize_kernel(const Q* x, float* out, int64_t n, float scale, float zero) {
   const int nt = n > kParallelGrain && !omp_in_parallel() ? get_num_threads() : 1;
-#pragma omp parallel for simd num_threads(nt) schedule(static)
-  for (int64_t i = 0; i < n; ++i) out[i] = (static_cast<float>(x[i]) - zero) * scale;
+  in_team(nt, [&](int t, int parts) {
+    for (int64_t i = n * t / parts, end = n * (t + 1) / parts; i < end; ++i)
+      out[i] = (static_cast<float>(x[i]) - zero) * scale;
+  });
 }
 
 bool CpuBackend::dequantize(const Tensor& x, double scale, int64_t zero, const Tensor& out) {

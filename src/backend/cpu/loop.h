@@ -113,6 +113,18 @@ void in_team(int nt, const F& body) {
   body(omp_get_thread_num(), omp_get_num_threads());
 }
 
+/// body(i) for every i in [0, n), in static chunks on a team of nt, or in a plain loop on this
+/// thread when nt is 1 (no region: see in_team).
+template <typename F>
+void parallel_for(int nt, int64_t n, const F& body) {
+  if (nt <= 1) {
+    for (int64_t i = 0; i < n; ++i) body(i);
+    return;
+  }
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (int64_t i = 0; i < n; ++i) body(i);
+}
+
 /// [begin, end) of thread t of nt over n items, in chunks that are multiples of 16 elements so
 /// that two threads rarely write one cache line.
 inline std::pair<int64_t, int64_t> thread_range(int64_t n, int t, int nt) {

@@ -29,8 +29,7 @@ void max_pool_2x2_kernel(const T* x, T* out, int64_t* indices, int64_t planes, c
   using U = std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>;  // T's bits
   const int64_t rows = planes * win.oh, w = win.w;
   const int nt = threads_for(rows * win.ow * 4);
-#pragma omp parallel for num_threads(nt) schedule(static)
-  for (int64_t r = 0; r < rows; ++r) {
+  parallel_for(nt, rows, [&](int64_t r) {
     const int64_t t = r / win.oh, oy = r % win.oh;
     const int64_t top = 2 * oy * w;  // the window's first row, within the plane
     const T* r0 = x + t * win.h * w + top;
@@ -58,7 +57,7 @@ void max_pool_2x2_kernel(const T* x, T* out, int64_t* indices, int64_t planes, c
       o[ox] = best;
       at[ox] = top + c + tap;
     }
-  }
+  });
 }
 
 template <typename T>
@@ -69,8 +68,7 @@ void max_pool_kernel(const T* x, T* out, int64_t* indices, int64_t planes, const
   using U = std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>;  // T's bits
   const int64_t plane = win.h * win.w, p = win.oh * win.ow;
   const int nt = threads_for(planes * p * win.kh * win.kw);
-#pragma omp parallel for num_threads(nt) schedule(static)
-  for (int64_t t = 0; t < planes; ++t) {
+  parallel_for(nt, planes, [&](int64_t t) {
     const T* src = x + t * plane;   // (h, w)
     T* o = out + t * p;             // (oh, ow)
     thread_local std::vector<int64_t> unkept;  // one row of positions when no indices are wanted
@@ -134,7 +132,7 @@ void max_pool_kernel(const T* x, T* out, int64_t* indices, int64_t planes, const
           for (int64_t ox = a; ox < b; ++ox) take(orow[ox], arow[ox], src[tap + ox * win.sw], tap + ox * win.sw);
         }
     }
-  }
+  });
 }
 
 // Note [Channels-last activations in inference] (ops/conv.cpp): max pooling of channels-last x into
@@ -146,8 +144,7 @@ void max_pool_nhwc_kernel(const T* x, T* out, int64_t n, int64_t c, const Window
   using U = std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>;  // T's bits
   const int64_t rows = n * win.oh;
   const int nt = threads_for(rows * win.ow * c * win.kh * win.kw);
-#pragma omp parallel for num_threads(nt) schedule(static)
-  for (int64_t r = 0; r < rows; ++r) {
+  parallel_for(nt, rows, [&](int64_t r) {
     const int64_t b = r / win.oh, oy = r % win.oh;
     const int64_t y0 = oy * win.sh - win.ph;
     const auto [ilo, ihi] = window_taps(y0, win.dh, win.kh, win.h);
@@ -169,7 +166,7 @@ void max_pool_nhwc_kernel(const T* x, T* out, int64_t n, int64_t c, const Window
           }
         }
     }
-  }
+  });
 }
 
 // One average-pooling window: its clipped bounds in the input and the divisor (PyTorch's rule: the
@@ -191,8 +188,7 @@ template <typename T>
 void avg_pool_kernel(const T* x, T* out, int64_t planes, const Window2d& win, bool count_include_pad) {
   const int64_t plane = win.h * win.w, p = win.oh * win.ow;
   const int nt = threads_for(planes * p * win.kh * win.kw);
-#pragma omp parallel for num_threads(nt) schedule(static)
-  for (int64_t t = 0; t < planes; ++t) {
+  parallel_for(nt, planes, [&](int64_t t) {
     const T* src = x + t * plane;  // (h, w)
     T* o = out + t * p;            // (oh, ow)
     for (int64_t oy = 0; oy < win.oh; ++oy) {
@@ -204,15 +200,14 @@ void avg_pool_kernel(const T* x, T* out, int64_t planes, const Window2d& win, bo
         o[oy * win.ow + ox] = sum / static_cast<T>(a.divisor);
       }
     }
-  }
+  });
 }
 
 template <typename T>
 void avg_pool_backward_kernel(const T* grad, T* gx, int64_t planes, const Window2d& win, bool count_include_pad) {
   const int64_t plane = win.h * win.w, p = win.oh * win.ow;
   const int nt = threads_for(planes * p * win.kh * win.kw);
-#pragma omp parallel for num_threads(nt) schedule(static)
-  for (int64_t t = 0; t < planes; ++t) {
+  parallel_for(nt, planes, [&](int64_t t) {
     const T* g = grad + t * p;  // (oh, ow)
     T* dst = gx + t * plane;    // (h, w)
     for (int64_t oy = 0; oy < win.oh; ++oy) {
@@ -223,7 +218,7 @@ void avg_pool_backward_kernel(const T* grad, T* gx, int64_t planes, const Window
           for (int64_t xx = a.x0; xx < a.x1; ++xx) dst[y * win.w + xx] += share;
       }
     }
-  }
+  });
 }
 
 void check_planes(const Tensor& x, const Tensor& out, const char* op) {
