@@ -104,8 +104,7 @@ double lane_sum(int64_t n, F f) {
 template <typename T>
 void moments_kernel(const T* x, T* mean, T* var, Ncs d) {
   const double count = static_cast<double>(d.n * d.s);
-#pragma omp parallel for num_threads(threads_over(d.c, 2 * d.n * d.c * d.s)) schedule(static)
-  for (int64_t c = 0; c < d.c; ++c) {
+  parallel_for(threads_over(d.c, 2 * d.n * d.c * d.s), d.c, [&](int64_t c) {
     double sum = 0;
     for (int64_t n = 0; n < d.n; ++n) {
       const T* row = x + (n * d.c + c) * d.s;
@@ -122,13 +121,12 @@ void moments_kernel(const T* x, T* mean, T* var, Ncs d) {
     }
     mean[c] = m;
     var[c] = static_cast<T>(sq / count);
-  }
+  });
 }
 
 template <typename T>
 void grad_sums_kernel(const T* g, const T* x, const T* mean, T* sum_g, T* sum_gxc, Ncs d) {
-#pragma omp parallel for num_threads(threads_over(d.c, 2 * d.n * d.c * d.s)) schedule(static)
-  for (int64_t c = 0; c < d.c; ++c) {
+  parallel_for(threads_over(d.c, 2 * d.n * d.c * d.s), d.c, [&](int64_t c) {
     double sg = 0, sgx = 0;
     const T m = mean[c];
     for (int64_t n = 0; n < d.n; ++n) {
@@ -139,7 +137,7 @@ void grad_sums_kernel(const T* g, const T* x, const T* mean, T* sum_g, T* sum_gx
     }
     sum_g[c] = static_cast<T>(sg);
     sum_gxc[c] = static_cast<T>(sgx);
-  }
+  });
 }
 
 template <typename T>
@@ -147,16 +145,14 @@ void affine_kernel(const T* a, const T* sa, const T* shift, const T* b, const T*
   if (d.s == 1 && b == nullptr) {
     // Channels innermost (channels-last memory as (N*H*W, C, 1)): a row of C per step, the same
     // arithmetic, in vectors along the channels.
-#pragma omp parallel for num_threads(threads_over(d.n, 2 * d.n * d.c)) schedule(static)
-    for (int64_t r = 0; r < d.n; ++r) {
+    parallel_for(threads_over(d.n, 2 * d.n * d.c), d.n, [&](int64_t r) {
       const T* x = a + r * d.c;
       T* y = out + r * d.c;
       for (int64_t c = 0; c < d.c; ++c) y[c] = x[c] * sa[c] + shift[c];
-    }
+    });
     return;
   }
-#pragma omp parallel for num_threads(threads_over(d.n * d.c, 2 * d.n * d.c * d.s)) schedule(static)
-  for (int64_t r = 0; r < d.n * d.c; ++r) {
+  parallel_for(threads_over(d.n * d.c, 2 * d.n * d.c * d.s), d.n * d.c, [&](int64_t r) {
     const int64_t c = r % d.c, at = r * d.s;
     const T k = sa[c], t = shift[c];
     if (b) {
@@ -165,7 +161,7 @@ void affine_kernel(const T* a, const T* sa, const T* shift, const T* b, const T*
     } else {
       for (int64_t i = 0; i < d.s; ++i) out[at + i] = a[at + i] * k + t;
     }
-  }
+  });
 }
 
 // Whether every defined tensor is contiguous and of dtype; the kernels take float32 and float64.

@@ -159,8 +159,7 @@ void loop_matmul(const Tensor& a, const Tensor& b, const Tensor& out, int64_t ba
   T* pc = static_cast<T*>(out.raw_data());
   const int64_t rows = batches * m;
   const int nt = rows * n * k > kParallelGrain ? get_num_threads() : 1;
-#pragma omp parallel for num_threads(nt) schedule(static)
-  for (int64_t row = 0; row < rows; ++row) {
+  parallel_for(nt, rows, [&](int64_t row) {
     const int64_t i = row / m, r = row % m;
     const T* arow = pa + oa.batch_offsets[i] + r * oa.rs;  // (K) with stride cs
     const T* bmat = pb + ob.batch_offsets[i];              // (K, N)
@@ -171,7 +170,7 @@ void loop_matmul(const Tensor& a, const Tensor& b, const Tensor& out, int64_t ba
       const T* brow = bmat + kk * ob.rs;
       for (int64_t j = 0; j < n; ++j) crow[j] = wrap_add(crow[j], wrap_mul(av, brow[j * ob.cs]));
     }
-  }
+  });
 }
 
 // t (float16 or bfloat16) as float32 scratch of t's shape. Only the elements t reads are converted:
