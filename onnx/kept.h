@@ -6,6 +6,7 @@
 
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -152,6 +153,18 @@ class StaticOutputs {
 class SmallValues {
  public:
   static constexpr int64_t kSmallValue = 1024;  // elements
+
+  /// The pure ops that shape computations use (a node of one is kept per value when its inputs are
+  /// small). Shape and Size read only their input's type and shape.
+  static bool pure_op(const std::string& op_type) {
+    static const std::set<std::string> kOps = {
+        "Shape",          "Size",     "Gather",  "Unsqueeze", "Squeeze", "Concat", "Reshape", "Slice",
+        "Cast",           "Add",      "Sub",     "Mul",       "Div",     "Mod",    "Neg",     "Abs",
+        "Floor",          "Ceil",     "Min",     "Max",       "Equal",   "Less",   "Greater", "LessOrEqual",
+        "GreaterOrEqual", "Not",      "And",     "Or",        "Where",   "Range",  "Expand",  "ConstantOfShape",
+        "ReduceProd",     "Identity", "Flatten", "Transpose"};
+    return kOps.count(op_type) != 0;
+  }
   static constexpr int64_t kLargestKept = 1 << 16;  // elements of an output worth keeping
 
   /// The key of inputs (every value copied), or false when one of them is not small;

@@ -162,16 +162,11 @@ std::shared_ptr<ExecPlan> make_plan(const Graph& g, const std::map<std::string, 
     plan->static_node[i] = true;
     for (const auto& o : node.outputs) fixed.insert(o);
   }
-  // Note [Small values evaluated once per value] in kept.h: pure ops that shape computations use.
-  static const std::set<std::string> kSmallOps = {
-      "Shape", "Size",  "Gather", "Unsqueeze",   "Squeeze",        "Concat",    "Reshape", "Slice",   "Cast",
-      "Add",   "Sub",   "Mul",    "Div",         "Mod",            "Neg",       "Abs",     "Floor",   "Ceil",
-      "Min",   "Max",   "Equal",  "Less",        "Greater",        "LessOrEqual", "GreaterOrEqual", "Not", "And",
-      "Or",    "Where", "Range",  "Expand",      "ConstantOfShape", "ReduceProd", "Identity", "Flatten", "Transpose"};
+  // Note [Small values evaluated once per value] in kept.h.
   plan->small_node.assign(n, false);
   for (size_t i = 0; i < n; ++i) {
     const Node& node = g.nodes[i];
-    bool ok = node.domain.empty() && !plan->static_node[i] && kSmallOps.count(node.op_type) != 0;
+    bool ok = node.domain.empty() && !plan->static_node[i] && SmallValues::pure_op(node.op_type);
     for (const auto& o : node.outputs) ok = ok && keep.count(o) == 0;
     plan->small_node[i] = ok;
   }

@@ -23,44 +23,11 @@ namespace braid::onnx {
 
 namespace {
 
-// Pure ops whose outputs are functions of their inputs' values (kept.h's small ops, less those
-// that read a shape of their own input).
+// A pure op (SmallValues::pure_op) whose outputs are functions of its inputs' values: not Shape or
+// Size, which read their input's shape.
 bool shape_op(const Node& n) {
-  static const std::set<std::string> kOps = {"Gather",
-                                             "Unsqueeze",
-                                             "Squeeze",
-                                             "Concat",
-                                             "Reshape",
-                                             "Slice",
-                                             "Cast",
-                                             "Add",
-                                             "Sub",
-                                             "Mul",
-                                             "Div",
-                                             "Mod",
-                                             "Neg",
-                                             "Abs",
-                                             "Floor",
-                                             "Ceil",
-                                             "Min",
-                                             "Max",
-                                             "Equal",
-                                             "Less",
-                                             "Greater",
-                                             "LessOrEqual",
-                                             "GreaterOrEqual",
-                                             "Not",
-                                             "And",
-                                             "Or",
-                                             "Where",
-                                             "Range",
-                                             "Expand",
-                                             "ConstantOfShape",
-                                             "ReduceProd",
-                                             "Identity",
-                                             "Flatten",
-                                             "Transpose"};
-  if (!n.domain.empty() || kOps.count(n.op_type) == 0) return false;
+  if (!n.domain.empty() || n.op_type == "Shape" || n.op_type == "Size" || !SmallValues::pure_op(n.op_type))
+    return false;
   for (const auto& [name, a] : n.attributes)
     if (a.kind == Attribute::Kind::Graph || a.kind == Attribute::Kind::Graphs) return false;
   return true;
