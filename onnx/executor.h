@@ -46,9 +46,11 @@ struct Scope {
 
 /// An activation that make_plan found after a Conv (Note [Fusing activations into Conv]).
 struct ActFusion {
-  std::vector<size_t> nodes;  // one activation node, or HardSwish written out as Add, Clip, Mul, Div
-  std::string label;          // its name in profiles: the op type, or "HardSwish"
+  std::vector<size_t> nodes;  // one activation node, HardSwish written out as Add, Clip, Mul, Div, or
+                              // the Add of a residual and the activation after it
+  std::string label;          // its name in profiles: the op type, "HardSwish" or "Add+" the op type
   std::vector<size_t> post;   // a Mul and an Add by one-element constants after it, or none
+  std::string residual{};     // the value the Add adds (Note [Residual as a post-op]), or none
 };
 
 /// An exact GELU written out as nodes (Note [GELU as one op]): Div by sqrt 2 (the key), then these.
@@ -409,7 +411,7 @@ class Executor {
                       const ExecPlan& plan, ops::FusedActivation& out) {
     const Tensor* x = scope.find(conv.inputs[0]);
     if (x == nullptr || (x->dim() != 3 && x->dim() != 4)) return false;
-    const Node& act = g.nodes[f.nodes[0]];
+    const Node& act = g.nodes[f.nodes[f.residual.empty() ? 0 : 1]];
     if (f.nodes.size() == 4) {  // x * Clip(x + 3, 0, 6) / 6, as PaddlePaddle writes HardSwish
       const Node &add = act, &clip = g.nodes[f.nodes[1]], &div = g.nodes[f.nodes[3]];
       const std::string& three = add.inputs[0] == src ? add.inputs[1] : add.inputs[0];
@@ -435,6 +437,17 @@ class Executor {
         if (!act.inputs[k].empty() && !number(act.inputs[k], scope, plan, k == 1 ? out.a : out.b)) return false;
     } else {
       return false;
+    }
+    if (!f.residual.empty()) {  // Note [Residual as a post-op]: of x's rank (ONNX broadcasting then matches)
+      const Tensor* r = scope.find(f.residual);
+      if (r == nullptr || r->dim() != x->dim()) return false;
+      // Its memory may hold the result where the Add was its last reader and no other tensor (a
+      // caller's, a weight, a kept value, a view) holds it: the scope's handle is the only one.
+      const auto& last = plan.release_after[f.nodes[0]];
+      out.residual_writable = std::find(last.begin(), last.end(), f.residual) != last.end() &&
+                              r->impl_ptr().use_count() == 1 && r->storage().use_count() == 1 &&
+                              std::find(conv.inputs.begin(), conv.inputs.end(), f.residual) == conv.inputs.end();
+      out.residual = *r;
     }
     return post_affine(g, f, scope, plan, out);
   }
@@ -550,6 +563,11 @@ class Executor {
 
 /// Value lifetimes, Conv+BatchNormalization folding and activation fusion for the top-level graph g.
 std::shared_ptr<ExecPlan> make_plan(const Graph& g, const std::map<std::string, Tensor>& weights);
+/// The Conv patterns (BatchNormalization folding, scalar affines, fused activations and residuals),
+/// into plan.conv_bn, conv_affine, conv_act and constants (conv_patterns.cpp); first of the patterns.
+void find_conv_patterns(const Graph& g, const std::map<std::string, size_t>& uses, const std::set<std::string>& keep,
+                        const std::map<std::string, Tensor>& weights, const std::map<std::string, size_t>& producer,
+                        ExecPlan& plan);
 /// The elementwise chains (Note [Elementwise chains]), into plan.chains (chains.cpp); after the
 /// other patterns, whose nodes they leave alone.
 void find_chains(const Graph& g, const std::map<std::string, size_t>& uses, const std::set<std::string>& keep,

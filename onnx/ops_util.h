@@ -29,6 +29,8 @@ struct FusedActivation {
   std::string name;
   double a = 0, b = 0;
   double scale = 1, shift = 0;  // an affine map after the activation (Note [Folding a scalar affine into Conv])
+  Tensor residual{};            // added before the activation, when defined (Note [Residual as a post-op])
+  bool residual_writable = false;  // its memory may hold the result (nothing reads it after)
 };
 /// The Conv op with an activation applied to its output, fused where braid::conv2d_activation can.
 Tensors conv_fused(OpContext& c, const FusedActivation& act);

@@ -27,10 +27,15 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const s
 /// conv2d and the activation's op, recorded as usual. activation: "relu"; "clip" (min a, max b,
 /// infinite for no bound); "hardswish"; "hardsigmoid" (min(max(a x + b, 0), 1)). The ONNX executor
 /// runs a Conv and the activation after it this way in inference. scale and shift, when given, are
-/// an affine map after the activation (activation(conv) * scale + shift), fused as well.
+/// an affine map after the activation (activation(conv) * scale + shift), fused as well. residual,
+/// when given, is added before the activation (activation(conv + residual): a residual block's
+/// shortcut), broadcast as by +; fused where it has the output's shape. residual_writable: the
+/// caller gives residual's memory up (reads residual no more, and no other tensor shares its memory),
+/// so that the result may be written there instead of into new memory.
 Tensor conv2d_activation(const Tensor& x, const Tensor& weight, const Tensor& bias, const std::vector<int64_t>& stride,
                          const std::vector<int64_t>& padding, const std::vector<int64_t>& dilation, int64_t groups,
-                         const std::string& activation, double a = 0, double b = 0, double scale = 1, double shift = 0);
+                         const std::string& activation, double a = 0, double b = 0, double scale = 1, double shift = 0,
+                         const Tensor& residual = Tensor(), bool residual_writable = false);
 /// Note [Channels-last activations in inference] (src/ops/conv.cpp): a convolution that needs no
 /// gradient gives a channels-last output (Tensor::is_channels_last) when its input is one, and,
 /// while a ChannelsLastGuard is alive on the thread, also when the backend's kernel prefers that

@@ -78,13 +78,18 @@ inline std::pair<int64_t, int64_t> window_taps(int64_t start, int64_t dilation, 
 }
 
 /// An elementwise function applied to a kernel's result before it is written: a convolution's
-/// activation in inference (Backend::conv2d).
+/// residual and activation in inference (Backend::conv2d).
 struct Epilogue {
   enum class Kind { None, Relu, Clip, HardSwish, HardSigmoid };
   Kind kind = Kind::None;
   double a = 0, b = 0;  // Clip: min and max; HardSigmoid: alpha and beta (min(max(a x + b, 0), 1))
   double scale = 1, shift = 0;  // then y * scale + shift (a learnable affine after the activation)
-  bool any() const { return kind != Kind::None || scale != 1 || shift != 0; }
+  // Added before the activation, when defined: a residual block's shortcut (y = act(conv + bias +
+  // residual)). Backend::conv2d takes it of y's shape, dtype and layout, or declines; y may be
+  // residual itself when residual_writable (its caller reads it no more and nothing shares it).
+  Tensor residual{};
+  bool residual_writable = false;
+  bool any() const { return kind != Kind::None || scale != 1 || shift != 0 || residual.defined(); }
 };
 
 /// The numbers of one Adam step (Backend::adam_step), worked out by the optimizer.

@@ -143,7 +143,7 @@ Tensor apply_activation(const Tensor& y, const Epilogue& e) {
 }
 
 Tensor apply_epilogue(const Tensor& y, const Epilogue& e) {
-  Tensor out = apply_activation(y, e);
+  Tensor out = apply_activation(e.residual.defined() ? y + e.residual : y, e);
   if (e.scale != 1) out = out * e.scale;
   if (e.shift != 0) out = out + e.shift;
   return out;
@@ -175,22 +175,37 @@ bool channels_last_enabled() {
   return on;
 }
 
+// The epilogue's residual as the convolution's output, where its caller gives its memory up
+// (Epilogue::residual_writable) and it is what the output would be: of that shape and dtype, and
+// channels-last or contiguous as asked, and not the memory of x or w. Undefined otherwise.
+Tensor writable_residual(const Epilogue& e, const Tensor& x, const Tensor& w, const Shape& shape, bool channels_last) {
+  const Tensor& r = e.residual;
+  if (!e.residual_writable || !r.defined() || r.shape() != shape || r.dtype() != x.dtype() ||
+      r.storage() == x.storage() || r.storage() == w.storage())
+    return Tensor();
+  return (channels_last ? !r.is_contiguous() && r.is_channels_last() : r.is_contiguous()) ? r : Tensor();
+}
+
 Tensor conv_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Window2d& win, int64_t groups,
                     const Epilogue& epilogue = Epilogue(), bool any_layout = false) {
   const int64_t n = x.shape()[0], c_out = w.shape()[0];
   const bool x_cl = x.dim() == 4 && !x.is_contiguous() && x.is_channels_last();
   if (any_layout && x.dim() == 4 && channels_last_enabled() &&
       (x_cl || (t_prefer_channels_last && backend_of(x).conv2d_prefers_channels_last(x, w, win, groups)))) {
-    Tensor y = new_like(x, {n, win.oh, win.ow, c_out}, x.dtype()).permute({0, 3, 1, 2});
+    Tensor y = writable_residual(epilogue, x, w, {n, c_out, win.oh, win.ow}, true);
+    if (!y.defined()) y = new_like(x, {n, win.oh, win.ow, c_out}, x.dtype()).permute({0, 3, 1, 2});
     const Tensor xs = x_cl ? x : contiguous(x);
     if (backend_of(x).conv2d(xs, contiguous(w), bias.defined() ? contiguous(bias) : bias, win, groups, epilogue, y))
       return y;
   }
-  if (Tensor y = new_like(x, {n, c_out, win.oh, win.ow}, x.dtype());  // Note [Optional primitives]
-      backend_of(x).conv2d(contiguous(x), contiguous(w), bias.defined() ? contiguous(bias) : bias, win, groups,
-                           epilogue, y))
-    return y;
-  if (epilogue.any()) return apply_epilogue(conv_forward(x, w, bias, win, groups), epilogue);
+  {
+    Tensor y = writable_residual(epilogue, x, w, {n, c_out, win.oh, win.ow}, false);
+    if (!y.defined()) y = new_like(x, {n, c_out, win.oh, win.ow}, x.dtype());
+    if (backend_of(x).conv2d(contiguous(x), contiguous(w), bias.defined() ? contiguous(bias) : bias, win, groups,
+                             epilogue, y))  // Note [Optional primitives]
+      return y;
+  }
+  if (epilogue.any()) return apply_epilogue(conv_forward(x, w, bias, win, groups, Epilogue(), any_layout), epilogue);
   if (groups > 1 && groups == x.shape()[1]) {
     if (!is_compute_type(x.dtype()))  // the direct kernel has no half form (Note [Autocast])
       return conv_forward(cast_raw(x, kFloat32), cast_raw(w, kFloat32), bias, win, groups);
@@ -454,15 +469,19 @@ Epilogue detail::activation_epilogue(const std::string& name, double a, double b
 
 Tensor conv2d_activation(const Tensor& x, const Tensor& weight, const Tensor& bias, const std::vector<int64_t>& stride,
                          const std::vector<int64_t>& padding, const std::vector<int64_t>& dilation, int64_t groups,
-                         const std::string& activation, double a, double b, double scale, double shift) {
+                         const std::string& activation, double a, double b, double scale, double shift,
+                         const Tensor& residual, bool residual_writable) {
   Epilogue e = activation_epilogue(activation, a, b, "conv2d_activation");
   BRAID_CHECK(e.kind != Epilogue::Kind::None, "conv2d_activation: unknown activation '", activation,
               "'; known: relu, clip, hardswish, hardsigmoid");
   e.scale = scale;
   e.shift = shift;
+  e.residual = residual;
+  e.residual_writable = residual_writable;
   if (x.defined() && x.dim() == 3)
     return conv2d_activation(x.unsqueeze(0), weight, bias, stride, padding, dilation, groups, activation, a, b, scale,
-                             shift)
+                             shift, residual.defined() && residual.dim() == 3 ? residual.unsqueeze(0) : residual,
+                             residual_writable)
         .squeeze(0);
   return conv2d_with(x, weight, bias, stride, padding, dilation, groups, e, "conv2d_activation");
 }

@@ -203,7 +203,7 @@ bool CpuBackend::pointwise_conv2d(const Tensor& x, const Tensor& w, const Tensor
                                   int64_t groups, const Epilogue& e, const Tensor& y) {
   if (groups != 1 || win.kh != 1 || win.kw != 1 || win.sh != 1 || win.sw != 1 || win.ph != 0 || win.pw != 0 ||
       win.oh != win.h || win.ow != win.w || x.dtype() != kFloat32 || w.dtype() != kFloat32 || y.numel() == 0 ||
-      !x.is_contiguous() || !w.is_contiguous() || !y.is_contiguous() ||
+      e.residual.defined() || !x.is_contiguous() || !w.is_contiguous() || !y.is_contiguous() ||
       (bias.defined() && (bias.dtype() != kFloat32 || !bias.is_contiguous())))
     return false;
   const int64_t n = x.size(0), c = x.size(1), c_out = w.size(0), p = win.h * win.w;

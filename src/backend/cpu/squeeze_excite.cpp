@@ -134,7 +134,8 @@ bool CpuBackend::squeeze_excite(const Tensor& x, bool channels_last, const Tenso
                                 const Epilogue& e1, const Tensor& w2, const Tensor& b2, const Epilogue& e2,
                                 const Tensor& gate_out, const Tensor& out) {
   if (!fused_on() || x.dtype() != kFloat32 || !x.is_contiguous() || x.dim() != 4 || e1.scale != 1 || e1.shift != 0 ||
-      e2.scale != 1 || e2.shift != 0 || gate_out.dtype() != kFloat32 || !gate_out.is_contiguous() ||
+      e2.scale != 1 || e2.shift != 0 || e1.residual.defined() || e2.residual.defined() ||
+      gate_out.dtype() != kFloat32 || !gate_out.is_contiguous() ||
       (out.defined() && (out.dtype() != kFloat32 || !out.is_contiguous())))
     return false;
   const int64_t n = x.size(0), c = channels_last ? x.size(3) : x.size(1);

@@ -103,7 +103,9 @@ class ShadowBackend final : public Backend {
   bool conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Window2d& win, int64_t groups,
               const Epilogue& epilogue, const Tensor& y) override {
     const char* op = "conv2d";
-    return cpu().conv2d(host(op, y, x), host(op, y, w), host(op, y, bias), win, groups, epilogue, host(op, y, y));
+    Epilogue e = epilogue;
+    if (e.residual.defined()) e.residual = host(op, y, e.residual);
+    return cpu().conv2d(host(op, y, x), host(op, y, w), host(op, y, bias), win, groups, e, host(op, y, y));
   }
   bool conv2d_prefers_channels_last(const Tensor& x, const Tensor& w, const Window2d& win, int64_t groups) override {
     const char* op = "conv2d";

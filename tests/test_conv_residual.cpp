@@ -1,0 +1,89 @@
+// conv2d_activation with a residual added before the activation (Note [Residual as a post-op] in
+// src/backend/cpu/conv_dnnl.cpp), against the float64 composition of braid's ops.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "braid/config.h"
+#include "gradcheck.h"
+
+namespace braid {
+namespace {
+
+// Note [Residual as a post-op]: a residual added before the activation, fused (the suite sends every
+// float32 convolution to oneDNN), against the float64 composition; in NCHW and channels-last, into
+// new memory or (channels-last) into the residual's own when it is given up; a residual that
+// broadcasts, or that is the input's own memory, is added after; with gradients recording it is
+// the composition.
+TEST(ConvActivation, ResidualBeforeTheActivationIsTheAddThenTheActivation) {
+  Generator gen(23);
+  const Tensor x = randn({2, 8, 9, 10}, kFloat32, &gen), b = randn({16}, kFloat32, &gen);
+  const Tensor w = randn({16, 8, 3, 3}, kFloat32, &gen, 0, 0.3), r = randn({2, 16, 9, 10}, kFloat32, &gen);
+  const Tensor z = conv2d(x.to(kFloat64), w.to(kFloat64), b.to(kFloat64), {1, 1}, {1, 1});
+  const Tensor want = relu(z + r.to(kFloat64));
+  const auto fused = [&](const Tensor& xin, const Tensor& res, bool writable) {
+    return conv2d_activation(xin, w, b, {1, 1}, {1, 1}, {1, 1}, 1, "relu", 0, 0, 1, 0, res, writable);
+  };
+  const auto close = [](const Tensor& got, const Tensor& ref) { return allclose(got.to(kFloat64), ref, 1e-5, 1e-5); };
+  NoGradGuard no_grad;
+  EXPECT_TRUE(close(fused(x, r, false), want));
+  // Bit for bit the unfused Add and Relu after the same float32 convolution.
+  const Tensor unfused = relu(conv2d(x, w, b, {1, 1}, {1, 1}) + r);
+  EXPECT_TRUE(equal(fused(x, r, false), unfused));
+  // Given up, in NCHW: oneDNN's kernel writes a blocked layout here, so the Add runs after it.
+  EXPECT_TRUE(equal(fused(x, r.clone(), true), unfused));
+  // Channels-last activations, as the ONNX executor runs them: given up, the result is written
+  // into the residual's memory.
+  {
+    ChannelsLastGuard cl;
+    const Tensor xc = x.permute({0, 2, 3, 1}).contiguous().permute({0, 3, 1, 2});
+    Tensor rc = r.permute({0, 2, 3, 1}).contiguous().permute({0, 3, 1, 2});
+    const Tensor kept = fused(xc, rc, false);
+    EXPECT_TRUE(equal(kept, unfused));
+    EXPECT_TRUE(equal(rc, r)) << "a residual not given up is left as it was";
+    const Tensor in_place = fused(xc, rc, true);
+    EXPECT_TRUE(equal(in_place, unfused));
+    // Where oneDNN's kernels run (the CPU and the shadow device, unless turned off) the epilogue
+    // is fused, on channels-last activations, into the residual's memory.
+    const char* onednn = std::getenv("BRAID_ONEDNN");
+#ifdef BRAID_HAVE_DNNL
+    const bool fuses =
+        (x.device().is_cpu() || x.device().type == DeviceType::Shadow) && !(onednn && std::string(onednn) == "0");
+#else
+    const bool fuses = false;
+#endif
+    if (fuses) {
+      EXPECT_TRUE(kept.is_channels_last());
+      EXPECT_EQ(in_place.storage(), rc.storage());
+    }
+  }
+  // A residual that broadcasts (one value per channel) is added after the convolution.
+  const Tensor per_channel = randn({1, 16, 1, 1}, kFloat32, &gen);
+  EXPECT_TRUE(close(fused(x, per_channel, true), relu(z + per_channel.to(kFloat64))));
+  // The input as its own residual, even when given up, is not overwritten while it is read.
+  const Tensor square = randn({1, 16, 6, 6}, kFloat32, &gen);
+  const Tensor w16 = randn({16, 16, 3, 3}, kFloat32, &gen, 0, 0.2);
+  const Tensor before = square.clone();
+  const Tensor self =
+      conv2d_activation(square, w16, Tensor(), {1, 1}, {1, 1}, {1, 1}, 1, "relu", 0, 0, 1, 0, square, true);
+  EXPECT_TRUE(equal(square, before));
+  EXPECT_TRUE(
+      close(self, relu(conv2d(before.to(kFloat64), w16.to(kFloat64), Tensor(), {1, 1}, {1, 1}) + before.to(kFloat64))));
+}
+
+TEST(ConvActivation, ResidualWithGradientsRecordingIsTheComposition) {
+  Generator gen(24);
+  const Tensor x = randn({1, 4, 6, 6}, kFloat64, &gen), r = randn({1, 6, 6, 6}, kFloat64, &gen);
+  Tensor w = randn({6, 4, 3, 3}, kFloat64, &gen, 0, 0.3).set_requires_grad(true);
+  const Tensor y = conv2d_activation(x, w, Tensor(), {1, 1}, {1, 1}, {1, 1}, 1, "relu", 0, 0, 1, 0, r, true);
+  ASSERT_TRUE(y.requires_grad());
+  EXPECT_TRUE(allclose(y.detach(), relu(conv2d(x, w.detach(), Tensor(), {1, 1}, {1, 1}) + r), 1e-12, 1e-12));
+  sum(y).backward();
+  Tensor w2 = w.detach().clone().set_requires_grad(true);
+  sum(relu(conv2d(x, w2, Tensor(), {1, 1}, {1, 1}) + r)).backward();
+  EXPECT_TRUE(allclose(w.grad(), w2.grad(), 1e-12, 1e-12));
+}
+
+}  // namespace
+}  // namespace braid
