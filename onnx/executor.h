@@ -128,6 +128,12 @@ struct ExecPlan {
   // Per node, the patterns above that start there (a bit each; settle_starts).
   static constexpr uint8_t kConv = 1, kGate = 2, kChain = 4, kGelu = 8, kQdq = 16, kShapes = 32;
   std::vector<uint8_t> starts;
+  // Per node, what running it looks up by name otherwise (OnnxModule fills the first two): its
+  // schema (null when the registry lacks the op), its domain's opset, and whether it is a Constant
+  // node that run_constant serves or an inference BatchNormalization.
+  std::vector<const OpSchema*> schema;
+  std::vector<int64_t> opset;
+  std::vector<bool> constant_node, batch_norm_node;
 };
 
 /// A Conv's run with an activation fused (all null when none): the activation, the value name it
@@ -213,7 +219,7 @@ class Executor {
         release(plan, i, scope);
         continue;
       }
-      if (fold && g.nodes[i].op_type == "BatchNormalization" && run_batch_norm(g.nodes[i], scope, *plan, i)) {
+      if (fold && plan->batch_norm_node[i] && run_batch_norm(g.nodes[i], scope, *plan, i)) {
         release(plan, i, scope);
         continue;
       }
@@ -243,7 +249,7 @@ class Executor {
           continue;
         }
       }
-      if (plan != nullptr && is_constant(g, g.nodes[i])) {
+      if (plan != nullptr && plan->constant_node[i]) {
         run_constant(g.nodes[i], scope, *plan, i);
         release(plan, i, scope);
         continue;
@@ -252,7 +258,10 @@ class Executor {
         release(plan, i, scope);
         continue;
       }
-      run_node(g.nodes[i], scope);
+      if (plan != nullptr)
+        run_node(g.nodes[i], scope, Fused(), plan->schema[i], plan->opset[i]);
+      else
+        run_node(g.nodes[i], scope);
       release(plan, i, scope);
     }
     std::vector<Tensor> out;
@@ -339,14 +348,6 @@ class Executor {
   void run_static(const Node& n, Scope& scope, const ExecPlan& plan, size_t node);
   bool run_small(const Node& n, Scope& scope, const ExecPlan& plan, size_t node);
   void run_constant(const Node& n, Scope& scope, const ExecPlan& plan, size_t node);
-
-  /// A Constant node whose value may be kept (Note [Constants evaluated once]).
-  bool is_constant(const Graph& g, const Node& n) const {
-    if (n.op_type != "Constant" || !n.domain.empty() || n.outputs.size() != 1) return false;
-    for (const ValueInfo& o : g.outputs)
-      if (o.name == n.outputs[0]) return false;
-    return true;
-  }
 
   void release(const ExecPlan* plan, size_t i, Scope& scope) {
     if (plan != nullptr && !shapes_.empty() && plan->shape_group_of[i] >= 0) note_shapes(i, scope, *plan);
@@ -464,8 +465,10 @@ class Executor {
     return number(ka, scope, plan, out.scale) && number(kd, scope, plan, out.shift);
   }
 
-  void run_node(const Node& n, Scope& scope, const Fused& fused = Fused()) {
-    const OpSchema* s = registry_.find(n.domain, n.op_type);
+  // schema and opset: n's, where the plan has them (ExecPlan::schema), else looked up here.
+  void run_node(const Node& n, Scope& scope, const Fused& fused = Fused(), const OpSchema* schema = nullptr,
+                int64_t opset = -1) {
+    const OpSchema* s = schema != nullptr ? schema : registry_.find(n.domain, n.op_type);
     if (s == nullptr)
       throw NotImplementedError(detail::cat(model_.path, ": ", n.label(), ": op '", n.op_type, "' is not supported"));
     std::vector<Tensor> inputs;
@@ -501,7 +504,7 @@ class Executor {
     const Scope* saved = current_;
     current_ = &scope;
     try {
-      OpContext ctx(n, model_.opset(n.domain), training_, std::move(inputs), this);
+      OpContext ctx(n, opset >= 0 ? opset : model_.opset(n.domain), training_, std::move(inputs), this);
       outputs = fused.act ? ops::conv_fused(ctx, *fused.act) : s->run(ctx);
     } catch (const NotImplementedError& e) {
       current_ = saved;

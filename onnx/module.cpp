@@ -171,6 +171,12 @@ std::shared_ptr<ExecPlan> make_plan(const Graph& g, const std::map<std::string, 
     plan->small_node[i] = ok;
   }
   find_conv_patterns(g, uses, keep, weights, producer, *plan);
+  // A Constant node whose value is not a graph output runs through the constant cache.
+  for (const Node& node : g.nodes) {
+    plan->constant_node.push_back(node.op_type == "Constant" && node.domain.empty() && node.outputs.size() == 1 &&
+                                  keep.count(node.outputs[0]) == 0);
+    plan->batch_norm_node.push_back(node.op_type == "BatchNormalization");
+  }
   find_gates(g, uses, keep, weights, *plan);
   find_chains(g, uses, keep, weights, *plan);
   settle_gates(*plan);
@@ -259,6 +265,10 @@ OnnxModule::OnnxModule(Model model, const OnnxOptions& options)
   for (const ValueInfo& in : model_.graph.inputs)
     if (model_.graph.initializers.count(in.name) == 0) input_names_.push_back(in.name);
   plan_ = make_plan(model_.graph, weights_);
+  for (const Node& n : model_.graph.nodes) {
+    plan_->schema.push_back(registry_->find(n.domain, n.op_type));
+    plan_->opset.push_back(model_.opset(n.domain));
+  }
   // The weights' tensors stay the same objects for the module's life (moving it to a device or
   // loading a state dict changes them in place), so their scope is built once, not on every run.
   weight_scope_ = std::make_shared<Scope>();
