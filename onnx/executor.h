@@ -133,6 +133,7 @@ struct ExecPlan {
   // node that run_constant serves or an inference BatchNormalization.
   std::vector<const OpSchema*> schema;
   std::vector<int64_t> opset;
+  size_t values = 0;  // the nodes' outputs, all told
   std::vector<bool> constant_node, batch_norm_node;
 };
 

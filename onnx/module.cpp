@@ -266,6 +266,7 @@ OnnxModule::OnnxModule(Model model, const OnnxOptions& options)
     if (model_.graph.initializers.count(in.name) == 0) input_names_.push_back(in.name);
   plan_ = make_plan(model_.graph, weights_);
   for (const Node& n : model_.graph.nodes) {
+    plan_->values += n.outputs.size();
     plan_->schema.push_back(registry_->find(n.domain, n.op_type));
     plan_->opset.push_back(model_.opset(n.domain));
   }
@@ -470,6 +471,7 @@ std::vector<Tensor> OnnxModule::run_ordered(const std::vector<Tensor>& inputs) {
               " inputs [", join(input_names_), "], got ", inputs.size());
   Scope scope;
   scope.parent = weight_scope_.get();
+  scope.values.reserve(plan_->values);  // no rehashing as the run adds its values
   for (size_t i = 0; i < inputs.size(); ++i) {
     const ValueInfo* info = nullptr;
     for (const ValueInfo& v : model_.graph.inputs)
