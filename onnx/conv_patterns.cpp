@@ -133,7 +133,15 @@ void find_conv_patterns(const Graph& g, const std::map<std::string, size_t>& use
           !activation(ra->second[0], a.outputs[0]))
         continue;
       const std::string& op = g.nodes[ra->second[0]].op_type;
-      plan.conv_act[p] = {{add, ra->second[0]}, "Add+" + op, affine_after(ra->second[0]), residual};
+      // Its memory may take the result only if no node reads it between the convolution's start
+      // and the Add (the convolution itself included), directly or inside a subgraph, and it is not
+      // a weight or a graph output; the executor checks at run time that nothing else holds it.
+      auto rr = readers.find(residual);
+      bool writable = rr != readers.end() && rr->second.size() == used(residual) && keep.count(residual) == 0 &&
+                      weights.count(residual) == 0;
+      for (size_t r : rr != readers.end() ? rr->second : std::vector<size_t>())
+        writable = writable && (r < start_of(p) || r == add);
+      plan.conv_act[p] = {{add, ra->second[0]}, "Add+" + op, affine_after(ra->second[0]), residual, writable};
       continue;
     }
     if (rd->second.size() != 2) continue;

@@ -51,6 +51,7 @@ struct ActFusion {
   std::string label;          // its name in profiles: the op type, "HardSwish" or "Add+" the op type
   std::vector<size_t> post;   // a Mul and an Add by one-element constants after it, or none
   std::string residual{};     // the value the Add adds (Note [Residual as a post-op]), or none
+  bool residual_writable = false;  // whether no other node reads it from the convolution on
 };
 
 /// An exact GELU written out as nodes (Note [GELU as one op]): Div by sqrt 2 (the key), then these.
@@ -443,12 +444,10 @@ class Executor {
     if (!f.residual.empty()) {  // Note [Residual as a post-op]: of x's rank (ONNX broadcasting then matches)
       const Tensor* r = scope.find(f.residual);
       if (r == nullptr || r->dim() != x->dim()) return false;
-      // Its memory may hold the result where the Add was its last reader and no other tensor (a
-      // caller's, a weight, a kept value, a view) holds it: the scope's handle is the only one.
-      const auto& last = plan.release_after[f.nodes[0]];
-      out.residual_writable = std::find(last.begin(), last.end(), f.residual) != last.end() &&
-                              r->impl_ptr().use_count() == 1 && r->storage().use_count() == 1 &&
-                              std::find(conv.inputs.begin(), conv.inputs.end(), f.residual) == conv.inputs.end();
+      // Its memory may hold the result where no other node reads it from the convolution on
+      // (the plan's ActFusion::residual_writable) and no other tensor (a caller's, a kept value, a
+      // view) holds it: the scope's handle is the only one.
+      out.residual_writable = f.residual_writable && r->impl_ptr().use_count() == 1 && r->storage().use_count() == 1;
       out.residual = *r;
     }
     return post_affine(g, f, scope, plan, out);

@@ -110,4 +110,34 @@ TEST(OnnxResidual, TheCallersInputAsTheShortcutIsLeftAsItWas) {
   EXPECT_TRUE(allclose(y.to(kFloat64), relu(xd + w.conv_bn("b2", relu(w.conv_bn("b1", xd)))), 1e-4, 1e-4));
 }
 
+// A node that reads the shortcut between the convolution and the Add (a Sigmoid here) sees it as
+// it was: the fused convolution writes its result into new memory, not into the shortcut's.
+TEST(OnnxResidual, AShortcutReadAfterTheConvolutionIsNotWrittenInto) {
+  Generator gen(33);
+  Weights w(gen, {"stem", "b1", "b2"});
+  bx::GraphBuilder g(17);
+  const std::string s =
+      g.node("Relu", {g.node("Conv", {"x", "stem.w"}, {{"pads", bx::attr_ints({1, 1, 1, 1})}})[0]})[0];
+  const std::string body = conv_bn(g, "b2", g.node("Relu", {conv_bn(g, "b1", s)})[0]);
+  const std::string gate = g.node("Sigmoid", {s})[0];
+  const std::string block = g.node("Relu", {g.node("Add", {body, s})[0]})[0];
+  g.graph().nodes.push_back(bx::Node{"out", "Mul", "", {block, gate}, {"y"}, {}});
+  bx::Model m = model_of("shortcut_read_late", 17, g.graph());
+  m.graph.initializers = w.t;
+  m.graph.inputs.push_back(info("x", kFloat32, {1, 8, 6, 7}));
+  m.graph.outputs.push_back(info("y", kFloat32, {1, 8, 6, 7}));
+  bx::OnnxModule mod(m);
+  mod.set_profiling(true);
+  const Tensor x = randn({1, 8, 6, 7}, kFloat32, &gen);
+  Tensor y;
+  {
+    NoGradGuard no_grad;
+    y = mod.forward(x);
+  }
+  EXPECT_EQ(mod.profile().count("Conv+BatchNormalization+Add+Relu"), 1u);
+  const Tensor sd = relu(conv2d(x.to(kFloat64), w.t.at("stem.w").to(kFloat64), Tensor(), {1, 1}, {1, 1}));
+  const Tensor body64 = w.conv_bn("b2", relu(w.conv_bn("b1", sd)));
+  EXPECT_TRUE(allclose(y.to(kFloat64), relu(body64 + sd) * sigmoid(sd), 1e-4, 1e-4));
+}
+
 }  // namespace
