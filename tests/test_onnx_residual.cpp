@@ -5,6 +5,8 @@
 // and the float64 composition of braid's ops; the caller's input is never written into.
 #include <gtest/gtest.h>
 
+#include <memory>
+
 #include "braid/braid.h"
 #include "braid/onnx/export.h"
 #include "onnx_graphs.h"
@@ -41,6 +43,29 @@ std::string conv_bn(bx::GraphBuilder& g, const std::string& c, const std::string
   return g.node("BatchNormalization", {y, c + ".gamma", c + ".beta", c + ".mean", c + ".var"})[0];
 }
 
+// The model of graph g with weights w, input x and output y of the one shape dims.
+bx::Model model(bx::GraphBuilder& g, const char* name, const Weights& w, const std::vector<int64_t>& dims) {
+  bx::Model m = model_of(name, 17, g.graph());
+  m.graph.initializers = w.t;
+  m.graph.inputs.push_back(info("x", kFloat32, dims));
+  m.graph.outputs.push_back(info("y", kFloat32, dims));
+  return m;
+}
+
+// The module of graph g run in inference on x; the module kept for its profile.
+struct Ran {
+  std::unique_ptr<bx::OnnxModule> mod;
+  Tensor y;
+};
+Ran run_in_inference(bx::GraphBuilder& g, const char* name, const Weights& w, const Tensor& x) {
+  Ran r{std::make_unique<bx::OnnxModule>(model(g, name, w, std::vector<int64_t>(x.shape().begin(), x.shape().end()))),
+        Tensor()};
+  r.mod->set_profiling(true);
+  NoGradGuard no_grad;
+  r.y = r.mod->forward(x);
+  return r;
+}
+
 // stem: s = Relu(Conv(x)); body: Relu(BN(Conv(s))) then BN(Conv(.)); shortcut: s itself, or
 // BN(Conv(s)) written after the body (as a downsampling block's); y = Relu(body + shortcut).
 bx::Model block(bool shortcut_conv, const Weights& w) {
@@ -51,11 +76,7 @@ bx::Model block(bool shortcut_conv, const Weights& w) {
   const std::string shortcut = shortcut_conv ? conv_bn(g, "sc", s) : s;
   const std::string sum = g.node("Add", {body, shortcut})[0];
   g.graph().nodes.push_back(bx::Node{"out", "Relu", "", {sum}, {"y"}, {}});
-  bx::Model m = model_of("residual_block", 17, g.graph());
-  m.graph.initializers = w.t;
-  m.graph.inputs.push_back(info("x", kFloat32, {2, 8, 7, 9}));
-  m.graph.outputs.push_back(info("y", kFloat32, {2, 8, 7, 9}));
-  return m;
+  return model(g, "residual_block", w, {2, 8, 7, 9});
 }
 
 TEST(OnnxResidual, ShortcutAddAndReluRunAsTheConvolutionsEpilogue) {
@@ -91,23 +112,13 @@ TEST(OnnxResidual, TheCallersInputAsTheShortcutIsLeftAsItWas) {
   bx::GraphBuilder g(17);
   const std::string body = conv_bn(g, "b2", g.node("Relu", {conv_bn(g, "b1", "x")})[0]);
   g.graph().nodes.push_back(bx::Node{"out", "Relu", "", {g.node("Add", {"x", body})[0]}, {"y"}, {}});
-  bx::Model m = model_of("identity_block", 17, g.graph());
-  m.graph.initializers = w.t;
-  m.graph.inputs.push_back(info("x", kFloat32, {1, 8, 6, 6}));
-  m.graph.outputs.push_back(info("y", kFloat32, {1, 8, 6, 6}));
-  bx::OnnxModule mod(m);
-  mod.set_profiling(true);
   const Tensor x = randn({1, 8, 6, 6}, kFloat32, &gen);
   const Tensor x_before = x.clone();
-  Tensor y;
-  {
-    NoGradGuard no_grad;
-    y = mod.forward(x);
-  }
-  EXPECT_EQ(mod.profile().count("Conv+BatchNormalization+Add+Relu"), 1u);
+  const Ran r = run_in_inference(g, "identity_block", w, x);
+  EXPECT_EQ(r.mod->profile().count("Conv+BatchNormalization+Add+Relu"), 1u);
   EXPECT_TRUE(equal(x, x_before));
   const Tensor xd = x.to(kFloat64);
-  EXPECT_TRUE(allclose(y.to(kFloat64), relu(xd + w.conv_bn("b2", relu(w.conv_bn("b1", xd)))), 1e-4, 1e-4));
+  EXPECT_TRUE(allclose(r.y.to(kFloat64), relu(xd + w.conv_bn("b2", relu(w.conv_bn("b1", xd)))), 1e-4, 1e-4));
 }
 
 // A node that reads the shortcut between the convolution and the Add (a Sigmoid here) sees it as
@@ -122,22 +133,12 @@ TEST(OnnxResidual, AShortcutReadAfterTheConvolutionIsNotWrittenInto) {
   const std::string gate = g.node("Sigmoid", {s})[0];
   const std::string block = g.node("Relu", {g.node("Add", {body, s})[0]})[0];
   g.graph().nodes.push_back(bx::Node{"out", "Mul", "", {block, gate}, {"y"}, {}});
-  bx::Model m = model_of("shortcut_read_late", 17, g.graph());
-  m.graph.initializers = w.t;
-  m.graph.inputs.push_back(info("x", kFloat32, {1, 8, 6, 7}));
-  m.graph.outputs.push_back(info("y", kFloat32, {1, 8, 6, 7}));
-  bx::OnnxModule mod(m);
-  mod.set_profiling(true);
   const Tensor x = randn({1, 8, 6, 7}, kFloat32, &gen);
-  Tensor y;
-  {
-    NoGradGuard no_grad;
-    y = mod.forward(x);
-  }
-  EXPECT_EQ(mod.profile().count("Conv+BatchNormalization+Add+Relu"), 1u);
+  const Ran r = run_in_inference(g, "shortcut_read_late", w, x);
+  EXPECT_EQ(r.mod->profile().count("Conv+BatchNormalization+Add+Relu"), 1u);
   const Tensor sd = relu(conv2d(x.to(kFloat64), w.t.at("stem.w").to(kFloat64), Tensor(), {1, 1}, {1, 1}));
   const Tensor body64 = w.conv_bn("b2", relu(w.conv_bn("b1", sd)));
-  EXPECT_TRUE(allclose(y.to(kFloat64), relu(body64 + sd) * sigmoid(sd), 1e-4, 1e-4));
+  EXPECT_TRUE(allclose(r.y.to(kFloat64), relu(body64 + sd) * sigmoid(sd), 1e-4, 1e-4));
 }
 
 }  // namespace
