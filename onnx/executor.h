@@ -129,7 +129,7 @@ struct ExecPlan {
   // Per node, the patterns above that start there (a bit each; settle_starts).
   static constexpr uint8_t kConv = 1, kGate = 2, kChain = 4, kGelu = 8, kQdq = 16, kShapes = 32;
   std::vector<uint8_t> starts;
-  // Per node, what running it looks up by name otherwise (OnnxModule fills the first two): its
+  // Per node, what running it looks up by name otherwise (OnnxModule fills schema, opset and values): its
   // schema (null when the registry lacks the op), its domain's opset, and whether it is a Constant
   // node that run_constant serves or an inference BatchNormalization.
   std::vector<const OpSchema*> schema;

@@ -139,12 +139,10 @@ void max_pool_kernel(const T* x, T* out, int64_t* indices, int64_t planes, const
 // Note [Channels-last activations in inference] (ops/conv.cpp): max pooling of channels-last x into
 // channels-last out, values only. Each output pixel sees its taps in the order the NCHW kernel
 // gives them (rows, then columns, the clipped ones skipped), so ties and NaN resolve as there, and
-// each tap is a select over the channels, contiguous in memory, which the compiler vectorises.
-// One output row of max pooling over channels-last x: each output pixel starts from its first tap's
-// c channels and takes each further tap by a select (NaN propagates), in the order the NCHW kernel
-// gives them (rows, then columns, the clipped ones skipped), so ties and NaN resolve as there. A
-// vector clone per row (Note [Vector clones]): the selects over contiguous channels run at AVX-512
-// width. ResNet-18's 3x3 stride-2 pooling at batch 1, 2 threads: 0.14 -> 0.0x ms.
+// each tap is a select over the channels, contiguous in memory, which the compiler vectorises. A
+// vector clone per output row (Note [Vector clones]), so the selects run at AVX-512 width:
+// ResNet-18's 3x3 stride-2 pooling of 64x112x112, 2 threads, 128-212 -> 84 us (batch 1) and
+// 1.12-1.16 -> 0.81-0.85 ms (batch 8).
 template <typename T>
 inline void max_pool_nhwc_row(const T* plane, T* orow, int64_t c, int64_t y0, const Window2d& win) {
   const auto [ilo, ihi] = window_taps(y0, win.dh, win.kh, win.h);
