@@ -13,7 +13,10 @@
 #endif
 
 #include <algorithm>
+#include <cctype>
 #include <climits>
+#include <optional>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -80,19 +83,37 @@ int blas_int(int64_t v) {
 }
 
 // Note [sgemm through oneDNN]
-// Debian's OpenBLAS 0.3.21 runs its Haswell (AVX2) sgemm kernel on newer x86 cores; oneDNN's sgemm
-// (the same library as the convolutions, the same libgomp pool) picks AVX-512 where the CPU has it.
-// Measured on this project's AVX-512 VM with 2 threads: 2.2x to 4.9x OpenBLAS's throughput on
-// the shapes of braid's training steps and of MiniLM (benchmarks/README.md). float64 stays on
-// OpenBLAS, and BRAID_ONEDNN=0 sends float32 back to it too. So do products of fewer than 2^16
-// multiply-adds, where OpenBLAS is as fast or faster (0.32 us against 0.68 for 4x4 by 4x4, 1.8 us
-// each at 16x64 by 64x64) and needs no signal guard (Note [Signals and oneDNN's kernels]).
-constexpr int64_t kOneDnnMinMacs = int64_t{1} << 16;
+// Debian's OpenBLAS 0.3.21 picks its kernels by the CPU's model number: on x86 cores newer than it
+// knows it runs an older kernel than the CPU can (Haswell's AVX2 kernel on some AVX-512 cores, the
+// SSE3 Prescott kernel on others, such as this project's VM, family 6 model 207). oneDNN's sgemm (the
+// same library as the convolutions, the same libgomp pool) picks its kernel by the CPU's features.
+// Measured on the AVX-512 VM with 2 threads: 2.2x to 4.9x OpenBLAS's (Haswell) throughput on the
+// shapes of braid's training steps and of MiniLM (benchmarks/README.md). float64 stays on OpenBLAS,
+// and BRAID_ONEDNN=0 sends float32 back to it too. So do small products, where OpenBLAS's kernel
+// is as fast or faster and needs no signal guard (Note [Signals and oneDNN's kernels]): below 2^16
+// multiply-adds where OpenBLAS runs an AVX2 or AVX-512 kernel (0.32 us against 0.68 for 4x4 by 4x4,
+// 1.8 us each at 16x64 by 64x64 with the Haswell kernel), below 2^12 where it runs an older one on a
+// CPU with AVX2 (Prescott's kernel: 2.6 us against oneDNN's 0.77 at 32x32 by 32x32, an attention
+// head's product; 0.26 against 0.36 at 8x8 by 8x8; 0.81 against 0.64 at 16x16 by 16x16).
+#ifdef BRAID_HAVE_DNNL
+int64_t onednn_min_macs() {
+  static const int64_t macs = [] {
+    std::string core = openblas_get_corename();
+    std::transform(core.begin(), core.end(), core.begin(), [](unsigned char c) { return std::tolower(c); });
+    for (const char* wide : {"haswell", "zen", "skylakex", "cooperlake", "sapphirerapids"})
+      if (core == wide) return int64_t{1} << 16;
+    const unsigned isa = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
+    const unsigned avx2 = static_cast<unsigned>(dnnl_cpu_isa_avx2);
+    return (isa & avx2) == avx2 ? int64_t{1} << 12 : int64_t{1} << 16;
+  }();
+  return macs;
+}
+#endif
 
 void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb,
           float* c, int64_t ldc) {
 #ifdef BRAID_HAVE_DNNL
-  if (onednn_enabled() && m * n * k >= kOneDnnMinMacs) {
+  if (onednn_enabled() && m * n * k >= onednn_min_macs()) {
     OneDnnSignalGuard no_signals;  // Note [Signals and oneDNN's kernels]
     if (dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc) == dnnl_success) return;
   }
@@ -129,6 +150,13 @@ void blas_matmul(const Tensor& a, const Tensor& b, const Tensor& out, int64_t ba
     gemm(false, ob.layout.trans, batches * m, n, k, pa, oa.layout.ld, pb, ob.layout.ld, pc, n);
     return;
   }
+#ifdef BRAID_HAVE_DNNL
+  // One guard for the batch: the products' own guards make no calls inside it (Note [Signals and
+  // oneDNN's kernels]).
+  std::optional<OneDnnSignalGuard> no_signals;
+  if (std::is_same_v<T, float> && batches > 1 && onednn_enabled() && m * n * k >= onednn_min_macs())
+    no_signals.emplace();
+#endif
   auto one = [&](int64_t i, std::vector<T>& abuf, std::vector<T>& bbuf) {
     gemm(oa.layout.trans, ob.layout.trans, m, n, k, matrix(pa, oa, i, abuf), oa.layout.ld, matrix(pb, ob, i, bbuf),
          ob.layout.ld, pc + i * m * n, n);
