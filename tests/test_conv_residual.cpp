@@ -85,5 +85,37 @@ TEST(ConvActivation, ResidualWithGradientsRecordingIsTheComposition) {
   EXPECT_TRUE(allclose(w.grad(), w2.grad(), 1e-12, 1e-12));
 }
 
+// Note [Winograd convolutions in inference]: a dense 3x3 convolution of stride 1 over 64 channels in
+// and out on channels-last activations (oneDNN's Winograd kernels where the CPU has AVX-512, else its
+// direct ones), with and without a bias, the residual (kept and given up) and the activation, at
+// batch 1 and 4 (F(2x2,3x3) and F(4x4,3x3)), against the float64 composition.
+TEST(ConvActivation, WinogradGeometriesMatchFloat64) {
+  Generator gen(25);
+  for (int64_t n : {1, 4}) {
+    const Tensor x = relu(randn({n, 64, 10, 12}, kFloat32, &gen));  // post-ReLU activations, as in a ResNet
+    const Tensor w = randn({64, 64, 3, 3}, kFloat32, &gen, 0, 0.06), b = randn({64}, kFloat32, &gen, 0, 0.1);
+    const Tensor r = randn({n, 64, 10, 12}, kFloat32, &gen);
+    const Tensor z = conv2d(x.to(kFloat64), w.to(kFloat64), b.to(kFloat64), {1, 1}, {1, 1});
+    const auto close = [](const Tensor& got, const Tensor& ref) {
+      return allclose(contiguous(got).to(kFloat64), ref, 1e-5, 1e-5);
+    };
+    NoGradGuard no_grad;
+    ChannelsLastGuard cl;
+    const auto last = [](const Tensor& t) { return t.permute({0, 2, 3, 1}).contiguous().permute({0, 3, 1, 2}); };
+    const Tensor xc = last(x);
+    const Tensor plain = conv2d(xc, w, b, {1, 1}, {1, 1});
+    EXPECT_TRUE(close(plain, z)) << n;
+    EXPECT_TRUE(close(conv2d_activation(xc, w, Tensor(), {1, 1}, {1, 1}, {1, 1}, 1, "relu", 0, 0, 1, 0),
+                      relu(conv2d(x.to(kFloat64), w.to(kFloat64), Tensor(), {1, 1}, {1, 1}))))
+        << n;
+    Tensor rc = last(r);
+    const Tensor kept = conv2d_activation(xc, w, b, {1, 1}, {1, 1}, {1, 1}, 1, "relu", 0, 0, 1, 0, rc, false);
+    EXPECT_TRUE(close(kept, relu(z + r.to(kFloat64)))) << n;
+    EXPECT_TRUE(equal(rc, r)) << "a residual not given up is left as it was";
+    const Tensor in_place = conv2d_activation(xc, w, b, {1, 1}, {1, 1}, {1, 1}, 1, "relu", 0, 0, 1, 0, rc, true);
+    EXPECT_TRUE(close(in_place, relu(z + r.to(kFloat64)))) << n;
+  }
+}
+
 }  // namespace
 }  // namespace braid
