@@ -1,4 +1,4 @@
-// Convolution and pooling (braid/conv.h), composed from the backend's im2col/col2im and pooling
+// Convolution (braid/conv.h; pooling is in pool.cpp), composed from the backend's im2col/col2im
 // primitives and matmul, or run by a backend's own convolution kernels where it has them (oneDNN's
 // on the CPU: Note [Optional primitives] in backend/backend.h). Each op checks its arguments at the
 // front door and records one autograd node. Three building blocks serve every formula: conv2d's
@@ -9,7 +9,7 @@
 #include <algorithm>
 
 #include "braid/amp.h"
-#include "ops/common.h"
+#include "ops/window.h"
 
 namespace braid {
 
@@ -26,27 +26,6 @@ namespace {
 // gradients travel channel-major, (C_out, N * P); the transposes to and from (N, C_out, P) touch
 // C_out * N * P elements, C * K / C_out times fewer than cols, and the forward one is fused with
 // the bias add.
-
-// Spreads a PyTorch int-or-tuple argument over n axes.
-std::vector<int64_t> per_axis(const std::vector<int64_t>& v, size_t n, const char* op, const char* name) {
-  BRAID_CHECK(v.size() == 1 || v.size() == n, op, ": ", name, " must have 1 or ", n, " values, got ", v.size(), " (",
-              shape_str(v), ")");
-  return v.size() == 1 ? std::vector<int64_t>(n, v[0]) : v;
-}
-
-void check_positive(const std::vector<int64_t>& v, const char* op, const char* name) {
-  for (int64_t e : v) BRAID_CHECK(e > 0, op, ": ", name, " must be positive, got ", shape_str(v));
-}
-
-void check_non_negative(const std::vector<int64_t>& v, const char* op, const char* name) {
-  for (int64_t e : v) BRAID_CHECK(e >= 0, op, ": ", name, " must be non-negative, got ", shape_str(v));
-}
-
-void check_float(const Tensor& t, const char* op, const char* what) {
-  check_compute(t, op);
-  BRAID_CHECK_T(TypeError, is_floating(t.dtype()), op, ": ", what, " must be floating-point, got ",
-                dtype_name(t.dtype()));
-}
 
 // Whether a convolution runs in mixed precision: x, w and the bias (if any) are all of the dtypes
 // autocast rounds, inside a scope (Note [Autocast]).
@@ -89,20 +68,6 @@ void check_conv(const char* op, const Tensor& x, const Tensor& w, const Tensor& 
   BRAID_CHECK(bias.dim() == 1 && bias.shape()[0] == bias_size, op, ": bias must have shape [", bias_size, "], got ",
               shape_str(bias.shape()));
 }
-
-// Floor division, for output-size formulas whose numerator may be negative.
-int64_t floor_div(int64_t a, int64_t b) { return a / b - ((a % b != 0) && ((a < 0) != (b < 0))); }
-
-// One spatial axis of a window op: the input and output sizes and the window's arguments.
-struct Axis {
-  int64_t in, out, k, stride, pad, dilation;
-};
-
-Window2d make_window(const Axis& y, const Axis& x) {
-  return {y.in, x.in, y.out, x.out, y.k, x.k, y.stride, x.stride, y.pad, x.pad, y.dilation, x.dilation};
-}
-
-Tensor new_like(const Tensor& t, const Shape& shape, DType dtype) { return new_tensor(shape, dtype, t.device()); }
 
 // (N, C, h, w) -> (G, C / G, N * h * w), the layout of Note [Channel-major columns].
 Tensor channel_major(const Tensor& t, int64_t groups) {
@@ -356,67 +321,6 @@ Tensor conv_nd(const char* op, const Tensor& x, const Tensor& w, const Tensor& b
   return conv_recorded(x.unsqueeze(2), w.unsqueeze(2), bias, make_window(unit, axes[0]), groups, epilogue).squeeze(2);
 }
 
-// PyTorch's pooling output size: floor (or ceil) of the window count, where with ceil_mode the
-// last window must start inside the input or its left padding.
-int64_t pool_out(int64_t in, int64_t k, int64_t stride, int64_t pad, int64_t dilation, bool ceil_mode) {
-  int64_t out = floor_div(in + 2 * pad - dilation * (k - 1) - 1 + (ceil_mode ? stride - 1 : 0), stride) + 1;
-  if (ceil_mode && (out - 1) * stride >= in + pad) --out;
-  return out;
-}
-
-// x (N, C, h, w) checked; the window of a pooling op with PyTorch's rules.
-Window2d pool_window(const char* op, const Tensor& x, const std::vector<int64_t>& kernel_in,
-                     const std::vector<int64_t>& stride_in, const std::vector<int64_t>& padding_in,
-                     const std::vector<int64_t>& dilation_in, bool ceil_mode) {
-  const std::vector<int64_t> kernel = per_axis(kernel_in, 2, op, "kernel_size");
-  const std::vector<int64_t> stride = stride_in.empty() ? kernel : per_axis(stride_in, 2, op, "stride");
-  const std::vector<int64_t> pad = per_axis(padding_in, 2, op, "padding");
-  const std::vector<int64_t> dilation = per_axis(dilation_in, 2, op, "dilation");
-  check_positive(kernel, op, "kernel_size");
-  check_positive(stride, op, "stride");
-  check_positive(dilation, op, "dilation");
-  check_non_negative(pad, op, "padding");
-  Axis axes[2];
-  for (int a = 0; a < 2; ++a) {
-    BRAID_CHECK(pad[a] <= kernel[a] / 2, op, ": padding ", shape_str(pad), " must be at most half the kernel size ",
-                shape_str(kernel));
-    const int64_t in = x.shape()[2 + a];
-    axes[a] = {in,        pool_out(in, kernel[a], stride[a], pad[a], dilation[a], ceil_mode),
-               kernel[a], stride[a],
-               pad[a],    dilation[a]};
-    BRAID_CHECK(axes[a].out > 0, op, ": input shape ", shape_str(x.shape()), " is too small for kernel ",
-                shape_str(kernel), " with padding ", shape_str(pad), " and dilation ", shape_str(dilation));
-    // A dilated window can skip the whole input; it would have no maximum.
-    for (int64_t o = 0; o < axes[a].out; ++o) {
-      auto [lo, hi] = window_taps(o * stride[a] - pad[a], dilation[a], kernel[a], in);
-      BRAID_CHECK(lo < hi, op, ": window ", o, " along axis ", a + 2, " covers only padding (input shape ",
-                  shape_str(x.shape()), ", kernel ", shape_str(kernel), ", dilation ", shape_str(dilation), ")");
-    }
-  }
-  return make_window(axes[0], axes[1]);
-}
-
-void check_pool_input(const Tensor& x, const char* op) {
-  check_float(x, op, "input");
-  BRAID_CHECK(x.dim() == 4, op, ": expected a 3-d (C, H, W) or 4-d (N, C, H, W) input, got shape ",
-              shape_str(x.shape()));
-}
-
-// (out, in) matrix whose row i averages PyTorch's adaptive window [floor(i in / out), ceil((i+1) in / out)).
-// The mean of each window [floor(i n / out), ceil((i + 1) n / out)) of one axis, side by side. The
-// windows are separable, so two of these pool a plane; each window is its own mean, so an infinity
-// reaches only the outputs whose window holds it.
-Tensor adaptive_mean(const Tensor& x, int64_t axis, int64_t out) {
-  const int64_t n = x.size(axis);
-  if (out == 0) return x.narrow(axis, 0, 0);
-  std::vector<Tensor> parts;
-  for (int64_t i = 0; i < out; ++i) {
-    const int64_t begin = i * n / out, end = ((i + 1) * n + out - 1) / out;
-    parts.push_back(mean(x.narrow(axis, begin, end - begin), {axis}, true));
-  }
-  return concat(parts, axis);
-}
-
 }  // namespace
 
 Tensor conv1d(const Tensor& x, const Tensor& weight, const Tensor& bias, int64_t stride, int64_t padding,
@@ -548,66 +452,6 @@ Tensor conv_transpose2d(const Tensor& x, const Tensor& weight, const Tensor& bia
     if (r.needs(1)) r.set(1, conv_weight_grad(g, ChannelMajor(x, groups), win, w.shape()));
     if (r.needs(2)) r.set(2, sum(g, {0, 2, 3}));
   });
-}
-
-Tensor max_pool2d(const Tensor& x, const std::vector<int64_t>& kernel, const std::vector<int64_t>& stride,
-                  const std::vector<int64_t>& padding, const std::vector<int64_t>& dilation, bool ceil_mode) {
-  if (x.defined() && x.dim() == 3)
-    return max_pool2d(x.unsqueeze(0), kernel, stride, padding, dilation, ceil_mode).squeeze(0);
-  check_pool_input(x, "max_pool2d");
-  const Window2d win = pool_window("max_pool2d", x, kernel, stride, padding, dilation, ceil_mode);
-  const int64_t n = x.shape()[0], c = x.shape()[1];
-  // The positions only backward reads: not written in inference.
-  Tensor out, indices = needs_grad(x) ? new_like(x, {n, c, win.oh, win.ow}, kInt64) : Tensor();
-  // Note [Channels-last activations in inference]: a channels-last input stays so where the backend
-  // pools that layout.
-  if (!indices.defined() && x.dim() == 4 && !x.is_contiguous() && x.is_channels_last()) {
-    out = new_like(x, {n, win.oh, win.ow, c}, x.dtype()).permute({0, 3, 1, 2});
-    if (!backend_of(x).max_pool2d_channels_last(x.detach(), win, out)) out = Tensor();
-  }
-  if (!out.defined()) {
-    out = new_like(x, {n, c, win.oh, win.ow}, x.dtype());
-    backend_of(x).max_pool2d(contiguous(x.detach()), win, out, indices);
-  }
-  traced("max_pool2d", out, {x}, {{win.kh, win.kw, win.sh, win.sw, win.ph, win.pw, win.dh, win.dw, ceil_mode}, {}});
-  return record("max_pool2d", out, {x}, [indices, x_shape = x.shape()](const Tensor& g, Grads& r) {
-    // Each output's gradient goes to the element it took, through the flattened planes.
-    const Shape flat{x_shape[0], x_shape[1], -1};
-    Tensor gx = zeros({x_shape[0], x_shape[1], x_shape[2] * x_shape[3]}, g.dtype(), g.device());
-    backend_of(g).scatter_add(gx, 2, indices.view(flat), g.reshape(flat));
-    r.set(0, gx.view(x_shape));
-  });
-}
-
-Tensor avg_pool2d(const Tensor& x, const std::vector<int64_t>& kernel, const std::vector<int64_t>& stride,
-                  const std::vector<int64_t>& padding, bool ceil_mode, bool count_include_pad) {
-  if (x.defined() && x.dim() == 3)
-    return avg_pool2d(x.unsqueeze(0), kernel, stride, padding, ceil_mode, count_include_pad).squeeze(0);
-  check_pool_input(x, "avg_pool2d");
-  const Window2d win = pool_window("avg_pool2d", x, kernel, stride, padding, {1, 1}, ceil_mode);
-  Tensor out = new_like(x, {x.shape()[0], x.shape()[1], win.oh, win.ow}, x.dtype());
-  backend_of(x).avg_pool2d(contiguous(x.detach()), win, count_include_pad, out);
-  traced("avg_pool2d", out, {x}, {{win.kh, win.kw, win.sh, win.sw, win.ph, win.pw, ceil_mode, count_include_pad}, {}});
-  return record("avg_pool2d", out, {x}, [win, count_include_pad, x_shape = x.shape()](const Tensor& g, Grads& r) {
-    Tensor gx = zeros(x_shape, g.dtype(), g.device());
-    backend_of(g).avg_pool2d_backward(contiguous(g), win, count_include_pad, gx);
-    r.set(0, gx);
-  });
-}
-
-Tensor adaptive_avg_pool2d(const Tensor& x, const std::vector<int64_t>& output_size) {
-  const char* op = "adaptive_avg_pool2d";
-  check_float(x, op, "input");
-  BRAID_CHECK(x.dim() == 3 || x.dim() == 4, op, ": expected a 3-d (C, H, W) or 4-d (N, C, H, W) input, got shape ",
-              shape_str(x.shape()));
-  const std::vector<int64_t> size = per_axis(output_size, 2, op, "output_size");
-  BRAID_CHECK(size[0] >= 0 && size[1] >= 0, op, ": output_size must be non-negative, got ", shape_str(size));
-  const int64_t h = x.size(-2), w = x.size(-1);
-  BRAID_CHECK(h > 0 && w > 0, op, ": input shape ", shape_str(x.shape()), " has an empty plane");
-  // Equal windows are plain average pooling; otherwise the windows overlap or vary in size.
-  if (size[0] > 0 && size[1] > 0 && h % size[0] == 0 && w % size[1] == 0)
-    return avg_pool2d(x, {h / size[0], w / size[1]});
-  return adaptive_mean(adaptive_mean(x, -2, size[0]), -1, size[1]);
 }
 
 }  // namespace braid
