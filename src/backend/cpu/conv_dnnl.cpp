@@ -64,6 +64,9 @@ struct Plan {
   // A Winograd forward's residual into the output's layout (Note [Residual as a post-op]).
   std::optional<dnnl::reorder> residual_in;
   bool winograd = false;
+  // The kernel's scratch memory where the plan takes it from braid's block cache for each call (a
+  // Winograd kernel's transformed tiles), rather than oneDNN keeping it with the primitive.
+  std::optional<memory::desc> scratchpad;
 };
 
 dnnl::engine& engine() {
@@ -184,9 +187,18 @@ bool wide_dense(const Key& key) { return key[16] == 1 && key[8] * key[9] > 1 && 
 // the same order as reassociation: largest error against float64 over 2,000 outputs of such a layer
 // (post-ReLU inputs, He-scaled weights), relative to the largest output, 3.8e-7 to 7.2e-7 for
 // F(2x2,3x3) and 1.2e-6 to 3.3e-6 for F(4x4,3x3), against 4.7e-7 to 1.5e-6 for the direct kernel.
-// Taken only in inference (channels-last activations, which no recorded op gets) for the wide
-// dense geometries; where oneDNN has no Winograd kernel (no AVX-512, another epilogue, channels
-// not a multiple of 16) the direct one serves. BRAID_WINOGRAD=0 keeps the direct one everywhere.
+// The price is memory: the kept weight in the transformed domain is 16/9 (F(2x2,3x3)) or 4 times
+// (F(4x4,3x3)) the weight, and the kernel's scratch (its transformed tiles, taken from braid's block
+// cache for each call) grows with the batch: 25 MB for 256 channels at 14x14 at batch 8. So only
+// convolutions of at most 256 x 256 channels take it, where the weights are small and the layers
+// are wide in space: with ResNet-18's 512-channel layers too, its peak resident memory at batch 8
+// was 397 MB against 218 with the direct kernels (onnxruntime 288); without them 295 MB, and batch
+// 1 16.6 -> 12.7 ms, where the 512-channel layers gained least. Taken only in inference
+// (channels-last activations, which no recorded op gets) for the wide dense geometries; where oneDNN
+// has no Winograd kernel (no AVX-512, another epilogue, channels not a multiple of 16) the direct one
+// serves. BRAID_WINOGRAD=0 keeps the direct one everywhere.
+constexpr int64_t kWinogradMaxChannelPairs = 256 * 256;
+
 bool winograd_geometry(const Key& key) {
   static const bool on = [] {
     const char* v = std::getenv("BRAID_WINOGRAD");
@@ -194,7 +206,7 @@ bool winograd_geometry(const Key& key) {
   }();
   const bool cl = key[23] != 0 || key[24] != 0;
   return on && cl && wide_dense(key) && key[8] == 3 && key[9] == 3 && key[10] == 1 && key[11] == 1 && key[14] == 1 &&
-         key[15] == 1;
+         key[15] == 1 && key[2] * key[5] <= kWinogradMaxChannelPairs;
 }
 
 Plan build(const Key& key) {
@@ -218,7 +230,9 @@ Plan build(const Key& key) {
       const dnnl::primitive_attr attr = plain ? dnnl::primitive_attr() : epilogue_attr(key);
       std::optional<dnnl::convolution_forward::primitive_desc> wino;
       if (winograd_geometry(key)) try {  // Note [Winograd convolutions in inference]
-          wino = forward_pd(g, bias, attr, true, false, true);
+          dnnl::primitive_attr user_scratchpad = attr;
+          user_scratchpad.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+          wino = forward_pd(g, bias, user_scratchpad, true, false, true);
         } catch (const dnnl::error&) {
         }
       const auto fused = wino    ? *wino
@@ -228,6 +242,7 @@ Plan build(const Key& key) {
                                  : forward_pd(g, bias, epilogue_attr(key));
       p.prim = dnnl::convolution_forward(fused);
       p.winograd = wino.has_value();
+      if (wino) p.scratchpad = wino->scratchpad_desc();
       p.args = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST};
       p.plain = {activation_desc(g.src, key[23] != 0), plain_desc(g.weights), activation_desc(g.dst, key[24] != 0)};
       p.chosen = {fused.src_desc(), fused.weights_desc(), fused.dst_desc()};
@@ -397,6 +412,11 @@ void execute(const Plan& p, const void* in0, const void* in1, const void* bias, 
   if (bias)
     args.emplace(DNNL_ARG_BIAS, memory(memory::desc({p.plain[2].dims()[1]}, memory::data_type::f32, Tag::x), engine(),
                                        const_cast<void*>(bias)));
+  std::optional<Scratch> pad;
+  if (p.scratchpad) {
+    pad.emplace(p.scratchpad->get_size());
+    args.emplace(DNNL_ARG_SCRATCHPAD, memory(*p.scratchpad, engine(), pad->get()));
+  }
   p.prim.execute(stream, args);
   if (outs[0]) p.reorders[2]->execute(stream, {{DNNL_ARG_FROM, outs[0]}, {DNNL_ARG_TO, outs[1]}});
   stream.wait();
