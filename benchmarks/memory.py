@@ -20,6 +20,7 @@ import argparse
 import os
 import subprocess
 import sys
+import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TRAIN = {"mlp": (64, 1, 28, 28), "cnn": (64, 1, 28, 28), "resnet": (64, 3, 32, 32), "transformer": (64, 32)}
@@ -110,9 +111,11 @@ def main():
     sys.path.insert(0, HERE)
     from onnx_bench import MODELS  # noqa: E402  (the same models and shapes as the latency table)
 
+    tmp = tempfile.mkdtemp(prefix="braid_memory_")
     for name, (path, sample) in MODELS.items():
-        if path is None:
-            continue  # the exported ResNet-18 is written by onnx_bench.py itself
+        if path is None:  # the ResNet-18 built from braid's layers, exported as onnx_bench.py does
+            path = os.path.join(tmp, "resnet18.onnx")
+            subprocess.run([onnx_bench, "export-resnet18", path], check=True, capture_output=True)
         if not os.path.exists(path):
             print(f"| {name} | missing: {path} | | | |")
             continue
