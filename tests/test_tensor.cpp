@@ -902,31 +902,3 @@ TEST(Tensor, ItemReadsTheViewsElementInEveryDType) {
     EXPECT_EQ(cast(tensor(std::vector<double>{-3.0}, {1}), t).item(), -3.0) << dtype_name(t);
   EXPECT_EQ(tensor(std::vector<float>{0.25f, -1.5f}, {2}).select(0, 1).item(), -1.5);
 }
-
-// A float32 weight multiplied again and again (an inference's Linear or MatMul by an initializer)
-// is kept in oneDNN's layout from its second product in each orientation on (Note [Kept float32
-// weights] in src/backend/cpu/matmul_kept.cpp): every product, as written and through a transposed
-// view of the weight, with batched and unbatched activations, stays the float64 product within
-// float32 rounding, and a weight written in place is used as it is now.
-TEST(Matmul, AWeightUsedAgainGivesTheProductEachTime) {
-  using namespace braid;
-  Generator gen(31);
-  const int64_t k = 96, n = 80;
-  Tensor w = randn({k, n}, kFloat32, &gen);
-  const auto check = [&](const Tensor& x, const Tensor& b) {
-    const Tensor want = matmul(x.to(kFloat64), b.to(kFloat64));
-    return allclose(matmul(x, b).to(kFloat64), want, 1e-5, 1e-4);
-  };
-  NoGradGuard no_grad;
-  for (int call = 0; call < 4; ++call) {
-    SCOPED_TRACE(call);
-    EXPECT_TRUE(check(randn({40, k}, kFloat32, &gen), w));
-    EXPECT_TRUE(check(randn({3, 17, k}, kFloat32, &gen), w));               // rows of a batch folded
-    EXPECT_TRUE(check(randn({33, n}, kFloat32, &gen), w.transpose(0, 1)));  // as nn::Linear reads it
-  }
-  w.fill_(0.5);  // in place: the kept copies are stale
-  const Tensor x = randn({40, k}, kFloat32, &gen);
-  EXPECT_TRUE(check(x, w));
-  EXPECT_TRUE(allclose(matmul(x, w), sum(x, {1}, true).expand({40, n}) * 0.5, 1e-5, 1e-4));
-  EXPECT_TRUE(check(randn({33, n}, kFloat32, &gen), w.transpose(0, 1)));
-}

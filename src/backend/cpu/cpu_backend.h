@@ -100,13 +100,6 @@ Backend& cpu_backend();
 /// leaves braid's own kernels and OpenBLAS for a comparison (conv_dnnl.cpp).
 bool onednn_enabled();
 
-/// C (M, N) = A (M, K, row stride lda) times B (K, N; b's memory, row stride ldb, or its transpose
-/// when tb) through oneDNN's matmul primitive on B reordered once and kept with b's storage (Note
-/// [Kept float32 weights], matmul_kept.cpp); false, computing nothing, the first time b is seen in
-/// this orientation at its version or where oneDNN has no kernel.
-bool kept_weight_sgemm(const Tensor& b, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
-                       int64_t ldb, float* c);
-
 /// Blocks asynchronous signals on this thread while it lives, and for good on the OpenMP workers
 /// (Note [Signals and oneDNN's kernels]): held around every call that runs oneDNN's kernels.
 class OneDnnSignalGuard {
