@@ -192,8 +192,10 @@ bool wide_dense(const Key& key) { return key[16] == 1 && key[8] * key[9] > 1 && 
 // cache for each call) grows with the batch: 25 MB for 256 channels at 14x14 at batch 8. So only
 // convolutions of at most 256 x 256 channels take it, where the weights are small and the layers
 // are wide in space: with ResNet-18's 512-channel layers too, its peak resident memory at batch 8
-// was 397 MB against 218 with the direct kernels (onnxruntime 288); without them 295 MB, and batch
-// 1 16.6 -> 12.7 ms, where the 512-channel layers gained least. Taken only in inference
+// was 397 MB against 218 with the direct kernels (onnxruntime 288); without them 295 MB, for the
+// layers that gained least (0.99 -> 0.76 ms each at batch 1 before their activations' reorders).
+// ResNet-18 with them: batch 1 16.0-17.2 -> 14.2-14.6 ms, batch 8 116-150 -> 92-100 ms (three
+// alternating pairs each, benchmarks/README.md run W). Taken only in inference
 // (channels-last activations, which no recorded op gets) for the wide dense geometries; where oneDNN
 // has no Winograd kernel (no AVX-512, another epilogue, channels not a multiple of 16) the direct one
 // serves. BRAID_WINOGRAD=0 keeps the direct one everywhere.
@@ -403,7 +405,7 @@ void execute(const Plan& p, const void* in0, const void* in1, const void* bias, 
       p.reorders[i]->execute(stream, {{DNNL_ARG_FROM, user}, {DNNL_ARG_TO, inner}});
     else
       outs[0] = inner, outs[1] = user;
-    if (i == 2 && residual) {
+    if (i == 2 && residual && p.residual_in) {
       memory from(p.plain[2], engine(), const_cast<void*>(residual));
       p.residual_in->execute(stream, {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, inner}});
     }

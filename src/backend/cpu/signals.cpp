@@ -50,7 +50,10 @@ OneDnnSignalGuard::OneDnnSignalGuard() {
   const int team = omp_get_max_threads();
   if (team > workers_blocked) {
 #pragma omp parallel num_threads(team)
-    if (omp_get_thread_num() != 0 && t_depth++ == 0) pthread_sigmask(SIG_BLOCK, &asynchronous_signals(), nullptr);
+    if (omp_get_thread_num() != 0 && t_depth == 0) {
+      t_depth = 1;
+      pthread_sigmask(SIG_BLOCK, &asynchronous_signals(), nullptr);
+    }
     workers_blocked = team;
   }
 }
