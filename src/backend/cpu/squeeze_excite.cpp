@@ -101,13 +101,17 @@ BRAID_VECTOR_CLONES void scale_rows(const float* x, const float* gate, float* y,
   }
 }
 
-// y (rows) = e(w (rows, cols) x + b), a 1x1 convolution of one sample: each row's products summed in
-// double (eight running sums, four rows at a time sharing x), rounded, then the bias added in float
-// and the activation applied as the convolution's epilogue does.
-BRAID_VECTOR_CLONES void dense(const float* w, const float* b, const float* x, int64_t rows, int64_t cols,
+constexpr int kDenseRows = 4;
+
+// y[begin, end) of y (rows) = e(w (rows, cols) x + b), a 1x1 convolution of one sample: each row's
+// products summed in double (eight running sums, four rows at a time sharing x), rounded, then the
+// bias added in float and the activation applied as the convolution's epilogue does. begin is a
+// multiple of kDenseRows, so that a row's sum does not depend on how the rows are split.
+BRAID_VECTOR_CLONES void dense(const float* w, const float* b, const float* x, int64_t begin, int64_t end, int64_t cols,
                                const Epilogue& e, float* y) {
-  constexpr int kRows = 4, kLanes = 8;
-  for (int64_t r0 = 0; r0 < rows; r0 += kRows) {
+  constexpr int kRows = kDenseRows, kLanes = 8;
+  const int64_t rows = end;
+  for (int64_t r0 = begin; r0 < rows; r0 += kRows) {
     const int q_end = static_cast<int>(std::min<int64_t>(kRows, rows - r0));
     double acc[kRows][kLanes] = {};
     int64_t k = 0;
@@ -125,7 +129,13 @@ BRAID_VECTOR_CLONES void dense(const float* w, const float* b, const float* x, i
       y[r0 + q] = b != nullptr ? v + b[r0 + q] : v;
     }
   }
-  activate(e, y, rows);
+  activate(e, y + begin, end - begin);
+}
+
+// The t-th of parts shares of [0, rows), split at multiples of kDenseRows.
+int64_t dense_split(int64_t rows, int t, int parts) {
+  const int64_t groups = (rows + kDenseRows - 1) / kDenseRows;
+  return std::min(rows, groups * t / parts * kDenseRows);
 }
 
 }  // namespace
@@ -158,7 +168,9 @@ bool CpuBackend::squeeze_excite(const Tensor& x, bool channels_last, const Tenso
   double* sums = partial.data();
   float *means = values.data(), *hidden = means + n * c;
   // Each pass as work-sharing constructs of the team that runs it (or of no team: one thread).
-  in_team(nt, [&](int t, int parts) {  // the means
+  // One team for the three passes (a region costs a fork and a join), with barriers between them.
+  in_team(nt, [&](int t, int parts) {
+    // The means.
     if (channels_last) {  // rows (N * H * W) of C values, split evenly over the threads
       const int64_t rows = n * r, begin = rows * t / parts, end = rows * (t + 1) / parts;
       double* acc = sums + static_cast<int64_t>(t) * n * c;
@@ -179,16 +191,27 @@ bool CpuBackend::squeeze_excite(const Tensor& x, bool channels_last, const Tenso
       const int64_t runs = n * c;
       run_means(px, runs * t / parts, runs * (t + 1) / parts, r, means);
     }
-  });
-  in_team(nt, [&](int, int) {  // the gates, per sample
+#pragma omp barrier
+    // The gates: a sample per thread, or at fewer samples than threads (batch 1) each sample's
+    // rows split over the threads.
+    if (n >= parts) {
 #pragma omp for schedule(static)
-    for (int64_t s = 0; s < n; ++s) {
-      dense(pw1, pb1, means + s * c, mid, c, e1, hidden + s * mid);
-      dense(pw2, pb2, hidden + s * mid, c, mid, e2, gate + s * c);
+      for (int64_t s = 0; s < n; ++s) {
+        dense(pw1, pb1, means + s * c, 0, mid, c, e1, hidden + s * mid);
+        dense(pw2, pb2, hidden + s * mid, 0, c, mid, e2, gate + s * c);
+      }
+    } else {
+      for (int64_t s = 0; s < n; ++s) {
+        dense(pw1, pb1, means + s * c, dense_split(mid, t, parts), dense_split(mid, t + 1, parts), c, e1,
+              hidden + s * mid);
+#pragma omp barrier
+        dense(pw2, pb2, hidden + s * mid, dense_split(c, t, parts), dense_split(c, t + 1, parts), mid, e2,
+              gate + s * c);
+#pragma omp barrier
+      }
     }
-  });
-  if (py == nullptr) return true;
-  in_team(nt, [&](int t, int parts) {  // x times the gate
+    if (py == nullptr) return;
+    // x times the gate.
     const int64_t rows = channels_last ? n * r : n * c;
     scale_rows(px, gate, py, rows * t / parts, rows * (t + 1) / parts, r, c, channels_last);
   });
