@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -901,4 +902,38 @@ TEST(Tensor, ItemReadsTheViewsElementInEveryDType) {
   for (DType t : {kFloat32, kFloat64, kInt64, kInt32, kInt8})
     EXPECT_EQ(cast(tensor(std::vector<double>{-3.0}, {1}), t).item(), -3.0) << dtype_name(t);
   EXPECT_EQ(tensor(std::vector<float>{0.25f, -1.5f}, {2}).select(0, 1).item(), -1.5);
+}
+
+// A float32 product by a weight (B shared by every row: an nn::Linear's or an ONNX MatMul's
+// initializer) runs oneDNN's matmul on B as it lies the first time and on B reordered into the
+// kernel's layout from the second product at the same version on (Note [Products by a weight
+// through oneDNN's matmul] in src/backend/cpu/matmul_weight.cpp). Each product is the float64 one
+// within float32 rounding, and bit for bit the same whether or not the weight was seen before (a
+// resumed run must equal the uninterrupted one): as written, through a transposed view, with
+// batched activations, and for a weight written in place.
+TEST(Matmul, AWeightGivesTheSameBitsSeenOrNot) {
+  using namespace braid;
+  Generator gen(31);
+  NoGradGuard no_grad;
+  for (const auto& [m, k, n] : std::vector<std::array<int64_t, 3>>{{40, 96, 80}, {32, 384, 160}, {8, 1536, 64}}) {
+    SCOPED_TRACE(std::to_string(m) + "x" + std::to_string(k) + "x" + std::to_string(n));
+    Tensor w = randn({k, n}, kFloat32, &gen);
+    const Tensor x = randn({m, k}, kFloat32, &gen), xb = randn({3, m, k}, kFloat32, &gen);
+    const Tensor xt = randn({m, n}, kFloat32, &gen);
+    const Tensor want = matmul(x.to(kFloat64), w.to(kFloat64));
+    const Tensor want_t = matmul(xt.to(kFloat64), w.to(kFloat64).transpose(0, 1));
+    const Tensor first = matmul(x, w), first_b = matmul(xb, w), first_t = matmul(xt, w.transpose(0, 1));
+    EXPECT_TRUE(allclose(first.to(kFloat64), want, 1e-5, 1e-4));
+    EXPECT_TRUE(allclose(first_t.to(kFloat64), want_t, 1e-5, 1e-4));
+    for (int call = 0; call < 3; ++call) {  // seen: from here on the kept layout
+      SCOPED_TRACE(call);
+      EXPECT_TRUE(equal(matmul(x, w), first));
+      EXPECT_TRUE(equal(matmul(xb, w), first_b));
+      EXPECT_TRUE(equal(matmul(xt, w.transpose(0, 1)), first_t));
+    }
+    w.mul_(0.5);  // in place: the kept copies are stale
+    EXPECT_TRUE(allclose(matmul(x, w).to(kFloat64), want * 0.5, 1e-5, 1e-4));
+    EXPECT_TRUE(equal(matmul(x, w), first * 0.5));  // halving is exact
+    EXPECT_TRUE(equal(matmul(xt, w.transpose(0, 1)), first_t * 0.5));
+  }
 }

@@ -100,6 +100,13 @@ Backend& cpu_backend();
 /// leaves braid's own kernels and OpenBLAS for a comparison (conv_dnnl.cpp).
 bool onednn_enabled();
 
+/// C (M, N) = A (M, K, row stride lda) times B (K, N; b's memory, row stride ldb, or its transpose
+/// when tb) through oneDNN's matmul primitive, on B reordered once and kept with b's storage from
+/// its second product at a version on (Note [Products by a weight through oneDNN's matmul],
+/// matmul_weight.cpp); false, computing nothing, where oneDNN has no such kernel for the shape.
+bool weight_sgemm(const Tensor& b, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, int64_t ldb,
+                  float* c);
+
 /// Blocks asynchronous signals on this thread while it lives, and for good on the OpenMP workers
 /// (Note [Signals and oneDNN's kernels]): held around every call that runs oneDNN's kernels.
 class OneDnnSignalGuard {

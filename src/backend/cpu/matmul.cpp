@@ -147,6 +147,13 @@ void blas_matmul(const Tensor& a, const Tensor& b, const Tensor& out, int64_t ba
   const T* pb = static_cast<const T*>(b.raw_data());
   T* pc = static_cast<T*>(out.raw_data());
   if (ob.layout.in_place && shared_across_batches(b) && rows_fold(a, oa)) {
+#ifdef BRAID_HAVE_DNNL
+    // Note [Products by a weight through oneDNN's matmul]
+    if constexpr (std::is_same_v<T, float>)
+      if (onednn_enabled() && batches * m * n * k >= onednn_min_macs() &&
+          weight_sgemm(b, ob.layout.trans, batches * m, n, k, pa, oa.layout.ld, ob.layout.ld, pc))
+        return;
+#endif
     gemm(false, ob.layout.trans, batches * m, n, k, pa, oa.layout.ld, pb, ob.layout.ld, pc, n);
     return;
   }
