@@ -597,6 +597,22 @@ TEST(ConvActivation, FusedEpiloguesEqualTheComposition) {
   }
 }
 
+// A 1x1 convolution at one pixel (a classifier's head after global pooling), batch 3, run by the
+// CPU's pointwise kernel (HardSigmoid with an affine after it stays off oneDNN): rows of x by the
+// transposed weight, twice (the second product reads the kept weight), against float64.
+TEST(ConvActivation, PointwiseAtOnePixelMatchesFloat64) {
+  Generator gen(23);
+  const Tensor x = randn({3, 128, 1, 1}, kFloat32, &gen), w = randn({192, 128, 1, 1}, kFloat32, &gen, 0, 0.1);
+  const Tensor b = randn({192}, kFloat32, &gen);
+  const Tensor z = conv2d(x.to(kFloat64), w.to(kFloat64), b.to(kFloat64));
+  const Tensor want = clamp(z * 0.25 + 0.4, 0.0, 1.0) * 1.5 - 0.25;
+  NoGradGuard no_grad;
+  const Tensor first = conv2d_activation(x, w, b, {1, 1}, {0, 0}, {1, 1}, 1, "hardsigmoid", 0.25, 0.4, 1.5, -0.25);
+  EXPECT_TRUE(allclose(first.to(kFloat64), want, 1e-5, 1e-5)) << amax(abs(first.to(kFloat64) - want)).item();
+  const Tensor again = conv2d_activation(x, w, b, {1, 1}, {0, 0}, {1, 1}, 1, "hardsigmoid", 0.25, 0.4, 1.5, -0.25);
+  EXPECT_TRUE(equal(again, first));
+}
+
 // Note [Reordered weights kept]: a forward convolution large enough for oneDNN keeps its weight in
 // the kernel's layout between calls, and an in-place change to the weight (a version bump) is
 // seen by the next call. Against float64 convolutions of the same numbers.
