@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/dnnl_sets.h"
 
 namespace braid::detail {
 namespace {
@@ -80,11 +81,7 @@ struct Plan {
     std::array<memory, 3> user, inner;  // per argument: braid's layout, the kernel's where it differs
     memory bias, pad, residual;
   };
-  struct Pool {
-    std::mutex mu;
-    std::vector<std::unique_ptr<Bound>> free;
-  };
-  std::unique_ptr<Pool> pool = std::make_unique<Pool>();
+  std::unique_ptr<SetPool<Bound>> pool = std::make_unique<SetPool<Bound>>();
 };
 
 dnnl::engine& engine() {
@@ -392,49 +389,21 @@ std::shared_ptr<Reordered> reordered_weight(const memory::desc& plain, const mem
   return made;
 }
 
-// A set of the plan's memory objects for one call (Note [Memory objects kept with the plan]).
-class Lease {
- public:
-  explicit Lease(const Plan& p) : p_(p) {
-    {
-      std::lock_guard<std::mutex> lock(p.pool->mu);
-      if (!p.pool->free.empty()) {
-        b_ = std::move(p.pool->free.back());
-        p.pool->free.pop_back();
-        return;
-      }
-    }
-    b_ = std::make_unique<Plan::Bound>();
-    auto none = [](const memory::desc& d) { return memory(d, engine(), DNNL_MEMORY_NONE); };
-    for (int i = 0; i < 3; ++i) {
-      b_->user[i] = none(p.plain[i]);
-      b_->inner[i] = none(p.chosen[i]);
-    }
-    b_->bias = none(memory::desc({p.plain[2].dims()[1]}, memory::data_type::f32, Tag::x));
-    if (p.scratchpad) b_->pad = none(*p.scratchpad);
-    b_->residual = none(p.plain[2]);
+// A set of the plan's memory objects, made with no buffers (Note [Memory objects kept with the plan]).
+std::unique_ptr<Plan::Bound> make_bound(const Plan& p) {
+  auto b = std::make_unique<Plan::Bound>();
+  for (int i = 0; i < 3; ++i) {
+    b->user[i] = unbound(p.plain[i], engine());
+    b->inner[i] = unbound(p.chosen[i], engine());
   }
-  ~Lease() {
-    std::lock_guard<std::mutex> lock(p_.pool->mu);
-    p_.pool->free.push_back(std::move(b_));
-  }
-  Lease(const Lease&) = delete;
-  Lease& operator=(const Lease&) = delete;
-  Plan::Bound& operator*() const { return *b_; }
-
- private:
-  const Plan& p_;
-  std::unique_ptr<Plan::Bound> b_;
-};
-
-// m pointed at the buffer at ptr; its C handle, for an argument array.
-dnnl_memory_t point(const memory& m, const void* ptr) {
-  m.set_data_handle(const_cast<void*>(ptr));
-  return m.get();
+  b->bias = unbound(memory::desc({p.plain[2].dims()[1]}, memory::data_type::f32, Tag::x), engine());
+  if (p.scratchpad) b->pad = unbound(*p.scratchpad, engine());
+  b->residual = unbound(p.plain[2], engine());
+  return b;
 }
 
 void run(const dnnl::primitive& prim, dnnl::stream& stream, const dnnl_exec_arg_t* args, int n) {
-  dnnl::error::wrap_c_api(dnnl_primitive_execute(prim.get(), stream.get(), n, args), "could not run a convolution");
+  run_primitive(prim, stream, args, n, "could not run a convolution");
 }
 
 // Runs a plan on plain buffers: inputs reordered into the kernel's layouts where they differ, the
@@ -444,7 +413,7 @@ void execute(const Plan& p, const void* in0, const void* in1, const void* bias, 
              const Tensor* weight = nullptr, const void* residual = nullptr) {
   thread_local dnnl::stream stream(engine());
   OneDnnSignalGuard no_signals;  // Note [Signals and oneDNN's kernels]
-  Lease lease(p);
+  Lease<Plan::Bound> lease(*p.pool, [&p] { return make_bound(p); });
   Plan::Bound& b = *lease;
   std::array<dnnl_exec_arg_t, 5> args{};
   int n = 0;

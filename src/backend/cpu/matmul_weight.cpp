@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/dnnl_sets.h"
 
 namespace braid::detail {
 
@@ -57,11 +58,7 @@ struct Plan {
   struct Bound {
     dnnl::memory a, b_kept, b_plain, c;
   };
-  struct Pool {
-    std::mutex mu;
-    std::vector<std::unique_ptr<Bound>> free;
-  };
-  std::unique_ptr<Pool> pool = std::make_unique<Pool>();
+  std::unique_ptr<SetPool<Bound>> pool = std::make_unique<SetPool<Bound>>();
 };
 
 using Key = std::array<int64_t, 6>;  // m, k, n, lda, ldb, B transposed
@@ -129,39 +126,13 @@ std::shared_ptr<KeptWeight> kept_weight(const Tensor& b, bool tb, const Plan& p,
   return made;
 }
 
-class Lease {
- public:
-  explicit Lease(const Plan& p) : p_(p) {
-    {
-      std::lock_guard<std::mutex> lock(p.pool->mu);
-      if (!p.pool->free.empty()) {
-        b_ = std::move(p.pool->free.back());
-        p.pool->free.pop_back();
-        return;
-      }
-    }
-    b_ = std::make_unique<Plan::Bound>();
-    b_->a = dnnl::memory(p.kept_pd.src_desc(), engine(), DNNL_MEMORY_NONE);
-    b_->b_kept = dnnl::memory(p.kept_pd.weights_desc(), engine(), DNNL_MEMORY_NONE);
-    b_->b_plain = dnnl::memory(p.b_plain, engine(), DNNL_MEMORY_NONE);
-    b_->c = dnnl::memory(p.kept_pd.dst_desc(), engine(), DNNL_MEMORY_NONE);
-  }
-  ~Lease() {
-    std::lock_guard<std::mutex> lock(p_.pool->mu);
-    p_.pool->free.push_back(std::move(b_));
-  }
-  Lease(const Lease&) = delete;
-  Lease& operator=(const Lease&) = delete;
-  Plan::Bound& operator*() const { return *b_; }
-
- private:
-  const Plan& p_;
-  std::unique_ptr<Plan::Bound> b_;
-};
-
-dnnl_memory_t point(const dnnl::memory& m, const void* ptr) {
-  m.set_data_handle(const_cast<void*>(ptr));
-  return m.get();
+std::unique_ptr<Plan::Bound> make_bound(const Plan& p) {
+  auto b = std::make_unique<Plan::Bound>();
+  b->a = unbound(p.kept_pd.src_desc(), engine());
+  b->b_kept = unbound(p.kept_pd.weights_desc(), engine());
+  b->b_plain = unbound(p.b_plain, engine());
+  b->c = unbound(p.kept_pd.dst_desc(), engine());
+  return b;
 }
 
 }  // namespace
@@ -173,14 +144,13 @@ bool weight_sgemm(const Tensor& b, bool tb, int64_t m, int64_t n, int64_t k, con
   if (!p) return false;
   OneDnnSignalGuard no_signals;  // Note [Signals and oneDNN's kernels]
   const auto w = kept_weight(b, tb, *p, stream);
-  Lease lease(*p);
+  Lease<Plan::Bound> lease(*p->pool, [&p] { return make_bound(*p); });
   Plan::Bound& bd = *lease;
   const dnnl_exec_arg_t args[3] = {
       {DNNL_ARG_SRC, point(bd.a, a)},
       {DNNL_ARG_WEIGHTS, w ? point(bd.b_kept, w->data.data()) : point(bd.b_plain, b.raw_data())},
       {DNNL_ARG_DST, point(bd.c, c)}};
-  dnnl::error::wrap_c_api(dnnl_primitive_execute((w ? p->kept : p->plain).get(), stream.get(), 3, args),
-                          "could not run a matmul");
+  run_primitive(w ? p->kept : p->plain, stream, args, 3, "could not run a matmul");
   stream.wait();
   return true;
 }
