@@ -158,7 +158,9 @@ bool CpuBackend::squeeze_excite(const Tensor& x, bool channels_last, const Tenso
   const float *pw1 = w1.data<float>(), *pw2 = w2.data<float>();
   const float* pb1 = b1.defined() ? b1.data<float>() : nullptr;
   const float* pb2 = b2.defined() ? b2.data<float>() : nullptr;
-  const int nt = x.numel() > kParallelGrain && !omp_in_parallel() ? get_num_threads() : 1;
+  // The work: two passes over x and the two products (c * mid multiply-adds each per sample).
+  const int64_t work = 2 * x.numel() + 2 * n * c * mid;
+  const int nt = work > kParallelGrain && !omp_in_parallel() ? get_num_threads() : 1;
   // Per thread, the channels-last sums of its rows (N * C each); then the means (N * C) and the
   // hidden values (N * C_mid). The calling thread's, kept between calls.
   thread_local std::vector<double> partial;
