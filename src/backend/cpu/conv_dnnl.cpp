@@ -403,7 +403,7 @@ std::unique_ptr<Plan::Bound> make_bound(const Plan& p) {
 }
 
 void run(const dnnl::primitive& prim, dnnl::stream& stream, const dnnl_exec_arg_t* args, int n) {
-  run_primitive(prim, stream, args, n, "could not run a convolution");
+  run_primitive(prim, stream, args, n, "convolution");
 }
 
 // Runs a plan on plain buffers: inputs reordered into the kernel's layouts where they differ, the

@@ -5,10 +5,15 @@
 
 #include <oneapi/dnnl/dnnl.hpp>
 
+#include <sstream>
+#include <string>
+
 #include <memory>
 #include <mutex>
 #include <utility>
 #include <vector>
+
+#include "braid/error.h"
 
 namespace braid::detail {
 
@@ -65,10 +70,48 @@ inline dnnl_memory_t point(const dnnl::memory& m, const void* ptr) {
   return m.get();
 }
 
-/// Runs prim on n arguments through oneDNN's C entry point (no argument map to build).
+/// The message of a failed run: what, oneDNN's status and the shape of each argument ("2x3x4").
+[[gnu::cold]] inline std::string run_failure(const char* what, dnnl_status_t status, const dnnl_exec_arg_t* args,
+                                             int n) {
+  std::ostringstream out;
+  out << what << ": oneDNN could not run the primitive ("
+      << (status == dnnl_out_of_memory       ? "out of memory"
+          : status == dnnl_invalid_arguments ? "invalid arguments"
+          : status == dnnl_unimplemented     ? "no implementation"
+                                             : "runtime error")
+      << ", status " << static_cast<int>(status) << ") on";
+  for (int i = 0; i < n; ++i) {
+    const int a = args[i].arg;
+    out << (i ? ", " : " ");
+    if (a == DNNL_ARG_SRC)
+      out << "src";
+    else if (a == DNNL_ARG_WEIGHTS)
+      out << "weights";
+    else if (a == DNNL_ARG_BIAS)
+      out << "bias";
+    else if (a == DNNL_ARG_DST)
+      out << "dst";
+    else if (a == DNNL_ARG_SCRATCHPAD)
+      out << "scratchpad";
+    else
+      out << "argument " << a;
+    const dnnl_memory_desc_t* md = nullptr;
+    if (dnnl_memory_get_memory_desc(args[i].memory, &md) != dnnl_success || md == nullptr) {
+      out << " ?";
+      continue;
+    }
+    for (int d = 0; d < md->ndims; ++d) out << (d ? "x" : " ") << md->dims[d];
+  }
+  return out.str();
+}
+
+/// Runs prim on n arguments through oneDNN's C entry point (no argument map to build). A failure (in
+/// practice, memory for the primitive's scratchpad) throws braid::Error naming what ran ("conv2d",
+/// "matmul") and the shape of every argument.
 inline void run_primitive(const dnnl::primitive& prim, dnnl::stream& stream, const dnnl_exec_arg_t* args, int n,
                           const char* what) {
-  dnnl::error::wrap_c_api(dnnl_primitive_execute(prim.get(), stream.get(), n, args), what);
+  const dnnl_status_t status = dnnl_primitive_execute(prim.get(), stream.get(), n, args);
+  if (status != dnnl_success) throw Error(run_failure(what, status, args, n));
 }
 
 }  // namespace braid::detail

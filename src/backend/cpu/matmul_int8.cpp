@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/dnnl_sets.h"
 
 namespace braid::detail {
 
@@ -160,7 +161,10 @@ void execute(const std::shared_ptr<const Primitive>& p, const KeptWeight& w, con
     b.args.at(DNNL_ARG_ATTR_MULTIPLE_POST_OP(static_cast<int>(i)) | DNNL_ARG_SRC_1)
         .set_data_handle(const_cast<void*>(operands[i] != nullptr ? operands[i] : &b.constants[i]));
   }
-  p->prim.execute(stream, b.args);
+  thread_local std::vector<dnnl_exec_arg_t> args;
+  args.clear();
+  for (const auto& [id, m] : b.args) args.push_back({id, m.get()});
+  run_primitive(p->prim, stream, args.data(), static_cast<int>(args.size()), "int8 matmul");
   stream.wait();
 }
 

@@ -150,7 +150,7 @@ bool weight_sgemm(const Tensor& b, bool tb, int64_t m, int64_t n, int64_t k, con
       {DNNL_ARG_SRC, point(bd.a, a)},
       {DNNL_ARG_WEIGHTS, w ? point(bd.b_kept, w->data.data()) : point(bd.b_plain, b.raw_data())},
       {DNNL_ARG_DST, point(bd.c, c)}};
-  run_primitive(w ? p->kept : p->plain, stream, args, 3, "could not run a matmul");
+  run_primitive(w ? p->kept : p->plain, stream, args, 3, "matmul (a product by a weight)");
   stream.wait();
   return true;
 }
