@@ -8,6 +8,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/dispatch.h"
+#include "backend/cpu/epilogue.h"
 #include "backend/cpu/fast_math.h"
 #include "backend/cpu/loop.h"
 #include "braid/parallel.h"
@@ -182,23 +183,6 @@ void CpuBackend::col2im(const Tensor& cols, const Window2d& win, const Tensor& x
 // * scale + shift). The composite made the same GEMM, then a pass and an op with an allocation for
 // the bias and one or two more for the epilogue: for a small CNN at batch 1 (ppocr_cls's 37
 // pointwise convolutions) that overhead was most of their time.
-template <typename Act>
-void bias_epilogue_rows(float* y, const float* bias, int64_t rows, int64_t c_out, int64_t p, float scale, float shift,
-                        Act act) {
-  const int nt = rows * p > kParallelGrain && !omp_in_parallel() ? get_num_threads() : 1;
-  parallel_for(nt, rows, [&](int64_t r) {
-    float* row = y + r * p;
-    const float b = bias != nullptr ? bias[r % c_out] : 0.0f;
-    if (bias != nullptr)
-      for (int64_t i = 0; i < p; ++i) row[i] = row[i] + b;
-    for (int64_t i = 0; i < p; ++i) row[i] = act(row[i]);
-    if (scale != 1.0f)
-      for (int64_t i = 0; i < p; ++i) row[i] = row[i] * scale;
-    if (shift != 0.0f)
-      for (int64_t i = 0; i < p; ++i) row[i] = row[i] + shift;
-  });
-}
-
 bool CpuBackend::pointwise_conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Window2d& win,
                                   int64_t groups, const Epilogue& e, const Tensor& y) {
   if (groups != 1 || win.kh != 1 || win.kw != 1 || win.sh != 1 || win.sw != 1 || win.ph != 0 || win.pw != 0 ||
@@ -215,34 +199,12 @@ bool CpuBackend::pointwise_conv2d(const Tensor& x, const Tensor& w, const Tensor
   else
     matmul(w.view({1, c_out, c}).expand({n, c_out, c}), x.view({n, c, p}), y.view({n, c_out, p}));
   if (!bias.defined() && !e.any()) return true;
+  // Note [One epilogue kernel]: a run of p values per (sample, output channel).
   float* py = y.data<float>();
   const float* pb = bias.defined() ? bias.data<float>() : nullptr;
-  const float scale = static_cast<float>(e.scale), shift = static_cast<float>(e.shift);
-  const float a = static_cast<float>(e.a), b = static_cast<float>(e.b);
-  switch (e.kind) {
-    case Epilogue::Kind::None:
-      bias_epilogue_rows(py, pb, n * c_out, c_out, p, scale, shift, [](float v) { return v; });
-      break;
-    case Epilogue::Kind::Relu:  // NaN stays, as in the unary kernel
-      bias_epilogue_rows(py, pb, n * c_out, c_out, p, scale, shift, [](float v) { return v < 0 ? 0.0f : v; });
-      break;
-    case Epilogue::Kind::Clip:
-      bias_epilogue_rows(py, pb, n * c_out, c_out, p, scale, shift,
-                         [a, b](float v) { return select(v < a, a, select(v > b, b, v)); });
-      break;
-    case Epilogue::Kind::HardSwish:
-      bias_epilogue_rows(py, pb, n * c_out, c_out, p, scale, shift, [](float v) {
-        const float t = v * static_cast<float>(1.0 / 6.0) + 0.5f;
-        return v * select(t < 0.0f, 0.0f, select(t > 1.0f, 1.0f, t));
-      });
-      break;
-    case Epilogue::Kind::HardSigmoid:
-      bias_epilogue_rows(py, pb, n * c_out, c_out, p, scale, shift, [a, b](float v) {
-        const float t = a * v + b;
-        return select(t < 0.0f, 0.0f, select(t > 1.0f, 1.0f, t));
-      });
-      break;
-  }
+  const int64_t rows = n * c_out;
+  const int nt = rows * p > kParallelGrain && !omp_in_parallel() ? get_num_threads() : 1;
+  parallel_for(nt, rows, [&](int64_t r) { epilogue_run(e, pb != nullptr ? pb + r % c_out : nullptr, py + r * p, p); });
   return true;
 }
 

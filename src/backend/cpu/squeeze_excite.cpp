@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/epilogue.h"
 #include "backend/cpu/fast_math.h"
 #include "backend/cpu/loop.h"
 #include "braid/parallel.h"
@@ -14,33 +15,6 @@
 namespace braid::detail {
 
 namespace {
-
-// y = e(y), each activation as the convolution epilogues compute it (conv.cpp's pointwise_conv2d).
-BRAID_VECTOR_CLONES void activate(const Epilogue& e, float* y, int64_t n) {
-  const float a = static_cast<float>(e.a), b = static_cast<float>(e.b);
-  switch (e.kind) {
-    case Epilogue::Kind::None:
-      break;
-    case Epilogue::Kind::Relu:  // NaN stays, as in the unary kernel
-      for (int64_t i = 0; i < n; ++i) y[i] = y[i] < 0 ? 0.0f : y[i];
-      break;
-    case Epilogue::Kind::Clip:
-      for (int64_t i = 0; i < n; ++i) y[i] = select(y[i] < a, a, select(y[i] > b, b, y[i]));
-      break;
-    case Epilogue::Kind::HardSwish:
-      for (int64_t i = 0; i < n; ++i) {
-        const float t = y[i] * static_cast<float>(1.0 / 6.0) + 0.5f;
-        y[i] = y[i] * select(t < 0.0f, 0.0f, select(t > 1.0f, 1.0f, t));
-      }
-      break;
-    case Epilogue::Kind::HardSigmoid:
-      for (int64_t i = 0; i < n; ++i) {
-        const float t = a * y[i] + b;
-        y[i] = select(t < 0.0f, 0.0f, select(t > 1.0f, 1.0f, t));
-      }
-      break;
-  }
-}
 
 // The sum of the n values at a in double, over sixteen running sums.
 inline double sum(const float* a, int64_t n) {
@@ -129,7 +103,7 @@ BRAID_VECTOR_CLONES void dense(const float* w, const float* b, const float* x, i
       y[r0 + q] = b != nullptr ? v + b[r0 + q] : v;
     }
   }
-  activate(e, y + begin, end - begin);
+  epilogue_run(e, nullptr, y + begin, end - begin);
 }
 
 // The t-th of parts shares of [0, rows), split at multiples of kDenseRows.
