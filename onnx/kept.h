@@ -8,6 +8,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -91,19 +92,22 @@ class ConstantCache {
  public:
   bool find(size_t node, Device d, Tensor& out) const {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = kept_.find({node, d.str()});
+    auto it = kept_.find(key(node, d));
     if (it == kept_.end()) return false;
     out = it->second;
     return true;
   }
   void keep(size_t node, Device d, Tensor t) {
     std::lock_guard<std::mutex> lock(mu_);
-    kept_[{node, d.str()}] = std::move(t);
+    kept_[key(node, d)] = std::move(t);
   }
 
  private:
+  // The node and the device (its type and index) it was evaluated for.
+  using Key = std::tuple<size_t, int, int>;
+  static Key key(size_t node, Device d) { return {node, static_cast<int>(d.type), d.index}; }
   mutable std::mutex mu_;
-  std::map<std::pair<size_t, std::string>, Tensor> kept_;
+  std::map<Key, Tensor> kept_;
 };
 
 // Note [Static nodes evaluated once]
