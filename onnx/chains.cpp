@@ -334,12 +334,12 @@ bool Executor::run_int_matmul_chain(const Graph& g, const ChainFusion& chain, Sc
       throw ValueError(detail::cat(model_.path, ": ", mm.label(), " did not give the int32 product of shape ",
                                    shape_str(product), " that the chain after it reads"));
     const auto start = profile_ != nullptr ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
-    scope.values[chain.output] = elementwise_chain(*x, steps);
+    scope.at(chain.output) = elementwise_chain(*x, steps);
     add_time(start, "elementwise chain");
     return true;
   }
   const auto start = profile_ != nullptr ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
-  scope.values[chain.output] = int_matmul_chain(*a, *b, za, zb, steps);
+  scope.at(chain.output) = int_matmul_chain(*a, *b, za, zb, steps);
   add_time(start, "MatMulInteger+chain");
   return true;
 }
@@ -354,7 +354,7 @@ bool Executor::run_chain(const Graph& g, const ChainFusion& chain, Scope& scope,
   std::vector<ChainStep> steps;
   if (!chain_steps(g, chain, scope, plan, x->shape(), steps)) return false;
   const auto start = profile_ != nullptr ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
-  scope.values[chain.output] = elementwise_chain(*x, steps);
+  scope.at(chain.output) = elementwise_chain(*x, steps);
   add_time(start, "elementwise chain");
   return true;
 }

@@ -32,15 +32,67 @@ namespace braid::onnx {
 
 // ---- execution ----
 
+// Note [Value slots]
+// A graph's values are found by name: nodes name their inputs and outputs, and nested graphs read
+// the values of the graphs around them. In the top-level graph of an OnnxModule, which runs over
+// and over, each value (a graph input or a node's output) also has a number, its slot, given once
+// by make_plan: the run's values live in a vector at those numbers, nodes read their inputs from
+// the slots make_plan resolved for them, and values are released by slot. A value found by name
+// (a pattern's runner, an op reading an outer value) still hashes its name once to find the slot,
+// but no value is copied into a hash table, and no run allocates a node of one, on every run of
+// every node; that was about 5% of a small model's run at batch 1 (MiniLM, int8). Scopes without
+// slots (subgraphs, the training segments) keep every value by name.
 struct Scope {
   const Scope* parent = nullptr;
   std::unordered_map<std::string, Tensor> values;  // hashed: graph value names are long and share prefixes
+  const std::unordered_map<std::string, int>* index = nullptr;  // the plan's slots (ExecPlan::slot_of), or none
+  std::vector<Tensor> slots;
+  std::vector<uint8_t> bound;  // per slot, whether it holds a value (which may be undefined)
+
+  /// Numbered values, for a plan's index.
+  void use_slots(const std::unordered_map<std::string, int>* slot_of) {
+    index = slot_of;
+    slots.assign(slot_of->size(), Tensor());
+    bound.assign(slot_of->size(), 0);
+  }
   const Tensor* find(const std::string& name) const {
     for (const Scope* s = this; s != nullptr; s = s->parent) {
+      if (s->index != nullptr) {
+        auto it = s->index->find(name);
+        if (it != s->index->end() && s->bound[static_cast<size_t>(it->second)] != 0)
+          return &s->slots[static_cast<size_t>(it->second)];
+      }
+      if (s->values.empty()) continue;
       auto it = s->values.find(name);
       if (it != s->values.end()) return &it->second;
     }
     return nullptr;
+  }
+  /// The value of slot i in this scope, or null when it holds none.
+  const Tensor* slot(int i) const {
+    return bound[static_cast<size_t>(i)] != 0 ? &slots[static_cast<size_t>(i)] : nullptr;
+  }
+  /// The place of name's value in this scope (its slot, or its entry by name), bound from now on.
+  Tensor& at(const std::string& name) {
+    if (index != nullptr) {
+      auto it = index->find(name);
+      if (it != index->end()) {
+        bound[static_cast<size_t>(it->second)] = 1;
+        return slots[static_cast<size_t>(it->second)];
+      }
+    }
+    return values[name];
+  }
+  void release(int i) {
+    slots[static_cast<size_t>(i)] = Tensor();
+    bound[static_cast<size_t>(i)] = 0;
+  }
+  void erase(const std::string& name) {
+    if (index != nullptr) {
+      auto it = index->find(name);
+      if (it != index->end()) return release(it->second);
+    }
+    values.erase(name);
   }
 };
 
@@ -109,6 +161,11 @@ struct ShapeGroup {
 /// What OnnxModule precomputes about its top-level graph (see make_plan).
 struct ExecPlan {
   std::vector<std::vector<std::string>> release_after;  // values whose last use is node i
+  // Note [Value slots]: the top-level graph's values (its inputs and its nodes' outputs) numbered;
+  // per node, its inputs' slots (-1 for a weight or an empty name) and the slots it releases.
+  std::unordered_map<std::string, int> slot_of;
+  std::vector<std::vector<int>> input_slots, release_slots;
+  std::vector<std::vector<std::string>> release_unslotted;  // released names without a slot (none, in practice)
   std::map<size_t, size_t> conv_bn;                     // Conv node -> the BatchNormalization it feeds
   std::map<size_t, std::pair<size_t, size_t>> conv_affine;  // Conv node -> the Mul and Add by scalars after it
   std::map<size_t, ActFusion> conv_act;                 // Conv (or folded BatchNormalization) -> its activation
@@ -134,7 +191,6 @@ struct ExecPlan {
   // node that run_constant serves or an inference BatchNormalization.
   std::vector<const OpSchema*> schema;
   std::vector<int64_t> opset;
-  size_t values = 0;  // the nodes' outputs, all told
   std::vector<bool> constant_node, batch_norm_node;
 };
 
@@ -261,7 +317,8 @@ class Executor {
         continue;
       }
       if (plan != nullptr)
-        run_node(g.nodes[i], scope, Fused(), plan->schema[i], plan->opset[i]);
+        run_node(g.nodes[i], scope, Fused(), plan->schema[i], plan->opset[i],
+                 scope.index == &plan->slot_of ? &plan->input_slots[i] : nullptr);
       else
         run_node(g.nodes[i], scope);
       release(plan, i, scope);
@@ -354,7 +411,12 @@ class Executor {
   void release(const ExecPlan* plan, size_t i, Scope& scope) {
     if (plan != nullptr && !shapes_.empty() && plan->shape_group_of[i] >= 0) note_shapes(i, scope, *plan);
     if (plan == nullptr) return;
-    for (const std::string& name : plan->release_after[i]) scope.values.erase(name);
+    if (scope.index == &plan->slot_of) {
+      for (int k : plan->release_slots[i]) scope.release(k);
+      for (const std::string& name : plan->release_unslotted[i]) scope.erase(name);
+      return;
+    }
+    for (const std::string& name : plan->release_after[i]) scope.erase(name);
   }
 
   // Note [Folding BatchNormalization into Conv]
@@ -467,7 +529,7 @@ class Executor {
 
   // schema and opset: n's, where the plan has them (ExecPlan::schema), else looked up here.
   void run_node(const Node& n, Scope& scope, const Fused& fused = Fused(), const OpSchema* schema = nullptr,
-                int64_t opset = -1) {
+                int64_t opset = -1, const std::vector<int>* input_slots = nullptr) {
     const OpSchema* s = schema != nullptr ? schema : registry_.find(n.domain, n.op_type);
     if (s == nullptr)
       throw NotImplementedError(detail::cat(model_.path, ": ", n.label(), ": op '", n.op_type, "' is not supported"));
@@ -482,12 +544,16 @@ class Executor {
     // an integer wraps, as ONNX's integer arithmetic does. half/narrow: what each compute type was.
     DType half = kFloat32, narrow = kInt32;
     bool has_half = false, has_narrow = false;
-    for (const std::string& name : n.inputs) {
+    for (size_t k = 0; k < n.inputs.size(); ++k) {
+      const std::string& name = n.inputs[k];
       if (name.empty()) {
         inputs.emplace_back();
         continue;
       }
-      const Tensor* t = scope.find(name);
+      // Note [Value slots]: the slot make_plan resolved for it, else by name (a weight, an outer value).
+      const int at = input_slots != nullptr ? (*input_slots)[k] : -1;
+      const Tensor* t = at >= 0 ? scope.slot(at) : nullptr;
+      if (t == nullptr) t = scope.find(name);
       if (t == nullptr)
         throw ValueError(detail::cat(model_.path, ": ", n.label(), ": input '", name, "' has no value"));
       Tensor v = *t;
@@ -551,7 +617,7 @@ class Executor {
       // lists) start on the CPU; every value the graph hands on lives on the device the caller's
       // inputs are on, as onnxruntime places initialisers and constants on its execution provider.
       if (t.device() != device_) t = t.to(device_);
-      scope.values[names[i]] = std::move(t);
+      scope.at(names[i]) = std::move(t);
     }
   }
 

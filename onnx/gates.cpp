@@ -213,9 +213,9 @@ bool Executor::run_gate(const Graph& g, const GateFusion& gate, Scope& scope, co
   if (c_in != x->size(1)) return false;  // the gate has one value per channel of x
   const auto start = profile_ != nullptr ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
   if (gate.gate_only)
-    scope.values[gate.gate] = squeeze_excite_gate(*x, w[0], b[0], act[0], w[1], b[1], act[1]);
+    scope.at(gate.gate) = squeeze_excite_gate(*x, w[0], b[0], act[0], w[1], b[1], act[1]);
   else
-    scope.values[gate.output] = squeeze_excite(*x, w[0], b[0], act[0], w[1], b[1], act[1]);
+    scope.at(gate.output) = squeeze_excite(*x, w[0], b[0], act[0], w[1], b[1], act[1]);
   add_time(start, "squeeze-excite");
   return true;
 }

@@ -17,7 +17,7 @@ void Executor::run_static(const Node& n, Scope& scope, const ExecPlan& plan, siz
   }
   if (plan.static_outputs.find(node, inputs, outputs)) {
     for (size_t k = 0; k < n.outputs.size() && k < outputs.size(); ++k)
-      if (!n.outputs[k].empty()) scope.values[n.outputs[k]] = outputs[k];
+      if (!n.outputs[k].empty()) scope.at(n.outputs[k]) = outputs[k];
     return;
   }
   const std::vector<uint64_t> versions = versions_of(inputs);
@@ -44,7 +44,7 @@ bool Executor::run_small(const Node& n, Scope& scope, const ExecPlan& plan, size
   if (!SmallValues::key_of(inputs, n.op_type == "Shape" || n.op_type == "Size", key)) return false;
   if (plan.small_values.find(node, key, outputs)) {
     for (size_t k = 0; k < n.outputs.size() && k < outputs.size(); ++k)
-      if (!n.outputs[k].empty()) scope.values[n.outputs[k]] = outputs[k];
+      if (!n.outputs[k].empty()) scope.at(n.outputs[k]) = outputs[k];
     add_time(start, n.op_type);
     return true;
   }
@@ -67,7 +67,7 @@ bool Executor::run_small(const Node& n, Scope& scope, const ExecPlan& plan, size
 
 /// Runs a Constant node, or binds the value it gave last time (Note [Constants evaluated once]).
 void Executor::run_constant(const Node& n, Scope& scope, const ExecPlan& plan, size_t node) {
-  Tensor& v = scope.values[n.outputs[0]];
+  Tensor& v = scope.at(n.outputs[0]);
   if (!plan.constant_values.find(node, device_, v)) {
     run_node(n, scope);
     plan.constant_values.keep(node, device_, v);

@@ -113,6 +113,31 @@ std::shared_ptr<ExecPlan> make_plan(const Graph& g, const std::map<std::string, 
   }
   for (const auto& [name, i] : last_use)
     if (keep.count(name) == 0 && weights.count(name) == 0) plan->release_after[i].push_back(name);
+  // Note [Value slots] (executor.h): the graph's inputs, then its nodes' outputs, in order.
+  const auto number = [&plan](const std::string& name) {
+    if (!name.empty() && plan->slot_of.count(name) == 0)
+      plan->slot_of.emplace(name, static_cast<int>(plan->slot_of.size()));
+  };
+  for (const ValueInfo& in : g.inputs)
+    if (weights.count(in.name) == 0) number(in.name);
+  for (const Node& node : g.nodes)
+    for (const std::string& o : node.outputs) number(o);
+  plan->input_slots.resize(n);
+  plan->release_slots.resize(n);
+  plan->release_unslotted.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    for (const std::string& name : g.nodes[i].inputs) {
+      auto it = name.empty() || weights.count(name) != 0 ? plan->slot_of.end() : plan->slot_of.find(name);
+      plan->input_slots[i].push_back(it != plan->slot_of.end() ? it->second : -1);
+    }
+    for (const std::string& name : plan->release_after[i]) {
+      auto it = plan->slot_of.find(name);
+      if (it != plan->slot_of.end())
+        plan->release_slots[i].push_back(it->second);
+      else
+        plan->release_unslotted[i].push_back(name);
+    }
+  }
   std::map<std::string, size_t> producer;
   for (size_t i = 0; i < n; ++i)
     for (const auto& o : g.nodes[i].outputs) producer[o] = i;
@@ -266,7 +291,6 @@ OnnxModule::OnnxModule(Model model, const OnnxOptions& options)
     if (model_.graph.initializers.count(in.name) == 0) input_names_.push_back(in.name);
   plan_ = make_plan(model_.graph, weights_);
   for (const Node& n : model_.graph.nodes) {
-    plan_->values += n.outputs.size();
     plan_->schema.push_back(registry_->find(n.domain, n.op_type));
     plan_->opset.push_back(model_.opset(n.domain));
   }
@@ -471,7 +495,7 @@ std::vector<Tensor> OnnxModule::run_ordered(const std::vector<Tensor>& inputs) {
               " inputs [", join(input_names_), "], got ", inputs.size());
   Scope scope;
   scope.parent = weight_scope_.get();
-  scope.values.reserve(plan_->values);  // no rehashing as the run adds its values
+  scope.use_slots(&plan_->slot_of);  // Note [Value slots]
   for (size_t i = 0; i < inputs.size(); ++i) {
     const ValueInfo* info = nullptr;
     for (const ValueInfo& v : model_.graph.inputs)
@@ -494,7 +518,7 @@ std::vector<Tensor> OnnxModule::run_ordered(const std::vector<Tensor>& inputs) {
                                      ", the model expects ", want));
       }
     }
-    scope.values[input_names_[i]] = inputs[i];
+    scope.at(input_names_[i]) = inputs[i];
   }
   Executor ex(model_, *registry_, is_training(), profiling_ ? &profile_ : nullptr);
   ex.set_current(&scope);

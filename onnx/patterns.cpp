@@ -77,7 +77,7 @@ bool Executor::run_fake_quantize(const Node& q, const Node& dq, Scope& scope) {
       !qdq_numbers(q, scope, s, zero, qtype))
     return false;
   const auto start = profile_ != nullptr ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
-  scope.values[dq.outputs[0]] = fake_quantize(*x, s, zero, qtype);
+  scope.at(dq.outputs[0]) = fake_quantize(*x, s, zero, qtype);
   add_time(start, "QuantizeLinear+DequantizeLinear");
   return true;
 }
@@ -101,7 +101,7 @@ bool Executor::run_gelu(const Graph& g, const Node& div, const GeluFusion& f, Sc
   if (x == nullptr || !x->defined() || (x->dtype() != kFloat32 && x->dtype() != kFloat64) || x->device() != device_)
     return false;
   const auto start = profile_ != nullptr ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
-  scope.values[g.nodes[f.mul2].outputs[0]] = gelu(*x);
+  scope.at(g.nodes[f.mul2].outputs[0]) = gelu(*x);
   add_time(start, "Gelu");
   return true;
 }
@@ -176,7 +176,7 @@ bool Executor::run_batch_norm(const Node& bn, Scope& scope, const ExecPlan& plan
   const auto start = profile_ != nullptr ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
   Tensor scale, shift;
   if (!batch_norm_affine(bn, scope, plan, node, x->size(1), scale, shift)) return false;
-  scope.values[bn.outputs[0]] = channel_affine(*x, scale, shift);
+  scope.at(bn.outputs[0]) = channel_affine(*x, scale, shift);
   add_time(start, "BatchNormalization");
   return true;
 }
@@ -197,7 +197,7 @@ void Executor::run_conv_folded(const Node& conv, std::vector<Tensor> inputs, std
         folded[1] != nullptr ? detail::cat(folded[0]->label(), " and ", folded[1]->label()) : folded[0]->label();
     throw ValueError(detail::cat(model_.path, ": ", conv.label(), " (folded with ", with, "): ", e.what()));
   }
-  scope.values[fused.output ? *fused.output : output] = outputs.at(0);
+  scope.at(fused.output ? *fused.output : output) = outputs.at(0);
   add_time(start, label, fused.label);
 }
 

@@ -131,7 +131,7 @@ bool Executor::bind_shapes(int group, Scope& scope, const ExecPlan& plan) {
     p.exits.assign(sg.exits.size(), Tensor());
     return false;
   }
-  for (size_t k = 0; k < sg.exits.size(); ++k) scope.values[sg.exits[k]] = exits[k];
+  for (size_t k = 0; k < sg.exits.size(); ++k) scope.at(sg.exits[k]) = exits[k];
   for (size_t m : sg.nodes) skip_[m] = 1;
   add_time(start, "shape computations");
   return true;
