@@ -38,7 +38,8 @@ namespace braid::onnx {
 // and over, each value (a graph input or a node's output) also has a number, its slot, given once
 // by make_plan: the run's values live in a vector at those numbers, nodes read their inputs from
 // the slots make_plan resolved for them, and values are released by slot. A value found by name
-// (a pattern's runner, an op reading an outer value) still hashes its name once to find the slot,
+// (a pattern's runner, an op reading an outer value) still hashes its name once to find the slot
+// (the weights' scope, the run's parent, has slots of the same numbering, so a weight too),
 // but no value is copied into a hash table, and no run allocates a node of one, on every run of
 // every node. int8 MiniLM at batch 1 on one thread: hashing, the table, malloc and the releases
 // took 8.5% of the samples, 6.9% with slots (what is left: the patterns' runners and the weights,
@@ -58,11 +59,16 @@ struct Scope {
     bound.assign(slot_of->size(), 0);
   }
   const Tensor* find(const std::string& name) const {
+    const std::unordered_map<std::string, int>* looked = nullptr;  // the index last asked, and its answer
+    int k = -1;
     for (const Scope* s = this; s != nullptr; s = s->parent) {
       if (s->index != nullptr) {
-        auto it = s->index->find(name);
-        if (it != s->index->end() && s->bound[static_cast<size_t>(it->second)] != 0)
-          return &s->slots[static_cast<size_t>(it->second)];
+        if (s->index != looked) {  // the run's scope and the weights' share the plan's index: one lookup
+          auto it = s->index->find(name);
+          k = it != s->index->end() ? it->second : -1;
+          looked = s->index;
+        }
+        if (k >= 0 && s->bound[static_cast<size_t>(k)] != 0) return &s->slots[static_cast<size_t>(k)];
       }
       if (s->values.empty()) continue;
       auto it = s->values.find(name);
@@ -163,8 +169,9 @@ struct ShapeGroup {
 /// What OnnxModule precomputes about its top-level graph (see make_plan).
 struct ExecPlan {
   std::vector<std::vector<std::string>> release_after;  // values whose last use is node i
-  // Note [Value slots]: the top-level graph's values (its inputs and its nodes' outputs) numbered;
-  // per node, its inputs' slots (-1 for a weight or an empty name) and the slots it releases.
+  // Note [Value slots]: the top-level graph's values (its inputs and its nodes' outputs, then the
+  // weights, which live in the weights' scope) numbered; per node, its inputs' slots (-1 for an
+  // empty name) and the slots it releases.
   std::unordered_map<std::string, int> slot_of;
   std::vector<std::vector<int>> input_slots, release_slots;
   std::vector<std::vector<std::string>> release_unslotted;  // released names without a slot (none, in practice)
@@ -555,6 +562,8 @@ class Executor {
       // Note [Value slots]: the slot make_plan resolved for it, else by name (a weight, an outer value).
       const int at = input_slots != nullptr ? (*input_slots)[k] : -1;
       const Tensor* t = at >= 0 ? scope.slot(at) : nullptr;
+      if (t == nullptr && at >= 0 && scope.parent != nullptr && scope.parent->index == scope.index)
+        t = scope.parent->slot(at);  // a weight, in the weights' scope
       if (t == nullptr) t = scope.find(name);
       if (t == nullptr)
         throw ValueError(detail::cat(model_.path, ": ", n.label(), ": input '", name, "' has no value"));

@@ -122,12 +122,13 @@ std::shared_ptr<ExecPlan> make_plan(const Graph& g, const std::map<std::string, 
     if (weights.count(in.name) == 0) number(in.name);
   for (const Node& node : g.nodes)
     for (const std::string& o : node.outputs) number(o);
+  for (const auto& [name, t] : weights) number(name);
   plan->input_slots.resize(n);
   plan->release_slots.resize(n);
   plan->release_unslotted.resize(n);
   for (size_t i = 0; i < n; ++i) {
     for (const std::string& name : g.nodes[i].inputs) {
-      auto it = name.empty() || weights.count(name) != 0 ? plan->slot_of.end() : plan->slot_of.find(name);
+      auto it = name.empty() ? plan->slot_of.end() : plan->slot_of.find(name);
       plan->input_slots[i].push_back(it != plan->slot_of.end() ? it->second : -1);
     }
     for (const std::string& name : plan->release_after[i]) {
@@ -297,7 +298,8 @@ OnnxModule::OnnxModule(Model model, const OnnxOptions& options)
   // The weights' tensors stay the same objects for the module's life (moving it to a device or
   // loading a state dict changes them in place), so their scope is built once, not on every run.
   weight_scope_ = std::make_shared<Scope>();
-  for (const auto& [name, t] : weights_) weight_scope_->values[name] = t;
+  weight_scope_->use_slots(&plan_->slot_of);  // Note [Value slots]
+  for (const auto& [name, t] : weights_) weight_scope_->at(name) = t;
   eval();  // an imported model starts in inference mode, as onnxruntime runs it; train() to fine-tune
 }
 
