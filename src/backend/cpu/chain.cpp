@@ -61,6 +61,17 @@ struct Resolved {
 // index moves by a fixed step (the innermost term, r = 1) or stays (r > 1). An outer term's r is a
 // multiple of the innermost's r * m (the terms are nested dimensions), so runs end where outer terms
 // may change; each term's position is kept and carried by countdowns, without a division per run.
+// The tensor operand's values at x's elements [begin, begin + n) where they lie in its memory one
+// after the other (a residual of x's shape and layout; a row of a broadcast operand inside one
+// repetition), so that a step reads them there; else null, and gather_operand copies them.
+const float* operand_run(const Resolved& st, int64_t begin, int64_t n) {
+  if (st.nterms == 0 || st.terms[0].r != 1 || st.terms[0].s != 1 || begin % st.terms[0].m + n > st.terms[0].m)
+    return nullptr;
+  int64_t at = 0;
+  for (int k = 0; k < st.nterms; ++k) at += (begin / st.terms[k].r) % st.terms[k].m * st.terms[k].s;
+  return st.operand + at;
+}
+
 void gather_operand(const Resolved& st, int64_t begin, int64_t n, float* y) {
   const float* t = st.operand;
   if (st.nterms == 0) {  // one value everywhere
@@ -126,9 +137,16 @@ BRAID_VECTOR_CLONES void run_block(const float* x0, float* out, float* scratch, 
   for (int j = 0; j < count; ++j) {
     const Resolved& st = steps[j];
     float* y = slot(j + 1);
-    if (st.operand != nullptr) gather_operand(st, begin, n, gathered);
-    const float* a = st.a >= 0 ? slot(st.a) : st.a == ChainStep::kTensor ? gathered : nullptr;
-    const float* b = st.b >= 0 ? slot(st.b) : st.b == ChainStep::kTensor ? gathered : nullptr;
+    const float* operand = nullptr;
+    if (st.operand != nullptr) {
+      operand = operand_run(st, begin, n);
+      if (operand == nullptr) {
+        gather_operand(st, begin, n, gathered);
+        operand = gathered;
+      }
+    }
+    const float* a = st.a >= 0 ? slot(st.a) : st.a == ChainStep::kTensor ? operand : nullptr;
+    const float* b = st.b >= 0 ? slot(st.b) : st.b == ChainStep::kTensor ? operand : nullptr;
     const float k = st.k;
     switch (st.kind) {
       case ChainStep::Kind::FakeQuantize: {
