@@ -216,7 +216,8 @@ bool wide_dense(const Key& key) { return key[16] == 1 && key[8] * key[9] > 1 && 
 // serves. BRAID_WINOGRAD=0 keeps the direct one everywhere.
 // At batches above kWinogradWideMaxBatch the 256-channel layers keep the direct kernel: at batch 8
 // their F(4x4,3x3) weights and scratch raised ResNet-18's peak resident memory from 244 to 293 MB
-// (onnxruntime 262) for about 5% of its time at that batch (93-109 against 77-96 ms, noisy).
+// (onnxruntime 262) for no time the VM could show (medians at batch 8: 77-109 ms without them,
+// 90-96 with; benchmarks/README.md run Y).
 constexpr int64_t kWinogradMaxChannelPairs = 256 * 256, kWinogradNarrowPairs = 128 * 128;
 constexpr int64_t kWinogradWideMaxBatch = 2;
 
