@@ -42,8 +42,8 @@ namespace braid::onnx {
 // (the weights' scope, the run's parent, has slots of the same numbering, so a weight too),
 // but no value is copied into a hash table, and no run allocates a node of one, on every run of
 // every node. int8 MiniLM at batch 1 on one thread: hashing, the table, malloc and the releases
-// took 8.5% of the samples, 6.9% with slots (what is left: the patterns' runners and the weights,
-// still found by name). Scopes without slots (subgraphs, the training segments) keep every value
+// took 8.5% of the samples, 5.9% with slots (what is left: the patterns' runners, which still find
+// their inputs by name). Scopes without slots (subgraphs, the training segments) keep every value
 // by name.
 struct Scope {
   const Scope* parent = nullptr;

@@ -57,10 +57,6 @@ struct Resolved {
   int nterms;
 };
 
-// The tensor operand's values at x's elements [begin, begin + n), into y: in runs along which its
-// index moves by a fixed step (the innermost term, r = 1) or stays (r > 1). An outer term's r is a
-// multiple of the innermost's r * m (the terms are nested dimensions), so runs end where outer terms
-// may change; each term's position is kept and carried by countdowns, without a division per run.
 // The tensor operand's values at x's elements [begin, begin + n) where they lie in its memory one
 // after the other (a residual of x's shape and layout; a row of a broadcast operand inside one
 // repetition), so that a step reads them there; else null, and gather_operand copies them.
@@ -72,6 +68,10 @@ const float* operand_run(const Resolved& st, int64_t begin, int64_t n) {
   return st.operand + at;
 }
 
+// The tensor operand's values at x's elements [begin, begin + n), into y: in runs along which its
+// index moves by a fixed step (the innermost term, r = 1) or stays (r > 1). An outer term's r is a
+// multiple of the innermost's r * m (the terms are nested dimensions), so runs end where outer terms
+// may change; each term's position is kept and carried by countdowns, without a division per run.
 void gather_operand(const Resolved& st, int64_t begin, int64_t n, float* y) {
   const float* t = st.operand;
   if (st.nterms == 0) {  // one value everywhere
