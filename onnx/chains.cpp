@@ -183,6 +183,22 @@ void find_chains(const Graph& g, const std::map<std::string, size_t>& uses, cons
     const std::string& input = cast_head                                                             ? head.outputs[0]
                                : arithmetic(head) && fixed(head.inputs[0]) && !fixed(head.inputs[1]) ? head.inputs[1]
                                                                                                      : head.inputs[0];
+    // Note [float32 epilogues]: a float32 MatMul by a 2-D weight whose product alone the head reads
+    // runs with the chain, which may then be one step long (a bias).
+    size_t product_of = ChainFusion::kNone;
+    if (!cast_head) {
+      auto p = producer.find(input);
+      auto u = uses.find(input);
+      if (p != producer.end() && taken.count(p->second) == 0 && keep.count(input) == 0 && u != uses.end() &&
+          u->second == 1) {
+        const Node& mm = g.nodes[p->second];
+        auto w = mm.op_type == "MatMul" && mm.domain.empty() && mm.inputs.size() == 2 && mm.outputs.size() == 1
+                     ? weights.find(mm.inputs[1])
+                     : weights.end();
+        if (w != weights.end() && w->second.dim() == 2 && w->second.dtype() == kFloat32 && mm.inputs[0] != input)
+          product_of = p->second;
+      }
+    }
     slot[input] = 0;
     slot_value.push_back(input);
     for (size_t m = cast_head ? first + 1 : first; m < n; ++m) {
@@ -200,7 +216,7 @@ void find_chains(const Graph& g, const std::map<std::string, size_t>& uses, cons
     }
     // The longest prefix of two steps or more whose inner values only its own nodes read, whose
     // other inputs exist before `first`.
-    const size_t least = cast_head ? 1 : 2;
+    const size_t least = cast_head || product_of != ChainFusion::kNone ? 1 : 2;
     while (chain.steps.size() >= least) {
       const size_t count = chain.steps.size();
       std::set<size_t> inside;
@@ -243,26 +259,32 @@ void find_chains(const Graph& g, const std::map<std::string, size_t>& uses, cons
       chain.nodes.insert(chain.nodes.end(), st.also.begin(), st.also.end());
     }
     size_t at = first;
+    // The product that the chain's input alone is runs with it when the chain's other inputs exist
+    // before the product runs.
+    const auto take_product = [&](size_t product, const std::string& value) {
+      std::set<size_t> inside(chain.nodes.begin(), chain.nodes.end()), early(chain.early.begin(), chain.early.end());
+      bool ok = true;
+      for (size_t m : inside)
+        for (const auto& in : g.nodes[m].inputs) {
+          auto q = producer.find(in);
+          if (!in.empty() && in != value && (q == producer.end() || inside.count(q->second) == 0))
+            ok = ok && available(in, product, early);
+        }
+      if (!ok) return false;
+      at = chain.matmul = product;
+      chain.early.assign(early.begin(), early.end());
+      chain.nodes.insert(chain.nodes.begin(), at);
+      return true;
+    };
     if (cast_head) {  // Note [int8 epilogues]: the product that the Cast alone reads runs with the chain
       auto p = producer.find(head.inputs[0]);
       auto u = uses.find(head.inputs[0]);
       if (p != producer.end() && g.nodes[p->second].op_type == "MatMulInteger" && g.nodes[p->second].domain.empty() &&
           g.nodes[p->second].outputs.size() == 1 && taken.count(p->second) == 0 && keep.count(head.inputs[0]) == 0 &&
-          u != uses.end() && u->second == 1) {
-        std::set<size_t> inside(chain.nodes.begin(), chain.nodes.end()), early(chain.early.begin(), chain.early.end());
-        bool ok = true;
-        for (size_t m : inside)  // the chain's other inputs exist when the product runs
-          for (const auto& in : g.nodes[m].inputs) {
-            auto q = producer.find(in);
-            if (!in.empty() && in != head.inputs[0] && (q == producer.end() || inside.count(q->second) == 0))
-              ok = ok && available(in, p->second, early);
-          }
-        if (ok) {
-          at = chain.matmul = p->second;
-          chain.early.assign(early.begin(), early.end());
-          chain.nodes.insert(chain.nodes.begin(), at);
-        }
-      }
+          u != uses.end() && u->second == 1)
+        take_product(p->second, head.inputs[0]);
+    } else if (product_of != ChainFusion::kNone && !take_product(product_of, chain.input) && chain.steps.size() < 2) {
+      continue;  // one step alone is no chain
     }
     taken.insert(chain.nodes.begin(), chain.nodes.end());
     plan.chains[at] = std::move(chain);
@@ -344,9 +366,28 @@ bool Executor::run_int_matmul_chain(const Graph& g, const ChainFusion& chain, Sc
   return true;
 }
 
+bool Executor::run_matmul_chain(const Graph& g, const ChainFusion& chain, Scope& scope, const ExecPlan& plan) {
+  const Node& mm = g.nodes[chain.matmul];
+  const Tensor *a = scope.find(mm.inputs[0]), *b = scope.find(mm.inputs[1]);
+  const auto usable = [&](const Tensor* t) {
+    return t != nullptr && t->defined() && t->dtype() == kFloat32 && t->device() == device_;
+  };
+  if (!usable(a) || !usable(b) || a->dim() < 2 || b->dim() != 2 || a->size(-1) != b->size(0)) return false;
+  Shape product(a->shape().begin(), a->shape().end() - 1);
+  product.push_back(b->size(1));
+  std::vector<ChainStep> steps;
+  if (!chain_steps(g, chain, scope, plan, product, steps)) return false;
+  const auto start = profile_ != nullptr ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
+  scope.at(chain.output) = matmul_chain(*a, *b, steps);
+  add_time(start, "MatMul+chain");
+  return true;
+}
+
 bool Executor::run_chain(const Graph& g, const ChainFusion& chain, Scope& scope, const ExecPlan& plan) {
   run_early(g, chain.early, scope, plan);
-  if (chain.matmul != ChainFusion::kNone) return run_int_matmul_chain(g, chain, scope, plan);
+  if (chain.matmul != ChainFusion::kNone)
+    return g.nodes[chain.matmul].op_type == "MatMul" ? run_matmul_chain(g, chain, scope, plan)
+                                                     : run_int_matmul_chain(g, chain, scope, plan);
   const Tensor* x = scope.find(chain.input);
   if (x == nullptr || !x->defined() || x->dtype() != (chain.cast_input ? kInt32 : kFloat32) || x->device() != device_ ||
       x->numel() == 0)

@@ -133,7 +133,8 @@ struct ChainFusion {
   static constexpr size_t kNone = static_cast<size_t>(-1);
   std::string input, output;  // slot 0 (or what a Cast heading it reads), and the last step's value
   bool cast_input = false;    // the chain starts with a Cast of int32 values to float32
-  size_t matmul = kNone;      // the MatMulInteger whose product alone the Cast reads, run with the chain
+  size_t matmul = kNone;      // the MatMulInteger whose product alone the Cast reads, or the float32
+                              // MatMul by a weight whose product alone the first step reads, run with it
   std::vector<Step> steps;
   std::vector<size_t> nodes;  // every node the chain runs
   std::vector<size_t> early;  // Constant and static nodes after the first that it reads, run before it
@@ -384,6 +385,8 @@ class Executor {
   // points per row or column the product as its node and the chain after it; false (both left to
   // run as nodes) when the product is not of two 8-bit matrices or the chain's steps do not apply.
   bool run_int_matmul_chain(const Graph& g, const ChainFusion& chain, Scope& scope, const ExecPlan& plan);
+  // A chain with its float32 MatMul by a weight as braid::matmul_chain (Note [float32 epilogues]).
+  bool run_matmul_chain(const Graph& g, const ChainFusion& chain, Scope& scope, const ExecPlan& plan);
 
   // Runs Constant and static nodes ahead of the pattern that reads them (available_early).
   void run_early(const Graph& g, const std::vector<size_t>& early, Scope& scope, const ExecPlan& plan);

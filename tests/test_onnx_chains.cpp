@@ -87,7 +87,8 @@ TEST(OnnxModule, AttentionMaskAndResidualRunAsChainsWithTheSameBits) {
   NoGradGuard no_grad;
   EXPECT_EQ(mod.run({q, k, mask})[0].to_vector<float>(), as_written.to_vector<float>());
   ASSERT_EQ(mod.profile().count("elementwise chain"), 1u);
-  EXPECT_EQ(mod.profile().at("elementwise chain").calls, 2);  // Div + Add, and Add + Add
+  EXPECT_EQ(mod.profile().at("elementwise chain").calls, 1);  // Div + Add
+  EXPECT_EQ(mod.profile().at("MatMul+chain").calls, 1);       // the projection by w, then Add + Add
   EXPECT_EQ(mod.profile().count("Add") + mod.profile().count("Div"), 0u);
 }
 
@@ -176,8 +177,39 @@ TEST(OnnxModule, BiasAndGeluRunAsOneChain) {
   mod.set_profiling(true);
   NoGradGuard no_grad;
   EXPECT_EQ(mod.run({x})[0].to_vector<float>(), as_written.to_vector<float>());
-  EXPECT_EQ(mod.profile().at("elementwise chain").calls, 1);
+  EXPECT_EQ(mod.profile().at("MatMul+chain").calls, 1);  // the product by w heads it (Note [float32 epilogues])
   EXPECT_EQ(mod.profile().count("Gelu") + mod.profile().count("Erf") + mod.profile().count("Add"), 0u);
+  EXPECT_EQ(mod.profile().count("MatMul") + mod.profile().count("elementwise chain"), 0u);
+}
+
+// Note [float32 epilogues]: a linear layer as exporters write it (MatMul by a weight, Add of the
+// bias, Add of the residual) runs as one matmul_chain, the bias and the residual in the product's
+// epilogue once the weight is kept (from the second run on); bit for bit the graph as written every
+// time. A lone bias Add after a product by a weight (a transformer's query, key and value) is a
+// chain of one step; one after a product of two activations is not.
+TEST(OnnxModule, MatMulBiasAndResidualRunWithTheProduct) {
+  Generator gen(21);
+  bx::GraphBuilder g(17);
+  const std::string h = g.node("Add", {g.node("MatMul", {"x", "w"})[0], "bias"})[0];
+  const std::string y = g.node("Add", {"x", h})[0];
+  const std::string q = g.node("Add", {"bias", g.node("MatMul", {y, "wq"})[0]})[0];
+  g.graph().nodes.push_back(bx::Node{"scores", "Add", "", {g.node("MatMul", {q, "k"})[0], "bias"}, {"s"}, {}});
+  bx::Model m = model_of("linear", 17, g.graph());
+  m.graph.initializers.insert({{"w", randn({64, 64}, kFloat32, &gen, 0, 0.2)},
+                               {"wq", randn({64, 64}, kFloat32, &gen, 0, 0.2)},
+                               {"bias", randn({64}, kFloat32, &gen)}});
+  m.graph.inputs = {info("x", kFloat32, {2, 16, 64}), info("k", kFloat32, {2, 64, 64})};
+  m.graph.outputs.push_back(info("s", kFloat32, {2, 16, 64}));
+  bx::OnnxModule mod(m);
+  const Tensor x = randn({2, 16, 64}, kFloat32, &gen), k = randn({2, 64, 64}, kFloat32, &gen);
+  const Tensor as_written = mod.run({x, k})[0].detach();
+  mod.set_profiling(true);
+  NoGradGuard no_grad;
+  for (int run = 0; run < 3; ++run)
+    EXPECT_EQ(mod.run({x, k})[0].to_vector<float>(), as_written.to_vector<float>()) << "run " << run;
+  EXPECT_EQ(mod.profile().at("MatMul+chain").calls, 6);  // two products by a weight in each of three runs
+  EXPECT_EQ(mod.profile().at("MatMul").calls, 3);        // q by k, and its Add as a node
+  EXPECT_EQ(mod.profile().at("Add").calls, 3);
 }
 
 // A value that a node reads twice (Mul(d, d)) and another node outside reads as well (the Div of a

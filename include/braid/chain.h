@@ -46,4 +46,11 @@ Tensor elementwise_chain(const Tensor& x, const std::vector<ChainStep>& steps);
 Tensor int_matmul_chain(const Tensor& a, const Tensor& b, int64_t a_zero, int64_t b_zero,
                         const std::vector<ChainStep>& steps);
 
+/// elementwise_chain(matmul(a, b), steps) for a (..., K) and b (K, N) float32, b a weight (a matrix
+/// that later products read again): its leading arithmetic steps on the running value, as
+/// int_matmul_chain's (a linear layer's bias, a residual, a scale), run in the product's epilogue
+/// where the backend has one (Note [float32 epilogues]); the result is the steps run as ops on the
+/// product, up to the order of the product's sums. Inference only.
+Tensor matmul_chain(const Tensor& a, const Tensor& b, const std::vector<ChainStep>& steps);
+
 }  // namespace braid

@@ -214,7 +214,7 @@ class Backend {
   /// out (M, N) int32 = (a - a_zero)(b - b_zero) for a (M, K) and b (K, N), each int8 or uint8, zero
   /// points in their operand's range; all contiguous (int_matmul, ONNX's quantised products).
   virtual bool matmul_int8(const Tensor& a, int64_t a_zero, const Tensor& b, int64_t b_zero, const Tensor& out);
-  /// One step of matmul_int8_epilogue: out = out (+ - * /) operand.
+  /// One step of matmul_epilogue and matmul_int8_epilogue: out = out (+ - * /) operand.
   struct EpilogueStep {
     ChainStep::Kind kind;  // Add, Sub, Mul or Div
     Tensor operand;        // float32, contiguous: 1, N (one per column) or M * N (row-major) elements,
@@ -226,6 +226,12 @@ class Backend {
   /// the scale and the bias after every MatMulInteger).
   virtual bool matmul_int8_epilogue(const Tensor& a, int64_t a_zero, const Tensor& b, int64_t b_zero,
                                     const std::vector<EpilogueStep>& epilogue, const Tensor& out);
+  /// out (M, N) float32 = a (M, K) times b (K, N), both float32 and contiguous (b a weight: a matrix
+  /// that later products read again), then each step of `epilogue` in order, each one float32
+  /// operation, so that the result is the product's (up to the order of its sums) with the steps run
+  /// as ops (braid::matmul_chain: a linear layer's bias and a residual).
+  virtual bool matmul_epilogue(const Tensor& a, const Tensor& b, const std::vector<EpilogueStep>& epilogue,
+                               const Tensor& out);
   /// out (float32, x's shape) = (x - zero) * scale for x int8 or uint8, contiguous; the subtraction
   /// and the multiplication in float32 (braid::dequantize).
   virtual bool dequantize(const Tensor& x, double scale, int64_t zero, const Tensor& out);

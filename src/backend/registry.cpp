@@ -85,6 +85,9 @@ bool Backend::conv2d_backward_weight(const Tensor&, const Tensor&, const Window2
   return false;
 }
 bool Backend::matmul_int8(const Tensor&, int64_t, const Tensor&, int64_t, const Tensor&) { return false; }
+bool Backend::matmul_epilogue(const Tensor&, const Tensor&, const std::vector<EpilogueStep>&, const Tensor&) {
+  return false;
+}
 bool Backend::matmul_int8_epilogue(const Tensor&, int64_t, const Tensor&, int64_t, const std::vector<EpilogueStep>&,
                                    const Tensor&) {
   return false;

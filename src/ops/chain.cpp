@@ -167,6 +167,37 @@ bool epilogue_step(const ChainStep& s, int at, const Shape& product, Device devi
   return true;
 }
 
+// The leading steps of `steps` that run as the product's epilogue: arithmetic on the running value
+// (epilogue_step), cut back until the steps after them read only its last value and their own.
+std::vector<Backend::EpilogueStep> leading_epilogue(const std::vector<ChainStep>& steps, const Shape& product,
+                                                    Device device) {
+  std::vector<Backend::EpilogueStep> epilogue;
+  for (size_t j = 0; j < steps.size(); ++j) {
+    Backend::EpilogueStep e;
+    if (!epilogue_step(steps[j], static_cast<int>(j), product, device, e)) break;
+    epilogue.push_back(std::move(e));
+  }
+  const auto rest_reads_later = [&](size_t from) {
+    for (size_t j = from; j < steps.size(); ++j)
+      for (int v : {steps[j].a, steps[j].b})
+        if (v >= 0 && v < static_cast<int>(from)) return false;
+    return true;
+  };
+  while (!epilogue.empty() && !rest_reads_later(epilogue.size())) epilogue.pop_back();
+  return epilogue;
+}
+
+// out (the product with the first `done` steps applied, of shape `product`) through the other steps.
+Tensor rest_of_chain(Tensor out, const Shape& product, const std::vector<ChainStep>& steps, size_t done) {
+  out = out.reshape(product);
+  if (done == steps.size()) return out;
+  std::vector<ChainStep> rest(steps.begin() + static_cast<std::ptrdiff_t>(done), steps.end());
+  for (ChainStep& s : rest)
+    for (int* v : {&s.a, &s.b})
+      if (*v >= 0) *v -= static_cast<int>(done);
+  return elementwise_chain(out, rest);
+}
+
 }  // namespace
 
 Tensor int_matmul_chain(const Tensor& a, const Tensor& b, int64_t a_zero, int64_t b_zero,
@@ -179,37 +210,35 @@ Tensor int_matmul_chain(const Tensor& a, const Tensor& b, int64_t a_zero, int64_
     const int64_t k = a.size(-1), n = b.size(1), m = a.numel() / std::max<int64_t>(k, 1);
     Shape product(a.shape().begin(), a.shape().end() - 1);
     product.push_back(n);
-    std::vector<Backend::EpilogueStep> epilogue;
-    for (size_t j = 0; j < steps.size(); ++j) {
-      Backend::EpilogueStep e;
-      if (!epilogue_step(steps[j], static_cast<int>(j), product, a.device(), e)) break;
-      epilogue.push_back(std::move(e));
-    }
-    // The steps after the epilogue read only its last value and their own (the others are not kept).
-    const auto rest_reads_later = [&](size_t from) {
-      for (size_t j = from; j < steps.size(); ++j)
-        for (int v : {steps[j].a, steps[j].b})
-          if (v >= 0 && v < static_cast<int>(from)) return false;
-      return true;
-    };
-    while (!epilogue.empty() && !rest_reads_later(epilogue.size())) epilogue.pop_back();
+    const std::vector<Backend::EpilogueStep> epilogue = leading_epilogue(steps, product, a.device());
     if (!epilogue.empty() && scalar_fits(static_cast<double>(a_zero), a.dtype()) &&
         scalar_fits(static_cast<double>(b_zero), b.dtype())) {
       Tensor out = new_tensor({m, n}, kFloat32, a.device());
       if (backend_of(a).matmul_int8_epilogue(contiguous(a).reshape({m, k}), a_zero, contiguous(b), b_zero, epilogue,
-                                             out)) {
-        out = out.reshape(product);
-        const size_t done = epilogue.size();
-        if (done == steps.size()) return out;
-        std::vector<ChainStep> rest(steps.begin() + static_cast<std::ptrdiff_t>(done), steps.end());
-        for (ChainStep& s : rest)
-          for (int* v : {&s.a, &s.b})
-            if (*v >= 0) *v -= static_cast<int>(done);
-        return elementwise_chain(out, rest);
-      }
+                                             out))
+        return rest_of_chain(out, product, steps, epilogue.size());
     }
   }
   return elementwise_chain(int_matmul(a, b, a_zero, b_zero), steps);
+}
+
+// Note [float32 epilogues] in src/backend/cpu/matmul_weight.cpp.
+Tensor matmul_chain(const Tensor& a, const Tensor& b, const std::vector<ChainStep>& steps) {
+  BRAID_CHECK(!steps.empty(), "matmul_chain: no steps");
+  NoGradGuard no_grad;
+  if (a.defined() && b.defined() && a.dim() >= 2 && b.dim() == 2 && a.size(-1) == b.size(0) && a.dtype() == kFloat32 &&
+      b.dtype() == kFloat32 && a.device() == b.device() && b.is_contiguous()) {
+    const int64_t k = a.size(-1), n = b.size(1), m = a.numel() / std::max<int64_t>(k, 1);
+    Shape product(a.shape().begin(), a.shape().end() - 1);
+    product.push_back(n);
+    const std::vector<Backend::EpilogueStep> epilogue = leading_epilogue(steps, product, a.device());
+    if (!epilogue.empty()) {
+      Tensor out = new_tensor({m, n}, kFloat32, a.device());
+      if (backend_of(a).matmul_epilogue(contiguous(a).reshape({m, k}), b, epilogue, out))
+        return rest_of_chain(out, product, steps, epilogue.size());
+    }
+  }
+  return elementwise_chain(matmul(a, b), steps);
 }
 
 }  // namespace braid

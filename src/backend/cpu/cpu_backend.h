@@ -86,6 +86,9 @@ class CpuBackend final : public Backend {
   bool matmul_int8(const Tensor& a, int64_t a_zero, const Tensor& b, int64_t b_zero, const Tensor& out) override;
   bool matmul_int8_epilogue(const Tensor& a, int64_t a_zero, const Tensor& b, int64_t b_zero,
                             const std::vector<EpilogueStep>& epilogue, const Tensor& out) override;
+  // matmul_weight.cpp: a float32 product by a kept weight with its epilogue (Note [float32 epilogues])
+  bool matmul_epilogue(const Tensor& a, const Tensor& b, const std::vector<EpilogueStep>& epilogue,
+                       const Tensor& out) override;
 #endif
 };
 

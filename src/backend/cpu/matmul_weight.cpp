@@ -101,24 +101,23 @@ struct KeptWeight {
   std::vector<float> data;
 };
 
-// B in the kept primitive's layout, from the second product of b's storage at its version in this
-// orientation on; null the first time.
-std::shared_ptr<KeptWeight> kept_weight(const Tensor& b, bool tb, const Plan& p, dnnl::stream& stream) {
+// B in the layout `desc` (a kept primitive's), from the second product of b's storage at its
+// version in this orientation on; null the first time, which marks the storage where `mark`.
+std::shared_ptr<KeptWeight> kept_weight(const Tensor& b, bool tb, const dnnl::memory::desc& desc,
+                                        const dnnl::memory::desc& b_plain, dnnl::stream& stream, bool mark = true) {
   const std::shared_ptr<Storage>& st = b.storage();
   const std::string key = "onednn-f32-weight@" + std::to_string(b.offset()) + (tb ? "t" : "n");
-  if (auto kept = std::static_pointer_cast<KeptWeight>(st->derived(key));
-      kept && kept->desc == p.kept_pd.weights_desc())
-    return kept;
+  if (auto kept = std::static_pointer_cast<KeptWeight>(st->derived(key)); kept && kept->desc == desc) return kept;
   const std::string seen = key + "-seen";
   if (!st->derived(seen)) {
-    st->set_derived(seen, std::make_shared<int>(1));
+    if (mark) st->set_derived(seen, std::make_shared<int>(1));
     return nullptr;
   }
   const uint64_t version = st->version();
   auto made = std::make_shared<KeptWeight>();
-  made->desc = p.kept_pd.weights_desc();
+  made->desc = desc;
   made->data.resize(made->desc.get_size() / sizeof(float));
-  dnnl::memory plain(p.b_plain, engine(), const_cast<void*>(b.raw_data()));
+  dnnl::memory plain(b_plain, engine(), const_cast<void*>(b.raw_data()));
   dnnl::memory inner(made->desc, engine(), made->data.data());
   dnnl::reorder(plain, inner).execute(stream, plain, inner);
   stream.wait();
@@ -135,7 +134,112 @@ std::unique_ptr<Plan::Bound> make_bound(const Plan& p) {
   return b;
 }
 
+// Note [float32 epilogues]
+// A float32 product by a weight followed by arithmetic on it (a linear layer's bias, a
+// transformer's residual, a scale) writes the product, then reads it back once per step. As for
+// int8 (Note [int8 epilogues]) the leading steps by a number, a row of one value per column or a
+// whole (M, N) operand go to the matmul primitive as binary post-ops, applied to each tile of sums
+// in registers before it is stored: one float32 operation per step, in order, so the bits are
+// the ops' where the primitive sums the product as the one without post-ops does
+// (tests/test_matmul_epilogue.cpp compares the two). Only on a kept weight: the first product of a
+// weight takes the ops, and marks it. MiniLM at batch 1, 2 threads: the 18 bias Adds and 6
+// residual Adds leave their passes (benchmarks/README.md, run Z).
+struct EpiloguePlan {
+  dnnl::matmul::primitive_desc pd;
+  dnnl::matmul prim;
+  dnnl::memory::desc b_plain;
+  std::vector<dnnl::memory::desc> operands;  // the post-ops' second operands
+  struct Bound {
+    dnnl::memory a, b, c;
+    std::vector<dnnl::memory> operands;
+    std::vector<float> constants;  // the one-value operands given as numbers
+  };
+  std::unique_ptr<SetPool<Bound>> pool = std::make_unique<SetPool<Bound>>();
+};
+
+// m, k, n, then per post-op its algorithm and its operand's rows and columns.
+std::shared_ptr<const EpiloguePlan> epilogue_plan_for(const std::vector<int64_t>& key) {
+  static std::mutex mu;
+  static std::map<std::vector<int64_t>, std::shared_ptr<const EpiloguePlan>> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  const int64_t m = key[0], k = key[1], n = key[2];
+  std::shared_ptr<const EpiloguePlan> made;
+  try {
+    auto p = std::make_shared<EpiloguePlan>();
+    dnnl::post_ops ops;
+    for (size_t i = 3; i + 2 < key.size(); i += 3) {
+      p->operands.emplace_back(dnnl::memory::dims{key[i + 1], key[i + 2]}, dt::f32, tag::ab);
+      ops.append_binary(static_cast<dnnl::algorithm>(key[i]), p->operands.back());
+    }
+    dnnl::primitive_attr attr;
+    attr.set_post_ops(ops);
+    const dnnl::memory::desc a({m, k}, dt::f32, tag::ab), c({m, n}, dt::f32, tag::ab);
+    const dnnl::memory::desc b_any({k, n}, dt::f32, tag::any);
+    p->pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b_any, c), attr, engine());
+    if (std::string(p->pd.impl_info_str()).rfind("brg", 0) == 0) {
+      p->prim = dnnl::matmul(p->pd);
+      p->b_plain = dnnl::memory::desc({k, n}, dt::f32, tag::ab);
+      made = std::move(p);
+    }
+  } catch (const dnnl::error&) {  // no kernel: the steps run as ops
+  }
+  if (cache.size() >= 1024) cache.clear();  // shapes that vary from call to call
+  cache.emplace(key, made);
+  return made;
+}
+
 }  // namespace
+
+bool CpuBackend::matmul_epilogue(const Tensor& a, const Tensor& b, const std::vector<EpilogueStep>& epilogue,
+                                 const Tensor& out) {
+  if (!fused_on() || !onednn_enabled() || a.dtype() != kFloat32 || b.dtype() != kFloat32 || !b.is_contiguous())
+    return false;
+  const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
+  if (m == 0 || n == 0 || k == 0 || epilogue.empty()) return false;
+  std::vector<int64_t> key{m, k, n};
+  for (const EpilogueStep& s : epilogue) {
+    const int64_t count = s.operand.defined() ? s.operand.numel() : 1;
+    if (s.operand.defined() &&
+        (s.operand.dtype() != kFloat32 || !s.operand.is_contiguous() || (count != 1 && count != n && count != m * n)))
+      return false;
+    const dnnl::algorithm alg = s.kind == ChainStep::Kind::Add   ? dnnl::algorithm::binary_add
+                                : s.kind == ChainStep::Kind::Sub ? dnnl::algorithm::binary_sub
+                                : s.kind == ChainStep::Kind::Mul ? dnnl::algorithm::binary_mul
+                                                                 : dnnl::algorithm::binary_div;
+    key.insert(key.end(), {static_cast<int64_t>(alg), count == m * n ? m : 1, count == 1 ? 1 : n});
+  }
+  thread_local dnnl::stream stream(engine());
+  const auto p = epilogue_plan_for(key);
+  if (!p) return false;
+  OneDnnSignalGuard no_signals;  // Note [Signals and oneDNN's kernels]
+  const auto w = kept_weight(b, false, p->pd.weights_desc(), p->b_plain, stream, false);
+  if (!w) return false;
+  Lease<EpiloguePlan::Bound> lease(*p->pool, [&p] {
+    auto bd = std::make_unique<EpiloguePlan::Bound>();
+    bd->a = unbound(p->pd.src_desc(), engine());
+    bd->b = unbound(p->pd.weights_desc(), engine());
+    bd->c = unbound(p->pd.dst_desc(), engine());
+    for (const auto& d : p->operands) bd->operands.push_back(unbound(d, engine()));
+    bd->constants.resize(p->operands.size());
+    return bd;
+  });
+  EpiloguePlan::Bound& bd = *lease;
+  std::vector<dnnl_exec_arg_t> args{{DNNL_ARG_SRC, point(bd.a, a.raw_data())},
+                                    {DNNL_ARG_WEIGHTS, point(bd.b, w->data.data())},
+                                    {DNNL_ARG_DST, point(bd.c, out.raw_data())}};
+  for (size_t i = 0; i < epilogue.size(); ++i) {
+    bd.constants[i] = epilogue[i].k;
+    const void* operand = epilogue[i].operand.defined() ? epilogue[i].operand.raw_data() : &bd.constants[i];
+    args.push_back(
+        {DNNL_ARG_ATTR_MULTIPLE_POST_OP(static_cast<int>(i)) | DNNL_ARG_SRC_1, point(bd.operands[i], operand)});
+  }
+  run_primitive(p->prim, stream, args.data(), static_cast<int>(args.size()),
+                "matmul (a product by a weight with its epilogue)");
+  stream.wait();
+  return true;
+}
 
 bool weight_sgemm(const Tensor& b, bool tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, int64_t ldb,
                   float* c) {
@@ -143,7 +247,7 @@ bool weight_sgemm(const Tensor& b, bool tb, int64_t m, int64_t n, int64_t k, con
   const auto p = plan_for({m, k, n, lda, ldb, tb ? 1 : 0});
   if (!p) return false;
   OneDnnSignalGuard no_signals;  // Note [Signals and oneDNN's kernels]
-  const auto w = kept_weight(b, tb, *p, stream);
+  const auto w = kept_weight(b, tb, p->kept_pd.weights_desc(), p->b_plain, stream);
   Lease<Plan::Bound> lease(*p->pool, [&p] { return make_bound(*p); });
   Plan::Bound& bd = *lease;
   const dnnl_exec_arg_t args[3] = {

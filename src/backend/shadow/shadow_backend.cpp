@@ -132,6 +132,13 @@ class ShadowBackend final : public Backend {
     for (const EpilogueStep& s : epilogue) on_host.push_back({s.kind, host(op, out, s.operand), s.k});
     return cpu().matmul_int8_epilogue(host(op, out, a), a_zero, host(op, out, b), b_zero, on_host, host(op, out, out));
   }
+  bool matmul_epilogue(const Tensor& a, const Tensor& b, const std::vector<EpilogueStep>& epilogue,
+                       const Tensor& out) override {
+    const char* op = "matmul_epilogue";
+    std::vector<EpilogueStep> on_host;
+    for (const EpilogueStep& s : epilogue) on_host.push_back({s.kind, host(op, out, s.operand), s.k});
+    return cpu().matmul_epilogue(host(op, out, a), host(op, out, b), on_host, host(op, out, out));
+  }
   bool dequantize(const Tensor& x, double scale, int64_t zero, const Tensor& out) override {
     const char* op = "dequantize";
     return cpu().dequantize(host(op, out, x), scale, zero, host(op, out, out));
