@@ -4,11 +4,15 @@
 // rounding), and bit for bit against the steps run as ops on braid's own product (which sums in the
 // same kernel). Each case runs three times with one weight, so that the weight is kept and the
 // product's epilogue runs from the second call on; that the backend's epilogue ran is checked
-// directly on the CPU backend where oneDNN is built in.
+// directly on the CPU backend where oneDNN is built in. Also: the thread count oneDNN's products run
+// with on a thread other than the one that set braid's (Note [oneDNN's team size]).
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
+#include <thread>
 #include <vector>
 
 #include "braid/braid.h"
@@ -144,6 +148,41 @@ TEST(MatmulChain, OtherOperandsRunAsTheOps) {
   // (1 2; 3 4)(5 6; 7 8) = (19 22; 43 50), converted to float32 by the chain, then doubled.
   EXPECT_EQ(matmul_chain(ai, bi, steps).to_vector<float>(), (std::vector<float>{38, 44, 86, 100}));
 }
+
+#ifdef BRAID_HAVE_DNNL
+// The threads of this process (Linux: one entry each under /proc/self/task).
+size_t process_threads() {
+  size_t count = 0;
+  for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator("/proc/self/task")) ++count;
+  return count;
+}
+
+// Note [oneDNN's team size]: with braid told to use one thread, a product through oneDNN on a fresh
+// thread (whose OpenMP setting is every core until told otherwise) starts no OpenMP worker, and
+// leaves that thread's OpenMP count at braid's.
+TEST(MatmulThreads, AFreshThreadsProductUsesBraidsThreadCount) {
+  if (omp_get_num_procs() < 2) GTEST_SKIP() << "one core: every team is one thread";
+  const int saved = get_num_threads();
+  set_num_threads(1);
+  Generator gen(33);
+  const Tensor a = randn({64, 256}, kFloat32, &gen), b = randn({256, 256}, kFloat32, &gen);
+  const std::vector<float> want = matmul(a, b).to_vector<float>();
+  size_t before = 0, after = 0;
+  int team = 0;
+  std::vector<float> got;
+  std::thread([&] {
+    NoGradGuard no_grad;
+    before = process_threads();
+    for (int call = 0; call < 3; ++call) got = matmul(a, b).to_vector<float>();  // the weight kept from the second
+    after = process_threads();
+    team = omp_get_max_threads();
+  }).join();
+  set_num_threads(saved);
+  EXPECT_EQ(after, before) << "an OpenMP worker was started for a one-thread product";
+  EXPECT_EQ(team, 1);
+  EXPECT_EQ(got, want);
+}
+#endif
 
 }  // namespace
 }  // namespace braid

@@ -5,6 +5,7 @@
 
 #ifdef BRAID_HAVE_DNNL
 
+#include <omp.h>
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include <algorithm>
@@ -21,6 +22,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/dnnl_sets.h"
+#include "braid/parallel.h"
 
 namespace braid::detail {
 namespace {
@@ -492,11 +494,24 @@ bool float32s(std::initializer_list<const Tensor*> ts) {
 
 }  // namespace
 
+// Note [oneDNN's team size]
+// oneDNN sizes its parallel regions by omp_get_max_threads() on the calling thread, read when a
+// primitive is made (a brgemm kernel plans its blocks for that many threads, and keeps the count)
+// and when it runs. That count is per thread: braid applies BRAID_NUM_THREADS (or set_num_threads)
+// on the thread that first asks for it, so a program whose first braid work is a oneDNN product
+// (Python loading an ONNX model made of MatMuls), or any other thread (a data loader, a Python
+// thread), gave oneDNN every core whatever braid was told. Every path into oneDNN asks
+// onednn_enabled() first, which sets the calling thread's count to braid's (two loads when they
+// agree already).
 bool onednn_enabled() {
   static const bool on = [] {
     const char* v = std::getenv("BRAID_ONEDNN");
     return !(v && std::string(v) == "0");
   }();
+  if (on && !omp_in_parallel()) {
+    const int n = get_num_threads();
+    if (omp_get_max_threads() != n) omp_set_num_threads(n);
+  }
   return on;
 }
 
