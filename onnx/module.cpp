@@ -12,6 +12,7 @@
 #include "braid/onnx/module.h"
 
 #include <algorithm>
+#include <optional>
 #include <set>
 
 #include "braid/autograd.h"
@@ -522,6 +523,17 @@ std::vector<Tensor> OnnxModule::run_ordered(const std::vector<Tensor>& inputs) {
     }
     scope.at(input_names_[i]) = inputs[i];
   }
+  // Note [Inference without a gradient to record]: where no input and no weight asks for a gradient
+  // (a frozen model in eval mode, as braid.onnx.load(frozen=True) gives Python) no op records one,
+  // grad mode or not, so the run is the inference it would be under NoGradGuard, with its folded
+  // and fused patterns, which grad mode alone used to turn off.
+  bool wants_grad = is_grad_enabled() && is_training();
+  if (is_grad_enabled() && !wants_grad) {
+    for (const Tensor& t : inputs) wants_grad = wants_grad || t.requires_grad();
+    for (const auto& [name, t] : weights_) wants_grad = wants_grad || t.requires_grad();
+  }
+  std::optional<NoGradGuard> no_grad;
+  if (!wants_grad) no_grad.emplace();
   Executor ex(model_, *registry_, is_training(), profiling_ ? &profile_ : nullptr);
   ex.set_current(&scope);
   ex.set_device(inputs.empty() ? device() : inputs[0].device());

@@ -212,6 +212,45 @@ TEST(OnnxModule, MatMulBiasAndResidualRunWithTheProduct) {
   EXPECT_EQ(mod.profile().at("Add").calls, 3);
 }
 
+// Note [Inference without a gradient to record]: a frozen model in eval mode on inputs that need no
+// gradient runs its fused patterns with grad mode on (Python's default); a trainable one, or an
+// input that asks for a gradient, runs as written, and the gradient reaches it.
+TEST(OnnxModule, AFrozenModelRunsFusedInGradMode) {
+  Generator gen(22);
+  bx::GraphBuilder g(17);
+  const std::string h = g.node("Add", {g.node("MatMul", {"x", "w"})[0], "bias"})[0];
+  g.graph().nodes.push_back(bx::Node{"scale", "Mul", "", {h, g.scalar(0.5, kFloat32)}, {"y"}, {}});
+  bx::Model m = model_of("frozen_linear", 17, g.graph());
+  m.graph.initializers.insert({{"w", randn({8, 20}, kFloat32, &gen)}, {"bias", randn({20}, kFloat32, &gen)}});
+  m.graph.inputs.push_back(info("x", kFloat32, {3, 8}));
+  m.graph.outputs.push_back(info("y", kFloat32, {3, 20}));
+  const Tensor x = randn({3, 8}, kFloat32, &gen);
+  const std::vector<float> want =
+      ((matmul(x, m.graph.initializers.at("w")) + m.graph.initializers.at("bias")) * 0.5).to_vector<float>();
+  ASSERT_TRUE(is_grad_enabled());
+  bx::OnnxModule frozen(m, {.frozen = true});
+  frozen.set_profiling(true);
+  const Tensor y = frozen.run({x})[0];
+  EXPECT_EQ(y.to_vector<float>(), want);
+  EXPECT_FALSE(y.requires_grad());
+  EXPECT_EQ(frozen.profile().at("MatMul+chain").calls, 1);
+  EXPECT_EQ(frozen.profile().count("Add") + frozen.profile().count("MatMul"), 0u);
+  // An input that asks for a gradient: the nodes as written, and x's gradient is 0.5 * w's row sums.
+  Tensor xg = x.detach();
+  xg.set_requires_grad(true);
+  sum(frozen.run({xg})[0]).backward();
+  EXPECT_EQ(frozen.profile().at("MatMul").calls, 1);
+  EXPECT_EQ(frozen.profile().at("MatMul+chain").calls, 1);  // the first run's only
+  const std::vector<float> rows = (sum(m.graph.initializers.at("w"), {1}) * 0.5).to_vector<float>();
+  const std::vector<float> gx = xg.grad().to_vector<float>();
+  for (size_t i = 0; i < gx.size(); ++i) EXPECT_NEAR(gx[i], rows[i % rows.size()], 1e-5) << i;
+  // A trainable model: as written, and its weights get gradients.
+  bx::OnnxModule trainable(m);
+  trainable.set_profiling(true);
+  EXPECT_TRUE(trainable.run({x})[0].requires_grad());
+  EXPECT_EQ(trainable.profile().count("MatMul+chain"), 0u);
+}
+
 // A value that a node reads twice (Mul(d, d)) and another node outside reads as well (the Div of a
 // normalisation written out) ends a chain before it: no chain takes the Sub and the Mul here.
 TEST(OnnxModule, AValueReadTwiceByOneNodeAndOnceOutsideIsNotHidden) {
