@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "backend/backend.h"
 #include "braid/error.h"
 
 namespace braid::detail {
@@ -103,6 +104,24 @@ inline dnnl_memory_t point(const dnnl::memory& m, const void* ptr) {
     for (int d = 0; d < md->ndims; ++d) out << (d ? "x" : " ") << md->dims[d];
   }
   return out.str();
+}
+
+/// An epilogue step (Backend::EpilogueStep) as a oneDNN binary post-op on an (M, N) product: its
+/// algorithm, and its operand's dims, {1, 1} for a number, {1, N} for one value per column, {M, N}
+/// for one per element; false where the operand is none of those (not float32, not contiguous,
+/// another count).
+inline bool binary_post_op(const Backend::EpilogueStep& s, int64_t m, int64_t n, dnnl::algorithm& alg,
+                           dnnl::memory::dims& dims) {
+  const int64_t count = s.operand.defined() ? s.operand.numel() : 1;
+  if (s.operand.defined() &&
+      (s.operand.dtype() != kFloat32 || !s.operand.is_contiguous() || (count != 1 && count != n && count != m * n)))
+    return false;
+  alg = s.kind == ChainStep::Kind::Add   ? dnnl::algorithm::binary_add
+        : s.kind == ChainStep::Kind::Sub ? dnnl::algorithm::binary_sub
+        : s.kind == ChainStep::Kind::Mul ? dnnl::algorithm::binary_mul
+                                         : dnnl::algorithm::binary_div;
+  dims = {count == m * n ? m : 1, count == 1 ? 1 : n};  // M * N = N only when M = 1
+  return true;
 }
 
 /// Runs prim on n arguments through oneDNN's C entry point (no argument map to build). A failure (in

@@ -237,15 +237,9 @@ bool CpuBackend::matmul_int8_epilogue(const Tensor& a, int64_t a_zero, const Ten
   std::vector<const void*> operands;
   std::vector<float> constants;
   for (const EpilogueStep& s : epilogue) {
-    const int64_t count = s.operand.defined() ? s.operand.numel() : 1;
-    if (s.operand.defined() &&
-        (s.operand.dtype() != kFloat32 || !s.operand.is_contiguous() || (count != 1 && count != n && count != m * n)))
-      return false;
-    const dnnl::algorithm alg = s.kind == ChainStep::Kind::Add   ? dnnl::algorithm::binary_add
-                                : s.kind == ChainStep::Kind::Sub ? dnnl::algorithm::binary_sub
-                                : s.kind == ChainStep::Kind::Mul ? dnnl::algorithm::binary_mul
-                                                                 : dnnl::algorithm::binary_div;
-    const dnnl::memory::dims dims{count == m * n ? m : 1, count == 1 ? 1 : n};  // M * N = N only when M = 1
+    dnnl::algorithm alg;
+    dnnl::memory::dims dims;
+    if (!binary_post_op(s, m, n, alg, dims)) return false;
     post.push_back({alg, dims});
     operands.push_back(s.operand.defined() ? s.operand.raw_data() : nullptr);
     constants.push_back(s.k);

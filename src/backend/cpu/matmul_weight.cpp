@@ -200,15 +200,10 @@ bool CpuBackend::matmul_epilogue(const Tensor& a, const Tensor& b, const std::ve
   if (m == 0 || n == 0 || k == 0 || epilogue.empty()) return false;
   std::vector<int64_t> key{m, k, n};
   for (const EpilogueStep& s : epilogue) {
-    const int64_t count = s.operand.defined() ? s.operand.numel() : 1;
-    if (s.operand.defined() &&
-        (s.operand.dtype() != kFloat32 || !s.operand.is_contiguous() || (count != 1 && count != n && count != m * n)))
-      return false;
-    const dnnl::algorithm alg = s.kind == ChainStep::Kind::Add   ? dnnl::algorithm::binary_add
-                                : s.kind == ChainStep::Kind::Sub ? dnnl::algorithm::binary_sub
-                                : s.kind == ChainStep::Kind::Mul ? dnnl::algorithm::binary_mul
-                                                                 : dnnl::algorithm::binary_div;
-    key.insert(key.end(), {static_cast<int64_t>(alg), count == m * n ? m : 1, count == 1 ? 1 : n});
+    dnnl::algorithm alg;
+    dnnl::memory::dims dims;
+    if (!binary_post_op(s, m, n, alg, dims)) return false;
+    key.insert(key.end(), {static_cast<int64_t>(alg), dims[0], dims[1]});
   }
   thread_local dnnl::stream stream(engine());
   const auto p = epilogue_plan_for(key);
