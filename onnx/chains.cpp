@@ -195,8 +195,7 @@ void find_chains(const Graph& g, const std::map<std::string, size_t>& uses, cons
         auto w = mm.op_type == "MatMul" && mm.domain.empty() && mm.inputs.size() == 2 && mm.outputs.size() == 1
                      ? weights.find(mm.inputs[1])
                      : weights.end();
-        if (w != weights.end() && w->second.dim() == 2 && w->second.dtype() == kFloat32 && mm.inputs[0] != input)
-          product_of = p->second;
+        if (w != weights.end() && w->second.dim() == 2 && w->second.dtype() == kFloat32) product_of = p->second;
       }
     }
     slot[input] = 0;
