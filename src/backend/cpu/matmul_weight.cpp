@@ -141,7 +141,7 @@ std::unique_ptr<Plan::Bound> make_bound(const Plan& p) {
 // whole (M, N) operand go to the matmul primitive as binary post-ops, applied to each tile of sums
 // in registers before it is stored: one float32 operation per step, in order, so the bits are
 // the ops' where the primitive sums the product as the one without post-ops does
-// (tests/test_matmul_epilogue.cpp compares the two). Only on a kept weight: the first product of a
+// (tests/test_matmul_chain.cpp compares the two). Only on a kept weight: the first product of a
 // weight takes the ops, and marks it. MiniLM's 18 bias Adds and 6 residual Adds run so: 2% of its
 // run at batch 1 on 2 threads, nothing at batch 8 (benchmarks/README.md, run Z).
 struct EpiloguePlan {
