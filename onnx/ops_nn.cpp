@@ -22,17 +22,35 @@ Window window(const OpContext& c, const std::vector<int64_t>& kernel, const Shap
   const size_t k = kernel.size();
   Window w;
   w.kernel = kernel;
-  w.stride = c.attr_ints("strides", std::vector<int64_t>(k, 1));
-  w.dilation = c.attr_ints("dilations", std::vector<int64_t>(k, 1));
+  // Read in place (this runs on every run of every Conv and pool): an absent attribute is all ones or
+  // zeros, a single int one value, and anything else attr_ints' error.
+  const auto ints = [&c](const char* name, std::vector<int64_t>& out, size_t n, int64_t fill) {
+    const Attribute* a = c.find_attr(name);
+    if (a == nullptr)
+      out.assign(n, fill);
+    else if (a->kind == Attribute::Kind::Ints)
+      out = a->ints;
+    else if (a->kind == Attribute::Kind::Int)
+      out.assign(1, a->i);
+    else
+      out = c.attr_ints(name);  // throws, naming the kind
+  };
+  ints("strides", w.stride, k, 1);
+  ints("dilations", w.dilation, k, 1);
   if (w.stride.size() != k || w.dilation.size() != k) c.fail("strides/dilations need ", k, " values");
   for (size_t i = 0; i < k; ++i)
     if (w.stride[i] <= 0 || w.dilation[i] <= 0 || w.kernel[i] <= 0)
       c.fail("kernel, strides and dilations must be positive");
-  const std::string auto_pad = c.attr_string("auto_pad", "NOTSET");
+  const Attribute* pad_mode = c.find_attr("auto_pad");
+  const std::string auto_pad = pad_mode == nullptr ? "NOTSET" : c.attr_string("auto_pad", "NOTSET");
   w.begin.assign(k, 0);
   w.end.assign(k, 0);
   if (auto_pad == "NOTSET") {
-    std::vector<int64_t> pads = c.attr_ints("pads", std::vector<int64_t>(2 * k, 0));
+    const Attribute* given = c.find_attr("pads");
+    if (given == nullptr) return w;
+    const std::vector<int64_t> one =
+        given->kind == Attribute::Kind::Ints ? std::vector<int64_t>() : c.attr_ints("pads");
+    const std::vector<int64_t>& pads = given->kind == Attribute::Kind::Ints ? given->ints : one;
     if (pads.size() != 2 * k) c.fail("pads needs ", 2 * k, " values, got ", pads.size());
     for (size_t i = 0; i < k; ++i) {
       w.begin[i] = pads[i];
@@ -127,7 +145,9 @@ Tensor conv_of(const OpContext& c, Tensor x, Tensor weight, const Tensor& bias, 
   const std::vector<int64_t> kernel(weight.shape().begin() + 2, weight.shape().end());
   // kernel_shape is optional and redundant; one that disagrees with the weight is a broken file
   // (onnxruntime refuses it too), not something to run with either of the two.
-  if (c.has_attr("kernel_shape") && c.attr_ints("kernel_shape") != kernel)
+  const Attribute* given = c.find_attr("kernel_shape");
+  if (given != nullptr &&
+      !(given->kind == Attribute::Kind::Ints ? given->ints == kernel : c.attr_ints("kernel_shape") == kernel))
     c.fail("attribute kernel_shape ", shape_str(c.attr_ints("kernel_shape")), " disagrees with the weight's spatial ",
            "shape ", shape_str(kernel), " (weight ", shape_str(weight.shape()), ")");
   Window w = window(c, kernel, spatial(x));

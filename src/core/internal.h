@@ -13,6 +13,9 @@ namespace braid::detail {
 Tensor make_tensor(std::shared_ptr<Storage> storage, Shape shape, Shape strides, int64_t offset, DType dtype);
 /// A new contiguous tensor; contents uninitialised.
 Tensor new_tensor(const Shape& shape, DType dtype, Device device);
+/// A new 4-d tensor of shape (N, C, H, W) laid out channels-last (strides H W C, 1, W C, C): what
+/// new_tensor({N, H, W, C}).permute({0, 3, 1, 2}) gives, without the op; contents uninitialised.
+Tensor new_channels_last(const Shape& nchw, DType dtype, Device device);
 /// The address of t's first element in its device's memory, for backends (Tensor::raw_data refuses
 /// memory the host cannot read).
 void* device_data(const Tensor& t);

@@ -32,6 +32,12 @@ Tensor new_tensor(const Shape& shape, DType dtype, Device device) {
   return make_tensor(std::move(storage), shape, contiguous_strides(shape), 0, dtype);
 }
 
+Tensor new_channels_last(const Shape& nchw, DType dtype, Device device) {
+  const int64_t c = nchw[1], w = nchw[3];
+  auto storage = Storage::allocate(shape_numel(nchw) * dtype_size(dtype), device);
+  return make_tensor(std::move(storage), nchw, {nchw[2] * w * c, 1, w * c, c}, 0, dtype);
+}
+
 void* device_data(const Tensor& t) {
   return static_cast<char*>(t.storage()->data()) + t.offset() * t.element_size();
 }

@@ -35,14 +35,14 @@ Tensor contiguous_raw(const Tensor& t) {
 static Tensor new_elementwise(const Shape& s, DType dtype, const Tensor& first, const Tensor* second = nullptr) {
   const Tensor* lead = first.shape() == s ? &first : second != nullptr && second->shape() == s ? second : nullptr;
   if (lead != nullptr && !lead->is_contiguous() && lead->is_channels_last())
-    return new_tensor({s[0], s[2], s[3], s[1]}, dtype, first.device()).permute({0, 3, 1, 2});
+    return new_channels_last(s, dtype, first.device());
   return new_tensor(s, dtype, first.device());
 }
 
 SameLayout same_layout(const Tensor& x, DType dtype) {
   const Shape& s = x.shape();
   if (s.size() == 4 && !x.is_contiguous() && x.is_channels_last()) {
-    Tensor result = new_tensor({s[0], s[2], s[3], s[1]}, dtype, x.device()).permute({0, 3, 1, 2});
+    Tensor result = new_channels_last(s, dtype, x.device());
     return {x.permute({0, 2, 3, 1}), result.permute({0, 2, 3, 1}), result};
   }
   Tensor result = new_tensor(s, dtype, x.device());

@@ -7,6 +7,7 @@
 #include "braid/conv.h"
 
 #include <algorithm>
+#include <array>
 
 #include "braid/amp.h"
 #include "ops/window.h"
@@ -160,7 +161,7 @@ Tensor conv_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const 
   if (any_layout && x.dim() == 4 && channels_last_enabled() &&
       (x_cl || (t_prefer_channels_last && backend_of(x).conv2d_prefers_channels_last(x, w, win, groups)))) {
     Tensor y = writable_residual(epilogue, x, w, {n, c_out, win.oh, win.ow}, true);
-    if (!y.defined()) y = new_like(x, {n, win.oh, win.ow, c_out}, x.dtype()).permute({0, 3, 1, 2});
+    if (!y.defined()) y = new_channels_last({n, c_out, win.oh, win.ow}, x.dtype(), x.device());
     const Tensor xs = x_cl ? x : contiguous(x);
     if (backend_of(x).conv2d(xs, contiguous(w), bias.defined() ? contiguous(bias) : bias, win, groups, epilogue, y))
       return y;
@@ -278,6 +279,9 @@ Tensor conv_recorded(const Tensor& x, const Tensor& w, const Tensor& bias_in, co
                        active_trace() != nullptr;
   if (epilogue.any() && records) return apply_epilogue(conv_recorded(x, w, bias_in, win, groups), epilogue);
   const bool amp = conv_autocasts(x, w, bias_in);
+  // Nothing to record or trace: the operands as they are (detaching them makes three TensorImpls
+  // that only backward would read; Note [Channels-last activations in inference] applies).
+  if (!records && !amp) return conv_forward(x, w, bias_in, win, groups, epilogue, true);
   const Tensor bias = amp && bias_in.defined() ? cast(bias_in, kFloat32) : bias_in;
   const Tensor xs = operand(x, amp), ws = operand(w, amp);
   // Note [Channels-last activations in inference]: only where no node records.
@@ -304,18 +308,24 @@ Tensor conv_nd(const char* op, const Tensor& x, const Tensor& w, const Tensor& b
               " (groups=", groups, "), input shape ", shape_str(x.shape()), ", weight shape ", shape_str(w.shape()));
   BRAID_CHECK(c_out % groups == 0, op, ": weight has ", c_out, " output channels, not divisible by groups=", groups,
               " (weight shape ", shape_str(w.shape()), ")");
-  std::vector<Axis> axes;
-  Shape padded, span;
+  // Per spatial axis (one or two; no allocation on this path, which every inference convolution takes).
+  std::array<Axis, 2> axes{};
+  std::array<int64_t, 2> padded{}, span{};
+  bool fits = true;
   for (int64_t a = 0; a < spatial; ++a) {
-    const int64_t in = x.shape()[2 + a], k = w.shape()[2 + a];
-    padded.push_back(in + pads[2 * a] + pads[2 * a + 1]);
-    span.push_back(dilation[a] * (k - 1) + 1);
-    axes.push_back({in, (padded.back() - span.back()) / stride[a] + 1, k, stride[a], pads[2 * a], dilation[a]});
+    const auto i = static_cast<size_t>(a);
+    const int64_t in = x.shape()[static_cast<size_t>(2 + a)], k = w.shape()[static_cast<size_t>(2 + a)];
+    padded[i] = in + pads[2 * i] + pads[2 * i + 1];
+    span[i] = dilation[i] * (k - 1) + 1;
+    fits = fits && span[i] <= padded[i];
+    axes[i] = {in, (padded[i] - span[i]) / stride[i] + 1, k, stride[i], pads[2 * i], dilation[i]};
   }
-  for (int64_t a = 0; a < spatial; ++a)
-    BRAID_CHECK(span[a] <= padded[a], op, ": the kernel (spanning ", shape_str(span), " with dilation ",
-                shape_str(dilation), ") is larger than the padded input ", shape_str(padded), " (input shape ",
-                shape_str(x.shape()), ", weight shape ", shape_str(w.shape()), ")");
+  if (!fits) {
+    const Shape padded_v(padded.begin(), padded.begin() + spatial), span_v(span.begin(), span.begin() + spatial);
+    throw ValueError(cat(op, ": the kernel (spanning ", shape_str(span_v), " with dilation ", shape_str(dilation),
+                         ") is larger than the padded input ", shape_str(padded_v), " (input shape ",
+                         shape_str(x.shape()), ", weight shape ", shape_str(w.shape()), ")"));
+  }
   if (spatial == 2) return conv_recorded(x, w, bias, make_window(axes[0], axes[1]), groups, epilogue);
   const Axis unit{1, 1, 1, 1, 0, 1};  // conv1d is conv2d over a height of 1
   return conv_recorded(x.unsqueeze(2), w.unsqueeze(2), bias, make_window(unit, axes[0]), groups, epilogue).squeeze(2);
@@ -340,13 +350,18 @@ Tensor conv2d_with(const Tensor& x, const Tensor& weight, const Tensor& bias, co
   check_conv(op, x, weight, bias, groups, 2, false);
   BRAID_CHECK(padding.size() == 1 || padding.size() == 2 || padding.size() == 4, op,
               ": padding must have 1, 2 or 4 values, got ", shape_str(padding));
-  std::vector<int64_t> pads = padding;
-  if (padding.size() < 4) {
-    const std::vector<int64_t> p = per_axis(padding, 2, op, "padding");
-    pads = {p[0], p[0], p[1], p[1]};
-  }
-  return conv_nd(op, x, weight, bias, per_axis(stride, 2, op, "stride"), pads, per_axis(dilation, 2, op, "dilation"),
-                 groups, epilogue);
+  // Each of the three as two values per axis: the argument itself where it is (no copies on the path
+  // every inference convolution takes), otherwise expanded here.
+  std::vector<int64_t> expanded[3];
+  const auto two = [&](const std::vector<int64_t>& v, size_t n, std::vector<int64_t>& out,
+                       const char* name) -> const std::vector<int64_t>& {
+    if (v.size() == n) return v;
+    out = per_axis(v, 2, op, name);
+    if (n == 4) out = {out[0], out[0], out[1], out[1]};
+    return out;
+  };
+  return conv_nd(op, x, weight, bias, two(stride, 2, expanded[0], "stride"), two(padding, 4, expanded[1], "padding"),
+                 two(dilation, 2, expanded[2], "dilation"), groups, epilogue);
 }
 
 }  // namespace

@@ -87,7 +87,7 @@ Tensor max_pool2d(const Tensor& x, const std::vector<int64_t>& kernel, const std
   // Note [Channels-last activations in inference]: a channels-last input stays so where the backend
   // pools that layout.
   if (!indices.defined() && x.dim() == 4 && !x.is_contiguous() && x.is_channels_last()) {
-    out = new_like(x, {n, win.oh, win.ow, c}, x.dtype()).permute({0, 3, 1, 2});
+    out = new_channels_last({n, c, win.oh, win.ow}, x.dtype(), x.device());
     if (!backend_of(x).max_pool2d_channels_last(x.detach(), win, out)) out = Tensor();
   }
   if (!out.defined()) {

@@ -53,6 +53,11 @@ class OpContext {
 
   bool has_attr(const std::string& name) const { return node_.attributes.count(name) != 0; }
   const Attribute& attr(const std::string& name) const;
+  /// The attribute called name, or null when the node has none (nothing copied).
+  const Attribute* find_attr(const std::string& name) const {
+    auto it = node_.attributes.find(name);
+    return it == node_.attributes.end() ? nullptr : &it->second;
+  }
   int64_t attr_int(const std::string& name, int64_t fallback) const;
   double attr_float(const std::string& name, double fallback) const;
   std::string attr_string(const std::string& name, const std::string& fallback) const;
