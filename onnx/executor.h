@@ -76,6 +76,16 @@ struct Scope {
     }
     return nullptr;
   }
+  /// name's value, found first at the slot make_plan resolved for it (at; -1 for none): in this
+  /// scope, then in its parent when that has the same numbering (the weights' scope); by name otherwise.
+  const Tensor* find(const std::string& name, int at) const {
+    if (at >= 0 && index != nullptr) {
+      if (const Tensor* t = slot(at)) return t;
+      if (parent != nullptr && parent->index == index)
+        if (const Tensor* t = parent->slot(at)) return t;
+    }
+    return find(name);
+  }
   /// The value of slot i in this scope, or null when it holds none.
   const Tensor* slot(int i) const {
     return bound[static_cast<size_t>(i)] != 0 ? &slots[static_cast<size_t>(i)] : nullptr;
@@ -251,7 +261,7 @@ class Executor {
         auto a = plan->conv_act.find(last);
         ops::FusedActivation act;
         const ActFusion* fusion =
-            a != plan->conv_act.end() && fusable(g, g.nodes[i], g.nodes[last].outputs[0], a->second, scope, *plan, act)
+            a != plan->conv_act.end() && fusable(g, i, g.nodes[last].outputs[0], a->second, scope, *plan, act)
                 ? &a->second
                 : nullptr;
         const size_t out_node = fusion ? (fusion->post.empty() ? fusion->nodes.back() : fusion->post.back()) : 0;
@@ -262,7 +272,7 @@ class Executor {
           for (size_t k : fusion->post) skip_[k] = 1;
         };
         if (it != plan->conv_bn.end()) {
-          if (run_folded(g.nodes[i], g.nodes[it->second], scope, *plan, i, fused)) {
+          if (run_folded(g.nodes[i], g.nodes[it->second], scope, *plan, i, it->second, fused)) {
             skip_[it->second] = 1;
             skip_fusion();
             release(plan, i, scope);
@@ -432,8 +442,13 @@ class Executor {
   }
 
   // Note [Folding BatchNormalization into Conv]
-  bool run_folded(const Node& conv, const Node& bn, Scope& scope, const ExecPlan& plan, size_t node,
+  bool run_folded(const Node& conv, const Node& bn, Scope& scope, const ExecPlan& plan, size_t node, size_t bn_node,
                   const Fused& fused = Fused());
+  // The slots make_plan resolved for node's inputs when scope numbers its values by the plan's
+  // index (Note [Value slots]), or null.
+  static const std::vector<int>* input_slots(const ExecPlan& plan, const Scope& scope, size_t node) {
+    return scope.index == &plan.slot_of ? &plan.input_slots[node] : nullptr;
+  }
 
   // A BatchNormalization that no Conv folds, as channel_affine (patterns.cpp).
   bool run_batch_norm(const Node& bn, Scope& scope, const ExecPlan& plan, size_t node);
@@ -484,9 +499,10 @@ class Executor {
   // Whether the activation the plan paired with conv can run as its epilogue in this run, and
   // which: a 1-d or 2-d convolution, and the numbers it depends on known and as expected.
   // src is the value the activation reads: the Conv's output, or its folded BatchNormalization's.
-  static bool fusable(const Graph& g, const Node& conv, const std::string& src, const ActFusion& f, const Scope& scope,
+  static bool fusable(const Graph& g, size_t node, const std::string& src, const ActFusion& f, const Scope& scope,
                       const ExecPlan& plan, ops::FusedActivation& out) {
-    const Tensor* x = scope.find(conv.inputs[0]);
+    const std::vector<int>* slots = input_slots(plan, scope, node);
+    const Tensor* x = scope.find(g.nodes[node].inputs[0], slots != nullptr ? (*slots)[0] : -1);
     if (x == nullptr || (x->dim() != 3 && x->dim() != 4)) return false;
     const Node& act = g.nodes[f.nodes[f.residual.empty() ? 0 : 1]];
     if (f.nodes.size() == 4) {  // x * Clip(x + 3, 0, 6) / 6, as PaddlePaddle writes HardSwish

@@ -113,14 +113,17 @@ bool Executor::run_gelu(const Graph& g, const Node& div, const GeluFusion& f, Sc
 // parameters they came from stay unchanged (Note [Folded weights kept]); training runs the graph
 // as written.
 bool Executor::run_folded(const Node& conv, const Node& bn, Scope& scope, const ExecPlan& plan, size_t node,
-                          const Fused& fused) {
-  auto get = [&](const std::string& name) {
-    const Tensor* t = scope.find(name);
+                          size_t bn_node, const Fused& fused) {
+  // Note [Value slots]: each input at the slot the plan resolved for it, by name otherwise.
+  const std::vector<int>*conv_slots = input_slots(plan, scope, node), *bn_slots = input_slots(plan, scope, bn_node);
+  auto get = [&](const Node& n, const std::vector<int>* slots, size_t k) {
+    const Tensor* t = scope.find(n.inputs[k], slots != nullptr ? (*slots)[k] : -1);
     return t == nullptr ? Tensor() : *t;
   };
-  Tensor x = get(conv.inputs[0]), w = get(conv.inputs[1]);
-  Tensor b = conv.inputs.size() > 2 && !conv.inputs[2].empty() ? get(conv.inputs[2]) : Tensor();
-  Tensor gamma = get(bn.inputs[1]), beta = get(bn.inputs[2]), mean_ = get(bn.inputs[3]), var_ = get(bn.inputs[4]);
+  Tensor x = get(conv, conv_slots, 0), w = get(conv, conv_slots, 1);
+  Tensor b = conv.inputs.size() > 2 && !conv.inputs[2].empty() ? get(conv, conv_slots, 2) : Tensor();
+  Tensor gamma = get(bn, bn_slots, 1), beta = get(bn, bn_slots, 2), mean_ = get(bn, bn_slots, 3),
+         var_ = get(bn, bn_slots, 4);
   for (const Tensor* t : {&x, &w, &gamma, &beta, &mean_, &var_})
     if (!t->defined() || (t->dtype() != kFloat32 && t->dtype() != kFloat64)) return false;
   if (w.dim() < 3 || gamma.numel() != w.size(0)) return false;
@@ -186,11 +189,10 @@ bool Executor::run_batch_norm(const Node& bn, Scope& scope, const ExecPlan& plan
 void Executor::run_conv_folded(const Node& conv, std::vector<Tensor> inputs, std::array<const Node*, 2> folded,
                                const std::string& output, const std::string& label, Scope& scope, const Fused& fused,
                                std::chrono::steady_clock::time_point start) {
-  const OpSchema* s = registry_.find(conv.domain, conv.op_type);
   std::vector<Tensor> outputs;
   try {
     OpContext ctx(conv, model_.opset(conv.domain), training_, std::move(inputs), this);
-    outputs = fused.act ? ops::conv_fused(ctx, *fused.act) : s->run(ctx);
+    outputs = fused.act ? ops::conv_fused(ctx, *fused.act) : registry_.find(conv.domain, conv.op_type)->run(ctx);
   } catch (const Error& e) {
     // What was folded is named here only, so that a run builds no message it does not throw.
     const std::string with =
