@@ -45,18 +45,42 @@ namespace braid::onnx {
 // took 8.5% of the samples, 5.9% with slots (what is left: the patterns' runners, which still find
 // their inputs by name). Scopes without slots (subgraphs, the training segments) keep every value
 // by name.
+//
+// Note [Slots by the name's address]
+// The patterns' runners and the small-value paths still name what they read (a node's input, a
+// chain's operand), and hashing names of 40-60 characters in the plan's table on every run of every
+// such node was 2.3% of MiniLM's main thread at batch 1. Those names are, nearly always, the graph's
+// own strings (its nodes' inputs and outputs), which live as long as the plan: make_plan also numbers
+// each of those strings by its address, and a lookup tries the address first (a pointer's hash),
+// checking the name against the slot's own before it trusts it, then the name.
+struct SlotAddresses {
+  std::unordered_map<const std::string*, int> at;  // a graph string's address -> its value's slot
+  std::vector<const std::string*> name;            // per slot, its name (the key in ExecPlan::slot_of)
+};
+
 struct Scope {
   const Scope* parent = nullptr;
   std::unordered_map<std::string, Tensor> values;  // hashed: graph value names are long and share prefixes
   const std::unordered_map<std::string, int>* index = nullptr;  // the plan's slots (ExecPlan::slot_of), or none
+  const SlotAddresses* addresses = nullptr;                     // Note [Slots by the name's address]
   std::vector<Tensor> slots;
   std::vector<uint8_t> bound;  // per slot, whether it holds a value (which may be undefined)
 
   /// Numbered values, for a plan's index.
-  void use_slots(const std::unordered_map<std::string, int>* slot_of) {
+  void use_slots(const std::unordered_map<std::string, int>* slot_of, const SlotAddresses* by_address = nullptr) {
     index = slot_of;
+    addresses = by_address;
     slots.assign(slot_of->size(), Tensor());
     bound.assign(slot_of->size(), 0);
+  }
+  /// name's slot in this scope's index, or -1 (index must be set).
+  int slot_of(const std::string& name) const {
+    if (addresses != nullptr) {
+      auto it = addresses->at.find(&name);
+      if (it != addresses->at.end() && *addresses->name[static_cast<size_t>(it->second)] == name) return it->second;
+    }
+    auto it = index->find(name);
+    return it != index->end() ? it->second : -1;
   }
   const Tensor* find(const std::string& name) const {
     const std::unordered_map<std::string, int>* looked = nullptr;  // the index last asked, and its answer
@@ -64,8 +88,7 @@ struct Scope {
     for (const Scope* s = this; s != nullptr; s = s->parent) {
       if (s->index != nullptr) {
         if (s->index != looked) {  // the run's scope and the weights' share the plan's index: one lookup
-          auto it = s->index->find(name);
-          k = it != s->index->end() ? it->second : -1;
+          k = s->slot_of(name);
           looked = s->index;
         }
         if (k >= 0 && s->bound[static_cast<size_t>(k)] != 0) return &s->slots[static_cast<size_t>(k)];
@@ -93,10 +116,10 @@ struct Scope {
   /// The place of name's value in this scope (its slot, or its entry by name), bound from now on.
   Tensor& at(const std::string& name) {
     if (index != nullptr) {
-      auto it = index->find(name);
-      if (it != index->end()) {
-        bound[static_cast<size_t>(it->second)] = 1;
-        return slots[static_cast<size_t>(it->second)];
+      const int k = slot_of(name);
+      if (k >= 0) {
+        bound[static_cast<size_t>(k)] = 1;
+        return slots[static_cast<size_t>(k)];
       }
     }
     return values[name];
@@ -107,8 +130,8 @@ struct Scope {
   }
   void erase(const std::string& name) {
     if (index != nullptr) {
-      auto it = index->find(name);
-      if (it != index->end()) return release(it->second);
+      const int k = slot_of(name);
+      if (k >= 0) return release(k);
     }
     values.erase(name);
   }
@@ -184,6 +207,7 @@ struct ExecPlan {
   // weights, which live in the weights' scope) numbered; per node, its inputs' slots (-1 for an
   // empty name) and the slots it releases.
   std::unordered_map<std::string, int> slot_of;
+  SlotAddresses slot_addresses;  // Note [Slots by the name's address]
   std::vector<std::vector<int>> input_slots, release_slots;
   std::vector<std::vector<std::string>> release_unslotted;  // released names without a slot (none, in practice)
   std::map<size_t, size_t> conv_bn;                     // Conv node -> the BatchNormalization it feeds

@@ -124,6 +124,19 @@ std::shared_ptr<ExecPlan> make_plan(const Graph& g, const std::map<std::string, 
   for (const Node& node : g.nodes)
     for (const std::string& o : node.outputs) number(o);
   for (const auto& [name, t] : weights) number(name);
+  // Note [Slots by the name's address] (executor.h): the graph's own strings, by address.
+  plan->slot_addresses.name.resize(plan->slot_of.size());
+  for (const auto& [name, k] : plan->slot_of) plan->slot_addresses.name[static_cast<size_t>(k)] = &name;
+  const auto address = [&plan](const std::string& name) {
+    auto it = name.empty() ? plan->slot_of.end() : plan->slot_of.find(name);
+    if (it != plan->slot_of.end()) plan->slot_addresses.at.emplace(&name, it->second);
+  };
+  for (const ValueInfo& in : g.inputs) address(in.name);
+  for (const ValueInfo& out : g.outputs) address(out.name);
+  for (const Node& node : g.nodes) {
+    for (const std::string& in : node.inputs) address(in);
+    for (const std::string& out : node.outputs) address(out);
+  }
   plan->input_slots.resize(n);
   plan->release_slots.resize(n);
   plan->release_unslotted.resize(n);
@@ -299,7 +312,7 @@ OnnxModule::OnnxModule(Model model, const OnnxOptions& options)
   // The weights' tensors stay the same objects for the module's life (moving it to a device or
   // loading a state dict changes them in place), so their scope is built once, not on every run.
   weight_scope_ = std::make_shared<Scope>();
-  weight_scope_->use_slots(&plan_->slot_of);  // Note [Value slots]
+  weight_scope_->use_slots(&plan_->slot_of, &plan_->slot_addresses);  // Note [Value slots]
   for (const auto& [name, t] : weights_) weight_scope_->at(name) = t;
   eval();  // an imported model starts in inference mode, as onnxruntime runs it; train() to fine-tune
 }
@@ -498,7 +511,7 @@ std::vector<Tensor> OnnxModule::run_ordered(const std::vector<Tensor>& inputs) {
               " inputs [", join(input_names_), "], got ", inputs.size());
   Scope scope;
   scope.parent = weight_scope_.get();
-  scope.use_slots(&plan_->slot_of);  // Note [Value slots]
+  scope.use_slots(&plan_->slot_of, &plan_->slot_addresses);  // Note [Value slots]
   for (size_t i = 0; i < inputs.size(); ++i) {
     const ValueInfo* info = nullptr;
     for (const ValueInfo& v : model_.graph.inputs)
