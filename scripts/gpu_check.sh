@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks, run on a lent GPU machine from the repository root with build/bundle carried
-# (scripts/gpu_bundle.sh makes it here). Writes every log under $OUT (default: gpu-results/):
+# (scripts/gpu_bundle.sh makes it here). Writes summary.txt and logs.tar.gz (every log below) under
+# $OUT (default: gpu-results/):
 #   nvidia-smi.txt       the device
 #   cuda_backend.txt     the backend parity suite (every primitive and dtype against the CPU backend)
 #   suite-<name>.txt     the unit tests with every tensor on cuda:0 (BRAID_TEST_DEVICE=cuda)
@@ -42,82 +43,101 @@ built_in=$(cd "$root" && pwd)
 cuda_dirs=$(find / \( -path /proc -o -path /sys \) -prune -o \( -name 'libcublas.so.13*' -o -name 'libcudnn.so.9*' \
   -o -name 'libcudart.so.13*' -o -name 'libnccl.so.2*' \) ! -type d -print 2>/dev/null | xargs -r -n1 dirname | sort -u | tr '\n' ':')
 libs="$work/lib:${cuda_dirs}${LD_LIBRARY_PATH:-}"
-# Programs run with the machine's loader when its glibc is new enough, else with the carried one.
-run_prog() {
-  if LD_LIBRARY_PATH="$libs" "$work/bin/test_device" --gtest_list_tests >/dev/null 2>&1; then
-    LD_LIBRARY_PATH="$libs" "$@"
-  else
-    "$work/lib/ld-linux-x86-64.so.2" --library-path "$libs:/usr/lib/x86_64-linux-gnu:/lib/x86_64-linux-gnu" "$@"
-  fi
-}
+# Programs run with the machine's loader when its glibc is new enough, else with the carried one;
+# $work/run holds the choice, so that `timeout` can run it.
+if LD_LIBRARY_PATH="$libs" "$work/bin/test_device" --gtest_list_tests >/dev/null 2>&1; then
+  printf '#!/usr/bin/env bash\nLD_LIBRARY_PATH=%q exec "$@"\n' "$libs" >"$work/run"
+else
+  printf '#!/usr/bin/env bash\nexec %q --library-path %q "$@"\n' "$work/lib/ld-linux-x86-64.so.2" \
+    "$libs:/usr/lib/x86_64-linux-gnu:/lib/x86_64-linux-gnu" >"$work/run"
+fi
+chmod +x "$work/run"
 export BRAID_NUM_THREADS=${BRAID_NUM_THREADS:-8} OMP_WAIT_POLICY=passive
 
+# The device tool brings back only a few files: the logs go to $logs and, after every step, into
+# $out/logs.tar.gz; summary.txt stays beside it.
+logs="$work/logs"
+mkdir -p "$logs"
 { nvidia-smi; nvcc --version; echo "bundle of $(cat "$bundle/commit" 2>/dev/null); checked from $built_in on $(date -u)"; } \
-  >"$out/nvidia-smi.txt" 2>&1
+  >"$logs/nvidia-smi.txt" 2>&1
 
-step() {  # step NAME LOG [--direct] CMD...: runs one program (--direct: not through run_prog)
-  local name=$1 log=$2 runner=run_prog
+# Each step runs under a time limit (BRAID_CHECK_STEP_S, default 150 s: a hang fails its step, not the
+# lease), and no step starts once BRAID_CHECK_BUDGET_S (default 480 s) have passed since the start,
+# so the logs come back inside the device tool's limit. The steps run most-needed first.
+started=$SECONDS
+budget=${BRAID_CHECK_BUDGET_S:-480}
+step() {  # step NAME LOG [--direct] CMD...: runs one program (--direct: not through $work/run)
+  local name=$1 log=$logs/$2 runner=$work/run rc t0=$SECONDS
   shift 2
   if [[ $1 == --direct ]]; then runner=; shift; fi
-  if $runner "$@" >"$log" 2>&1; then note "PASS $name"; else note "FAIL $name (see $(basename "$log"))"; fi
+  if ((SECONDS - started > budget)); then note "SKIP $name: past the check's budget of ${budget} s"; return; fi
+  timeout -k 10 "${BRAID_CHECK_STEP_S:-150}" $runner "$@" >"$log" 2>&1
+  rc=$?
+  if ((rc == 0)); then note "PASS $name ($((SECONDS - t0)) s)"
+  elif ((rc == 124 || rc == 137)); then note "FAIL $name: timed out after $((SECONDS - t0)) s (see $(basename "$log"))"
+  else note "FAIL $name: exit $rc (see $(basename "$log"))"; fi
   grep -E '^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ tests?|^\[  FAILED  \] [A-Za-z].*[^)]$' "$log" | sed "s/^/    /" >>"$summary"
+  tar -C "$work" -czf "$out/logs.tar.gz" logs
 }
 
-step cuda_backend "$out/cuda_backend.txt" "$work/bin/test_cuda_backend"
-# The families CI runs on the shadow device (Note [Tests on the shadow device] in tests/meson.build).
-# BRAID_CHECK_SUITES="tensor conv" reruns only those (and "differential" the differential test).
+# What only a GPU can show first: the NCCL group at a world of one (with its watchdog), the backend's
+# parity with the CPU, and two ranks sharing the GPU (DDP, SyncBatchNorm and pipeline equivalence with
+# device tensors, staged through MPI since NCCL refuses two ranks on one GPU).
+[[ -x "$work/bin/test_nccl" ]] && step "NCCL group, world of one" nccl.txt "$work/bin/test_nccl"
+step cuda_backend cuda_backend.txt "$work/bin/test_cuda_backend"
+# The launcher runs with the machine's loader and passes the library path on to the ranks.
+mpirun=(--direct env LD_LIBRARY_PATH="$libs" "$work/bin/mpiexec.hydra" -launcher fork -n 2)
+[[ -x "$work/bin/mpiexec.hydra" ]] || note "SKIP 2-rank checks: no mpiexec.hydra in the bundle"
+if [[ -x "$work/bin/mpiexec.hydra" ]]; then
+  for t in distributed pipeline amp_distributed; do
+    [[ -x "$work/bin/test_$t" ]] || continue
+    BRAID_TEST_DEVICE=$dev BRAID_NUM_THREADS=4 step "suite $t at 2 ranks on one $dev" "suite-$t-np2.txt" \
+      "${mpirun[@]}" "$work/bin/test_$t"
+  done
+fi
+
+# The main job on the GPU: the CNN in float32 and in bfloat16 mixed precision, then data-parallel and
+# pipelined at 2 ranks on the one GPU.
+epochs=${BRAID_CHECK_EPOCHS:-2}
+step "braid-train --device $dev" main-job.txt "$work/bin/braid-train" --device "$dev" --data "$data" \
+  --epochs "$epochs" --out "$work/main-job"
+step "braid-train --device $dev --amp bf16" main-job-bf16.txt "$work/bin/braid-train" --device "$dev" \
+  --amp bf16 --data "$data" --epochs "$epochs" --out "$work/main-job-bf16"
+if [[ -x "$work/bin/mpiexec.hydra" ]]; then
+  BRAID_NUM_THREADS=4 step "braid-train --device $dev, 2 ranks (DDP)" main-job-np2.txt "${mpirun[@]}" \
+    "$work/bin/braid-train" --device "$dev" --data "$data" --epochs 1 --out "$work/main-job-np2"
+  BRAID_NUM_THREADS=4 step "braid-train --device $dev, 2 pipeline stages" main-job-pp2.txt "${mpirun[@]}" \
+    "$work/bin/braid-train" --device "$dev" --pipeline-stages 2 --data "$data" --epochs 1 --out "$work/main-job-pp2"
+fi
+grep -h "final test accuracy" "$logs"/main-job*.txt | tee -a "$summary"
+
+# The unit-test families CI runs on the shadow device (Note [Tests on the shadow device] in
+# tests/meson.build), with every tensor on the GPU. BRAID_CHECK_SUITES="tensor conv" runs only those
+# (and "differential" the differential test).
 suites=${BRAID_CHECK_SUITES:-tensor ops_golden gradcheck autograd loss optim conv layers sequence_layers checkpoint \
   device amp onnx_module onnx_conformance differential}
 for t in $suites; do
   [[ $t != differential && -x "$work/bin/test_$t" ]] || continue
-  BRAID_TEST_DEVICE=$dev step "suite $t on $dev" "$out/suite-$t.txt" "$work/bin/test_$t"
+  BRAID_TEST_DEVICE=$dev step "suite $t on $dev" "suite-$t.txt" "$work/bin/test_$t"
 done
 if [[ " $suites " == *" differential "* && -x "$work/bin/test_differential" ]]; then
   BRAID_DIFF_CASES="$work/bin/diff_cases.jsonl" BRAID_TEST_DEVICE=$dev \
-    step "differential on $dev" "$out/suite-differential.txt" "$work/bin/test_differential"
+    step "differential on $dev" suite-differential.txt "$work/bin/test_differential"
 fi
-[[ -x "$work/bin/test_nccl" ]] && step "NCCL group, world of one" "$out/nccl.txt" "$work/bin/test_nccl"
-# Two ranks on the one GPU: DDP, SyncBatchNorm and pipeline equivalence with device tensors.
-# The launcher runs with the machine's loader and passes the library path on to the ranks.
-mpirun=(--direct env LD_LIBRARY_PATH="$libs" "$work/bin/mpiexec.hydra" -launcher fork -n 2)
-if [[ -x "$work/bin/mpiexec.hydra" ]]; then
-  for t in distributed pipeline amp_distributed; do
-    [[ -x "$work/bin/test_$t" ]] || continue
-    BRAID_TEST_DEVICE=$dev BRAID_NUM_THREADS=4 step "suite $t at 2 ranks on one $dev" "$out/suite-$t-np2.txt" \
-      "${mpirun[@]}" "$work/bin/test_$t"
-  done
-else
-  note "SKIP 2-rank checks: no mpiexec.hydra in the bundle"
-fi
-
-# The main job on the GPU: three epochs of the CNN, float32 and bfloat16 mixed precision.
-epochs=${BRAID_CHECK_EPOCHS:-3}
-step "braid-train --device $dev" "$out/main-job.txt" "$work/bin/braid-train" --device "$dev" --data "$data" \
-  --epochs "$epochs" --out "$out/main-job"
-step "braid-train --device $dev --amp bf16" "$out/main-job-bf16.txt" "$work/bin/braid-train" --device "$dev" \
-  --amp bf16 --data "$data" --epochs "$epochs" --out "$out/main-job-bf16"
-if [[ -x "$work/bin/mpiexec.hydra" ]]; then
-  BRAID_NUM_THREADS=4 step "braid-train --device $dev, 2 ranks (DDP)" "$out/main-job-np2.txt" "${mpirun[@]}" \
-    "$work/bin/braid-train" --device "$dev" --data "$data" --epochs 1 --out "$out/main-job-np2"
-  BRAID_NUM_THREADS=4 step "braid-train --device $dev, 2 pipeline stages" "$out/main-job-pp2.txt" "${mpirun[@]}" \
-    "$work/bin/braid-train" --device "$dev" --pipeline-stages 2 --data "$data" --epochs 1 --out "$out/main-job-pp2"
-fi
-grep -h "final test accuracy" "$out"/main-job*.txt | tee -a "$summary"
 
 # Benchmarks against PyTorch on the same GPU, in one run (benchmarks/device_bench.py). Python runs
 # with the machine's own libraries; only braid's program gets the carried ones, through a wrapper.
 wrapper="$work/bin/braid-device-bench.sh"
-{ echo '#!/usr/bin/env bash'; declare -f run_prog; echo "work='$work' libs='$libs'"; echo 'run_prog "$work/bin/braid-device-bench" "$@"'; } >"$wrapper"
+printf '#!/usr/bin/env bash\nexec %q %q "$@"\n' "$work/run" "$work/bin/braid-device-bench" >"$wrapper"
 chmod +x "$wrapper"
 if [[ $dev == cuda* ]] && python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
-  if python3 benchmarks/device_bench.py --exe "$wrapper" --device cuda >"$out/device_bench.md" 2>&1; then
-    note "PASS device benchmarks (device_bench.md)"
-  else
-    note "FAIL device benchmarks (see device_bench.md)"
-  fi
+  PYTHONUNBUFFERED=1 step "device benchmarks (device_bench.md)" device_bench.md --direct python3 benchmarks/device_bench.py \
+    --exe "$wrapper" --device cuda
+  cp "$logs/device_bench.md" "$out/" 2>/dev/null
 else
   note "SKIP device benchmarks: no GPU, or PyTorch with CUDA is not importable here"
 fi
+tar -C "$work" -czf "$out/logs.tar.gz" logs
 rm -rf "$work"
 grep -q '^FAIL' "$summary" && exit 1
 exit 0
