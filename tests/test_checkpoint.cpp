@@ -236,7 +236,9 @@ TEST(CheckpointFile, SavingReplacesAndAFailedSaveKeepsThePrevious) {
   EXPECT_EQ(load_checkpoint(path).integer("v"), 2);
 }
 
-// Runs f in a child process whose files may not grow past 64 KiB, and returns its wait status.
+// Runs f in a child process whose files may not grow past 64 KiB, and returns its wait status. The
+// child touches host memory only (a forked child cannot use a GPU that its parent initialised), and
+// an exception in it ends it with status 3 rather than letting it run the rest of the suite.
 template <typename F>
 int in_child_with_small_file_limit(bool ignore_sigxfsz, F f) {
   const pid_t pid = ::fork();
@@ -245,7 +247,11 @@ int in_child_with_small_file_limit(bool ignore_sigxfsz, F f) {
     ::setrlimit(RLIMIT_CORE, &core);
     ::setrlimit(RLIMIT_FSIZE, &size);
     if (ignore_sigxfsz) ::signal(SIGXFSZ, SIG_IGN);
-    ::_exit(f());
+    try {
+      ::_exit(f());
+    } catch (...) {
+      ::_exit(3);
+    }
   }
   int status = 0;
   ::waitpid(pid, &status, 0);
@@ -258,7 +264,8 @@ TEST(CheckpointFile, AWriterKilledMidWriteLeavesThePreviousCheckpoint) {
   const Checkpoint old = every_dtype();
   save_checkpoint(path, old);
   Checkpoint big;
-  big.tensors["w"] = zeros({1 << 18});  // 1 MiB: the write passes the 64 KiB limit and SIGXFSZ kills the writer
+  big.tensors["w"] =
+      zeros({1 << 18}, kFloat32, cpu());  // 1 MiB: the write passes the 64 KiB limit and SIGXFSZ kills the writer
   int status = in_child_with_small_file_limit(false, [&] {
     save_checkpoint(path, big);
     return 0;
