@@ -18,10 +18,14 @@ namespace {
 // tensor (all_reduce, broadcast, irecv), the copy is written back once the work has completed. CPU
 // tensors pass straight through. This keeps every collective working for every device, which
 // DistributedDataParallel and the pipeline rely on; a device-native transport (NCCL) replaces the
-// staging for its own device where it is available.
-Tensor to_host(const Tensor& t) {
+// staging for its own device where it is available. The host copy is page-locked where the device
+// offers it (empty_pinned; Note [Pinned host memory] for CUDA), so both copies run at the copy
+// engine's speed; a receive's copy is not filled from the device, since the transfer overwrites it.
+Tensor to_host(const Tensor& t, bool fill = true) {
   NoGradGuard guard;
-  return t.detach().cpu();
+  Tensor h = empty_pinned(t.shape(), t.dtype(), t.device());
+  if (fill) h.copy_(t.detach());
+  return h;
 }
 
 void write_back(const Tensor& host, Tensor& dst) {
@@ -117,7 +121,7 @@ class StagedGroup final : public ProcessGroup {
   WorkPtr irecv(Tensor t, int src, int tag) override {
     if (on_host(t)) return inner_->irecv(std::move(t), src, tag);
     check_collective_tensor(t, "irecv");
-    Tensor h = to_host(t);
+    Tensor h = to_host(t, /*fill=*/false);
     return std::make_shared<StagedWork>(inner_->irecv(h, src, tag), h, t);
   }
   std::shared_ptr<ProcessGroup> split(int color, int key) override {

@@ -2,7 +2,7 @@
 # Runs one of the CUDA tests against the host emulation of the CUDA runtime, cuBLAS and NCCL
 # (tools/cuda_emu): the CUDA backend's parity suite and the NCCL group at a world of one, on a
 # machine without a GPU. The first test to get here builds the emulation into BUILD_DIR/cuda_emu
-# (again whenever libbraid.so is newer than it); the others wait for it.
+# (again whenever libbraid.so or the test's source is newer than it); the others wait for it.
 #   tests/cuda_emu_test.sh BUILD_DIR test_nccl|test_cuda_backend [gtest arguments...]
 set -euo pipefail
 build=$(cd "$1" && pwd)
@@ -12,7 +12,8 @@ emu="$build/cuda_emu"
 mkdir -p "$emu"
 (
   flock 9
-  if [[ ! -x "$emu/$prog" || "$build/libbraid.so" -nt "$emu/libbraid.so" ]]; then
+  if [[ ! -x "$emu/$prog" || "$build/libbraid.so" -nt "$emu/libbraid.so" ||
+    "$(dirname "$0")/$prog.cpp" -nt "$emu/$prog" ]]; then
     EMU_DIR="$emu" "$(dirname "$0")/../tools/cuda_emu/build.sh" "$build" >"$emu/build.log" 2>&1 ||
       { cat "$emu/build.log" >&2; exit 1; }
   fi

@@ -609,6 +609,28 @@ TEST(CudaBackend, TransfersKeepValuesAndLayouts) {
   EXPECT_EQ(zeros({0, 3}, kFloat32, kCuda).cpu().numel(), 0);
 }
 
+// Note [Pinned host memory]: page-locked blocks, kept by size for reuse, carrying values both ways.
+TEST(CudaBackend, PinnedHostMemoryIsKeptForReuseAndCarriesTransfers) {
+  REQUIRE_CUDA();
+  void* a = backend(kCuda).allocate_pinned(kCuda, 12345 * 4);
+  ASSERT_NE(a, nullptr);
+  backend(kCuda).deallocate_pinned(kCuda, a, 12345 * 4);
+  void* b = backend(kCuda).allocate_pinned(kCuda, 12345 * 4);
+  EXPECT_EQ(a, b);  // the block came back from the cache
+  backend(kCuda).deallocate_pinned(kCuda, b, 12345 * 4);
+  for (DType t : {kFloat32, kBFloat16, kInt64}) {
+    const Operand x = operand(layouts()[0], t, 17);
+    Tensor h = empty_pinned(x.on(Device::cpu()).shape(), t, kCuda);
+    h.copy_(x.on(Device::cpu()));
+    Tensor there = h.to(kCuda);
+    Tensor back = empty_pinned(h.shape(), t, kCuda);
+    back.copy_(there);
+    const Tensor want = x.on(Device::cpu()).contiguous();
+    EXPECT_EQ(std::memcmp(back.raw_data(), want.raw_data(), static_cast<size_t>(want.numel() * dtype_size(t))), 0)
+        << "pinned round trip " << dtype_name(t);
+  }
+}
+
 TEST(CudaBackend, MemoryStatisticsAndTheCache) {
   REQUIRE_CUDA();
   synchronize(kCuda);

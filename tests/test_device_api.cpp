@@ -20,6 +20,10 @@
 #include "test_device.h"
 
 namespace braid {
+namespace detail {  // src/backend/shadow/shadow_backend.h
+int64_t shadow_pinned_allocations();
+int64_t shadow_pinned_live();
+}  // namespace detail
 namespace {
 
 const Device kShadow = Device::shadow(0);
@@ -62,6 +66,39 @@ TEST(Device, TransfersKeepValuesLayoutAndDtype) {
   Tensor h = tensor(std::vector<int64_t>{7, -8}, {2}, kShadow).to(kFloat16);
   EXPECT_EQ(h.cpu().to(kFloat32).to_vector<float>(), (std::vector<float>{7, -8}));
   EXPECT_DOUBLE_EQ(scalar_tensor(2.5, kFloat64, kShadow).item(), 2.5);
+}
+
+// Page-locked host memory for a device's transfers (the MPI group's staging buffers): a CPU tensor,
+// written and read like any other, through which values cross to the device and back. The shadow
+// device hands out counted blocks, so the test sees them asked for and given back; the CPU has
+// none, and empty_pinned gives ordinary memory there.
+TEST(Device, PinnedHostMemoryCarriesTransfers) {
+  for (Device d : {test::test_device(), kShadow}) {
+    Tensor h = empty_pinned({3, 5}, kFloat32, d);
+    EXPECT_EQ(h.device(), Device::cpu());
+    EXPECT_EQ(h.shape(), (Shape{3, 5}));
+    std::vector<float> expected(15);
+    for (int i = 0; i < 15; ++i) h.data<float>()[i] = expected[i] = 0.5f * static_cast<float>(i) - 3.0f;
+    Tensor x = h.to(d);
+    EXPECT_EQ(x.device(), d);
+    Tensor back = empty_pinned({3, 5}, kFloat32, d);
+    back.copy_(x * 2.0);
+    for (float& v : expected) v *= 2.0f;
+    EXPECT_EQ(back.to_vector<float>(), expected) << d.str();
+  }
+  const int64_t made = detail::shadow_pinned_allocations(), live = detail::shadow_pinned_live();
+  {
+    Tensor h = empty_pinned({64}, kFloat64, kShadow);
+    EXPECT_EQ(detail::shadow_pinned_allocations(), made + 1);
+    EXPECT_EQ(detail::shadow_pinned_live(), live + 1);
+    Tensor view = h.slice(0, 8, 16);  // a view keeps the block
+    h = Tensor();
+    EXPECT_EQ(detail::shadow_pinned_live(), live + 1);
+  }
+  EXPECT_EQ(detail::shadow_pinned_live(), live);
+  EXPECT_EQ(empty_pinned({4}, kInt64, Device::cpu()).numel(), 4);
+  EXPECT_EQ(detail::shadow_pinned_allocations(), made + 1);  // the CPU asked the shadow device for nothing
+  EXPECT_EQ(empty_pinned({0, 3}, kFloat32, kShadow).numel(), 0);
 }
 
 TEST(Device, HostAccessToDeviceMemoryIsRefused) {

@@ -4,6 +4,8 @@
 // that libbraid_cuda.so registers for CUDA tensors is routed the same way; it runs on a GPU
 // (tests/test_nccl.cpp). Expected values are closed forms in the rank and the world size.
 #include <atomic>
+#include <chrono>
+#include <thread>
 
 #include "braid/distributed.h"
 #include "distributed/internal.h"
@@ -12,6 +14,11 @@
 using namespace braid;
 using namespace braid::distributed;
 using braid::testing::DistTest;
+
+namespace braid::detail {  // src/backend/shadow/shadow_backend.h
+int64_t shadow_pinned_allocations();
+int64_t shadow_pinned_live();
+}  // namespace braid::detail
 
 namespace {
 
@@ -127,15 +134,32 @@ TEST_F(NativeGroups, DeviceCollectivesGoToTheNativeGroupMadeOnFirstUse) {
 }
 
 // A factory that declines (NCCL with two ranks on one GPU) leaves the device's tensors staged,
-// asked once per group.
+// asked once per group, through the device's page-locked host memory (Note [Staging device
+// tensors]): one block per staged operation, given back when it completes.
 TEST_F(NativeGroups, ADecliningFactoryLeavesTheTensorsStaged) {
   g_decline = true;
   auto g = world()->split(0, R());
+  const int64_t made = braid::detail::shadow_pinned_allocations(), live = braid::detail::shadow_pinned_live();
   for (int i = 0; i < 3; ++i) {
     Tensor t = full({100}, R() + 1.0, kFloat32, kShadow);
     g->all_reduce(t, ReduceOp::Sum);
     EXPECT_EQ(amin(t).item(), N() * (N() + 1) / 2.0);
   }
+  Tensor u = full({7}, R() == 0 ? 5.0 : -1.0, kFloat32, kShadow);
+  g->all_reduce_async(u, ReduceOp::Max)->wait();
+  EXPECT_EQ(u.cpu().to_vector<float>(), std::vector<float>(7, 5.0f));
+  if (R() == 0) g->send(full({3}, 9.0, kInt32, kShadow), 1, 4);
+  if (R() == 1) {
+    Tensor r = zeros({3}, kInt32, kShadow);
+    g->recv(r, 0, 4);
+    EXPECT_EQ(r.cpu().to_vector<int32_t>(), std::vector<int32_t>(3, 9));
+  }
+  EXPECT_EQ(braid::detail::shadow_pinned_allocations(), made + 4 + (R() <= 1 ? 1 : 0));
+  // The group's communication thread may drop its reference to the last block just after it
+  // signals completion: wait (up to 10 s) for the blocks to come back.
+  for (int i = 0; i < 10000 && braid::detail::shadow_pinned_live() != live; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_EQ(braid::detail::shadow_pinned_live(), live);
   EXPECT_EQ(g_made.load(), 1);
   EXPECT_EQ(g_collectives.load(), 0);
 }

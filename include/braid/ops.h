@@ -53,6 +53,10 @@ Tensor from_buffer(const void* data, const Shape& shape, DType dtype, Device dev
 /// Wraps host memory without copying (a CPU tensor); the caller keeps it alive while any view of
 /// the tensor lives.
 Tensor from_blob(void* data, const Shape& shape, DType dtype);
+/// An uninitialised CPU tensor in page-locked host memory for transfers to and from device
+/// (torch.empty(..., pin_memory=True)): a GPU's copy engine reads and writes it directly. Ordinary
+/// host memory where device has none (the CPU, or when the system has no more to lock).
+Tensor empty_pinned(const Shape& shape, DType dtype, Device device);
 Tensor tensor(const std::vector<float>& values, const Shape& shape, Device device = BRAID_IMPLICIT_DEVICE);
 Tensor tensor(const std::vector<double>& values, const Shape& shape, Device device = BRAID_IMPLICIT_DEVICE);
 Tensor tensor(const std::vector<int64_t>& values, const Shape& shape, Device device = BRAID_IMPLICIT_DEVICE);

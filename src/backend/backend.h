@@ -119,6 +119,12 @@ class Backend {
   /// Bytes the allocator keeps for reuse, and their release to the system.
   virtual int64_t cached_bytes(Device device) = 0;
   virtual void empty_cache(Device device) = 0;
+  /// Page-locked host memory for transfers to and from this device (optional): the device's copy
+  /// engine reads and writes it directly, where ordinary host memory goes through a driver buffer
+  /// and a second copy. nullptr where the device has none (the default), or when none is left; the
+  /// caller then uses ordinary host memory. deallocate_pinned takes back what allocate_pinned gave.
+  virtual void* allocate_pinned(Device device, int64_t nbytes);
+  virtual void deallocate_pinned(Device device, void* p, int64_t nbytes);
   /// Raw byte copies between host memory and this device's memory; ordered after every queued op,
   /// and complete (host memory safe to read or reuse) when they return.
   virtual void copy_from_host(Device device, const void* host, void* dev, int64_t nbytes) = 0;

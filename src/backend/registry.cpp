@@ -76,6 +76,8 @@ bool Backend::conv2d(const Tensor&, const Tensor&, const Tensor&, const Window2d
                      const Tensor&) {
   return false;
 }
+void* Backend::allocate_pinned(Device, int64_t) { return nullptr; }
+void Backend::deallocate_pinned(Device, void*, int64_t) {}
 bool Backend::max_pool2d_channels_last(const Tensor&, const Window2d&, const Tensor&) { return false; }
 bool Backend::conv2d_prefers_channels_last(const Tensor&, const Tensor&, const Window2d&, int64_t) { return false; }
 bool Backend::conv2d_backward_input(const Tensor&, const Tensor&, const Window2d&, int64_t, const Tensor&) {

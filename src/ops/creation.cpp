@@ -74,6 +74,17 @@ Tensor from_buffer(const void* data, const Shape& shape, DType dtype, Device dev
   return transfer_raw(t, device);
 }
 
+Tensor empty_pinned(const Shape& shape, DType dtype, Device device) {
+  const int64_t bytes = shape_numel(shape, "empty_pinned") * dtype_size(dtype);
+  if (bytes == 0) return empty(shape, dtype, Device::cpu());
+  Backend& b = backend_for(device);
+  void* p = b.allocate_pinned(device, bytes);
+  if (!p) return empty(shape, dtype, Device::cpu());
+  auto storage =
+      Storage::wrap(p, bytes, Device::cpu(), [&b, device, p, bytes] { b.deallocate_pinned(device, p, bytes); });
+  return make_tensor(std::move(storage), shape, contiguous_strides(shape), 0, dtype);
+}
+
 Tensor from_blob(void* data, const Shape& shape, DType dtype) {
   int64_t bytes = shape_numel(shape, "from_blob") * dtype_size(dtype);
   return make_tensor(Storage::wrap(data, bytes), shape, contiguous_strides(shape), 0, dtype);

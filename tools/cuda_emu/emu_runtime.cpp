@@ -71,6 +71,15 @@ cudaError_t cudaMemcpyAsync(void* d, const void* s, size_t n, cudaMemcpyKind k, 
   std::memmove(d, s, n);
   return cudaSuccess;
 }
+// Page-locked host memory is ordinary host memory here (never device memory: check_ptr refuses it).
+cudaError_t cudaHostAlloc(void** p, size_t n, unsigned) {
+  *p = std::aligned_alloc(64, (n + 63) / 64 * 64);
+  return *p ? cudaSuccess : emu::fail(cudaErrorMemoryAllocation);
+}
+cudaError_t cudaFreeHost(void* p) {
+  std::free(p);
+  return cudaSuccess;
+}
 cudaError_t cudaMemsetAsync(void* d, int v, size_t n, cudaStream_t) { check_ptr(d, n); std::memset(d, v, n); return cudaSuccess; }
 
 // ---- cuBLAS ----

@@ -6,7 +6,9 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <map>
 #include <memory>
+#include <mutex>
 
 #include "backend/cuda/runtime.h"
 #include "braid/config.h"
@@ -72,6 +74,52 @@ int64_t CudaBackend::cached_bytes(Device device) {
 }
 
 void CudaBackend::empty_cache(Device device) { cuda::release_pool(index_of(device)); }
+
+// Note [Pinned host memory]
+// empty_pinned (the staging buffers of the MPI group's CUDA tensors, Note [Staging device tensors])
+// asks for page-locked memory, which cudaMemcpy moves by DMA without the driver's bounce buffer.
+// Locking pages costs about as much as the copy it speeds up, so blocks are kept by size for reuse,
+// as PyTorch's caching host allocator does (a data-parallel job stages the same bucket sizes every
+// step), up to kPinnedCache bytes; past that they go back with cudaFreeHost. The blocks are
+// portable (usable with every GPU of the process). When the system refuses to lock more, the
+// caller gets nullptr and uses ordinary memory.
+namespace {
+constexpr int64_t kPinnedCache = int64_t{1} << 30;
+std::mutex g_pinned_mu;
+std::multimap<int64_t, void*> g_pinned_free;  // size -> block
+int64_t g_pinned_cached = 0;
+}  // namespace
+
+void* CudaBackend::allocate_pinned(Device, int64_t nbytes) {
+  {
+    std::lock_guard<std::mutex> lock(g_pinned_mu);
+    auto it = g_pinned_free.find(nbytes);
+    if (it != g_pinned_free.end()) {
+      void* p = it->second;
+      g_pinned_free.erase(it);
+      g_pinned_cached -= nbytes;
+      return p;
+    }
+  }
+  void* p = nullptr;
+  if (cudaHostAlloc(&p, static_cast<size_t>(nbytes), cudaHostAllocPortable) != cudaSuccess) {
+    (void)cudaGetLastError();  // not a sticky error: the caller falls back to ordinary memory
+    return nullptr;
+  }
+  return p;
+}
+
+void CudaBackend::deallocate_pinned(Device, void* p, int64_t nbytes) {
+  {
+    std::lock_guard<std::mutex> lock(g_pinned_mu);
+    if (g_pinned_cached + nbytes <= kPinnedCache) {
+      g_pinned_free.emplace(nbytes, p);
+      g_pinned_cached += nbytes;
+      return;
+    }
+  }
+  cudaFreeHost(p);
+}
 
 void CudaBackend::copy_from_host(Device device, const void* host, void* dev, int64_t nbytes) {
   if (nbytes <= 0) return;

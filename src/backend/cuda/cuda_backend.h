@@ -15,6 +15,8 @@ class CudaBackend final : public Backend {
   void deallocate(Device device, void* p, int64_t nbytes) override;
   int64_t cached_bytes(Device device) override;
   void empty_cache(Device device) override;
+  void* allocate_pinned(Device device, int64_t nbytes) override;
+  void deallocate_pinned(Device device, void* p, int64_t nbytes) override;
   void copy_from_host(Device device, const void* host, void* dev, int64_t nbytes) override;
   void copy_to_host(Device device, const void* dev, void* host, int64_t nbytes) override;
   void synchronize(Device device) override;

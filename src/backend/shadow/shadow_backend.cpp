@@ -2,6 +2,7 @@
 // storage of its own.
 #include "backend/shadow/shadow_backend.h"
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
@@ -24,6 +25,8 @@ namespace braid::detail {
 namespace {
 
 constexpr int kShadowDevices = 2;
+std::atomic<int64_t> g_pinned_allocations{0};
+std::atomic<int64_t> g_pinned_live{0};
 
 class ShadowBackend final : public Backend {
  public:
@@ -33,6 +36,15 @@ class ShadowBackend final : public Backend {
     return p;
   }
   void deallocate(Device, void* p, int64_t) override { std::free(p); }
+  void* allocate_pinned(Device, int64_t nbytes) override {
+    void* p = std::aligned_alloc(64, static_cast<size_t>((nbytes + 63) / 64 * 64));
+    if (p) ++g_pinned_allocations, ++g_pinned_live;
+    return p;
+  }
+  void deallocate_pinned(Device, void* p, int64_t) override {
+    --g_pinned_live;
+    std::free(p);
+  }
   int64_t cached_bytes(Device) override { return 0; }
   void empty_cache(Device) override {}
   void copy_from_host(Device, const void* host, void* dev, int64_t nbytes) override {
@@ -227,6 +239,9 @@ class ShadowBackend final : public Backend {
 };
 
 }  // namespace
+
+int64_t shadow_pinned_allocations() { return g_pinned_allocations.load(); }
+int64_t shadow_pinned_live() { return g_pinned_live.load(); }
 
 Backend& shadow_backend() {
   static ShadowBackend backend;

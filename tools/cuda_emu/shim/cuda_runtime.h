@@ -145,6 +145,9 @@ cudaError_t cudaMemPoolGetAttribute(cudaMemPool_t p, cudaMemPoolAttr a, void* v)
 cudaError_t cudaMemPoolTrimTo(cudaMemPool_t p, size_t keep);
 cudaError_t cudaDeviceGetAttribute(int* v, cudaDeviceAttr a, int device);
 cudaError_t cudaMallocAsync(void** p, size_t n, cudaStream_t s);
+#define cudaHostAllocPortable 1
+cudaError_t cudaHostAlloc(void** p, size_t n, unsigned flags);
+cudaError_t cudaFreeHost(void* p);
 cudaError_t cudaFreeAsync(void* p, cudaStream_t s);
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind kind, cudaStream_t s);
 cudaError_t cudaMemsetAsync(void* dst, int v, size_t n, cudaStream_t s);
