@@ -32,14 +32,17 @@ mkdir -p "$out" "$stage/bin" "$stage/lib"
 
 # Only the programs scripts/gpu_check.sh runs (its suite list and the distributed checks): all of
 # braid's tests together would not fit in what the device tool carries.
-checked=(cuda_backend tensor ops_golden gradcheck autograd loss optim conv layers sequence_layers checkpoint device amp
-  onnx_module onnx_conformance differential nccl distributed pipeline amp_distributed)
+# BRAID_BUNDLE_TESTS="" carries braid-train alone (with BRAID_BUNDLE_TRAIN_IMAGES=60000 and
+# BRAID_BUNDLE_ONNX_DATA=0: the main job on all of Fashion-MNIST, within the 64 MiB).
+checked=(${BRAID_BUNDLE_TESTS-cuda_backend tensor ops_golden gradcheck autograd loss optim conv layers sequence_layers
+  checkpoint device amp onnx_module onnx_conformance differential nccl distributed pipeline amp_distributed})
 programs=("$build/model_zoo/braid-train" "$build/benchmarks/braid-device-bench")
 for t in "${checked[@]}"; do programs+=("$build/tests/test_$t"); done
+((${#checked[@]} > 0)) || programs=("$build/model_zoo/braid-train")
 for p in "${programs[@]}"; do
   if [[ -f "$p" && -x "$p" ]]; then cp "$p" "$stage/bin/"; fi
 done
-cp "$build"/tests/diff_cases.jsonl "$stage/bin/" 2>/dev/null || true
+[[ " ${checked[*]} " == *" differential "* ]] && cp "$build"/tests/diff_cases.jsonl "$stage/bin/"
 # MPICH's launcher, for the checks at 2 ranks on the one GPU (the machine's own MPI, if any, is
 # another implementation that braid's programs cannot talk to).
 for p in mpiexec.hydra hydra_pmi_proxy; do
@@ -75,7 +78,7 @@ for name, item in (("train-images-idx3-ubyte.gz", 28 * 28), ("train-labels-idx1-
         f.write(body)
 PY
 fi
-if [[ -d /usr/share/libonnx-testdata ]]; then
+if [[ -d /usr/share/libonnx-testdata && ${BRAID_BUNDLE_ONNX_DATA:-1} != 0 ]]; then
   tar -C /usr/share -cJf "$out/libonnx-testdata.tar.xz" libonnx-testdata
 fi
 git rev-parse HEAD >"$out/commit"

@@ -51,7 +51,7 @@ cuda_dirs=$(find / \( -path /proc -o -path /sys \) -prune -o \( -name 'libcublas
 libs="$work/lib:${cuda_dirs}${LD_LIBRARY_PATH:-}"
 # Programs run with the machine's loader when its glibc is new enough, else with the carried one;
 # $work/run holds the choice, so that `timeout` can run it.
-if LD_LIBRARY_PATH="$libs" "$work/bin/test_device" --gtest_list_tests >/dev/null 2>&1; then
+if LD_LIBRARY_PATH="$libs" "$work/bin/braid-train" --help >/dev/null 2>&1; then
   printf '#!/usr/bin/env bash\nLD_LIBRARY_PATH=%q exec "$@"\n' "$libs" >"$work/run"
 else
   printf '#!/usr/bin/env bash\nexec %q --library-path %q "$@"\n' "$work/glibc/ld-linux-x86-64.so.2" \
@@ -79,6 +79,8 @@ step() {  # step NAME LOG [--direct] CMD...: runs one program (--direct: not thr
   shift 2
   if [[ $1 == --direct ]]; then runner=; shift; fi
   if ((SECONDS - started > budget)); then note "SKIP $name: past the check's budget of ${budget} s"; return; fi
+  local prog=$1
+  if [[ $prog == "$work"/* && ! -x $prog ]]; then note "SKIP $name: $(basename "$prog") is not in the bundle"; return; fi
   timeout -k 10 "${BRAID_CHECK_STEP_S:-150}" $runner "$@" >"$log" 2>&1
   rc=$?
   if ((rc == 0)); then note "PASS $name ($((SECONDS - t0)) s)"
@@ -138,7 +140,9 @@ fi
 wrapper="$work/bin/braid-device-bench.sh"
 printf '#!/usr/bin/env bash\nexec %q %q "$@"\n' "$work/run" "$work/bin/braid-device-bench" >"$wrapper"
 chmod +x "$wrapper"
-if [[ $dev == cuda* ]] && python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
+if [[ ! -x "$work/bin/braid-device-bench" ]]; then
+  note "SKIP device benchmarks: braid-device-bench is not in the bundle"
+elif [[ $dev == cuda* ]] && python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
   PYTHONUNBUFFERED=1 step "device benchmarks (device_bench.md)" device_bench.md --direct python3 benchmarks/device_bench.py \
     --exe "$wrapper" --device cuda
   cp "$logs/device_bench.md" "$out/" 2>/dev/null
