@@ -90,6 +90,23 @@ step() {  # step NAME LOG [--direct] CMD...: runs one program (--direct: not thr
   tar -C "$work" -czf "$out/logs.tar.gz" logs
 }
 
+# BRAID_CHECK_PROFILE=resnet50|gpt2|conv|gemm: instead of the checks, the kernels of one step of that
+# device benchmark under Nsight Compute (each kernel's duration; ncu serialises them, so the sum is
+# device time without overlap), summed by kernel (benchmarks/ncu_summary.py) into profile.md.
+if [[ -n ${BRAID_CHECK_PROFILE:-} ]]; then
+  ncu=$(command -v ncu || find /opt /usr/local -name ncu -type f -perm -u+x 2>/dev/null | head -1)
+  [[ -n $ncu ]] || { note "FAIL profile: no ncu on this machine"; exit 1; }
+  step "ncu on braid-device-bench --suite $BRAID_CHECK_PROFILE" ncu.csv --direct "$ncu" --csv \
+    --metrics gpu__time_duration.sum --clock-control none --launch-count "${BRAID_CHECK_PROFILE_KERNELS:-2500}" \
+    --target-processes all "$work/run" "$work/bin/braid-device-bench" --device cuda \
+    --suite "$BRAID_CHECK_PROFILE" --repeats 1
+  python3 benchmarks/ncu_summary.py "$logs/ncu.csv" --steps "${BRAID_CHECK_PROFILE_STEPS:-1}" >"$out/profile.md" 2>&1
+  grep -h 'ms\b' "$logs/ncu.csv" | grep -v '^"' | tail -5 | tee -a "$summary"
+  head -30 "$out/profile.md"
+  tar -C "$work" -czf "$out/logs.tar.gz" logs
+  exit 0
+fi
+
 # What only a GPU can show first: the NCCL group at a world of one (with its watchdog), the backend's
 # parity with the CPU, and two ranks sharing the GPU (DDP, SyncBatchNorm and pipeline equivalence with
 # device tensors, staged through MPI since NCCL refuses two ranks on one GPU).
