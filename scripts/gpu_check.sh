@@ -104,6 +104,7 @@ if [[ -n ${BRAID_CHECK_PROFILE:-} ]]; then
   grep -h 'ms\b' "$logs/ncu.csv" | grep -v '^"' | tail -5 | tee -a "$summary"
   head -30 "$out/profile.md"
   tar -C "$work" -czf "$out/logs.tar.gz" logs
+  grep -q '^FAIL' "$summary" && exit 1
   exit 0
 fi
 
