@@ -121,6 +121,57 @@ TEST(ChannelsLast, AChannelsLastInputGivesAChannelsLastOutput) {
 #endif
 }
 
+// A network's stem (Note [A stem convolution on NCHW input] in src/backend/cpu/conv_dnnl.cpp): an NCHW
+// image of 3 channels into 16 or 8 channels, HardSwish after, in a ChannelsLastGuard as the ONNX
+// executor runs it. The output is channels-last and equals the convolution summed in float64 by the
+// definition, to float32 rounding; the same holds without the guard (NCHW out).
+TEST(ChannelsLast, AStemOnAnNchwImageGivesAChannelsLastOutput) {
+  for (const int64_t c_out : {16, 8, 12}) {
+    Generator g(11);
+    // Above oneDNN's size threshold (BRAID_ONEDNN_MIN_MACS) at every c_out: 3x3, stride 2, padding 1.
+    const int64_t n = 4, c = 3, h = 71, wd = 66, oh = 36, ow = 33;
+    Tensor x = randn({n, c, h, wd}, kFloat32, &g), w = randn({c_out, c, 3, 3}, kFloat32, &g) * 0.3;
+    Tensor bias = randn({c_out}, kFloat32, &g);
+    const std::vector<float> xv = x.to_vector<float>(), wv = w.to_vector<float>(), bv = bias.to_vector<float>();
+    std::vector<double> want(static_cast<size_t>(n * c_out * oh * ow));
+    for (int64_t b = 0; b < n; ++b)
+      for (int64_t o = 0; o < c_out; ++o)
+        for (int64_t i = 0; i < oh; ++i)
+          for (int64_t j = 0; j < ow; ++j) {
+            double acc = bv[static_cast<size_t>(o)];
+            for (int64_t ci = 0; ci < c; ++ci)
+              for (int64_t ki = 0; ki < 3; ++ki)
+                for (int64_t kj = 0; kj < 3; ++kj) {
+                  const int64_t r = i * 2 - 1 + ki, q = j * 2 - 1 + kj;
+                  if (r < 0 || r >= h || q < 0 || q >= wd) continue;
+                  acc += static_cast<double>(xv[static_cast<size_t>(((b * c + ci) * h + r) * wd + q)]) *
+                         wv[static_cast<size_t>(((o * c + ci) * 3 + ki) * 3 + kj)];
+                }
+            want[static_cast<size_t>(((b * c_out + o) * oh + i) * ow + j)] = acc * std::clamp(acc + 3, 0.0, 6.0) / 6;
+          }
+    NoGradGuard no_grad;
+    const Tensor plain = conv2d_activation(x, w, bias, {2, 2}, {1, 1}, {1, 1}, 1, "hardswish");
+    Tensor guarded;
+    {
+      ChannelsLastGuard prefer;
+      guarded = conv2d_activation(x, w, bias, {2, 2}, {1, 1}, {1, 1}, 1, "hardswish");
+    }
+    for (const Tensor* y : {&plain, static_cast<const Tensor*>(&guarded)}) {
+      ASSERT_EQ(y->shape(), (Shape{n, c_out, oh, ow})) << c_out;
+      const std::vector<float> got = y->to_vector<float>();
+      for (size_t k = 0; k < want.size(); ++k)
+        ASSERT_NEAR(got[k], want[k], 1e-5 * (1 + std::abs(want[k]))) << "c_out " << c_out << " at " << k;
+    }
+    EXPECT_TRUE(plain.is_contiguous());
+#ifdef BRAID_HAVE_DNNL
+    const char* onednn = std::getenv("BRAID_ONEDNN");
+    if ((x.device().is_cpu() || x.device().type == DeviceType::Shadow) && !(onednn && std::string(onednn) == "0")) {
+      EXPECT_TRUE(guarded.is_channels_last() && !guarded.is_contiguous()) << c_out;
+    }
+#endif
+  }
+}
+
 // Channels-last parts join into a channels-last result, along the channels as along the rows, with
 // the values of the NCHW concat.
 TEST(ChannelsLast, ConcatKeepsTheLayout) {

