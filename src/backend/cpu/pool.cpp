@@ -22,12 +22,64 @@ namespace {
 
 int threads_for(int64_t work) { return work > kParallelGrain && !omp_in_parallel() ? get_num_threads() : 1; }
 
+// Note [2x2 max pooling in two passes]
 // The 2x2 window of stride 2 without padding or dilation, the pooling of most CNNs: every window is
-// inside the plane, so the taps need no bounds, and the work splits over output rows. Same order and
-// NaN rule as the general kernel below.
+// inside the plane, so the taps need no bounds. Taken one output at a time (four taps, three
+// dependent selects) it ran at 4-10 ns an output, 2 ms of a (64, 16, 28, 28) forward on one thread:
+// a fifth of the model zoo's CNN step. For float32 planes of even width it runs in two passes over
+// each plane instead: first the pairs along every row (the larger of x[2i] and x[2i + 1], and which),
+// one flat loop over the plane that the compiler vectorises, then the two rows of each window. The
+// taps meet in row-major order either way, the first largest winning a tie and the last NaN
+// winning over numbers (PyTorch's rule), so values and positions are the same as one output at a
+// time: the second of a pair wins exactly where it would win against the first, and the lower row
+// of a window wins exactly where its pair's winner would beat every tap above it.
+BRAID_VECTOR_CLONES void max_pool_2x2_plane(const float* x, float* out, int64_t* at, int64_t h, int64_t w, int64_t oh,
+                                            float* pair, int32_t* second) {
+  const int64_t ow = w / 2, pairs = h * ow;
+  for (int64_t i = 0; i < pairs; ++i) {
+    const float a = x[2 * i], b = x[2 * i + 1];
+    const bool m = (b > a) | (b != b);
+    pair[i] = select(m, b, a);
+    second[i] = m;
+  }
+  for (int64_t oy = 0; oy < oh; ++oy) {
+    const float* p0 = pair + 2 * oy * ow;
+    const float* p1 = p0 + ow;
+    const int32_t* s0 = second + 2 * oy * ow;
+    const int32_t* s1 = s0 + ow;
+    float* o = out + oy * ow;
+    int64_t* a = at + oy * ow;
+    const int64_t top = 2 * oy * w;
+    for (int64_t ox = 0; ox < ow; ++ox) {
+      const float u = p0[ox], v = p1[ox];
+      const bool m = (v > u) | (v != v);
+      o[ox] = select(m, v, u);
+      a[ox] = top + 2 * ox + select<int64_t>(m, w + s1[ox], s0[ox]);
+    }
+  }
+}
+
+// Same order and NaN rule as the general kernel below, one output at a time (other dtypes, odd
+// widths).
 template <typename T>
 void max_pool_2x2_kernel(const T* x, T* out, int64_t* indices, int64_t planes, const Window2d& win) {
   using U = std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>;  // T's bits
+  if constexpr (std::is_same_v<T, float>) {
+    if (win.w % 2 == 0) {  // Note [2x2 max pooling in two passes]
+      const int64_t plane = win.h * win.w, p = win.oh * win.ow, half = win.h * win.ow;
+      parallel_for(threads_for(planes * p * 4), planes, [&](int64_t t) {
+        thread_local std::vector<float> pair;
+        thread_local std::vector<int32_t> second;
+        thread_local std::vector<int64_t> unkept;  // the positions when no indices are wanted
+        if (pair.size() < static_cast<size_t>(half)) pair.resize(static_cast<size_t>(half));
+        if (second.size() < static_cast<size_t>(half)) second.resize(static_cast<size_t>(half));
+        if (indices == nullptr && unkept.size() < static_cast<size_t>(p)) unkept.resize(static_cast<size_t>(p));
+        max_pool_2x2_plane(x + t * plane, out + t * p, indices != nullptr ? indices + t * p : unkept.data(), win.h,
+                           win.w, win.oh, pair.data(), second.data());
+      });
+      return;
+    }
+  }
   const int64_t rows = planes * win.oh, w = win.w;
   const int nt = threads_for(rows * win.ow * 4);
   parallel_for(nt, rows, [&](int64_t r) {
@@ -63,8 +115,10 @@ void max_pool_2x2_kernel(const T* x, T* out, int64_t* indices, int64_t planes, c
 
 template <typename T>
 void max_pool_kernel(const T* x, T* out, int64_t* indices, int64_t planes, const Window2d& win) {
+  // (In ceil mode the last window of an odd row or column overhangs the plane: the general kernel
+  // clips it.)
   if (win.kh == 2 && win.kw == 2 && win.sh == 2 && win.sw == 2 && win.ph == 0 && win.pw == 0 && win.dh == 1 &&
-      win.dw == 1)
+      win.dw == 1 && 2 * win.oh <= win.h && 2 * win.ow <= win.w)
     return max_pool_2x2_kernel(x, out, indices, planes, win);
   using U = std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>;  // T's bits
   const int64_t plane = win.h * win.w, p = win.oh * win.ow;
