@@ -255,6 +255,58 @@ void expect_same_batch(const Batch& a, const Batch& b) {
   EXPECT_TRUE(equal(a.target, b.target));
 }
 
+// A transform that records the thread count its caller's ops would use.
+class ThreadCountProbe : public data::Transform {
+ public:
+  explicit ThreadCountProbe(std::atomic<int>* seen) : seen_(seen) {}
+  Tensor apply(const Tensor& x, Generator&) const override {
+    seen_->store(get_num_threads());
+    return x;
+  }
+  std::string describe() const override { return "ThreadCountProbe()"; }
+
+ private:
+  std::atomic<int>* seen_;
+};
+
+// Note [One thread for the loader's worker]: the prefetch thread makes its batches on one thread;
+// a synchronous loader's batches are made on the caller's thread with the caller's count.
+TEST(DataLoader, ThePrefetchWorkerMakesBatchesOnOneThread) {
+  const int before = get_num_threads();
+  set_num_threads(2);
+  std::atomic<int> seen{0};
+  DataLoaderOptions o{.batch_size = 4, .prefetch = 2, .transforms = {std::make_shared<ThreadCountProbe>(&seen)}};
+  DataLoader ahead(images(8), o);
+  Batch b;
+  ASSERT_TRUE(ahead.next(b));
+  EXPECT_EQ(seen.load(), 1);
+  o.prefetch = 0;
+  DataLoader sync(images(8), o);
+  ASSERT_TRUE(sync.next(b));
+  EXPECT_EQ(seen.load(), 2);
+  set_num_threads(before);
+}
+
+TEST(ThreadLimitGuard, CapsTheCallingThreadOnlyAndRestores) {
+  const int before = get_num_threads();
+  set_num_threads(3);
+  {
+    ThreadLimitGuard two(2);
+    EXPECT_EQ(get_num_threads(), 2);
+    int other = 0;
+    std::thread([&other] { other = get_num_threads(); }).join();
+    EXPECT_EQ(other, 3);  // another thread keeps the process's count
+    {
+      ThreadLimitGuard more(8);  // a cap above the process's count leaves the count
+      EXPECT_EQ(get_num_threads(), 3);
+    }
+    EXPECT_EQ(get_num_threads(), 2);
+  }
+  EXPECT_EQ(get_num_threads(), 3);
+  EXPECT_CONTAINS(error_of<ValueError>([] { ThreadLimitGuard none(0); }), "ThreadLimitGuard: expected a positive");
+  set_num_threads(before);
+}
+
 TEST(DataLoader, PrefetchGivesTheSynchronousBatchesBitwise) {
   DataLoaderOptions o{.batch_size = 6, .shuffle = true, .seed = 5, .prefetch = 0, .transforms = augment()};
   DataLoader sync(images(27), o);

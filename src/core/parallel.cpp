@@ -20,6 +20,7 @@ namespace {
 
 std::atomic<int> g_num_threads{1};
 std::once_flag g_init;
+thread_local int t_limit = 0;  // ThreadLimitGuard's cap on this thread, 0 for none
 
 // The leading integer of an environment variable (SLURM writes values like "2(x3)"), or 0 when the
 // variable is unset or does not start with a positive integer.
@@ -63,13 +64,25 @@ void ensure_initialised() {
 
 int get_num_threads() {
   ensure_initialised();
-  return g_num_threads.load(std::memory_order_relaxed);
+  const int n = g_num_threads.load(std::memory_order_relaxed);
+  return t_limit > 0 && t_limit < n ? t_limit : n;
 }
 
 void set_num_threads(int n) {
   BRAID_CHECK(n >= 1, "set_num_threads: expected a positive thread count, got ", n);
   ensure_initialised();
   apply(n);
+}
+
+ThreadLimitGuard::ThreadLimitGuard(int n) : prev_(t_limit) {
+  BRAID_CHECK(n >= 1, "ThreadLimitGuard: expected a positive thread count, got ", n);
+  t_limit = n;
+  omp_set_num_threads(get_num_threads());  // this thread's OpenMP default, which oneDNN reads
+}
+
+ThreadLimitGuard::~ThreadLimitGuard() {
+  t_limit = prev_;
+  omp_set_num_threads(get_num_threads());
 }
 
 }  // namespace braid
