@@ -77,6 +77,10 @@ def main():
     args = ap.parse_args()
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     exe = os.path.join(root, args.build_dir, "model_zoo", "braid-train")
+    for need, what in ((exe, "braid-train: build braid first (ninja -C BUILD)"),
+                       (f"{DATA}/train-images-idx3-ubyte.gz", "Fashion-MNIST: apt-get install dataset-fashion-mnist")):
+        if not os.path.exists(need):
+            sys.exit(f"main_job.py: {need} is missing ({what})")
     best = {}
     runs = [("braid, 1 process x 2 threads", lambda: braid_epoch_s(exe, 1, 2)),
             ("braid, 2 ranks x 1 thread", lambda: braid_epoch_s(exe, 2, 1)),
