@@ -12,9 +12,12 @@
 
 // Note [Vector clones]
 // The float32 polynomial kernels are compute-bound at SSE2 width, the x86-64 baseline braid is
-// built for. target_clones also compiles them for AVX2 and AVX-512 (two and four times the width;
-// x86-64-v4, whose byte and word instructions let conversions to 8 bits run at full width) and the
-// loader picks the copy the CPU runs. Every copy does the same IEEE operations: libbraid is
+// built for. target_clones also compiles them for AVX2 and AVX-512 (two and four times the width:
+// x86-64-v3, AVX2 with FMA, which every AVX2 CPU since Haswell and Zen has; x86-64-v4, whose byte
+// and word instructions let conversions to 8 bits run at full width) and the loader picks the copy
+// the CPU runs. (The AVX2 copy was once compiled for "avx2" alone, which does not include FMA:
+// there each fma_f32 was a call to libm, per element; tests/tools/test_vector_clones.py reads the
+// disassembly so that it stays inline.) Every copy does the same IEEE operations: libbraid is
 // compiled with -ffp-contract=off (meson.build), so that no copy fuses a multiply and an add on its
 // own, and the polynomials ask for their fused multiply-adds by name (fma_f32). A fused multiply-add
 // is one correctly rounded operation wherever it runs: an instruction in the AVX2 and AVX-512
@@ -23,7 +26,7 @@
 // and adds. Callers of these functions are vector clones themselves: elsewhere each fma_f32
 // would be a call.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define BRAID_VECTOR_CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
+#define BRAID_VECTOR_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define BRAID_VECTOR_CLONES
 #endif
