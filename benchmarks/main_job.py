@@ -36,10 +36,10 @@ def braid_epoch_s(exe, ranks, threads):
         cmd = ["mpiexec", "-n", str(ranks)] + cmd
     with tempfile.TemporaryDirectory(prefix="braid_main_job_") as out:
         text = subprocess.run(cmd + ["--out", out], check=True, capture_output=True, text=True, cwd=out).stdout
-    rates = re.findall(r"937/937 (\d+) img/s took", text.replace("\r", "\n"))
+    rates = re.findall(r"(\d+)/\1 (\d+) img/s took", text.replace("\r", "\n"))
     if not rates:
         raise RuntimeError(f"no epoch rate in braid-train's output:\n{text[-2000:]}")
-    return IMAGES / float(rates[-1])
+    return IMAGES / float(rates[-1][1])
 
 
 def idx(path):
