@@ -327,7 +327,7 @@ int run(int argc, char** argv) {
       }
       // Note [Preemption]: every rank stops after the same step.
       const bool stop_here = args.stop_at_step > 0 && step == args.stop_at_step;
-      if (distributed::preemption_requested() || stop_here) {
+      if (distributed::preemption_requested(step) || stop_here) {
         if (bar)
           bar->stop(train_loader.batch(),
                     {{"loss", job_loss / std::max(job_seen, 1.0)}, {"acc", job_correct / std::max(job_seen, 1.0)}});

@@ -290,7 +290,7 @@ int train_pipeline(const PipelineRun& r) {
         if (bar) bar->update(b.index + 1, static_cast<int64_t>(job_seen), {{"loss", job_loss / job_seen}});
       }
       const bool stop_here = r.stop_at_step > 0 && step == r.stop_at_step;
-      if (preemption_requested() || stop_here) {  // Note [Preemption]: every rank stops after the same step
+      if (preemption_requested(step) || stop_here) {  // Note [Preemption]: every rank stops after the same step
         if (bar) bar->stop(train_loader.batch(), {{"loss", job_loss / std::max(job_seen, 1.0)}});
         write_checkpoint();
         world()->barrier();  // no rank exits before every stage's file is written

@@ -6,7 +6,7 @@ set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 
 packages=(
-  build-essential g++ meson ninja-build pkg-config
+  build-essential g++ meson ninja-build pkg-config ccache
   libopenblas-dev libopenblas0-openmp libdnnl-dev libgtest-dev libbenchmark-dev zlib1g-dev nlohmann-json3-dev
   mpich libmpich-dev
   libonnx-dev libprotobuf-dev protobuf-compiler libonnx-testdata

@@ -8,6 +8,17 @@ cd "$(dirname "$0")/.."
 jobs=${BRAID_JOBS:-2}  # CI has 2 cores; more jobs would only thrash memory
 start=$(date +%s)
 failed_steps=()
+tree_times=()
+
+# Note [Compiler cache]
+# Meson compiles through ccache when it is on PATH (install_deps.sh installs it), with the cache in
+# the user's home, outside the clone, so that a fresh clone of an unchanged tree recompiles nothing.
+# A clone can sit anywhere: paths under it are rewritten relative (base_dir), and the compile
+# directory is left out of the hash of -g builds (the sanitizer tree), whose debug information then
+# names the first clone's directory.
+export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD}
+export CCACHE_NOHASHDIR=${CCACHE_NOHASHDIR:-1}
+export CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-8G}
 
 # setup_tree DIR OPTIONS...: configure DIR afresh, or reconfigure it in place so that a repeat run only
 # recompiles what changed; wipe it when reconfiguring fails (e.g. a Meson upgrade).
@@ -27,6 +38,8 @@ setup_tree() {
 run_tree() {
   local name=$1 dir=$2 mult=$3
   shift 3
+  local t0 t1 t2
+  t0=$(date +%s)
   echo "==== $name: configure ($*)"
   # A log or gtest XML left by an earlier run would be counted as this run's result.
   rm -f "$dir/meson-logs/testlog.json" "$dir/meson-logs/testlog.junit.xml"
@@ -40,12 +53,15 @@ run_tree() {
     return
   fi
   python3 scripts/test_summary.py --clean-gtest-xml "$dir"
+  t1=$(date +%s)
   echo "==== $name: test"
   # --no-rebuild: the tree was just built, and a failed rebuild here would pass unnoticed. meson's exit
   # status is not used: the summary reads every test's result from the logs.
   meson test -C "$dir" --no-rebuild --print-errorlogs --num-processes "$jobs" --timeout-multiplier "$mult" || true
   # The ONNX backend test suite's counts (tests/test_onnx_conformance.cpp prints them).
   grep -h -A4 '^ONNX conformance:' "$dir/meson-logs/testlog.txt" 2>/dev/null || true
+  t2=$(date +%s)
+  tree_times+=(--tree-time "$name: configure and build $((t1 - t0)) s, tests $((t2 - t1)) s, in all $((t2 - t0)) s")
 }
 
 run_tree build build "${BRAID_TIMEOUT_MULTIPLIER:-4}" \
@@ -59,8 +75,9 @@ run_tree build-asan build-asan "${BRAID_ASAN_TIMEOUT_MULTIPLIER:-10}" \
   -Dbuildtype=debugoptimized -Db_sanitize=address,undefined -Db_lundef=false -Dtests=enabled -Dbenchmarks=disabled \
   -Dcuda=disabled -Dpython=disabled
 
+if command -v ccache >/dev/null; then ccache --show-stats 2>/dev/null | grep -E 'Hits|Misses|Cache size' || true; fi
 echo "==== run_tests.sh took $(($(date +%s) - start)) s"
-args=()
+args=("${tree_times[@]+"${tree_times[@]}"}")
 for s in "${failed_steps[@]+"${failed_steps[@]}"}"; do
   args+=(--step-failure "$s")
 done

@@ -144,6 +144,28 @@ def count_tree(tree, tally):
                       f"{name}: all cases passed but the program ended {result} (exit status {entry.get('returncode')})")
 
 
+def print_times(trees, tree_times, slowest):
+    """Each tree's wall time (as run_tests.sh measured it) and the slowest tests over every tree, from
+    Meson's per-program durations: where CI's time goes, so that it stays inside its budget."""
+    if tree_times:
+        print("==== wall time per tree")
+        for t in tree_times:
+            tree, text = t.split(":", 1)
+            print(f"  {tree}: {text.strip()}")
+    timed = []
+    for tree in trees:
+        try:
+            results = read_program_results(tree)
+        except (OSError, ValueError):
+            continue
+        timed += [(float(e.get("duration") or 0), tree, name) for name, e in results.items()]
+    if timed and slowest > 0:
+        timed.sort(reverse=True)
+        print(f"==== the {min(slowest, len(timed))} slowest tests")
+        for seconds, tree, name in timed[:slowest]:
+            print(f"  {seconds:8.1f} s  {tree}: {name}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("trees", nargs="+", help="Meson build directories")
@@ -151,6 +173,9 @@ def main():
                         help="remove stale gtest XML files in the trees and exit")
     parser.add_argument("--step-failure", action="append", default=[], metavar="TREE:MESSAGE",
                         help="a configure/build step that failed in TREE; counted as one failure")
+    parser.add_argument("--tree-time", action="append", default=[], metavar="TREE:TEXT",
+                        help="the wall time of TREE's steps, printed above the count")
+    parser.add_argument("--slowest", type=int, default=10, help="how many of the slowest tests to list")
     args = parser.parse_args()
 
     if args.clean_gtest_xml:
@@ -195,6 +220,7 @@ def main():
         if len(tally.failures) > 100:
             print(f"  ... and {len(tally.failures) - 100} more")
 
+    print_times(args.trees, args.tree_time, args.slowest)
     passed, failed, skipped = tally.total("passed"), tally.total("failed"), tally.total("skipped")
     sys.stdout.flush()
     line = f"{passed} passed, {failed} failed" + (f", {skipped} skipped" if skipped else "")

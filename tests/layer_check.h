@@ -19,6 +19,7 @@
 #include "braid/nn/nn.h"
 #include "gradcheck.h"
 #include "reference_file.h"
+#include "test_paths.h"
 
 namespace braid::testing {
 
@@ -55,7 +56,7 @@ inline Tensor reference_tensor(const RefTensor& r) {
 inline const RefCase& layer_case(const std::string& file, const std::string& name) {
   static std::map<std::string, std::vector<RefCase>> files;
   auto it = files.find(file);
-  if (it == files.end()) it = files.emplace(file, load_reference(std::string(BRAID_TEST_DATA) + "/" + file)).first;
+  if (it == files.end()) it = files.emplace(file, load_reference(std::string(braid::test::data_dir()) + "/" + file)).first;
   for (const RefCase& c : it->second)
     if (c.name == name) return c;
   throw std::runtime_error(file + " has no case '" + name + "'; run tests/data/make_layer_reference.py");

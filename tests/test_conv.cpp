@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "gradcheck.h"
+#include "test_paths.h"
 
 namespace braid {
 namespace {
@@ -133,7 +134,7 @@ struct RefCase {
 void PrintTo(const RefCase& c, std::ostream* os) { *os << c.name; }
 
 std::vector<RefCase> load_reference(const std::string& file) {
-  std::ifstream in(std::string(BRAID_TEST_DATA) + "/" + file);
+  std::ifstream in(std::string(braid::test::data_dir()) + "/" + file);
   std::vector<RefCase> cases;
   std::string line;
   while (std::getline(in, line)) {

@@ -22,6 +22,7 @@
 #include "braid/braid.h"
 #include "error_of.h"
 #include "braid/data.h"
+#include "test_paths.h"
 
 namespace braid {
 namespace {
@@ -734,7 +735,7 @@ TEST(LoadMnist, ScalesImagesAndChecksLabels) {
 // ---- reference data from NumPy and gzip ----
 
 std::map<std::string, std::vector<std::string>> reference_lines(const std::string& kind) {
-  std::ifstream in(std::string(BRAID_TEST_DATA) + "/data_reference.txt");
+  std::ifstream in(std::string(braid::test::data_dir()) + "/data_reference.txt");
   EXPECT_TRUE(in.good()) << "run tests/data/make_data_reference.py";
   std::map<std::string, std::vector<std::string>> out;
   std::string line;

@@ -11,19 +11,20 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <cstdlib>
+#include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
+#include "backend/cuda/cuda_backend.h"  // no CUDA type: which primitives CudaBackend declares
+#include "backend/shadow/shadow_backend.h"
 #include "braid/braid.h"
 #include "braid/nn/nn.h"
 #include "error_of.h"
 #include "test_device.h"
 
 namespace braid {
-namespace detail {  // src/backend/shadow/shadow_backend.h
-int64_t shadow_pinned_allocations();
-int64_t shadow_pinned_live();
-}  // namespace detail
 namespace {
 
 const Device kShadow = Device::shadow(0);
@@ -250,6 +251,39 @@ TEST(Device, SignalsDuringKernelsLeaveTheHeapAndTheResultsIntact) {
   sigaction(SIGUSR2, &before, nullptr);
   EXPECT_GT(g_signals_seen.load(), 0);
   EXPECT_LT(worst, 1e-3);  // float32 sums of 256 and 72 products of unit normals
+}
+
+// Note [The shadow device's capability set]: under BRAID_SHADOW_CAPS=cuda the shadow backend declines
+// each optional primitive that CudaBackend does not declare, and the op then composes its result from
+// the required primitives, as on a GPU; otherwise it runs the CPU's kernel. The op's value is the
+// same either way (the composite is the primitive's definition).
+TEST(Device, TheShadowDeviceOffersTheCapabilitySetItRunsWith) {
+  const char* caps = std::getenv("BRAID_SHADOW_CAPS");
+  const bool as_cuda = caps != nullptr && std::string(caps) == "cuda";
+  constexpr bool cuda_softmax =
+      !std::is_same_v<decltype(&detail::CudaBackend::softmax_rows), decltype(&detail::Backend::softmax_rows)>;
+  constexpr bool cuda_moments =
+      !std::is_same_v<decltype(&detail::CudaBackend::channel_moments), decltype(&detail::Backend::channel_moments)>;
+  manual_seed(3);
+  const Tensor x = randn({5, 7}).cpu();
+  const Tensor xs = x.to(kShadow);
+  Tensor out = empty({5, 7}, kFloat32, kShadow);
+  const bool ran = detail::shadow_backend().softmax_rows(xs, out);
+  EXPECT_EQ(ran, as_cuda ? cuda_softmax : true) << "BRAID_SHADOW_CAPS=" << (caps ? caps : "(unset)");
+  if (ran) {
+    EXPECT_TRUE(allclose(out.cpu(), softmax(x, -1), 1e-6, 1e-7));
+  }
+  EXPECT_TRUE(allclose(softmax(xs, -1).cpu(), softmax(x, -1), 1e-6, 1e-7));
+
+  const Tensor y = randn({3, 4, 5}).to(kShadow);
+  Tensor mean = empty({4}, kFloat32, kShadow), var = empty({4}, kFloat32, kShadow);
+  const bool moments = detail::shadow_backend().channel_moments(y, mean, var);
+  EXPECT_EQ(moments, as_cuda ? cuda_moments : true);
+  if (moments) {
+    const Tensor yc = y.cpu();
+    EXPECT_TRUE(allclose(mean.cpu(), braid::mean(yc, {0, 2}), 1e-5, 1e-6));
+    EXPECT_TRUE(allclose(var.cpu(), braid::var(yc, {0, 2}, 0), 1e-5, 1e-6));
+  }
 }
 
 TEST(Device, DefaultDeviceIsWhatTheRunTests) {

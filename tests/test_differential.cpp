@@ -11,13 +11,14 @@
 #include <set>
 
 #include "diff/diff_runner.h"
+#include "test_paths.h"
 
 namespace braid::diff {
 namespace {
 
 std::string cases_path() {
   const char* env = std::getenv("BRAID_DIFF_CASES");
-  return env != nullptr && *env != '\0' ? env : BRAID_DIFF_CASES_DEFAULT;
+  return env != nullptr && *env != '\0' ? env : braid::test::diff_cases_path();
 }
 
 const std::vector<DiffCase>& all_cases() {

@@ -12,6 +12,7 @@
 #include "braid/nn/loss.h"
 #include "gradcheck.h"
 #include "reference_file.h"
+#include "test_paths.h"
 
 namespace braid {
 namespace {
@@ -19,7 +20,7 @@ namespace {
 using testing::RefCase;
 
 const std::vector<RefCase>& loss_cases() {
-  static const std::vector<RefCase> cases = testing::load_reference(std::string(BRAID_TEST_DATA) + "/loss_reference.txt");
+  static const std::vector<RefCase> cases = testing::load_reference(std::string(braid::test::data_dir()) + "/loss_reference.txt");
   return cases;
 }
 

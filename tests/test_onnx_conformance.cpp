@@ -19,6 +19,7 @@
 #include "braid/autograd.h"
 #include "braid/onnx/module.h"
 #include "braid/ops.h"
+#include "test_paths.h"
 
 namespace fs = std::filesystem;
 using namespace braid;
@@ -62,7 +63,7 @@ std::map<std::string, std::string> exclusions() {
   std::map<std::string, std::string> out;
   // Each suite has its own list: Debian's (ONNX 1.12) by default, another for PyPI's newer one.
   const char* env = std::getenv("BRAID_ONNX_EXCLUSIONS");
-  const std::string path = env != nullptr ? env : std::string(BRAID_TEST_SOURCE) + "/onnx_conformance_exclusions.txt";
+  const std::string path = env != nullptr ? env : std::string(braid::test::source_dir()) + "/onnx_conformance_exclusions.txt";
   std::ifstream f(path);
   if (!f) throw std::runtime_error("cannot read the exclusions file " + path);
   std::string line;

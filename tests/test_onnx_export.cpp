@@ -24,6 +24,7 @@
 #include "braid/ops.h"
 #include "braid/optim/optimizers.h"
 #include "models.h"
+#include "test_paths.h"
 
 namespace fs = std::filesystem;
 using namespace braid;
@@ -54,7 +55,7 @@ void check_with_onnx_checker(const std::string& path) {
 /// onnxruntime's outputs for inputs, or nothing (with a reason in *skip) when it is unavailable.
 std::vector<Tensor> run_onnxruntime(const std::string& model, const std::vector<Tensor>& inputs, std::string* skip) {
   fs::path dir = fs::path(model).parent_path();
-  std::string cmd = "python3 '" + std::string(BRAID_TEST_SOURCE) + "/onnx_ort_run.py' '" + model + "' '" +
+  std::string cmd = "python3 '" + std::string(braid::test::source_dir()) + "/onnx_ort_run.py' '" + model + "' '" +
                     (dir / "ort_out_").string() + "'";
   for (size_t i = 0; i < inputs.size(); ++i) {
     std::string p = (dir / ("ort_in_" + std::to_string(i) + ".pb")).string();

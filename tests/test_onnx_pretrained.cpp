@@ -38,6 +38,7 @@
 #include "braid/onnx/module.h"
 #include "braid/optim/optimizers.h"
 #include "braid/ops.h"
+#include "test_paths.h"
 
 namespace fs = std::filesystem;
 using namespace braid;
@@ -279,7 +280,7 @@ TEST(PretrainedFineTune, PpocrClsTrainsExportsAndRunsInOnnxRuntime) {
   // onnxruntime on the exported file.
   const std::string in = (out_dir / "in.pb").string();
   onnx::save_tensor(x, in);
-  const std::string cmd = detail::cat("python3 '", BRAID_TEST_SOURCE, "/onnx_ort_run.py' '", path, "' '",
+  const std::string cmd = detail::cat("python3 '", braid::test::source_dir(), "/onnx_ort_run.py' '", path, "' '",
                                       (out_dir / "out_").string(), "' '", in, "'");
   const int rc = std::system(cmd.c_str());
   if (WIFEXITED(rc) && WEXITSTATUS(rc) == 77) GTEST_SKIP() << "onnxruntime is not installed";

@@ -15,11 +15,12 @@
 #include <vector>
 
 #include "braid/braid.h"
+#include "test_paths.h"
 
 namespace braid {
 namespace {
 
-const std::string kGoldenPath = std::string(BRAID_TEST_DATA) + "/golden.txt";
+const std::string kGoldenPath = std::string(braid::test::data_dir()) + "/golden.txt";
 
 // ---- the golden file ----
 

@@ -17,6 +17,7 @@
 #include "braid/nn/loss.h"
 #include "braid/optim.h"
 #include "reference_file.h"
+#include "test_paths.h"
 
 namespace braid {
 namespace {
@@ -26,13 +27,13 @@ using testing::RefCase;
 
 const std::vector<RefCase>& optim_cases() {
   static const std::vector<RefCase> cases =
-      testing::load_reference(std::string(BRAID_TEST_DATA) + "/optim_reference.txt");
+      testing::load_reference(std::string(braid::test::data_dir()) + "/optim_reference.txt");
   return cases;
 }
 
 const std::vector<RefCase>& schedule_cases() {
   static const std::vector<RefCase> cases =
-      testing::load_reference(std::string(BRAID_TEST_DATA) + "/optim_schedule_reference.txt");
+      testing::load_reference(std::string(braid::test::data_dir()) + "/optim_schedule_reference.txt");
   return cases;
 }
 

@@ -188,7 +188,7 @@ def main():
                 local = [0.0, 0.0, 0.0]
                 if bar:
                     bar.update(step + 1, int(job[2]), {"loss": job[0] / job[2], "acc": job[1] / job[2]})
-            if braid.distributed.preemption_requested():  # every rank stops after the same step
+            if braid.distributed.preemption_requested(step=step_count):  # every rank stops after the same step
                 save_checkpoint(step_count)
                 braid.distributed.barrier()  # no rank exits (and gets the job killed) before the file is written
                 sig = braid.distributed.preemption_signal() or "a peer rank's signal"

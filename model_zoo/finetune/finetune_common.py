@@ -187,7 +187,7 @@ def fit(args, name, model, groups, train, val, forward, set_mode, log):
                     bar.update(step + 1, int(job[2]), {"loss": job[0] / job[2], "acc": job[1] / job[2]})
             if lead and step_count == args.preempt_at_step:
                 os.kill(os.getpid(), signal.SIGUSR1)
-            if braid.distributed.preemption_requested():  # every rank stops after the same step
+            if braid.distributed.preemption_requested(step=step_count):  # every rank stops after the same step
                 save(step_count)
                 sig = braid.distributed.preemption_signal() or "a peer rank's signal"
                 print(f"{name}: rank {rank}: {sig} at step {step_count} (epoch {epoch + 1}, batch {step + 1} of "

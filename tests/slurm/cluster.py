@@ -30,6 +30,21 @@ FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT
                 "PREEMPTED"}
 
 
+def _requeue_in_flight(rec):
+    """Whether the job's last run ended by requeueing it: model_zoo/slurm's scripts print a line when
+    each run starts and "requeueing job" before `scontrol requeue`, so a job with as many requeues
+    announced as runs started will run again, whatever state Slurm shows for the moment."""
+    path = rec.get("StdOut", "")
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError:
+        return False
+    announced = text.count("requeueing job")
+    runs = len(re.findall(r"\.sbatch: job \d+ run \d+ on ", text))  # the scripts' line at each run's start
+    return announced > 0 and announced >= runs
+
+
 class SlurmUnavailable(Exception):
     """Why Slurm cannot start here (the tests skip with this reason)."""
 
@@ -198,8 +213,10 @@ PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
             recs = self.jobs(job_id)
             # A job that requeues itself shows a final state (FAILED) for a moment on its way back
             # to PENDING: a state counts once it has held for SETTLE seconds.
+            # Its script says so first (_requeue_in_flight): such a job is on its way back however long
+            # the final state shows.
             seen = [(r.get("JobId"), r.get("JobState"), r.get("Restarts")) for r in recs]
-            if recs and all(r.get("JobState") in states for r in recs):
+            if recs and all(r.get("JobState") in states and not _requeue_in_flight(r) for r in recs):
                 if seen != last:
                     settled_since, last = time.time(), seen
                 elif time.time() - settled_since >= SETTLE:

@@ -70,10 +70,13 @@ def catch_preemption_signals():
     _dist.catch_preemption_signals()
 
 
-def preemption_requested(group=None):
+def preemption_requested(group=None, step=None):
     """Whether any rank has caught a preemption signal: a collective that every rank calls after each
     step, so that all of them stop after the same one. Then write a checkpoint and
-    sys.exit(braid.distributed.REQUEUE_EXIT_CODE)."""
+    sys.exit(braid.distributed.REQUEUE_EXIT_CODE). Pass the global step that just ended as step=, as
+    braid-train does (Note [Holding for a preemption test])."""
+    if step is not None:
+        return _dist.preemption_requested(group if group is not None else _dist.world(), int(step))
     return _dist.preemption_requested(group) if group is not None else _dist.preemption_requested()
 
 

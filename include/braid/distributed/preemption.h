@@ -1,6 +1,7 @@
 // Preemption: stopping a training job cleanly when its batch scheduler says it will stop it.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,23 @@ namespace braid::distributed {
 // instead of killing its ranks, and the job scripts pass on a signal that reaches them before srun
 // has started. Once SIGTERM is caught, braid's fatal-signal report (distributed::init) leaves it be.
 
+// Note [Holding for a preemption test]
+// A test of preemption must make the signal arrive at a known point of the job, whatever the
+// machine's speed: a test that waits for a line of output and then sleeps before signalling lets a
+// fast machine finish the job first. BRAID_TEST_HOLD_AT_STEPS="N[,M...]" (for tests only: no
+// program's --help shows it) makes a job wait for its preemption signal at those steps:
+// - after step N > 0, preemption_requested(group, N) prints "braid: holding after step N for a
+//   preemption signal" (rank 0, to stderr) and polls the flag over the group (a max all-reduce every
+//   few milliseconds, so every rank leaves the hold after the same poll) until a rank has caught a
+//   signal, then returns true: the job stops after exactly step N, and the test asserts that step.
+//   A job resumed after step N does not stop at N again, so a list of steps makes one job requeue
+//   once per step (Slurm's time-limit test).
+// - 0 holds in catch_preemption_signals() itself, before MPI, data or model exist ("braid: pid P
+//   holding before start for a preemption signal", every process): a signal sent then is one that
+//   arrives while the job starts. A requeued job (SLURM_RESTART_COUNT > 0) does not hold there again.
+// A hold that sees no signal within BRAID_TEST_HOLD_LIMIT seconds (default 600) throws a
+// DistributedError naming the step: the limit only catches a test that never signals.
+
 /// Catches SIGUSR1 and SIGTERM from now on, replacing their handlers.
 void catch_preemption_signals();
 /// Catches the given signals instead.
@@ -34,6 +52,10 @@ void catch_preemption_signals(const std::vector<int>& signals);
 /// calls it, after each step): all ranks get the same answer.
 bool preemption_requested(const ProcessGroupPtr& group);
 bool preemption_requested();  // over world()
+/// The same, after global step `step`: the form a training loop calls, so that a test can hold the job
+/// at a known step (Note [Holding for a preemption test]).
+bool preemption_requested(const ProcessGroupPtr& group, int64_t step);
+bool preemption_requested(int64_t step);  // over world()
 /// The signal this rank caught ("SIGUSR1", "SIGTERM"), or "" when it caught none (a peer did).
 std::string preemption_signal();
 /// Forgets a caught signal (tests; a program that handled one and goes on).

@@ -5,8 +5,11 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <string>
+#include <type_traits>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cuda/cuda_backend.h"  // names no CUDA type: only which primitives CudaBackend declares
 #include "core/internal.h"
 
 namespace braid::detail {
@@ -22,7 +25,51 @@ namespace braid::detail {
 // hold unchanged. Two devices (shadow:0, shadow:1) exist so that a mix of two devices of one type,
 // as on a two-GPU machine, is caught too.
 
+// Note [The shadow device's capability set]
+// A GPU runs the composites of every optional primitive its backend lacks, so a shadow device that
+// forwarded all of them to the CPU's kernels would leave exactly the GPU's paths untested in CI.
+// BRAID_SHADOW_CAPS chooses what the shadow backend offers: "cuda" (CI's shadow pass) the optional
+// primitives that CudaBackend declares, and it declines the others, so their ops fall back to their
+// composites as on a GPU; "cpu" (the default) every one the CPU has, bit for bit the CPU's results.
+// The set is read from CudaBackend's class at compile time (a method it does not declare has
+// Backend's member type), so it follows the CUDA backend as kernels are added, with no list to keep.
+
 namespace {
+
+#define BRAID_CUDA_DECLARES(name) (!std::is_same_v<decltype(&CudaBackend::name), decltype(&Backend::name)>)
+
+struct Caps {
+  bool conv2d, max_pool2d_channels_last, conv2d_prefers_channels_last, conv2d_backward_input, conv2d_backward_weight,
+      matmul_int8, matmul_int8_epilogue, matmul_epilogue, dequantize, aminmax, dynamic_quantize, softmax_rows,
+      layer_norm_rows, fake_quantize, elementwise_chain, squeeze_excite, quantize, adam_step, channel_moments,
+      channel_grad_sums, channel_affine;
+};
+
+constexpr Caps kCpuCaps{true, true, true, true, true, true, true, true, true, true, true,
+                        true, true, true, true, true, true, true, true, true, true};
+constexpr Caps kCudaCaps{BRAID_CUDA_DECLARES(conv2d), BRAID_CUDA_DECLARES(max_pool2d_channels_last),
+                         BRAID_CUDA_DECLARES(conv2d_prefers_channels_last), BRAID_CUDA_DECLARES(conv2d_backward_input),
+                         BRAID_CUDA_DECLARES(conv2d_backward_weight), BRAID_CUDA_DECLARES(matmul_int8),
+                         BRAID_CUDA_DECLARES(matmul_int8_epilogue), BRAID_CUDA_DECLARES(matmul_epilogue),
+                         BRAID_CUDA_DECLARES(dequantize), BRAID_CUDA_DECLARES(aminmax),
+                         BRAID_CUDA_DECLARES(dynamic_quantize), BRAID_CUDA_DECLARES(softmax_rows),
+                         BRAID_CUDA_DECLARES(layer_norm_rows), BRAID_CUDA_DECLARES(fake_quantize),
+                         BRAID_CUDA_DECLARES(elementwise_chain), BRAID_CUDA_DECLARES(squeeze_excite),
+                         BRAID_CUDA_DECLARES(quantize), BRAID_CUDA_DECLARES(adam_step),
+                         BRAID_CUDA_DECLARES(channel_moments), BRAID_CUDA_DECLARES(channel_grad_sums),
+                         BRAID_CUDA_DECLARES(channel_affine)};
+#undef BRAID_CUDA_DECLARES
+
+const Caps& shadow_caps() {
+  static const Caps caps = [] {
+    const char* v = std::getenv("BRAID_SHADOW_CAPS");
+    const std::string mode = v ? v : "";
+    if (mode.empty() || mode == "cpu") return kCpuCaps;
+    if (mode == "cuda") return kCudaCaps;
+    throw ValueError(cat("BRAID_SHADOW_CAPS: expected 'cpu' or 'cuda', got '", mode, "'"));
+  }();
+  return caps;
+}
 
 constexpr int kShadowDevices = 2;
 std::atomic<int64_t> g_pinned_allocations{0};
@@ -96,6 +143,7 @@ class ShadowBackend final : public Backend {
     cpu().depthwise_conv2d(host(op, y, x), host(op, y, w), host(op, y, bias), win, host(op, y, y));
   }
   bool max_pool2d_channels_last(const Tensor& x, const Window2d& win, const Tensor& out) override {
+    if (!shadow_caps().max_pool2d_channels_last) return false;
     const char* op = "max_pool2d";
     return cpu().max_pool2d_channels_last(host(op, out, x), win, host(op, out, out));
   }
@@ -114,31 +162,37 @@ class ShadowBackend final : public Backend {
   // The optional primitives too, so that the shadow device computes what the CPU does, bit for bit.
   bool conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Window2d& win, int64_t groups,
               const Epilogue& epilogue, const Tensor& y) override {
+    if (!shadow_caps().conv2d) return false;
     const char* op = "conv2d";
     Epilogue e = epilogue;
     if (e.residual.defined()) e.residual = host(op, y, e.residual);
     return cpu().conv2d(host(op, y, x), host(op, y, w), host(op, y, bias), win, groups, e, host(op, y, y));
   }
   bool conv2d_prefers_channels_last(const Tensor& x, const Tensor& w, const Window2d& win, int64_t groups) override {
+    if (!shadow_caps().conv2d_prefers_channels_last) return false;
     const char* op = "conv2d";
     return cpu().conv2d_prefers_channels_last(host(op, x, x), host(op, x, w), win, groups);
   }
   bool conv2d_backward_input(const Tensor& gy, const Tensor& w, const Window2d& win, int64_t groups,
                              const Tensor& gx) override {
+    if (!shadow_caps().conv2d_backward_input) return false;
     const char* op = "conv2d_backward_input";
     return cpu().conv2d_backward_input(host(op, gx, gy), host(op, gx, w), win, groups, host(op, gx, gx));
   }
   bool conv2d_backward_weight(const Tensor& x, const Tensor& gy, const Window2d& win, int64_t groups,
                               const Tensor& gw) override {
+    if (!shadow_caps().conv2d_backward_weight) return false;
     const char* op = "conv2d_backward_weight";
     return cpu().conv2d_backward_weight(host(op, gw, x), host(op, gw, gy), win, groups, host(op, gw, gw));
   }
   bool matmul_int8(const Tensor& a, int64_t a_zero, const Tensor& b, int64_t b_zero, const Tensor& out) override {
+    if (!shadow_caps().matmul_int8) return false;
     const char* op = "matmul_int8";
     return cpu().matmul_int8(host(op, out, a), a_zero, host(op, out, b), b_zero, host(op, out, out));
   }
   bool matmul_int8_epilogue(const Tensor& a, int64_t a_zero, const Tensor& b, int64_t b_zero,
                             const std::vector<EpilogueStep>& epilogue, const Tensor& out) override {
+    if (!shadow_caps().matmul_int8_epilogue) return false;
     const char* op = "matmul_int8_epilogue";
     std::vector<EpilogueStep> on_host;
     for (const EpilogueStep& s : epilogue) on_host.push_back({s.kind, host(op, out, s.operand), s.k});
@@ -146,21 +200,25 @@ class ShadowBackend final : public Backend {
   }
   bool matmul_epilogue(const Tensor& a, const Tensor& b, const std::vector<EpilogueStep>& epilogue,
                        const Tensor& out) override {
+    if (!shadow_caps().matmul_epilogue) return false;
     const char* op = "matmul_epilogue";
     std::vector<EpilogueStep> on_host;
     for (const EpilogueStep& s : epilogue) on_host.push_back({s.kind, host(op, out, s.operand), s.k});
     return cpu().matmul_epilogue(host(op, out, a), host(op, out, b), on_host, host(op, out, out));
   }
   bool dequantize(const Tensor& x, double scale, int64_t zero, const Tensor& out) override {
+    if (!shadow_caps().dequantize) return false;
     const char* op = "dequantize";
     return cpu().dequantize(host(op, out, x), scale, zero, host(op, out, out));
   }
   bool fake_quantize(const Tensor& x, double scale, int64_t zero, DType qtype, const Tensor& out) override {
+    if (!shadow_caps().fake_quantize) return false;
     const char* op = "fake_quantize";
     return cpu().fake_quantize(host(op, out, x), scale, zero, qtype, host(op, out, out));
   }
   bool elementwise_chain(const Tensor& x, const std::vector<ChainStep>& steps, int64_t channels, int64_t inner,
                          const Tensor& out) override {
+    if (!shadow_caps().elementwise_chain) return false;
     const char* op = "elementwise_chain";
     std::vector<ChainStep> on_host = steps;
     for (ChainStep& s : on_host) {
@@ -175,49 +233,59 @@ class ShadowBackend final : public Backend {
   bool squeeze_excite(const Tensor& x, bool channels_last, const Tensor& w1, const Tensor& b1, const Epilogue& e1,
                       const Tensor& w2, const Tensor& b2, const Epilogue& e2, const Tensor& gate,
                       const Tensor& out) override {
+    if (!shadow_caps().squeeze_excite) return false;
     const char* op = "squeeze_excite";
     return cpu().squeeze_excite(host(op, gate, x), channels_last, host(op, gate, w1), host(op, gate, b1), e1,
                                 host(op, gate, w2), host(op, gate, b2), e2, host(op, gate, gate), host(op, gate, out));
   }
   bool dynamic_quantize(const Tensor& x, const Tensor& out, float& scale, int64_t& zero) override {
+    if (!shadow_caps().dynamic_quantize) return false;
     const char* op = "dynamic_quantize";
     return cpu().dynamic_quantize(host(op, out, x), host(op, out, out), scale, zero);
   }
   bool aminmax(const Tensor& x, const Tensor& lo, const Tensor& hi) override {
+    if (!shadow_caps().aminmax) return false;
     const char* op = "aminmax";
     return cpu().aminmax(host(op, lo, x), host(op, lo, lo), host(op, lo, hi));
   }
   bool softmax_rows(const Tensor& x, const Tensor& out) override {
+    if (!shadow_caps().softmax_rows) return false;
     const char* op = "softmax_rows";
     return cpu().softmax_rows(host(op, out, x), host(op, out, out));
   }
   bool layer_norm_rows(const Tensor& x, int64_t n, const Tensor& weight, const Tensor& bias, double eps,
                        const Tensor& out, const Tensor& mean, const Tensor& inv) override {
+    if (!shadow_caps().layer_norm_rows) return false;
     const char* op = "layer_norm_rows";
     auto h = [&](const Tensor& t) { return t.defined() ? host(op, out, t) : Tensor(); };
     return cpu().layer_norm_rows(h(x), n, h(weight), h(bias), eps, h(out), h(mean), h(inv));
   }
   bool quantize(const Tensor& x, double scale, int64_t zero, const Tensor& out) override {
+    if (!shadow_caps().quantize) return false;
     const char* op = "quantize";
     return cpu().quantize(host(op, out, x), scale, zero, host(op, out, out));
   }
   bool adam_step(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const Tensor& max_v,
                  const AdamStep& s) override {
+    if (!shadow_caps().adam_step) return false;
     const char* op = "adam_step";
     return cpu().adam_step(host(op, p, p), host(op, p, g), host(op, p, m), host(op, p, v), host(op, p, max_v), s);
   }
   bool channel_moments(const Tensor& x, const Tensor& mean, const Tensor& var) override {
+    if (!shadow_caps().channel_moments) return false;
     const char* op = "channel_moments";
     return cpu().channel_moments(host(op, mean, x), host(op, mean, mean), host(op, mean, var));
   }
   bool channel_grad_sums(const Tensor& g, const Tensor& x, const Tensor& mean, const Tensor& sum_g,
                          const Tensor& sum_gxc) override {
+    if (!shadow_caps().channel_grad_sums) return false;
     const char* op = "channel_grad_sums";
     return cpu().channel_grad_sums(host(op, sum_g, g), host(op, sum_g, x), host(op, sum_g, mean),
                                    host(op, sum_g, sum_g), host(op, sum_g, sum_gxc));
   }
   bool channel_affine(const Tensor& a, const Tensor& sa, const Tensor& shift, const Tensor& b, const Tensor& b_mean,
                       const Tensor& sb, const Tensor& out) override {
+    if (!shadow_caps().channel_affine) return false;
     const char* op = "channel_affine";
     return cpu().channel_affine(host(op, out, a), host(op, out, sa), host(op, out, shift), host(op, out, b),
                                 host(op, out, b_mean), host(op, out, sb), host(op, out, out));
