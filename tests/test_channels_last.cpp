@@ -15,6 +15,7 @@
 
 #include "braid/braid.h"
 #include "braid/config.h"
+#include "test_device.h"
 
 namespace braid {
 namespace {
@@ -89,7 +90,7 @@ TEST(ChannelsLast, ResidualBlockWithoutGradientsIsTheBlockWithThem) {
   EXPECT_TRUE(same_values(inner_free, inner_grad.detach()));
   const char* onednn = std::getenv("BRAID_ONEDNN");
 #ifdef BRAID_HAVE_DNNL
-  const bool expect_cl = x.device().is_cpu() || x.device().type == DeviceType::Shadow;
+  const bool expect_cl = test::runs_cpu_fused_kernels(x.device());
 #else
   const bool expect_cl = false;
 #endif
@@ -115,7 +116,7 @@ TEST(ChannelsLast, AChannelsLastInputGivesAChannelsLastOutput) {
   EXPECT_TRUE(same_values(got, want));
 #ifdef BRAID_HAVE_DNNL
   const char* onednn = std::getenv("BRAID_ONEDNN");
-  if ((x.device().is_cpu() || x.device().type == DeviceType::Shadow) && !(onednn && std::string(onednn) == "0")) {
+  if (test::runs_cpu_fused_kernels(x.device()) && !(onednn && std::string(onednn) == "0")) {
     EXPECT_TRUE(got.is_channels_last() && !got.is_contiguous());
   }
 #endif
@@ -165,7 +166,7 @@ TEST(ChannelsLast, AStemOnAnNchwImageGivesAChannelsLastOutput) {
     EXPECT_TRUE(plain.is_contiguous());
 #ifdef BRAID_HAVE_DNNL
     const char* onednn = std::getenv("BRAID_ONEDNN");
-    if ((x.device().is_cpu() || x.device().type == DeviceType::Shadow) && !(onednn && std::string(onednn) == "0")) {
+    if (test::runs_cpu_fused_kernels(x.device()) && !(onednn && std::string(onednn) == "0")) {
       EXPECT_TRUE(guarded.is_channels_last() && !guarded.is_contiguous()) << c_out;
     }
 #endif
@@ -249,7 +250,7 @@ TEST(ChannelsLast, MaxPoolingKeepsTheLayoutAndTheValues) {
         ASSERT_EQ(std::signbit(a[i]), std::signbit(b[i])) << i;
       }
     }
-    if (x.device().is_cpu() || x.device().type == DeviceType::Shadow) {
+    if (test::runs_cpu_fused_kernels(x.device())) {
       EXPECT_TRUE(got.is_channels_last() && !got.is_contiguous());
     }
     // And the closed form, a loop here: the max of each window's elements inside the input.

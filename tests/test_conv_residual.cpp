@@ -7,6 +7,7 @@
 
 #include "braid/config.h"
 #include "gradcheck.h"
+#include "test_device.h"
 
 namespace braid {
 namespace {
@@ -49,7 +50,7 @@ TEST(ConvActivation, ResidualBeforeTheActivationIsTheAddThenTheActivation) {
     const char* onednn = std::getenv("BRAID_ONEDNN");
 #ifdef BRAID_HAVE_DNNL
     const bool fuses =
-        (x.device().is_cpu() || x.device().type == DeviceType::Shadow) && !(onednn && std::string(onednn) == "0");
+        test::runs_cpu_fused_kernels(x.device()) && !(onednn && std::string(onednn) == "0");
 #else
     const bool fuses = false;
 #endif

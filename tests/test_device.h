@@ -21,4 +21,14 @@ inline Device test_device() {
   return d;
 }
 
+/// Whether ops on device d run the CPU backend's optional (fused) kernels, whose layouts some tests
+/// check: on the CPU, and on the shadow device unless it offers the CUDA backend's set instead
+/// (BRAID_SHADOW_CAPS=cuda, Note [The shadow device's capability set]).
+inline bool runs_cpu_fused_kernels(const Device& d) {
+  if (d.is_cpu()) return true;
+  if (d.type != DeviceType::Shadow) return false;
+  const char* caps = std::getenv("BRAID_SHADOW_CAPS");
+  return !(caps && std::string(caps) == "cuda");
+}
+
 }  // namespace braid::test
