@@ -94,11 +94,17 @@ class SlurmCluster:
         self._wait_for(lambda: _run(["sinfo", "-h", "-o", "%t"], env=self.env).stdout.strip() == "idle", 30,
                        "the node did not become idle", "slurmd.log")
 
-    def stop(self):
+    def cancel_all(self):
+        """Cancels every job (SIGKILL: a job that catches SIGTERM would checkpoint and requeue) and waits
+        until the queue is empty."""
+        _run(["scancel", "--quiet", "--user", "root", "--signal=KILL", "--full"], env=self.env)
         _run(["scancel", "--quiet", "--user", "root"], env=self.env)
         deadline = time.time() + 30
         while time.time() < deadline and _run(["squeue", "-h"], env=self.env).stdout.strip():
             time.sleep(0.5)
+
+    def stop(self):
+        self.cancel_all()
         for p in reversed(self.procs):
             p.send_signal(signal.SIGTERM)
         for p in reversed(self.procs):

@@ -30,3 +30,12 @@ def slurm():
 def job_env(tmp_path):
     """What every job gets: the build's braid-train, data on this machine, one thread per rank."""
     return {"BRAID_BUILD_DIR": BUILD, "BRAID_TIMEOUT": "120"}
+
+
+@pytest.fixture(autouse=True)
+def no_job_left(request):
+    """After each test, its jobs are gone: a failed test must not leave a job holding the node (one
+    held for a signal that never came would keep every later job pending)."""
+    yield
+    if "slurm" in request.fixturenames:
+        request.getfixturevalue("slurm").cancel_all()

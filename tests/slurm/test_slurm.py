@@ -48,7 +48,7 @@ def holding(env, *steps):
 
 
 def hold_line(step):
-    return r"braid: holding before start" if step == 0 else rf"braid: holding after step {step} for"
+    return r"braid: pid \d+ holding before start" if step == 0 else rf"braid: holding after step {step} for"
 
 
 def text_of(rec):
