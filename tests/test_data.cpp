@@ -506,6 +506,8 @@ TEST(DataLoader, PrefetchIsBoundedAndDestructionMidEpochReturns) {
     ASSERT_TRUE(loader.next(b));
     // The worker runs ahead by prefetch queued batches plus the one it holds while waiting for room,
     // and no further: wait for it to get there (however loaded the machine), then give it time to overshoot.
+    // A correct loader passes whatever the sleep's length (the worker is blocked); the sleep only gives
+    // a loader that overshoots the chance to show it.
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
     while (ds->calls.load() < 1 + 3 + 1 && std::chrono::steady_clock::now() < deadline)
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -515,7 +517,7 @@ TEST(DataLoader, PrefetchIsBoundedAndDestructionMidEpochReturns) {
     EXPECT_EQ(b.indices, (std::vector<int64_t>{20, 21}));
   }  // destroyed mid-epoch, the worker busy or waiting: must not hang
   const int after = ds->calls.load();
-  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // as above: only a worker left running could count
   EXPECT_EQ(ds->calls.load(), after) << "the worker outlived its loader";
   {
     DataLoader loader(ds, {.batch_size = 2, .prefetch = 1});

@@ -17,13 +17,17 @@ for f in $root/src/backend/cuda/*.cu $root/src/backend/cuda/*.cuh; do
   b=$(basename $f); python3 gen.py $f src/backend/cuda/${b%.cu}$( [[ $b == *.cu ]] && echo .cpp || echo "" )
 done
 # common.cuh keeps its name (gen.py wrote it under the same name)
+# Through ccache where it is installed (Note [Compiler cache] in scripts/run_tests.sh): CI rebuilds
+# the emulation in every fresh clone.
+CXX="g++"
+if command -v ccache >/dev/null; then CXX="ccache g++"; fi
 FLAGS="-std=c++20 -O1 -g -fPIC -Wall -Wextra -I$emu/shim -I$emu/src -I$root/src -I$root/include -I$build/include -I$root -DBRAID_BUILDING_LIBRARY"
 # The NCCL group (a world of one against shim/nccl.h) where the tree was built with NCCL.
 if grep -q '#define BRAID_HAVE_NCCL' $build/include/braid/config.h; then cp $root/distributed/nccl_group.cpp src/; fi
 objs=()
 for f in src/backend/cuda/*.cpp src/*.cpp emu_runtime.cpp; do
   o=obj/$(basename $f .cpp).o
-  g++ $FLAGS -c $f -o $o &
+  $CXX $FLAGS -c $f -o $o &
   objs+=($o)
 done
 wait
@@ -33,10 +37,13 @@ cmd=$(echo "$cmd" | sed -e 's#src/backend/cuda/libbraid_cuda.a.p/[a-z_]*\.\(cu\|
 objabs=""
 for o in "${objs[@]}"; do objabs="$objabs $emu/$o"; done
 (cd $build && eval "$cmd $objabs")
-g++ -std=c++20 -O1 -g -I$root/tests -I$root/src -I$root/include -I$build/include \
-  $root/tests/test_cuda_backend.cpp -o $emu/test_cuda_backend -L$emu -lbraid -lgtest -lgtest_main -pthread -Wl,-rpath,$emu
+# Compiled, then linked (ccache keeps compilations only).
+$CXX -std=c++20 -O1 -g -I$root/tests -I$root/src -I$root/include -I$build/include \
+  -c $root/tests/test_cuda_backend.cpp -o obj/test_cuda_backend.o
+g++ obj/test_cuda_backend.o -o $emu/test_cuda_backend -L$emu -lbraid -lgtest -lgtest_main -pthread -Wl,-rpath,$emu
 if [[ -f src/nccl_group.cpp ]]; then
-  g++ -std=c++20 -O1 -g -I$emu/shim -I$root/tests -I$root/src -I$root/include -I$build/include \
-    $root/tests/test_nccl.cpp -o $emu/test_nccl -L$emu -lbraid -lgtest -lgtest_main -pthread -Wl,-rpath,$emu
+  $CXX -std=c++20 -O1 -g -I$emu/shim -I$root/tests -I$root/src -I$root/include -I$build/include \
+    -c $root/tests/test_nccl.cpp -o obj/test_nccl.o
+  g++ obj/test_nccl.o -o $emu/test_nccl -L$emu -lbraid -lgtest -lgtest_main -pthread -Wl,-rpath,$emu
 fi
 echo built
