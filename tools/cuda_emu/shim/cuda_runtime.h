@@ -1,14 +1,16 @@
 // A host emulation of the parts of the CUDA runtime braid's backend uses, to run its kernels on the
 // CPU for testing (not part of braid). Threads of a block run one after another, except in kernels
-// launched as "threaded" (those with __syncthreads), where each thread of a block is an OS thread.
+// launched as "threaded" (those with __syncthreads), where each thread of a block is a fiber
+// (ucontext) on the launching OS thread: every fiber runs to its next __syncthreads, then the next.
 #pragma once
-#include <barrier>
+#include <ucontext.h>
+
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
-#include <thread>
+#include <memory>
 #include <vector>
 
 #define __global__
@@ -60,7 +62,23 @@ using cudaEvent_t = EmuEvent*;
 namespace emu {
 inline thread_local dim3 block_idx, thread_idx;
 inline dim3 grid_dim, block_dim;
-inline thread_local std::barrier<>* barrier = nullptr;
+// The fibers of the block a threaded launch is running (one block at a time).
+struct Fibers {
+  ucontext_t scheduler;
+  std::vector<ucontext_t> ctx;
+  std::vector<std::unique_ptr<char[]>> stacks;
+  std::vector<bool> done;
+  unsigned current = 0;
+  std::function<void()> body;
+};
+inline thread_local Fibers* fibers = nullptr;
+constexpr size_t kFiberStack = 256 * 1024;  // untouched pages cost nothing
+
+inline void fiber_entry() {
+  Fibers* fb = fibers;
+  fb->body();
+  fb->done[fb->current] = true;  // then uc_link resumes the scheduler
+}
 inline thread_local cudaError_t last_error = cudaSuccess;
 inline int64_t launches = 0;
 
@@ -90,22 +108,39 @@ void launch(bool threaded, F f, dim3 g, dim3 b, size_t = 0, cudaStream_t = nullp
           }
     return;
   }
-  // One OS thread per thread of a block, walking the blocks together (a barrier between blocks).
-  std::barrier<> bar(b.x);
-  std::vector<std::thread> ts;
-  for (unsigned tx = 0; tx < b.x; ++tx)
-    ts.emplace_back([&, tx] {
-      barrier = &bar;
-      thread_idx = dim3(tx);
-      for (unsigned bz = 0; bz < g.z; ++bz)
-        for (unsigned by = 0; by < g.y; ++by)
-          for (unsigned bx = 0; bx < g.x; ++bx) {
+  // The threads of each block as fibers: run each in turn to its next __syncthreads (or its end)
+  // until all have ended; CUDA requires every thread of a block to reach the same barriers.
+  Fibers fb;
+  fb.body = f;
+  fb.ctx.resize(b.x);
+  fb.done.assign(b.x, false);
+  for (unsigned tx = 0; tx < b.x; ++tx) fb.stacks.emplace_back(new char[kFiberStack]);
+  Fibers* outer = fibers;
+  fibers = &fb;
+  for (unsigned bz = 0; bz < g.z; ++bz)
+    for (unsigned by = 0; by < g.y; ++by)
+      for (unsigned bx = 0; bx < g.x; ++bx) {
+        for (unsigned tx = 0; tx < b.x; ++tx) {
+          getcontext(&fb.ctx[tx]);
+          fb.ctx[tx].uc_stack.ss_sp = fb.stacks[tx].get();
+          fb.ctx[tx].uc_stack.ss_size = kFiberStack;
+          fb.ctx[tx].uc_link = &fb.scheduler;
+          makecontext(&fb.ctx[tx], fiber_entry, 0);
+          fb.done[tx] = false;
+        }
+        for (unsigned left = b.x; left > 0;) {
+          left = 0;
+          for (unsigned tx = 0; tx < b.x; ++tx) {
+            if (fb.done[tx]) continue;
             block_idx = dim3(bx, by, bz);
-            f();
-            bar.arrive_and_wait();
+            thread_idx = dim3(tx);
+            fb.current = tx;
+            swapcontext(&fb.scheduler, &fb.ctx[tx]);
+            left += !fb.done[tx];
           }
-    });
-  for (auto& t : ts) t.join();
+        }
+      }
+  fibers = outer;
 }
 }  // namespace emu
 
@@ -113,7 +148,10 @@ void launch(bool threaded, F f, dim3 g, dim3 b, size_t = 0, cudaStream_t = nullp
 #define threadIdx ::emu::thread_idx
 #define gridDim ::emu::grid_dim
 #define blockDim ::emu::block_dim
-inline void __syncthreads() { ::emu::barrier->arrive_and_wait(); }
+inline void __syncthreads() {
+  ::emu::Fibers* fb = ::emu::fibers;
+  swapcontext(&fb->ctx[fb->current], &fb->scheduler);
+}
 
 inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
 inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
