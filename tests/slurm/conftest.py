@@ -2,6 +2,7 @@
 skips with the reason when Slurm cannot start here."""
 
 import os
+import shutil
 import sys
 import tempfile
 
@@ -24,6 +25,20 @@ def slurm():
         pytest.skip(f"Slurm cannot start here: {e}")
     yield cluster
     cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def braid_py():
+    """braid's Python module from the build, which reads the checkpoints; the tests that run braid-train
+    under mpiexec skip without it or without mpiexec."""
+    pkg = os.path.join(BUILD, "bindings", "python")
+    if not os.path.isdir(os.path.join(pkg, "braid")):
+        pytest.skip(f"the Python module is not built in {BUILD}; it reads the checkpoints")
+    if shutil.which("mpiexec") is None:
+        pytest.skip("no mpiexec")
+    sys.path.insert(0, pkg)
+    import braid
+    return braid
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ the checkpoint records it. A malformed list is refused naming the variable."""
 
 import os
 import re
-import shutil
 import signal
 import subprocess
 import time
@@ -17,19 +16,6 @@ from conftest import BUILD
 TRAIN = os.path.join(BUILD, "model_zoo", "braid-train")
 ARGS = ["--limit", "1024", "--epochs", "2", "--batch-size", "64", "--threads", "1", "--model", "mlp"]
 ENV = dict(os.environ, OMP_NUM_THREADS="1", BRAID_NUM_THREADS="1", BRAID_TIMEOUT="120")
-
-
-@pytest.fixture(scope="module")
-def braid_py():
-    pkg = os.path.join(BUILD, "bindings", "python")
-    if not os.path.isdir(os.path.join(pkg, "braid")):
-        pytest.skip(f"the Python module is not built in {BUILD}; it reads the checkpoints")
-    if shutil.which("mpiexec") is None:
-        pytest.skip("no mpiexec")
-    import sys
-    sys.path.insert(0, pkg)
-    import braid
-    return braid
 
 
 def test_a_signal_to_one_rank_stops_both_at_the_held_step(braid_py, tmp_path):

@@ -32,19 +32,6 @@ def train(out, ranks, *extra):
     return r.stdout
 
 
-@pytest.fixture(scope="module")
-def braid_py():
-    pkg = os.path.join(BUILD, "bindings", "python")
-    if not os.path.isdir(os.path.join(pkg, "braid")):
-        pytest.skip(f"the Python module is not built in {BUILD}; it reads the checkpoints")
-    if shutil.which("mpiexec") is None:
-        pytest.skip("no mpiexec")
-    import sys
-    sys.path.insert(0, pkg)
-    import braid
-    return braid
-
-
 def weights(braid, path):
     ck = braid.checkpoint.load(str(path))
     return ck, {k: t.numpy().copy() for k, t in ck.tensors.items() if k.startswith("model.")}
