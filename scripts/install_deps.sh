@@ -18,6 +18,9 @@ packages=(
   dataset-fashion-mnist
   # A real single-node Slurm for tests/slurm (its fixture starts munged, slurmctld and slurmd).
   slurmctld slurmd slurm-client munge
+  # Installing on a cluster (tests/install): CMake builds a program against the installed CMake
+  # package, Lmod loads the installed module file (and is EasyBuild's modules tool).
+  cmake lmod
 )
 # The PyTorch comparisons (benchmarks/train_step.py, the reference scripts in tests/data) also need
 # python3-torch; set BRAID_WITH_TORCH=1 to install it. The tests themselves do not.
@@ -51,9 +54,10 @@ fi
 # pytest run the Python module's suite (bindings/python/tests), which Meson builds for this python3
 # with Debian's swig and the DLPack header; tokenizers tokenises text for the model zoo's Transformer
 # fine-tuning script (model_zoo/finetune/finetune_text.py).
-pip_packages=(onnx==1.23.2 onnxruntime==1.32.0 numpy pytest tokenizers==0.23.3)
-if python3 -c "import onnx, onnxruntime, numpy, pytest, tokenizers" 2>/dev/null; then
-  echo "install_deps: onnx, onnxruntime, numpy, pytest and tokenizers present for $(command -v python3)"
+# EasyBuild builds braid's SYSTEM-toolchain recipe (packaging/easybuild, tests/install/test_easybuild.py).
+pip_packages=(onnx==1.23.2 onnxruntime==1.32.0 numpy pytest tokenizers==0.23.3 easybuild==5.4.1)
+if python3 -c "import onnx, onnxruntime, numpy, pytest, tokenizers, easybuild.main" 2>/dev/null; then
+  echo "install_deps: onnx, onnxruntime, numpy, pytest, tokenizers and easybuild present for $(command -v python3)"
 else
   echo "install_deps: pip installing ${pip_packages[*]}"
   python3 -m pip install -q --root-user-action=ignore "${pip_packages[@]}"

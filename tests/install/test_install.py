@@ -35,6 +35,9 @@ def test_nothing_installed_names_the_build_or_the_prefix(installed):
                         f"{p.relative_to(installed.root)} has run path {path}"
         if p.parent.name == "bin" or p.name.startswith("_") or p.name == "libbraid_cuda.so":
             assert "$ORIGIN" in dynamic, f"{p.relative_to(installed.root)} has no $ORIGIN run path"
+    pc = (installed.libdir / "pkgconfig" / "braid.pc").read_text()
+    assert pc.startswith("prefix=${pcfiledir}/"), \
+        f"braid.pc names its prefix ({pc.splitlines()[0]}): configure with -Dpkgconfig.relocatable=true"
     forbidden = [str(SOURCE).encode(), str(BUILD.resolve()).encode()]
     for p in installed.root.rglob("*"):
         if p.is_file():
@@ -95,7 +98,7 @@ def test_cmake_package_checks_the_version_and_the_components(installed, tmp_path
               env=clean_env()).stdout
     assert "probe: 0.1.0 mpi=MPICH" in out
     assert "libmpich" in out and "libopenblas" in out
-    assert "probe fortran found: FALSE" in out  # a component braid does not have
+    assert "probe fortran found: 0" in out  # a component braid does not have
     assert "probe 0.2 found: 0" in out  # 0.x: another minor version is not compatible
 
 
