@@ -6,6 +6,7 @@
 
 #include "braid/distributed/pipeline.h"
 #include "braid/error.h"
+#include "core/nice_ticks.h"
 
 namespace braid::distributed {
 
@@ -50,7 +51,9 @@ void PipeTimeline::write_chrome_trace(const std::string& path) const {
 void PipeTimeline::write_gantt_svg(const std::string& path, const std::string& title) const {
   auto f = open_for_writing(path, "write_gantt_svg");
   const double left = 70, top = 40, row = 36, width = 900;
-  const double scale = makespan > 0 ? width / makespan : 1.0;
+  // The time axis in ms at round ticks, widened to the last one (Note [Axis ticks]).
+  const detail::AxisTicks ticks = detail::nice_ticks(0.0, makespan > 0 ? makespan * 1e3 : 1.0);
+  const double scale = width / (ticks.hi * 1e-3);
   const double height = top + row * stages + 40;
   f << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << left + width + 20 << "\" height=\"" << height
     << "\" font-family=\"sans-serif\" font-size=\"11\">\n";
@@ -72,11 +75,9 @@ void PipeTimeline::write_gantt_svg(const std::string& path, const std::string& t
         << e.action.str() << "</text>\n";
   }
   const double axis = top + row * stages + 14;
-  for (int i = 0; i <= 4; ++i) {
-    const double t = makespan * i / 4;
-    f << "<text x=\"" << left + t * scale << "\" y=\"" << axis << "\" text-anchor=\"middle\">"
-      << static_cast<int>(t * 1e6) / 1000.0 << " ms</text>\n";
-  }
+  for (size_t i = 0; i < ticks.values.size(); ++i)
+    f << "<text x=\"" << left + ticks.values[i] * 1e-3 * scale << "\" y=\"" << axis << "\" text-anchor=\"middle\">"
+      << ticks.labels[i] << " ms</text>\n";
   f << "<text x=\"" << left << "\" y=\"" << axis + 16
     << "\">blue: forward, green: backward, grey: send/receive (and waiting for it), blank: idle</text>\n";
   f << "</svg>\n";

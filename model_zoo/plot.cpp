@@ -7,18 +7,12 @@
 #include <sstream>
 
 #include "braid/error.h"
+#include "core/nice_ticks.h"
 
 namespace braid::zoo {
 
 namespace {
 constexpr double kPanelW = 460, kPanelH = 320, kMargin = 55;
-
-std::string fmt(double v) {
-  std::ostringstream os;
-  os.precision(3);
-  os << v;
-  return os.str();
-}
 }  // namespace
 
 void write_svg_chart(const std::string& path, const std::string& title,
@@ -39,21 +33,22 @@ void write_svg_chart(const std::string& path, const std::string& title,
         ymin = std::min(ymin, s.y[i]), ymax = std::max(ymax, s.y[i]);
       }
     if (xmin > xmax) xmin = 0, xmax = 1, ymin = 0, ymax = 1;
-    if (xmax == xmin) xmax = xmin + 1;
-    if (ymax == ymin) ymax = ymin + 1;
-    double pad = (ymax - ymin) * 0.05;
+    const double pad = (ymax - ymin) * 0.05;  // the curves clear the frame
     ymin -= pad, ymax += pad;
+    // Round ticks, the axes widened to the outer ones (Note [Axis ticks]).
+    const detail::AxisTicks xt = detail::nice_ticks(xmin, xmax), yt = detail::nice_ticks(ymin, ymax);
+    xmin = xt.lo, xmax = xt.hi, ymin = yt.lo, ymax = yt.hi;
     auto X = [&](double v) { return x0 + (v - xmin) / (xmax - xmin) * w; };
     auto Y = [&](double v) { return y0 + h - (v - ymin) / (ymax - ymin) * h; };
     svg << "<rect x='" << x0 << "' y='" << y0 << "' width='" << w << "' height='" << h
         << "' fill='none' stroke='#444'/>\n";
-    for (int t = 0; t <= 4; ++t) {
-      double yv = ymin + (ymax - ymin) * t / 4, xv = xmin + (xmax - xmin) * t / 4;
-      svg << "<line x1='" << x0 << "' x2='" << x0 + w << "' y1='" << Y(yv) << "' y2='" << Y(yv)
-          << "' stroke='#ddd'/><text x='" << x0 - 5 << "' y='" << Y(yv) + 4 << "' text-anchor='end'>" << fmt(yv)
-          << "</text>\n<text x='" << X(xv) << "' y='" << y0 + h + 16 << "' text-anchor='middle'>" << fmt(xv)
+    for (size_t t = 0; t < yt.values.size(); ++t)
+      svg << "<line x1='" << x0 << "' x2='" << x0 + w << "' y1='" << Y(yt.values[t]) << "' y2='" << Y(yt.values[t])
+          << "' stroke='#ddd'/><text x='" << x0 - 5 << "' y='" << Y(yt.values[t]) + 4 << "' text-anchor='end'>"
+          << yt.labels[t] << "</text>\n";
+    for (size_t t = 0; t < xt.values.size(); ++t)
+      svg << "<text x='" << X(xt.values[t]) << "' y='" << y0 + h + 16 << "' text-anchor='middle'>" << xt.labels[t]
           << "</text>\n";
-    }
     svg << "<text x='" << x0 + w / 2 << "' y='" << y0 + h + 34 << "' text-anchor='middle'>epoch</text>\n"
         << "<text x='" << x0 - 42 << "' y='" << y0 + h / 2 << "' text-anchor='middle' transform='rotate(-90 "
         << x0 - 42 << " " << y0 + h / 2 << ")'>" << ylabel << "</text>\n";

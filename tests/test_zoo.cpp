@@ -6,6 +6,8 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <sstream>
 
 #include "braid/autograd.h"
@@ -14,6 +16,8 @@
 #include "braid/ops.h"
 #include "braid/random.h"
 #include "catalogue.h"
+#include "core/nice_ticks.h"
+#include "plot.h"
 #include "models.h"
 
 namespace braid {
@@ -89,3 +93,38 @@ TEST(Zoo, TheListingShowsEveryEntryAndUnknownNamesAreRefused) {
 
 }  // namespace
 }  // namespace braid
+
+// Note [Axis ticks]: steps of 1, 2, 2.5 or 5 times a power of ten, the axis widened to the outer ticks.
+TEST(Plot, AxisTicksAreRoundValues) {
+  using braid::detail::nice_ticks;
+  auto labels = [](const braid::detail::AxisTicks& t) {
+    std::string all;
+    for (const auto& l : t.labels) all += (all.empty() ? "" : " ") + l;
+    return all;
+  };
+  // The curves' old labels read 0.0213, 0.766, 1.51; the pipeline's 4.818 ms.
+  EXPECT_EQ(labels(nice_ticks(0.0213, 1.51)), "0 0.5 1 1.5 2");
+  EXPECT_EQ(labels(nice_ticks(0.0213, 1.49)), "0 0.5 1 1.5");
+  EXPECT_EQ(labels(nice_ticks(0.0, 4.818)), "0 2 4 6");
+  EXPECT_EQ(labels(nice_ticks(0.7288, 1.5472)), "0.5 0.75 1 1.25 1.5 1.75");
+  EXPECT_EQ(labels(nice_ticks(1.0, 3.0)), "1 1.5 2 2.5 3");
+  EXPECT_EQ(labels(nice_ticks(-0.3, 0.2)), "-0.4 -0.2 0 0.2");
+  EXPECT_EQ(labels(nice_ticks(0.0, 48.0)), "0 20 40 60");
+  EXPECT_EQ(labels(nice_ticks(2.0, 2.0)), "2 2.05 2.1 2.15 2.2");  // an empty range still gets an axis
+  const auto t = nice_ticks(0.0213, 1.51);
+  EXPECT_DOUBLE_EQ(t.step, 0.5);
+  EXPECT_DOUBLE_EQ(t.lo, 0.0);
+  EXPECT_DOUBLE_EQ(t.hi, 2.0);
+}
+
+TEST(Plot, TheChartLabelsItsAxesAtRoundValues) {
+  braid::zoo::Series loss{"train", {0.0213, 1.0, 2.0, 3.0}, {1.51, 1.1, 0.9, 0.766}, "#1f77b4"};
+  const std::string path = ::testing::TempDir() + "braid_plot_ticks.svg";
+  braid::zoo::write_svg_chart(path, "ticks", {{"loss", {loss}}});
+  std::ifstream f(path);
+  const std::string svg((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  for (const char* label : {">0.5</text>", ">0.75</text>", ">1.75</text>", ">0</text>", ">3</text>"})
+    EXPECT_NE(svg.find(label), std::string::npos) << label << " missing from\n" << svg;
+  EXPECT_EQ(svg.find("0.0213"), std::string::npos);
+  EXPECT_EQ(svg.find("0.766"), std::string::npos);
+}
