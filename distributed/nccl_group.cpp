@@ -18,6 +18,7 @@
 #include "braid/ops.h"
 #include "distributed/internal.h"
 #include "src/backend/cuda/runtime.h"
+#include "core/knob_read.h"
 
 namespace braid::distributed::detail {
 
@@ -82,11 +83,7 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   return ncclSum;
 }
 
-double abort_grace_seconds() {
-  const char* v = std::getenv("BRAID_NCCL_ABORT_GRACE");
-  const double d = v && *v ? std::strtod(v, nullptr) : 30.0;
-  return d > 0 ? d : 30.0;
-}
+double abort_grace_seconds() { return braid::detail::knob_number("BRAID_NCCL_ABORT_GRACE"); }
 
 /// A CUDA event that records one point of the communication stream.
 struct Event {
@@ -435,8 +432,7 @@ Tensor gpu_identity(const Device& device) {
 // two ranks of the group would share one GPU, which NCCL refuses ("Duplicate GPU detected"), or
 // where BRAID_NCCL=0. Every rank gathers the same identities, so every rank makes the same choice.
 ProcessGroupPtr make_nccl_group(const ProcessGroupPtr& host, const Device& device) {
-  const char* env = std::getenv("BRAID_NCCL");
-  if (env && std::strcmp(env, "0") == 0) return nullptr;  // every rank has the same environment
+  if (!braid::detail::knob_flag("BRAID_NCCL")) return nullptr;  // every rank has the same environment
   Tensor ids = host->all_gather(gpu_identity(device));
   const auto* p = static_cast<const char*>(ids.raw_data());
   for (int a = 0; a < host->size(); ++a)

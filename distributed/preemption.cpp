@@ -13,6 +13,7 @@
 #include "braid/error.h"
 #include "braid/ops.h"
 #include "braid/tensor.h"
+#include "core/knob_read.h"
 
 namespace braid::distributed {
 
@@ -26,8 +27,8 @@ extern "C" void on_preemption_signal(int sig) { g_caught = sig; }
 const std::vector<int64_t>& hold_steps() {
   static const std::vector<int64_t> steps = [] {
     std::vector<int64_t> out;
-    const char* v = std::getenv("BRAID_TEST_HOLD_AT_STEPS");
-    if (v == nullptr) return out;
+    const std::string v = braid::detail::knob_text("BRAID_TEST_HOLD_AT_STEPS");
+    if (v.empty()) return out;
     std::stringstream in(v);
     std::string item;
     while (std::getline(in, item, ',')) {
@@ -50,10 +51,7 @@ bool holds_at(int64_t step) {
 }
 
 double hold_limit_seconds() {
-  static const double limit = [] {
-    const char* v = std::getenv("BRAID_TEST_HOLD_LIMIT");
-    return v != nullptr && std::atof(v) > 0 ? std::atof(v) : 600.0;
-  }();
+  static const double limit = braid::detail::knob_number("BRAID_TEST_HOLD_LIMIT");
   return limit;
 }
 

@@ -10,6 +10,7 @@
 #include "distributed/internal.h"
 #include "distributed/mpi_runtime.h"
 #include "optim/rank_agreement.h"
+#include "core/knob_read.h"
 
 namespace braid::distributed {
 
@@ -109,16 +110,6 @@ Runtime& runtime() {
 
 std::mutex g_init_mu;
 
-double env_double(const char* name, double fallback) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return fallback;
-  char* end = nullptr;
-  double d = std::strtod(v, &end);
-  BRAID_CHECK(end && *end == '\0' && d > 0, "braid: environment variable ", name, "='", v,
-              "' is not a positive number of seconds");
-  return d;
-}
-
 std::string hostname() {
   char buf[256] = {0};
   gethostname(buf, sizeof buf - 1);
@@ -132,13 +123,8 @@ const WorldInfo& init(const InitOptions& options) {
   Runtime& rt = runtime();
   if (rt.initialized) return rt.info;
   auto& s = detail::settings();
-  s.timeout_seconds = options.timeout_seconds > 0 ? options.timeout_seconds : env_double("BRAID_TIMEOUT", 600);
-  if (options.debug >= 0) {
-    s.debug = options.debug > 0;
-  } else {
-    const char* d = std::getenv("BRAID_DISTRIBUTED_DEBUG");
-    s.debug = d && *d && std::strcmp(d, "0") != 0;
-  }
+  s.timeout_seconds = options.timeout_seconds > 0 ? options.timeout_seconds : braid::detail::knob_number("BRAID_TIMEOUT");
+  s.debug = options.debug >= 0 ? options.debug > 0 : braid::detail::knob_flag("BRAID_DISTRIBUTED_DEBUG");
   const detail::Launch launch = detail::detect_launch();
   rt.info.host = hostname();
   if (launch.kind == "none") {

@@ -1,4 +1,5 @@
 #include "catalogue.h"
+#include "braid/knobs.h"
 
 #include <cstdlib>
 #include <filesystem>
@@ -72,10 +73,7 @@ const ZooEntry& zoo_entry(const std::string& name) {
 }
 
 std::string pretrained_path(const std::string& name) {
-  const char* env = std::getenv("BRAID_MODEL_CACHE");
-  const char* home = std::getenv("HOME");
-  const std::string cache = env && *env ? env : std::string(home ? home : ".") + "/.cache/braid/models";
-  return cache + "/" + name + "/model.onnx";
+  return braid::knob_value("BRAID_MODEL_CACHE") + "/" + name + "/model.onnx";
 }
 
 void print_catalogue(std::ostream& out) {

@@ -15,6 +15,7 @@
 #include "braid/checkpoint.h"
 #include "braid/data.h"
 #include "braid/distributed.h"
+#include "braid/knobs.h"
 #include "braid/nn/loss.h"
 #include "braid/optim.h"
 #include "braid/onnx/export.h"
@@ -51,6 +52,8 @@ void usage() {
       "                   [--export-onnx FILE (write the trained model as ONNX; data-parallel mode)]\n"
       "                   [--device auto|cpu|cuda|cuda:N (auto: a GPU when there is one; cuda: the\n"
       "                    GPU of this rank's local rank)] [--amp off|bf16|fp16 (mixed precision)]\n"
+      "                   [--print-config (the knobs in effect: every BRAID_* environment variable)]\n"
+      "                   [--print-config=markdown (the README's table of knobs)]\n"
       "--batch-size is the global batch; under mpiexec -n N each rank takes batch-size / N of it.\n"
       "On SIGUSR1 or SIGTERM (Slurm's warnings before it stops a job) every rank finishes the step it is\n"
       "in, the checkpoint is written, and braid-train exits with code 75, which model_zoo/slurm's job\n"
@@ -71,6 +74,10 @@ Args parse(int argc, char** argv) {
     std::string k = argv[i];
     if (k == "--help" || k == "-h") {
       usage();
+      std::exit(0);
+    }
+    if (k == "--print-config" || k == "--print-config=markdown") {
+      std::fputs((k == "--print-config" ? config_string() : knob_table_markdown()).c_str(), stdout);
       std::exit(0);
     }
     BRAID_CHECK(i + 1 < argc, "braid-train: option ", k, " needs a value");

@@ -53,7 +53,7 @@ def arguments(description, defaults):
     ap.add_argument("--preempt-at-step", type=int, default=0,
                     help="rank 0 sends itself SIGUSR1 after this global step (tests the preemption path)")
     ap.add_argument("--no-export", action="store_true", help="skip the ONNX export and the onnxruntime check")
-    ap.add_argument("--model-cache", default=os.environ.get("BRAID_MODEL_CACHE", os.path.expanduser("~/.cache/braid/models")),
+    ap.add_argument("--model-cache", default=braid.knob_value("BRAID_MODEL_CACHE"),
                     help="where scripts/setup_pretrained.sh put the models, vocabulary and data")
     ap.set_defaults(mode_defaults=defaults)
     return ap

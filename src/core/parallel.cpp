@@ -14,6 +14,7 @@
 #include <mutex>
 
 #include "braid/error.h"
+#include "core/knob_read.h"
 
 namespace braid {
 namespace {
@@ -37,11 +38,7 @@ int env_count(const char* name) {
 // node, so the cores are divided among the local ranks, as the launcher (MPICH Hydra, Open MPI,
 // Slurm) reports them. omp_get_num_procs counts the cores this process may run on.
 int default_num_threads() {
-  if (std::getenv("BRAID_NUM_THREADS")) {
-    const int n = env_count("BRAID_NUM_THREADS");
-    BRAID_CHECK(n >= 1, "BRAID_NUM_THREADS must be a positive integer, got '", std::getenv("BRAID_NUM_THREADS"), "'");
-    return n;
-  }
+  if (const int64_t n = detail::knob_count("BRAID_NUM_THREADS"); n > 0) return static_cast<int>(std::min<int64_t>(n, INT_MAX));
   int ranks = env_count("MPI_LOCALNRANKS");
   if (ranks == 0) ranks = env_count("OMPI_COMM_WORLD_LOCAL_SIZE");
   // An srun step says it per step ("2" or "2(x3),1"); the allocation's value is the fallback.

@@ -11,6 +11,7 @@
 
 #include "braid/amp.h"
 #include "ops/window.h"
+#include "core/knob_read.h"
 
 namespace braid {
 
@@ -136,10 +137,7 @@ Tensor apply_epilogue(const Tensor& y, const Epilogue& e) {
 thread_local bool t_prefer_channels_last = false;
 
 bool channels_last_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("BRAID_CHANNELS_LAST");
-    return !(v && std::string(v) == "0");
-  }();
+  static const bool on = detail::knob_flag("BRAID_CHANNELS_LAST");
   return on;
 }
 

@@ -34,6 +34,20 @@ Event = _core.Event
 manual_seed = _core.manual_seed
 get_num_threads = _core.get_num_threads
 set_num_threads = _core.set_num_threads
+knob_value = _core.knob_value  # the BRAID_* environment variables in effect (README "Knobs")
+config_string = _core.config_string
+
+
+def print_config():
+    """Prints every knob (BRAID_* environment variable) with its value in effect, as
+    `braid-train --print-config` does."""
+    print(_core.config_string(), end="")
+
+
+def knobs():
+    """Every knob as a dict: name, type, default, meaning, for_tests."""
+    return [dict(name=k.name, type=k.type, default=k.default_value, meaning=k.meaning, for_tests=k.for_tests)
+            for k in _core.knobs()]
 is_grad_enabled = _core.is_grad_enabled
 set_grad_enabled_ = _core.set_grad_enabled
 default_device = _core.default_device

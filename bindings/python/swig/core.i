@@ -6,6 +6,7 @@
 
 %{
 #include "braid/braid.h"
+#include "braid/knobs.h"
 %}
 
 %template(Int64Vector) std::vector<int64_t>;
@@ -96,6 +97,9 @@
 %include "braid/autograd.h"
 %include "braid/parallel.h"
 %include "braid/amp.h"
+%ignore braid::print_config(std::ostream&);  // Python's print_config() writes to stdout
+%template(KnobVector) std::vector<braid::Knob>;
+%include "braid/knobs.h"
 %ignore braid_py::PythonError;
 %ignore braid_py::set_python_error;
 %ignore braid_py::callback;

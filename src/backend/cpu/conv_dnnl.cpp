@@ -23,6 +23,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/dnnl_sets.h"
 #include "braid/parallel.h"
+#include "core/knob_read.h"
 
 namespace braid::detail {
 namespace {
@@ -224,10 +225,7 @@ constexpr int64_t kWinogradMaxChannelPairs = 256 * 256, kWinogradNarrowPairs = 1
 constexpr int64_t kWinogradWideMaxBatch = 2;
 
 bool winograd_geometry(const Key& key) {
-  static const bool on = [] {
-    const char* v = std::getenv("BRAID_WINOGRAD");
-    return !(v && std::string(v) == "0");
-  }();
+  static const bool on = detail::knob_flag("BRAID_WINOGRAD");
   const bool cl = key[23] != 0 || key[24] != 0;
   return on && cl && wide_dense(key) && key[8] == 3 && key[9] == 3 && key[10] == 1 && key[11] == 1 && key[14] == 1 &&
          key[15] == 1 &&
@@ -351,10 +349,7 @@ Plan build(const Key& key) {
 // ppocr_det 12.3 -> 11.5 ms, ppocr_rec and ppocr_cls within this VM's spread). The test suite sets
 // BRAID_ONEDNN_MIN_MACS=0, so that every float32 convolution it runs goes through oneDNN.
 bool wanted(const Key& key) {
-  static const double min_macs = [] {
-    const char* v = std::getenv("BRAID_ONEDNN_MIN_MACS");
-    return v ? std::atof(v) : 1e6;
-  }();
+  static const double min_macs = detail::knob_number("BRAID_ONEDNN_MIN_MACS");
   // N * C_out * oh * ow outputs, each a sum over C / groups * kh * kw taps.
   const double macs = static_cast<double>(key[1]) * key[5] * key[6] * key[7] * (key[2] / key[16]) * key[8] * key[9];
   const bool depthwise = key[16] > 1 && key[16] == key[2];  // groups == C
@@ -540,10 +535,7 @@ bool float32s(std::initializer_list<const Tensor*> ts) {
 // onednn_enabled() first, which sets the calling thread's count to braid's (two loads when they
 // agree already).
 bool onednn_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("BRAID_ONEDNN");
-    return !(v && std::string(v) == "0");
-  }();
+  static const bool on = detail::knob_flag("BRAID_ONEDNN");
   if (on && !omp_in_parallel()) {
     const int n = get_num_threads();
     if (omp_get_max_threads() != n) omp_set_num_threads(n);

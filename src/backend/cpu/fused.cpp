@@ -19,6 +19,7 @@
 #include "backend/cpu/fast_math.h"
 #include "backend/cpu/loop.h"
 #include "braid/parallel.h"
+#include "core/knob_read.h"
 
 namespace braid::detail {
 namespace {
@@ -60,10 +61,7 @@ bool contiguous_like(const Tensor& t, const Tensor& p) {
 // BRAID_CPU_FUSED=0 turns these primitives off, so that the ops compose what they compute: the path
 // every backend without them takes, tested on the CPU in CI (tests/meson.build, the *_composite runs).
 bool fused_on() {
-  static const bool on = [] {
-    const char* v = std::getenv("BRAID_CPU_FUSED");
-    return !(v && std::string(v) == "0");
-  }();
+  static const bool on = detail::knob_flag("BRAID_CPU_FUSED");
   return on;
 }
 

@@ -11,6 +11,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend.h"  // names no CUDA type: only which primitives CudaBackend declares
 #include "core/internal.h"
+#include "core/knob_read.h"
 
 namespace braid::detail {
 
@@ -62,9 +63,8 @@ constexpr Caps kCudaCaps{BRAID_CUDA_DECLARES(conv2d), BRAID_CUDA_DECLARES(max_po
 
 const Caps& shadow_caps() {
   static const Caps caps = [] {
-    const char* v = std::getenv("BRAID_SHADOW_CAPS");
-    const std::string mode = v ? v : "";
-    if (mode.empty() || mode == "cpu") return kCpuCaps;
+    const std::string mode = detail::knob_text("BRAID_SHADOW_CAPS");
+    if (mode == "cpu") return kCpuCaps;
     if (mode == "cuda") return kCudaCaps;
     throw ValueError(cat("BRAID_SHADOW_CAPS: expected 'cpu' or 'cuda', got '", mode, "'"));
   }();
