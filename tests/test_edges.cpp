@@ -329,3 +329,28 @@ TEST(Edges, Float32ExpTanhSigmoidAreWithinTheirStatedUlp) {
     EXPECT_LE(worst, c.bound) << c.name << " at " << at;
   }
 }
+
+// Note [Pow's special cases]: every exponent with a cheaper form than pow equals C's pow at every
+// input, signed zeros, infinities, NaN and denormals included, in float32 and float64; the values
+// of 0.5 and -0.5 at -0.0 and -inf are where sqrt and pow part (+0 and +inf; +inf and +0).
+TEST(Edges, PowSpecialCasesEqualCPow) {
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
+  const std::vector<double> xs = {-inf, -1e30, -2.5, -1.0, -0.0, 0.0, 1e-310, 1e-40, 0.25, 1.0, 2.0, 9.0,
+                                  1e30, inf, nan, -1e-310};
+  for (braid::DType dtype : {braid::kFloat32, braid::kFloat64}) {
+    const braid::Tensor x = braid::tensor(xs, {static_cast<int64_t>(xs.size())}).to(dtype);
+    const std::vector<double> in = x.to(braid::kFloat64).to_vector<double>();  // as the dtype holds them
+    for (double e : {0.5, -0.5, 2.0, 1.0, -1.0, -2.0, 3.0, 0.0, 1.5}) {
+      const std::vector<double> got = braid::pow(x, e).to(braid::kFloat64).to_vector<double>();
+      for (size_t i = 0; i < in.size(); ++i) {
+        double want = std::pow(in[i], e);
+        if (dtype == braid::kFloat32) want = static_cast<double>(std::pow(static_cast<float>(in[i]), static_cast<float>(e)));
+        const bool same = (std::isnan(want) && std::isnan(got[i])) ||
+                          (want == got[i] && std::signbit(want) == std::signbit(got[i])) ||
+                          (std::isfinite(want) && std::fabs(got[i] - want) <= 4e-7 * std::fabs(want));
+        EXPECT_TRUE(same) << braid::dtype_name(dtype) << ": " << in[i] << " ** " << e << " = " << got[i]
+                          << ", C's pow gives " << want;
+      }
+    }
+  }
+}

@@ -313,6 +313,14 @@ def _add_alpha_product(case, ts):
 
 
 CONV_POOL = ("conv1d", "conv2d", "conv_transpose2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d")
+def _pow_at_the_ends(t, e):
+    """PyTorch's x ** e with pow's values at -inf and -0.0 for e = ±0.5 (C's pow: +inf, +0 for 0.5;
+    +0, +inf for -0.5)."""
+    r = torch.pow(t, e)
+    r = torch.where(t == -math.inf, torch.tensor(math.inf if e > 0 else 0.0, dtype=t.dtype), r)
+    return torch.where((t == 0) & torch.signbit(t), torch.tensor(0.0 if e > 0 else math.inf, dtype=t.dtype), r)
+
+
 Known = collections.namedtuple("Known", "ops when reason adapt")
 # adapt(case, torch operands) returns PyTorch's result under braid's semantics (None: no check).
 # ops is a tuple of op names; when(case, numpy operands) says whether the difference applies.
@@ -344,6 +352,12 @@ KNOWN_DIFFERENCES = [
           "braid refuses integers to negative integer powers, as NumPy does; PyTorch computes "
           "them (1, -1 or 0) when the exponent is a tensor and refuses them when it is a scalar",
           None),
+    Known(("pow_scalar",),
+          lambda c, xs: num(c["args"]["exponent"]) in (0.5, -0.5) and xs[0].dtype.kind == "f"
+          and bool(((xs[0] == -np.inf) | ((xs[0] == 0) & np.signbit(xs[0]))).any()),
+          "braid's x ** 0.5 and x ** -0.5 equal pow at -inf and -0.0 (+inf, +0; +0, +inf); PyTorch "
+          "computes them as sqrt and rsqrt (NaN, -0.0; NaN, -inf): Note [Pow's special cases]",
+          lambda c, ts: _pow_at_the_ends(ts[0], num(c["args"]["exponent"]))),
     Known(("matmul",), lambda c, xs: xs[0].dtype != xs[1].dtype,
           "PyTorch's matmul requires equal dtypes; braid promotes the operands like other binary ops",
           lambda c, ts: torch.matmul(*_promoted(c, ts))),

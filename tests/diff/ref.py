@@ -217,13 +217,10 @@ def ref_pow_scalar(args, x):
         if e < 0:
             raise Reject()  # PyTorch: integers to negative integer powers are not allowed
         return [Out(x.astype(np.int64) ** int(e), rd)]
-    # PyTorch rounds the exponent to the tensor's float type, and computes x^0.5 and x^-0.5 as
-    # sqrt(x) and 1 / sqrt(x), which braid follows (they differ from C's pow at -inf and -0.0)
+    # PyTorch rounds the exponent to the tensor's float type. x^0.5 and x^-0.5 are pow's, at -inf
+    # and -0.0 too (Note [Pow's special cases]; PyTorch's sqrt/rsqrt differ there, check_torch.py)
     with np.errstate(all="ignore"):
-        if e in (0.5, -0.5):
-            r = np.sqrt(f64(x, rd)) if e > 0 else 1.0 / np.sqrt(f64(x, rd))
-        else:
-            r = _pow(f64(x, rd), float(np.float64(e).astype(rd)))
+        r = _pow(f64(x, rd), float(np.float64(e).astype(rd)))
     return [Out(r, rd, RTOL_TRANS[rd])]
 
 

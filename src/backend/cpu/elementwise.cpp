@@ -3,6 +3,7 @@
 // fast_math.h polynomials (exp, tanh, sigmoid on float32) vectorise, while libm calls do not.
 #include <cmath>
 #include <iterator>
+#include <limits>
 #include <type_traits>
 
 #include "backend/cpu/cpu_backend.h"
@@ -195,11 +196,22 @@ void float_unary(UnaryOp op, const StridedLoop& loop, double p0d, double p1d) {
     case UnaryOp::Round:
       return map_unary<T, T>(loop, [](T x) { return std::nearbyint(x); });  // half to even
     case UnaryOp::PowScalar:
+      // Note [Pow's special cases]
+      // The exponents with a cheaper form than pow take it, and each equals pow (C's, NumPy's) at
+      // every input, ±0, ±inf and NaN included: x * x, x, 1 / x are exact; sqrt differs from pow at
+      // two points, sqrt(-0.0) = -0.0 where pow(-0.0, 0.5) = +0 and sqrt(-inf) = NaN where
+      // pow(-inf, 0.5) = +inf (for -0.5: +inf and +0), so -0.0 is made +0 first and -inf is set
+      // apart. PyTorch computes x ** ±0.5 as sqrt and rsqrt and gives -0.0, NaN, -inf, NaN there;
+      // braid keeps the definition (tests/diff/check_torch.py lists the difference).
       if (p0d == 2) return map_unary<T, T>(loop, [](T x) { return x * x; });
-      // x^0.5 and x^-0.5 are sqrt and its reciprocal, as in PyTorch (they differ from C's pow at
-      // -inf and -0.0: sqrt(-inf) is NaN where pow gives +inf).
-      if (p0d == 0.5) return map_unary<T, T>(loop, [](T x) { return std::sqrt(x); });
-      if (p0d == -0.5) return map_unary<T, T>(loop, [](T x) { return T(1) / std::sqrt(x); });
+      if (p0d == 0.5) {
+        constexpr T inf = std::numeric_limits<T>::infinity();
+        return map_unary<T, T>(loop, [](T x) { return select(x == -inf, inf, std::sqrt(x + T(0))); });
+      }
+      if (p0d == -0.5) {
+        constexpr T inf = std::numeric_limits<T>::infinity();
+        return map_unary<T, T>(loop, [](T x) { return select(x == -inf, T(0), T(1) / std::sqrt(x + T(0))); });
+      }
       if (p0d == 1) return map_unary<T, T>(loop, [](T x) { return x; });
       if (p0d == -1) return map_unary<T, T>(loop, [](T x) { return T(1) / x; });
       return map_unary<T, T>(loop, [p0](T x) { return std::pow(x, p0); });

@@ -90,6 +90,10 @@ BRAID_UNARY_OP(Floor, m_floor(x))
 BRAID_UNARY_OP(Ceil, m_ceil(x))
 BRAID_UNARY_OP(Round, m_rint(x))
 BRAID_UNARY_OP(Pow, m_pow(x, p0))
+// x ** ±0.5 through sqrt, equal to pow at -0.0 and -inf too (Note [Pow's special cases] in
+// src/backend/cpu/elementwise.cpp).
+BRAID_UNARY_OP(PowHalf, x == T(-INFINITY) ? T(INFINITY) : m_sqrt(x + T(0)))
+BRAID_UNARY_OP(PowMinusHalf, x == T(-INFINITY) ? T(0) : T(1) / m_sqrt(x + T(0)))
 BRAID_UNARY_OP(Identity, x)
 BRAID_UNARY_OP(Clamp, x < p0 ? p0 : (x > p1 ? p1 : x))  // NaN stays; an infinite bound never binds
 BRAID_UNARY_OP(LeakyRelu, x > 0 ? x : p0 * x)
@@ -184,11 +188,11 @@ void float_unary(UnaryOp op, const Launch<T>& l, double p0) {
     case UnaryOp::Round:
       return l.template run<Round>();
     case UnaryOp::PowScalar:
-      // As the CPU: x^0.5 and x^-0.5 are sqrt and its reciprocal (as in PyTorch), and the exact
-      // small powers skip pow.
+      // As the CPU (Note [Pow's special cases]): the exponents with a cheaper form than pow take
+      // it, each equal to pow at every input.
       if (p0 == 2) return l.template run<Square>();
-      if (p0 == 0.5) return l.template run<Sqrt>();
-      if (p0 == -0.5) return l.template run<Rsqrt>();
+      if (p0 == 0.5) return l.template run<PowHalf>();
+      if (p0 == -0.5) return l.template run<PowMinusHalf>();
       if (p0 == 1) return l.template run<Identity>();
       if (p0 == -1) return l.template run<Reciprocal>();
       return l.template run<Pow>();
