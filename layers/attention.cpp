@@ -18,6 +18,9 @@ Tensor generate_square_subsequent_mask(int64_t n, DType dtype, Device device) {
                zeros({}, dtype, device));
 }
 
+MultiheadAttention::MultiheadAttention(int64_t embed_dim, int64_t num_heads, const MultiheadAttentionOptions& o)
+    : MultiheadAttention(embed_dim, num_heads, o.dropout, o.bias, o.batch_first, o.generator) {}
+
 MultiheadAttention::MultiheadAttention(int64_t embed_dim, int64_t num_heads, double dropout, bool bias,
                                        bool batch_first, Generator* gen)
     : Module("MultiheadAttention"), embed_dim_(embed_dim), num_heads_(num_heads), dropout_(dropout),

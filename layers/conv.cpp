@@ -59,6 +59,9 @@ Tensor unbatch_like(const Tensor& y, const Tensor& x, int64_t spatial) { return 
 
 // 'same' padding is split as PyTorch splits it (conv_padding_same): half of d (k - 1) on each side
 // and an odd remainder on the right, which conv1d cannot take, so it is padded onto the input first.
+Conv1d::Conv1d(int64_t in_channels, int64_t out_channels, int64_t kernel_size, const Conv1dOptions& o)
+    : Conv1d(in_channels, out_channels, kernel_size, o.stride, o.padding, o.dilation, o.groups, o.bias) {}
+
 Conv1d::Conv1d(int64_t in_channels, int64_t out_channels, int64_t kernel_size, int64_t stride, Padding padding,
                int64_t dilation, int64_t groups, bool bias)
     : Module("Conv1d"), in_(in_channels), out_(out_channels), kernel_(kernel_size), stride_(stride),
@@ -100,6 +103,9 @@ std::string Conv1d::describe() const {
   return os.str();
 }
 
+Conv2d::Conv2d(int64_t in_channels, int64_t out_channels, Ints kernel_size, const Conv2dOptions& o)
+    : Conv2d(in_channels, out_channels, std::move(kernel_size), o.stride, o.padding, o.dilation, o.groups, o.bias) {}
+
 Conv2d::Conv2d(int64_t in_channels, int64_t out_channels, Ints kernel_size, Ints stride, Padding padding,
                Ints dilation, int64_t groups, bool bias)
     : Module("Conv2d"), in_(in_channels), out_(out_channels), groups_(groups),
@@ -135,6 +141,11 @@ std::string Conv2d::describe() const {
   os << ")";
   return os.str();
 }
+
+ConvTranspose2d::ConvTranspose2d(int64_t in_channels, int64_t out_channels, Ints kernel_size,
+                                 const ConvTranspose2dOptions& o)
+    : ConvTranspose2d(in_channels, out_channels, std::move(kernel_size), o.stride, o.padding, o.output_padding, o.groups,
+                      o.bias, o.dilation) {}
 
 ConvTranspose2d::ConvTranspose2d(int64_t in_channels, int64_t out_channels, Ints kernel_size, Ints stride,
                                  Ints padding, Ints output_padding, int64_t groups, bool bias, Ints dilation)

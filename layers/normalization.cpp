@@ -89,6 +89,12 @@ std::string BatchNorm::describe() const {
   return os.str();
 }
 
+BatchNorm1d::BatchNorm1d(int64_t num_features, const BatchNormOptions& o)
+    : BatchNorm1d(num_features, o.eps, o.momentum, o.affine, o.track_running_stats) {}
+
+BatchNorm2d::BatchNorm2d(int64_t num_features, const BatchNormOptions& o)
+    : BatchNorm2d(num_features, o.eps, o.momentum, o.affine, o.track_running_stats) {}
+
 BatchNorm1d::BatchNorm1d(int64_t num_features, double eps, std::optional<double> momentum, bool affine,
                          bool track_running_stats)
     : BatchNorm("BatchNorm1d", {2, 3}, num_features, eps, momentum, affine, track_running_stats) {}

@@ -28,6 +28,9 @@ std::vector<int64_t> stride_or_kernel(const Ints& stride, const std::vector<int6
 
 }  // namespace
 
+MaxPool2d::MaxPool2d(Ints kernel_size, const MaxPool2dOptions& o)
+    : MaxPool2d(std::move(kernel_size), o.stride, o.padding, o.dilation, o.ceil_mode) {}
+
 MaxPool2d::MaxPool2d(Ints kernel_size, Ints stride, Ints padding, Ints dilation, bool ceil_mode)
     : Module("MaxPool2d"), kernel_(kernel_size.expand(2, "MaxPool2d", "kernel_size")),
       stride_(stride_or_kernel(stride, kernel_, "MaxPool2d")), padding_(padding.expand(2, "MaxPool2d", "padding")),
@@ -51,6 +54,9 @@ std::string MaxPool2d::describe() const {
      << ", dilation=" << tuple(dilation_) << ", ceil_mode=" << detail::py_bool(ceil_mode_) << ")";
   return os.str();
 }
+
+AvgPool2d::AvgPool2d(Ints kernel_size, const AvgPool2dOptions& o)
+    : AvgPool2d(std::move(kernel_size), o.stride, o.padding, o.ceil_mode, o.count_include_pad) {}
 
 AvgPool2d::AvgPool2d(Ints kernel_size, Ints stride, Ints padding, bool ceil_mode, bool count_include_pad)
     : Module("AvgPool2d"), kernel_(kernel_size.expand(2, "AvgPool2d", "kernel_size")),

@@ -119,6 +119,9 @@ std::string RNNBase::describe() const {
   return s + ")";
 }
 
+LSTM::LSTM(int64_t input_size, int64_t hidden_size, const RNNOptions& o)
+    : LSTM(input_size, hidden_size, o.num_layers, o.bias, o.batch_first, o.dropout, o.bidirectional, o.generator) {}
+
 LSTM::LSTM(int64_t input_size, int64_t hidden_size, int64_t num_layers, bool bias, bool batch_first, double dropout,
            bool bidirectional, Generator* gen)
     : RNNBase("LSTM", 4, true, input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional, gen) {}
@@ -134,6 +137,9 @@ std::vector<Tensor> LSTM::cell(const Tensor& gi, const Tensor& h, const Tensor& 
   Tensor c_next = sigmoid(g[1]) * c + sigmoid(g[0]) * tanh(g[2]);
   return {sigmoid(g[3]) * tanh(c_next), c_next};
 }
+
+GRU::GRU(int64_t input_size, int64_t hidden_size, const RNNOptions& o)
+    : GRU(input_size, hidden_size, o.num_layers, o.bias, o.batch_first, o.dropout, o.bidirectional, o.generator) {}
 
 GRU::GRU(int64_t input_size, int64_t hidden_size, int64_t num_layers, bool bias, bool batch_first, double dropout,
          bool bidirectional, Generator* gen)

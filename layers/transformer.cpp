@@ -8,6 +8,10 @@
 
 namespace braid::nn {
 
+TransformerEncoderLayer::TransformerEncoderLayer(int64_t d_model, int64_t nhead, const TransformerEncoderLayerOptions& o)
+    : TransformerEncoderLayer(d_model, nhead, o.dim_feedforward, o.dropout, o.activation, o.layer_norm_eps, o.batch_first,
+                              o.norm_first, o.generator) {}
+
 TransformerEncoderLayer::TransformerEncoderLayer(int64_t d_model, int64_t nhead, int64_t dim_feedforward,
                                                  double dropout, const std::string& activation,
                                                  double layer_norm_eps, bool batch_first, bool norm_first,

@@ -22,8 +22,8 @@ ModulePtr mlp(int64_t in_features, const std::vector<int64_t>& hidden, int64_t c
 ModulePtr small_cnn(int64_t in_channels, int64_t classes) {
   auto stage = [](int64_t in, int64_t out) {
     return std::make_shared<Sequential>(std::vector<ModulePtr>{
-        std::make_shared<Conv2d>(in, out, 3, 1, 1, 1, 1, false), std::make_shared<BatchNorm2d>(out),
-        std::make_shared<ReLU>(), std::make_shared<MaxPool2d>(2)});
+        std::make_shared<Conv2d>(in, out, 3, Conv2dOptions{.padding = 1, .bias = false}),
+        std::make_shared<BatchNorm2d>(out), std::make_shared<ReLU>(), std::make_shared<MaxPool2d>(2)});
   };
   return std::make_shared<Sequential>(std::vector<ModulePtr>{
       stage(in_channels, 16), stage(16, 32), std::make_shared<Flatten>(), std::make_shared<Linear>(32 * 7 * 7, 128),
@@ -33,27 +33,31 @@ ModulePtr small_cnn(int64_t in_channels, int64_t classes) {
 namespace {
 ModulePtr basic_block(int64_t in, int64_t out, int64_t stride) {
   auto body = std::make_shared<Sequential>(std::vector<ModulePtr>{
-      std::make_shared<Conv2d>(in, out, 3, stride, 1, 1, 1, false), std::make_shared<BatchNorm2d>(out),
-      std::make_shared<ReLU>(), std::make_shared<Conv2d>(out, out, 3, 1, 1, 1, 1, false),
+      std::make_shared<Conv2d>(in, out, 3, Conv2dOptions{.stride = stride, .padding = 1, .bias = false}),
+      std::make_shared<BatchNorm2d>(out), std::make_shared<ReLU>(),
+      std::make_shared<Conv2d>(out, out, 3, Conv2dOptions{.padding = 1, .bias = false}),
       std::make_shared<BatchNorm2d>(out)});
   ModulePtr shortcut;
   if (stride != 1 || in != out)
-    shortcut = std::make_shared<Sequential>(std::vector<ModulePtr>{
-        std::make_shared<Conv2d>(in, out, 1, stride, 0, 1, 1, false), std::make_shared<BatchNorm2d>(out)});
+    shortcut = std::make_shared<Sequential>(
+        std::vector<ModulePtr>{std::make_shared<Conv2d>(in, out, 1, Conv2dOptions{.stride = stride, .bias = false}),
+                               std::make_shared<BatchNorm2d>(out)});
   return std::make_shared<Sequential>(
       std::vector<ModulePtr>{std::make_shared<Residual>(body, shortcut), std::make_shared<ReLU>()});
 }
 ModulePtr bottleneck(int64_t in, int64_t width, int64_t stride) {
   const int64_t out = width * 4;
   auto body = std::make_shared<Sequential>(std::vector<ModulePtr>{
-      std::make_shared<Conv2d>(in, width, 1, 1, 0, 1, 1, false), std::make_shared<BatchNorm2d>(width),
-      std::make_shared<ReLU>(), std::make_shared<Conv2d>(width, width, 3, stride, 1, 1, 1, false),
+      std::make_shared<Conv2d>(in, width, 1, Conv2dOptions{.bias = false}), std::make_shared<BatchNorm2d>(width),
+      std::make_shared<ReLU>(),
+      std::make_shared<Conv2d>(width, width, 3, Conv2dOptions{.stride = stride, .padding = 1, .bias = false}),
       std::make_shared<BatchNorm2d>(width), std::make_shared<ReLU>(),
-      std::make_shared<Conv2d>(width, out, 1, 1, 0, 1, 1, false), std::make_shared<BatchNorm2d>(out)});
+      std::make_shared<Conv2d>(width, out, 1, Conv2dOptions{.bias = false}), std::make_shared<BatchNorm2d>(out)});
   ModulePtr shortcut;
   if (stride != 1 || in != out)
-    shortcut = std::make_shared<Sequential>(std::vector<ModulePtr>{
-        std::make_shared<Conv2d>(in, out, 1, stride, 0, 1, 1, false), std::make_shared<BatchNorm2d>(out)});
+    shortcut = std::make_shared<Sequential>(
+        std::vector<ModulePtr>{std::make_shared<Conv2d>(in, out, 1, Conv2dOptions{.stride = stride, .bias = false}),
+                               std::make_shared<BatchNorm2d>(out)});
   return std::make_shared<Sequential>(
       std::vector<ModulePtr>{std::make_shared<Residual>(body, shortcut), std::make_shared<ReLU>()});
 }
@@ -61,10 +65,10 @@ ModulePtr bottleneck(int64_t in, int64_t width, int64_t stride) {
 
 ModulePtr resnet50(int64_t classes) {
   auto m = std::make_shared<Sequential>();
-  m->add(std::make_shared<Conv2d>(3, 64, 7, 2, 3, 1, 1, false));
+  m->add(std::make_shared<Conv2d>(3, 64, 7, Conv2dOptions{.stride = 2, .padding = 3, .bias = false}));
   m->add(std::make_shared<BatchNorm2d>(64));
   m->add(std::make_shared<ReLU>());
-  m->add(std::make_shared<MaxPool2d>(3, 2, 1));
+  m->add(std::make_shared<MaxPool2d>(3, MaxPool2dOptions{.stride = 2, .padding = 1}));
   int64_t c = 64;
   const int64_t blocks[] = {3, 4, 6, 3};
   for (int64_t stage = 0; stage < 4; ++stage) {
@@ -82,7 +86,7 @@ ModulePtr resnet50(int64_t classes) {
 
 ModulePtr resnet(int64_t in_channels, int64_t classes, int64_t width, int64_t blocks_per_stage) {
   auto m = std::make_shared<Sequential>();
-  m->add(std::make_shared<Conv2d>(in_channels, width, 3, 1, 1, 1, 1, false));
+  m->add(std::make_shared<Conv2d>(in_channels, width, 3, Conv2dOptions{.padding = 1, .bias = false}));
   m->add(std::make_shared<BatchNorm2d>(width));
   m->add(std::make_shared<ReLU>());
   int64_t c = width;
@@ -105,8 +109,9 @@ namespace {
 // the block keeps the shape.
 ModulePtr conv_bn_relu6(int64_t in, int64_t out, int64_t k, int64_t stride, int64_t groups) {
   return std::make_shared<Sequential>(std::vector<ModulePtr>{
-      std::make_shared<Conv2d>(in, out, k, stride, (k - 1) / 2, 1, groups, false), std::make_shared<BatchNorm2d>(out),
-      std::make_shared<ReLU6>()});
+      std::make_shared<Conv2d>(
+          in, out, k, Conv2dOptions{.stride = stride, .padding = (k - 1) / 2, .groups = groups, .bias = false}),
+      std::make_shared<BatchNorm2d>(out), std::make_shared<ReLU6>()});
 }
 
 ModulePtr inverted_residual(int64_t in, int64_t out, int64_t stride, int64_t expand) {
@@ -114,7 +119,8 @@ ModulePtr inverted_residual(int64_t in, int64_t out, int64_t stride, int64_t exp
   auto body = std::make_shared<Sequential>();
   if (expand != 1) body->add(conv_bn_relu6(in, hidden, 1, 1, 1));
   body->add(conv_bn_relu6(hidden, hidden, 3, stride, hidden));
-  body->add(std::make_shared<Conv2d>(hidden, out, 1, 1, 0, 1, 1, false)).add(std::make_shared<BatchNorm2d>(out));
+  body->add(std::make_shared<Conv2d>(hidden, out, 1, Conv2dOptions{.bias = false}))
+      .add(std::make_shared<BatchNorm2d>(out));
   if (stride == 1 && in == out) return std::make_shared<Residual>(body);
   return body;
 }
@@ -161,7 +167,7 @@ ModulePtr mobilenet_v2(int64_t classes) {
   m->add(conv_bn_relu6(3, 32, 3, 2, 1));
   int64_t c = 32;
   // (expansion t, channels c, repeats n, first stride s), the paper's Table 2.
-  const int64_t settings[7][4] = {{1, 16, 1, 1}, {6, 24, 2, 2}, {6, 32, 3, 2}, {6, 64, 4, 2},
+  const int64_t settings[7][4] = {{1, 16, 1, 1}, {6, 24, 2, 2},  {6, 32, 3, 2}, {6, 64, 4, 2},
                                   {6, 96, 3, 1}, {6, 160, 3, 2}, {6, 320, 1, 1}};
   for (const auto& [t, out, n, s] : settings) {
     for (int64_t i = 0; i < n; ++i) {
@@ -179,8 +185,12 @@ ModulePtr transformer_encoder(const EncoderConfig& c, int64_t classes) {
   auto m = std::make_shared<Sequential>();
   m->add(std::make_shared<EncoderEmbeddings>(c));
   for (int64_t i = 0; i < c.layers; ++i)
-    m->add(std::make_shared<TransformerEncoderLayer>(c.hidden, c.heads, c.feedforward, c.dropout, "gelu",
-                                                     c.layer_norm_eps, true, false));
+    m->add(std::make_shared<TransformerEncoderLayer>(c.hidden, c.heads,
+                                                     TransformerEncoderLayerOptions{.dim_feedforward = c.feedforward,
+                                                                                    .dropout = c.dropout,
+                                                                                    .activation = "gelu",
+                                                                                    .layer_norm_eps = c.layer_norm_eps,
+                                                                                    .batch_first = true}));
   m->add(std::make_shared<MeanOverTokens>());
   if (classes > 0) m->add(std::make_shared<Linear>(c.hidden, classes));
   return m;

@@ -492,5 +492,45 @@ TEST(Layers, SkipErrorsNameTheSkip) {
   EXPECT_LE(amax(abs(ok.forward(x) - x * 2.0)).item(), 0.0);
 }
 
+
+// Note [Layer options]: each options constructor builds the layer its positional one builds (the
+// same configuration as PyTorch prints it, the same parameters in name and shape), for settings
+// away from every default.
+TEST(LayerOptions, EqualThePositionalConstructors) {
+  auto same = [](const Module& a, const Module& b) {
+    EXPECT_EQ(a.describe(), b.describe());
+    const auto pa = a.named_parameters(), pb = b.named_parameters();
+    ASSERT_EQ(pa.size(), pb.size()) << a.describe();
+    for (size_t i = 0; i < pa.size(); ++i) {
+      EXPECT_EQ(pa[i].first, pb[i].first) << a.describe();
+      EXPECT_EQ(pa[i].second.shape(), pb[i].second.shape()) << a.describe() << " " << pa[i].first;
+    }
+  };
+  same(Conv1d(4, 6, 3, {.stride = 2, .padding = 1, .dilation = 2, .groups = 2, .bias = false}),
+       Conv1d(4, 6, 3, 2, 1, 2, 2, false));
+  same(Conv2d(4, 6, {3, 5}, {.stride = {2, 1}, .padding = {1, 2}, .dilation = 2, .groups = 2, .bias = false}),
+       Conv2d(4, 6, {3, 5}, {2, 1}, {1, 2}, 2, 2, false));
+  same(Conv2d(3, 8, 3, {.padding = 1, .bias = false}), Conv2d(3, 8, 3, 1, 1, 1, 1, false));
+  same(Conv2d(3, 8, 3, Conv2dOptions{.padding = 1}), Conv2d(3, 8, 3, 1, 1));  // one field: see the Note
+  same(ConvTranspose2d(4, 6, 3, {.stride = 2, .padding = 1, .output_padding = 1, .groups = 2, .bias = false, .dilation = 1}),
+       ConvTranspose2d(4, 6, 3, 2, 1, 1, 2, false, 1));
+  same(MaxPool2d(3, {.stride = 2, .padding = 1, .dilation = 1, .ceil_mode = true}), MaxPool2d(3, 2, 1, 1, true));
+  same(AvgPool2d(3, {.stride = 2, .padding = 1, .ceil_mode = true, .count_include_pad = false}),
+       AvgPool2d(3, 2, 1, true, false));
+  same(BatchNorm2d(8, {.eps = 1e-3, .momentum = std::nullopt, .affine = false, .track_running_stats = true}),
+       BatchNorm2d(8, 1e-3, std::nullopt, false, true));
+  same(BatchNorm1d(8, {.eps = 1e-4, .momentum = 0.2}), BatchNorm1d(8, 1e-4, 0.2));
+  same(BatchNorm1d(8, BatchNormOptions{.affine = false}), BatchNorm1d(8, 1e-5, 0.1, false));
+  same(MultiheadAttention(8, 2, {.dropout = 0.1, .bias = false, .batch_first = true}),
+       MultiheadAttention(8, 2, 0.1, false, true));
+  same(TransformerEncoderLayer(8, 2, {.dim_feedforward = 16, .dropout = 0.0, .activation = "gelu",
+                                      .layer_norm_eps = 1e-6, .batch_first = true, .norm_first = true}),
+       TransformerEncoderLayer(8, 2, 16, 0.0, "gelu", 1e-6, true, true));
+  same(LSTM(5, 7, {.num_layers = 2, .bias = false, .batch_first = true, .dropout = 0.0, .bidirectional = true}),
+       LSTM(5, 7, 2, false, true, 0.0, true));
+  same(GRU(5, 7, {.num_layers = 2, .bidirectional = true}), GRU(5, 7, 2, true, false, 0.0, true));
+  same(MaxPool2d(3, MaxPool2dOptions{.stride = 2}), MaxPool2d(3, 2));
+}
+
 }  // namespace
 }  // namespace braid

@@ -137,6 +137,29 @@ inline bool ints_arg(PyObject* o, std::vector<int64_t>* out) {
 %ignore braid::nn::SkipScope;
 %ignore braid::nn::run_in_skip_scope;
 %ignore braid::onnx::LayerAccess;
+// Note [Layer options]: Python passes the options as keywords of the same names (nn.Conv2d(1, 16, 3,
+// padding=1, bias=False)), which SWIG takes from the positional constructors; it cannot give keywords
+// to an overloaded constructor, so the options structs and their constructors stay in C++.
+%ignore braid::nn::Conv1dOptions;
+%ignore braid::nn::Conv2dOptions;
+%ignore braid::nn::ConvTranspose2dOptions;
+%ignore braid::nn::MaxPool2dOptions;
+%ignore braid::nn::AvgPool2dOptions;
+%ignore braid::nn::BatchNormOptions;
+%ignore braid::nn::MultiheadAttentionOptions;
+%ignore braid::nn::TransformerEncoderLayerOptions;
+%ignore braid::nn::RNNOptions;
+%ignore braid::nn::Conv1d::Conv1d(int64_t, int64_t, int64_t, const Conv1dOptions&);
+%ignore braid::nn::Conv2d::Conv2d(int64_t, int64_t, Ints, const Conv2dOptions&);
+%ignore braid::nn::ConvTranspose2d::ConvTranspose2d(int64_t, int64_t, Ints, const ConvTranspose2dOptions&);
+%ignore braid::nn::MaxPool2d::MaxPool2d(Ints, const MaxPool2dOptions&);
+%ignore braid::nn::AvgPool2d::AvgPool2d(Ints, const AvgPool2dOptions&);
+%ignore braid::nn::BatchNorm1d::BatchNorm1d(int64_t, const BatchNormOptions&);
+%ignore braid::nn::BatchNorm2d::BatchNorm2d(int64_t, const BatchNormOptions&);
+%ignore braid::nn::MultiheadAttention::MultiheadAttention(int64_t, int64_t, const MultiheadAttentionOptions&);
+%ignore braid::nn::TransformerEncoderLayer::TransformerEncoderLayer(int64_t, int64_t, const TransformerEncoderLayerOptions&);
+%ignore braid::nn::LSTM::LSTM(int64_t, int64_t, const RNNOptions&);
+%ignore braid::nn::GRU::GRU(int64_t, int64_t, const RNNOptions&);
 
 %template(NamedTensor) std::pair<std::string, braid::Tensor>;
 %template(NamedTensors) std::vector<std::pair<std::string, braid::Tensor>>;

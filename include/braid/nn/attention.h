@@ -20,6 +20,14 @@ namespace braid::nn {
 /// The (n, n) float mask with -inf above the diagonal: position i attends to positions <= i.
 Tensor generate_square_subsequent_mask(int64_t n, DType dtype = kFloat32, Device device = BRAID_IMPLICIT_DEVICE);
 
+/// MultiheadAttention's settings (Note [Layer options] in layers.h).
+struct MultiheadAttentionOptions {
+  double dropout = 0.0;
+  bool bias = true;
+  bool batch_first = false;
+  Generator* generator = nullptr;  // dropout's; nullptr: the default generator
+};
+
 /// Scaled dot-product attention over num_heads heads of embed_dim / num_heads features.
 /// Inputs are (L, N, E), or (N, L, E) with batch_first, or unbatched (L, E). Parameters:
 /// in_proj_weight (3E, E), in_proj_bias (3E), out_proj.weight (E, E), out_proj.bias (E).
@@ -27,8 +35,10 @@ Tensor generate_square_subsequent_mask(int64_t n, DType dtype = kFloat32, Device
 class MultiheadAttention : public Module {
   friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
+  MultiheadAttention(int64_t embed_dim, int64_t num_heads, const MultiheadAttentionOptions& options);
+  // Deprecated beyond num_heads (Note [Layer options]): the options struct's fields in order.
   MultiheadAttention(int64_t embed_dim, int64_t num_heads, double dropout = 0.0, bool bias = true,
-                     bool batch_first = false, Generator* gen = nullptr);
+                     bool batch_first = false, Generator* generator = nullptr);
   /// Self-attention without masks.
   Tensor forward(const Tensor& x) override;
   /// The attention output only.
@@ -49,15 +59,28 @@ class MultiheadAttention : public Module {
   Tensor in_proj_weight_, in_proj_bias_;
 };
 
+/// TransformerEncoderLayer's settings (Note [Layer options] in layers.h).
+struct TransformerEncoderLayerOptions {
+  int64_t dim_feedforward = 2048;
+  double dropout = 0.1;
+  std::string activation = "relu";  // or "gelu"
+  double layer_norm_eps = 1e-5;
+  bool batch_first = false;
+  bool norm_first = false;
+  Generator* generator = nullptr;  // dropout's; nullptr: the default generator
+};
+
 /// Self-attention then a feed-forward block, each with a residual connection and LayerNorm
 /// (after the residual, or before the block with norm_first). activation: "relu" or "gelu".
 /// Inputs as MultiheadAttention's.
 class TransformerEncoderLayer : public Module {
   friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
+  TransformerEncoderLayer(int64_t d_model, int64_t nhead, const TransformerEncoderLayerOptions& options);
+  // Deprecated beyond nhead (Note [Layer options]): the options struct's fields in order.
   TransformerEncoderLayer(int64_t d_model, int64_t nhead, int64_t dim_feedforward = 2048, double dropout = 0.1,
                           const std::string& activation = "relu", double layer_norm_eps = 1e-5,
-                          bool batch_first = false, bool norm_first = false, Generator* gen = nullptr);
+                          bool batch_first = false, bool norm_first = false, Generator* generator = nullptr);
   Tensor forward(const Tensor& src) override;
   /// src_mask as attn_mask, src_key_padding_mask as key_padding_mask of MultiheadAttention.
   Tensor forward(const Tensor& src, const Tensor& src_mask, const Tensor& src_key_padding_mask = Tensor());

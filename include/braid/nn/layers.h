@@ -73,11 +73,32 @@ class Linear : public Module {
   Tensor weight_, bias_;
 };
 
+// Note [Layer options]
+// A layer with more than two optional settings takes them as an options struct, as libtorch's
+// Conv2dOptions, with PyTorch's names and defaults in PyTorch's order, so that C++ reads like the
+// Python call: Conv2d(1, 16, 3, {.padding = 1, .bias = false}) for nn.Conv2d(1, 16, 3, padding=1,
+// bias=False) (designated initializers name the fields in declaration order). The positional
+// constructors stay for release 0.1 and are deprecated: they go in 0.2; braid's own code (the
+// model zoo, examples, README) uses the options. While both exist, GCC (12) takes a list of one
+// field whose value is a number, {.padding = 1}, for that number and calls the call ambiguous with
+// the positional constructor: name the type there, Conv2dOptions{.padding = 1}, as make_shared
+// needs anyway (Clang accepts the bare list, as the standard says).
+
+struct Conv1dOptions {
+  int64_t stride = 1;
+  Padding padding = 0;
+  int64_t dilation = 1;
+  int64_t groups = 1;
+  bool bias = true;
+};
+
 /// x (N, C_in, L) -> (N, C_out, L_out). weight (C_out, C_in / groups, kernel_size). Padding mode
 /// "zeros" only.
 class Conv1d : public Module {
   friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
+  Conv1d(int64_t in_channels, int64_t out_channels, int64_t kernel_size, const Conv1dOptions& options);
+  // Deprecated (Note [Layer options]): the options struct's fields in order.
   Conv1d(int64_t in_channels, int64_t out_channels, int64_t kernel_size, int64_t stride = 1, Padding padding = 0,
          int64_t dilation = 1, int64_t groups = 1, bool bias = true);
   Tensor forward(const Tensor& x) override;
@@ -90,11 +111,21 @@ class Conv1d : public Module {
   Tensor weight_, bias_;
 };
 
+struct Conv2dOptions {
+  Ints stride = 1;
+  Padding padding = 0;
+  Ints dilation = 1;
+  int64_t groups = 1;
+  bool bias = true;
+};
+
 /// x (N, C_in, H, W) -> (N, C_out, H_out, W_out). weight (C_out, C_in / groups, kH, kW); groups ==
 /// C_in == C_out is a depthwise convolution. Padding mode "zeros" only.
 class Conv2d : public Module {
   friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
+  Conv2d(int64_t in_channels, int64_t out_channels, Ints kernel_size, const Conv2dOptions& options);
+  // Deprecated (Note [Layer options]): the options struct's fields in order.
   Conv2d(int64_t in_channels, int64_t out_channels, Ints kernel_size, Ints stride = 1, Padding padding = 0,
          Ints dilation = 1, int64_t groups = 1, bool bias = true);
   Tensor forward(const Tensor& x) override;
@@ -108,11 +139,22 @@ class Conv2d : public Module {
   Tensor weight_, bias_;
 };
 
+struct ConvTranspose2dOptions {
+  Ints stride = 1;
+  Ints padding = 0;
+  Ints output_padding = 0;
+  int64_t groups = 1;
+  bool bias = true;
+  Ints dilation = 1;
+};
+
 /// The gradient of Conv2d with respect to its input, as a layer (upsampling). weight
 /// (C_in, C_out / groups, kH, kW).
 class ConvTranspose2d : public Module {
   friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
+  ConvTranspose2d(int64_t in_channels, int64_t out_channels, Ints kernel_size, const ConvTranspose2dOptions& options);
+  // Deprecated (Note [Layer options]): the options struct's fields in order.
   ConvTranspose2d(int64_t in_channels, int64_t out_channels, Ints kernel_size, Ints stride = 1, Ints padding = 0,
                   Ints output_padding = 0, int64_t groups = 1, bool bias = true, Ints dilation = 1);
   Tensor forward(const Tensor& x) override;
@@ -124,11 +166,20 @@ class ConvTranspose2d : public Module {
   Tensor weight_, bias_;
 };
 
+struct MaxPool2dOptions {
+  Ints stride = {};  // empty: kernel_size
+  Ints padding = 0;
+  Ints dilation = 1;
+  bool ceil_mode = false;
+};
+
 /// Max over windows. stride defaults to kernel_size. (PyTorch's return_indices is not offered, so
 /// ceil_mode is the fifth argument.)
 class MaxPool2d : public Module {
   friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
+  MaxPool2d(Ints kernel_size, const MaxPool2dOptions& options);
+  // Deprecated beyond kernel_size (Note [Layer options]): the options struct's fields in order.
   MaxPool2d(Ints kernel_size, Ints stride = {}, Ints padding = 0, Ints dilation = 1, bool ceil_mode = false);
   Tensor forward(const Tensor& x) override;
   std::string describe() const override;
@@ -138,10 +189,19 @@ class MaxPool2d : public Module {
   bool ceil_mode_;
 };
 
+struct AvgPool2dOptions {
+  Ints stride = {};  // empty: kernel_size
+  Ints padding = 0;
+  bool ceil_mode = false;
+  bool count_include_pad = true;
+};
+
 /// Mean over windows. stride defaults to kernel_size; count_include_pad counts padded zeros in the divisor.
 class AvgPool2d : public Module {
   friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
+  AvgPool2d(Ints kernel_size, const AvgPool2dOptions& options);
+  // Deprecated beyond kernel_size (Note [Layer options]): the options struct's fields in order.
   AvgPool2d(Ints kernel_size, Ints stride = {}, Ints padding = 0, bool ceil_mode = false,
             bool count_include_pad = true);
   Tensor forward(const Tensor& x) override;
@@ -199,10 +259,19 @@ class BatchNorm : public Module {
   Tensor weight_, bias_, running_mean_, running_var_, num_batches_tracked_;
 };
 
+struct BatchNormOptions {
+  double eps = 1e-5;
+  std::optional<double> momentum = 0.1;  // nullopt: a cumulative moving average
+  bool affine = true;
+  bool track_running_stats = true;
+};
+
 /// x (N, C) or (N, C, L).
 class BatchNorm1d : public BatchNorm {
   friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
+  BatchNorm1d(int64_t num_features, const BatchNormOptions& options);
+  // Deprecated beyond num_features (Note [Layer options]): the options struct's fields in order.
   explicit BatchNorm1d(int64_t num_features, double eps = 1e-5, std::optional<double> momentum = 0.1,
                        bool affine = true, bool track_running_stats = true);
 };
@@ -211,6 +280,8 @@ class BatchNorm1d : public BatchNorm {
 class BatchNorm2d : public BatchNorm {
   friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
+  BatchNorm2d(int64_t num_features, const BatchNormOptions& options);
+  // Deprecated beyond num_features (Note [Layer options]): the options struct's fields in order.
   explicit BatchNorm2d(int64_t num_features, double eps = 1e-5, std::optional<double> momentum = 0.1,
                        bool affine = true, bool track_running_stats = true);
 };

@@ -52,11 +52,23 @@ class RNNBase : public Module {
   std::vector<std::vector<Tensor>> weights_;
 };
 
+/// LSTM's and GRU's settings (Note [Layer options] in layers.h).
+struct RNNOptions {
+  int64_t num_layers = 1;
+  bool bias = true;
+  bool batch_first = false;
+  double dropout = 0.0;  // between layers
+  bool bidirectional = false;
+  Generator* generator = nullptr;  // dropout's; nullptr: the default generator
+};
+
 class LSTM : public RNNBase {
   friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
+  LSTM(int64_t input_size, int64_t hidden_size, const RNNOptions& options);
+  // Deprecated beyond hidden_size (Note [Layer options]): the options struct's fields in order.
   LSTM(int64_t input_size, int64_t hidden_size, int64_t num_layers = 1, bool bias = true, bool batch_first = false,
-       double dropout = 0.0, bool bidirectional = false, Generator* gen = nullptr);
+       double dropout = 0.0, bool bidirectional = false, Generator* generator = nullptr);
   /// {output, h_n, c_n}.
   std::vector<Tensor> forward_all(const Tensor& x, const Tensor& h0 = Tensor(), const Tensor& c0 = Tensor());
 
@@ -68,8 +80,10 @@ class LSTM : public RNNBase {
 class GRU : public RNNBase {
   friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
+  GRU(int64_t input_size, int64_t hidden_size, const RNNOptions& options);
+  // Deprecated beyond hidden_size (Note [Layer options]): the options struct's fields in order.
   GRU(int64_t input_size, int64_t hidden_size, int64_t num_layers = 1, bool bias = true, bool batch_first = false,
-      double dropout = 0.0, bool bidirectional = false, Generator* gen = nullptr);
+      double dropout = 0.0, bool bidirectional = false, Generator* generator = nullptr);
   /// {output, h_n}.
   std::vector<Tensor> forward_all(const Tensor& x, const Tensor& h0 = Tensor());
 
