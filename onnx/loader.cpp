@@ -497,13 +497,15 @@ Model to_model(const Ctx& c, ::onnx::ModelProto& m) {
   out.producer_version = m.producer_version();
   for (const auto& op : m.opset_import()) {
     const std::string domain = op.domain() == "ai.onnx" ? "" : op.domain();
-    if (out.opsets.count(domain)) fail(c, "opset domain '" + domain + "' is imported twice");
     const int64_t v = op.version();
-    if (domain.empty() && (v < 1 || v > kMaxOpset)) {
-      std::ostringstream s;
-      s << "it imports ai.onnx opset " << v << "; braid supports opsets 1 to " << kMaxOpset;
-      fail(c, s.str());
+    if (auto it = out.opsets.find(domain); it != out.opsets.end()) {  // merging scripts repeat one at one version
+      if (it->second != v)
+        fail(c, detail::cat("opset domain '", domain.empty() ? "ai.onnx" : domain, "' is imported twice, at versions ",
+                            it->second, " and ", v));
+      continue;
     }
+    if (domain.empty() && (v < 1 || v > kMaxOpset))
+      fail(c, detail::cat("it imports ai.onnx opset ", v, "; braid supports opsets 1 to ", kMaxOpset));
     if (v < 1) fail(c, "opset domain '" + domain + "' has version " + std::to_string(v));
     out.opsets[domain] = v;
   }

@@ -132,6 +132,13 @@ std::vector<std::string> OpRegistry::op_types(const std::string& domain) const {
   return out;
 }
 
+std::vector<std::string> OpRegistry::domains() const {
+  std::vector<std::string> out;
+  for (const auto& [k, v] : ops_)
+    if (out.empty() || out.back() != k.first) out.push_back(k.first);
+  return out;
+}
+
 namespace {
 
 void preflight_graph(const Model& m, const Graph& g, const OpRegistry& r, std::vector<std::string>& problems) {
@@ -139,8 +146,18 @@ void preflight_graph(const Model& m, const Graph& g, const OpRegistry& r, std::v
     const int64_t opset = m.opset(n.domain);
     const OpSchema* s = r.find(n.domain, n.op_type);
     if (s == nullptr) {
+      // An op of another domain (onnxruntime's com.microsoft, a custom one) is named with its
+      // domain, and the message says what braid runs of that domain and where the list is.
+      std::string where = " (`braid-onnx ops` lists the ops braid runs)";
+      if (!n.domain.empty() && n.domain != "ai.onnx") {
+        const size_t known = r.op_types(n.domain).size();
+        where = known == 0 ? detail::cat(": braid runs no op of domain '", n.domain,
+                                         "' (`braid-onnx ops all` lists the domains it runs)")
+                           : detail::cat(": braid runs ", known, " op", known == 1 ? "" : "s", " of domain '",
+                                         n.domain, "' (`braid-onnx ops ", n.domain, "` lists them)");
+      }
       problems.push_back(detail::cat(n.label(), ": op '", n.domain.empty() ? "" : n.domain + ".", n.op_type,
-                                     "' is not supported"));
+                                     "' is not supported", where));
     } else {
       if (opset < s->since_opset)
         problems.push_back(detail::cat(n.label(), ": opset ", opset, " is not supported (braid implements ",

@@ -250,6 +250,20 @@ TEST(OnnxLoader, VersionsAreChecked) {
     expect_load_error(save(m, "ir"), {"IR version 99", "3 to 14"});
   }
   {
+    // A domain imported twice at one version (as model-merging scripts write it; onnxruntime runs
+    // such files) loads; at two versions it is refused, naming both.
+    ModelProto m = add_model();
+    const int64_t v = m.opset_import(0).version();
+    auto* again = m.add_opset_import();
+    again->set_domain("ai.onnx");
+    again->set_version(v);
+    EXPECT_EQ(onnx::load_model(save(m, "opset_twice")).opsets.at(""), v);
+    again->set_version(v - 1);
+    expect_load_error(save(m, "opset_conflict"),
+                      {"opset domain 'ai.onnx' is imported twice, at versions " + std::to_string(v) + " and " +
+                       std::to_string(v - 1)});
+  }
+  {
     // ONNX 1.23 (PyPI) writes IR 14; its files load.
     ModelProto m = add_model();
     m.set_ir_version(14);

@@ -52,6 +52,8 @@ struct Args {
 void usage(FILE* f) {
   std::fprintf(f,
                "usage: braid-onnx inspect MODEL.onnx\n"
+               "       braid-onnx ops [DOMAIN] (the ops braid runs, with their opsets; DOMAIN: ai.onnx by default,\n"
+               "                  or com.microsoft, ...; `braid-onnx ops all` lists every domain)\n"
                "       braid-onnx run MODEL.onnx [--input NAME=FILE.npy]... [--dim SYMBOL=N]... [--seed S]\n"
                "                  [--shape NAME=1x3x224x224]... [--out DIR] [--compare DIR | --expect NAME=FILE.npy ...]\n"
                "                  [--rtol R] [--atol A]\n"
@@ -123,10 +125,15 @@ Args parse(int argc, char** argv) {
       throw ValueError("braid-onnx: unknown option '" + k + "' (see --help)");
     }
   }
+  if (!pos.empty() && pos[0] == "ops") {  // braid-onnx ops [DOMAIN]: the model slot holds the domain
+    BRAID_CHECK(pos.size() <= 2, "braid-onnx: ops takes at most one domain (see --help)");
+    a.command = "ops", a.model = pos.size() == 2 ? pos[1] : "ai.onnx";
+    return a;
+  }
   BRAID_CHECK(pos.size() == 2, "braid-onnx: expected a command and a model file (see --help)");
   a.command = pos[0], a.model = pos[1];
   BRAID_CHECK(a.command == "inspect" || a.command == "run" || a.command == "bench", "braid-onnx: unknown command '",
-              a.command, "' (inspect, run or bench)");
+              a.command, "' (inspect, ops, run or bench)");
   BRAID_CHECK(a.iters > 0 && a.warmup >= 1, "braid-onnx: --iters and --warmup must be positive");
   BRAID_CHECK(a.compare.empty() || a.expect.empty(), "braid-onnx: give --compare DIR or --expect, not both");
   return a;
@@ -176,12 +183,41 @@ int inspect(const Args& a) {
   }
   std::printf("weights: %zu tensors, %lld elements, %.2f MiB\n", m.graph.initializers.size(),
               static_cast<long long>(elements), static_cast<double>(bytes) / (1 << 20));
-  std::map<std::string, int64_t> counts;
-  for (const auto& n : m.graph.nodes) ++counts[n.domain.empty() || n.domain == "ai.onnx" ? n.op_type : n.domain + ":" + n.op_type];
-  std::vector<std::pair<std::string, int64_t>> sorted(counts.begin(), counts.end());
-  std::stable_sort(sorted.begin(), sorted.end(), [](const auto& x, const auto& y) { return x.second > y.second; });
-  std::printf("ops: %zu nodes of %zu types (top-level graph)\n", m.graph.nodes.size(), counts.size());
-  for (const auto& [op, n] : sorted) std::printf("  %-24s %lld\n", op.c_str(), static_cast<long long>(n));
+  // The standard ops, then those of other domains (onnxruntime's com.microsoft contrib ops, custom
+  // ones) apart, each marked where braid does not run it.
+  std::map<std::string, int64_t> counts, contrib;
+  int64_t contrib_nodes = 0;
+  for (const auto& n : m.graph.nodes) {
+    if (n.domain.empty() || n.domain == "ai.onnx") {
+      ++counts[n.op_type];
+    } else {
+      ++contrib[n.domain + ":" + n.op_type];
+      ++contrib_nodes;
+    }
+  }
+  auto by_count = [](const std::map<std::string, int64_t>& c) {
+    std::vector<std::pair<std::string, int64_t>> sorted(c.begin(), c.end());
+    std::stable_sort(sorted.begin(), sorted.end(), [](const auto& x, const auto& y) { return x.second > y.second; });
+    return sorted;
+  };
+  const auto& registry = onnx::OpRegistry::global();
+  auto mark = [&](const std::string& domain, const std::string& op) {
+    return registry.find(domain, op) == nullptr ? "  not run by braid" : "";
+  };
+  std::printf("ops: %lld nodes of %zu types (top-level graph)\n",
+              static_cast<long long>(m.graph.nodes.size()) - contrib_nodes, counts.size());
+  for (const auto& [op, n] : by_count(counts))
+    std::printf("  %-24s %lld%s\n", op.c_str(), static_cast<long long>(n), mark("", op));
+  if (!contrib.empty()) {
+    std::printf("contrib ops (domains other than ai.onnx): %lld node%s of %zu type%s\n",
+                static_cast<long long>(contrib_nodes), contrib_nodes == 1 ? "" : "s", contrib.size(),
+                contrib.size() == 1 ? "" : "s");
+    for (const auto& [op, n] : by_count(contrib)) {
+      const size_t colon = op.find(':');
+      std::printf("  %-24s %lld%s\n", op.c_str(), static_cast<long long>(n),
+                  mark(op.substr(0, colon), op.substr(colon + 1)));
+    }
+  }
   const std::vector<std::string> problems = onnx::preflight(m);
   if (problems.empty()) {
     std::printf("preflight: braid can run every node\n");
@@ -191,6 +227,31 @@ int inspect(const Args& a) {
               problems.size() == 1 ? "" : "s");
   for (const auto& p : problems) std::printf("  %s\n", p.c_str());
   return 2;
+}
+
+/// braid-onnx ops [DOMAIN]: the op types braid runs in DOMAIN with their opset ranges, or (DOMAIN
+/// "all") every domain with its count.
+int list_ops(const Args& a) {
+  const auto& registry = onnx::OpRegistry::global();
+  const std::string domain = a.model == "ai.onnx" ? "" : a.model;
+  if (domain == "all") {
+    for (const std::string& d : registry.domains())
+      std::printf("%-24s %zu ops\n", d.empty() ? "ai.onnx" : d.c_str(), registry.op_types(d).size());
+    return 0;
+  }
+  const std::vector<std::string> ops = registry.op_types(domain);
+  if (ops.empty()) {
+    std::printf("braid runs no op of domain '%s' (`braid-onnx ops all` lists the domains it runs)\n", a.model.c_str());
+    return 2;
+  }
+  std::printf("%zu ops of domain %s that braid runs (opsets):\n", ops.size(), a.model.c_str());
+  for (const std::string& op : ops) {
+    const onnx::OpSchema* s = registry.find(domain, op);
+    std::printf("  %-28s %lld", op.c_str(), static_cast<long long>(s->since_opset));
+    if (s->until_opset < onnx::kMaxOpset) std::printf(" to %lld\n", static_cast<long long>(s->until_opset));
+    else std::printf(" on\n");
+  }
+  return 0;
 }
 
 /// A random input for v: its shape from --shape (the batch, when given, replacing the first
@@ -346,6 +407,7 @@ int main(int argc, char** argv) {
     Args a = parse(argc, argv);
     if (a.threads > 0) set_num_threads(static_cast<int>(a.threads));
     if (a.command == "inspect") return inspect(a);
+    if (a.command == "ops") return list_ops(a);
     if (a.command == "run") return run(a);
     return bench(a);
   } catch (const std::exception& e) {

@@ -65,8 +65,49 @@ def test_inspect_lists_inputs_outputs_opsets_and_ops(tmp_path):
 def test_inspect_reports_what_braid_cannot_run(tmp_path):
     foo = helper.make_node("Foo", ["logits"], ["y"], domain="com.example", name="custom")
     out = tool("inspect", small_cnn(tmp_path / "m.onnx", foo), expect=2)
-    assert re.search(r"^\s+com\.example:Foo\s+1$", out, re.M), out
-    assert "preflight: 1 problem" in out and "Foo" in out.split("preflight:")[1], out
+    assert "ops: 5 nodes of 5 types" in out, out  # the standard ones
+    assert "contrib ops (domains other than ai.onnx): 1 node of 1 type" in out, out
+    assert re.search(r"^\s+com\.example:Foo\s+1  not run by braid$", out, re.M), out
+    problems = out.split("preflight:")[1]
+    assert "preflight: 1 problem" in out and "op 'com.example.Foo' is not supported" in problems, out
+    assert "braid runs no op of domain 'com.example'" in problems and "braid-onnx ops all" in problems, out
+
+
+def test_inspect_lists_onnxruntime_contrib_ops_apart(tmp_path):
+    """A node of onnxruntime's com.microsoft domain, as its quantizer and transformer optimizer write
+    them, is listed with the contrib ops and named with its domain by the preflight."""
+    gelu = helper.make_node("FastGelu", ["logits"], ["y"], domain="com.microsoft", name="gelu")
+    out = tool("inspect", small_cnn(tmp_path / "m.onnx", gelu), expect=2)
+    assert re.search(r"^\s+com\.microsoft:FastGelu\s+1  not run by braid$", out, re.M), out
+    assert re.search(r"^\s+Conv\s+1$", out, re.M), out  # supported: no mark
+    assert "FastGelu 'gelu': op 'com.microsoft.FastGelu' is not supported" in out, out
+
+
+def test_ops_lists_what_braid_runs():
+    out = tool("ops")
+    header, *rows = out.strip().splitlines()
+    count = int(header.split()[0])
+    assert count == len(rows) and count >= 150, out[:500]
+    names = [r.split()[0] for r in rows]
+    assert names == sorted(names) and {"Conv", "Gemm", "LSTM", "DynamicQuantizeLinear"} <= set(names)
+    assert re.search(r"^  Conv\s+1 on$", out, re.M), out
+    assert tool("ops", "all").startswith("ai.onnx")
+    out = tool("ops", "com.example", expect=2)
+    assert "braid runs no op of domain 'com.example'" in out, out
+
+
+def test_a_domain_imported_twice_at_one_version_loads(tmp_path):
+    """Model-merging scripts write the default domain twice at one version; onnxruntime runs such a
+    file, and so does braid. Two versions of one domain are refused, naming both."""
+    model = onnx.load(str(small_cnn(tmp_path / "m.onnx")))
+    model.opset_import.append(helper.make_opsetid("", 17))
+    onnx.save(model, str(tmp_path / "twice.onnx"))
+    ort.InferenceSession(str(tmp_path / "twice.onnx"), providers=["CPUExecutionProvider"])  # the reference accepts it
+    assert "preflight: braid can run every node" in tool("inspect", tmp_path / "twice.onnx")
+    model.opset_import[-1].version = 16
+    onnx.save(model, str(tmp_path / "conflict.onnx"))
+    out = tool("inspect", tmp_path / "conflict.onnx", expect=3)
+    assert "opset domain 'ai.onnx' is imported twice, at versions 17 and 16" in out, out
 
 
 def test_run_matches_onnxruntime_and_compares_with_references(tmp_path):

@@ -121,8 +121,10 @@ class OpRegistry {
   /// Adds or replaces an op.
   void add(OpSchema schema);
   const OpSchema* find(const std::string& domain, const std::string& op_type) const;
-  /// Every registered ai.onnx op type, sorted.
+  /// Every registered op type of domain ("" for ai.onnx), sorted.
   std::vector<std::string> op_types(const std::string& domain = "") const;
+  /// The domains with at least one registered op, sorted ("" for ai.onnx first).
+  std::vector<std::string> domains() const;
 
  private:
   void index();
