@@ -94,5 +94,6 @@ void register_einsum_ops(OpRegistry& r);
 void register_control_ops(OpRegistry& r);
 void register_signal_ops(OpRegistry& r);
 void register_quant_ops(OpRegistry& r);
+void register_contrib_ops(OpRegistry& r);  // onnxruntime's com.microsoft operators
 
 }  // namespace braid::onnx::ops

@@ -1,0 +1,179 @@
+"""onnxruntime's com.microsoft operators in braid (onnx/ops_contrib.cpp), each checked against
+onnxruntime itself: a small graph per op made with onnx.helper, random inputs, onnxruntime's
+outputs as the reference (its docs/ContribOperators.md gives the semantics)."""
+import numpy as np
+import pytest
+
+import braid
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+MS = "com.microsoft"
+F32 = TensorProto.FLOAT
+TYPES = {np.float32: TensorProto.FLOAT, np.int8: TensorProto.INT8, np.uint8: TensorProto.UINT8}
+
+
+def check(tmp_path, op, inputs, n_outputs=1, attrs=None, initializers=None, domain=MS, rtol=1e-5, atol=1e-5,
+          compare=None, grad=False):
+    """Runs one node of `op` with `inputs` (name -> array; None: an empty optional input) in
+    onnxruntime and in braid, and compares every output (or those in `compare`)."""
+    names = [("" if v is None else k) for k, v in inputs.items()]
+    feeds = {k: v for k, v in inputs.items() if v is not None and k not in (initializers or {})}
+    # n_outputs: a count, or the output names with "" for an optional output left out
+    outs = [f"y{i}" for i in range(n_outputs)] if isinstance(n_outputs, int) else list(n_outputs)
+    node = helper.make_node(op, names, outs, domain=domain, **(attrs or {}))
+    graph = helper.make_graph(
+        [node], "contrib",
+        [helper.make_tensor_value_info(k, TYPES[v.dtype.type], list(v.shape)) for k, v in feeds.items()],
+        [helper.make_empty_tensor_value_info(o) for o in outs if o],
+        [numpy_helper.from_array(v, k) for k, v in (initializers or {}).items()])
+    opsets = [helper.make_opsetid("", 17)] + ([helper.make_opsetid(MS, 1)] if domain == MS else [])
+    path = tmp_path / f"{op}.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=opsets, ir_version=9), str(path))
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # the node as written
+    want = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"]).run(None, feeds)
+    module = braid.onnx.load(str(path), frozen=True)
+    got = module.run([braid.from_numpy(np.ascontiguousarray(v)) for v in feeds.values()])
+    for i in compare if compare is not None else range(len(want)):
+        np.testing.assert_allclose(got[i].numpy(), want[i], rtol=rtol, atol=atol, err_msg=f"{op} output {i}")
+    return got, want
+
+
+@pytest.fixture
+def r():
+    return np.random.default_rng(7)
+
+
+def f32(r, *shape, scale=1.0):
+    return (r.standard_normal(shape) * scale).astype(np.float32)
+
+
+def test_gelu_family(tmp_path, r):
+    x, b = f32(r, 2, 3, 8, scale=2), f32(r, 8)
+    check(tmp_path, "Gelu", {"X": x})
+    check(tmp_path, "BiasGelu", {"A": x, "B": b})
+    check(tmp_path, "FastGelu", {"X": x})
+    check(tmp_path, "FastGelu", {"X": x, "bias": b})
+    check(tmp_path, "QuickGelu", {"X": x})
+    check(tmp_path, "QuickGelu", {"X": x}, attrs={"alpha": 1.5})
+
+
+def test_bias_add(tmp_path, r):
+    """onnxruntime has BiasAdd on CUDA only: the reference is its documented sum, in NumPy."""
+    x, bias, skip = f32(r, 2, 5, 8), f32(r, 8), f32(r, 2, 5, 8)
+    node = helper.make_node("BiasAdd", ["X", "bias", "skip"], ["Y"], domain=MS)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info(k, F32, list(v.shape))
+                                            for k, v in {"X": x, "bias": bias, "skip": skip}.items()],
+                              [helper.make_tensor_value_info("Y", F32, None)])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(MS, 1)]),
+              str(tmp_path / "b.onnx"))
+    (y,) = braid.onnx.load(str(tmp_path / "b.onnx")).run([braid.from_numpy(v) for v in (x, bias, skip)])
+    np.testing.assert_allclose(y.numpy(), x + bias + skip, rtol=1e-6)
+
+
+def test_fused_matmul(tmp_path, r):
+    a, b = f32(r, 2, 4, 6), f32(r, 2, 6, 5)
+    check(tmp_path, "FusedMatMul", {"A": a, "B": b}, attrs={"alpha": 0.5})
+    check(tmp_path, "FusedMatMul", {"A": np.ascontiguousarray(a.transpose(0, 2, 1)), "B": b},
+          attrs={"transA": 1, "alpha": 1.25})
+    check(tmp_path, "FusedMatMul", {"A": a, "B": np.ascontiguousarray(b.transpose(0, 2, 1))}, attrs={"transB": 1})
+
+
+@pytest.mark.parametrize("activation,attrs", [("Relu", {}), ("Tanh", {}), ("Sigmoid", {}),
+                                              ("LeakyRelu", {"activation_alpha": 0.2})])
+def test_fused_gemm(tmp_path, r, activation, attrs):
+    check(tmp_path, "FusedGemm", {"A": f32(r, 4, 6), "B": f32(r, 5, 6), "C": f32(r, 5)},
+          attrs={"transB": 1, "alpha": 0.75, "beta": 2.0, "activation": activation, **attrs})
+
+
+@pytest.mark.parametrize("activation,params", [("Relu", None), ("LeakyRelu", [0.1]), ("Clip", [-0.5, 0.5]),
+                                               ("HardSigmoid", [0.2, 0.5])])
+def test_fused_conv(tmp_path, r, activation, params):
+    attrs = {"activation": activation, "pads": [1, 1, 1, 1], "strides": [1, 1]}
+    if params is not None:
+        attrs["activation_params"] = params
+    check(tmp_path, "FusedConv", {"X": f32(r, 2, 3, 6, 6), "W": f32(r, 4, 3, 3, 3), "B": f32(r, 4)}, attrs=attrs,
+          rtol=1e-4, atol=1e-5)
+
+
+def test_fused_conv_adds_z_before_the_activation(tmp_path, r):
+    check(tmp_path, "FusedConv", {"X": f32(r, 1, 2, 5, 5), "W": f32(r, 3, 2, 3, 3), "B": f32(r, 3),
+                                  "Z": f32(r, 1, 3, 3, 3)}, attrs={"activation": "Relu"}, rtol=1e-4)
+
+
+def test_skip_layer_normalization(tmp_path, r):
+    x, skip, gamma, beta, bias = f32(r, 2, 4, 8), f32(r, 2, 4, 8), f32(r, 8), f32(r, 8), f32(r, 8)
+    # output and the input + skip + bias sum (outputs 1 and 2, the statistics, are for training)
+    check(tmp_path, "SkipLayerNormalization", {"input": x, "skip": skip, "gamma": gamma, "beta": beta, "bias": bias},
+          n_outputs=4, attrs={"epsilon": 1e-5}, compare=[0, 3])
+    check(tmp_path, "SkipLayerNormalization", {"input": x, "skip": skip, "gamma": gamma})
+
+
+def test_simplified_layer_normalizations(tmp_path, r):
+    x, skip, gamma, bias = f32(r, 2, 4, 8), f32(r, 2, 4, 8), f32(r, 8), f32(r, 8)
+    check(tmp_path, "SimplifiedLayerNormalization", {"X": x, "scale": gamma}, attrs={"epsilon": 1e-6}, domain="")
+    got, want = check(tmp_path, "SkipSimplifiedLayerNormalization",
+                      {"input": x, "skip": skip, "gamma": gamma, "bias": bias}, n_outputs=["y0", "", "", "y3"],
+                      attrs={"epsilon": 1e-6}, compare=[])
+    np.testing.assert_allclose(got[0].numpy(), want[0], rtol=1e-5, atol=1e-5)  # output
+    np.testing.assert_allclose(got[1].numpy(), want[1], rtol=1e-6)  # input + skip + bias (graph output 2)
+
+
+def test_matmul_integer_to_float(tmp_path, r):
+    a = r.integers(0, 255, (3, 7)).astype(np.uint8)
+    b = r.integers(-128, 127, (7, 5)).astype(np.int8)
+    inits = {"a_scale": np.float32(0.02), "b_scale": np.float32(0.005), "a_zp": np.uint8(128), "b_zp": np.int8(3),
+             "bias": f32(r, 5)}
+    inputs = {"A": a, "B": b, "a_scale": inits["a_scale"], "b_scale": inits["b_scale"], "a_zp": inits["a_zp"],
+              "b_zp": inits["b_zp"], "bias": inits["bias"]}
+    inits.update(A=a, B=b)  # the integer operands as weights (braid's Python takes no 8-bit arrays)
+    check(tmp_path, "MatMulIntegerToFloat", {k: np.asarray(v) for k, v in inputs.items()},
+          initializers={k: np.asarray(v) for k, v in inits.items()})
+    # B's scale and zero point per column, as the quantizer's per-channel mode writes them
+    inits.update(b_scale=np.linspace(0.001, 0.01, 5).astype(np.float32), b_zp=np.array([0, 1, -2, 3, 0], np.int8))
+    inputs.update(b_scale=inits["b_scale"], b_zp=inits["b_zp"])
+    check(tmp_path, "MatMulIntegerToFloat", {k: np.asarray(v) for k, v in inputs.items()},
+          initializers={k: np.asarray(v) for k, v in inits.items()})
+
+
+def test_dynamic_quantize_matmul(tmp_path, r):
+    b = r.integers(-128, 127, (6, 4)).astype(np.int8)
+    inits = {"B": b, "b_scale": np.asarray(np.float32(0.01)), "b_zp": np.asarray(np.int8(0)), "bias": f32(r, 4)}
+    check(tmp_path, "DynamicQuantizeMatMul", {"A": f32(r, 3, 6), **inits}, initializers=inits, rtol=1e-5, atol=1e-5)
+
+
+def test_quantize_and_dequantize_linear_of_the_domain(tmp_path, r):
+    x = f32(r, 4, 5)
+    inits = {"s": np.asarray(np.float32(0.05)), "zp": np.asarray(np.uint8(120))}
+    got, want = check(tmp_path, "QuantizeLinear", {"x": x, **inits}, initializers=inits, compare=[])
+    np.testing.assert_array_equal(got[0].to(braid.int32).numpy(), want[0].astype(np.int32))
+    inits["q"] = r.integers(0, 255, (4, 5)).astype(np.uint8)
+    check(tmp_path, "DequantizeLinear", {"q": inits["q"], "s": inits["s"], "zp": inits["zp"]}, initializers=inits)
+
+
+def test_the_composites_train(tmp_path, r):
+    """A contrib op replacing a standard one still trains: SkipLayerNormalization's gamma gets the
+    gradient of the same graph written with standard ops, computed here in float64 by NumPy."""
+    x, skip, gamma, beta = f32(r, 2, 3, 8), f32(r, 2, 3, 8), f32(r, 8), f32(r, 8)
+    inits = {"gamma": gamma, "beta": beta}
+    node = helper.make_node("SkipLayerNormalization", ["x", "skip", "gamma", "beta"], ["y"], domain=MS,
+                            epsilon=1e-5)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", F32, [2, 3, 8]),
+                                            helper.make_tensor_value_info("skip", F32, [2, 3, 8])],
+                              [helper.make_tensor_value_info("y", F32, None)],
+                              [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    path = tmp_path / "train.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(MS, 1)]),
+              str(path))
+    m = braid.onnx.load(str(path))
+    (y,) = m.run([braid.from_numpy(x), braid.from_numpy(skip)])
+    y.sum().backward()
+    grads = {name: p.grad.numpy() for name, p in m.named_parameters()}
+    s = (x + skip).astype(np.float64)
+    normed = (s - s.mean(-1, keepdims=True)) / np.sqrt(s.var(-1, keepdims=True) + 1e-5)
+    np.testing.assert_allclose(grads["gamma"], normed.sum((0, 1)), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(grads["beta"], np.full(8, 6.0), rtol=1e-6)

@@ -1,0 +1,176 @@
+// onnxruntime's com.microsoft operators (its docs/ContribOperators.md) that its own tools write into
+// shipped models: the transformer optimizer's fused activations, matrix products and normalisations,
+// and the dynamic quantizer's products. Each is the composite of braid ops that its documented
+// semantics spell out (or the standard op it extends, run as that op), so it trains under autograd
+// wherever the standard ops it replaces do; the integer products are inference-only, as
+// MatMulInteger is. Checked op by op against onnxruntime (bindings/python/tests/test_onnx_contrib.py).
+#include <cmath>
+
+#include "ops_util.h"
+
+namespace braid::onnx::ops {
+
+namespace {
+
+constexpr const char* kMs = "com.microsoft";
+
+OpSchema contrib(const char* type, std::vector<std::string> attrs, std::function<Tensors(OpContext&)> fn,
+                 bool integer = false) {
+  OpSchema s = op(type, std::move(attrs), std::move(fn));
+  s.domain = kMs;
+  s.storage_via_compute = !integer;  // int8/uint8 are what the quantised products read
+  return s;
+}
+
+/// The standard op `type` run on this node (its inputs and attributes), as the contrib op that
+/// extends it is defined.
+Tensors as_standard(OpContext& c, const char* type) {
+  const OpSchema* s = OpRegistry::global().find("", type);
+  if (s == nullptr) c.fail("the standard op ", type, " is not registered");
+  return s->run(c);
+}
+
+/// FusedConv's and FusedGemm's activation, by ONNX op name, with its parameters.
+Tensor activation(OpContext& c, const Tensor& y, const std::string& name, const std::vector<double>& params) {
+  auto param = [&](size_t i, double fallback) { return i < params.size() ? params[i] : fallback; };
+  if (name.empty() || name == "Identity") return y;
+  if (name == "Relu") return relu(y);
+  if (name == "Tanh") return tanh(y);
+  if (name == "Sigmoid") return sigmoid(y);
+  if (name == "LeakyRelu") return leaky_relu(y, param(0, 0.01));
+  if (name == "HardSigmoid") return hardsigmoid(y, param(0, 0.2), param(1, 0.5));
+  if (name == "Clip") return clamp(y, param(0, -INFINITY), param(1, INFINITY));
+  if (name == "Elu") return elu(y, param(0, 1.0));
+  c.fail("activation '", name, "' is not one braid runs (Relu, Tanh, Sigmoid, LeakyRelu, HardSigmoid, Clip, Elu)");
+}
+
+Tensor input_or_none(const OpContext& c, size_t i) { return c.has_input(i) ? c.input(i) : Tensor(); }
+
+// ---- activations ----
+
+Tensors fast_gelu(OpContext& c) {  // the tanh approximation of x + bias
+  const Tensor x = c.has_input(1) ? c.input(0) + c.input(1) : c.input(0);
+  return {gelu(x, "tanh")};
+}
+
+Tensors quick_gelu(OpContext& c) {  // x * sigmoid(alpha x)
+  const Tensor& x = c.input(0);
+  return {x * sigmoid(x * c.attr_float("alpha", 1.702))};
+}
+
+// ---- products ----
+
+Tensors fused_matmul(OpContext& c) {  // alpha * op(A) @ op(B)
+  if (c.attr_int("transBatchA", 0) != 0 || c.attr_int("transBatchB", 0) != 0)
+    c.fail("transBatchA and transBatchB are not supported (braid runs FusedMatMul with them 0)");
+  Tensor a = c.input(0), b = c.input(1);
+  if (c.attr_int("transA", 0) != 0) a = a.dim() < 2 ? a : a.mT();
+  if (c.attr_int("transB", 0) != 0) b = b.dim() < 2 ? b : b.mT();
+  const double alpha = c.attr_float("alpha", 1.0);
+  Tensor y = matmul(a, b);
+  return {alpha == 1.0 ? y : y * alpha};
+}
+
+/// (A - a_zero) @ (B - b_zero) * a_scale * b_scale (+ bias): zero points and B's scale per
+/// tensor or per column of B, the integer product exact (summed in float64), then float32.
+Tensor integer_product_to_float(OpContext& c, const Tensor& a, const Tensor& a_scale, const Tensor& a_zero,
+                                const Tensor& b, const Tensor& b_scale, const Tensor& b_zero, const Tensor& bias) {
+  auto centred = [&](const Tensor& q, const Tensor& zero) {
+    Tensor f = cast(q, kFloat64);
+    return zero.defined() ? f - cast(zero, kFloat64) : f;
+  };
+  if (a_zero.defined() && a_zero.numel() != 1) c.fail("a_zero_point must be one value, got ", a_zero.numel());
+  if (a_scale.numel() != 1) c.fail("a_scale must be one value, got ", a_scale.numel());
+  const Tensor acc = cast(matmul(centred(a, a_zero), centred(b, b_zero)), kFloat32);  // exact below 2^24
+  Tensor y = acc * (cast(reshape(a_scale, {}), kFloat32) * cast(b_scale, kFloat32));
+  return bias.defined() ? y + bias : y;
+}
+
+Tensors matmul_integer_to_float(OpContext& c) {
+  return {integer_product_to_float(c, c.input(0), c.input(2), input_or_none(c, 4), c.input(1), c.input(3),
+                                   input_or_none(c, 5), input_or_none(c, 6))};
+}
+
+Tensors dynamic_quantize_matmul(OpContext& c) {  // A quantised to uint8 on the fly, as DynamicQuantizeLinear
+  const Tensor& a = c.input(0);
+  if (a.dtype() != kFloat32) c.fail("A must be float32, got ", dtype_name(a.dtype()));
+  const DynamicQuantized q = dynamic_quantize(a);
+  const Tensor a_scale = full({}, q.scale, kFloat32, a.device());
+  const Tensor a_zero = full({}, static_cast<double>(q.zero_point), kFloat32, a.device());
+  return {integer_product_to_float(c, q.values, a_scale, a_zero, c.input(1), c.input(2), input_or_none(c, 3),
+                                   input_or_none(c, 4))};
+}
+
+// ---- normalisations ----
+
+/// x / sqrt(mean(x^2 over the axes from `axis`) + eps) * scale: RMS normalisation.
+std::pair<Tensor, Tensor> rms_norm(OpContext& c, const Tensor& x, const Tensor& scale, int64_t axis) {
+  std::vector<int64_t> axes;
+  for (int64_t d = norm_axis(c, axis, x.dim()); d < x.dim(); ++d) axes.push_back(d);
+  const Tensor inv = rsqrt(mean(square(x), axes, true) + c.attr_float("epsilon", 1e-5));
+  return {x * inv * scale, inv};
+}
+
+/// The sum that the Skip forms normalise: input + skip (+ bias), and output 3 when asked for.
+Tensor skip_sum(OpContext& c, size_t bias_input) {
+  Tensor s = c.input(0) + c.input(1);
+  return c.has_input(bias_input) ? s + c.input(bias_input) : s;
+}
+
+Tensors skip_layer_norm(OpContext& c) {  // input, skip, gamma, beta?, bias?
+  const Tensor s = skip_sum(c, 4);
+  std::vector<Tensor> r = layer_norm_with_stats(s, 1, c.input(2), input_or_none(c, 3), c.attr_float("epsilon", 1e-12));
+  return {r[0], r[1], r[2], s};
+}
+
+Tensors skip_simplified_layer_norm(OpContext& c) {  // input, skip, gamma, bias?
+  const Tensor s = skip_sum(c, 3);
+  auto [y, inv] = rms_norm(c, s, c.input(2), -1);
+  return {y, Tensor(), inv, s};
+}
+
+Tensors simplified_layer_norm(OpContext& c) {  // X, scale; outputs Y, inv_std_var
+  auto [y, inv] = rms_norm(c, c.input(0), c.input(1), c.attr_int("axis", -1));
+  return {y, inv};
+}
+
+}  // namespace
+
+void register_contrib_ops(OpRegistry& r) {
+  r.add(contrib("Gelu", {}, [](OpContext& c) { return Tensors{gelu(c.input(0), "none")}; }));
+  r.add(contrib("BiasGelu", {}, [](OpContext& c) { return Tensors{gelu(c.input(0) + c.input(1), "none")}; }));
+  r.add(contrib("FastGelu", {}, fast_gelu));
+  r.add(contrib("QuickGelu", {"alpha"}, quick_gelu));
+  r.add(contrib("BiasAdd", {}, [](OpContext& c) { return Tensors{c.input(0) + c.input(1) + c.input(2)}; }));
+  r.add(contrib("FusedMatMul", {"alpha", "transA", "transB", "transBatchA", "transBatchB"}, fused_matmul));
+  r.add(contrib("FusedGemm",
+                {"alpha", "beta", "transA", "transB", "activation", "activation_alpha", "activation_beta",
+                 "activation_gamma"},
+                [](OpContext& c) {
+                  std::vector<double> p{c.attr_float("activation_alpha", 0.01), c.attr_float("activation_beta", 0.5)};
+                  if (c.attr_string("activation", "") == "HardSigmoid") p[0] = c.attr_float("activation_alpha", 0.2);
+                  return Tensors{activation(c, as_standard(c, "Gemm")[0], c.attr_string("activation", ""), p)};
+                }));
+  r.add(contrib("FusedConv",
+                {"auto_pad", "dilations", "group", "kernel_shape", "pads", "strides", "activation",
+                 "activation_params"},
+                [](OpContext& c) {
+                  Tensor y = as_standard(c, "Conv")[0];
+                  if (c.has_input(3)) y = y + c.input(3);  // Z, added before the activation
+                  return Tensors{activation(c, y, c.attr_string("activation", ""), c.attr_floats("activation_params"))};
+                }));
+  r.add(contrib("SkipLayerNormalization", {"epsilon"}, skip_layer_norm));
+  r.add(contrib("SkipSimplifiedLayerNormalization", {"epsilon"}, skip_simplified_layer_norm));
+  r.add(contrib("SimplifiedLayerNormalization", {"axis", "epsilon", "stash_type"}, simplified_layer_norm));
+  // onnxruntime registers SimplifiedLayerNormalization in the ONNX domain too, where its optimizer
+  // writes it.
+  OpSchema rms = op("SimplifiedLayerNormalization", {"axis", "epsilon", "stash_type"}, simplified_layer_norm);
+  r.add(rms);
+  r.add(contrib("MatMulIntegerToFloat", {}, matmul_integer_to_float, true));
+  r.add(contrib("DynamicQuantizeMatMul", {}, dynamic_quantize_matmul, true));
+  // com.microsoft's QuantizeLinear and DequantizeLinear are the standard ones of opset 10-13.
+  r.add(contrib("QuantizeLinear", {"axis"}, [](OpContext& c) { return as_standard(c, "QuantizeLinear"); }, true));
+  r.add(contrib("DequantizeLinear", {"axis"}, [](OpContext& c) { return as_standard(c, "DequantizeLinear"); }, true));
+}
+
+}  // namespace braid::onnx::ops
