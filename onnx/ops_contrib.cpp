@@ -1,9 +1,9 @@
 // onnxruntime's com.microsoft operators (its docs/ContribOperators.md) that its own tools write into
 // shipped models: the transformer optimizer's fused activations, matrix products and normalisations,
-// and the dynamic quantizer's products. Each is the composite of braid ops that its documented
-// semantics spell out (or the standard op it extends, run as that op), so it trains under autograd
-// wherever the standard ops it replaces do; the integer products are inference-only, as
-// MatMulInteger is. Checked op by op against onnxruntime (bindings/python/tests/test_onnx_contrib.py).
+// the dynamic and static quantizers' products and QLinear element-wise ops. Each is the composite of braid ops that its
+// documented semantics spell out (or the standard op it extends, run as that op), so it trains under autograd wherever
+// the standard ops it replaces do; the integer products are inference-only, as MatMulInteger is. Checked op by op
+// against onnxruntime (bindings/python/tests/test_onnx_contrib.py).
 #include <cmath>
 
 #include "ops_util.h"
@@ -134,6 +134,52 @@ Tensors simplified_layer_norm(OpContext& c) {  // X, scale; outputs Y, inv_std_v
   return {y, inv};
 }
 
+// ---- the QLinear element-wise family: dequantise, the float op, quantise ----
+
+/// Input i (int8 or uint8) in float32 with the scale of input i + 1 and the zero point of input
+/// i + 2 (optional, 0), each one value.
+Tensor dequantized(OpContext& c, size_t i) {
+  const Tensor& q = c.input(i);
+  if (q.dtype() != kInt8 && q.dtype() != kUInt8)
+    c.fail("input ", i, " must be int8 or uint8, got ", dtype_name(q.dtype()));
+  const int64_t zero = c.has_input(i + 2) ? static_cast<int64_t>(c.input_scalar(i + 2)) : 0;
+  return dequantize(q, c.input_scalar(i + 1), zero);
+}
+
+/// y quantised with the scale of input i and the zero point of input i + 1 (optional, 0), to the
+/// dtype of the op's first quantised input, as onnxruntime's QLinear ops write it.
+Tensor requantized(OpContext& c, const Tensor& y, size_t i, DType dtype) {
+  const int64_t zero = c.has_input(i + 1) ? static_cast<int64_t>(c.input_scalar(i + 1)) : 0;
+  return quantize(y, c.input_scalar(i), zero, dtype);
+}
+
+Tensors qlinear_binary(OpContext& c, bool mul) {  // A, A_scale, A_zp, B, B_scale, B_zp, C_scale, C_zp
+  const Tensor a = dequantized(c, 0), b = dequantized(c, 3);
+  return {requantized(c, mul ? a * b : a + b, 6, c.input(0).dtype())};
+}
+
+Tensors qlinear_unary(OpContext& c, const std::function<Tensor(const Tensor&)>& f) {  // X, scale, zp, Y_scale, Y_zp
+  return {requantized(c, f(dequantized(c, 0)), 3, c.input(0).dtype())};
+}
+
+Tensors qlinear_concat(OpContext& c) {  // Y_scale, Y_zp, then (X, X_scale, X_zp) per input
+  if (c.num_inputs() < 5 || (c.num_inputs() - 2) % 3 != 0)
+    c.fail("expects Y_scale, Y_zero_point and (X, X_scale, X_zero_point) per input, got ", c.num_inputs(), " inputs");
+  std::vector<Tensor> xs;
+  for (size_t i = 2; i < c.num_inputs(); i += 3) xs.push_back(dequantized(c, i));
+  const int64_t axis = norm_axis(c, c.attr_int("axis", 0), xs[0].dim());
+  return {requantized(c, concat(xs, axis), 0, c.input(2).dtype())};
+}
+
+Tensors qlinear_global_average_pool(OpContext& c) {  // X, x_scale, x_zp, y_scale, y_zp
+  const Tensor x = dequantized(c, 0);
+  if (x.dim() < 3) c.fail("X must have a batch, a channel and spatial axes, got rank ", x.dim());
+  std::vector<int64_t> axes;
+  const bool channels_last = c.attr_int("channels_last", 0) != 0;
+  for (int64_t d = channels_last ? 1 : 2; d < x.dim() - (channels_last ? 1 : 0); ++d) axes.push_back(d);
+  return {requantized(c, mean(x, axes, true), 3, c.input(0).dtype())};
+}
+
 }  // namespace
 
 void register_contrib_ops(OpRegistry& r) {
@@ -143,22 +189,22 @@ void register_contrib_ops(OpRegistry& r) {
   r.add(contrib("QuickGelu", {"alpha"}, quick_gelu));
   r.add(contrib("BiasAdd", {}, [](OpContext& c) { return Tensors{c.input(0) + c.input(1) + c.input(2)}; }));
   r.add(contrib("FusedMatMul", {"alpha", "transA", "transB", "transBatchA", "transBatchB"}, fused_matmul));
-  r.add(contrib("FusedGemm",
-                {"alpha", "beta", "transA", "transB", "activation", "activation_alpha", "activation_beta",
-                 "activation_gamma"},
-                [](OpContext& c) {
-                  std::vector<double> p{c.attr_float("activation_alpha", 0.01), c.attr_float("activation_beta", 0.5)};
-                  if (c.attr_string("activation", "") == "HardSigmoid") p[0] = c.attr_float("activation_alpha", 0.2);
-                  return Tensors{activation(c, as_standard(c, "Gemm")[0], c.attr_string("activation", ""), p)};
-                }));
-  r.add(contrib("FusedConv",
-                {"auto_pad", "dilations", "group", "kernel_shape", "pads", "strides", "activation",
-                 "activation_params"},
-                [](OpContext& c) {
-                  Tensor y = as_standard(c, "Conv")[0];
-                  if (c.has_input(3)) y = y + c.input(3);  // Z, added before the activation
-                  return Tensors{activation(c, y, c.attr_string("activation", ""), c.attr_floats("activation_params"))};
-                }));
+  r.add(contrib(
+      "FusedGemm",
+      {"alpha", "beta", "transA", "transB", "activation", "activation_alpha", "activation_beta", "activation_gamma"},
+      [](OpContext& c) {
+        std::vector<double> p{c.attr_float("activation_alpha", 0.01), c.attr_float("activation_beta", 0.5)};
+        if (c.attr_string("activation", "") == "HardSigmoid") p[0] = c.attr_float("activation_alpha", 0.2);
+        return Tensors{activation(c, as_standard(c, "Gemm")[0], c.attr_string("activation", ""), p)};
+      }));
+  r.add(
+      contrib("FusedConv",
+              {"auto_pad", "dilations", "group", "kernel_shape", "pads", "strides", "activation", "activation_params"},
+              [](OpContext& c) {
+                Tensor y = as_standard(c, "Conv")[0];
+                if (c.has_input(3)) y = y + c.input(3);  // Z, added before the activation
+                return Tensors{activation(c, y, c.attr_string("activation", ""), c.attr_floats("activation_params"))};
+              }));
   r.add(contrib("SkipLayerNormalization", {"epsilon"}, skip_layer_norm));
   r.add(contrib("SkipSimplifiedLayerNormalization", {"epsilon"}, skip_simplified_layer_norm));
   r.add(contrib("SimplifiedLayerNormalization", {"axis", "epsilon", "stash_type"}, simplified_layer_norm));
@@ -169,8 +215,26 @@ void register_contrib_ops(OpRegistry& r) {
   r.add(contrib("MatMulIntegerToFloat", {}, matmul_integer_to_float, true));
   r.add(contrib("DynamicQuantizeMatMul", {}, dynamic_quantize_matmul, true));
   // com.microsoft's QuantizeLinear and DequantizeLinear are the standard ones of opset 10-13.
-  r.add(contrib("QuantizeLinear", {"axis"}, [](OpContext& c) { return as_standard(c, "QuantizeLinear"); }, true));
-  r.add(contrib("DequantizeLinear", {"axis"}, [](OpContext& c) { return as_standard(c, "DequantizeLinear"); }, true));
+  r.add(contrib(
+      "QuantizeLinear", {"axis"}, [](OpContext& c) { return as_standard(c, "QuantizeLinear"); }, true));
+  r.add(contrib(
+      "DequantizeLinear", {"axis"}, [](OpContext& c) { return as_standard(c, "DequantizeLinear"); }, true));
+  r.add(contrib(
+      "QLinearAdd", {}, [](OpContext& c) { return qlinear_binary(c, false); }, true));
+  r.add(contrib(
+      "QLinearMul", {}, [](OpContext& c) { return qlinear_binary(c, true); }, true));
+  r.add(contrib(
+      "QLinearSigmoid", {}, [](OpContext& c) { return qlinear_unary(c, [](const Tensor& x) { return sigmoid(x); }); },
+      true));
+  r.add(contrib(
+      "QLinearLeakyRelu", {"alpha"},
+      [](OpContext& c) {
+        const double alpha = c.attr_float("alpha", 0.01);
+        return qlinear_unary(c, [alpha](const Tensor& x) { return leaky_relu(x, alpha); });
+      },
+      true));
+  r.add(contrib("QLinearConcat", {"axis"}, qlinear_concat, true));
+  r.add(contrib("QLinearGlobalAveragePool", {"channels_last"}, qlinear_global_average_pool, true));
 }
 
 }  // namespace braid::onnx::ops

@@ -177,3 +177,55 @@ def test_the_composites_train(tmp_path, r):
     normed = (s - s.mean(-1, keepdims=True)) / np.sqrt(s.var(-1, keepdims=True) + 1e-5)
     np.testing.assert_allclose(grads["gamma"], normed.sum((0, 1)), rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(grads["beta"], np.full(8, 6.0), rtol=1e-6)
+
+
+def quantized(r, shape, dtype):
+    lo, hi = (0, 256) if dtype == np.uint8 else (-128, 128)
+    return r.integers(lo, hi, shape).astype(dtype)
+
+
+def check_quantized(tmp_path, op, inputs, attrs=None):
+    """The QLinear ops, every input a weight (braid's Python takes no 8-bit arrays): braid's output
+    within one quantisation step of onnxruntime's (both round the same float result half to even;
+    their float arithmetic may differ in the last place), and equal in almost every element."""
+    inits = {k: np.asarray(v) for k, v in inputs.items() if v is not None}
+    got, want = check(tmp_path, op, {k: (None if v is None else np.asarray(v)) for k, v in inputs.items()},
+                      attrs=attrs, initializers=inits, compare=[])
+    g, w = got[0].to(braid.int32).numpy(), want[0].astype(np.int32)
+    assert g.shape == w.shape
+    assert np.abs(g - w).max() <= 1, (op, np.abs(g - w).max())
+    assert (g == w).mean() >= 0.95, (op, (g == w).mean())
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8])
+@pytest.mark.parametrize("op", ["QLinearAdd", "QLinearMul"])
+def test_qlinear_binary(tmp_path, r, op, dtype):
+    zero = dtype(128 if dtype == np.uint8 else 0)
+    check_quantized(tmp_path, op, {
+        "A": quantized(r, (2, 3, 4), dtype), "A_scale": np.float32(0.03), "A_zp": dtype(zero + 1),
+        "B": quantized(r, (4,), dtype), "B_scale": np.float32(0.02), "B_zp": zero,
+        "C_scale": np.float32(0.05 if op == "QLinearAdd" else 0.4), "C_zp": dtype(zero - 2)})
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8])
+def test_qlinear_activations(tmp_path, r, dtype):
+    zero = dtype(128 if dtype == np.uint8 else 0)
+    q = {"X": quantized(r, (3, 5), dtype), "X_scale": np.float32(0.05), "X_zp": zero,
+         "Y_scale": np.float32(1 / 256), "Y_zp": dtype(0 if dtype == np.uint8 else -128)}
+    check_quantized(tmp_path, "QLinearSigmoid", q)
+    q.update(Y_scale=np.float32(0.05), Y_zp=zero)
+    check_quantized(tmp_path, "QLinearLeakyRelu", q, attrs={"alpha": 0.1})
+
+
+def test_qlinear_concat(tmp_path, r):
+    check_quantized(tmp_path, "QLinearConcat", {
+        "Y_scale": np.float32(0.04), "Y_zp": np.uint8(120),
+        "X0": quantized(r, (2, 3), np.uint8), "X0_scale": np.float32(0.03), "X0_zp": np.uint8(128),
+        "X1": quantized(r, (2, 2), np.uint8), "X1_scale": np.float32(0.05), "X1_zp": np.uint8(100)}, attrs={"axis": 1})
+
+
+@pytest.mark.parametrize("channels_last", [0, 1])
+def test_qlinear_global_average_pool(tmp_path, r, channels_last):
+    check_quantized(tmp_path, "QLinearGlobalAveragePool", {
+        "X": quantized(r, (2, 3, 4, 5), np.uint8), "x_scale": np.float32(0.02), "x_zp": np.uint8(128),
+        "y_scale": np.float32(0.01), "y_zp": np.uint8(128)}, attrs={"channels_last": channels_last})
