@@ -101,6 +101,49 @@ Tensors dynamic_quantize_matmul(OpContext& c) {  // A quantised to uint8 on the 
                                    input_or_none(c, 4))};
 }
 
+/// MatMulNBits' weight (N, K) in A's dtype: B (N, k_blocks, block_size * bits / 8) holds `bits`-bit
+/// values, the first of each byte in its low bits; w[n, k] = (value - zero[n, block]) *
+/// scale[n, block], the zero point 2^(bits - 1) when absent, else packed like B (uint8) or one
+/// float per block.
+Tensor nbits_weight(OpContext& c) {
+  const int64_t bits = c.attr_int("bits", 4), block = c.attr_int("block_size", 0), k = c.attr_int("K", 0),
+                n = c.attr_int("N", 0);
+  if (bits != 4 && bits != 8) c.fail("bits ", bits, " is not supported (4 or 8)");
+  if (block < 16 || (block & (block - 1)) != 0) c.fail("block_size ", block, " must be a power of 2, at least 16");
+  const int64_t blocks = (k + block - 1) / block, per_byte = 8 / bits, levels = int64_t{1} << bits;
+  const Tensor& b = c.input(1);
+  if (b.dtype() != kUInt8 || b.numel() != n * blocks * block / per_byte)
+    c.fail("B must be uint8 holding N ", n, " x ", blocks, " blocks of ", block, " ", bits, "-bit values, got ",
+           dtype_name(b.dtype()), " ", shape_str(b.shape()));
+  if (c.has_input(4) && c.input(4).numel() > 0) c.fail("g_idx is not supported");
+  // Unpacked in float32, where every value and zero point is exact.
+  auto unpack = [&](const Tensor& packed, int64_t count) {
+    Tensor v = reshape(cast(packed, kFloat32), {n, -1, 1});
+    std::vector<Tensor> parts;
+    for (int64_t i = 0; i < per_byte; ++i) {
+      const Tensor shifted = i == 0 ? v : floor(v / static_cast<double>(int64_t{1} << (bits * i)));
+      parts.push_back(shifted - floor(shifted / static_cast<double>(levels)) * static_cast<double>(levels));
+    }
+    return narrow(reshape(concat(parts, 2), {n, -1}), 1, 0, count);
+  };
+  Tensor w = reshape(unpack(b, blocks * block), {n, blocks, block});
+  Tensor zero = full({}, static_cast<double>(levels / 2), kFloat32, b.device());
+  if (c.has_input(3)) {
+    const Tensor& z = c.input(3);
+    zero = z.dtype() == kUInt8 ? unpack(z, blocks) : reshape(cast(z, kFloat32), {n, blocks});
+    zero = reshape(zero, {n, blocks, 1});
+  }
+  const Tensor scale = reshape(cast(c.input(2), kFloat32), {n, blocks, 1});
+  w = narrow(reshape((w - zero) * scale, {n, blocks * block}), 1, 0, k);
+  return cast(w, c.input(0).dtype());
+}
+
+Tensors matmul_nbits(OpContext& c) {  // A (..., K) @ w^T (+ bias)
+  Tensor y = matmul(c.input(0), nbits_weight(c).mT());
+  if (c.has_input(5)) y = y + c.input(5);
+  return {y};
+}
+
 // ---- normalisations ----
 
 /// x / sqrt(mean(x^2 over the axes from `axis`) + eps) * scale: RMS normalisation.
@@ -214,6 +257,7 @@ void register_contrib_ops(OpRegistry& r) {
   r.add(rms);
   r.add(contrib("MatMulIntegerToFloat", {}, matmul_integer_to_float, true));
   r.add(contrib("DynamicQuantizeMatMul", {}, dynamic_quantize_matmul, true));
+  r.add(contrib("MatMulNBits", {"K", "N", "bits", "block_size", "accuracy_level"}, matmul_nbits, true));
   // com.microsoft's QuantizeLinear and DequantizeLinear are the standard ones of opset 10-13.
   r.add(contrib(
       "QuantizeLinear", {"axis"}, [](OpContext& c) { return as_standard(c, "QuantizeLinear"); }, true));

@@ -54,10 +54,11 @@ fi
 # pytest run the Python module's suite (bindings/python/tests), which Meson builds for this python3
 # with Debian's swig and the DLPack header; tokenizers tokenises text for the model zoo's Transformer
 # fine-tuning script (model_zoo/finetune/finetune_text.py).
-# EasyBuild builds braid's SYSTEM-toolchain recipe (packaging/easybuild, tests/install/test_easybuild.py).
-pip_packages=(onnx==1.23.2 onnxruntime==1.32.0 numpy pytest tokenizers==0.23.3 easybuild==5.4.1)
-if python3 -c "import onnx, onnxruntime, numpy, pytest, tokenizers, easybuild.main" 2>/dev/null; then
-  echo "install_deps: onnx, onnxruntime, numpy, pytest, tokenizers and easybuild present for $(command -v python3)"
+# EasyBuild builds braid's SYSTEM-toolchain recipe (packaging/easybuild, tests/install/test_easybuild.py);
+# onnx-ir is what onnxruntime's 4-bit MatMulNBits quantizer needs (bindings/python/tests/test_onnx_contrib.py).
+pip_packages=(onnx==1.23.2 onnxruntime==1.32.0 numpy pytest tokenizers==0.23.3 easybuild==5.4.1 onnx-ir==1.1.0)
+if python3 -c "import onnx, onnxruntime, numpy, pytest, tokenizers, easybuild.main, onnx_ir" 2>/dev/null; then
+  echo "install_deps: onnx, onnxruntime, numpy, pytest, tokenizers, easybuild and onnx-ir present for $(command -v python3)"
 else
   echo "install_deps: pip installing ${pip_packages[*]}"
   python3 -m pip install -q --root-user-action=ignore "${pip_packages[@]}"

@@ -229,3 +229,55 @@ def test_qlinear_global_average_pool(tmp_path, r, channels_last):
     check_quantized(tmp_path, "QLinearGlobalAveragePool", {
         "X": quantized(r, (2, 3, 4, 5), np.uint8), "x_scale": np.float32(0.02), "x_zp": np.uint8(128),
         "y_scale": np.float32(0.01), "y_zp": np.uint8(128)}, attrs={"channels_last": channels_last})
+
+
+def pack_nibbles(v):
+    """4-bit values (last axis even) packed two to a byte, the first in the low bits."""
+    v = v.astype(np.uint8)
+    return (v[..., 0::2] | (v[..., 1::2] << 4)).astype(np.uint8)
+
+
+@pytest.mark.parametrize("k,block,with_zero", [(64, 32, True), (40, 16, False), (48, 16, True)])
+def test_matmul_nbits(tmp_path, r, k, block, with_zero):
+    """4-bit blocked weights as ContribOperators.md lays them out (K not a multiple of the block
+    included): braid equals onnxruntime, and both equal the dequantised product in NumPy."""
+    n, blocks = 6, -(-k // block)
+    values = r.integers(0, 16, (n, blocks * block))
+    scales = (r.random((n, blocks)) * 0.1 + 0.01).astype(np.float32)
+    zeros = r.integers(0, 16, (n, blocks))
+    inits = {"B": pack_nibbles(values).reshape(n, blocks, block // 2), "scales": scales.reshape(-1)}
+    if with_zero:
+        inits["zero_points"] = pack_nibbles(np.pad(zeros, ((0, 0), (0, blocks % 2)))).reshape(-1)
+    a = f32(r, 3, k)
+    got, want = check(tmp_path, "MatMulNBits", {"A": a, **inits}, initializers=inits,
+                      attrs={"K": k, "N": n, "bits": 4, "block_size": block}, rtol=1e-4, atol=1e-4)
+    z = zeros if with_zero else np.full((n, blocks), 8)
+    w = ((values.reshape(n, blocks, block) - z[..., None]) * scales[..., None]).reshape(n, -1)[:, :k]
+    np.testing.assert_allclose(got[0].numpy(), a.astype(np.float64) @ w.T, rtol=1e-4, atol=1e-4)
+
+
+def test_the_4bit_quantizer_of_onnxruntime(tmp_path, r):
+    """The real tool: onnxruntime's MatMulNBitsQuantizer turns a float MatMul into MatMulNBits; braid
+    runs the file it writes as onnxruntime does."""
+    q = pytest.importorskip("onnxruntime.quantization.matmul_nbits_quantizer")
+    k, n = 64, 16
+    w = f32(r, k, n)
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "mm",
+                              [helper.make_tensor_value_info("x", F32, [2, k])],
+                              [helper.make_tensor_value_info("y", F32, [2, n])], [numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    for symmetric in (False, True):
+        quant = q.MatMulNBitsQuantizer(model, bits=4, block_size=32, is_symmetric=symmetric)
+        quant.process()
+        path = tmp_path / f"nbits_{symmetric}.onnx"
+        quant.model.save_model_to_file(str(path))
+        ops = [(nd.domain, nd.op_type) for nd in onnx.load(str(path)).graph.node]
+        assert ops == [(MS, "MatMulNBits")], ops
+        x = f32(r, 2, k)
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = 1
+        (want,) = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+        (got,) = braid.onnx.load(str(path), frozen=True).run([braid.from_numpy(x)])
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=1e-4)
+        exact = x @ w  # a 4-bit weight: near the float product, not equal to it
+        assert 0 < np.abs(want - exact).max() < 0.25 * np.abs(exact).max()
