@@ -281,3 +281,17 @@ def test_the_4bit_quantizer_of_onnxruntime(tmp_path, r):
         np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=1e-4)
         exact = x @ w  # a 4-bit weight: near the float product, not equal to it
         assert 0 < np.abs(want - exact).max() < 0.25 * np.abs(exact).max()
+
+
+def test_matmul_nbits_8bit(tmp_path, r):
+    n, k, block = 5, 32, 16
+    values = r.integers(0, 256, (n, k))
+    scales = (r.random((n, 2)) * 0.01).astype(np.float32)
+    zeros = r.integers(0, 256, (n, 2))
+    inits = {"B": values.astype(np.uint8).reshape(n, 2, block), "scales": scales.reshape(-1),
+             "zero_points": zeros.astype(np.uint8).reshape(-1)}
+    a = f32(r, 4, k)
+    got, _ = check(tmp_path, "MatMulNBits", {"A": a, **inits}, initializers=inits,
+                   attrs={"K": k, "N": n, "bits": 8, "block_size": block}, rtol=1e-4, atol=1e-4)
+    w = ((values.reshape(n, 2, block) - zeros[..., None]) * scales[..., None]).reshape(n, k)
+    np.testing.assert_allclose(got[0].numpy(), a.astype(np.float64) @ w.T, rtol=1e-4, atol=1e-4)
