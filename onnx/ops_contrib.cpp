@@ -5,6 +5,7 @@
 // the standard ops it replaces do; the integer products are inference-only, as MatMulInteger is. Checked op by op
 // against onnxruntime (bindings/python/tests/test_onnx_contrib.py).
 #include <cmath>
+#include <numeric>
 
 #include "ops_util.h"
 
@@ -144,6 +145,54 @@ Tensors matmul_nbits(OpContext& c) {  // A (..., K) @ w^T (+ bias)
   return {y};
 }
 
+// ---- rotary position embedding ----
+
+/// RotaryEmbedding: input (B, S, N * D) or (B, N, S, D); the first rotary_embedding_dim (default
+/// D) features of each head rotated by the angles of cos_cache / sin_cache (max positions, dim / 2)
+/// at position_ids (B, S), or at offset + 0..S-1 when position_ids holds one value; pairs are the
+/// two halves of those features, or neighbours when interleaved; then the rest unchanged.
+Tensors rotary_embedding(OpContext& c) {
+  const Tensor& x = c.input(0);
+  const Tensor &cos_cache = c.input(2), &sin_cache = c.input(3);
+  if (c.attr_int("is_packed_batching", 0) != 0) c.fail("is_packed_batching is not supported");
+  if (c.attr_float("scale", 1.0) != 1.0) c.fail("scale ", c.attr_float("scale", 1.0), " is not supported (1)");
+  if (x.dim() != 3 && x.dim() != 4) c.fail("input must be (B, S, N * D) or (B, N, S, D), got ", shape_str(x.shape()));
+  const bool bsnd = x.dim() == 3;
+  const int64_t b = x.size(0), s = bsnd ? x.size(1) : x.size(2);
+  int64_t heads = bsnd ? c.attr_int("num_heads", 0) : x.size(1);
+  if (bsnd && heads == 0) heads = x.size(2) / (2 * cos_cache.size(1));  // the rotary part is the whole head
+  if (heads <= 0 || (bsnd && x.size(2) % heads != 0)) c.fail("num_heads ", heads, " does not divide ", x.size(2));
+  const int64_t d = bsnd ? x.size(2) / heads : x.size(3);
+  const int64_t rot = c.attr_int("rotary_embedding_dim", 0) > 0 ? c.attr_int("rotary_embedding_dim", 0) : d;
+  if (rot > d || rot % 2 != 0 || cos_cache.size(1) * 2 != rot)
+    c.fail("rotary_embedding_dim ", rot, " does not fit head size ", d, " and a cos_cache of ",
+           shape_str(cos_cache.shape()));
+  Tensor pos = cast(c.input(1), kInt64);
+  if (pos.numel() == 1) {  // an offset: positions offset + 0..S-1 for every sequence
+    std::vector<int64_t> v(static_cast<size_t>(s));
+    std::iota(v.begin(), v.end(), static_cast<int64_t>(pos.item()));
+    pos = tensor(v, {1, s}, x.device());
+  }
+  // (B or 1, S, rot / 2), then placed against (B, S, N, D) or (B, N, S, D).
+  const Shape angle_shape = bsnd ? Shape{pos.size(0), s, 1, rot / 2} : Shape{pos.size(0), 1, s, rot / 2};
+  const Tensor flat = reshape(pos, {-1});
+  const Tensor cs = reshape(index_select(cos_cache, 0, flat), angle_shape);
+  const Tensor sn = reshape(index_select(sin_cache, 0, flat), angle_shape);
+  const Tensor heads_x = bsnd ? reshape(x, {b, s, heads, d}) : x;
+  const Tensor part = narrow(heads_x, 3, 0, rot);
+  Tensor rotated;
+  if (c.attr_int("interleaved", 0) != 0) {
+    const Tensor pairs = reshape(part, {heads_x.size(0), heads_x.size(1), heads_x.size(2), rot / 2, 2});
+    const Tensor e = squeeze(narrow(pairs, 4, 0, 1), 4), o = squeeze(narrow(pairs, 4, 1, 1), 4);
+    rotated = reshape(stack({e * cs - o * sn, o * cs + e * sn}, 4), part.shape());
+  } else {
+    const Tensor x1 = narrow(part, 3, 0, rot / 2), x2 = narrow(part, 3, rot / 2, rot / 2);
+    rotated = concat({x1 * cs - x2 * sn, x2 * cs + x1 * sn}, 3);
+  }
+  Tensor y = rot == d ? rotated : concat({rotated, narrow(heads_x, 3, rot, d - rot)}, 3);
+  return {bsnd ? reshape(y, x.shape()) : y};
+}
+
 // ---- normalisations ----
 
 /// x / sqrt(mean(x^2 over the axes from `axis`) + eps) * scale: RMS normalisation.
@@ -257,6 +306,8 @@ void register_contrib_ops(OpRegistry& r) {
   r.add(rms);
   r.add(contrib("MatMulIntegerToFloat", {}, matmul_integer_to_float, true));
   r.add(contrib("DynamicQuantizeMatMul", {}, dynamic_quantize_matmul, true));
+  r.add(contrib("RotaryEmbedding", {"interleaved", "is_packed_batching", "num_heads", "rotary_embedding_dim", "scale"},
+                rotary_embedding));
   r.add(contrib("MatMulNBits", {"K", "N", "bits", "block_size", "accuracy_level"}, matmul_nbits, true));
   // com.microsoft's QuantizeLinear and DequantizeLinear are the standard ones of opset 10-13.
   r.add(contrib(

@@ -295,3 +295,32 @@ def test_matmul_nbits_8bit(tmp_path, r):
                    attrs={"K": k, "N": n, "bits": 8, "block_size": block}, rtol=1e-4, atol=1e-4)
     w = ((values.reshape(n, 2, block) - zeros[..., None]) * scales[..., None]).reshape(n, k)
     np.testing.assert_allclose(got[0].numpy(), a.astype(np.float64) @ w.T, rtol=1e-4, atol=1e-4)
+
+
+def rotary_caches(positions, rot):
+    inv = 1.0 / (10000 ** (np.arange(0, rot, 2) / rot))
+    angles = np.arange(positions)[:, None] * inv[None]
+    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+
+@pytest.mark.parametrize("layout,interleaved,rot", [("bsh", 0, 8), ("bsh", 1, 8), ("bnsd", 0, 8), ("bsh", 0, 4),
+                                                    ("bnsd", 1, 4)])
+def test_rotary_embedding(tmp_path, r, layout, interleaved, rot):
+    b, s, heads, d = 2, 5, 3, 8
+    x = f32(r, b, s, heads * d) if layout == "bsh" else f32(r, b, heads, s, d)
+    cos, sin = rotary_caches(16, rot)
+    pos = r.integers(0, 16, (b, s)).astype(np.int64)
+    attrs = {"interleaved": interleaved, "num_heads": heads if layout == "bsh" else 0}
+    if rot != d:
+        attrs["rotary_embedding_dim"] = rot
+        attrs["num_heads"] = heads
+    inits = {"position_ids": pos, "cos_cache": cos, "sin_cache": sin}
+    check(tmp_path, "RotaryEmbedding", {"input": x, **inits}, initializers=inits, attrs=attrs, rtol=1e-5, atol=1e-5)
+
+
+def test_rotary_embedding_at_an_offset(tmp_path, r):
+    """position_ids of one value: positions offset + 0..S-1, as during generation with a cache."""
+    x = f32(r, 1, 4, 16)
+    cos, sin = rotary_caches(32, 8)
+    inits = {"position_ids": np.array([7], np.int64), "cos_cache": cos, "sin_cache": sin}
+    check(tmp_path, "RotaryEmbedding", {"input": x, **inits}, initializers=inits, attrs={"num_heads": 2})
