@@ -145,6 +145,36 @@ Tensors matmul_nbits(OpContext& c) {  // A (..., K) @ w^T (+ bias)
   return {y};
 }
 
+// ---- BERT's embeddings ----
+
+/// EmbedLayerNormalization: LayerNorm(word[input_ids] + position[position_ids, default 0..S-1] +
+/// segment[segment_ids]) * gamma + beta; mask_index, the count of ones in each row of mask (0 without
+/// one); embedding_sum, the sum before the normalisation.
+Tensors embed_layer_norm(OpContext& c) {
+  const Tensor ids = cast(c.input(0), kInt64);
+  if (ids.dim() != 2) c.fail("input_ids must be (batch, sequence), got ", shape_str(ids.shape()));
+  const int64_t b = ids.size(0), s = ids.size(1);
+  const Tensor& word = c.input(2);
+  const int64_t h = word.size(1);
+  auto rows = [&](const Tensor& table, const Tensor& index) {
+    return reshape(index_select(table, 0, reshape(index, {-1})), {index.size(0), index.size(1), h});
+  };
+  Tensor positions;
+  if (c.has_input(8)) {
+    positions = cast(c.input(8), kInt64);
+  } else {
+    std::vector<int64_t> v(static_cast<size_t>(s));
+    std::iota(v.begin(), v.end(), int64_t{0});
+    positions = tensor(v, {1, s}, ids.device());
+  }
+  Tensor total = rows(word, ids) + rows(c.input(3), positions);
+  if (c.has_input(1) && c.has_input(4)) total = total + rows(c.input(4), cast(c.input(1), kInt64));
+  const Tensor y = layer_norm(total, 1, c.input(5), c.input(6), c.attr_float("epsilon", 1e-12));
+  const Tensor mask_index = c.has_input(7) ? cast(sum(cast(c.input(7), kInt64), {1}), kInt32)
+                                           : zeros({b}, kInt32, ids.device());
+  return {y, mask_index, total};
+}
+
 // ---- rotary position embedding ----
 
 /// RotaryEmbedding: input (B, S, N * D) or (B, N, S, D); the first rotary_embedding_dim (default
@@ -306,6 +336,7 @@ void register_contrib_ops(OpRegistry& r) {
   r.add(rms);
   r.add(contrib("MatMulIntegerToFloat", {}, matmul_integer_to_float, true));
   r.add(contrib("DynamicQuantizeMatMul", {}, dynamic_quantize_matmul, true));
+  r.add(contrib("EmbedLayerNormalization", {"epsilon", "mask_index_type"}, embed_layer_norm));
   r.add(contrib("RotaryEmbedding", {"interleaved", "is_packed_batching", "num_heads", "rotary_embedding_dim", "scale"},
                 rotary_embedding));
   r.add(contrib("MatMulNBits", {"K", "N", "bits", "block_size", "accuracy_level"}, matmul_nbits, true));

@@ -12,7 +12,8 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 MS = "com.microsoft"
 F32 = TensorProto.FLOAT
-TYPES = {np.float32: TensorProto.FLOAT, np.int8: TensorProto.INT8, np.uint8: TensorProto.UINT8}
+TYPES = {np.float32: TensorProto.FLOAT, np.int8: TensorProto.INT8, np.uint8: TensorProto.UINT8, np.int32: TensorProto.INT32,
+         np.int64: TensorProto.INT64}
 
 
 def check(tmp_path, op, inputs, n_outputs=1, attrs=None, initializers=None, domain=MS, rtol=1e-5, atol=1e-5,
@@ -324,3 +325,17 @@ def test_rotary_embedding_at_an_offset(tmp_path, r):
     cos, sin = rotary_caches(32, 8)
     inits = {"position_ids": np.array([7], np.int64), "cos_cache": cos, "sin_cache": sin}
     check(tmp_path, "RotaryEmbedding", {"input": x, **inits}, initializers=inits, attrs={"num_heads": 2})
+
+
+@pytest.mark.parametrize("with_segments,with_mask", [(True, True), (False, True), (True, False)])
+def test_embed_layer_normalization(tmp_path, r, with_segments, with_mask):
+    b, s, h, vocab = 2, 6, 8, 20
+    ids = r.integers(0, vocab, (b, s)).astype(np.int32)
+    inits = {"word_embedding": f32(r, vocab, h), "position_embedding": f32(r, 16, h),
+             "segment_embedding": f32(r, 2, h) if with_segments else None, "gamma": f32(r, h), "beta": f32(r, h)}
+    mask = np.ones((b, s), np.int32)
+    mask[1, 4:] = 0
+    inputs = {"input_ids": ids, "segment_ids": r.integers(0, 2, (b, s)).astype(np.int32) if with_segments else None,
+              **inits, "mask": mask if with_mask else None}
+    check(tmp_path, "EmbedLayerNormalization", inputs, n_outputs=3 if with_mask else ["y0", "", "y2"],
+          attrs={"epsilon": 1e-5}, initializers={k: v for k, v in inits.items() if v is not None})
