@@ -15,6 +15,7 @@ void register_builtin_ops(OpRegistry& r) {
   ops::register_signal_ops(r);
   ops::register_quant_ops(r);
   ops::register_contrib_ops(r);
+  ops::register_contrib_attention_ops(r);
 }
 
 }  // namespace braid::onnx

@@ -94,6 +94,7 @@ void register_einsum_ops(OpRegistry& r);
 void register_control_ops(OpRegistry& r);
 void register_signal_ops(OpRegistry& r);
 void register_quant_ops(OpRegistry& r);
-void register_contrib_ops(OpRegistry& r);  // onnxruntime's com.microsoft operators
+void register_contrib_ops(OpRegistry& r);            // onnxruntime's com.microsoft operators
+void register_contrib_attention_ops(OpRegistry& r);  // and its attention ones
 
 }  // namespace braid::onnx::ops

@@ -339,3 +339,57 @@ def test_embed_layer_normalization(tmp_path, r, with_segments, with_mask):
               **inits, "mask": mask if with_mask else None}
     check(tmp_path, "EmbedLayerNormalization", inputs, n_outputs=3 if with_mask else ["y0", "", "y2"],
           attrs={"epsilon": 1e-5}, initializers={k: v for k, v in inits.items() if v is not None})
+
+
+@pytest.mark.parametrize("variant", ["plain", "bias", "padding", "lengths", "attention_bias", "causal", "past"])
+def test_multi_head_attention(tmp_path, r, variant):
+    b, s, l, heads, d = 2, 4, 5, 2, 4
+    hidden = heads * d
+    inputs = {"query": f32(r, b, s, hidden), "key": f32(r, b, l, hidden), "value": f32(r, b, l, hidden)}
+    attrs = {"num_heads": heads}
+    n_outputs = 1
+    if variant == "bias":
+        inputs["bias"] = f32(r, 3 * hidden)
+    if variant == "padding":
+        mask = np.ones((b, l), np.int32)
+        mask[1, 3:] = 0
+        inputs.update(bias=None, key_padding_mask=mask)
+    if variant == "lengths":
+        inputs.update(bias=None, key_padding_mask=np.array([5, 2], np.int32))
+    if variant == "attention_bias":
+        inputs.update(bias=None, key_padding_mask=None, attention_bias=f32(r, 1, heads, s, l))
+    if variant == "causal":
+        inputs["key"], inputs["value"] = f32(r, b, s, hidden), f32(r, b, s, hidden)
+        attrs["unidirectional"] = 1
+    if variant == "past":
+        inputs.update(bias=None, key_padding_mask=None, attention_bias=None, past_key=f32(r, b, heads, 3, d),
+                      past_value=f32(r, b, heads, 3, d))
+        n_outputs = 3
+    check(tmp_path, "MultiHeadAttention", inputs, n_outputs=n_outputs, attrs=attrs, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("variant", ["plain", "raw_mask", "lengths", "causal_past", "qkv_sizes", "scale"])
+def test_attention(tmp_path, r, variant):
+    b, s, heads, d, width = 2, 5, 2, 4, 6
+    hidden = heads * d
+    inits = {"weights": f32(r, width, 3 * hidden, scale=0.5), "bias": f32(r, 3 * hidden)}
+    inputs = {"input": f32(r, b, s, width), **inits}
+    attrs = {"num_heads": heads}
+    n_outputs = 1
+    if variant == "raw_mask":
+        mask = np.ones((b, s), np.int32)
+        mask[0, 3:] = 0
+        inputs["mask_index"] = mask
+    if variant == "lengths":
+        inputs["mask_index"] = np.array([5, 3], np.int32)
+    if variant == "causal_past":
+        inputs.update(mask_index=None, past=f32(r, 2, b, heads, 2, d))
+        attrs["unidirectional"] = 1
+        n_outputs = 2
+    if variant == "qkv_sizes":
+        inits["weights"], inits["bias"] = f32(r, width, 2 * hidden + 2 * heads), f32(r, 2 * hidden + 2 * heads)
+        inputs.update(inits)
+        attrs["qkv_hidden_sizes"] = [hidden, hidden, 2 * heads]
+    if variant == "scale":
+        attrs["scale"] = 0.3
+    check(tmp_path, "Attention", inputs, n_outputs=n_outputs, attrs=attrs, initializers=inits, rtol=1e-4, atol=1e-5)

@@ -1,0 +1,152 @@
+// onnxruntime's com.microsoft attention operators, as its transformer optimizer writes them into
+// BERT- and GPT-shaped models: Attention (the input projection and attention in one node) and
+// MultiHeadAttention (projected query, key and value), with their masks, attention bias, causal
+// mode and past key/value. Composites of braid ops (so they train), checked against onnxruntime in
+// bindings/python/tests/test_onnx_contrib.py. (ops_contrib.cpp holds the other com.microsoft ops.)
+#include <cmath>
+
+#include "ops_util.h"
+
+namespace braid::onnx::ops {
+
+namespace {
+
+constexpr const char* kMs = "com.microsoft";
+
+/// (B, T, N * D) -> (B, N, T, D).
+Tensor split_heads(const Tensor& x, int64_t heads) {
+  return permute(reshape(x, {x.size(0), x.size(1), heads, x.size(2) / heads}), {0, 2, 1, 3});
+}
+
+/// (B, N, T, D) -> (B, T, N * D).
+Tensor merge_heads(const Tensor& x) {
+  const Tensor t = permute(x, {0, 2, 1, 3});
+  return reshape(t, {t.size(0), t.size(1), t.size(2) * t.size(3)});
+}
+
+/// softmax(q k^T * scale + bias) v with q (B, N, S, D), k and v (B, N, L, D), bias broadcasting to
+/// (B, N, S, L) or undefined; `causal` masks key j for query i where j > i + L - S (the past
+/// before the S new positions stays visible), with mask_filter_value as onnxruntime does.
+Tensor attend(const Tensor& q, const Tensor& k, const Tensor& v, double scale, Tensor bias, bool causal,
+              double filter) {
+  Tensor scores = matmul(q, k.mT()) * scale;
+  if (bias.defined()) scores = scores + bias;
+  if (causal) {
+    const int64_t s = q.size(2), l = k.size(2);
+    std::vector<float> m(static_cast<size_t>(s * l), 0.0f);
+    for (int64_t i = 0; i < s; ++i)
+      for (int64_t j = i + l - s + 1; j < l; ++j) m[static_cast<size_t>(i * l + j)] = static_cast<float>(filter);
+    scores = scores + cast(tensor(m, {s, l}, q.device()), scores.dtype());
+  }
+  return matmul(softmax(scores, -1), v);
+}
+
+/// The additive bias of a key padding mask: (B, L) of 1 (attend) and 0 (masked), or (B) key
+/// lengths (keys at and past the length masked); `filter` where masked, else 0, shaped (B, 1, 1, L).
+Tensor padding_bias(OpContext& c, const Tensor& mask, int64_t b, int64_t l, double filter, const char* what) {
+  Tensor keep;
+  if (mask.dim() == 2 && mask.size(0) == b && mask.size(1) == l) {
+    keep = cast(mask, kFloat32);
+  } else if (mask.dim() == 1 && mask.size(0) == b) {
+    std::vector<int64_t> len = cast(mask, kInt64).to_vector<int64_t>();
+    std::vector<float> k(static_cast<size_t>(b * l));
+    for (int64_t i = 0; i < b; ++i)
+      for (int64_t j = 0; j < l; ++j) k[static_cast<size_t>(i * l + j)] = j < len[static_cast<size_t>(i)] ? 1.0f : 0.0f;
+    keep = tensor(k, {b, l}, mask.device());
+  } else {
+    c.fail(what, " of shape ", shape_str(mask.shape()), " is not supported (", b, " or ", b, " x ", l, ")");
+  }
+  return reshape((1.0 - keep) * filter, {b, 1, 1, l});
+}
+
+double scale_of(OpContext& c, int64_t head_size) {
+  const double s = c.attr_float("scale", 0.0);
+  return s != 0.0 ? s : 1.0 / std::sqrt(static_cast<double>(head_size));
+}
+
+// MultiHeadAttention: query (B, S, N * D), key and value (B, L, N * D), bias (3 * N * D) added to
+// the three, key_padding_mask, attention_bias (B or 1, N or 1, S, L), past_key / past_value
+// (B, N, P, D) before the new keys; outputs the attention and present_key / present_value.
+Tensors multi_head_attention(OpContext& c) {
+  const int64_t heads = c.attr_int("num_heads", 0);
+  Tensor q = c.input(0);
+  if (heads <= 0) c.fail("num_heads must be positive, got ", heads);
+  if (q.dim() != 3 || q.size(2) % heads != 0) c.fail("query must be (B, S, num_heads * D), got ", shape_str(q.shape()));
+  if (!c.has_input(1) || !c.has_input(2) || c.input(1).dim() != 3)
+    c.fail("key and value must be given as (B, L, num_heads * D) (packed or per-head forms are not supported)");
+  Tensor k = c.input(1), v = c.input(2);
+  const int64_t hidden = q.size(2);
+  if (c.has_input(3)) {
+    const Tensor& bias = c.input(3);
+    q = q + narrow(bias, 0, 0, hidden);
+    k = k + narrow(bias, 0, hidden, hidden);
+    v = v + narrow(bias, 0, 2 * hidden, v.size(2));
+  }
+  q = split_heads(q, heads), k = split_heads(k, heads), v = split_heads(v, heads);
+  if (c.has_input(6) != c.has_input(7)) c.fail("past_key and past_value come together");
+  if (c.has_input(6)) k = concat({c.input(6), k}, 2), v = concat({c.input(7), v}, 2);
+  const double filter = c.attr_float("mask_filter_value", -10000.0);
+  Tensor bias;
+  if (c.has_input(4)) bias = padding_bias(c, c.input(4), q.size(0), k.size(2), filter, "key_padding_mask");
+  if (c.has_input(5)) bias = bias.defined() ? bias + c.input(5) : c.input(5);
+  const Tensor y = attend(q, k, v, scale_of(c, q.size(3)), bias, c.attr_int("unidirectional", 0) != 0, filter);
+  return {merge_heads(y), k, v};
+}
+
+// Attention: input (B, S, in) times weights (in, 3 * hidden) plus bias (3 * hidden) gives q, k and
+// v (qkv_hidden_sizes when they differ); mask_index (B, S_total) of 1 and 0, (B) key lengths or
+// (B, S, S_total); past (2, B, N, P, D); outputs the attention and present (2, B, N, P + S, D).
+Tensors attention(OpContext& c) {
+  const int64_t heads = c.attr_int("num_heads", 0);
+  if (heads <= 0) c.fail("num_heads must be positive, got ", heads);
+  if (c.attr_int("do_rotary", 0) != 0) c.fail("do_rotary is not supported");
+  const Tensor& x = c.input(0);
+  if (x.dim() != 3) c.fail("input must be (B, S, input_hidden), got ", shape_str(x.shape()));
+  Tensor qkv = matmul(x, c.input(1));
+  if (c.has_input(2)) qkv = qkv + c.input(2);
+  std::vector<int64_t> sizes = c.attr_ints("qkv_hidden_sizes");
+  if (sizes.empty()) sizes = std::vector<int64_t>(3, qkv.size(2) / 3);
+  if (sizes.size() != 3 || sizes[0] + sizes[1] + sizes[2] != qkv.size(2) || sizes[0] != sizes[1])
+    c.fail("qkv_hidden_sizes ", shape_str(sizes), " do not split the projection of ", qkv.size(2));
+  Tensor q = split_heads(narrow(qkv, 2, 0, sizes[0]), heads);
+  Tensor k = split_heads(narrow(qkv, 2, sizes[0], sizes[1]), heads);
+  Tensor v = split_heads(narrow(qkv, 2, sizes[0] + sizes[1], sizes[2]), heads);
+  if (c.has_input(4)) {
+    const Tensor& past = c.input(4);
+    k = concat({past.select(0, 0), k}, 2);
+    v = concat({past.select(0, 1), v}, 2);
+  }
+  const double filter = c.attr_float("mask_filter_value", -10000.0);
+  const int64_t b = x.size(0), s = x.size(1), total = k.size(2);
+  Tensor bias;
+  if (c.has_input(3)) {
+    const Tensor& mask = c.input(3);
+    if (mask.dim() == 3 && mask.size(0) == b && mask.size(1) == s && mask.size(2) == total)
+      bias = reshape((1.0 - cast(mask, kFloat32)) * filter, {b, 1, s, total});
+    else
+      bias = padding_bias(c, mask, b, total, filter, "mask_index");
+  }
+  if (c.has_input(5)) bias = bias.defined() ? bias + c.input(5) : c.input(5);
+  const Tensor y = attend(q, k, v, scale_of(c, q.size(3)), bias, c.attr_int("unidirectional", 0) != 0, filter);
+  if (k.size(3) != v.size(3)) return {merge_heads(y)};  // no present when the value heads are narrower
+  return {merge_heads(y), stack({k, v}, 0)};
+}
+
+OpSchema contrib(const char* type, std::vector<std::string> attrs, std::function<Tensors(OpContext&)> fn) {
+  OpSchema s = op(type, std::move(attrs), std::move(fn));
+  s.domain = kMs;
+  return s;
+}
+
+}  // namespace
+
+void register_contrib_attention_ops(OpRegistry& r) {
+  r.add(contrib("MultiHeadAttention", {"num_heads", "mask_filter_value", "scale", "unidirectional"},
+                multi_head_attention));
+  r.add(contrib("Attention",
+                {"num_heads", "qkv_hidden_sizes", "scale", "unidirectional", "mask_filter_value", "do_rotary",
+                 "past_present_share_buffer", "rotary_embedding_dim"},
+                attention));
+}
+
+}  // namespace braid::onnx::ops
