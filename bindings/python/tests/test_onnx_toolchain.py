@@ -1,0 +1,101 @@
+"""onnxruntime's own tools on models braid exports, and braid on what they write: the transformer
+optimizer (com.microsoft fused ops), dynamic quantisation (DynamicQuantizeLinear, MatMulInteger,
+ConvInteger) and the 4-bit weight quantizer (MatMulNBits); braid's outputs against onnxruntime's on
+the same files."""
+import numpy as np
+import pytest
+
+import braid
+from braid import nn
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+quantization = pytest.importorskip("onnxruntime.quantization")
+transformers_optimizer = pytest.importorskip("onnxruntime.transformers.optimizer")
+
+
+def ops_of(path):
+    return sorted({(n.domain or "ai.onnx", n.op_type) for n in onnx.load(str(path)).graph.node})
+
+
+def same_as_onnxruntime(path, x, rtol=1e-4, atol=1e-4):
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    (want,) = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"]).run(None, {"input": x.numpy()})
+    (got,) = braid.onnx.load(str(path), frozen=True).run([x])
+    np.testing.assert_allclose(got.numpy(), want, rtol=rtol, atol=atol, err_msg=str(path))
+    return got.numpy(), want
+
+
+class Encoder(nn.Module):
+    """A BERT-shaped block: a Transformer encoder layer with GELU and a classification head."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = nn.TransformerEncoderLayer(32, 4, dim_feedforward=64, dropout=0.0, activation="gelu",
+                                                batch_first=True)
+        self.head = nn.Linear(32, 3)
+
+    def forward(self, x):
+        return self.head(self.layer(x))
+
+
+@pytest.fixture(scope="module")
+def encoder(tmp_path_factory):
+    braid.manual_seed(0)
+    model = Encoder()
+    model.eval()
+    x = braid.randn(2, 7, 32)
+    path = tmp_path_factory.mktemp("toolchain") / "encoder.onnx"
+    braid.onnx.export(model, x, str(path))
+    return path, x
+
+
+@pytest.fixture(scope="module")
+def optimized(encoder):
+    """The transformer optimizer's file: its fusions in Python (opt_level 0: no onnxruntime pass,
+    which would need PyTorch to look for a GPU), which also folds the weights' Transposes."""
+    path, _ = encoder
+    out = path.with_name("encoder_opt.onnx")
+    transformers_optimizer.optimize_model(str(path), model_type="bert", num_heads=4, hidden_size=32,
+                                          opt_level=0).save_model_to_file(str(out))
+    return out
+
+
+def test_the_transformer_optimizer_then_dynamic_quantization(encoder, optimized):
+    path, x = encoder
+    assert ("com.microsoft", "Gelu") in ops_of(optimized)
+    same_as_onnxruntime(optimized, x)
+    quantized = path.with_name("encoder_opt_q.onnx")
+    quantization.quantize_dynamic(str(optimized), str(quantized), weight_type=quantization.QuantType.QInt8,
+                                  extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+    assert {("ai.onnx", "DynamicQuantizeLinear"), ("ai.onnx", "MatMulInteger")} <= set(ops_of(quantized))
+    got, want = same_as_onnxruntime(quantized, x)
+    assert np.abs(got - want).max() <= 1e-5  # the same integer arithmetic
+
+
+def test_the_4bit_quantizer_on_the_encoder(encoder, optimized):
+    path, x = encoder
+    nbits = pytest.importorskip("onnxruntime.quantization.matmul_nbits_quantizer")
+    quantizer = nbits.MatMulNBitsQuantizer(onnx.load(str(optimized)), bits=4, block_size=16, is_symmetric=False)
+    quantizer.process()
+    out = path.with_name("encoder_4bit.onnx")
+    quantizer.model.save_model_to_file(str(out))
+    assert ("com.microsoft", "MatMulNBits") in ops_of(out)
+    same_as_onnxruntime(out, x)
+
+
+def test_dynamic_quantization_of_a_cnn(tmp_path):
+    braid.manual_seed(1)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(8, 8, 3, padding=1),
+                          nn.ReLU(), nn.Flatten(), nn.Linear(8 * 4 * 4, 5))
+    model.eval()
+    x = braid.randn(2, 3, 8, 8)
+    path = tmp_path / "cnn.onnx"
+    braid.onnx.export(model, x, str(path))
+    quantized = tmp_path / "cnn_q.onnx"
+    quantization.quantize_dynamic(str(path), str(quantized), weight_type=quantization.QuantType.QUInt8,
+                                  op_types_to_quantize=["Conv", "MatMul", "Gemm"])
+    ops = set(ops_of(quantized))
+    assert ("ai.onnx", "ConvInteger") in ops and ("ai.onnx", "DynamicQuantizeLinear") in ops, ops
+    same_as_onnxruntime(quantized, x)
