@@ -87,6 +87,26 @@ Tensor integer_product_to_float(OpContext& c, const Tensor& a, const Tensor& a_s
   return bias.defined() ? y + bias : y;
 }
 
+/// QGemm: alpha * (A - a_zero)(B - b_zero) (+ C, int32 at scale a_scale * b_scale, in the exact
+/// product) times a_scale * b_scale, op(A), op(B) transposed by transA / transB; B's scale and
+/// zero point per tensor or per column; quantised with y_scale / y_zero_point when given.
+Tensors qgemm(OpContext& c) {
+  Tensor a = c.input(0), b = c.input(3);
+  if (c.attr_int("transA", 0) != 0) a = a.mT();
+  if (c.attr_int("transB", 0) != 0) b = b.mT();
+  auto centred = [&](const Tensor& q, const Tensor& zero) {
+    Tensor f = cast(q, kFloat64);
+    return zero.defined() ? f - cast(reshape(zero, {-1}), kFloat64) : f;
+  };
+  Tensor acc = matmul(centred(a, input_or_none(c, 2)), centred(b, input_or_none(c, 5)));  // exact in float64
+  if (c.has_input(6)) acc = acc + cast(c.input(6), kFloat64);
+  const Tensor scale = cast(reshape(c.input(1), {}), kFloat32) * cast(reshape(c.input(4), {-1}), kFloat32);
+  Tensor y = cast(acc, kFloat32) * (scale * static_cast<float>(c.attr_float("alpha", 1.0)));
+  if (!c.has_input(7)) return {y};
+  const int64_t zero = c.has_input(8) ? static_cast<int64_t>(c.input_scalar(8)) : 0;
+  return {quantize(y, c.input_scalar(7), zero, c.has_input(8) ? c.input(8).dtype() : kUInt8)};
+}
+
 Tensors matmul_integer_to_float(OpContext& c) {
   return {integer_product_to_float(c, c.input(0), c.input(2), input_or_none(c, 4), c.input(1), c.input(3),
                                    input_or_none(c, 5), input_or_none(c, 6))};
@@ -339,6 +359,7 @@ void register_contrib_ops(OpRegistry& r) {
   r.add(contrib("EmbedLayerNormalization", {"epsilon", "mask_index_type"}, embed_layer_norm));
   r.add(contrib("RotaryEmbedding", {"interleaved", "is_packed_batching", "num_heads", "rotary_embedding_dim", "scale"},
                 rotary_embedding));
+  r.add(contrib("QGemm", {"alpha", "transA", "transB"}, qgemm, true));
   r.add(contrib("MatMulNBits", {"K", "N", "bits", "block_size", "accuracy_level"}, matmul_nbits, true));
   // com.microsoft's QuantizeLinear and DequantizeLinear are the standard ones of opset 10-13.
   r.add(contrib(

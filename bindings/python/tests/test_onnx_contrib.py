@@ -393,3 +393,24 @@ def test_attention(tmp_path, r, variant):
     if variant == "scale":
         attrs["scale"] = 0.3
     check(tmp_path, "Attention", inputs, n_outputs=n_outputs, attrs=attrs, initializers=inits, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("variant", ["float", "quantized", "per_column", "transposed"])
+def test_qgemm(tmp_path, r, variant):
+    m, k, n = 3, 8, 5
+    inits = {"A": quantized(r, (m, k), np.uint8), "a_scale": np.asarray(np.float32(0.02)),
+             "a_zp": np.asarray(np.uint8(128)), "B": quantized(r, (k, n), np.int8),
+             "b_scale": np.asarray(np.float32(0.01)), "b_zp": np.asarray(np.int8(0)),
+             "C": r.integers(-500, 500, (n,)).astype(np.int32)}
+    attrs = {"alpha": 1.0}
+    if variant == "per_column":
+        inits["b_scale"] = np.linspace(0.005, 0.02, n).astype(np.float32)
+        inits["b_zp"] = np.zeros(n, np.int8)
+    if variant == "transposed":
+        inits["B"] = np.ascontiguousarray(inits["B"].T)
+        attrs["transB"] = 1
+    if variant == "quantized":
+        inits.update(y_scale=np.asarray(np.float32(0.05)), y_zp=np.asarray(np.uint8(100)))
+        check_quantized(tmp_path, "QGemm", inits, attrs=attrs)
+    else:
+        check(tmp_path, "QGemm", inits, initializers=inits, attrs=attrs, rtol=1e-5, atol=1e-5)
