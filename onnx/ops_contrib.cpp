@@ -190,8 +190,8 @@ Tensors embed_layer_norm(OpContext& c) {
   Tensor total = rows(word, ids) + rows(c.input(3), positions);
   if (c.has_input(1) && c.has_input(4)) total = total + rows(c.input(4), cast(c.input(1), kInt64));
   const Tensor y = layer_norm(total, 1, c.input(5), c.input(6), c.attr_float("epsilon", 1e-12));
-  const Tensor mask_index = c.has_input(7) ? cast(sum(cast(c.input(7), kInt64), {1}), kInt32)
-                                           : zeros({b}, kInt32, ids.device());
+  const Tensor mask_index =
+      c.has_input(7) ? cast(sum(cast(c.input(7), kInt64), {1}), kInt32) : zeros({b}, kInt32, ids.device());
   return {y, mask_index, total};
 }
 
@@ -241,6 +241,31 @@ Tensors rotary_embedding(OpContext& c) {
   }
   Tensor y = rot == d ? rotated : concat({rotated, narrow(heads_x, 3, rot, d - rot)}, 3);
   return {bsnd ? reshape(y, x.shape()) : y};
+}
+
+// ---- the dynamic quantizer's LSTM ----
+
+/// DynamicQuantizeLSTM: ONNX's LSTM with int8/uint8 weights W (D, input, 4H) and R (D, H, 4H),
+/// the transposes of LSTM's, each with a scale and zero point per direction or per direction and
+/// column. braid dequantises the weights and runs the standard LSTM in float32; onnxruntime also
+/// quantises the input and the hidden state to uint8 at every product, so the two agree to within
+/// that quantisation's error, not bitwise (bindings/python/tests/test_onnx_contrib.py states it).
+Tensors dynamic_quantize_lstm(OpContext& c) {
+  auto weight = [&](size_t w, size_t scale, size_t zero) {
+    const Tensor& q = c.input(w);
+    if (q.dim() != 3) c.fail("input ", w, " must be (directions, rows, 4 * hidden), got ", shape_str(q.shape()));
+    const Shape per_column{q.size(0), 1, q.size(2)}, per_direction{q.size(0), 1, 1};
+    auto shaped = [&](const Tensor& t) {
+      return reshape(cast(t, kFloat32), t.numel() == q.size(0) ? per_direction : per_column);
+    };
+    Tensor f = cast(q, kFloat32);
+    if (c.has_input(zero)) f = f - shaped(c.input(zero));
+    return (f * shaped(c.input(scale))).mT();  // (D, 4H, rows), as LSTM takes it
+  };
+  std::vector<Tensor> inputs{c.input(0), weight(1, 8, 9), weight(2, 10, 11)};
+  for (size_t i = 3; i < 8; ++i) inputs.push_back(c.has_input(i) ? c.input(i) : Tensor());
+  OpContext lstm(c.node(), c.opset(), c.training(), inputs, nullptr);
+  return as_standard(lstm, "LSTM");
 }
 
 // ---- normalisations ----
@@ -359,6 +384,10 @@ void register_contrib_ops(OpRegistry& r) {
   r.add(contrib("EmbedLayerNormalization", {"epsilon", "mask_index_type"}, embed_layer_norm));
   r.add(contrib("RotaryEmbedding", {"interleaved", "is_packed_batching", "num_heads", "rotary_embedding_dim", "scale"},
                 rotary_embedding));
+  r.add(contrib(
+      "DynamicQuantizeLSTM",
+      {"activation_alpha", "activation_beta", "activations", "clip", "direction", "hidden_size", "input_forget"},
+      dynamic_quantize_lstm, true));
   r.add(contrib("QGemm", {"alpha", "transA", "transB"}, qgemm, true));
   r.add(contrib("MatMulNBits", {"K", "N", "bits", "block_size", "accuracy_level"}, matmul_nbits, true));
   // com.microsoft's QuantizeLinear and DequantizeLinear are the standard ones of opset 10-13.
