@@ -170,29 +170,50 @@ Tensors matmul_nbits(OpContext& c) {  // A (..., K) @ w^T (+ bias)
 /// EmbedLayerNormalization: LayerNorm(word[input_ids] + position[position_ids, default 0..S-1] +
 /// segment[segment_ids]) * gamma + beta; mask_index, the count of ones in each row of mask (0 without
 /// one); embedding_sum, the sum before the normalisation.
-Tensors embed_layer_norm(OpContext& c) {
+/// The tables and the normalisation's weights of EmbedLayerNormalization, float32.
+struct Embeddings {
+  Tensor word, position, segment, gamma, beta;
+};
+
+Tensors embed_and_normalize(OpContext& c, const Embeddings& e, size_t mask_input, size_t positions_input) {
   const Tensor ids = cast(c.input(0), kInt64);
   if (ids.dim() != 2) c.fail("input_ids must be (batch, sequence), got ", shape_str(ids.shape()));
-  const int64_t b = ids.size(0), s = ids.size(1);
-  const Tensor& word = c.input(2);
-  const int64_t h = word.size(1);
+  const int64_t b = ids.size(0), s = ids.size(1), h = e.word.size(1);
   auto rows = [&](const Tensor& table, const Tensor& index) {
     return reshape(index_select(table, 0, reshape(index, {-1})), {index.size(0), index.size(1), h});
   };
   Tensor positions;
-  if (c.has_input(8)) {
-    positions = cast(c.input(8), kInt64);
+  if (positions_input != 0 && c.has_input(positions_input)) {
+    positions = cast(c.input(positions_input), kInt64);
   } else {
     std::vector<int64_t> v(static_cast<size_t>(s));
     std::iota(v.begin(), v.end(), int64_t{0});
     positions = tensor(v, {1, s}, ids.device());
   }
-  Tensor total = rows(word, ids) + rows(c.input(3), positions);
-  if (c.has_input(1) && c.has_input(4)) total = total + rows(c.input(4), cast(c.input(1), kInt64));
-  const Tensor y = layer_norm(total, 1, c.input(5), c.input(6), c.attr_float("epsilon", 1e-12));
-  const Tensor mask_index =
-      c.has_input(7) ? cast(sum(cast(c.input(7), kInt64), {1}), kInt32) : zeros({b}, kInt32, ids.device());
+  Tensor total = rows(e.word, ids) + rows(e.position, positions);
+  if (c.has_input(1) && e.segment.defined()) total = total + rows(e.segment, cast(c.input(1), kInt64));
+  const Tensor y = layer_norm(total, 1, e.gamma, e.beta, c.attr_float("epsilon", 1e-12));
+  const Tensor mask_index = c.has_input(mask_input) ? cast(sum(cast(c.input(mask_input), kInt64), {1}), kInt32)
+                                                    : zeros({b}, kInt32, ids.device());
   return {y, mask_index, total};
+}
+
+/// EmbedLayerNormalization: LayerNorm(word[input_ids] + position[position_ids, default 0..S-1] +
+/// segment[segment_ids]) * gamma + beta; mask_index, the count of ones in each row of mask (0 without
+/// one); embedding_sum, the sum before the normalisation.
+Tensors embed_layer_norm(OpContext& c) {
+  return embed_and_normalize(c, {c.input(2), c.input(3), input_or_none(c, 4), c.input(5), input_or_none(c, 6)}, 7, 8);
+}
+
+/// QEmbedLayerNormalization (what quantize_dynamic makes of EmbedLayerNormalization): its tables,
+/// gamma and beta uint8 with a scale (inputs 8-12) and a zero point (13-17) each, dequantised first.
+Tensors qembed_layer_norm(OpContext& c) {
+  auto table = [&](size_t i) -> Tensor {
+    if (!c.has_input(i)) return Tensor();
+    const int64_t zero = c.has_input(i + 11) ? static_cast<int64_t>(c.input_scalar(i + 11)) : 0;
+    return dequantize(c.input(i), c.input_scalar(i + 6), zero);
+  };
+  return embed_and_normalize(c, {table(2), table(3), table(4), table(5), table(6)}, 7, 0);
 }
 
 // ---- rotary position embedding ----
@@ -382,6 +403,7 @@ void register_contrib_ops(OpRegistry& r) {
   r.add(contrib("MatMulIntegerToFloat", {}, matmul_integer_to_float, true));
   r.add(contrib("DynamicQuantizeMatMul", {}, dynamic_quantize_matmul, true));
   r.add(contrib("EmbedLayerNormalization", {"epsilon", "mask_index_type"}, embed_layer_norm));
+  r.add(contrib("QEmbedLayerNormalization", {"epsilon"}, qembed_layer_norm, true));
   r.add(contrib("RotaryEmbedding", {"interleaved", "is_packed_batching", "num_heads", "rotary_embedding_dim", "scale"},
                 rotary_embedding));
   r.add(contrib(

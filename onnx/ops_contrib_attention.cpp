@@ -96,14 +96,12 @@ Tensors multi_head_attention(OpContext& c) {
 // Attention: input (B, S, in) times weights (in, 3 * hidden) plus bias (3 * hidden) gives q, k and
 // v (qkv_hidden_sizes when they differ); mask_index (B, S_total) of 1 and 0, (B) key lengths or
 // (B, S, S_total); past (2, B, N, P, D); outputs the attention and present (2, B, N, P + S, D).
-Tensors attention(OpContext& c) {
+/// Attention after its input projection: qkv (B, S, q + k + v hidden) split by qkv_hidden_sizes;
+/// the mask, past and attention bias at the given inputs (0: the op has none).
+Tensors attention_of(OpContext& c, const Tensor& qkv, size_t mask_input, size_t past_input, size_t bias_input) {
   const int64_t heads = c.attr_int("num_heads", 0);
   if (heads <= 0) c.fail("num_heads must be positive, got ", heads);
   if (c.attr_int("do_rotary", 0) != 0) c.fail("do_rotary is not supported");
-  const Tensor& x = c.input(0);
-  if (x.dim() != 3) c.fail("input must be (B, S, input_hidden), got ", shape_str(x.shape()));
-  Tensor qkv = matmul(x, c.input(1));
-  if (c.has_input(2)) qkv = qkv + c.input(2);
   std::vector<int64_t> sizes = c.attr_ints("qkv_hidden_sizes");
   if (sizes.empty()) sizes = std::vector<int64_t>(3, qkv.size(2) / 3);
   if (sizes.size() != 3 || sizes[0] + sizes[1] + sizes[2] != qkv.size(2) || sizes[0] != sizes[1])
@@ -111,30 +109,60 @@ Tensors attention(OpContext& c) {
   Tensor q = split_heads(narrow(qkv, 2, 0, sizes[0]), heads);
   Tensor k = split_heads(narrow(qkv, 2, sizes[0], sizes[1]), heads);
   Tensor v = split_heads(narrow(qkv, 2, sizes[0] + sizes[1], sizes[2]), heads);
-  if (c.has_input(4)) {
-    const Tensor& past = c.input(4);
+  if (past_input != 0 && c.has_input(past_input)) {
+    const Tensor& past = c.input(past_input);
     k = concat({past.select(0, 0), k}, 2);
     v = concat({past.select(0, 1), v}, 2);
   }
   const double filter = c.attr_float("mask_filter_value", -10000.0);
-  const int64_t b = x.size(0), s = x.size(1), total = k.size(2);
+  const int64_t b = qkv.size(0), s = qkv.size(1), total = k.size(2);
   Tensor bias;
-  if (c.has_input(3)) {
-    const Tensor& mask = c.input(3);
+  if (mask_input != 0 && c.has_input(mask_input)) {
+    const Tensor& mask = c.input(mask_input);
     if (mask.dim() == 3 && mask.size(0) == b && mask.size(1) == s && mask.size(2) == total)
       bias = reshape((1.0 - cast(mask, kFloat32)) * filter, {b, 1, s, total});
     else
       bias = padding_bias(c, mask, b, total, filter, "mask_index");
   }
-  if (c.has_input(5)) bias = bias.defined() ? bias + c.input(5) : c.input(5);
+  if (bias_input != 0 && c.has_input(bias_input))
+    bias = bias.defined() ? bias + c.input(bias_input) : c.input(bias_input);
   const Tensor y = attend(q, k, v, scale_of(c, q.size(3)), bias, c.attr_int("unidirectional", 0) != 0, filter);
   if (k.size(3) != v.size(3)) return {merge_heads(y)};  // no present when the value heads are narrower
   return {merge_heads(y), stack({k, v}, 0)};
 }
 
-OpSchema contrib(const char* type, std::vector<std::string> attrs, std::function<Tensors(OpContext&)> fn) {
+// Attention: input (B, S, in) times weights (in, 3 * hidden) plus bias (3 * hidden) gives q, k and
+// v (qkv_hidden_sizes when they differ); mask_index (B, S_total) of 1 and 0, (B) key lengths or
+// (B, S, S_total); past (2, B, N, P, D); outputs the attention and present (2, B, N, P + S, D).
+Tensors attention(OpContext& c) {
+  const Tensor& x = c.input(0);
+  if (x.dim() != 3) c.fail("input must be (B, S, input_hidden), got ", shape_str(x.shape()));
+  Tensor qkv = matmul(x, c.input(1));
+  if (c.has_input(2)) qkv = qkv + c.input(2);
+  return attention_of(c, qkv, 3, 4, 5);
+}
+
+// QAttention (what quantize_dynamic makes of Attention): input (uint8 or int8) and weight (int8 or
+// uint8) with their scales (inputs 3, 4; the weight's per tensor or per column) and zero points
+// (6, 7); the exact integer product, scaled, plus bias, then Attention's; mask_index 5, past 8.
+Tensors qattention(OpContext& c) {
+  const Tensor& x = c.input(0);
+  if (x.dim() != 3) c.fail("input must be (B, S, input_hidden), got ", shape_str(x.shape()));
+  auto centred = [&](const Tensor& t, size_t zero) {
+    Tensor f = cast(t, kFloat64);
+    return c.has_input(zero) ? f - cast(reshape(c.input(zero), {-1}), kFloat64) : f;
+  };
+  const Tensor acc = cast(matmul(centred(x, 6), centred(c.input(1), 7)), kFloat32);  // exact in float64
+  Tensor qkv = acc * (cast(reshape(c.input(3), {}), kFloat32) * cast(reshape(c.input(4), {-1}), kFloat32));
+  if (c.has_input(2)) qkv = qkv + c.input(2);
+  return attention_of(c, qkv, 5, 8, 0);
+}
+
+OpSchema contrib(const char* type, std::vector<std::string> attrs, std::function<Tensors(OpContext&)> fn,
+                 bool integer = false) {
   OpSchema s = op(type, std::move(attrs), std::move(fn));
   s.domain = kMs;
+  s.storage_via_compute = !integer;  // int8/uint8 are what the quantised one reads
   return s;
 }
 
@@ -147,6 +175,9 @@ void register_contrib_attention_ops(OpRegistry& r) {
                 {"num_heads", "qkv_hidden_sizes", "scale", "unidirectional", "mask_filter_value", "do_rotary",
                  "past_present_share_buffer", "rotary_embedding_dim"},
                 attention));
+  r.add(contrib("QAttention",
+                {"num_heads", "unidirectional", "do_rotary", "past_present_share_buffer", "scale", "mask_filter_value"},
+                qattention, true));
 }
 
 }  // namespace braid::onnx::ops

@@ -414,3 +414,31 @@ def test_qgemm(tmp_path, r, variant):
         check_quantized(tmp_path, "QGemm", inits, attrs=attrs)
     else:
         check(tmp_path, "QGemm", inits, initializers=inits, attrs=attrs, rtol=1e-5, atol=1e-5)
+
+
+def test_qattention(tmp_path, r):
+    b, s, heads, d, width = 2, 5, 2, 4, 6
+    mask = np.array([5, 3], np.int32)
+    inits = {"input": quantized(r, (b, s, width), np.uint8), "weight": quantized(r, (width, 3 * heads * d), np.int8),
+             "bias": f32(r, 3 * heads * d), "input_scale": np.asarray(np.float32(0.02)),
+             "weight_scale": np.asarray(np.float32(0.01)), "mask_index": mask,
+             "input_zero_point": np.asarray(np.uint8(128)), "weight_zero_point": np.asarray(np.int8(0))}
+    check(tmp_path, "QAttention", inits, initializers=inits, attrs={"num_heads": heads}, rtol=1e-4, atol=1e-5)
+
+
+def test_qembed_layer_normalization(tmp_path, r):
+    b, s, h, vocab = 2, 6, 8, 20
+    tables = {"word_embedding": (vocab, h), "position_embedding": (16, h), "segment_embedding": (2, h),
+              "gamma": (h,), "beta": (h,)}
+    inits = {f"{k}_quant": quantized(r, shape, np.uint8) for k, shape in tables.items()}
+    inits.update({f"{k}_scale": np.asarray(np.float32(0.01 + 0.01 * i)) for i, k in enumerate(tables)})
+    inits.update({f"{k}_zero_point": np.asarray(np.uint8(120 + i)) for i, k in enumerate(tables)})
+    mask = np.ones((b, s), np.int32)
+    mask[0, 4:] = 0
+    inputs = {"input_ids": r.integers(0, vocab, (b, s)).astype(np.int32),
+              "segment_ids": r.integers(0, 2, (b, s)).astype(np.int32),
+              **{f"{k}_quant": inits[f"{k}_quant"] for k in tables}, "mask": mask,
+              **{f"{k}_scale": inits[f"{k}_scale"] for k in tables},
+              **{f"{k}_zero_point": inits[f"{k}_zero_point"] for k in tables}}
+    check(tmp_path, "QEmbedLayerNormalization", inputs, n_outputs=2, attrs={"epsilon": 1e-5}, initializers=inits,
+          rtol=1e-5, atol=1e-5)
