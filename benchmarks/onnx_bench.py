@@ -1,15 +1,16 @@
 #!/usr/bin/env python3
 """Inference latency of ONNX models in braid against onnxruntime, same machine, same run.
 
-For each model (an ImageNet-shaped ResNet-18 built from braid's layers and exported by braid, and
-the pretrained CNNs that scripts/setup_pretrained.sh caches) and batch size 1 and 8, it times
+For each model (an ImageNet-shaped ResNet-18 built from braid's layers and exported by braid, the
+pretrained models that scripts/setup_pretrained.sh caches, and the encoder as onnxruntime's transformer
+optimizer and quantizers leave it, made in the run) and batch size 1 and 8, it times
 onnxruntime (CPUExecutionProvider, default graph optimisations, intra_op_num_threads = THREADS,
 one inter-op thread) in this process and braid (build/benchmarks/braid-onnx-bench, with
 BRAID_NUM_THREADS = THREADS) on an input of the same shape, and prints the median latencies and
 their ratio (braid / onnxruntime: below 1 means braid is faster). The table goes to stdout in
 Markdown (for benchmarks/README.md) and to benchmarks/results/onnx_latency.json.
 
-usage: benchmarks/onnx_bench.py [--build build] [--threads 2] [--models resnet18,ppocr_cls,...]
+usage: benchmarks/onnx_bench.py [--build build] [--threads 2] [--models resnet18,ppocr_cls,...] [--json FILE]
 """
 import argparse
 import json
@@ -43,6 +44,42 @@ MODELS = {
     "minilm_l3": (f"{CACHE}/minilm_l3/model.onnx", ("tokens", 32)),
     # The same encoder quantised to int8 by onnxruntime's quantize_dynamic (scripts/quantize_pretrained.py).
     "minilm_l3_int8": (f"{CACHE}/minilm_l3_int8/model.onnx", ("tokens", 32)),
+    # The encoder as onnxruntime's own tools leave it, made in this run from minilm_l3 (DERIVED):
+    # the transformer optimizer's fused com.microsoft ops, then those quantised, and 4-bit weights.
+    "minilm_l3_opt": ("derived", ("tokens", 32)),
+    "minilm_l3_opt_int8": ("derived", ("tokens", 32)),
+    "minilm_l3_4bit": ("derived", ("tokens", 32)),
+}
+
+
+def transformer_optimized(src, dest):
+    from onnxruntime.transformers import optimizer
+    # opt_level 0: the optimizer's own fusions only (EmbedLayerNormalization, Attention,
+    # SkipLayerNormalization, BiasGelu); its onnxruntime pass would need PyTorch to look for a GPU.
+    optimizer.optimize_model(src, model_type="bert", num_heads=0, hidden_size=0, opt_level=0).save_model_to_file(dest)
+
+
+def optimized_int8(src, dest):
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    transformer_optimized(src, dest + ".opt.onnx")
+    quantize_dynamic(dest + ".opt.onnx", dest, weight_type=QuantType.QInt8,
+                     extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+
+
+def four_bit(src, dest):
+    import onnx
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+    q = MatMulNBitsQuantizer(onnx.load(src), bits=4, block_size=32, is_symmetric=False)
+    q.process()
+    q.model.save_model_to_file(dest)
+
+
+# name -> (the cached model it is made from, how)
+DERIVED = {
+    "minilm_l3_opt": ("minilm_l3", transformer_optimized),
+    "minilm_l3_opt_int8": ("minilm_l3", optimized_int8),
+    "minilm_l3_4bit": ("minilm_l3", four_bit),
 }
 
 
@@ -93,6 +130,8 @@ def main():
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--budget", type=float, default=2.0, help="seconds of timing per model, batch, engine and round")
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds; the best median of each engine counts")
+    ap.add_argument("--json", default=os.path.join(HERE, "results", "onnx_latency.json"),
+                    help="where the rows go (a subset run: give another file than the full table's)")
     args = ap.parse_args()
     exe = os.path.join(args.build, "benchmarks", "braid-onnx-bench")
     tmp = tempfile.mkdtemp(prefix="braid_onnx_bench_")
@@ -102,6 +141,13 @@ def main():
         if path is None:
             path = os.path.join(tmp, "resnet18.onnx")
             subprocess.run([exe, "export-resnet18", path], check=True, capture_output=True)
+        elif path == "derived":
+            base, how = DERIVED[name]
+            src, path = MODELS[base][0], os.path.join(tmp, name + ".onnx")
+            if not os.path.exists(src):
+                print(f"# {name}: {src} missing (run scripts/setup_pretrained.sh); skipped", file=sys.stderr)
+                continue
+            how(src, path)
         if not os.path.exists(path):
             print(f"# {name}: {path} missing (run scripts/setup_pretrained.sh); skipped", file=sys.stderr)
             continue
@@ -124,8 +170,8 @@ def main():
     for r in rows:
         print(f"| {r['model']} | {'x'.join(map(str, r['input'])).replace('xtokensx', ' tokens x ')} | {r['braid_ms']:.2f} | {r['onnxruntime_ms']:.2f} | "
               f"{r['ratio']:.2f}x |")
-    os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
-    with open(os.path.join(HERE, "results", "onnx_latency.json"), "w") as f:
+    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+    with open(args.json, "w") as f:
         json.dump({"machine": machine, "threads": args.threads, "onnxruntime": ort.__version__, "rows": rows}, f, indent=1)
 
 
