@@ -158,6 +158,60 @@ Tensors qattention(OpContext& c) {
   return attention_of(c, qkv, 5, 8, 0);
 }
 
+/// (B, KV, T, D) with each of the KV heads serving `groups` query heads -> (B, KV * groups, T, D).
+Tensor repeat_kv(const Tensor& x, int64_t groups) {
+  if (groups == 1) return x;
+  const Shape& s = x.shape();
+  return reshape(expand(unsqueeze(x, 2), {s[0], s[1], groups, s[2], s[3]}), {s[0], s[1] * groups, s[2], s[3]});
+}
+
+// GroupQueryAttention: query (B, S, N * D) with key and value (B, S, KV * D), or the three packed
+// in query; past_key / past_value (B, KV, P, D); seqlens_k (B) the total length of each sequence
+// minus one; causal, each key head shared by N / KV query heads. Without a past, keys at and past
+// a sequence's length are padding; with one, every sequence must end at P + S (a past of ragged
+// lengths in a shared buffer is not supported). Outputs the attention and present_key /
+// present_value (B, KV, P + S, D).
+Tensors group_query_attention(OpContext& c) {
+  const int64_t heads = c.attr_int("num_heads", 0), kv_heads = c.attr_int("kv_num_heads", 0);
+  if (heads <= 0 || kv_heads <= 0 || heads % kv_heads != 0)
+    c.fail("num_heads ", heads, " must be a positive multiple of kv_num_heads ", kv_heads);
+  if (c.attr_int("do_rotary", 0) != 0) c.fail("do_rotary is not supported (a RotaryEmbedding node before it is)");
+  if (c.attr_int("local_window_size", -1) != -1) c.fail("local_window_size is not supported");
+  if (c.attr_float("softcap", 0.0) != 0.0 || c.attr_int("smooth_softmax", 0) != 0)
+    c.fail("softcap and smooth_softmax are not supported");
+  if (c.has_input(10) || c.has_input(11)) c.fail("attention_bias and head_sink are not supported");
+  Tensor q = c.input(0), k, v;
+  if (q.dim() != 3) c.fail("query must be (B, S, hidden), got ", shape_str(q.shape()));
+  if (c.has_input(1)) {
+    k = c.input(1), v = c.input(2);
+  } else {  // packed: (B, S, (N + 2 KV) * D)
+    const int64_t d = q.size(2) / (heads + 2 * kv_heads);
+    k = narrow(q, 2, heads * d, kv_heads * d), v = narrow(q, 2, (heads + kv_heads) * d, kv_heads * d);
+    q = narrow(q, 2, 0, heads * d);
+  }
+  q = split_heads(q, heads), k = split_heads(k, kv_heads), v = split_heads(v, kv_heads);
+  const int64_t b = q.size(0), s = q.size(2);
+  const std::vector<int64_t> lengths = cast(c.input(5), kInt64).to_vector<int64_t>();
+  if (static_cast<int64_t>(lengths.size()) != b)
+    c.fail("seqlens_k must hold one length per sequence, got ", lengths.size());
+  Tensor bias;
+  if (c.has_input(3)) {
+    const int64_t past = c.input(3).size(2);
+    for (int64_t len : lengths)
+      if (len + 1 != past + s)
+        c.fail("sequences of ragged lengths with a past are not supported (", len + 1, " != ", past, " + ", s, ")");
+    k = concat({c.input(3), k}, 2), v = concat({c.input(4), v}, 2);
+  } else {
+    std::vector<float> m(static_cast<size_t>(b * s), 0.0f);
+    for (int64_t i = 0; i < b; ++i)
+      for (int64_t j = lengths[static_cast<size_t>(i)] + 1; j < s; ++j) m[static_cast<size_t>(i * s + j)] = -INFINITY;
+    bias = reshape(tensor(m, {b, s}, q.device()), {b, 1, 1, s});
+  }
+  const Tensor y = attend(q, repeat_kv(k, heads / kv_heads), repeat_kv(v, heads / kv_heads), scale_of(c, q.size(3)),
+                          bias, true, -INFINITY);
+  return {merge_heads(y), k, v};
+}
+
 OpSchema contrib(const char* type, std::vector<std::string> attrs, std::function<Tensors(OpContext&)> fn,
                  bool integer = false) {
   OpSchema s = op(type, std::move(attrs), std::move(fn));
@@ -175,6 +229,10 @@ void register_contrib_attention_ops(OpRegistry& r) {
                 {"num_heads", "qkv_hidden_sizes", "scale", "unidirectional", "mask_filter_value", "do_rotary",
                  "past_present_share_buffer", "rotary_embedding_dim"},
                 attention));
+  r.add(contrib("GroupQueryAttention",
+                {"num_heads", "kv_num_heads", "scale", "softcap", "local_window_size", "do_rotary",
+                 "rotary_interleaved", "smooth_softmax", "qk_output"},
+                group_query_attention));
   r.add(contrib("QAttention",
                 {"num_heads", "unidirectional", "do_rotary", "past_present_share_buffer", "scale", "mask_filter_value"},
                 qattention, true));

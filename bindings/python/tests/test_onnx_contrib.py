@@ -442,3 +442,29 @@ def test_qembed_layer_normalization(tmp_path, r):
               **{f"{k}_zero_point": inits[f"{k}_zero_point"] for k in tables}}
     check(tmp_path, "QEmbedLayerNormalization", inputs, n_outputs=2, attrs={"epsilon": 1e-5}, initializers=inits,
           rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("variant", ["prompt", "padded_prompt", "decode", "packed"])
+def test_group_query_attention(tmp_path, r, variant):
+    b, s, heads, kv, d = 2, 4, 4, 2, 8
+    past = 3 if variant == "decode" else 0
+    if variant == "decode":
+        s = 1  # one new token per sequence after the past (onnxruntime takes more only for one sequence)
+    lengths = np.full(b, past + s - 1, np.int32)
+    if variant == "padded_prompt":
+        lengths[1] = 2  # the second sequence is 3 tokens long, padded on the right
+    inputs = {"query": f32(r, b, s, heads * d), "key": f32(r, b, s, kv * d), "value": f32(r, b, s, kv * d)}
+    if variant == "packed":
+        inputs = {"query": f32(r, b, s, (heads + 2 * kv) * d), "key": None, "value": None}
+    if variant == "decode":
+        inputs.update(past_key=f32(r, b, kv, past, d), past_value=f32(r, b, kv, past, d))
+    else:
+        inputs.update(past_key=None, past_value=None)
+    inits = {"seqlens_k": lengths, "total_sequence_length": np.asarray(np.int32(past + s))}
+    inputs.update(inits)
+    got, want = check(tmp_path, "GroupQueryAttention", inputs, n_outputs=3, initializers=inits,
+                      attrs={"num_heads": heads, "kv_num_heads": kv}, compare=[1, 2], rtol=1e-5, atol=1e-5)
+    y, ref = got[0].numpy(), want[0]
+    if variant == "padded_prompt":  # the padded positions' outputs are not defined
+        y, ref = y[:, :3], ref[:, :3]
+    np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-5)
