@@ -1,9 +1,10 @@
 // onnxruntime's com.microsoft operators (its docs/ContribOperators.md) that its own tools write into
-// shipped models: the transformer optimizer's fused activations, matrix products and normalisations,
-// the dynamic and static quantizers' products and QLinear element-wise ops. Each is the composite of braid ops that its
-// documented semantics spell out (or the standard op it extends, run as that op), so it trains under autograd wherever
-// the standard ops it replaces do; the integer products are inference-only, as MatMulInteger is. Checked op by op
-// against onnxruntime (bindings/python/tests/test_onnx_contrib.py).
+// shipped models: the transformer optimizer's fused activations, matrix products and
+// normalisations, the quantizers' products, QLinear element-wise ops, LSTM and embeddings. Each is
+// the composite of braid ops that its documented semantics spell out (or the standard op it
+// extends, run as that op), so it trains under autograd wherever the standard ops it replaces do;
+// the integer ones are inference-only, as MatMulInteger is. Checked op by op against onnxruntime
+// (bindings/python/tests/test_onnx_contrib.py); the attention ops are in ops_contrib_attention.cpp.
 #include <cmath>
 #include <numeric>
 

@@ -40,8 +40,10 @@ const std::vector<Knob> kKnobs = {
     {"BRAID_ONEDNN_MIN_MACS", "number", "1000000",
      "dense float32 convolutions with fewer multiply-adds run braid's own kernels instead of oneDNN's", false},
     {"BRAID_WINOGRAD", "flag", "1", "0: no Winograd kernels for channels-last 3x3 convolutions", false},
-    {"BRAID_CHANNELS_LAST", "flag", "1", "0: inference keeps every convolution in NCHW (no channels-last chains)", false},
-    {"BRAID_CPU_FUSED", "flag", "1", "0: the CPU backend offers no fused kernels, so every op runs its composite", false},
+    {"BRAID_CHANNELS_LAST", "flag", "1", "0: inference keeps every convolution in NCHW (no channels-last chains)",
+     false},
+    {"BRAID_CPU_FUSED", "flag", "1", "0: the CPU backend offers no fused kernels, so every op runs its composite",
+     false},
     {"BRAID_MODEL_CACHE", "path", "~/.cache/braid/models",
      "where the model zoo's pretrained ONNX models are cached (scripts/setup_pretrained.sh)", false},
     {"BRAID_SHADOW_CAPS", "text", "cpu",
@@ -84,8 +86,8 @@ std::string expand_home(const std::string& path) {
 }
 
 [[noreturn]] void bad_value(const Knob& k, const std::string& v, const char* expected) {
-  throw ValueError(detail::cat("environment variable ", k.name, "='", v, "': expected ", expected, "; it sets: ",
-                               k.meaning, " (braid-train --print-config lists every knob)"));
+  throw ValueError(detail::cat("environment variable ", k.name, "='", v, "': expected ", expected,
+                               "; it sets: ", k.meaning, " (braid-train --print-config lists every knob)"));
 }
 
 }  // namespace

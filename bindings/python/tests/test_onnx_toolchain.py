@@ -105,7 +105,8 @@ def test_dynamic_quantization_of_a_cnn(tmp_path):
 
 @pytest.mark.parametrize("per_channel", [False, True])
 def test_dynamic_quantization_of_an_lstm_tagger(tmp_path, per_channel):
-    """An LSTM tagger (token embeddings, a bidirectional LSTM, a tag per token). quantize_dynamic turns the LSTM into com.microsoft.DynamicQuantizeLSTM. braid dequantises its
+    """An LSTM tagger (token embeddings, a bidirectional LSTM, a tag per token). quantize_dynamic
+    turns the LSTM into com.microsoft.DynamicQuantizeLSTM. braid dequantises its
     int8 weights and runs the float LSTM, where onnxruntime also quantises the input and the hidden
     state to uint8 at each product: the outputs agree to that quantisation's error (here about 1% of
     their range), and both stay as close to the float model."""
