@@ -77,13 +77,9 @@ Tensors fused_matmul(OpContext& c) {  // alpha * op(A) @ op(B)
 /// tensor or per column of B, the integer product exact (summed in float64), then float32.
 Tensor integer_product_to_float(OpContext& c, const Tensor& a, const Tensor& a_scale, const Tensor& a_zero,
                                 const Tensor& b, const Tensor& b_scale, const Tensor& b_zero, const Tensor& bias) {
-  auto centred = [&](const Tensor& q, const Tensor& zero) {
-    Tensor f = cast(q, kFloat64);
-    return zero.defined() ? f - cast(zero, kFloat64) : f;
-  };
   if (a_zero.defined() && a_zero.numel() != 1) c.fail("a_zero_point must be one value, got ", a_zero.numel());
   if (a_scale.numel() != 1) c.fail("a_scale must be one value, got ", a_scale.numel());
-  const Tensor acc = cast(matmul(centred(a, a_zero), centred(b, b_zero)), kFloat32);  // exact below 2^24
+  const Tensor acc = cast(integer_matmul(c, a, a_zero, b, b_zero.defined() ? reshape(b_zero, {-1}) : b_zero), kFloat32);
   Tensor y = acc * (cast(reshape(a_scale, {}), kFloat32) * cast(b_scale, kFloat32));
   return bias.defined() ? y + bias : y;
 }
@@ -95,12 +91,9 @@ Tensors qgemm(OpContext& c) {
   Tensor a = c.input(0), b = c.input(3);
   if (c.attr_int("transA", 0) != 0) a = a.mT();
   if (c.attr_int("transB", 0) != 0) b = b.mT();
-  auto centred = [&](const Tensor& q, const Tensor& zero) {
-    Tensor f = cast(q, kFloat64);
-    return zero.defined() ? f - cast(reshape(zero, {-1}), kFloat64) : f;
-  };
-  Tensor acc = matmul(centred(a, input_or_none(c, 2)), centred(b, input_or_none(c, 5)));  // exact in float64
-  if (c.has_input(6)) acc = acc + cast(c.input(6), kFloat64);
+  const Tensor bz = input_or_none(c, 5);
+  Tensor acc = cast(integer_matmul(c, a, input_or_none(c, 2), b, bz.defined() ? reshape(bz, {-1}) : bz), kInt64);
+  if (c.has_input(6)) acc = acc + cast(c.input(6), kInt64);
   const Tensor scale = cast(reshape(c.input(1), {}), kFloat32) * cast(reshape(c.input(4), {-1}), kFloat32);
   Tensor y = cast(acc, kFloat32) * (scale * static_cast<float>(c.attr_float("alpha", 1.0)));
   if (!c.has_input(7)) return {y};
@@ -118,7 +111,7 @@ Tensors dynamic_quantize_matmul(OpContext& c) {  // A quantised to uint8 on the 
   if (a.dtype() != kFloat32) c.fail("A must be float32, got ", dtype_name(a.dtype()));
   const DynamicQuantized q = dynamic_quantize(a);
   const Tensor a_scale = full({}, q.scale, kFloat32, a.device());
-  const Tensor a_zero = full({}, static_cast<double>(q.zero_point), kFloat32, a.device());
+  const Tensor a_zero = cast(full({}, static_cast<double>(q.zero_point), kInt32, a.device()), kUInt8);
   return {integer_product_to_float(c, q.values, a_scale, a_zero, c.input(1), c.input(2), input_or_none(c, 3),
                                    input_or_none(c, 4))};
 }

@@ -148,11 +148,8 @@ Tensors attention(OpContext& c) {
 Tensors qattention(OpContext& c) {
   const Tensor& x = c.input(0);
   if (x.dim() != 3) c.fail("input must be (B, S, input_hidden), got ", shape_str(x.shape()));
-  auto centred = [&](const Tensor& t, size_t zero) {
-    Tensor f = cast(t, kFloat64);
-    return c.has_input(zero) ? f - cast(reshape(c.input(zero), {-1}), kFloat64) : f;
-  };
-  const Tensor acc = cast(matmul(centred(x, 6), centred(c.input(1), 7)), kFloat32);  // exact in float64
+  auto zero = [&](size_t i) { return c.has_input(i) ? reshape(c.input(i), {-1}) : Tensor(); };
+  const Tensor acc = cast(integer_matmul(c, x, zero(6), c.input(1), zero(7)), kFloat32);  // exact int32 sums
   Tensor qkv = acc * (cast(reshape(c.input(3), {}), kFloat32) * cast(reshape(c.input(4), {-1}), kFloat32));
   if (c.has_input(2)) qkv = qkv + c.input(2);
   return attention_of(c, qkv, 5, 8, 0);

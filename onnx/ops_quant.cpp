@@ -138,6 +138,8 @@ Tensor column_zero(const OpContext& c, const Tensor& z, const Tensor& b, const c
          shape_str(b.shape()), ")");
 }
 
+}  // namespace
+
 /// The exact int32 sums of (a - a_zero)(b - b_zero) (Note [Quantised ops]). One zero point per
 /// tensor goes to int_matmul as it is; per-row/per-column ones are the corrections of the plain
 /// product: a b - a_zero colsum(b) - rowsum(a) b_zero + K a_zero b_zero.
@@ -160,6 +162,8 @@ Tensor integer_matmul(const OpContext& c, const Tensor& a, const Tensor& a_zero,
   if (za.defined() && zb.defined()) out = out + za * zb * a.size(-1);
   return cast(out, kInt32);
 }
+
+namespace {
 
 /// Output channel m's value of a per-channel weight parameter, shaped to broadcast over the
 /// convolution's output (N, M, *spatial).

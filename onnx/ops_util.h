@@ -93,6 +93,9 @@ void register_sampling_ops(OpRegistry& r);
 void register_einsum_ops(OpRegistry& r);
 void register_control_ops(OpRegistry& r);
 void register_signal_ops(OpRegistry& r);
+/// The exact int32 sums of (a - a_zero)(b - b_zero) for int8/uint8 a and b, zero points per tensor,
+/// row or column (ops_quant.cpp; MatMulInteger's, through the backend's int8 GEMM).
+Tensor integer_matmul(const OpContext& c, const Tensor& a, const Tensor& a_zero, const Tensor& b, const Tensor& b_zero);
 void register_quant_ops(OpRegistry& r);
 void register_contrib_ops(OpRegistry& r);            // onnxruntime's com.microsoft operators
 void register_contrib_attention_ops(OpRegistry& r);  // and its attention ones
