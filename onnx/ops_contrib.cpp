@@ -153,8 +153,29 @@ Tensor nbits_weight(OpContext& c) {
   return cast(w, c.input(0).dtype());
 }
 
+/// The unpacked weight, transposed to (K, N) and contiguous, kept with B's memory (Note [Storage
+/// versions]) while B, its scales and zero points are unchanged, as the quantised weights of a
+/// model are: unpacking it every run cost 5x onnxruntime's time at batch 1 (benchmarks/README.md).
+Tensor nbits_weight_kept(OpContext& c) {
+  const Tensor &b = c.input(1), &scales = c.input(2);
+  if (scales.requires_grad()) return nbits_weight(c).mT();  // a trained scale: recompute under autograd
+  auto tag = [](const Tensor& t) {
+    return t.defined()
+               ? detail::cat(static_cast<const void*>(t.storage().get()), "@", t.storage()->version(), ":", t.offset())
+               : std::string("-");
+  };
+  const std::string key =
+      detail::cat("MatMulNBits ", c.attr_int("K", 0), "x", c.attr_int("N", 0), " ", c.attr_int("bits", 4), "/",
+                  c.attr_int("block_size", 0), " ", dtype_name(c.input(0).dtype()), " ", tag(b), " ", tag(scales), " ",
+                  tag(input_or_none(c, 3)), " ", c.input(0).device().str());
+  if (auto kept = std::static_pointer_cast<Tensor>(b.storage()->derived(key))) return *kept;
+  const Tensor w = nbits_weight(c).mT().contiguous();
+  b.storage()->set_derived(key, std::make_shared<Tensor>(w));
+  return w;
+}
+
 Tensors matmul_nbits(OpContext& c) {  // A (..., K) @ w^T (+ bias)
-  Tensor y = matmul(c.input(0), nbits_weight(c).mT());
+  Tensor y = matmul(c.input(0), nbits_weight_kept(c));
   if (c.has_input(5)) y = y + c.input(5);
   return {y};
 }
