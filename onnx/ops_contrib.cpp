@@ -226,7 +226,16 @@ Tensors qembed_layer_norm(OpContext& c) {
   auto table = [&](size_t i) -> Tensor {
     if (!c.has_input(i)) return Tensor();
     const int64_t zero = c.has_input(i + 11) ? static_cast<int64_t>(c.input_scalar(i + 11)) : 0;
-    return dequantize(c.input(i), c.input_scalar(i + 6), zero);
+    const double scale = c.input_scalar(i + 6);
+    // Kept with the table's memory while it is unchanged (Note [Storage versions]): the word
+    // embeddings are most of the model, and dequantising them every run doubled its time.
+    const Tensor& q = c.input(i);
+    const std::string key = detail::cat("QEmbedLayerNormalization ", scale, " ", zero, " ", q.offset(), " ",
+                                        shape_str(q.shape()), " ", q.device().str());
+    if (auto kept = std::static_pointer_cast<Tensor>(q.storage()->derived(key))) return *kept;
+    const Tensor t = dequantize(q, scale, zero);
+    q.storage()->set_derived(key, std::make_shared<Tensor>(t));
+    return t;
   };
   return embed_and_normalize(c, {table(2), table(3), table(4), table(5), table(6)}, 7, 0);
 }
