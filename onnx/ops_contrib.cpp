@@ -14,16 +14,6 @@ namespace braid::onnx::ops {
 
 namespace {
 
-constexpr const char* kMs = "com.microsoft";
-
-OpSchema contrib(const char* type, std::vector<std::string> attrs, std::function<Tensors(OpContext&)> fn,
-                 bool integer = false) {
-  OpSchema s = op(type, std::move(attrs), std::move(fn));
-  s.domain = kMs;
-  s.storage_via_compute = !integer;  // int8/uint8 are what the quantised products read
-  return s;
-}
-
 /// The standard op `type` run on this node (its inputs and attributes), as the contrib op that
 /// extends it is defined.
 Tensors as_standard(OpContext& c, const char* type) {
@@ -155,7 +145,7 @@ Tensor nbits_weight(OpContext& c) {
 
 /// The unpacked weight, transposed to (K, N) and contiguous, kept with B's memory (Note [Storage
 /// versions]) while B, its scales and zero points are unchanged, as the quantised weights of a
-/// model are: unpacking it every run cost 5x onnxruntime's time at batch 1 (benchmarks/README.md).
+/// model are (unpacking it at every run dominated the model's time: benchmarks/README.md, issue 45).
 Tensor nbits_weight_kept(OpContext& c) {
   const Tensor &b = c.input(1), &scales = c.input(2);
   if (scales.requires_grad()) return nbits_weight(c).mT();  // a trained scale: recompute under autograd
@@ -228,7 +218,7 @@ Tensors qembed_layer_norm(OpContext& c) {
     const int64_t zero = c.has_input(i + 11) ? static_cast<int64_t>(c.input_scalar(i + 11)) : 0;
     const double scale = c.input_scalar(i + 6);
     // Kept with the table's memory while it is unchanged (Note [Storage versions]): the word
-    // embeddings are most of the model, and dequantising them every run doubled its time.
+    // embeddings are most of the model's bytes (benchmarks/README.md, issue 45).
     const Tensor& q = c.input(i);
     const std::string key = detail::cat("QEmbedLayerNormalization ", scale, " ", zero, " ", q.offset(), " ",
                                         shape_str(q.shape()), " ", q.device().str());
@@ -395,13 +385,13 @@ Tensors qlinear_global_average_pool(OpContext& c) {  // X, x_scale, x_zp, y_scal
 }  // namespace
 
 void register_contrib_ops(OpRegistry& r) {
-  r.add(contrib("Gelu", {}, [](OpContext& c) { return Tensors{gelu(c.input(0), "none")}; }));
-  r.add(contrib("BiasGelu", {}, [](OpContext& c) { return Tensors{gelu(c.input(0) + c.input(1), "none")}; }));
-  r.add(contrib("FastGelu", {}, fast_gelu));
-  r.add(contrib("QuickGelu", {"alpha"}, quick_gelu));
-  r.add(contrib("BiasAdd", {}, [](OpContext& c) { return Tensors{c.input(0) + c.input(1) + c.input(2)}; }));
-  r.add(contrib("FusedMatMul", {"alpha", "transA", "transB", "transBatchA", "transBatchB"}, fused_matmul));
-  r.add(contrib(
+  r.add(contrib_op("Gelu", {}, [](OpContext& c) { return Tensors{gelu(c.input(0), "none")}; }));
+  r.add(contrib_op("BiasGelu", {}, [](OpContext& c) { return Tensors{gelu(c.input(0) + c.input(1), "none")}; }));
+  r.add(contrib_op("FastGelu", {}, fast_gelu));
+  r.add(contrib_op("QuickGelu", {"alpha"}, quick_gelu));
+  r.add(contrib_op("BiasAdd", {}, [](OpContext& c) { return Tensors{c.input(0) + c.input(1) + c.input(2)}; }));
+  r.add(contrib_op("FusedMatMul", {"alpha", "transA", "transB", "transBatchA", "transBatchB"}, fused_matmul));
+  r.add(contrib_op(
       "FusedGemm",
       {"alpha", "beta", "transA", "transB", "activation", "activation_alpha", "activation_beta", "activation_gamma"},
       [](OpContext& c) {
@@ -409,54 +399,54 @@ void register_contrib_ops(OpRegistry& r) {
         if (c.attr_string("activation", "") == "HardSigmoid") p[0] = c.attr_float("activation_alpha", 0.2);
         return Tensors{activation(c, as_standard(c, "Gemm")[0], c.attr_string("activation", ""), p)};
       }));
-  r.add(
-      contrib("FusedConv",
-              {"auto_pad", "dilations", "group", "kernel_shape", "pads", "strides", "activation", "activation_params"},
-              [](OpContext& c) {
-                Tensor y = as_standard(c, "Conv")[0];
-                if (c.has_input(3)) y = y + c.input(3);  // Z, added before the activation
-                return Tensors{activation(c, y, c.attr_string("activation", ""), c.attr_floats("activation_params"))};
-              }));
-  r.add(contrib("SkipLayerNormalization", {"epsilon"}, skip_layer_norm));
-  r.add(contrib("SkipSimplifiedLayerNormalization", {"epsilon"}, skip_simplified_layer_norm));
-  r.add(contrib("SimplifiedLayerNormalization", {"axis", "epsilon", "stash_type"}, simplified_layer_norm));
+  r.add(contrib_op(
+      "FusedConv",
+      {"auto_pad", "dilations", "group", "kernel_shape", "pads", "strides", "activation", "activation_params"},
+      [](OpContext& c) {
+        Tensor y = as_standard(c, "Conv")[0];
+        if (c.has_input(3)) y = y + c.input(3);  // Z, added before the activation
+        return Tensors{activation(c, y, c.attr_string("activation", ""), c.attr_floats("activation_params"))};
+      }));
+  r.add(contrib_op("SkipLayerNormalization", {"epsilon"}, skip_layer_norm));
+  r.add(contrib_op("SkipSimplifiedLayerNormalization", {"epsilon"}, skip_simplified_layer_norm));
+  r.add(contrib_op("SimplifiedLayerNormalization", {"axis", "epsilon", "stash_type"}, simplified_layer_norm));
   // onnxruntime registers SimplifiedLayerNormalization in the ONNX domain too, where its optimizer
   // writes it.
-  OpSchema rms = op("SimplifiedLayerNormalization", {"axis", "epsilon", "stash_type"}, simplified_layer_norm);
-  r.add(rms);
-  r.add(contrib("MatMulIntegerToFloat", {}, matmul_integer_to_float, true));
-  r.add(contrib("DynamicQuantizeMatMul", {}, dynamic_quantize_matmul, true));
-  r.add(contrib("EmbedLayerNormalization", {"epsilon", "mask_index_type"}, embed_layer_norm));
-  r.add(contrib("QEmbedLayerNormalization", {"epsilon"}, qembed_layer_norm, true));
-  r.add(contrib("RotaryEmbedding", {"interleaved", "is_packed_batching", "num_heads", "rotary_embedding_dim", "scale"},
-                rotary_embedding));
-  r.add(contrib(
+  r.add(op("SimplifiedLayerNormalization", {"axis", "epsilon", "stash_type"}, simplified_layer_norm));
+  r.add(contrib_op("MatMulIntegerToFloat", {}, matmul_integer_to_float, true));
+  r.add(contrib_op("DynamicQuantizeMatMul", {}, dynamic_quantize_matmul, true));
+  r.add(contrib_op("EmbedLayerNormalization", {"epsilon", "mask_index_type"}, embed_layer_norm));
+  r.add(contrib_op("QEmbedLayerNormalization", {"epsilon"}, qembed_layer_norm, true));
+  r.add(contrib_op("RotaryEmbedding",
+                   {"interleaved", "is_packed_batching", "num_heads", "rotary_embedding_dim", "scale"},
+                   rotary_embedding));
+  r.add(contrib_op(
       "DynamicQuantizeLSTM",
       {"activation_alpha", "activation_beta", "activations", "clip", "direction", "hidden_size", "input_forget"},
       dynamic_quantize_lstm, true));
-  r.add(contrib("QGemm", {"alpha", "transA", "transB"}, qgemm, true));
-  r.add(contrib("MatMulNBits", {"K", "N", "bits", "block_size", "accuracy_level"}, matmul_nbits, true));
+  r.add(contrib_op("QGemm", {"alpha", "transA", "transB"}, qgemm, true));
+  r.add(contrib_op("MatMulNBits", {"K", "N", "bits", "block_size", "accuracy_level"}, matmul_nbits, true));
   // com.microsoft's QuantizeLinear and DequantizeLinear are the standard ones of opset 10-13.
-  r.add(contrib(
+  r.add(contrib_op(
       "QuantizeLinear", {"axis"}, [](OpContext& c) { return as_standard(c, "QuantizeLinear"); }, true));
-  r.add(contrib(
+  r.add(contrib_op(
       "DequantizeLinear", {"axis"}, [](OpContext& c) { return as_standard(c, "DequantizeLinear"); }, true));
-  r.add(contrib(
+  r.add(contrib_op(
       "QLinearAdd", {}, [](OpContext& c) { return qlinear_binary(c, false); }, true));
-  r.add(contrib(
+  r.add(contrib_op(
       "QLinearMul", {}, [](OpContext& c) { return qlinear_binary(c, true); }, true));
-  r.add(contrib(
+  r.add(contrib_op(
       "QLinearSigmoid", {}, [](OpContext& c) { return qlinear_unary(c, [](const Tensor& x) { return sigmoid(x); }); },
       true));
-  r.add(contrib(
+  r.add(contrib_op(
       "QLinearLeakyRelu", {"alpha"},
       [](OpContext& c) {
         const double alpha = c.attr_float("alpha", 0.01);
         return qlinear_unary(c, [alpha](const Tensor& x) { return leaky_relu(x, alpha); });
       },
       true));
-  r.add(contrib("QLinearConcat", {"axis"}, qlinear_concat, true));
-  r.add(contrib("QLinearGlobalAveragePool", {"channels_last"}, qlinear_global_average_pool, true));
+  r.add(contrib_op("QLinearConcat", {"axis"}, qlinear_concat, true));
+  r.add(contrib_op("QLinearGlobalAveragePool", {"channels_last"}, qlinear_global_average_pool, true));
 }
 
 }  // namespace braid::onnx::ops

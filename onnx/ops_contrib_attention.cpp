@@ -11,8 +11,6 @@ namespace braid::onnx::ops {
 
 namespace {
 
-constexpr const char* kMs = "com.microsoft";
-
 /// (B, T, N * D) -> (B, N, T, D).
 Tensor split_heads(const Tensor& x, int64_t heads) {
   return permute(reshape(x, {x.size(0), x.size(1), heads, x.size(2) / heads}), {0, 2, 1, 3});
@@ -209,30 +207,23 @@ Tensors group_query_attention(OpContext& c) {
   return {merge_heads(y), k, v};
 }
 
-OpSchema contrib(const char* type, std::vector<std::string> attrs, std::function<Tensors(OpContext&)> fn,
-                 bool integer = false) {
-  OpSchema s = op(type, std::move(attrs), std::move(fn));
-  s.domain = kMs;
-  s.storage_via_compute = !integer;  // int8/uint8 are what the quantised one reads
-  return s;
-}
-
 }  // namespace
 
 void register_contrib_attention_ops(OpRegistry& r) {
-  r.add(contrib("MultiHeadAttention", {"num_heads", "mask_filter_value", "scale", "unidirectional"},
-                multi_head_attention));
-  r.add(contrib("Attention",
-                {"num_heads", "qkv_hidden_sizes", "scale", "unidirectional", "mask_filter_value", "do_rotary",
-                 "past_present_share_buffer", "rotary_embedding_dim"},
-                attention));
-  r.add(contrib("GroupQueryAttention",
-                {"num_heads", "kv_num_heads", "scale", "softcap", "local_window_size", "do_rotary",
-                 "rotary_interleaved", "smooth_softmax", "qk_output"},
-                group_query_attention));
-  r.add(contrib("QAttention",
-                {"num_heads", "unidirectional", "do_rotary", "past_present_share_buffer", "scale", "mask_filter_value"},
-                qattention, true));
+  r.add(contrib_op("MultiHeadAttention", {"num_heads", "mask_filter_value", "scale", "unidirectional"},
+                   multi_head_attention));
+  r.add(contrib_op("Attention",
+                   {"num_heads", "qkv_hidden_sizes", "scale", "unidirectional", "mask_filter_value", "do_rotary",
+                    "past_present_share_buffer", "rotary_embedding_dim"},
+                   attention));
+  r.add(contrib_op("GroupQueryAttention",
+                   {"num_heads", "kv_num_heads", "scale", "softcap", "local_window_size", "do_rotary",
+                    "rotary_interleaved", "smooth_softmax", "qk_output"},
+                   group_query_attention));
+  r.add(contrib_op(
+      "QAttention",
+      {"num_heads", "unidirectional", "do_rotary", "past_present_share_buffer", "scale", "mask_filter_value"},
+      qattention, true));
 }
 
 }  // namespace braid::onnx::ops

@@ -50,6 +50,16 @@ inline OpSchema op(const char* type, std::vector<std::string> attributes,
   return s;
 }
 
+/// An op of onnxruntime's com.microsoft domain (ops_contrib*.cpp); `integer` for those that read
+/// int8/uint8 themselves (not through their compute type).
+inline OpSchema contrib_op(const char* type, std::vector<std::string> attributes,
+                           std::function<Tensors(OpContext&)> run, bool integer = false) {
+  OpSchema s = op(type, std::move(attributes), std::move(run));
+  s.domain = "com.microsoft";
+  s.storage_via_compute = !integer;
+  return s;
+}
+
 /// Reduction axes from the attribute (older opsets) or the second input (ReduceSum 13+, all 18+).
 std::vector<int64_t> reduce_axes(const OpContext& c, bool from_input);
 

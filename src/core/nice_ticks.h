@@ -13,7 +13,7 @@ namespace braid::detail {
 // An axis is labelled at round values, as plotting libraries label theirs: the step is 1, 2, 2.5 or
 // 5 times a power of ten, the one that splits [lo, hi] into about `intervals` parts, the ticks are
 // its multiples, and the axis is widened to the outer ticks, so a loss curve reads 0, 0.5, 1, 1.5
-// and a 4.8 ms pipeline 0, 1, 2, 3, 4, 5 ms, not the data's own ends (0.0213, 0.766, 4.818 ms).
+// rather than the data's own ends with four significant digits.
 // Each tick is an integer times the step, so no error accumulates along the axis.
 struct AxisTicks {
   double lo = 0, hi = 1, step = 1;
