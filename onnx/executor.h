@@ -1,7 +1,7 @@
 // The executor of an ONNX graph (Note [Executing an ONNX graph] in module.cpp): the scope of named
-// values, the plan OnnxModule precomputes for its top-level graph (value lifetimes, the Conv +
-// BatchNormalization pairs to fold and the activations to fuse), and the Executor that runs a graph's
-// nodes through the op registry. Internal to onnx/: module.cpp runs whole graphs with it, and
+// values, the plan OnnxModule precomputes for its top-level graph (value lifetimes, kept values, and
+// the graph as the passes of onnx/passes/ rewrote it), and the Executor that runs a graph's nodes
+// through the op registry. Internal to onnx/: module.cpp runs whole graphs with it, and
 // to_sequential's segments run their slices of one.
 #pragma once
 
@@ -170,7 +170,7 @@ struct ChainFusion {
                               // MatMul by a weight whose product alone the first step reads, run with it
   std::vector<Step> steps;
   std::vector<size_t> nodes;  // every node the chain runs
-  std::vector<size_t> early;  // Constant and static nodes after the first that it reads, run before it
+  std::vector<size_t> early;  // Constant and static nodes after the first that it reads (placed before it)
 };
 
 /// A squeeze-and-excitation block written as nodes, run as one braid::squeeze_excite in inference
@@ -188,7 +188,7 @@ struct GateFusion {
   Stage stages[2];
   std::vector<size_t> nodes;  // every node the block runs (Identity nodes between included), the Mul last
   bool gate_only = false;     // the Mul runs in an elementwise chain: the block makes `gate` alone
-  std::vector<size_t> early;  // Constant and static nodes after the pool that it reads, run before it
+  std::vector<size_t> early;  // Constant and static nodes after the pool that it reads (placed before it)
 };
 
 /// Shape computations that read one value's shape, evaluated once per shape (Note [Shape
@@ -200,8 +200,26 @@ struct ShapeGroup {
   std::vector<size_t> exit_of;     // per exit, the node that makes it
 };
 
-/// What OnnxModule precomputes about its top-level graph (see make_plan).
+/// A pattern a pass found (Note [Graph passes], passes/passes.cpp): the nodes of the model's graph it
+/// runs, and the values of theirs that nodes outside it read. It runs as one node of domain
+/// kFusedDomain whose "fusion" attribute is its index in ExecPlan::fused.
+struct FusedGroup {
+  size_t pass = 0;                   // its index in passes()
+  size_t at = 0;                     // the node the pass keyed it by (the Conv, the chain's first node)
+  std::vector<size_t> nodes;         // every node it replaces, in graph order
+  std::vector<std::string> outputs;  // the fused node's outputs
+};
+
+/// The domain of the nodes the passes write.
+inline const std::string kFusedDomain = "braid";
+
+/// What OnnxModule precomputes about its top-level graph (see make_plan). The patterns' maps (conv_bn
+/// to chains) and `folded` number the model's graph's nodes, which the passes' runs read; everything
+/// else numbers the nodes of `graph`, the graph that runs.
 struct ExecPlan {
+  std::shared_ptr<const Graph> graph;  // the model's graph as the passes rewrote it (a copy when none fired)
+  bool inference = false;              // made with the passes, for inference; else the graph as written
+  std::vector<FusedGroup> fused;
   std::vector<std::vector<std::string>> release_after;  // values whose last use is node i
   // Note [Value slots]: the top-level graph's values (its inputs and its nodes' outputs, then the
   // weights, which live in the weights' scope) numbered; per node, its inputs' slots (-1 for an
@@ -227,15 +245,13 @@ struct ExecPlan {
   std::vector<ShapeGroup> shape_groups;
   std::vector<int> shape_group_of;  // per node, its shape group or -1
   mutable SmallValues shape_kept;   // per group: its root's dtype and shape, and the exits they gave
-  // Per node, the patterns above that start there (a bit each; settle_starts).
-  static constexpr uint8_t kConv = 1, kGate = 2, kChain = 4, kGelu = 8, kQdq = 16, kShapes = 32;
-  std::vector<uint8_t> starts;
+  std::vector<bool> shapes_start;  // per node, whether a shape group starts there
   // Per node, what running it looks up by name otherwise (OnnxModule fills schema, opset and values): its
   // schema (null when the registry lacks the op), its domain's opset, and whether it is a Constant
-  // node that run_constant serves or an inference BatchNormalization.
+  // node that run_constant serves.
   std::vector<const OpSchema*> schema;
   std::vector<int64_t> opset;
-  std::vector<bool> constant_node, batch_norm_node;
+  std::vector<bool> constant_node;
 };
 
 /// A Conv's run with an activation fused (all null when none): the activation, the value name it
@@ -251,105 +267,35 @@ class Executor {
   Executor(const Model& m, const OpRegistry& r, bool training, std::map<std::string, OnnxModule::OpTime>* profile)
       : model_(m), registry_(r), training_(training), profile_(profile) {}
 
-  /// Runs g's nodes in scope; returns g's outputs. With a plan (the top-level graph), values are
-  /// released after their last use and, in inference, Conv+BatchNormalization pairs run folded.
+  /// Runs g's nodes in scope; returns g's outputs. With a plan (the top-level graph: g is
+  /// plan->graph), values are released after their last use, and in inference kept values are
+  /// bound instead of computed again (kept.h); the passes' fused nodes run through the registry as
+  /// every node does.
   std::vector<Tensor> run_graph(const Graph& g, Scope& scope, const ExecPlan* plan = nullptr) {
-    const bool fold = plan != nullptr && !training_ && !is_grad_enabled();
+    BRAID_ASSERT(plan == nullptr || plan->graph.get() == &g);
+    const bool fold = plan != nullptr && plan->inference && !training_ && !is_grad_enabled();
     // Note [Channels-last activations in inference] (src/ops/conv.cpp); the outputs leave as NCHW.
     std::optional<ChannelsLastGuard> channels_last;
     if (fold) channels_last.emplace();
+    if (plan != nullptr) {
+      plan_ = plan;
+      plan_scope_ = &scope;
+    }
     if (fold) skip_.assign(g.nodes.size(), 0);
     if (fold) shapes_.assign(plan->shape_groups.size(), PendingShapes());
     for (size_t i = 0; i < g.nodes.size(); ++i) {
-      // The patterns that start at node i (a bit each), so that most nodes look up none of them.
-      const uint8_t starts = fold ? plan->starts[i] : 0;
-      if (fold && skip_[i] != 0) {  // run by a pattern that started earlier
+      if (fold && skip_[i] != 0) {  // bound by its shape group
         release(plan, i, scope);
         continue;
       }
-      if ((starts & ExecPlan::kShapes) && bind_shapes(plan->shape_group_of[i], scope, *plan)) {
+      if (fold && plan->shapes_start[i] && bind_shapes(plan->shape_group_of[i], scope, *plan)) {
         release(plan, i, scope);
         continue;
-      }
-      if (starts & ExecPlan::kConv) {
-        auto it = plan->conv_bn.find(i);
-        // Note [Fusing activations into Conv]
-        // In inference an activation (Relu, Clip, HardSwish, HardSigmoid) that alone reads a Conv's
-        // output (or the output of the BatchNormalization folded into it) runs as the convolution's
-        // epilogue (braid::conv2d_activation: oneDNN's post-ops on the CPU), so its pass over the
-        // activations, which onnxruntime never makes either, disappears.
-        auto af = plan->conv_affine.find(i);
-        const size_t last = it != plan->conv_bn.end()       ? it->second
-                            : af != plan->conv_affine.end() ? af->second.second
-                                                            : i;
-        auto a = plan->conv_act.find(last);
-        ops::FusedActivation act;
-        const ActFusion* fusion =
-            a != plan->conv_act.end() && fusable(g, i, g.nodes[last].outputs[0], a->second, scope, *plan, act)
-                ? &a->second
-                : nullptr;
-        const size_t out_node = fusion ? (fusion->post.empty() ? fusion->nodes.back() : fusion->post.back()) : 0;
-        const Fused fused = fusion ? Fused{&act, &g.nodes[out_node].outputs[0], &fusion->label} : Fused();
-        const auto skip_fusion = [&] {
-          if (!fusion) return;
-          for (size_t k : fusion->nodes) skip_[k] = 1;
-          for (size_t k : fusion->post) skip_[k] = 1;
-        };
-        if (it != plan->conv_bn.end()) {
-          if (run_folded(g.nodes[i], g.nodes[it->second], scope, *plan, i, it->second, fused)) {
-            skip_[it->second] = 1;
-            skip_fusion();
-            release(plan, i, scope);
-            continue;
-          }
-        } else if (af != plan->conv_affine.end()) {
-          if (run_affine(g.nodes[i], g.nodes[af->second.first], g.nodes[af->second.second], scope, *plan, i, fused)) {
-            skip_[af->second.first] = skip_[af->second.second] = 1;
-            skip_fusion();
-            release(plan, i, scope);
-            continue;
-          }
-        } else if (fusion) {
-          run_node(g.nodes[i], scope, fused);
-          skip_fusion();
-          release(plan, i, scope);
-          continue;
-        }
       }
       if (fold && plan->static_node[i]) {
         run_static(g.nodes[i], scope, *plan, i);
         release(plan, i, scope);
         continue;
-      }
-      if (fold && plan->batch_norm_node[i] && run_batch_norm(g.nodes[i], scope, *plan, i)) {
-        release(plan, i, scope);
-        continue;
-      }
-      if (fold) {
-        auto ga = starts & ExecPlan::kGate ? plan->gates.find(i) : plan->gates.end();
-        if (ga != plan->gates.end() && run_gate(g, ga->second, scope, *plan)) {
-          for (size_t k : ga->second.nodes) skip_[k] = 1;
-          release(plan, i, scope);
-          continue;
-        }
-        auto ch = starts & ExecPlan::kChain ? plan->chains.find(i) : plan->chains.end();
-        if (ch != plan->chains.end() && run_chain(g, ch->second, scope, *plan)) {
-          for (size_t k : ch->second.nodes) skip_[k] = 1;
-          release(plan, i, scope);
-          continue;
-        }
-        auto ge = starts & ExecPlan::kGelu ? plan->gelu.find(i) : plan->gelu.end();
-        if (ge != plan->gelu.end() && run_gelu(g, g.nodes[i], ge->second, scope, *plan)) {
-          for (size_t k : {ge->second.erf, ge->second.add, ge->second.mul1, ge->second.mul2}) skip_[k] = 1;
-          release(plan, i, scope);
-          continue;
-        }
-        auto q = starts & ExecPlan::kQdq ? plan->qdq.find(i) : plan->qdq.end();
-        if (q != plan->qdq.end() && run_fake_quantize(g.nodes[i], g.nodes[q->second], scope)) {
-          skip_[q->second] = 1;
-          release(plan, i, scope);
-          continue;
-        }
       }
       if (plan != nullptr && plan->constant_node[i]) {
         run_constant(g.nodes[i], scope, *plan, i);
@@ -402,15 +348,22 @@ class Executor {
   void set_device(Device d) { device_ = d; }
   Device device() const { return device_; }
 
- private:
-  // The fused patterns' runs are in patterns.cpp, with their Notes.
-  // Note [QDQ pairs]
+  /// Runs a node of kFusedDomain (Note [Graph passes], passes/passes.cpp): its pattern through
+  /// its pass, or its nodes as written where the pass's run declines; the values it makes, in the
+  /// node's output order.
+  std::vector<Tensor> run_fused(const Node& n);
+
+  // ---- the passes' runs (onnx/passes/, with their Notes) ----
+  // Each runs its pattern in scope, writing its outputs there, or returns false (nothing written)
+  // when the pattern does not apply in this run. g is the model's graph, whose nodes they name.
+
+  // Note [QDQ pairs] (passes/qdq.cpp)
   bool run_fake_quantize(const Node& q, const Node& dq, Scope& scope);
   // A QuantizeLinear's per-tensor scale (float32, positive, finite), zero point and type (uint8
   // without one), or false when they are not such.
   static bool qdq_numbers(const Node& q, const Scope& scope, double& scale, int64_t& zero, DType& qtype);
 
-  // Note [Elementwise chains] (src/ops/chain.cpp); chains.cpp.
+  // Note [Elementwise chains] (src/ops/chain.cpp); passes/chain.cpp.
   bool run_chain(const Graph& g, const ChainFusion& chain, Scope& scope, const ExecPlan& plan);
   // The chain's steps for an input of shape x (its numbers read from scope), or false when they do not apply.
   bool chain_steps(const Graph& g, const ChainFusion& chain, const Scope& scope, const ExecPlan& plan, const Shape& x,
@@ -422,17 +375,45 @@ class Executor {
   // A chain with its float32 MatMul by a weight as braid::matmul_chain (Note [float32 epilogues]).
   bool run_matmul_chain(const Graph& g, const ChainFusion& chain, Scope& scope, const ExecPlan& plan);
 
-  // Runs Constant and static nodes ahead of the pattern that reads them (available_early).
-  void run_early(const Graph& g, const std::vector<size_t>& early, Scope& scope, const ExecPlan& plan);
-
-  // Note [Squeeze-and-excitation as one op] (src/ops/squeeze_excite.cpp); gates.cpp.
+  // Note [Squeeze-and-excitation as one op] (src/ops/squeeze_excite.cpp); passes/gate.cpp.
   bool run_gate(const Graph& g, const GateFusion& gate, Scope& scope, const ExecPlan& plan);
 
-  // Note [GELU as one op]
+  // Note [GELU as one op] (passes/gelu.cpp)
   bool run_gelu(const Graph& g, const Node& div, const GeluFusion& f, Scope& scope, const ExecPlan& plan);
   // Whether an exact GELU's numbers are sqrt 2, 1 and 0.5 in this run.
   static bool gelu_numbers(const Node& div, const GeluFusion& f, const Scope& scope, const ExecPlan& plan);
 
+  // Note [Folding BatchNormalization into Conv] (passes/conv.cpp): a Conv group of the conv pass.
+  bool run_conv_group(const Graph& g, size_t conv, Scope& scope, const ExecPlan& plan);
+  bool run_folded(const Node& conv, const Node& bn, Scope& scope, const ExecPlan& plan, size_t node, size_t bn_node,
+                  const Fused& fused = Fused());
+  // A BatchNormalization that no Conv folds, as channel_affine (passes/batch_norm.cpp).
+  bool run_batch_norm(const Node& bn, Scope& scope, const ExecPlan& plan, size_t node);
+  // An inference BatchNormalization of float32 (channels) parameters as y = x * scale + shift,
+  // folded once per parameter values (plan.folded); false when it is not one (passes/batch_norm.cpp).
+  bool batch_norm_affine(const Node& bn, const Scope& scope, const ExecPlan& plan, size_t node, int64_t channels,
+                         Tensor& scale, Tensor& shift);
+
+  // The Conv with folded weights and bias (patterns.cpp).
+  void run_conv_folded(const Node& conv, std::vector<Tensor> inputs, std::array<const Node*, 2> folded,
+                       const std::string& output, const std::string& label, Scope& scope, const Fused& fused,
+                       std::chrono::steady_clock::time_point start);
+
+  // Note [Folding a scalar affine into Conv]
+  bool run_affine(const Node& conv, const Node& mul, const Node& add, Scope& scope, const ExecPlan& plan, size_t node,
+                  const Fused& fused);
+
+  // Whether the activation the plan paired with conv can run as its epilogue in this run, and
+  // which: a 1-d or 2-d convolution, and the numbers it depends on known and as expected.
+  // src is the value the activation reads: the Conv's output, or its folded BatchNormalization's.
+  bool fusable(const Graph& g, size_t node, const std::string& src, const ActFusion& f, const Scope& scope,
+               const ExecPlan& plan, ops::FusedActivation& out);
+  // The affine map after the activation that the plan found (Note [Folding a scalar affine into
+  // Conv]): its scale and shift into out; false when they are not known numbers.
+  static bool post_affine(const Graph& g, const ActFusion& f, const Scope& scope, const ExecPlan& plan,
+                          ops::FusedActivation& out);
+
+ private:
   // Note [Shape computations evaluated once per shape] (shape_groups.cpp): binds a group's exits
   // and skips its nodes when its root has the shape it had when they were kept, else starts
   // collecting them (true when bound); note_shapes takes node i's exits as they are made.
@@ -465,31 +446,6 @@ class Executor {
     for (const std::string& name : plan->release_after[i]) scope.erase(name);
   }
 
-  // Note [Folding BatchNormalization into Conv]
-  bool run_folded(const Node& conv, const Node& bn, Scope& scope, const ExecPlan& plan, size_t node, size_t bn_node,
-                  const Fused& fused = Fused());
-  // The slots make_plan resolved for node's inputs when scope numbers its values by the plan's
-  // index (Note [Value slots]), or null.
-  static const std::vector<int>* input_slots(const ExecPlan& plan, const Scope& scope, size_t node) {
-    return scope.index == &plan.slot_of ? &plan.input_slots[node] : nullptr;
-  }
-
-  // A BatchNormalization that no Conv folds, as channel_affine (patterns.cpp).
-  bool run_batch_norm(const Node& bn, Scope& scope, const ExecPlan& plan, size_t node);
-  // An inference BatchNormalization of float32 (channels) parameters as y = x * scale + shift,
-  // folded once per parameter values (plan.folded); false when it is not one (patterns.cpp).
-  bool batch_norm_affine(const Node& bn, const Scope& scope, const ExecPlan& plan, size_t node, int64_t channels,
-                         Tensor& scale, Tensor& shift);
-
-  // The Conv with folded weights and bias (patterns.cpp).
-  void run_conv_folded(const Node& conv, std::vector<Tensor> inputs, std::array<const Node*, 2> folded,
-                       const std::string& output, const std::string& label, Scope& scope, const Fused& fused,
-                       std::chrono::steady_clock::time_point start);
-
-  // Note [Folding a scalar affine into Conv]
-  bool run_affine(const Node& conv, const Node& mul, const Node& add, Scope& scope, const ExecPlan& plan, size_t node,
-                  const Fused& fused);
-
   // Adds the time since start to a row of the profile (when one is kept): label, or label+suffix
   // where a fused activation's label is given; the name is made only when profiling.
   void add_time(std::chrono::steady_clock::time_point start, std::string_view label,
@@ -520,73 +476,18 @@ class Executor {
     return true;
   }
 
-  // Whether the activation the plan paired with conv can run as its epilogue in this run, and
-  // which: a 1-d or 2-d convolution, and the numbers it depends on known and as expected.
-  // src is the value the activation reads: the Conv's output, or its folded BatchNormalization's.
-  static bool fusable(const Graph& g, size_t node, const std::string& src, const ActFusion& f, const Scope& scope,
-                      const ExecPlan& plan, ops::FusedActivation& out) {
-    const std::vector<int>* slots = input_slots(plan, scope, node);
-    const Tensor* x = scope.find(g.nodes[node].inputs[0], slots != nullptr ? (*slots)[0] : -1);
-    if (x == nullptr || (x->dim() != 3 && x->dim() != 4)) return false;
-    const Node& act = g.nodes[f.nodes[f.residual.empty() ? 0 : 1]];
-    if (f.nodes.size() == 4) {  // x * Clip(x + 3, 0, 6) / 6, as PaddlePaddle writes HardSwish
-      const Node &add = act, &clip = g.nodes[f.nodes[1]], &div = g.nodes[f.nodes[3]];
-      const std::string& three = add.inputs[0] == src ? add.inputs[1] : add.inputs[0];
-      double k3, lo, hi, k6;
-      if (!number(three, scope, plan, k3) || clip.inputs.size() < 3 || !number(clip.inputs[1], scope, plan, lo) ||
-          !number(clip.inputs[2], scope, plan, hi) || !number(div.inputs[1], scope, plan, k6))
-        return false;
-      if (k3 != 3 || lo != 0 || hi != 6 || k6 != 6) return false;
-      out = {"hardswish"};
-      return post_affine(g, f, scope, plan, out);
-    }
-    auto attr_f = [&](const char* name, double fallback) {
-      auto it = act.attributes.find(name);
-      return it == act.attributes.end() ? fallback : static_cast<double>(it->second.f);
-    };
-    if (act.op_type == "Relu") out = {"relu"};
-    else if (act.op_type == "HardSwish") out = {"hardswish"};
-    else if (act.op_type == "HardSigmoid") out = {"hardsigmoid", attr_f("alpha", 0.2), attr_f("beta", 0.5)};
-    else if (act.op_type == "Clip") {
-      const double lowest = std::numeric_limits<float>::lowest(), highest = std::numeric_limits<float>::max();
-      out = {"clip", attr_f("min", lowest), attr_f("max", highest)};  // opsets before 11
-      for (size_t k = 1; k < act.inputs.size() && k < 3; ++k)  // opset 11 on: optional scalar inputs
-        if (!act.inputs[k].empty() && !number(act.inputs[k], scope, plan, k == 1 ? out.a : out.b)) return false;
-    } else {
-      return false;
-    }
-    if (!f.residual.empty()) {  // Note [Residual as a post-op]: of x's rank (ONNX broadcasting then matches)
-      const Tensor* r = scope.find(f.residual);
-      if (r == nullptr || r->dim() != x->dim()) return false;
-      // Its memory may hold the result where no other node reads it from the convolution on
-      // (the plan's ActFusion::residual_writable) and no other tensor (a caller's, a kept value, a
-      // view) holds it: the scope's handle is the only one.
-      out.residual_writable = f.residual_writable && r->impl_ptr().use_count() == 1 && r->storage().use_count() == 1;
-      out.residual = *r;
-    }
-    return post_affine(g, f, scope, plan, out);
-  }
-
-  // The affine map after the activation that the plan found (Note [Folding a scalar affine into
-  // Conv]): its scale and shift into out; false when they are not known numbers.
-  static bool post_affine(const Graph& g, const ActFusion& f, const Scope& scope, const ExecPlan& plan,
-                          ops::FusedActivation& out) {
-    if (f.post.empty()) return true;
-    const Node &mul = g.nodes[f.post[0]], &add = g.nodes[f.post[1]];
-    const std::string& from = g.nodes[f.nodes.back()].outputs[0];
-    const std::string& ka = mul.inputs[0] == from ? mul.inputs[1] : mul.inputs[0];
-    const std::string& kd = add.inputs[0] == mul.outputs[0] ? add.inputs[1] : add.inputs[0];
-    return number(ka, scope, plan, out.scale) && number(kd, scope, plan, out.shift);
-  }
-
   // schema and opset: n's, where the plan has them (ExecPlan::schema), else looked up here.
   void run_node(const Node& n, Scope& scope, const Fused& fused = Fused(), const OpSchema* schema = nullptr,
                 int64_t opset = -1, const std::vector<int>* input_slots = nullptr) {
     const OpSchema* s = schema != nullptr ? schema : registry_.find(n.domain, n.op_type);
     if (s == nullptr)
       throw NotImplementedError(detail::cat(model_.path, ": ", n.label(), ": op '", n.op_type, "' is not supported"));
+    // Note [Graph passes] (passes/passes.cpp): a fused node reads its pattern's values from the
+    // scope itself (so that a residual its convolution may overwrite has no second handle here) and
+    // profiles itself under its pattern's label (Conv+BatchNormalization+Relu).
+    const bool fused_node = n.domain == kFusedDomain;
     std::vector<Tensor> inputs;
-    inputs.reserve(n.inputs.size());
+    inputs.reserve(fused_node ? 0 : n.inputs.size());
     // Note [Storage types through compute types]
     // Every ONNX value keeps its element type; float16, bfloat16, int8 and uint8 are storage types
     // in braid, which its kernels do not compute in. An op that does not handle dtypes itself
@@ -596,7 +497,7 @@ class Executor {
     // an integer wraps, as ONNX's integer arithmetic does. half/narrow: what each compute type was.
     DType half = kFloat32, narrow = kInt32;
     bool has_half = false, has_narrow = false;
-    for (size_t k = 0; k < n.inputs.size(); ++k) {
+    for (size_t k = 0; k < (fused_node ? 0 : n.inputs.size()); ++k) {
       const std::string& name = n.inputs[k];
       if (name.empty()) {
         inputs.emplace_back();
@@ -646,7 +547,7 @@ class Executor {
       rethrow_as(e, n);
     }
     current_ = saved;
-    add_time(start, n.op_type, fused.label);
+    if (!fused_node) add_time(start, n.op_type, fused.label);
     if (outputs.size() < n.outputs.size()) {
       // Trailing optional outputs may be left undefined only if nobody asked for them.
       for (size_t i = outputs.size(); i < n.outputs.size(); ++i)
@@ -681,38 +582,22 @@ class Executor {
   Device device_;
   const Scope* current_ = nullptr;
   std::map<std::string, OnnxModule::OpTime>* profile_;
-  std::vector<char> skip_;  // per node of the top-level graph: run by a fused pattern in this run
+  std::vector<char> skip_;  // per node of the top-level graph: bound by its shape group in this run
+  const ExecPlan* plan_ = nullptr;  // the top-level graph's plan, and the scope it runs in, for fused nodes
+  Scope* plan_scope_ = nullptr;
 };
 
-/// Value lifetimes, Conv+BatchNormalization folding and activation fusion for the top-level graph g.
-std::shared_ptr<ExecPlan> make_plan(const Graph& g, const std::map<std::string, Tensor>& weights);
-/// The Conv patterns (BatchNormalization folding, scalar affines, fused activations and residuals),
-/// into plan.conv_bn, conv_affine, conv_act and constants (conv_patterns.cpp); first of the patterns.
-void find_conv_patterns(const Graph& g, const std::map<std::string, size_t>& uses, const std::set<std::string>& keep,
-                        const std::map<std::string, Tensor>& weights, const std::map<std::string, size_t>& producer,
-                        ExecPlan& plan);
-/// The elementwise chains (Note [Elementwise chains]), into plan.chains (chains.cpp); after the
-/// other patterns, whose nodes they leave alone.
-void find_chains(const Graph& g, const std::map<std::string, size_t>& uses, const std::set<std::string>& keep,
-                 const std::map<std::string, Tensor>& weights, ExecPlan& plan);
-/// Whether value v can be had before node `first` runs: made before it, or by Constant and static
-/// nodes (of weights and constants only) that can run early, gathered into `early` (chains.cpp).
-bool available_early(const Graph& g, const std::map<std::string, size_t>& producer, const std::set<std::string>& keep,
-                     const ExecPlan& plan, const std::string& v, size_t first, std::set<size_t>& early);
-/// The squeeze-and-excitation blocks (Note [Squeeze-and-excitation as one op]), into plan.gates
-/// (gates.cpp); after the Conv patterns, whose activations of the blocks' Convs it takes over, and
-/// before find_chains, which may take a block's Mul into a chain (settle_gates then leaves the
-/// block its gate alone).
-void find_gates(const Graph& g, const std::map<std::string, size_t>& uses, const std::set<std::string>& keep,
-                const std::map<std::string, Tensor>& weights, ExecPlan& plan);
-void settle_gates(ExecPlan& plan);
+/// The plan of the top-level graph g: with passes (inference), the graph the passes named in
+/// `off` do not rewrite (Note [Graph passes]); without, g as written. schema and opset per node
+/// come from registry and model.
+std::shared_ptr<ExecPlan> make_plan(const Model& model, const Graph& g, const std::map<std::string, Tensor>& weights,
+                                    const OpRegistry& registry, bool passes, const std::set<std::string>& off = {});
 /// The shape computations (Note [Shape computations evaluated once per shape]), into
-/// plan.shape_groups (shape_groups.cpp); last, among the nodes no other pattern took. reads[i]: the
+/// plan.shape_groups (shape_groups.cpp), among the nodes of the graph that runs. reads[i]: the
 /// values node i reads, its subgraphs' included.
 void find_shape_groups(const Graph& g, const std::vector<std::set<std::string>>& reads,
                        const std::set<std::string>& keep, ExecPlan& plan);
-/// The exact GELUs written out as nodes (Note [GELU as one op]), into plan.gelu (patterns.cpp).
-void find_gelus(const Graph& g, const std::map<std::string, size_t>& uses, const std::set<std::string>& keep,
-                ExecPlan& plan);
+/// Adds braid's fused nodes' ops (domain kFusedDomain, one per pass) to r (passes/passes.cpp).
+void register_fused_ops(OpRegistry& r);
 
 }  // namespace braid::onnx

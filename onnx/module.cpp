@@ -17,7 +17,8 @@
 
 #include "braid/autograd.h"
 #include "braid/ops.h"
-#include "executor.h"
+#include "core/knob_read.h"
+#include "passes/passes.h"
 
 namespace braid::onnx {
 
@@ -97,20 +98,67 @@ void collect_reads(const Node& n, std::set<std::string>& out) {
 
 }  // namespace
 
-std::shared_ptr<ExecPlan> make_plan(const Graph& g, const std::map<std::string, Tensor>& weights) {
+namespace {
+
+/// Note [Static nodes evaluated once] in kept.h: the nodes that read only weights, constants and
+/// other such nodes' outputs. An initialiser that is also a graph input is the caller's to give.
+std::vector<bool> static_nodes(const Graph& g, const std::map<std::string, Tensor>& weights,
+                               const std::set<std::string>& keep) {
+  static const std::set<std::string> kRandom = {
+      "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli", "Dropout"};
+  std::set<std::string> fixed;
+  for (const auto& [name, t] : weights) fixed.insert(name);
+  for (const auto& in : g.inputs) fixed.erase(in.name);
+  std::vector<bool> out(g.nodes.size(), false);
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& node = g.nodes[i];
+    if (!node.domain.empty()) continue;
+    if (node.op_type == "Constant") {
+      for (const auto& o : node.outputs) fixed.insert(o);
+      continue;
+    }
+    bool ok = kRandom.count(node.op_type) == 0 && !node.inputs.empty();
+    for (const auto& [name, a] : node.attributes)
+      ok = ok && a.graphs.empty() && a.kind != Attribute::Kind::Graph && a.kind != Attribute::Kind::Graphs;
+    for (const auto& in : node.inputs) ok = ok && (in.empty() || fixed.count(in) != 0);
+    for (const auto& o : node.outputs) ok = ok && keep.count(o) == 0;
+    if (!ok) continue;
+    out[i] = true;
+    for (const auto& o : node.outputs) fixed.insert(o);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::shared_ptr<ExecPlan> make_plan(const Model& model, const Graph& source, const std::map<std::string, Tensor>& weights,
+                                    const OpRegistry& registry, bool with_passes, const std::set<std::string>& off) {
   auto plan = std::make_shared<ExecPlan>();
+  plan->inference = with_passes;
+  std::set<std::string> keep;
+  for (const auto& o : source.outputs) keep.insert(o.name);
+  // One-element Constant nodes' values, known before they run (the passes' runs read them).
+  for (const Node& c : source.nodes) {
+    auto v = c.attributes.find("value");
+    if (c.op_type == "Constant" && c.domain.empty() && c.outputs.size() == 1 && v != c.attributes.end() &&
+        v->second.kind == Attribute::Kind::Tensor && v->second.t.defined() && v->second.t.numel() == 1 &&
+        is_floating(v->second.t.dtype()))
+      plan->constants[c.outputs[0]] = v->second.t.item();
+  }
+  if (with_passes) {  // Note [Graph passes] (passes/passes.cpp)
+    plan->static_node = static_nodes(source, weights, keep);
+    apply_passes(source, weights, off, *plan);
+  } else {
+    plan->graph = std::shared_ptr<const Graph>(std::shared_ptr<const Graph>(), &source);  // the model's, not owned
+  }
+  const Graph& g = *plan->graph;
   const size_t n = g.nodes.size();
   plan->release_after.resize(n);
-  std::set<std::string> keep;
-  for (const auto& o : g.outputs) keep.insert(o.name);
-  std::map<std::string, size_t> last_use, uses;
+  std::map<std::string, size_t> last_use;
   std::vector<std::set<std::string>> reads(n);
   for (size_t i = 0; i < n; ++i) {
     collect_reads(g.nodes[i], reads[i]);
-    for (const auto& r : reads[i]) {
-      last_use[r] = i;
-      uses[r]++;
-    }
+    for (const auto& r : reads[i]) last_use[r] = i;
   }
   for (const auto& [name, i] : last_use)
     if (keep.count(name) == 0 && weights.count(name) == 0) plan->release_after[i].push_back(name);
@@ -124,18 +172,22 @@ std::shared_ptr<ExecPlan> make_plan(const Graph& g, const std::map<std::string, 
   for (const Node& node : g.nodes)
     for (const std::string& o : node.outputs) number(o);
   for (const auto& [name, t] : weights) number(name);
-  // Note [Slots by the name's address] (executor.h): the graph's own strings, by address.
+  // Note [Slots by the name's address] (executor.h): the graph's own strings, by address, and the
+  // model's graph's, which the passes' runs name.
   plan->slot_addresses.name.resize(plan->slot_of.size());
   for (const auto& [name, k] : plan->slot_of) plan->slot_addresses.name[static_cast<size_t>(k)] = &name;
   const auto address = [&plan](const std::string& name) {
     auto it = name.empty() ? plan->slot_of.end() : plan->slot_of.find(name);
     if (it != plan->slot_of.end()) plan->slot_addresses.at.emplace(&name, it->second);
   };
-  for (const ValueInfo& in : g.inputs) address(in.name);
-  for (const ValueInfo& out : g.outputs) address(out.name);
-  for (const Node& node : g.nodes) {
-    for (const std::string& in : node.inputs) address(in);
-    for (const std::string& out : node.outputs) address(out);
+  for (const Graph* graph : {&g, &source}) {
+    for (const ValueInfo& in : graph->inputs) address(in.name);
+    for (const ValueInfo& out : graph->outputs) address(out.name);
+    for (const Node& node : graph->nodes) {
+      for (const std::string& in : node.inputs) address(in);
+      for (const std::string& out : node.outputs) address(out);
+    }
+    if (&g == &source) break;
   }
   plan->input_slots.resize(n);
   plan->release_slots.resize(n);
@@ -153,55 +205,7 @@ std::shared_ptr<ExecPlan> make_plan(const Graph& g, const std::map<std::string, 
         plan->release_unslotted[i].push_back(name);
     }
   }
-  std::map<std::string, size_t> producer;
-  for (size_t i = 0; i < n; ++i)
-    for (const auto& o : g.nodes[i].outputs) producer[o] = i;
-  // Note [QDQ pairs] in executor.h: a QuantizeLinear read only by a DequantizeLinear of the same
-  // scale and zero point, neither with attributes beyond a per-axis axis (unused per tensor).
-  for (size_t i = 0; i < n; ++i) {
-    const Node& q = g.nodes[i];
-    if (q.op_type != "QuantizeLinear" || !q.domain.empty() || q.outputs.size() != 1 || q.inputs.size() < 2) continue;
-    if (uses[q.outputs[0]] != 1 || keep.count(q.outputs[0]) != 0) continue;
-    size_t j = i + 1;
-    while (j < n &&
-           std::find(g.nodes[j].inputs.begin(), g.nodes[j].inputs.end(), q.outputs[0]) == g.nodes[j].inputs.end())
-      ++j;
-    if (j == n) continue;
-    const Node& dq = g.nodes[j];
-    const auto zero_of = [](const Node& m) { return m.inputs.size() > 2 ? m.inputs[2] : std::string(); };
-    if (dq.op_type != "DequantizeLinear" || !dq.domain.empty() || dq.inputs[0] != q.outputs[0] ||
-        dq.inputs.size() < 2 || dq.inputs[1] != q.inputs[1] || zero_of(dq) != zero_of(q) || dq.outputs.size() != 1)
-      continue;
-    bool plain = true;
-    for (const Node* m : {&q, &dq})
-      for (const auto& [name, a] : m->attributes) plain = plain && name == "axis";
-    if (plain) plan->qdq[i] = j;
-  }
-  find_gelus(g, uses, keep, *plan);
-  // Note [Static nodes evaluated once] in kept.h: the nodes that read only weights, constants and
-  // other such nodes' outputs. An initialiser that is also a graph input is the caller's to give.
-  static const std::set<std::string> kRandom = {
-      "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli", "Dropout"};
-  std::set<std::string> fixed;
-  for (const auto& [name, t] : weights) fixed.insert(name);
-  for (const auto& in : g.inputs) fixed.erase(in.name);
-  plan->static_node.assign(n, false);
-  for (size_t i = 0; i < n; ++i) {
-    const Node& node = g.nodes[i];
-    if (!node.domain.empty()) continue;
-    if (node.op_type == "Constant") {
-      for (const auto& o : node.outputs) fixed.insert(o);
-      continue;
-    }
-    bool ok = kRandom.count(node.op_type) == 0 && !node.inputs.empty();
-    for (const auto& [name, a] : node.attributes)
-      ok = ok && a.graphs.empty() && a.kind != Attribute::Kind::Graph && a.kind != Attribute::Kind::Graphs;
-    for (const auto& in : node.inputs) ok = ok && (in.empty() || fixed.count(in) != 0);
-    for (const auto& o : node.outputs) ok = ok && keep.count(o) == 0;
-    if (!ok) continue;
-    plan->static_node[i] = true;
-    for (const auto& o : node.outputs) fixed.insert(o);
-  }
+  plan->static_node = static_nodes(g, weights, keep);
   // Note [Small values evaluated once per value] in kept.h.
   plan->small_node.assign(n, false);
   for (size_t i = 0; i < n; ++i) {
@@ -210,26 +214,19 @@ std::shared_ptr<ExecPlan> make_plan(const Graph& g, const std::map<std::string, 
     for (const auto& o : node.outputs) ok = ok && keep.count(o) == 0;
     plan->small_node[i] = ok;
   }
-  find_conv_patterns(g, uses, keep, weights, producer, *plan);
   // A Constant node whose value is not a graph output runs through the constant cache.
-  for (const Node& node : g.nodes) {
+  for (const Node& node : g.nodes)
     plan->constant_node.push_back(node.op_type == "Constant" && node.domain.empty() && node.outputs.size() == 1 &&
                                   keep.count(node.outputs[0]) == 0);
-    plan->batch_norm_node.push_back(node.op_type == "BatchNormalization");
-  }
-  find_gates(g, uses, keep, weights, *plan);
-  find_chains(g, uses, keep, weights, *plan);
-  settle_gates(*plan);
   find_shape_groups(g, reads, keep, *plan);
-  plan->starts.assign(n, 0);
-  for (const auto& [at, bn] : plan->conv_bn) plan->starts[at] |= ExecPlan::kConv;
-  for (const auto& [at, ms] : plan->conv_affine) plan->starts[at] |= ExecPlan::kConv;
-  for (const auto& [at, f] : plan->conv_act) plan->starts[at] |= ExecPlan::kConv;
-  for (const auto& [at, f] : plan->gates) plan->starts[at] |= ExecPlan::kGate;
-  for (const auto& [at, f] : plan->chains) plan->starts[at] |= ExecPlan::kChain;
-  for (const auto& [at, f] : plan->gelu) plan->starts[at] |= ExecPlan::kGelu;
-  for (const auto& [at, dq] : plan->qdq) plan->starts[at] |= ExecPlan::kQdq;
-  for (const ShapeGroup& sg : plan->shape_groups) plan->starts[sg.nodes[0]] |= ExecPlan::kShapes;
+  plan->shapes_start.assign(n, false);
+  for (const ShapeGroup& sg : plan->shape_groups) plan->shapes_start[sg.nodes[0]] = true;
+  for (const Node& node : g.nodes) {
+    // braid's fused nodes are found in braid's own registry whatever registry the model uses.
+    const OpRegistry& r = node.domain == kFusedDomain ? OpRegistry::global() : registry;
+    plan->schema.push_back(r.find(node.domain, node.op_type));
+    plan->opset.push_back(model.opset(node.domain));
+  }
   return plan;
 }
 
@@ -304,16 +301,24 @@ OnnxModule::OnnxModule(Model model, const OnnxOptions& options)
   for (const auto& [n, t] : root->named_buffers(false)) register_buffer(n, t);
   for (const ValueInfo& in : model_.graph.inputs)
     if (model_.graph.initializers.count(in.name) == 0) input_names_.push_back(in.name);
-  plan_ = make_plan(model_.graph, weights_);
-  for (const Node& n : model_.graph.nodes) {
-    plan_->schema.push_back(registry_->find(n.domain, n.op_type));
-    plan_->opset.push_back(model_.opset(n.domain));
+  // Note [Graph passes] (passes/passes.cpp): the passes off are the knob's and the options'.
+  std::set<std::string> off(options.disabled_passes.begin(), options.disabled_passes.end());
+  const std::string knob = detail::knob_text("BRAID_ONNX_PASSES_OFF");
+  for (size_t a = 0; a < knob.size();) {
+    size_t b = knob.find(',', a);
+    if (b == std::string::npos) b = knob.size();
+    if (b > a) off.insert(knob.substr(a, b - a));
+    a = b + 1;
   }
+  infer_plan_ = make_plan(model_, model_.graph, weights_, *registry_, true, off);
+  train_plan_ = make_plan(model_, model_.graph, weights_, *registry_, false);
   // The weights' tensors stay the same objects for the module's life (moving it to a device or
-  // loading a state dict changes them in place), so their scope is built once, not on every run.
-  weight_scope_ = std::make_shared<Scope>();
-  weight_scope_->use_slots(&plan_->slot_of, &plan_->slot_addresses);  // Note [Value slots]
-  for (const auto& [name, t] : weights_) weight_scope_->at(name) = t;
+  // loading a state dict changes them in place), so their scopes are built once, not on every run.
+  for (auto [plan, scope] : {std::pair{infer_plan_.get(), &infer_weights_}, std::pair{train_plan_.get(), &train_weights_}}) {
+    *scope = std::make_shared<Scope>();
+    (*scope)->use_slots(&plan->slot_of, &plan->slot_addresses);  // Note [Value slots]
+    for (const auto& [name, t] : weights_) (*scope)->at(name) = t;
+  }
   eval();  // an imported model starts in inference mode, as onnxruntime runs it; train() to fine-tune
 }
 
@@ -509,9 +514,18 @@ std::map<std::string, Tensor> OnnxModule::run_named(const std::map<std::string, 
 std::vector<Tensor> OnnxModule::run_ordered(const std::vector<Tensor>& inputs) {
   BRAID_CHECK(inputs.size() == input_names_.size(), model_.path, ": expected ", input_names_.size(),
               " inputs [", join(input_names_), "], got ", inputs.size());
+  // Inference runs the graph the passes rewrote; training and every run recording gradients the
+  // graph as written (Note [Graph passes]).
+  bool wants_grad = is_grad_enabled() && is_training();
+  if (is_grad_enabled() && !wants_grad) {
+    for (const Tensor& t : inputs) wants_grad = wants_grad || t.requires_grad();
+    for (const auto& [name, t] : weights_) wants_grad = wants_grad || t.requires_grad();
+  }
+  const bool infer = !is_training() && !wants_grad;
+  const ExecPlan& plan = infer ? *infer_plan_ : *train_plan_;
   Scope scope;
-  scope.parent = weight_scope_.get();
-  scope.use_slots(&plan_->slot_of, &plan_->slot_addresses);  // Note [Value slots]
+  scope.parent = infer ? infer_weights_.get() : train_weights_.get();
+  scope.use_slots(&plan.slot_of, &plan.slot_addresses);  // Note [Value slots]
   for (size_t i = 0; i < inputs.size(); ++i) {
     const ValueInfo* info = nullptr;
     for (const ValueInfo& v : model_.graph.inputs)
@@ -540,17 +554,30 @@ std::vector<Tensor> OnnxModule::run_ordered(const std::vector<Tensor>& inputs) {
   // (a frozen model in eval mode, as braid.onnx.load(frozen=True) gives Python) no op records one,
   // grad mode or not, so the run is the inference it would be under NoGradGuard, with its folded
   // and fused patterns, which grad mode alone used to turn off.
-  bool wants_grad = is_grad_enabled() && is_training();
-  if (is_grad_enabled() && !wants_grad) {
-    for (const Tensor& t : inputs) wants_grad = wants_grad || t.requires_grad();
-    for (const auto& [name, t] : weights_) wants_grad = wants_grad || t.requires_grad();
-  }
   std::optional<NoGradGuard> no_grad;
   if (!wants_grad) no_grad.emplace();
   Executor ex(model_, *registry_, is_training(), profiling_ ? &profile_ : nullptr);
   ex.set_current(&scope);
   ex.set_device(inputs.empty() ? device() : inputs[0].device());
-  return ex.run_graph(model_.graph, scope, plan_.get());
+  return ex.run_graph(*plan.graph, scope, &plan);
+}
+
+std::vector<OnnxPass> onnx_passes() {
+  std::vector<OnnxPass> out;
+  for (const Pass& p : passes()) out.push_back({p.name, p.op_type, p.what});
+  return out;
+}
+
+std::vector<FiredPass> OnnxModule::fired_passes() const {
+  std::vector<FiredPass> out;
+  for (const Node& n : infer_plan_->graph->nodes) {
+    if (n.domain != kFusedDomain) continue;
+    const FusedGroup& f = infer_plan_->fused[static_cast<size_t>(n.attributes.at("fusion").i)];
+    FiredPass fp{passes()[f.pass].name, n.name, {}};
+    for (size_t j : f.nodes) fp.replaced.push_back(model_.graph.nodes[j].label());
+    out.push_back(std::move(fp));
+  }
+  return out;
 }
 
 }  // namespace braid::onnx

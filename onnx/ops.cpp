@@ -1,5 +1,6 @@
 // The explicit list of braid's ONNX op families; OpRegistry::global() calls this once.
 #include "ops_util.h"
+#include "passes/passes.h"
 
 namespace braid::onnx {
 
@@ -16,6 +17,7 @@ void register_builtin_ops(OpRegistry& r) {
   ops::register_quant_ops(r);
   ops::register_contrib_ops(r);
   ops::register_contrib_attention_ops(r);
+  register_fused_ops(r);  // domain braid: the nodes the inference passes write (passes/passes.cpp)
 }
 
 }  // namespace braid::onnx

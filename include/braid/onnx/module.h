@@ -64,6 +64,8 @@ class OpContext {
   std::vector<int64_t> attr_ints(const std::string& name, const std::vector<int64_t>& fallback = {}) const;
   std::vector<double> attr_floats(const std::string& name, const std::vector<double>& fallback = {}) const;
 
+  /// The executor running the node, or null (braid's fused nodes run their pattern through it).
+  Executor* executor() const { return executor_; }
   /// Runs a subgraph attribute (If's branches, Loop's body) with the given inputs, outer values visible.
   std::vector<Tensor> run_subgraph(const Graph& g, const std::vector<Tensor>& inputs);
 
@@ -144,6 +146,23 @@ struct OnnxOptions {
   bool constants_as_weights = true;
   /// Where ops are looked up; nullptr for OpRegistry::global().
   const OpRegistry* registry = nullptr;
+  /// Inference passes to leave out, by name ("conv", "chain", ...; "all"), to find which one a wrong
+  /// result comes from; added to those BRAID_ONNX_PASSES_OFF names (onnx_passes() lists them).
+  std::vector<std::string> disabled_passes{};
+};
+
+/// An inference pass of OnnxModule (Note [Graph passes] in onnx/passes/passes.cpp): its name, the
+/// op of braid's domain it writes, and what it fuses.
+struct OnnxPass {
+  std::string name, op_type, what;
+};
+/// Every inference pass, in the order they run.
+std::vector<OnnxPass> onnx_passes();
+
+/// Where a pass fired: the pass, the fused node's name, and the nodes it replaced ("Conv 'c1'").
+struct FiredPass {
+  std::string pass, node;
+  std::vector<std::string> replaced;
 };
 
 /// An imported ONNX model as a braid module. It starts in eval mode (BatchNormalization uses the
@@ -179,6 +198,8 @@ class OnnxModule : public nn::Module {
     int64_t calls = 0;
   };
   const std::map<std::string, OpTime>& profile() const { return profile_; }
+  /// The inference passes that rewrote the graph, one entry per fused node, in graph order.
+  std::vector<FiredPass> fired_passes() const;
   /// Initialiser name -> the parameter or buffer tensor that holds it (shared with state_dict()).
   const std::map<std::string, Tensor>& weights() const { return weights_; }
   std::string describe() const override;
@@ -189,8 +210,11 @@ class OnnxModule : public nn::Module {
   const OpRegistry* registry_;
   std::vector<std::string> input_names_;
   std::map<std::string, Tensor> weights_;  // initialiser name -> the parameter or buffer tensor
-  std::shared_ptr<ExecPlan> plan_;  // value lifetimes and Conv+BatchNormalization folding
-  std::shared_ptr<Scope> weight_scope_;  // the weights by name, every run's outer scope
+  // The plans (value lifetimes, kept values) of inference, with the passes, and of training and
+  // every run recording gradients, the graph as written; each with the weights' scope, numbered as
+  // it numbers values, every run's outer scope.
+  std::shared_ptr<ExecPlan> infer_plan_, train_plan_;
+  std::shared_ptr<Scope> infer_weights_, train_weights_;
   bool profiling_ = false;
   std::map<std::string, OpTime> profile_;
 };

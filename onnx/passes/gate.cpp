@@ -1,14 +1,13 @@
-// Squeeze-and-excitation blocks written as nodes, which the executor runs as one
-// braid::squeeze_excite in inference (Note [Squeeze-and-excitation as one op] in
-// src/ops/squeeze_excite.cpp): finding them in the top-level graph, and running one. Internal to
-// onnx/.
+// The gate pass: squeeze-and-excitation blocks written as nodes, run as one braid::squeeze_excite
+// in inference (Note [Squeeze-and-excitation as one op] in src/ops/squeeze_excite.cpp): finding
+// them in the top-level graph, and running one. Internal to onnx/.
 #include <map>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "braid/conv.h"
-#include "executor.h"
+#include "passes.h"
 
 namespace braid::onnx {
 
@@ -54,8 +53,14 @@ bool activation(const Node& n) {
 // computes; then a Mul of the pool's input by the gate. Every value inside is read once and is not
 // a graph output. Whether the weights' shapes and the activations' numbers fit is checked when the
 // block runs; the nodes run one by one where they do not.
-void find_gates(const Graph& g, const std::map<std::string, size_t>& uses, const std::set<std::string>& keep,
-                const std::map<std::string, Tensor>& weights, ExecPlan& plan) {
+namespace {
+
+void match_gates(MatchContext& m) {
+  const Graph& g = m.g;
+  const auto& uses = m.uses;
+  const auto& keep = m.keep;
+  const auto& weights = m.weights;
+  ExecPlan& plan = m.plan;
   const size_t n = g.nodes.size();
   std::map<std::string, std::vector<size_t>> readers;
   for (size_t i = 0; i < n; ++i)
@@ -81,7 +86,9 @@ void find_gates(const Graph& g, const std::map<std::string, size_t>& uses, const
   };
   for (size_t i = 0; i < n; ++i) {
     const Node& pool = g.nodes[i];
-    if (!plain_node(pool, "GlobalAveragePool") || pool.inputs.size() != 1 || taken.count(i) != 0) continue;
+    if (!plain_node(pool, "GlobalAveragePool") || pool.inputs.size() != 1 || taken.count(i) != 0 ||
+        plan.static_node[i])
+      continue;
     GateFusion f;
     early.clear();
     first = i;
@@ -147,6 +154,9 @@ void find_gates(const Graph& g, const std::map<std::string, size_t>& uses, const
   }
 }
 
+}  // namespace
+
+// Where a chain took a block's Mul, the block makes its gate alone (called by the chain pass).
 void settle_gates(ExecPlan& plan) {
   std::set<size_t> chained;
   for (const auto& [first, chain] : plan.chains) chained.insert(chain.nodes.begin(), chain.nodes.end());
@@ -158,7 +168,6 @@ void settle_gates(ExecPlan& plan) {
 }
 
 bool Executor::run_gate(const Graph& g, const GateFusion& gate, Scope& scope, const ExecPlan& plan) {
-  run_early(g, gate.early, scope, plan);
   const Tensor* x = scope.find(gate.input);
   if (x == nullptr || !x->defined() || x->dtype() != kFloat32 || x->dim() != 4 || x->device() != device_ ||
       x->numel() == 0)
@@ -218,6 +227,26 @@ bool Executor::run_gate(const Graph& g, const GateFusion& gate, Scope& scope, co
     scope.at(gate.output) = squeeze_excite(*x, w[0], b[0], act[0], w[1], b[1], act[1]);
   add_time(start, "squeeze-excite");
   return true;
+}
+
+namespace {
+
+std::vector<FusedGroup> gate_groups(const Graph&, const ExecPlan& plan) {
+  std::vector<FusedGroup> out;
+  for (const auto& [pool, f] : plan.gates) out.push_back({0, pool, f.nodes, {}});
+  return out;
+}
+
+bool run_gate_group(Executor& ex, const Graph& g, size_t at, Scope& scope, const ExecPlan& plan) {
+  return ex.run_gate(g, plan.gates.at(at), scope, plan);
+}
+
+}  // namespace
+
+Pass gate_pass() {
+  return {"gate", "Gate",
+          "a squeeze-and-excitation block (pool, two 1x1 Convs with activations, the gate's Mul) as one op",
+          match_gates, gate_groups, run_gate_group};
 }
 
 }  // namespace braid::onnx

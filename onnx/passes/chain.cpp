@@ -1,6 +1,6 @@
-// Runs of elementwise nodes that the executor runs as one braid::elementwise_chain in inference
-// (Note [Elementwise chains] in src/ops/chain.cpp): finding them in the top-level graph, and running
-// one. Internal to onnx/.
+// The chain pass: runs of elementwise nodes run as one braid::elementwise_chain in inference (Note
+// [Elementwise chains] in src/ops/chain.cpp), with the float32 or int8 product before them where
+// one heads them: finding them in the top-level graph, and running one. Internal to onnx/.
 #include <algorithm>
 #include <cmath>
 #include <functional>
@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "braid/chain.h"
-#include "executor.h"
+#include "passes.h"
 
 namespace braid::onnx {
 
@@ -51,15 +51,6 @@ bool available_early(const Graph& g, const std::map<std::string, size_t>& produc
   return true;
 }
 
-void Executor::run_early(const Graph& g, const std::vector<size_t>& early, Scope& scope, const ExecPlan& plan) {
-  for (size_t e : early) {  // bound again, from what they keep, when the loop reaches them
-    if (g.nodes[e].op_type == "Constant")
-      run_constant(g.nodes[e], scope, plan, e);
-    else
-      run_static(g.nodes[e], scope, plan, e);
-  }
-}
-
 // A chain grows from its first node along the nodes that read its values, in graph order: a QDQ
 // pair, an inference BatchNormalization, an exact GELU written out, or an Add/Sub/Mul/Div whose
 // operands are chain values and at most one other value (a one-element constant, or a tensor that
@@ -68,8 +59,16 @@ void Executor::run_early(const Graph& g, const std::vector<size_t>& early, Scope
 // longest prefix whose values, but the last, no node outside it reads, and whose other inputs exist
 // before it runs (made earlier, or by Constant and static nodes it runs early). Nodes already in
 // another pattern (Conv folding, fused activations) stay out. The chain runs at its first node.
-void find_chains(const Graph& g, const std::map<std::string, size_t>& uses, const std::set<std::string>& keep,
-                 const std::map<std::string, Tensor>& weights, ExecPlan& plan) {
+void settle_gates(ExecPlan& plan);  // gate.cpp
+
+namespace {
+
+void match_chains(MatchContext& m) {
+  const Graph& g = m.g;
+  const auto& uses = m.uses;
+  const auto& keep = m.keep;
+  const auto& weights = m.weights;
+  ExecPlan& plan = m.plan;
   const size_t n = g.nodes.size();
   std::set<size_t> taken;
   for (const auto& [conv, bn] : plan.conv_bn) taken.insert(bn);
@@ -288,6 +287,25 @@ void find_chains(const Graph& g, const std::map<std::string, size_t>& uses, cons
     taken.insert(chain.nodes.begin(), chain.nodes.end());
     plan.chains[at] = std::move(chain);
   }
+  settle_gates(plan);
+}
+
+std::vector<FusedGroup> chain_groups(const Graph&, const ExecPlan& plan) {
+  std::vector<FusedGroup> out;
+  for (const auto& [at, chain] : plan.chains) out.push_back({0, at, chain.nodes, {}});
+  return out;
+}
+
+bool run_chain_group(Executor& ex, const Graph& g, size_t at, Scope& scope, const ExecPlan& plan) {
+  return ex.run_chain(g, plan.chains.at(at), scope, plan);
+}
+
+}  // namespace
+
+Pass chain_pass() {
+  return {"chain", "ElementwiseChain",
+          "a run of elementwise nodes (and the MatMul or MatMulInteger heading it) as one pass over the values",
+          match_chains, chain_groups, run_chain_group};
 }
 
 bool Executor::chain_steps(const Graph& g, const ChainFusion& chain, const Scope& scope, const ExecPlan& plan,
@@ -383,7 +401,6 @@ bool Executor::run_matmul_chain(const Graph& g, const ChainFusion& chain, Scope&
 }
 
 bool Executor::run_chain(const Graph& g, const ChainFusion& chain, Scope& scope, const ExecPlan& plan) {
-  run_early(g, chain.early, scope, plan);
   if (chain.matmul != ChainFusion::kNone)
     return g.nodes[chain.matmul].op_type == "MatMul" ? run_matmul_chain(g, chain, scope, plan)
                                                      : run_int_matmul_chain(g, chain, scope, plan);
