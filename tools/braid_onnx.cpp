@@ -221,6 +221,24 @@ int inspect(const Args& a) {
   const std::vector<std::string> problems = onnx::preflight(m);
   if (problems.empty()) {
     std::printf("preflight: braid can run every node\n");
+    // Note [Graph passes] (onnx/passes/passes.cpp): what inference runs fused, and where.
+    const onnx::OnnxModule mod(std::move(m), {.frozen = true});
+    const std::vector<onnx::FiredPass> fired = mod.fired_passes();
+    std::map<std::string, int64_t> per_pass;
+    for (const auto& f : fired) ++per_pass[f.pass];
+    std::printf("inference passes: %zu fused node%s", fired.size(), fired.size() == 1 ? "" : "s");
+    const char* sep = ": ";
+    for (const onnx::OnnxPass& p : onnx::onnx_passes())
+      if (per_pass.count(p.name) != 0) {
+        std::printf("%s%s %lld", sep, p.name.c_str(), static_cast<long long>(per_pass[p.name]));
+        sep = ", ";
+      }
+    std::printf(" (BRAID_ONNX_PASSES_OFF=NAME,... leaves a pass's nodes as written)\n");
+    for (const auto& f : fired) {
+      std::string nodes;
+      for (const auto& r : f.replaced) nodes += (nodes.empty() ? "" : " + ") + r;
+      std::printf("  %-11s %s\n", f.pass.c_str(), nodes.c_str());
+    }
     return 0;
   }
   std::printf("preflight: %zu problem%s; braid cannot run this model as it is:\n", problems.size(),
