@@ -43,8 +43,7 @@ namespace braid::onnx {
 // but no value is copied into a hash table, and no run allocates a node of one, on every run of
 // every node (measured: benchmarks/README.md, "What changed what", run Y; what is left of that cost
 // is the patterns' runners, which still find their inputs by name). Scopes without slots
-// (subgraphs, the training segments) keep every value
-// by name.
+// (subgraphs, the training segments) keep every value by name.
 //
 // Note [Slots by the name's address]
 // The patterns' runners and the small-value paths still name what they read (a node's input, a
