@@ -11,6 +11,10 @@ PyTorch runs what braid runs: the same shapes, the same models (ResNet-50 as tor
 out, built here so torchvision is not needed; GPT-2-small as pre-norm nn.TransformerEncoderLayer
 blocks under a causal mask), autocast(bfloat16) for the AMP steps, float32 matmul without TF32
 except in the row that says TF32 (braid has no TF32 mode yet).
+
+--json FILE keeps the rows with the run's device, date, commit and command; --markdown prints
+benchmarks/README.md's block (`python3 benchmarks/update_readme.py device_bench_h200` puts the
+committed results/device_bench_h200.json in place).
 """
 
 import argparse
@@ -23,6 +27,9 @@ import time
 
 import torch
 from torch import nn
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import readme_tables  # noqa: E402
 
 
 def sync(dev):
@@ -195,6 +202,8 @@ def main():
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--threads", type=int, default=0, help="CPU threads for both (0: leave as is)")
     ap.add_argument("--peak-tflops", type=float, default=989.0, help="the device's dense bf16 peak, for MFU")
+    ap.add_argument("--json", default="", help="also keep the rows and the run's provenance here")
+    ap.add_argument("--markdown", action="store_true", help="print the README's block: provenance, then the table")
     args = ap.parse_args()
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     exe = args.exe or os.path.join(root, args.build_dir, "benchmarks", "braid-device-bench")
@@ -204,26 +213,26 @@ def main():
     dev = torch.device(args.device)
     amp = args.amp == "bf16"
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
-    print(f"device: {name}; torch {torch.__version__}; {time.strftime('%Y-%m-%d')}"
-          f"{'; --small shapes' if args.small else ''}\n")
-    print("| workload | braid ms | PyTorch ms | braid TFLOP/s | PyTorch TFLOP/s | braid / PyTorch (time) |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print(f"# device: {name}; torch {torch.__version__}{'; --small shapes' if args.small else ''}", file=sys.stderr)
     suites = {"gemm": lambda: gemm(dev, args.small, args.repeats), "conv": lambda: conv(dev, args.small, args.repeats),
               "resnet50": lambda: resnet50_step(dev, args.small, args.repeats, amp),
               "gpt2": lambda: gpt2_step(dev, args.small, args.repeats, amp)}
+    rows = []
     for suite in args.suites.split(","):
         ours = braid_results(exe, args.device, suite, args.small, args.repeats, amp)
         theirs = suites[suite]()
         for key in sorted(set(ours) | set(theirs)):
             b, t = ours.get(key), theirs.get(key)
-            cell = lambda r: f"{r[0]:.3f}" if r else "n/a"
-            tf = lambda r: f"{r[1] / r[0] / 1e9:.3g}" if r else "n/a"
-            ratio = f"{b[0] / t[0]:.2f}" if b and t else "n/a"
-            print(f"| {key} | {cell(b)} | {cell(t)} | {tf(b)} | {tf(t)} | {ratio} |")
+            row = {"workload": key, "braid_ms": b[0] if b else None, "torch_ms": t[0] if t else None,
+                   "braid_tflops": b[1] / b[0] / 1e9 if b else None, "torch_tflops": t[1] / t[0] / 1e9 if t else None}
             if key.startswith("gpt2") and b:
-                print(f"| {key} MFU (braid) | | | {100 * b[1] / b[0] / 1e9 / args.peak_tflops:.1f}% of "
-                      f"{args.peak_tflops:g} | | |")
-
+                row["goal"] = f"MFU {100 * b[1] / b[0] / 1e9 / args.peak_tflops:.1f}% of {args.peak_tflops:g} TFLOP/s"
+            rows.append(row)
+    saved = {"meta": readme_tables.provenance(machine=f"{name}, PyTorch {torch.__version__}"),
+             "device": name + (", --small shapes" if args.small else ""), "rows": rows}
+    if args.json:
+        readme_tables.save(args.json, **saved)
+    readme_tables.emit("device_bench", saved, args.markdown)
 
 if __name__ == "__main__":
     main()

@@ -4,6 +4,8 @@
 All numbers come from one invocation: the all-reduce sweep and the link constants (2 ranks), the
 zoo models' training steps on 2 ranks and on 1 rank, and the ring cost model fitted to this run's
 link constants. Usage: python3 benchmarks/dist_bench.py [--build-dir build] (see --help).
+--markdown prints benchmarks/README.md's block, provenance first (`python3 benchmarks/update_readme.py
+dist_bench` prints the committed results/distbench_2ranks.json so).
 """
 
 import argparse
@@ -19,6 +21,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXE = "benchmarks/braid-allreduce-bench"
 MODELS = ["resnet", "cnn"]
 PREDICT_RANKS = [8, 16, 32, 64, 128, 256, 512]
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import readme_tables  # noqa: E402
+
 LARGE = 4 << 20  # "large buffer" for the fraction-of-ideal goal
 GOAL_IDEAL = 0.75
 
@@ -155,8 +160,14 @@ def train_medians(records):
     return out
 
 
-def print_tables(records, info):
+def print_tables(records, info, markdown=False):
     link = fit_link(records)
+    if markdown:
+        print("\n".join(readme_tables.meta_lines({
+            "machine": f"{info['cpu']}, {info['cores']} cores, {info['mpi']}", "date": info["date"],
+            "commit": info.get("commit", "not recorded"),
+            "command": info.get("command", "python3 benchmarks/dist_bench.py --build-dir build")})))
+        print()
     print(f"Machine: {info['cpu']}, {info['cores']} cores, {info['mpi']}, measured {info['date']}; "
           f"1-minute load average {info['load_before']:.2f} before the run, {info['load_after']:.2f} after.")
     print()
@@ -279,21 +290,24 @@ def main():
     parser.add_argument("--max-wait", type=float, default=600, help="seconds to wait for it at most")
     parser.add_argument("--save-json", metavar="PATH", help="also write the raw records here")
     parser.add_argument("--load-json", metavar="PATH", help="print the tables of a saved run instead of running")
+    parser.add_argument("--markdown", action="store_true", help="print the README's block: provenance, then the tables")
     args = parser.parse_args()
 
     if args.load_json:
         with open(args.load_json) as f:
             saved = json.load(f)
-        return print_tables(saved["records"], saved["info"])
+        return print_tables(saved["records"], saved["info"], args.markdown)
     exe = build(args.build_dir)
     info = machine()
+    run = readme_tables.provenance()
+    info.update(commit=run["commit"], command=run["command"])
     info["load_before"] = wait_for_quiet(args.max_load, args.max_wait)
     records = measure(exe, args.max_mib, args.trials, args.steps)
     info["load_after"] = load1()
     if args.save_json:
         with open(args.save_json, "w") as f:
             json.dump({"info": info, "records": records}, f, indent=1)
-    return print_tables(records, info)
+    return print_tables(records, info, args.markdown)
 
 
 if __name__ == "__main__":

@@ -7,12 +7,18 @@ MPI_Sendrecv exchange; beta: the 64 MiB exchange per byte; gamma: the add loop p
 barrier minus MPI's), and prints a markdown table of predicted T(p, n) = o + 2(p-1) alpha +
 2 (p-1)/p n beta + (p-1)/p n gamma against what braid, MPI_Allreduce and the ideal ring measured.
 
-    python3 benchmarks/dist_scaling.py benchmarks/results/h100-host-openmpi
+    python3 benchmarks/dist_scaling.py benchmarks/results/h100-host-openmpi [--markdown]
+
+--markdown prints benchmarks/README.md's block, provenance first, from the folder's meta.json.
 """
 import argparse
 import glob
 import json
 import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import readme_tables  # noqa: E402
 
 
 def load(folder):
@@ -56,8 +62,11 @@ def predict(m, p, n):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("folder")
+    ap.add_argument("--markdown", action="store_true", help="print the README's block: provenance (FOLDER/meta.json) first")
     args = ap.parse_args()
     runs = load(args.folder)
+    if args.markdown:
+        print("\n".join(readme_tables.meta_lines(readme_tables.load(os.path.join(args.folder, "meta.json")))) + "\n")
     m = model(runs[2])
     print(f"Constants from the 2-rank run: alpha = {m['alpha'] * 1e6:.2f} µs, beta = {m['beta'] * 1e9:.3f} ns/B "
           f"({1 / m['beta'] / 1e9:.1f} GB/s), gamma = {m['gamma'] * 1e9:.3f} ns/B, o = {m['o'] * 1e6:.2f} µs.\n")

@@ -37,6 +37,7 @@ import argparse
 import json
 import math
 import os
+import sys
 
 GPUS_PER_NODE = 8
 NVLINK_BW, NVLINK_A = 450e9, 1e-6
@@ -83,7 +84,15 @@ def main():
     ap.add_argument("--buckets", default=os.path.join(here, "results", "ddp_buckets.jsonl"))
     ap.add_argument("--resnet50-ms", type=float, default=24.6)
     ap.add_argument("--gpt2-ms", type=float, default=17.8)
+    ap.add_argument("--markdown", action="store_true",
+                    help="print the README's block: provenance (the buckets' BUCKETS.meta.json) first")
     args = ap.parse_args()
+    if args.markdown:
+        sys.path.insert(0, here)
+        import readme_tables
+        meta = readme_tables.load(os.path.splitext(args.buckets)[0] + ".meta.json")
+        meta["command"] = readme_tables.provenance()["command"]
+        print("\n".join(readme_tables.meta_lines(meta)))
     models = {}
     for line in open(args.buckets):
         if line.startswith("{"):

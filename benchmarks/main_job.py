@@ -6,8 +6,11 @@ model, optimiser and data in PyTorch (a torch DataLoader over the decoded images
 one run. Reports each one's training time of the epoch (braid-train's own timer; start-up and the
 test pass excluded) and the ratios. Issue 17's goal: one process no slower than 2 ranks.
 
-Needs Debian's dataset-fashion-mnist and PyTorch for /usr/bin/python3 (python3-torch). Usage:
-  /usr/bin/python3 benchmarks/main_job.py --build-dir build [--rounds 2]
+--json FILE keeps the times with the run's machine, date, commit and command; --markdown prints
+benchmarks/README.md's block (`python3 benchmarks/update_readme.py main_job` puts the committed
+results/main_job.json in place). Needs Debian's dataset-fashion-mnist and PyTorch for
+/usr/bin/python3 (python3-torch). Usage:
+  /usr/bin/python3 benchmarks/main_job.py --build-dir build [--rounds 2] [--json FILE] [--markdown]
 """
 
 import argparse
@@ -24,6 +27,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from train_step import small_cnn  # noqa: E402  (the zoo's CNN, as train_step.py builds it)
+import readme_tables  # noqa: E402
 
 DATA = "/usr/share/datasets/fashion-mnist"
 IMAGES = 60000
@@ -74,6 +78,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build-dir", default="build")
     ap.add_argument("--rounds", type=int, default=2, help="alternating rounds; each configuration's best counts")
+    ap.add_argument("--json", default="", help="also keep the times and the run's provenance here")
+    ap.add_argument("--markdown", action="store_true", help="print the README's block: provenance, then the table")
     args = ap.parse_args()
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     exe = os.path.join(root, args.build_dir, "model_zoo", "braid-train")
@@ -90,14 +96,12 @@ def main():
             s = run()
             print(f"# round {r + 1}: {name}: {s:.2f} s", file=sys.stderr)
             best[name] = min(best.get(name, float("inf")), s)
-    one, two, pt = (best[name] for name, _ in runs)
-    print("| one epoch of Fashion-MNIST, batch 64, 2 cores | training s | img/s |")
-    print("|---|---:|---:|")
-    for name, _ in runs:
-        print(f"| {name} | {best[name]:.2f} | {IMAGES / best[name]:,.0f} |")
-    print(f"\none process / 2 ranks: {one / two:.2f} (goal <= 1.0, {'met' if one <= two else '**not met**'}); "
-          f"braid one process / PyTorch: {one / pt:.2f}")
-
+    saved = {"meta": readme_tables.provenance(command=f"/usr/bin/python3 benchmarks/main_job.py --build-dir "
+                                                       f"{args.build_dir}"),
+             "images": IMAGES, "rows": [{"name": name, "seconds": best[name]} for name, _ in runs]}
+    if args.json:
+        readme_tables.save(args.json, **saved)
+    readme_tables.emit("main_job", saved, args.markdown)
 
 if __name__ == "__main__":
     main()

@@ -13,8 +13,10 @@ loaded, no model), so that the table shows the working memory (peak minus baseli
 next to the whole processes.
 
 Needs PyTorch for /usr/bin/python3 (Debian's python3-torch) and onnxruntime for the python3 first
-on PATH (both installed by scripts/install_deps.sh with BRAID_WITH_TORCH=1). Usage:
-  python3 benchmarks/memory.py [--build build] [--threads 2]
+on PATH (both installed by scripts/install_deps.sh with BRAID_WITH_TORCH=1). --json FILE keeps the
+peaks with the run's machine, date, commit and command; --markdown prints benchmarks/README.md's block
+(`python3 benchmarks/update_readme.py memory` puts the committed results/memory.json in place). Usage:
+  python3 benchmarks/memory.py [--build build] [--threads 2] [--json FILE] [--markdown]
 """
 import argparse
 import os
@@ -84,7 +86,11 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build", default="build")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--json", default="", help="also keep the peaks and the run's provenance here")
+    ap.add_argument("--markdown", action="store_true", help="print the README's block: provenance, then the tables")
     args = ap.parse_args()
+    sys.path.insert(0, HERE)
+    import readme_tables  # noqa: E402
     env = dict(os.environ, BRAID_NUM_THREADS=str(args.threads))
     step = os.path.join(args.build, "benchmarks", "braid-train-step")
     onnx_bench = os.path.join(args.build, "benchmarks", "braid-onnx-bench")
@@ -92,23 +98,15 @@ def main():
     # braid's baselines: the programs with their libraries loaded and nothing run.
     step_base, _ = run_peak([step, "--benchmark_filter=^$"], env)
     onnx_base, _ = run_peak([onnx_bench], env, may_fail=True)  # prints its usage and exits
-    print(f"| training step, batch 64, {args.threads} threads | braid peak MiB (baseline) | PyTorch peak MiB "
-          "(baseline) | braid / PyTorch whole | braid / PyTorch working |")
-    print("|---|---:|---:|---:|---:|")
+    saved = {"meta": readme_tables.provenance(), "threads": args.threads, "training": [], "inference": []}
     for name, shape in TRAIN.items():
         b, _ = run_peak([step, f"--benchmark_filter=^train_step/{name}/", "--benchmark_min_time=0.01",
                          "--benchmark_repetitions=1"], env)
         t, out = run_peak(["/usr/bin/python3", "-c", TORCH_STEP.format(here=HERE, threads=args.threads, name=name,
                                                                      shape=shape)])
-        base = int(out.split()[-1]) / 1024
-        print(f"| {name} | {b:.0f} ({step_base:.0f}) | {t:.0f} ({base:.0f}) | {b / t:.2f} | "
-              f"{(b - step_base) / (t - base):.2f} |")
+        saved["training"].append({"name": name, "braid_mib": b, "braid_base_mib": step_base, "peer_mib": t,
+                                  "peer_base_mib": int(out.split()[-1]) / 1024})
 
-    print()
-    print(f"| inference, batch 8, {args.threads} threads | braid peak MiB (baseline) | onnxruntime peak MiB "
-          "(baseline) | braid / onnxruntime whole | braid / onnxruntime working |")
-    print("|---|---:|---:|---:|---:|")
-    sys.path.insert(0, HERE)
     from onnx_bench import MODELS  # noqa: E402  (the same models and shapes as the latency table)
 
     tmp = tempfile.mkdtemp(prefix="braid_memory_")
@@ -117,18 +115,19 @@ def main():
             path = os.path.join(tmp, "resnet18.onnx")
             subprocess.run([onnx_bench, "export-resnet18", path], check=True, capture_output=True)
         if not os.path.exists(path):
-            print(f"| {name} | missing: {path} | | | |")
+            print(f"# {name}: {path} missing; skipped", file=sys.stderr)
             continue
         shape = (8, *sample)
         spec = f"tokens:8x{sample[1]}" if sample[0] == "tokens" else "x".join(map(str, shape))
         b, _ = run_peak([onnx_bench, "time", path, spec, "20"], env)
         o, out = run_peak([sys.executable, "-c", ORT_RUN.format(threads=args.threads, path=path, shape=shape,
                                                                 here=HERE)])
-        base = int(out.split()[-1]) / 1024
         label = spec.replace("tokens:8x", "8 x ") + (" tokens" if sample[0] == "tokens" else "")
-        print(f"| {name} {label} | {b:.0f} ({onnx_base:.0f}) | {o:.0f} ({base:.0f}) | "
-              f"{b / o:.2f} | {(b - onnx_base) / (o - base):.2f} |")
-
+        saved["inference"].append({"name": f"{name} {label}", "braid_mib": b, "braid_base_mib": onnx_base,
+                                   "peer_mib": o, "peer_base_mib": int(out.split()[-1]) / 1024})
+    if args.json:
+        readme_tables.save(args.json, **saved)
+    readme_tables.emit("memory", saved, args.markdown)
 
 if __name__ == "__main__":
     main()

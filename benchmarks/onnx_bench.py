@@ -7,10 +7,12 @@ optimizer and quantizers leave it, made in the run) and batch size 1 and 8, it t
 onnxruntime (CPUExecutionProvider, default graph optimisations, intra_op_num_threads = THREADS,
 one inter-op thread) in this process and braid (build/benchmarks/braid-onnx-bench, with
 BRAID_NUM_THREADS = THREADS) on an input of the same shape, and prints the median latencies and
-their ratio (braid / onnxruntime: below 1 means braid is faster). The table goes to stdout in
-Markdown (for benchmarks/README.md) and to benchmarks/results/onnx_latency.json.
+their ratio (braid / onnxruntime: below 1 means braid is faster). The rows go to
+benchmarks/results/onnx_latency.json with the run's machine, date, commit and command, and the table
+to stdout in Markdown; --markdown prints it as benchmarks/README.md's block, which
+`python3 benchmarks/update_readme.py onnx_bench` puts in place from that file.
 
-usage: benchmarks/onnx_bench.py [--build build] [--threads 2] [--models resnet18,ppocr_cls,...] [--json FILE]
+usage: benchmarks/onnx_bench.py [--build build] [--threads 2] [--models resnet18,ppocr_cls,...] [--json FILE] [--markdown]
 """
 import argparse
 import json
@@ -26,6 +28,8 @@ import numpy as np
 import onnxruntime as ort
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import readme_tables  # noqa: E402
 # Runs per median at most: the budget decides for all but the smallest models (a 1.7 ms model once
 # took only 50 runs, 85 ms, a window that one noisy moment on a shared VM fills).
 MAX_RUNS = 1000
@@ -132,6 +136,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds; the best median of each engine counts")
     ap.add_argument("--json", default=os.path.join(HERE, "results", "onnx_latency.json"),
                     help="where the rows go (a subset run: give another file than the full table's)")
+    ap.add_argument("--markdown", action="store_true", help="print the README's block: provenance, then the table")
     args = ap.parse_args()
     exe = os.path.join(args.build, "benchmarks", "braid-onnx-bench")
     tmp = tempfile.mkdtemp(prefix="braid_onnx_bench_")
@@ -165,15 +170,9 @@ def main():
                          "ratio": braid_ms / ort_ms})
             print(f"# {name} batch {batch}: braid {braid_ms:.2f} ms, onnxruntime {ort_ms:.2f} ms", file=sys.stderr)
     machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {args.threads} threads"
-    print(f"| model | input | braid (ms) | onnxruntime {ort.__version__} (ms) | braid / onnxruntime |")
-    print("|---|---|---:|---:|---:|")
-    for r in rows:
-        print(f"| {r['model']} | {'x'.join(map(str, r['input'])).replace('xtokensx', ' tokens x ')} | {r['braid_ms']:.2f} | {r['onnxruntime_ms']:.2f} | "
-              f"{r['ratio']:.2f}x |")
-    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-    with open(args.json, "w") as f:
-        json.dump({"machine": machine, "threads": args.threads, "onnxruntime": ort.__version__, "rows": rows}, f, indent=1)
-
+    meta = readme_tables.provenance(machine=machine)
+    readme_tables.save(args.json, meta, threads=args.threads, onnxruntime=ort.__version__, rows=rows)
+    readme_tables.emit("onnx_bench", readme_tables.load(args.json), args.markdown)
 
 if __name__ == "__main__":
     main()

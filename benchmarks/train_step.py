@@ -5,18 +5,24 @@ MLP, CNN and ResNet-style CNN and of a small BERT-style Transformer encoder (2 l
 in PyTorch, in one run with the same thread count, and prints a markdown table with the ratio
 braid / PyTorch (goals: <= 0.9 for the MLP and the CNN, <= 1.0 for the ResNet and the Transformer).
 
-Needs PyTorch for /usr/bin/python3 (Debian's python3-torch). Usage:
-  /usr/bin/python3 benchmarks/train_step.py --build-dir build-bench [--threads 2]
+--json FILE keeps the rows with the run's machine, date, commit and command; --markdown prints
+benchmarks/README.md's block (`python3 benchmarks/update_readme.py train_step` puts the committed
+results/train_step.json in place). Needs PyTorch for /usr/bin/python3 (Debian's python3-torch). Usage:
+  /usr/bin/python3 benchmarks/train_step.py --build-dir build-bench [--threads 2] [--json FILE] [--markdown]
 """
 
 import argparse
 import json
 import os
 import subprocess
+import sys
 import time
 
 import torch
 from torch import nn
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import readme_tables  # noqa: E402
 
 
 def small_cnn():
@@ -107,6 +113,8 @@ def main():
     ap.add_argument("--build-dir", default="build-bench")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds; each engine's best median counts")
+    ap.add_argument("--json", default="", help="also keep the rows and the run's provenance here")
+    ap.add_argument("--markdown", action="store_true", help="print the README's block: provenance, then the table")
     args = ap.parse_args()
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     exe = os.path.join(root, args.build_dir, "benchmarks", "braid-train-step")
@@ -127,14 +135,14 @@ def main():
                 braid_ms[name] = min(braid_ms.get(name, float("inf")), b["real_time"])
         for name, model, shape, _goal in rows:
             torch_ms[name] = min(torch_ms.get(name, float("inf")), torch_step_ms(model, shape))
-    print(f"| model (batch 64, {args.threads} threads) | braid ms/step | PyTorch {torch.__version__} ms/step "
-          f"| braid / PyTorch | goal |")
-    print("|---|---:|---:|---:|---|")
-    for name, _model, _shape, goal in rows:
-        t = torch_ms[name]
-        ratio = braid_ms[name] / t
-        print(f"| {name} | {braid_ms[name]:.1f} | {t:.1f} | {ratio:.2f} | <= {goal} {'met' if ratio <= goal else '**not met**'} |")
-
+    saved = {"meta": readme_tables.provenance(command=f"/usr/bin/python3 benchmarks/train_step.py --build-dir "
+                                                       f"{args.build_dir} --threads {args.threads}"),
+             "threads": args.threads, "torch": torch.__version__,
+             "rows": [{"model": name, "braid_ms": braid_ms[name], "torch_ms": torch_ms[name], "goal": goal}
+                      for name, _model, _shape, goal in rows]}
+    if args.json:
+        readme_tables.save(args.json, **saved)
+    readme_tables.emit("train_step", saved, args.markdown)
 
 if __name__ == "__main__":
     main()

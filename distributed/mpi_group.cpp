@@ -7,7 +7,7 @@
 // Small buffers and non-float data go to MPI_Iallreduce. Large float buffers use a ring (reduce-
 // scatter then all-gather, 2(p-1)/p of the buffer sent per rank, the bandwidth optimum) written on
 // MPI point-to-point in chunks, so that adding chunk i overlaps receiving chunk i+1; Debian's MPICH
-// is several times slower than this for large buffers on one node (benchmarks/README.md). The
+// is several times slower on one node (benchmarks/README.md, "Data-parallel communication"). The
 // ring's order of additions depends only on the size and the number of ranks, and every rank ends
 // with the owner's bytes, so it is also the deterministic mode and carries compressed wire dtypes.
 // Below 32 KiB, on a power-of-two group, recursive doubling (log2 p exchanges of the whole buffer,

@@ -41,16 +41,16 @@ namespace braid::onnx {
 // (a pattern's runner, an op reading an outer value) still hashes its name once to find the slot
 // (the weights' scope, the run's parent, has slots of the same numbering, so a weight too),
 // but no value is copied into a hash table, and no run allocates a node of one, on every run of
-// every node. int8 MiniLM at batch 1 on one thread: hashing, the table, malloc and the releases
-// took 8.5% of the samples, 5.9% with slots (what is left: the patterns' runners, which still find
-// their inputs by name). Scopes without slots (subgraphs, the training segments) keep every value
-// by name.
+// every node (measured: benchmarks/README.md, "What changed what", run Y; what is left of that cost
+// is the patterns' runners, which still find their inputs by name). Scopes without slots
+// (subgraphs, the training segments) keep every value by name.
 //
 // Note [Slots by the name's address]
 // The patterns' runners and the small-value paths still name what they read (a node's input, a
 // chain's operand), and hashing names of 40-60 characters in the plan's table on every run of every
-// such node was 2.3% of MiniLM's main thread at batch 1. Those names are, nearly always, the graph's
-// own strings (its nodes' inputs and outputs), which live as long as the plan: make_plan also numbers
+// such node showed in a transformer's profile at batch 1 (measured: benchmarks/README.md, "What
+// changed what", run AA). Those names are, nearly always, the graph's own strings (its nodes'
+// inputs and outputs), which live as long as the plan: make_plan also numbers
 // each of those strings by its address, and a lookup tries the address first (a pointer's hash),
 // checking the name against the slot's own before it trusts it, then the name.
 struct SlotAddresses {

@@ -84,9 +84,10 @@ class FoldedWeights {
 
 // Note [Constants evaluated once]
 // A Constant node's value depends on nothing but its attribute, so the top-level graph evaluates
-// each one once per device and binds the kept tensor on later runs (MiniLM's 112 Constants cost
-// 4% of its inference when they ran every time). Nothing in the executor writes a value in place;
-// a Constant that is itself a graph output is not kept, since the caller may write to what it is
+// each one once per device and binds the kept tensor on later runs (a transformer's Constants were
+// a few percent of its inference when they ran every time (measured: benchmarks/README.md, "What
+// changed what", run K). Nothing in the executor writes a value in place; a Constant that is itself
+// a graph output is not kept, since the caller may write to what it is
 // given.
 class ConstantCache {
  public:
@@ -147,9 +148,10 @@ class StaticOutputs {
 
 // Note [Small values evaluated once per value]
 // Exporters compute shapes inside the graph: MiniLM's 150 Shape, Gather, Unsqueeze, Concat, Reshape,
-// Equal and Where nodes on one-to-four-element integer tensors cost 2 to 3 µs each in dispatch and
-// allocation, as much as its layer normalisations. In inference, a node of a pure op whose inputs are
-// all small (at most kSmallValue elements, on the CPU, contiguous) is a function of their values: its
+// Equal and Where nodes on one-to-four-element integer tensors cost as much in dispatch and
+// allocation as its layer normalisations (measured: benchmarks/README.md, "What changed what", run
+// L). In inference, a node of a pure op whose inputs are all small (at most kSmallValue elements,
+// on the CPU, contiguous) is a function of their values: its
 // outputs are kept with a copy of those values and bound again, without running it, while the
 // values (bit for bit, with their types and shapes) are the same. Shape and Size read only their
 // input's type and shape, so their input may be of any size. Nodes writing a graph output are not

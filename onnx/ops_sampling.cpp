@@ -185,7 +185,8 @@ std::string resize_check(const Node& n, int64_t) {
 // output position y takes input y / f along it, the result is x with each pixel repeated f_h x f_w
 // times: one copy of a broadcast view in x's memory order (rows of C values), channels-last as x
 // is. Gathering along H and then W (index_select) made two passes and an NCHW result, which the Add
-// after it then met in the other layout (0.28 ms and 0.19 ms against 0.06 and 0.04 for the largest).
+// after it then met in the other layout (measured: benchmarks/README.md, "What changed what", run
+// S).
 Tensor nearest_by_factors(const Tensor& x, const std::vector<int64_t>& axes, const std::vector<int64_t>& outs,
                           const std::vector<double>& scales, const ResizeMode& rm, const std::vector<double>& roi_start,
                           const std::vector<double>& roi_end) {

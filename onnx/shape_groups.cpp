@@ -14,8 +14,9 @@ namespace braid::onnx {
 // Exported transformers compute every Reshape's target from the activations' shapes: per attention
 // projection a Shape node or two, Gathers of their entries, Unsqueezes and a Concat, about 130 nodes
 // for MiniLM's three layers. Each is kept per value (Note [Small values evaluated once per value]),
-// but still visited, looked up and bound, run after run (0.3 us each). A group is the Shape nodes
-// that read one value (its root) and every later node of a pure shape op whose inputs are the
+// but still visited, looked up and bound, run after run (measured: benchmarks/README.md, "What
+// changed what", run T). A group is the Shape nodes that read one value (its root) and every later
+// node of a pure shape op whose inputs are the
 // group's values or Constant nodes' only: its values are a function of the root's dtype and shape.
 // When the root's shape is the one the group last saw, the executor binds the values that nodes
 // outside the group read (its exits) at the group's first node and skips the rest; otherwise the
