@@ -150,7 +150,8 @@ struct ActFusion {
 /// An exact GELU written out as nodes (Note [GELU as one op]): Div by sqrt 2 (the key), then these.
 struct GeluFusion {
   size_t erf, add, mul1, mul2;
-  std::string one, half;  // the values added to erf (1) and multiplied in (0.5)
+  std::string one, half;   // the values added to erf (1) and multiplied in (0.5)
+  bool half_last = false;  // x * (1 + erf) first, then * 0.5 (detail::gelu_half_last), else braid::gelu's order
 };
 
 /// A run of elementwise nodes that runs as one braid::elementwise_chain in inference (Note

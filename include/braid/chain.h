@@ -12,7 +12,7 @@ namespace braid {
 
 /// One step of an elementwise chain. Slot 0 holds the chain's input; step i writes slot i + 1.
 struct ChainStep {
-  enum class Kind : uint8_t { FakeQuantize, ChannelAffine, Gelu, Add, Sub, Mul, Div };
+  enum class Kind : uint8_t { FakeQuantize, ChannelAffine, Gelu, Add, Sub, Mul, Div, GeluHalfLast };
   Kind kind = Kind::Add;
   /// The slots read: `a` by every step; `b` by the arithmetic, whose operands are slot a and slot b,
   /// either of them kConstant for k or kTensor for `operand` (not both kConstant).
@@ -26,7 +26,7 @@ struct ChainStep {
   double scale = 1;
   int64_t zero = 0;
   DType qtype = kUInt8;
-  /// Gelu: braid::gelu(slot a), the exact (erf) GELU.
+  /// Gelu: braid::gelu(slot a), the exact (erf) GELU; GeluHalfLast: detail::gelu_half_last(slot a).
   /// ChannelAffine: braid::channel_affine(slot a, channel_scale, channel_shift), each (C) float32.
   Tensor channel_scale, channel_shift;
 };
@@ -52,5 +52,12 @@ Tensor int_matmul_chain(const Tensor& a, const Tensor& b, int64_t a_zero, int64_
 /// where the backend has one (Note [float32 epilogues]); the result is the steps run as ops on the
 /// product, up to the order of the product's sums. Inference only.
 Tensor matmul_chain(const Tensor& a, const Tensor& b, const std::vector<ChainStep>& steps);
+
+namespace detail {
+/// The exact GELU in the order exporters write it, (x (1 + erf(x / sqrt 2))) 0.5, forward only
+/// (Note [GELU as one op] in onnx/passes/gelu.cpp): bitwise those nodes, which overflow to inf for x
+/// above half the largest float and round twice among subnormals, where braid::gelu does neither.
+Tensor gelu_half_last(const Tensor& x);
+}  // namespace detail
 
 }  // namespace braid

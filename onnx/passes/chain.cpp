@@ -143,7 +143,7 @@ void match_chains(MatchContext& m) {
       }
       if (auto ge = plan.gelu.find(m); ge != plan.gelu.end()) {  // Note [GELU as one op]
         if (slot.count(node.inputs[0]) == 0) return false;
-        st.kind = ChainStep::Kind::Gelu;
+        st.kind = ge->second.half_last ? ChainStep::Kind::GeluHalfLast : ChainStep::Kind::Gelu;
         st.also = {ge->second.erf, ge->second.add, ge->second.mul1, ge->second.mul2};
         st.a = slot[node.inputs[0]];
         return true;
@@ -319,7 +319,7 @@ bool Executor::chain_steps(const Graph& g, const ChainFusion& chain, const Scope
     s.b = st.b;
     if (st.kind == ChainStep::Kind::FakeQuantize) {
       if (!qdq_numbers(node, scope, s.scale, s.zero, s.qtype)) return false;
-    } else if (st.kind == ChainStep::Kind::Gelu) {
+    } else if (st.kind == ChainStep::Kind::Gelu || st.kind == ChainStep::Kind::GeluHalfLast) {
       if (!gelu_numbers(node, plan.gelu.at(st.node), scope, plan)) return false;
     } else if (st.kind == ChainStep::Kind::ChannelAffine) {
       if (rank < 2 || !batch_norm_affine(node, scope, plan, st.node, x[1], s.channel_scale, s.channel_shift))

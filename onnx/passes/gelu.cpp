@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "braid/chain.h"
 #include "passes.h"
 
 namespace braid::onnx {
@@ -14,8 +15,11 @@ namespace braid::onnx {
 // Exporters write the exact GELU of BERT-style models as five nodes, Div by sqrt 2, Erf, Add 1, Mul
 // by x and Mul by 0.5 (in either order): five passes over the widest activation of a transformer
 // block. In inference, with those numbers known and each intermediate read only by the next node,
-// they run as braid::gelu, one pass (UnaryOp::Gelu). Its float operations are the composite
-// x * (0.5 * (1 + erf(x / sqrt 2))): the halving moves, which is exact short of subnormals.
+// they run as one pass in the float operations of the order written: x times half of (1 + erf)
+// (either Mul first) as braid::gelu (UnaryOp::Gelu), x * (1 + erf) then halved, PyTorch's export, as
+// detail::gelu_half_last (UnaryOp::GeluHalfLast). Moving the halving is exact short of subnormals
+// and overflow (x above half the largest float gives inf written that way, x as braid::gelu), which
+// the special-value test of the passes found: each order keeps its own bits.
 bool Executor::gelu_numbers(const Node& div, const GeluFusion& f, const Scope& scope, const ExecPlan& plan) {
   double k = 0, one = 0, half = 0;
   if (!number(div.inputs[1], scope, plan, k) || !number(f.one, scope, plan, one) || !number(f.half, scope, plan, half))
@@ -29,7 +33,7 @@ bool Executor::run_gelu(const Graph& g, const Node& div, const GeluFusion& f, Sc
   if (x == nullptr || !x->defined() || (x->dtype() != kFloat32 && x->dtype() != kFloat64) || x->device() != device_)
     return false;
   const auto start = profile_ != nullptr ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
-  scope.at(g.nodes[f.mul2].outputs[0]) = gelu(*x);
+  scope.at(g.nodes[f.mul2].outputs[0]) = f.half_last ? detail::gelu_half_last(*x) : gelu(*x);
   add_time(start, "Gelu");
   return true;
 }
@@ -66,8 +70,10 @@ static void find_gelus(const Graph& g, const std::map<std::string, size_t>& uses
     const Node &a = g.nodes[*add], &n1 = g.nodes[*m1], &n2 = g.nodes[*m2];
     GeluFusion f{*erf, *add, *m1, *m2, other(a, g.nodes[*erf].outputs[0]), {}};
     // x * (1 + erf) then * 0.5, or (1 + erf) * 0.5 then * x.
-    if (other(n1, a.outputs[0]) == x && other(n2, n1.outputs[0]) != x)
+    if (other(n1, a.outputs[0]) == x && other(n2, n1.outputs[0]) != x) {
       f.half = other(n2, n1.outputs[0]);
+      f.half_last = true;
+    }
     else if (other(n2, n1.outputs[0]) == x && other(n1, a.outputs[0]) != x)
       f.half = other(n1, a.outputs[0]);
     else

@@ -46,7 +46,8 @@ enum class UnaryOp {
   Elu,        // x > 0 ? x : p0 * (exp(x) - 1)
   Softplus,   // log(1 + exp(x)), stable
   GeluTanh,   // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
-  Gelu,       // x (0.5 (1 + erf(x / sqrt 2))), in that order (the composite's, bit for bit)
+  Gelu,
+  GeluHalfLast,  // (x (1 + erf(x / sqrt 2))) 0.5: the order exporters write GELU in (Note [GELU as one op])       // x (0.5 (1 + erf(x / sqrt 2))), in that order (the composite's, bit for bit)
   Asin,
   Acos,
   Atan,

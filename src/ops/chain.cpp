@@ -51,6 +51,7 @@ void check_chain(const Tensor& x, const std::vector<ChainStep>& steps) {
                     " is outside ", dtype_name(s.qtype), "'s range");
         break;
       case ChainStep::Kind::Gelu:
+      case ChainStep::Kind::GeluHalfLast:
         BRAID_CHECK(slot(s.a, false), op, ": step ", i, " reads slot ", s.a, ", which is not written before it");
         break;
       case ChainStep::Kind::ChannelAffine:
@@ -118,6 +119,9 @@ Tensor elementwise_chain(const Tensor& x, const std::vector<ChainStep>& steps) {
         break;
       case ChainStep::Kind::Gelu:
         v.push_back(gelu(v[static_cast<size_t>(s.a)]));
+        break;
+      case ChainStep::Kind::GeluHalfLast:
+        v.push_back(detail::gelu_half_last(v[static_cast<size_t>(s.a)]));
         break;
       case ChainStep::Kind::ChannelAffine:
         v.push_back(channel_affine(v[static_cast<size_t>(s.a)], s.channel_scale, s.channel_shift));

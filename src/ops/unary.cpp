@@ -3,6 +3,7 @@
 #include <cmath>
 #include <limits>
 
+#include "braid/chain.h"
 #include "ops/common.h"
 
 namespace braid {
@@ -244,5 +245,15 @@ Tensor isnan(const Tensor& x) {
   if (!is_floating(x.dtype())) return zeros(x.shape(), kBool, x.device());
   return traced("isnan", unary_raw(UnaryOp::IsNan, x, 0, 0, kBool, false), {x});
 }
+
+namespace detail {
+
+Tensor gelu_half_last(const Tensor& input) {
+  BRAID_CHECK(!needs_grad(input), "gelu_half_last: inference only (ONNX's GELU pattern fused), got an input that "
+              "requires grad");
+  return unary_raw(UnaryOp::GeluHalfLast, float_input(input, "gelu_half_last"), 0, 0);
+}
+
+}  // namespace detail
 
 }  // namespace braid

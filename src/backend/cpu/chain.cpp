@@ -160,6 +160,10 @@ BRAID_VECTOR_CLONES void run_block(const float* x0, float* out, float* scratch, 
         for (int64_t i = 0; i < n; ++i)
           y[i] = a[i] * (0.5f * (1.0f + erf_f32(a[i] / static_cast<float>(1.4142135623730951))));
         break;
+      case ChainStep::Kind::GeluHalfLast:  // UnaryOp::GeluHalfLast's
+        for (int64_t i = 0; i < n; ++i)
+          y[i] = a[i] * (1.0f + erf_f32(a[i] / static_cast<float>(1.4142135623730951))) * 0.5f;
+        break;
       case ChainStep::Kind::ChannelAffine: {
         const float *sc = st.channel_scale, *sh = st.channel_shift;
         if (inner == 1) {  // channels innermost; blocks start at a multiple of channels

@@ -95,6 +95,15 @@ T gelu_t(T x) {
     e = std::erf(x / T(1.4142135623730951));
   return x * (T(0.5) * (T(1) + e));
 }
+template <typename T>
+T gelu_half_last_t(T x) {  // Note [GELU as one op]: the ONNX pattern's order
+  T e;
+  if constexpr (std::is_same_v<T, float>)
+    e = erf_f32(x / static_cast<float>(1.4142135623730951));
+  else
+    e = std::erf(x / T(1.4142135623730951));
+  return x * (T(1) + e) * T(0.5);
+}
 
 // BRAID_VECTOR_CLONES: Note [Vector clones] in fast_math.h.
 
@@ -115,6 +124,9 @@ BRAID_VECTOR_CLONES void gelu_tanh_run(float* o, const float* x, int64_t n) {
 }
 BRAID_VECTOR_CLONES void gelu_run(float* o, const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) o[i] = gelu_t(x[i]);
+}
+BRAID_VECTOR_CLONES void gelu_half_last_run(float* o, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) o[i] = gelu_half_last_t(x[i]);
 }
 template <typename T>
 T softplus_t(T x) {  // max(x, 0) + log1p(exp(-|x|)): no overflow for large |x|
@@ -230,6 +242,9 @@ void float_unary(UnaryOp op, const StridedLoop& loop, double p0d, double p1d) {
     case UnaryOp::Gelu:
       return map_unary<T, T>(
           loop, [](T x) { return gelu_t(x); }, clone_for<T>(gelu_run));
+    case UnaryOp::GeluHalfLast:
+      return map_unary<T, T>(
+          loop, [](T x) { return gelu_half_last_t(x); }, clone_for<T>(gelu_half_last_run));
     case UnaryOp::HardSigmoid:
       return map_unary<T, T>(loop, [p0, p1](T x) {
         const T v = p0 * x + p1;

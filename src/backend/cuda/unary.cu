@@ -102,6 +102,7 @@ BRAID_UNARY_OP(Softplus, (x < 0 ? T(0) : x) + m_log1p(m_exp(-m_fabs(x))))  // no
 // 0.5 x (1 + tanh(u)) = x sigmoid(2u), which does not cancel for x << 0.
 BRAID_UNARY_OP(GeluTanh, x* sigmoid(T(2 * 0.7978845608028654) * (x + T(0.044715) * x * x * x)))
 BRAID_UNARY_OP(Gelu, x*(T(0.5) * (T(1) + m_erf(x / T(1.4142135623730951)))))
+BRAID_UNARY_OP(GeluHalfLast, x*(T(1) + m_erf(x / T(1.4142135623730951))) * T(0.5))
 BRAID_UNARY_OP(HardSigmoid, clamp01(p0* x + p1))
 BRAID_UNARY_OP(HardSwish, x* clamp01(x* T(1.0 / 6.0) + T(0.5)))
 // Integers wrap as two's complement (unsigned arithmetic), as the CPU's wrap_sub / wrap_mul.
@@ -208,6 +209,8 @@ void float_unary(UnaryOp op, const Launch<T>& l, double p0) {
       return l.template run<GeluTanh>();
     case UnaryOp::Gelu:
       return l.template run<Gelu>();
+    case UnaryOp::GeluHalfLast:
+      return l.template run<GeluHalfLast>();
     case UnaryOp::HardSigmoid:
       return l.template run<HardSigmoid>();
     case UnaryOp::HardSwish:
