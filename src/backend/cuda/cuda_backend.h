@@ -1,7 +1,7 @@
 // The CUDA backend: the Backend primitives on NVIDIA GPUs (Note [The CUDA backend] in
 // cuda_backend.cpp). This header names no CUDA type, so the registry includes it freely; the
-// methods live in cuda_backend.cpp (memory, transfers), primitives.cpp (unpacking tensors for the
-// kernels in the .cu files) and matmul.cpp (cuBLAS).
+// methods live in cuda_backend.cpp (memory, transfers), primitives.cpp and conv.cu, pool.cu (each
+// primitive unpacking its tensors for its kernels, host.h) and matmul.cpp (cuBLAS).
 #pragma once
 
 #include "backend/backend.h"
@@ -37,10 +37,14 @@ class CudaBackend final : public Backend {
   void gather(const Tensor& x, int64_t axis, const Tensor& index, const Tensor& out) override;
   void scatter_add(const Tensor& out, int64_t axis, const Tensor& index, const Tensor& src) override;
   void random(RandomKind kind, const Tensor& out, uint64_t seed, uint64_t counter, double a, double b) override;
+
+  // conv.cu
   void im2col(const Tensor& x, const Window2d& win, const Tensor& cols) override;
   void col2im(const Tensor& cols, const Window2d& win, const Tensor& x) override;
   void depthwise_conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Window2d& win,
                         const Tensor& y) override;
+
+  // pool.cu
   void max_pool2d(const Tensor& x, const Window2d& win, const Tensor& out, const Tensor& indices) override;
   void avg_pool2d(const Tensor& x, const Window2d& win, bool count_include_pad, const Tensor& out) override;
   void avg_pool2d_backward(const Tensor& grad, const Window2d& win, bool count_include_pad,

@@ -65,25 +65,6 @@ void launch_scatter_add(DType type, const Indexer<3>& ix, int64_t n, int64_t axi
 void launch_random(RandomKind kind, DType type, int64_t n, void* out, uint64_t seed, uint64_t counter, double a,
                    double b, cudaStream_t stream);
 
-// ---- conv.cu (all operands contiguous) ----
-/// cols (C * kh * kw, N * oh * ow) from x (N, C, h, w); any floating dtype, float16/bfloat16 included.
-void launch_im2col(DType type, const void* x, void* cols, int64_t n, int64_t c, const Window2d& win,
-                   cudaStream_t stream);
-/// x (N, C, h, w) += col2im(cols (C * kh * kw, N * oh * ow)).
-void launch_col2im(DType type, const void* cols, void* x, int64_t n, int64_t c, const Window2d& win,
-                   cudaStream_t stream);
-/// y (N, C * mult, oh, ow) = depthwise x (N, C, h, w) with w (C * mult, 1, kh, kw), plus bias (or null).
-void launch_depthwise_conv2d(DType type, const void* x, const void* w, const void* bias, void* y, int64_t n, int64_t c,
-                             int64_t mult, const Window2d& win, cudaStream_t stream);
-
-// ---- pool.cu (all operands contiguous; planes = N * C) ----
-void launch_max_pool2d(DType type, const void* x, void* out, int64_t* indices, int64_t planes, const Window2d& win,
-                       cudaStream_t stream);
-void launch_avg_pool2d(DType type, const void* x, void* out, int64_t planes, const Window2d& win,
-                       bool count_include_pad, cudaStream_t stream);
-void launch_avg_pool2d_backward(DType type, const void* grad, void* grad_x, int64_t planes, const Window2d& win,
-                                bool count_include_pad, cudaStream_t stream);
-
 // ---- matmul_int.cu ----
 /// One operand of an integer matmul: its first element and its (rows, cols) strides.
 struct IntMatrix {

@@ -1,49 +1,21 @@
-// The CUDA backend's primitives other than matmul: each checks its operands as the CPU backend
-// does, makes their device current, unpacks the tensors into device pointers and strided indexers
-// (strided_host.h) and calls the kernel launcher of its kind (kernels.h) on the device's stream.
-#include <array>
+// The CUDA backend's elementwise, reduction, indexing and random primitives: each checks its
+// operands as the CPU backend does, makes their device current, unpacks the tensors into device
+// pointers and strided indexers (host.h) and calls the kernel launcher of its kind (kernels.h) on
+// the device's stream. Convolution's and pooling's keep theirs with their kernels (conv.cu, pool.cu).
 #include <cstring>
-#include <functional>
-#include <initializer_list>
 
 #include "backend/cpu/dispatch.h"
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/host.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/runtime.h"
-#include "backend/cuda/strided_host.h"
 #include "core/internal.h"
 
 namespace braid::detail {
-namespace {
 
-// Where a primitive runs: the device of its anchor operand, made current while in scope, and its
-// stream. Every other operand must live there (TypeError naming the primitive and both devices, as
-// on the shadow device), since a kernel cannot read another device's or the host's memory.
-class Launch {
- public:
-  Launch(const char* op, const Tensor& anchor, std::initializer_list<std::reference_wrapper<const Tensor>> operands)
-      : device(anchor.device().index), stream(cuda::stream(device)), guard_(device) {
-    for (const Tensor& t : operands)
-      BRAID_CHECK_T(TypeError, !t.defined() || t.device() == anchor.device(), op, ": operands on different devices (",
-                    t.device().str(), " and ", anchor.device().str(), "); move them with .to(device) first");
-  }
-  const int device;
-  const cudaStream_t stream;
-
- private:
-  cuda::DeviceGuard guard_;
-};
-
-void* ptr(const Tensor& t) { return t.defined() ? device_data(t) : nullptr; }
-
-template <int N>
-cuda::Indexer<N> indexer(const Shape& shape, const std::array<const Tensor*, N>& operands) {
-  std::array<const int64_t*, N> strides{};
-  for (int k = 0; k < N; ++k) strides[k] = operands[k]->strides().data();
-  return cuda::make_indexer<N>(shape, strides);
-}
-
-}  // namespace
+using cuda::indexer;
+using cuda::Launch;
+using cuda::ptr;
 
 void CudaBackend::copy(const Tensor& src, const Tensor& dst) {
   BRAID_ASSERT(src.shape() == dst.shape(), "copy: shapes ", shape_str(src.shape()), " and ", shape_str(dst.shape()));
@@ -164,71 +136,6 @@ void CudaBackend::random(RandomKind kind, const Tensor& out, uint64_t seed, uint
   BRAID_ASSERT(out.is_contiguous(), "random: out must be contiguous");
   Launch l("random", out, {});
   cuda::launch_random(kind, out.dtype(), out.numel(), ptr(out), seed, counter, a, b, l.stream);
-}
-
-void CudaBackend::im2col(const Tensor& x, const Window2d& win, const Tensor& cols) {
-  BRAID_ASSERT(x.dim() == 4 && x.is_contiguous() && cols.is_contiguous() && x.dtype() == cols.dtype(),
-               "im2col: x (N, C, h, w) and cols must be contiguous and of one dtype");
-  if (cols.numel() == 0) return;
-  Launch l("im2col", cols, {x});
-  cuda::launch_im2col(x.dtype(), ptr(x), ptr(cols), x.shape()[0], x.shape()[1], win, l.stream);
-}
-
-void CudaBackend::col2im(const Tensor& cols, const Window2d& win, const Tensor& x) {
-  BRAID_ASSERT(x.dim() == 4 && x.is_contiguous() && cols.is_contiguous() && x.dtype() == cols.dtype(),
-               "col2im: x (N, C, h, w) and cols must be contiguous and of one dtype");
-  if (cols.numel() == 0) return;
-  Launch l("col2im", x, {cols});
-  cuda::launch_col2im(x.dtype(), ptr(cols), ptr(x), x.shape()[0], x.shape()[1], win, l.stream);
-}
-
-void CudaBackend::depthwise_conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Window2d& win,
-                                   const Tensor& y) {
-  BRAID_ASSERT(x.dim() == 4 && w.dim() == 4 && y.dim() == 4 && x.is_contiguous() && w.is_contiguous() &&
-                   y.is_contiguous() && (!bias.defined() || bias.is_contiguous()) && x.dtype() == w.dtype() &&
-                   x.dtype() == y.dtype() && (!bias.defined() || bias.dtype() == x.dtype()),
-               "depthwise_conv2d: x, w, y (and bias) must be contiguous and of one dtype");
-  if (y.numel() == 0) return;
-  Launch l("depthwise_conv2d", y, {x, w, bias});
-  const int64_t c = x.shape()[1];
-  cuda::launch_depthwise_conv2d(x.dtype(), ptr(x), ptr(w), ptr(bias), ptr(y), x.shape()[0], c, w.shape()[0] / c, win,
-                                l.stream);
-}
-
-namespace {
-void check_planes(const Tensor& x, const Tensor& out, const char* op) {
-  BRAID_ASSERT(x.dim() == 4 && out.dim() == 4 && x.is_contiguous() && out.is_contiguous() && x.dtype() == out.dtype() &&
-                   x.shape()[0] * x.shape()[1] == out.shape()[0] * out.shape()[1],
-               op, ": operands must be contiguous (N, C, *, *) tensors of one dtype");
-}
-}  // namespace
-
-void CudaBackend::max_pool2d(const Tensor& x, const Window2d& win, const Tensor& out, const Tensor& indices) {
-  check_planes(x, out, "max_pool2d");
-  BRAID_ASSERT(
-      !indices.defined() || (indices.dtype() == kInt64 && indices.is_contiguous() && indices.shape() == out.shape()),
-      "max_pool2d: indices must be contiguous int64 of out's shape");
-  if (out.numel() == 0) return;
-  Launch l("max_pool2d", out, {x, indices});
-  cuda::launch_max_pool2d(x.dtype(), ptr(x), ptr(out), static_cast<int64_t*>(ptr(indices)),  // null when undefined
-                          out.shape()[0] * out.shape()[1], win, l.stream);
-}
-
-void CudaBackend::avg_pool2d(const Tensor& x, const Window2d& win, bool count_include_pad, const Tensor& out) {
-  check_planes(x, out, "avg_pool2d");
-  if (out.numel() == 0) return;
-  Launch l("avg_pool2d", out, {x});
-  cuda::launch_avg_pool2d(x.dtype(), ptr(x), ptr(out), out.shape()[0] * out.shape()[1], win, count_include_pad,
-                          l.stream);
-}
-
-void CudaBackend::avg_pool2d_backward(const Tensor& grad, const Window2d& win, bool count_include_pad,
-                                      const Tensor& grad_x) {
-  check_planes(grad_x, grad, "avg_pool2d_backward");
-  if (grad.numel() == 0) return;
-  Launch l("avg_pool2d_backward", grad_x, {grad});
-  cuda::launch_avg_pool2d_backward(grad.dtype(), ptr(grad), ptr(grad_x), grad.shape()[0] * grad.shape()[1], win,
-                                   count_include_pad, l.stream);
 }
 
 }  // namespace braid::detail
