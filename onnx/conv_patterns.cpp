@@ -117,7 +117,7 @@ void find_conv_patterns(const Graph& g, const std::map<std::string, size_t>& use
         plan.conv_act[p] = {{rd->second[0]}, g.nodes[rd->second[0]].op_type, affine_after(rd->second[0])};
         continue;
       }
-      // Note [Residual as a post-op] (src/backend/cpu/conv_dnnl.cpp): an Add of a value made before
+      // Note [Residual as a post-op] (src/backend/cpu/conv.cpp): an Add of a value made before
       // the convolution starts (a residual block's shortcut), then an activation that alone reads
       // the sum.
       const size_t add = rd->second[0];
