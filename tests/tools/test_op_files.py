@@ -107,9 +107,9 @@ def defines(text, symbol):
     list, then (after const/override/...) a body's "{" or a constructor's initialiser list; a call
     ends in ";", ")", "," or an operator instead."""
     if "::" in symbol:
-        pattern = re.compile(r"(?<![\w:])" + re.escape(symbol) + r"\s*\(")
+        pattern = re.compile(r"(?<![\w:])(?:\w+::)*" + re.escape(symbol) + r"\s*\(")
     else:
-        pattern = re.compile(r"(?<![\w:])(?:(\w+)::)?" + re.escape(symbol) + r"\s*\(")
+        pattern = re.compile(r"(?<![\w:])(?:(?:\w+::)*(\w+)::)?" + re.escape(symbol) + r"\s*\(")
     for m in pattern.finditer(text):
         if "::" not in symbol and m.group(1) in INTERFACE_QUALIFIERS:
             continue
@@ -158,6 +158,25 @@ def tree():
 @pytest.fixture(scope="module")
 def mapping():
     return op_map(tree())
+
+
+@pytest.mark.parametrize("snippet, symbol, expected", [
+    ("Tensor softmax(const Tensor& x, int64_t axis) {\n  return x;\n}", "softmax", True),
+    ("bool CpuBackend::softmax_rows(const Tensor& x,\n    const Tensor& out) {", "softmax_rows", True),
+    ("  bool softmax_rows(const Tensor& x, const Tensor& out) override {", "softmax_rows", True),
+    ("__global__ void __launch_bounds__(kThreads)\n    softmax_kernel(const T* x) {", "softmax_kernel", True),
+    ("Adam::Adam(std::vector<ParamGroup> g) : Adam(\"Adam\", false) {}", "Adam::Adam", True),
+    ("bool braid::detail::CpuBackend::adam_step(const Tensor& p) {", "adam_step", True),
+    ("Tensor softmax(const Tensor& x, int64_t axis);", "softmax", False),  # a declaration
+    ("bool Backend::softmax_rows(const Tensor&, const Tensor&) { return false; }", "softmax_rows", False),
+    ("  y = softmax(x, -1);\n  if (backend.softmax_rows(x, y)) {", "softmax_rows", False),  # calls
+    ("  if (softmax(x, 1).defined()) {", "softmax", False),
+    ("  return ok ? softmax(x, 1) : softmax(x, 0);", "softmax", False),
+    ("  X(softmax_rows, (const Tensor& x, const Tensor& out), (x, out))", "softmax_rows", False),
+    (strip_comments("// Tensor softmax(const Tensor& x) { in a comment\n"), "softmax", False),
+])
+def test_definitions_are_told_from_declarations_and_calls(snippet, symbol, expected):
+    assert defines(snippet, symbol) == expected
 
 
 @pytest.mark.parametrize("op", sorted(OPS))
