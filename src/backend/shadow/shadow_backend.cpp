@@ -43,8 +43,8 @@ namespace braid::detail {
 // defined tensor operand and replaced by a CPU alias of its memory; every other argument passes
 // through unchanged; the CPU backend's method of the same name runs on the result. An optional
 // primitive (one that returns bool) first asks the capability set. So the forwarding is written
-// once, below, and a primitive is one line of BRAID_SHADOW_REQUIRED or BRAID_SHADOW_OPTIONAL: its
-// name, its parameters and their names. A line whose signature drifts from backend.h fails to
+// once, below, and a primitive is one entry of BRAID_SHADOW_REQUIRED or BRAID_SHADOW_OPTIONAL: its
+// name, its parameter list and the names to pass on (backend.h's signature, copied). A line whose signature drifts from backend.h fails to
 // build (override); a required primitive left out leaves the class abstract, and fails too.
 
 // clang-format off
