@@ -122,7 +122,7 @@ TEST(ChannelsLast, AChannelsLastInputGivesAChannelsLastOutput) {
 #endif
 }
 
-// A network's stem (Note [A stem convolution on NCHW input] in src/backend/cpu/conv_dnnl.cpp): an NCHW
+// A network's stem (Note [A stem convolution on NCHW input] in src/backend/cpu/conv.cpp): an NCHW
 // image of 3 channels into 16 or 8 channels, HardSwish after, in a ChannelsLastGuard as the ONNX
 // executor runs it. The output is channels-last and equals the convolution summed in float64 by the
 // definition, to float32 rounding; the same holds without the guard (NCHW out).

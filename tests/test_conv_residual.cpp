@@ -1,5 +1,5 @@
 // conv2d_activation with a residual added before the activation (Note [Residual as a post-op] in
-// src/backend/cpu/conv_dnnl.cpp), against the float64 composition of braid's ops.
+// src/backend/cpu/conv.cpp), against the float64 composition of braid's ops.
 #include <gtest/gtest.h>
 
 #include <cstdlib>

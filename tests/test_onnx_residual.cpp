@@ -1,5 +1,5 @@
 // Residual blocks in the ONNX executor's inference (Note [Residual as a post-op] in
-// src/backend/cpu/conv_dnnl.cpp): Conv, BatchNormalization, then an Add of a value made before the
+// src/backend/cpu/conv.cpp): Conv, BatchNormalization, then an Add of a value made before the
 // convolution starts and a Relu, as PyTorch's exporter writes a ResNet block, run as one
 // convolution whose epilogue adds the shortcut. Against the graph as written (gradients recording)
 // and the float64 composition of braid's ops; the caller's input is never written into.

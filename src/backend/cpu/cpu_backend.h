@@ -2,7 +2,7 @@
 // floating matmul and Philox for random numbers. Each primitive lives in the .cpp file named after
 // its kind (memory.cpp, copy.cpp, elementwise.cpp, reduce.cpp, matmul.cpp, index.cpp, random.cpp,
 // conv.cpp, pool.cpp); fused.cpp holds the fused optimizer step and BatchNorm passes, chain.cpp the
-// elementwise chains and conv_dnnl.cpp the convolutions oneDNN runs, when it is built in.
+// elementwise chains and conv.cpp the convolutions oneDNN runs, when it is built in.
 #pragma once
 
 #include <csignal>
@@ -74,7 +74,7 @@ class CpuBackend final : public Backend {
   bool pointwise_conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Window2d& win, int64_t groups,
                         const Epilogue& epilogue, const Tensor& y);
 #ifdef BRAID_HAVE_DNNL
-  // conv_dnnl.cpp: float32 convolutions through oneDNN (Note [oneDNN convolutions])
+  // conv.cpp: float32 convolutions through oneDNN (Note [oneDNN convolutions])
   bool conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Window2d& win, int64_t groups,
               const Epilogue& epilogue, const Tensor& y) override;
   bool conv2d_prefers_channels_last(const Tensor& x, const Tensor& w, const Window2d& win, int64_t groups) override;
@@ -100,7 +100,7 @@ Backend& cpu_backend();
 
 #ifdef BRAID_HAVE_DNNL
 /// Whether oneDNN runs what it can (convolutions, float32 GEMM): not when BRAID_ONEDNN=0, which
-/// leaves braid's own kernels and OpenBLAS for a comparison (conv_dnnl.cpp).
+/// leaves braid's own kernels and OpenBLAS for a comparison (cpu_backend.cpp).
 bool onednn_enabled();
 
 /// C (M, N) = A (M, K, row stride lda) times B (K, N; b's memory, row stride ldb, or its transpose

@@ -1,5 +1,5 @@
 // Sets of oneDNN memory objects kept with a primitive and lent to one call at a time (Note [Memory
-// objects kept with the plan] in conv_dnnl.cpp), and running a primitive on an argument array.
+// objects kept with the plan] in conv.cpp), and running a primitive on an argument array.
 // Internal to the CPU backend.
 #pragma once
 

@@ -2,11 +2,14 @@
 // arithmetic in the operands' dtype (integers wrap; bool + is or, * is and), comparisons and logic
 // into bool, maximum/minimum with NaN winning. An integer division by zero or a negative integer
 // power sets a device flag that is read back after the kernel and reported as the CPU reports it.
+// The CudaBackend methods, which unpack the tensors for them (host.h), follow the kernels.
 #include <iterator>
 #include <type_traits>
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/convert.cuh"
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/host.h"
 
 namespace braid::detail::cuda {
 namespace {
@@ -211,8 +214,6 @@ struct WhereFn {
   __device__ void operator()(const int64_t* off) const { out[off[0]] = cond[off[1]] ? a[off[2]] : b[off[3]]; }
 };
 
-}  // namespace
-
 void launch_binary(BinaryOp op, DType type, const Indexer<3>& ix, int64_t n, void* out, const void* a, const void* b,
                    int device, cudaStream_t stream) {
   const char* name = binary_name(op);
@@ -238,4 +239,27 @@ void launch_where(DType type, const Indexer<4>& ix, int64_t n, void* out, const 
   });
 }
 
+}  // namespace
 }  // namespace braid::detail::cuda
+
+namespace braid::detail {
+
+void CudaBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
+  BRAID_ASSERT(a.dtype() == b.dtype() && out.dtype() == (op >= BinaryOp::Eq ? kBool : a.dtype()) &&
+                   a.shape() == out.shape() && b.shape() == out.shape(),
+               "binary: got ", dtype_name(a.dtype()), " ", shape_str(a.shape()), ", ", dtype_name(b.dtype()), " ",
+               shape_str(b.shape()), " -> ", dtype_name(out.dtype()), " ", shape_str(out.shape()));
+  cuda::Launch l("binary", out, {a, b});
+  cuda::launch_binary(op, a.dtype(), cuda::indexer<3>(out.shape(), {&out, &a, &b}), out.numel(), cuda::ptr(out),
+                      cuda::ptr(a), cuda::ptr(b), l.device, l.stream);
+}
+
+void CudaBackend::where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) {
+  BRAID_ASSERT(cond.dtype() == kBool && a.dtype() == out.dtype() && b.dtype() == out.dtype(),
+               "where: dtypes do not match");
+  cuda::Launch l("where", out, {cond, a, b});
+  cuda::launch_where(out.dtype(), cuda::indexer<4>(out.shape(), {&out, &cond, &a, &b}), out.numel(), cuda::ptr(out),
+                     static_cast<const bool*>(cuda::ptr(cond)), cuda::ptr(a), cuda::ptr(b), l.stream);
+}
+
+}  // namespace braid::detail

@@ -3,9 +3,12 @@
 // output element, each a gather, so nothing needs atomics: col2im sums into each x element the
 // taps that read it, in the CPU's tap order, and depthwise accumulates its taps in the CPU's order,
 // so both agree with the CPU bit for bit (no fused multiply-adds: see meson.build's -fmad=false).
+// The CudaBackend methods that unpack the tensors and launch them follow the kernels (host.h).
 #include <cstdint>
 
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/host.h"
 
 namespace braid::detail::cuda {
 namespace {
@@ -70,8 +73,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-}  // namespace
-
 void launch_im2col(DType type, const void* x, void* cols, int64_t n, int64_t c, const Window2d& win,
                    cudaStream_t stream) {
   BRAID_CHECK_T(TypeError, is_floating(type), "im2col: dtype ", dtype_name(type),
@@ -111,4 +112,38 @@ void launch_depthwise_conv2d(DType type, const void* x, const void* w, const voi
   });
 }
 
+}  // namespace
 }  // namespace braid::detail::cuda
+
+namespace braid::detail {
+
+void CudaBackend::im2col(const Tensor& x, const Window2d& win, const Tensor& cols) {
+  BRAID_ASSERT(x.dim() == 4 && x.is_contiguous() && cols.is_contiguous() && x.dtype() == cols.dtype(),
+               "im2col: x (N, C, h, w) and cols must be contiguous and of one dtype");
+  if (cols.numel() == 0) return;
+  cuda::Launch l("im2col", cols, {x});
+  cuda::launch_im2col(x.dtype(), cuda::ptr(x), cuda::ptr(cols), x.shape()[0], x.shape()[1], win, l.stream);
+}
+
+void CudaBackend::col2im(const Tensor& cols, const Window2d& win, const Tensor& x) {
+  BRAID_ASSERT(x.dim() == 4 && x.is_contiguous() && cols.is_contiguous() && x.dtype() == cols.dtype(),
+               "col2im: x (N, C, h, w) and cols must be contiguous and of one dtype");
+  if (cols.numel() == 0) return;
+  cuda::Launch l("col2im", x, {cols});
+  cuda::launch_col2im(x.dtype(), cuda::ptr(cols), cuda::ptr(x), x.shape()[0], x.shape()[1], win, l.stream);
+}
+
+void CudaBackend::depthwise_conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Window2d& win,
+                                   const Tensor& y) {
+  BRAID_ASSERT(x.dim() == 4 && w.dim() == 4 && y.dim() == 4 && x.is_contiguous() && w.is_contiguous() &&
+                   y.is_contiguous() && (!bias.defined() || bias.is_contiguous()) && x.dtype() == w.dtype() &&
+                   x.dtype() == y.dtype() && (!bias.defined() || bias.dtype() == x.dtype()),
+               "depthwise_conv2d: x, w, y (and bias) must be contiguous and of one dtype");
+  if (y.numel() == 0) return;
+  cuda::Launch l("depthwise_conv2d", y, {x, w, bias});
+  const int64_t c = x.shape()[1];
+  cuda::launch_depthwise_conv2d(x.dtype(), cuda::ptr(x), cuda::ptr(w), cuda::ptr(bias), cuda::ptr(y), x.shape()[0], c,
+                                w.shape()[0] / c, win, l.stream);
+}
+
+}  // namespace braid::detail

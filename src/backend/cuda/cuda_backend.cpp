@@ -1,6 +1,6 @@
 // The CUDA backend's instance, its memory (a stream-ordered caching allocator over the device's
-// memory pool), host transfers, synchronisation, events and device count. The primitives are in
-// primitives.cpp and matmul.cpp, the kernels in the .cu files beside them.
+// memory pool), host transfers, synchronisation, events and device count. Each primitive is in the
+// .cu file of its kernels, its host side included (host.h); matmul is in matmul.cpp (cuBLAS).
 #include "backend/cuda/cuda_backend.h"
 
 #include <cuda_runtime_api.h>

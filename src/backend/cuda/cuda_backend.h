@@ -1,7 +1,7 @@
 // The CUDA backend: the Backend primitives on NVIDIA GPUs (Note [The CUDA backend] in
 // cuda_backend.cpp). This header names no CUDA type, so the registry includes it freely; the
-// methods live in cuda_backend.cpp (memory, transfers), primitives.cpp (unpacking tensors for the
-// kernels in the .cu files) and matmul.cpp (cuBLAS).
+// methods live in cuda_backend.cpp (memory, transfers), matmul.cpp (cuBLAS) and, for every other
+// primitive, the .cu file of its kernels, where it unpacks its tensors for them (host.h).
 #pragma once
 
 #include "backend/backend.h"
@@ -26,21 +26,28 @@ class CudaBackend final : public Backend {
   void event_synchronize(const BackendEvent& event) override;
   double event_elapsed_ms(const BackendEvent& start, const BackendEvent& end) override;
 
-  // primitives.cpp
+  // copy.cu
   void copy(const Tensor& src, const Tensor& dst) override;
   void fill(const Tensor& dst, double value) override;
   void iota(const Tensor& dst, double start, double step) override;
+  // unary.cu
   void unary(UnaryOp op, const Tensor& x, const Tensor& out, double p0, double p1) override;
+  // binary.cu
   void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) override;
   void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) override;
+  // reduce.cu
   void reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t>& axes, const Tensor& out) override;
+  // index.cu
   void gather(const Tensor& x, int64_t axis, const Tensor& index, const Tensor& out) override;
   void scatter_add(const Tensor& out, int64_t axis, const Tensor& index, const Tensor& src) override;
+  // random.cu
   void random(RandomKind kind, const Tensor& out, uint64_t seed, uint64_t counter, double a, double b) override;
+  // conv.cu
   void im2col(const Tensor& x, const Window2d& win, const Tensor& cols) override;
   void col2im(const Tensor& cols, const Window2d& win, const Tensor& x) override;
   void depthwise_conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Window2d& win,
                         const Tensor& y) override;
+  // pool.cu
   void max_pool2d(const Tensor& x, const Window2d& win, const Tensor& out, const Tensor& indices) override;
   void avg_pool2d(const Tensor& x, const Window2d& win, bool count_include_pad, const Tensor& out) override;
   void avg_pool2d_backward(const Tensor& grad, const Window2d& win, bool count_include_pad,

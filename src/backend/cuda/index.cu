@@ -1,9 +1,12 @@
 // gather and scatter_add along one axis. The data operand's axis stride is zeroed in the indexer,
 // so each element finds its partner as base + index * axis_stride (as src/backend/cpu/index.cpp).
 // scatter_add accumulates with atomics, so float sums may add in another order than the CPU's.
+// The CudaBackend methods, which unpack the tensors for them (host.h), follow the kernels.
 #include <cstdint>
 
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/host.h"
 
 namespace braid::detail::cuda {
 namespace {
@@ -41,8 +44,6 @@ struct ScatterAddFn {
   }
 };
 
-}  // namespace
-
 void launch_gather(int element_size, const Indexer<3>& ix, int64_t n, int64_t axis_stride, void* out,
                    const int64_t* index, const void* x, cudaStream_t stream) {
   dispatch_bits(element_size, "gather", [&](auto tag) {
@@ -61,4 +62,37 @@ void launch_scatter_add(DType type, const Indexer<3>& ix, int64_t n, int64_t axi
   });
 }
 
+}  // namespace
 }  // namespace braid::detail::cuda
+
+namespace braid::detail {
+
+void CudaBackend::gather(const Tensor& x, int64_t axis, const Tensor& index, const Tensor& out) {
+  BRAID_ASSERT(
+      index.dtype() == kInt64 && index.shape() == out.shape() && x.dtype() == out.dtype() && x.dim() == out.dim(),
+      "gather: index must be int64 of out's shape");
+  if (out.numel() == 0) return;
+  cuda::Launch l("gather", out, {x, index});
+  Shape xs = x.strides();
+  const int64_t axis_stride = xs[axis];
+  xs[axis] = 0;
+  const auto ix = cuda::make_indexer<3>(out.shape(), {out.strides().data(), index.strides().data(), xs.data()});
+  cuda::launch_gather(static_cast<int>(x.element_size()), ix, out.numel(), axis_stride, cuda::ptr(out),
+                      static_cast<const int64_t*>(cuda::ptr(index)), cuda::ptr(x), l.stream);
+}
+
+void CudaBackend::scatter_add(const Tensor& out, int64_t axis, const Tensor& index, const Tensor& src) {
+  BRAID_ASSERT(
+      index.dtype() == kInt64 && index.shape() == src.shape() && src.dtype() == out.dtype() && src.dim() == out.dim(),
+      "scatter_add: index must be int64 of src's shape");
+  if (src.numel() == 0) return;
+  cuda::Launch l("scatter_add", out, {index, src});
+  Shape os = out.strides();
+  const int64_t axis_stride = os[axis];
+  os[axis] = 0;
+  const auto ix = cuda::make_indexer<3>(src.shape(), {os.data(), index.strides().data(), src.strides().data()});
+  cuda::launch_scatter_add(src.dtype(), ix, src.numel(), axis_stride, cuda::ptr(out),
+                           static_cast<const int64_t*>(cuda::ptr(index)), cuda::ptr(src), l.stream);
+}
+
+}  // namespace braid::detail

@@ -1,8 +1,6 @@
-// The CUDA kernels' host entry points: what the backend's host code (cuda_backend.cpp,
-// primitives.cpp, matmul.cpp, built by g++) calls after unpacking tensors into pointers, strided
-// indexers and sizes. Each is defined in the .cu file of its kind, validates the dtype (TypeError
-// naming the op for one the CPU backend refuses too), launches on the given stream and checks the
-// launch. Pointers are device addresses of the first element; strides and offsets are in elements.
+// The integer matmul kernel's host entry point, which matmul.cpp (built by g++, beside cuBLAS)
+// calls: it validates the dtype, launches on the given stream and checks the launch. Every other
+// kernel is launched from its own .cu file, whose CudaBackend methods unpack the tensors (host.h).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -13,76 +11,6 @@
 #include "backend/cuda/strided.h"
 
 namespace braid::detail::cuda {
-
-// ---- copy.cu ----
-/// dst = convert(src) over (dst, src), any two dtypes (float16/bfloat16 included).
-void launch_copy(DType dst_type, DType src_type, const Indexer<2>& ix, int64_t n, void* dst, const void* src,
-                 cudaStream_t stream);
-/// Every element of dst (element_size 1, 2, 4 or 8 bytes) set to the bit pattern bits.
-void launch_fill(int element_size, uint64_t bits, const Indexer<1>& ix, int64_t n, void* dst, cudaStream_t stream);
-/// dst[i] = convert(start + i * step) over a contiguous dst.
-void launch_iota(DType type, int64_t n, void* dst, double start, double step, cudaStream_t stream);
-
-// ---- unary.cu ----
-/// out = op(x) over (out, x); out is bool for LogicalNot and IsNan, else x's dtype.
-void launch_unary(UnaryOp op, DType type, const Indexer<2>& ix, int64_t n, void* out, const void* x, double p0,
-                  double p1, cudaStream_t stream);
-
-// ---- binary.cu ----
-/// out = op(a, b) over (out, a, b). Integer division by zero and negative integer powers are
-/// reported (ValueError, as on the CPU) after the kernel, through a flag read back from the device.
-void launch_binary(BinaryOp op, DType type, const Indexer<3>& ix, int64_t n, void* out, const void* a, const void* b,
-                   int device, cudaStream_t stream);
-/// out = cond ? a : b over (out, cond, a, b).
-void launch_where(DType type, const Indexer<4>& ix, int64_t n, void* out, const bool* cond, const void* a,
-                  const void* b, cudaStream_t stream);
-
-// ---- reduce.cu ----
-/// A reduction's two index spaces: the kept positions (row-major over out's shape, which is
-/// contiguous, with x's strides) and the reduced ones (x's strides over the reduced axes).
-struct ReduceShape {
-  Indexer<1> kept;
-  Indexer<1> reduced;
-  int64_t nout;
-  int64_t nred;
-};
-void launch_reduce(ReduceOp op, DType type, const ReduceShape& shape, const void* x, void* out, int device,
-                   cudaStream_t stream);
-/// argmax / argmin along one axis (len elements, stride apart) for each kept position.
-void launch_arg_reduce(bool is_max, DType type, const Indexer<1>& kept, int64_t nout, int64_t len, int64_t stride,
-                       const void* x, int64_t* out, cudaStream_t stream);
-
-// ---- index.cu ----
-/// out = x[..index..] over (out, index, x-with-its-axis-stride-zeroed); by element size.
-void launch_gather(int element_size, const Indexer<3>& ix, int64_t n, int64_t axis_stride, void* out,
-                   const int64_t* index, const void* x, cudaStream_t stream);
-/// out[..index..] += src over (out-with-its-axis-stride-zeroed, index, src), with atomics.
-void launch_scatter_add(DType type, const Indexer<3>& ix, int64_t n, int64_t axis_stride, void* out,
-                        const int64_t* index, const void* src, cudaStream_t stream);
-
-// ---- random.cu ----
-/// A contiguous out from the Philox stream, element i from block counter + i (as random.cpp).
-void launch_random(RandomKind kind, DType type, int64_t n, void* out, uint64_t seed, uint64_t counter, double a,
-                   double b, cudaStream_t stream);
-
-// ---- conv.cu (all operands contiguous) ----
-/// cols (C * kh * kw, N * oh * ow) from x (N, C, h, w); any floating dtype, float16/bfloat16 included.
-void launch_im2col(DType type, const void* x, void* cols, int64_t n, int64_t c, const Window2d& win,
-                   cudaStream_t stream);
-/// x (N, C, h, w) += col2im(cols (C * kh * kw, N * oh * ow)).
-void launch_col2im(DType type, const void* cols, void* x, int64_t n, int64_t c, const Window2d& win,
-                   cudaStream_t stream);
-/// y (N, C * mult, oh, ow) = depthwise x (N, C, h, w) with w (C * mult, 1, kh, kw), plus bias (or null).
-void launch_depthwise_conv2d(DType type, const void* x, const void* w, const void* bias, void* y, int64_t n, int64_t c,
-                             int64_t mult, const Window2d& win, cudaStream_t stream);
-
-// ---- pool.cu (all operands contiguous; planes = N * C) ----
-void launch_max_pool2d(DType type, const void* x, void* out, int64_t* indices, int64_t planes, const Window2d& win,
-                       cudaStream_t stream);
-void launch_avg_pool2d(DType type, const void* x, void* out, int64_t planes, const Window2d& win,
-                       bool count_include_pad, cudaStream_t stream);
-void launch_avg_pool2d_backward(DType type, const void* grad, void* grad_x, int64_t planes, const Window2d& win,
-                                bool count_include_pad, cudaStream_t stream);
 
 // ---- matmul_int.cu ----
 /// One operand of an integer matmul: its first element and its (rows, cols) strides.

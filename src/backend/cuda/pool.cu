@@ -1,10 +1,13 @@
 // 2-d max and average pooling and average pooling's adjoint over contiguous (N, C, h, w) planes,
 // one thread per output (per input element for the adjoint, a gather over the windows that hold
 // it, so no atomics). Window clipping, divisors, NaN handling and summation order are those of
-// src/backend/cpu/pool.cpp, so results equal the CPU's bit for bit.
+// src/backend/cpu/pool.cpp, so results equal the CPU's bit for bit. The CudaBackend methods that
+// unpack the tensors and launch them follow the kernels (host.h).
 #include <cstdint>
 
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/host.h"
 
 namespace braid::detail::cuda {
 namespace {
@@ -98,8 +101,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-}  // namespace
-
 void launch_max_pool2d(DType type, const void* x, void* out, int64_t* indices, int64_t planes, const Window2d& win,
                        cudaStream_t stream) {
   const int64_t total = planes * win.oh * win.ow;
@@ -136,4 +137,46 @@ void launch_avg_pool2d_backward(DType type, const void* grad, void* grad_x, int6
   });
 }
 
+}  // namespace
 }  // namespace braid::detail::cuda
+
+namespace braid::detail {
+
+namespace {
+void check_planes(const Tensor& x, const Tensor& out, const char* op) {
+  BRAID_ASSERT(x.dim() == 4 && out.dim() == 4 && x.is_contiguous() && out.is_contiguous() && x.dtype() == out.dtype() &&
+                   x.shape()[0] * x.shape()[1] == out.shape()[0] * out.shape()[1],
+               op, ": operands must be contiguous (N, C, *, *) tensors of one dtype");
+}
+}  // namespace
+
+void CudaBackend::max_pool2d(const Tensor& x, const Window2d& win, const Tensor& out, const Tensor& indices) {
+  check_planes(x, out, "max_pool2d");
+  BRAID_ASSERT(
+      !indices.defined() || (indices.dtype() == kInt64 && indices.is_contiguous() && indices.shape() == out.shape()),
+      "max_pool2d: indices must be contiguous int64 of out's shape");
+  if (out.numel() == 0) return;
+  cuda::Launch l("max_pool2d", out, {x, indices});
+  cuda::launch_max_pool2d(x.dtype(), cuda::ptr(x), cuda::ptr(out),
+                          static_cast<int64_t*>(cuda::ptr(indices)),  // null when undefined
+                          out.shape()[0] * out.shape()[1], win, l.stream);
+}
+
+void CudaBackend::avg_pool2d(const Tensor& x, const Window2d& win, bool count_include_pad, const Tensor& out) {
+  check_planes(x, out, "avg_pool2d");
+  if (out.numel() == 0) return;
+  cuda::Launch l("avg_pool2d", out, {x});
+  cuda::launch_avg_pool2d(x.dtype(), cuda::ptr(x), cuda::ptr(out), out.shape()[0] * out.shape()[1], win,
+                          count_include_pad, l.stream);
+}
+
+void CudaBackend::avg_pool2d_backward(const Tensor& grad, const Window2d& win, bool count_include_pad,
+                                      const Tensor& grad_x) {
+  check_planes(grad_x, grad, "avg_pool2d_backward");
+  if (grad.numel() == 0) return;
+  cuda::Launch l("avg_pool2d_backward", grad_x, {grad});
+  cuda::launch_avg_pool2d_backward(grad.dtype(), cuda::ptr(grad), cuda::ptr(grad_x), grad.shape()[0] * grad.shape()[1],
+                                   win, count_include_pad, l.stream);
+}
+
+}  // namespace braid::detail

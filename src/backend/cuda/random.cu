@@ -3,11 +3,14 @@
 // uniform, bernoulli and integer draws derived from them by exact arithmetic, equal the CPU's bit
 // for bit; every rounding step is an explicit _rn intrinsic so that no multiply-add is fused.
 // Normal draws go through log and cos, whose CUDA versions may differ from glibc's in the last ulp.
+// The CudaBackend methods, which unpack the tensors for them (host.h), follow the kernels.
 #include <cstdint>
 #include <type_traits>
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/convert.cuh"
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/host.h"
 #include "backend/philox.h"
 
 namespace braid::detail::cuda {
@@ -49,8 +52,6 @@ __global__ void __launch_bounds__(kThreads)
     out[i] = sample<T>(kind, philox(counter + static_cast<uint64_t>(i), seed), a, b);
 }
 
-}  // namespace
-
 void launch_random(RandomKind kind, DType type, int64_t n, void* out, uint64_t seed, uint64_t counter, double a,
                    double b, cudaStream_t stream) {
   if (n <= 0) return;
@@ -67,4 +68,16 @@ void launch_random(RandomKind kind, DType type, int64_t n, void* out, uint64_t s
   });
 }
 
+}  // namespace
 }  // namespace braid::detail::cuda
+
+namespace braid::detail {
+
+void CudaBackend::random(RandomKind kind, const Tensor& out, uint64_t seed, uint64_t counter, double a, double b) {
+  if (out.numel() == 0) return;
+  BRAID_ASSERT(out.is_contiguous(), "random: out must be contiguous");
+  cuda::Launch l("random", out, {});
+  cuda::launch_random(kind, out.dtype(), out.numel(), cuda::ptr(out), seed, counter, a, b, l.stream);
+}
+
+}  // namespace braid::detail

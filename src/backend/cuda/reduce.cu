@@ -9,14 +9,26 @@
 // neighbouring elements; otherwise (row sums, full reductions) a block reduces one output. Either
 // splits the reduced range over gridDim.y when there are too few outputs to fill the device, into
 // partial results that a third kernel combines.
+// The CudaBackend methods, which unpack the tensors for them (host.h), follow the kernels.
 #include <cstdlib>
 #include <type_traits>
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/convert.cuh"
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/host.h"
 
 namespace braid::detail::cuda {
 namespace {
+
+/// A reduction's two index spaces: the kept positions (row-major over out's shape, which is
+/// contiguous, with x's strides) and the reduced ones (x's strides over the reduced axes).
+struct ReduceShape {
+  Indexer<1> kept;
+  Indexer<1> reduced;
+  int64_t nout;
+  int64_t nred;
+};
 
 __host__ __device__ inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -261,8 +273,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-}  // namespace
-
 void launch_reduce(ReduceOp op, DType type, const ReduceShape& shape, const void* x, void* out, int device,
                    cudaStream_t stream) {
   static const char* const kNames[] = {"sum", "prod", "max", "min", "argmax", "argmin"};
@@ -310,4 +320,33 @@ void launch_arg_reduce(bool is_max, DType type, const Indexer<1>& kept, int64_t 
   });
 }
 
+}  // namespace
 }  // namespace braid::detail::cuda
+
+namespace braid::detail {
+
+void CudaBackend::reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t>& axes, const Tensor& out) {
+  static const char* const kNames[] = {"sum", "prod", "max", "min", "argmax", "argmin"};
+  const char* name = kNames[static_cast<int>(op)];
+  const bool arg = op == ReduceOp::ArgMax || op == ReduceOp::ArgMin;
+  if (out.numel() == 0) return;
+  BRAID_ASSERT(out.is_contiguous() && out.dtype() == (arg ? kInt64 : x.dtype()) && out.dim() == x.dim(), name,
+               ": out must be contiguous, keepdim-shaped and of the result dtype");
+  cuda::Launch l(name, out, {x});
+  // Kept positions in out's row-major order (out is contiguous), with x's strides.
+  const cuda::Indexer<1> kept = cuda::make_indexer<1>(out.shape(), {x.strides().data()}, /*reorder=*/false);
+  if (arg) {
+    BRAID_ASSERT(axes.size() == 1, name, " reduces exactly one axis");
+    const int64_t len = x.shape()[axes[0]];
+    BRAID_CHECK(len > 0, name, ": cannot reduce an empty axis");
+    return cuda::launch_arg_reduce(op == ReduceOp::ArgMax, x.dtype(), kept, out.numel(), len, x.strides()[axes[0]],
+                                   cuda::ptr(x), static_cast<int64_t*>(cuda::ptr(out)), l.stream);
+  }
+  Shape rshape(x.shape().size(), 1);  // x's shape over the reduced axes, 1 over the kept ones
+  for (int64_t a : axes) rshape[a] = x.shape()[a];
+  const cuda::ReduceShape shape{kept, cuda::make_indexer<1>(rshape, {x.strides().data()}), out.numel(),
+                                shape_numel(rshape)};
+  cuda::launch_reduce(op, x.dtype(), shape, cuda::ptr(x), cuda::ptr(out), l.device, l.stream);
+}
+
+}  // namespace braid::detail

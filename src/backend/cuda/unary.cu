@@ -3,12 +3,15 @@
 // integers the sign, rounding and clamp families (wrapping), every dtype logical_not and isnan.
 // float32 uses CUDA's libdevice functions where the CPU uses its own polynomials (fast_math.h), so
 // the two agree to a few ulp, not bit for bit.
+// The CudaBackend methods, which unpack the tensors for them (host.h), follow the kernels.
 #include <cmath>
 #include <iterator>
 #include <type_traits>
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/convert.cuh"
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/host.h"
 
 namespace braid::detail::cuda {
 namespace {
@@ -259,8 +262,6 @@ void int_unary(UnaryOp op, Launch<T> l, double p0, double p1, DType type) {
   }
 }
 
-}  // namespace
-
 void launch_unary(UnaryOp op, DType type, const Indexer<2>& ix, int64_t n, void* out, const void* x, double p0,
                   double p1, cudaStream_t stream) {
   const char* name = unary_name(op);
@@ -280,4 +281,19 @@ void launch_unary(UnaryOp op, DType type, const Indexer<2>& ix, int64_t n, void*
   });
 }
 
+}  // namespace
 }  // namespace braid::detail::cuda
+
+namespace braid::detail {
+
+void CudaBackend::unary(UnaryOp op, const Tensor& x, const Tensor& out, double p0, double p1) {
+  const bool bool_out = op == UnaryOp::LogicalNot || op == UnaryOp::IsNan;
+  BRAID_ASSERT(out.dtype() == (bool_out ? kBool : x.dtype()) && out.shape() == x.shape(), "unary: got ",
+               dtype_name(x.dtype()), " ", shape_str(x.shape()), " -> ", dtype_name(out.dtype()), " ",
+               shape_str(out.shape()));
+  cuda::Launch l("unary", out, {x});
+  cuda::launch_unary(op, x.dtype(), cuda::indexer<2>(out.shape(), {&out, &x}), out.numel(), cuda::ptr(out),
+                     cuda::ptr(x), p0, p1, l.stream);
+}
+
+}  // namespace braid::detail
