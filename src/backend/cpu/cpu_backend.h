@@ -12,8 +12,15 @@
 
 namespace braid::detail {
 
-/// Whether the fused primitives run (fused.cpp; BRAID_CPU_FUSED=0 turns them off).
+/// Whether the fused primitives run (fused.cpp; BRAID_CPU_FUSED=0 turns them off, and so does a
+/// CompositeOnly guard on its thread while it lives).
 bool fused_on();
+struct CompositeOnly {
+  CompositeOnly();
+  ~CompositeOnly();
+  CompositeOnly(const CompositeOnly&) = delete;
+  CompositeOnly& operator=(const CompositeOnly&) = delete;
+};
 
 class CpuBackend final : public Backend {
  public:

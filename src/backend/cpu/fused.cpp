@@ -60,10 +60,19 @@ bool contiguous_like(const Tensor& t, const Tensor& p) {
 
 // BRAID_CPU_FUSED=0 turns these primitives off, so that the ops compose what they compute: the path
 // every backend without them takes, tested on the CPU in CI (tests/meson.build, the *_composite runs).
+// A CompositeOnly guard does the same on its thread, so that one test compares each fused kernel
+// with its composite (tests/test_fused_values.cpp).
+namespace {
+thread_local int composite_only = 0;
+}  // namespace
+
 bool fused_on() {
   static const bool on = detail::knob_flag("BRAID_CPU_FUSED");
-  return on;
+  return on && composite_only == 0;
 }
+
+CompositeOnly::CompositeOnly() { ++composite_only; }
+CompositeOnly::~CompositeOnly() { --composite_only; }
 
 namespace {
 

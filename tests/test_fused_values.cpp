@@ -1,0 +1,205 @@
+// Every fused CPU kernel equals its composite on the special values: each op that has a fused
+// primitive run with it and under CompositeOnly (the op then composes the same result from the
+// required primitives, its definition), on inputs holding +-0, +-inf, NaN, subnormals, the largest
+// and smallest normal floats and random values. Bit for bit (NaN matching NaN) where the primitive
+// promises the composite's bits (elementwise kernels: quantisation, chains, Adam, the channel
+// affine); within float32 reassociation, with the same NaN and infinities, where it sums in another
+// order (softmax, layer_norm, batch statistics, the squeeze-and-excitation gate).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <string>
+
+#include "backend/cpu/cpu_backend.h"
+#include "braid/braid.h"
+#include "braid/chain.h"
+#include "braid/conv.h"
+#include "braid/optim.h"
+
+using namespace braid;
+
+namespace {
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+std::vector<float> special_values(size_t n, uint64_t seed, float scale = 4) {
+  std::vector<float> v = {0.0f,  -0.0f, kInf,  -kInf, std::numeric_limits<float>::quiet_NaN(),
+                          1e-40f, -1e-40f, std::numeric_limits<float>::denorm_min(), std::numeric_limits<float>::min(),
+                          -std::numeric_limits<float>::min(), std::numeric_limits<float>::max(),
+                          -std::numeric_limits<float>::max(), 1.0f, -1.0f, 0.5f, -0.5f, 1e30f, -1e30f, 3.0f, -3.0f};
+  Generator gen(seed);
+  const std::vector<float> r = (randn({static_cast<int64_t>(n)}, kFloat32, &gen) * scale).to_vector<float>();
+  for (size_t i = v.size(); i < n; ++i) v.push_back(r[i]);
+  v.resize(n);
+  return v;
+}
+
+Tensor special(const Shape& shape, uint64_t seed, float scale = 4) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return tensor(special_values(static_cast<size_t>(n), seed, scale), shape);
+}
+
+uint32_t bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+// Fused against composite: bit for bit (tolerance 0), or within tolerance relative to the
+// magnitude with NaN and infinities where the other has them.
+void expect_same(const std::string& what, const Tensor& fused, const Tensor& composite, double tolerance = 0) {
+  ASSERT_EQ(fused.shape(), composite.shape()) << what;
+  const std::vector<float> f = contiguous(fused).to(kFloat32).to_vector<float>();
+  const std::vector<float> c = contiguous(composite).to(kFloat32).to_vector<float>();
+  for (size_t i = 0; i < f.size(); ++i) {
+    const std::string where =
+        what + ": element " + std::to_string(i) + ": " + std::to_string(f[i]) + " vs " + std::to_string(c[i]);
+    if (std::isnan(c[i]) || std::isnan(f[i])) {
+      ASSERT_TRUE(std::isnan(c[i]) && std::isnan(f[i])) << where;
+    } else if (tolerance == 0 || std::isinf(c[i]) || std::isinf(f[i])) {
+      ASSERT_EQ(bits(f[i]), bits(c[i])) << where;
+    } else {
+      ASSERT_NEAR(f[i], c[i], tolerance * (1 + std::fabs(c[i]))) << where;
+    }
+  }
+}
+
+// op() with the fused kernels and under CompositeOnly.
+void expect_definition(const std::string& what, const std::function<Tensor()>& op, double tolerance = 0) {
+  NoGradGuard no_grad;
+  const Tensor fused = op();
+  Tensor composite;
+  {
+    detail::CompositeOnly guard;
+    composite = op();
+  }
+  expect_same(what, fused, composite, tolerance);
+}
+
+}  // namespace
+
+TEST(FusedValues, QuantisationKernelsEqualTheirComposites) {
+  const Tensor x = special({4, 50}, 1);
+  for (DType q : {kInt8, kUInt8}) {
+    const int64_t zero = q == kUInt8 ? 128 : -3;
+    expect_definition("quantize", [&] { return quantize(x, 0.05, zero, q).to(kFloat32); });
+    expect_definition("fake_quantize", [&] { return fake_quantize(x, 0.05, zero, q); });
+    const Tensor qx = quantize(x, 0.05, zero, q);
+    expect_definition("dequantize", [&] { return dequantize(qx, 0.05, zero); });
+  }
+  // dynamic_quantize reads the range: on finite values (a NaN or inf range has no scale).
+  std::vector<float> fv = special_values(200, 2);
+  for (float& f : fv)
+    if (!std::isfinite(f) || std::fabs(f) > 1e3f) f = 0.25f;
+  const Tensor finite = tensor(fv, {4, 50});
+  expect_definition("dynamic_quantize", [&] { return dynamic_quantize(finite).values.to(kFloat32); });
+  expect_definition("aminmax", [&] {
+    auto [lo, hi] = aminmax(x);
+    return stack({lo, hi}, 0);
+  });
+  expect_definition("aminmax of finite values", [&] {
+    auto [lo, hi] = aminmax(finite);
+    return stack({lo, hi}, 0);
+  });
+}
+
+TEST(FusedValues, ElementwiseChainEqualsItsSteps) {
+  const Tensor x = special({2, 3, 40}, 3);
+  Generator gen(4);
+  ChainStep fq;
+  fq.kind = ChainStep::Kind::FakeQuantize;
+  fq.scale = 0.1;
+  fq.zero = 7;
+  fq.qtype = kInt8;
+  ChainStep affine;
+  affine.kind = ChainStep::Kind::ChannelAffine;
+  affine.channel_scale = randn({3}, kFloat32, &gen);
+  affine.channel_shift = randn({3}, kFloat32, &gen);
+  affine.a = 0;
+  ChainStep add;
+  add.kind = ChainStep::Kind::Add;
+  add.a = 1;
+  add.b = ChainStep::kTensor;
+  add.operand = special({40}, 5);
+  ChainStep mul;
+  mul.kind = ChainStep::Kind::Mul;
+  mul.a = 2;
+  mul.b = ChainStep::kConstant;
+  mul.k = -0.0f;
+  ChainStep div;
+  div.kind = ChainStep::Kind::Div;
+  div.a = 0;
+  div.b = 3;
+  ChainStep gelu_step;
+  gelu_step.kind = ChainStep::Kind::Gelu;
+  gelu_step.a = 2;
+  ChainStep gelu_last;
+  gelu_last.kind = ChainStep::Kind::GeluHalfLast;
+  gelu_last.a = 5;
+  ChainStep sub;
+  sub.kind = ChainStep::Kind::Sub;
+  sub.a = ChainStep::kConstant;
+  sub.k = 1.5f;
+  sub.b = 6;
+  fq.a = 7;
+  const std::vector<ChainStep> steps = {affine, add, mul, div, gelu_step, gelu_last, sub, fq};
+  expect_definition("elementwise_chain", [&] { return elementwise_chain(x, steps); });
+  // Each unary step straight on the special values.
+  for (ChainStep::Kind kind : {ChainStep::Kind::Gelu, ChainStep::Kind::GeluHalfLast}) {
+    ChainStep one;
+    one.kind = kind;
+    one.a = 0;
+    expect_definition("elementwise_chain (one GELU step)", [&] { return elementwise_chain(x, {one}); });
+  }
+}
+
+TEST(FusedValues, AdamStepEqualsTheOptimizersComposite) {
+  for (bool amsgrad : {false, true}) {
+    SCOPED_TRACE(amsgrad ? "amsgrad" : "adam");
+    const auto run = [&] {
+      Tensor p = special({64}, 6).clone();
+      p.set_requires_grad(true);
+      optim::Adam opt({p}, {.lr = 0.01, .weight_decay = 0.1, .amsgrad = amsgrad});
+      for (int step = 0; step < 3; ++step) {
+        p.set_grad(special({64}, 7 + step, 2));
+        opt.step();
+      }
+      return p.detach();
+    };
+    const Tensor fused = run();
+    Tensor composite;
+    {
+      detail::CompositeOnly guard;
+      composite = run();
+    }
+    expect_same("adam_step", fused, composite);
+  }
+}
+
+TEST(FusedValues, NormalisationKernelsEqualTheirComposites) {
+  Generator gen(8);
+  const Tensor rows = special({6, 33}, 9);
+  expect_definition("softmax", [&] { return softmax(rows, -1); }, 1e-6);
+  const Tensor w = randn({33}, kFloat32, &gen), b = randn({33}, kFloat32, &gen);
+  expect_definition("layer_norm", [&] { return layer_norm(rows, 1, w, b, 1e-5); }, 1e-5);
+  // Rows of finite values but for one special value each: the row's statistics stay finite where
+  // the value is (a subnormal, a zero), and turn NaN in both where it is not.
+  const Tensor x = special({2, 3, 4, 5}, 10);
+  const Tensor scale = randn({3}, kFloat32, &gen), shift = randn({3}, kFloat32, &gen);
+  expect_definition("channel_affine", [&] { return channel_affine(x, scale, shift); });
+  expect_definition("batch_norm_training", [&] { return batch_norm_training(x, scale, shift, 1e-5)[0]; }, 1e-5);
+}
+
+TEST(FusedValues, SqueezeExciteEqualsItsComposite) {
+  Generator gen(11);
+  const Tensor x = special({2, 8, 3, 3}, 12);
+  const Tensor w1 = randn({4, 8, 1, 1}, kFloat32, &gen), b1 = randn({4}, kFloat32, &gen);
+  const Tensor w2 = randn({8, 4, 1, 1}, kFloat32, &gen), b2 = randn({8}, kFloat32, &gen);
+  expect_definition(
+      "squeeze_excite", [&] { return squeeze_excite(x, w1, b1, {"relu"}, w2, b2, {"hardsigmoid", 0.2, 0.5}); },
+      1e-5);
+}
