@@ -313,7 +313,7 @@ TEST(ConvLarge, ConvTransposeIsTheAdjointOfConv) {
   EXPECT_NEAR(lhs, rhs, 1e-10 * std::fabs(lhs));
 }
 
-// ---- float32 against float64 (Note [Optional primitives]) ----
+// ---- float32 against float64 (Note [Fused kernels]) ----
 // A backend's library kernels (oneDNN's on the CPU) take float32 convolutions, forward and both
 // backward passes, while float64 always runs the composite im2col + GEMM path that the gradient
 // checks above verify. Every geometry below, from ResNet and MobileNet layers to the edges (odd sizes

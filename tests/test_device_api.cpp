@@ -261,14 +261,14 @@ TEST(Device, TheShadowDeviceOffersTheCapabilitySetItRunsWith) {
   const char* caps = std::getenv("BRAID_SHADOW_CAPS");
   const bool as_cuda = caps != nullptr && std::string(caps) == "cuda";
   constexpr bool cuda_softmax =
-      !std::is_same_v<decltype(&detail::CudaBackend::softmax_rows), decltype(&detail::Backend::softmax_rows)>;
+      !std::is_same_v<decltype(&detail::CudaBackend::softmax_rows), decltype(&detail::FusedKernels::softmax_rows)>;
   constexpr bool cuda_moments =
-      !std::is_same_v<decltype(&detail::CudaBackend::channel_moments), decltype(&detail::Backend::channel_moments)>;
+      !std::is_same_v<decltype(&detail::CudaBackend::channel_moments), decltype(&detail::FusedKernels::channel_moments)>;
   manual_seed(3);
   const Tensor x = randn({5, 7}).cpu();
   const Tensor xs = x.to(kShadow);
   Tensor out = empty({5, 7}, kFloat32, kShadow);
-  const bool ran = detail::shadow_backend().softmax_rows(xs, out);
+  const bool ran = detail::shadow_backend().fused().softmax_rows(xs, out);
   EXPECT_EQ(ran, as_cuda ? cuda_softmax : true) << "BRAID_SHADOW_CAPS=" << (caps ? caps : "(unset)");
   if (ran) {
     EXPECT_TRUE(allclose(out.cpu(), softmax(x, -1), 1e-6, 1e-7));
@@ -277,7 +277,7 @@ TEST(Device, TheShadowDeviceOffersTheCapabilitySetItRunsWith) {
 
   const Tensor y = randn({3, 4, 5}).to(kShadow);
   Tensor mean = empty({4}, kFloat32, kShadow), var = empty({4}, kFloat32, kShadow);
-  const bool moments = detail::shadow_backend().channel_moments(y, mean, var);
+  const bool moments = detail::shadow_backend().fused().channel_moments(y, mean, var);
   EXPECT_EQ(moments, as_cuda ? cuda_moments : true);
   if (moments) {
     const Tensor yc = y.cpu();

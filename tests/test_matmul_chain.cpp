@@ -129,9 +129,9 @@ TEST(MatmulChain, IsTheProductThroughTheSteps) {
 #ifdef BRAID_HAVE_DNNL
   // The weight has been seen: the CPU backend's epilogue takes the bias and the residual.
   const Tensor out = empty({batch * m, n});
-  const std::vector<detail::Backend::EpilogueStep> epilogue{{K::Add, bias_t, 0},
+  const std::vector<detail::FusedKernels::EpilogueStep> epilogue{{K::Add, bias_t, 0},
                                                             {K::Add, res_t.reshape({batch * m * n}), 0}};
-  ASSERT_TRUE(detail::cpu_backend().matmul_epilogue(a.reshape({batch * m, k}), b, epilogue, out));
+  ASSERT_TRUE(detail::cpu_backend().fused().matmul_epilogue(a.reshape({batch * m, k}), b, epilogue, out));
   EXPECT_EQ(out.reshape({batch, m, n}).to_vector<float>(), ((matmul(a, b) + bias_t) + res_t).to_vector<float>());
 #endif
 }

@@ -529,7 +529,7 @@ TEST(Optimizer, SgdStepClosedForm) {
   EXPECT_EQ(p.to_vector<double>(), (std::vector<double>{1.0 - 0.1 * (0.5 + 0.2), -2.0 - 0.1 * (0.25 - 0.4)}));
 }
 
-// A backend's fused Adam step (Note [Optional primitives]) is the composite update, written here
+// A backend's fused Adam step (Note [Fused kernels]) is the composite update, written here
 // from torch/optim/adam.py's single-tensor path with braid's ops: every operation rounds where the
 // composite's does, so the two agree bit for bit, in both dtypes, for Adam and AdamW, with amsgrad.
 // Large enough (100,000 elements) for the fused loop to run on every thread.

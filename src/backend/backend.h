@@ -107,6 +107,128 @@ struct BackendEvent {
   virtual ~BackendEvent() = default;
 };
 
+/// One step of matmul_epilogue and matmul_int8_epilogue: out = out (+ - * /) operand.
+struct FusedKernelsEpilogueStep {
+  ChainStep::Kind kind;  // Add, Sub, Mul or Div
+  Tensor operand;        // float32, contiguous: 1, N (one per column) or M * N (row-major) elements,
+  float k = 0;           // or undefined for this one value
+};
+
+// Note [Fused kernels]
+// Every kernel that computes a whole composite in one pass (oneDNN's or cuDNN's convolutions, a
+// chain of elementwise steps, an optimizer's update) is an entry of one table, FusedKernels, which
+// a backend returns from Backend::fused(): the entries it overrides are the kernels it has. Each
+// returns true when it computed the result and false when it has no kernel for the case (dtype,
+// geometry, library absent). Each entry's definition is the composite that the op calling it
+// writes from the required primitives of Backend, which every backend has: the op runs that
+// composite wherever the entry declines, so a backend without the entry (the default table has
+// none) computes the same values, and tests/test_fused_values.cpp holds each CPU entry to its
+// composite on the special values. The op never asks which backend it is talking to, and the
+// backward formulas stay the op's: these are building blocks that the formulas call. Where each
+// composite lives: conv2d, conv2d_backward_input/weight and conv2d_prefers_channels_last in
+// src/ops/conv.cpp (im2col + matmul, col2im); max_pool2d_channels_last in src/ops/pool.cpp;
+// matmul_int8, quantize, dequantize, dynamic_quantize, fake_quantize in src/ops/quant.cpp;
+// matmul_epilogue, matmul_int8_epilogue, elementwise_chain in src/ops/chain.cpp; aminmax and
+// softmax_rows in src/ops/reduce.cpp; layer_norm_rows and the channel_* passes in src/ops/norm.cpp;
+// squeeze_excite in src/ops/squeeze_excite.cpp; adam_step in src/optim/adam.cpp.
+class FusedKernels {
+ public:
+  virtual ~FusedKernels() = default;
+  using EpilogueStep = FusedKernelsEpilogueStep;
+
+  /// y (N, C_out, oh, ow) = epilogue(x (N, C, h, w) convolved with w (C_out, C / groups, kh, kw),
+  /// plus bias (C_out) when defined). w and bias contiguous; x and y each contiguous or channels-last
+  /// (Note [Channels-last activations in inference]), which a backend that does not take that layout
+  /// declines. The backend checks the dtypes it takes.
+  virtual bool conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Window2d& win, int64_t groups,
+                      const Epilogue& epilogue, const Tensor& y);
+  /// max_pool2d's values (no positions) for channels-last x and out (Note [Channels-last
+  /// activations in inference]); false where the backend has no such kernel.
+  virtual bool max_pool2d_channels_last(const Tensor& x, const Window2d& win, const Tensor& out);
+  /// Whether conv2d's kernel for this geometry works on channels-last activations, so that an
+  /// output in that layout saves it a conversion (Note [Channels-last activations in inference]).
+  virtual bool conv2d_prefers_channels_last(const Tensor& x, const Tensor& w, const Window2d& win, int64_t groups);
+  /// gx (N, C, h, w) = the adjoint of conv2d in x applied to gy (N, C_out, oh, ow) (overwritten, not
+  /// accumulated); w as conv2d's. All contiguous.
+  virtual bool conv2d_backward_input(const Tensor& gy, const Tensor& w, const Window2d& win, int64_t groups,
+                                     const Tensor& gx);
+  /// gw (C_out, C / groups, kh, kw) = the gradient of conv2d's weight, given its input x (N, C, h, w)
+  /// and gy (N, C_out, oh, ow) (overwritten). All contiguous.
+  virtual bool conv2d_backward_weight(const Tensor& x, const Tensor& gy, const Window2d& win, int64_t groups,
+                                      const Tensor& gw);
+  /// out (M, N) int32 = (a - a_zero)(b - b_zero) for a (M, K) and b (K, N), each int8 or uint8, zero
+  /// points in their operand's range; all contiguous (int_matmul, ONNX's quantised products).
+  virtual bool matmul_int8(const Tensor& a, int64_t a_zero, const Tensor& b, int64_t b_zero, const Tensor& out);
+  /// out (M, N) float32 = matmul_int8's exact product of a (M, K) and b (K, N) converted to float32,
+  /// then each step of `epilogue` in order, each one float32 operation, so that the result is bitwise
+  /// the conversion and the steps run as ops (braid::int_matmul_chain; onnxruntime's quantisers write
+  /// the scale and the bias after every MatMulInteger).
+  virtual bool matmul_int8_epilogue(const Tensor& a, int64_t a_zero, const Tensor& b, int64_t b_zero,
+                                    const std::vector<EpilogueStep>& epilogue, const Tensor& out);
+  /// out (M, N) float32 = a (M, K) times b (K, N), both float32 and contiguous (b a weight: a matrix
+  /// that later products read again), then each step of `epilogue` in order, each one float32
+  /// operation, so that the result is the product's (up to the order of its sums) with the steps run
+  /// as ops (braid::matmul_chain: a linear layer's bias and a residual).
+  virtual bool matmul_epilogue(const Tensor& a, const Tensor& b, const std::vector<EpilogueStep>& epilogue,
+                               const Tensor& out);
+  /// out (float32, x's shape) = (x - zero) * scale for x int8 or uint8, contiguous; the subtraction
+  /// and the multiplication in float32 (braid::dequantize).
+  virtual bool dequantize(const Tensor& x, double scale, int64_t zero, const Tensor& out);
+  /// lo and hi (0-d float32) = the minimum and the maximum of x (float32, contiguous, not empty),
+  /// NaN when x holds one; which zero of -0 and +0 is unspecified (braid::aminmax).
+  virtual bool aminmax(const Tensor& x, const Tensor& lo, const Tensor& hi);
+  /// ONNX's DynamicQuantizeLinear of x (float32, contiguous, not empty) into out (uint8, x's
+  /// shape): scale and zero point from x's minimum and maximum as dynamic_quantize_params gives them,
+  /// then quantize's values; bitwise braid::dynamic_quantize's composite.
+  virtual bool dynamic_quantize(const Tensor& x, const Tensor& out, float& scale, int64_t& zero);
+  /// out = softmax of x along its last axis, x contiguous (rows of x.size(-1)), with the composite's
+  /// steps: m = max, e = exp(x - m), out = e / sum(e) (braid::softmax, forward only).
+  virtual bool softmax_rows(const Tensor& x, const Tensor& out);
+  /// Layer normalisation of the rows of x (x contiguous, rows of n = weight's or bias's numel or the
+  /// caller's row length: out's trailing size), with the composite's steps: m = mean, inv =
+  /// 1 / sqrt(biased var + eps), out = (x - m) * inv, then * weight and + bias where defined (each n
+  /// contiguous). mean and inv (one per row, contiguous) are written where defined (braid::
+  /// layer_norm, forward only).
+  virtual bool layer_norm_rows(const Tensor& x, int64_t n, const Tensor& weight, const Tensor& bias, double eps,
+                               const Tensor& out, const Tensor& mean, const Tensor& inv);
+  /// out (float32, x's shape) = dequantize(quantize(x, scale, zero, qtype), scale, zero), x float32
+  /// and contiguous, qtype int8 or uint8, bitwise the two composites (braid::fake_quantize).
+  virtual bool fake_quantize(const Tensor& x, double scale, int64_t zero, DType qtype, const Tensor& out);
+  /// out = the last slot of braid::elementwise_chain's steps over x (float32, contiguous, out
+  /// likewise), the channel of flat element i being (i / inner) % channels; each step the float32
+  /// operations of its op, so that the result is bitwise the steps run one by one.
+  virtual bool elementwise_chain(const Tensor& x, const std::vector<ChainStep>& steps, int64_t channels, int64_t inner,
+                                 const Tensor& out);
+  /// The squeeze-and-excitation gate of x (braid::squeeze_excite_gate) into gate (N, C), and where out
+  /// is defined x times it (braid::squeeze_excite): per sample n, m = the mean of x over H and W,
+  /// gate[n] = e2(w2 e1(w1 m + b1) + b2), out[n, c, ...] = x[n, c, ...] * gate[n, c]. x and out float32
+  /// and contiguous, (N, H, W, C) when channels_last, else (N, C, H, W); w1 (C_mid, C), w2 (C, C_mid),
+  /// b1 (C_mid) and b2 (C) contiguous float32 or undefined; e1 and e2 activations only.
+  virtual bool squeeze_excite(const Tensor& x, bool channels_last, const Tensor& w1, const Tensor& b1,
+                              const Epilogue& e1, const Tensor& w2, const Tensor& b2, const Epilogue& e2,
+                              const Tensor& gate, const Tensor& out);
+  /// out (int8 or uint8, x's shape) = round_half_even(x / scale) + zero saturated to out's range, x
+  /// float32 and contiguous, the division in float32; NaN gives 0 (braid::quantize).
+  virtual bool quantize(const Tensor& x, double scale, int64_t zero, const Tensor& out);
+  /// One Adam step in one pass over memory, in the order of the optimizer's composite update:
+  /// p = p * decay; m = beta1 m + (1 - beta1) g; v = beta2 v + (1 - beta2) g^2; s = max(max_v, v)
+  /// written to max_v when it is defined (amsgrad), else v; p = p + (m / (sqrt(s) /
+  /// sqrt_bias_correction2 + eps)) * -step_size. All contiguous, of one dtype and shape.
+  virtual bool adam_step(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const Tensor& max_v,
+                         const AdamStep& s);
+  // Batch normalisation's passes over x viewed as (N, C, S), per channel c (src/ops/norm.cpp). All
+  // contiguous and of one dtype.
+  /// mean (C) and the biased variance var (C) of x over N and S.
+  virtual bool channel_moments(const Tensor& x, const Tensor& mean, const Tensor& var);
+  /// sum_g (C) = the sum of g, and sum_gxc (C) = the sum of g * (x - mean[c]), over N and S.
+  virtual bool channel_grad_sums(const Tensor& g, const Tensor& x, const Tensor& mean, const Tensor& sum_g,
+                                 const Tensor& sum_gxc);
+  /// out = (a * sa[c] + shift[c]) + (b - b_mean[c]) * sb[c], the last term only when b is defined;
+  /// a, b, out (N, C, S), the others (C).
+  virtual bool channel_affine(const Tensor& a, const Tensor& sa, const Tensor& shift, const Tensor& b,
+                              const Tensor& b_mean, const Tensor& sb, const Tensor& out);
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -190,111 +312,8 @@ class Backend {
   virtual void avg_pool2d_backward(const Tensor& grad, const Window2d& win, bool count_include_pad,
                                    const Tensor& grad_x) = 0;
 
-  // Note [Optional primitives]
-  // A backend with a library kernel for a whole composite (oneDNN's or cuDNN's convolutions) offers
-  // it here. Each returns true when it computed the result and false when it has no kernel for the
-  // case (dtype, geometry, library absent): the op then composes the same result from the
-  // primitives above, which every backend has. The defaults have none. The op never asks which
-  // backend it is talking to, and the backward formulas stay the op's: these are building blocks
-  // that the formulas call.
-
-  /// y (N, C_out, oh, ow) = epilogue(x (N, C, h, w) convolved with w (C_out, C / groups, kh, kw),
-  /// plus bias (C_out) when defined). w and bias contiguous; x and y each contiguous or channels-last
-  /// (Note [Channels-last activations in inference]), which a backend that does not take that layout
-  /// declines. The backend checks the dtypes it takes.
-  virtual bool conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Window2d& win, int64_t groups,
-                      const Epilogue& epilogue, const Tensor& y);
-  /// max_pool2d's values (no positions) for channels-last x and out (Note [Channels-last
-  /// activations in inference]); false where the backend has no such kernel.
-  virtual bool max_pool2d_channels_last(const Tensor& x, const Window2d& win, const Tensor& out);
-  /// Whether conv2d's kernel for this geometry works on channels-last activations, so that an
-  /// output in that layout saves it a conversion (Note [Channels-last activations in inference]).
-  virtual bool conv2d_prefers_channels_last(const Tensor& x, const Tensor& w, const Window2d& win, int64_t groups);
-  /// gx (N, C, h, w) = the adjoint of conv2d in x applied to gy (N, C_out, oh, ow) (overwritten, not
-  /// accumulated); w as conv2d's. All contiguous.
-  virtual bool conv2d_backward_input(const Tensor& gy, const Tensor& w, const Window2d& win, int64_t groups,
-                                     const Tensor& gx);
-  /// gw (C_out, C / groups, kh, kw) = the gradient of conv2d's weight, given its input x (N, C, h, w)
-  /// and gy (N, C_out, oh, ow) (overwritten). All contiguous.
-  virtual bool conv2d_backward_weight(const Tensor& x, const Tensor& gy, const Window2d& win, int64_t groups,
-                                      const Tensor& gw);
-  /// out (M, N) int32 = (a - a_zero)(b - b_zero) for a (M, K) and b (K, N), each int8 or uint8, zero
-  /// points in their operand's range; all contiguous (int_matmul, ONNX's quantised products).
-  virtual bool matmul_int8(const Tensor& a, int64_t a_zero, const Tensor& b, int64_t b_zero, const Tensor& out);
-  /// One step of matmul_epilogue and matmul_int8_epilogue: out = out (+ - * /) operand.
-  struct EpilogueStep {
-    ChainStep::Kind kind;  // Add, Sub, Mul or Div
-    Tensor operand;        // float32, contiguous: 1, N (one per column) or M * N (row-major) elements,
-    float k = 0;           // or undefined for this one value
-  };
-  /// out (M, N) float32 = matmul_int8's exact product of a (M, K) and b (K, N) converted to float32,
-  /// then each step of `epilogue` in order, each one float32 operation, so that the result is bitwise
-  /// the conversion and the steps run as ops (braid::int_matmul_chain; onnxruntime's quantisers write
-  /// the scale and the bias after every MatMulInteger).
-  virtual bool matmul_int8_epilogue(const Tensor& a, int64_t a_zero, const Tensor& b, int64_t b_zero,
-                                    const std::vector<EpilogueStep>& epilogue, const Tensor& out);
-  /// out (M, N) float32 = a (M, K) times b (K, N), both float32 and contiguous (b a weight: a matrix
-  /// that later products read again), then each step of `epilogue` in order, each one float32
-  /// operation, so that the result is the product's (up to the order of its sums) with the steps run
-  /// as ops (braid::matmul_chain: a linear layer's bias and a residual).
-  virtual bool matmul_epilogue(const Tensor& a, const Tensor& b, const std::vector<EpilogueStep>& epilogue,
-                               const Tensor& out);
-  /// out (float32, x's shape) = (x - zero) * scale for x int8 or uint8, contiguous; the subtraction
-  /// and the multiplication in float32 (braid::dequantize).
-  virtual bool dequantize(const Tensor& x, double scale, int64_t zero, const Tensor& out);
-  /// lo and hi (0-d float32) = the minimum and the maximum of x (float32, contiguous, not empty),
-  /// NaN when x holds one; which zero of -0 and +0 is unspecified (braid::aminmax).
-  virtual bool aminmax(const Tensor& x, const Tensor& lo, const Tensor& hi);
-  /// ONNX's DynamicQuantizeLinear of x (float32, contiguous, not empty) into out (uint8, x's
-  /// shape): scale and zero point from x's minimum and maximum as dynamic_quantize_params gives them,
-  /// then quantize's values; bitwise braid::dynamic_quantize's composite.
-  virtual bool dynamic_quantize(const Tensor& x, const Tensor& out, float& scale, int64_t& zero);
-  /// out = softmax of x along its last axis, x contiguous (rows of x.size(-1)), with the composite's
-  /// steps: m = max, e = exp(x - m), out = e / sum(e) (braid::softmax, forward only).
-  virtual bool softmax_rows(const Tensor& x, const Tensor& out);
-  /// Layer normalisation of the rows of x (x contiguous, rows of n = weight's or bias's numel or the
-  /// caller's row length: out's trailing size), with the composite's steps: m = mean, inv =
-  /// 1 / sqrt(biased var + eps), out = (x - m) * inv, then * weight and + bias where defined (each n
-  /// contiguous). mean and inv (one per row, contiguous) are written where defined (braid::
-  /// layer_norm, forward only).
-  virtual bool layer_norm_rows(const Tensor& x, int64_t n, const Tensor& weight, const Tensor& bias, double eps,
-                               const Tensor& out, const Tensor& mean, const Tensor& inv);
-  /// out (float32, x's shape) = dequantize(quantize(x, scale, zero, qtype), scale, zero), x float32
-  /// and contiguous, qtype int8 or uint8, bitwise the two composites (braid::fake_quantize).
-  virtual bool fake_quantize(const Tensor& x, double scale, int64_t zero, DType qtype, const Tensor& out);
-  /// out = the last slot of braid::elementwise_chain's steps over x (float32, contiguous, out
-  /// likewise), the channel of flat element i being (i / inner) % channels; each step the float32
-  /// operations of its op, so that the result is bitwise the steps run one by one.
-  virtual bool elementwise_chain(const Tensor& x, const std::vector<ChainStep>& steps, int64_t channels, int64_t inner,
-                                 const Tensor& out);
-  /// The squeeze-and-excitation gate of x (braid::squeeze_excite_gate) into gate (N, C), and where out
-  /// is defined x times it (braid::squeeze_excite): per sample n, m = the mean of x over H and W,
-  /// gate[n] = e2(w2 e1(w1 m + b1) + b2), out[n, c, ...] = x[n, c, ...] * gate[n, c]. x and out float32
-  /// and contiguous, (N, H, W, C) when channels_last, else (N, C, H, W); w1 (C_mid, C), w2 (C, C_mid),
-  /// b1 (C_mid) and b2 (C) contiguous float32 or undefined; e1 and e2 activations only.
-  virtual bool squeeze_excite(const Tensor& x, bool channels_last, const Tensor& w1, const Tensor& b1,
-                              const Epilogue& e1, const Tensor& w2, const Tensor& b2, const Epilogue& e2,
-                              const Tensor& gate, const Tensor& out);
-  /// out (int8 or uint8, x's shape) = round_half_even(x / scale) + zero saturated to out's range, x
-  /// float32 and contiguous, the division in float32; NaN gives 0 (braid::quantize).
-  virtual bool quantize(const Tensor& x, double scale, int64_t zero, const Tensor& out);
-  /// One Adam step in one pass over memory, in the order of the optimizer's composite update:
-  /// p = p * decay; m = beta1 m + (1 - beta1) g; v = beta2 v + (1 - beta2) g^2; s = max(max_v, v)
-  /// written to max_v when it is defined (amsgrad), else v; p = p + (m / (sqrt(s) /
-  /// sqrt_bias_correction2 + eps)) * -step_size. All contiguous, of one dtype and shape.
-  virtual bool adam_step(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const Tensor& max_v,
-                         const AdamStep& s);
-  // Batch normalisation's passes over x viewed as (N, C, S), per channel c (src/ops/norm.cpp). All
-  // contiguous and of one dtype.
-  /// mean (C) and the biased variance var (C) of x over N and S.
-  virtual bool channel_moments(const Tensor& x, const Tensor& mean, const Tensor& var);
-  /// sum_g (C) = the sum of g, and sum_gxc (C) = the sum of g * (x - mean[c]), over N and S.
-  virtual bool channel_grad_sums(const Tensor& g, const Tensor& x, const Tensor& mean, const Tensor& sum_g,
-                                 const Tensor& sum_gxc);
-  /// out = (a * sa[c] + shift[c]) + (b - b_mean[c]) * sb[c], the last term only when b is defined;
-  /// a, b, out (N, C, S), the others (C).
-  virtual bool channel_affine(const Tensor& a, const Tensor& sa, const Tensor& shift, const Tensor& b,
-                              const Tensor& b_mean, const Tensor& sb, const Tensor& out);
+  /// Its table of fused kernels (Note [Fused kernels]); the default offers none.
+  virtual FusedKernels& fused();
 };
 
 /// The backend that runs tensors on device; NotImplementedError when the device is not compiled

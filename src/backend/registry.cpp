@@ -70,55 +70,58 @@ bool device_available(Device device) { return device.index >= 0 && device.index 
 
 namespace detail {
 
-// A backend without its own kernels composes every convolution, int8 product, optimizer step and BatchNorm pass
-// (Note [Optional primitives]).
-bool Backend::conv2d(const Tensor&, const Tensor&, const Tensor&, const Window2d&, int64_t, const Epilogue&,
+// The default table of fused kernels has none: every op runs its composite (Note [Fused kernels]).
+FusedKernels& Backend::fused() {
+  static FusedKernels none;
+  return none;
+}
+bool FusedKernels::conv2d(const Tensor&, const Tensor&, const Tensor&, const Window2d&, int64_t, const Epilogue&,
                      const Tensor&) {
   return false;
 }
 void* Backend::allocate_pinned(Device, int64_t) { return nullptr; }
 void Backend::deallocate_pinned(Device, void*, int64_t) {}
-bool Backend::max_pool2d_channels_last(const Tensor&, const Window2d&, const Tensor&) { return false; }
-bool Backend::conv2d_prefers_channels_last(const Tensor&, const Tensor&, const Window2d&, int64_t) { return false; }
-bool Backend::conv2d_backward_input(const Tensor&, const Tensor&, const Window2d&, int64_t, const Tensor&) {
+bool FusedKernels::max_pool2d_channels_last(const Tensor&, const Window2d&, const Tensor&) { return false; }
+bool FusedKernels::conv2d_prefers_channels_last(const Tensor&, const Tensor&, const Window2d&, int64_t) { return false; }
+bool FusedKernels::conv2d_backward_input(const Tensor&, const Tensor&, const Window2d&, int64_t, const Tensor&) {
   return false;
 }
-bool Backend::conv2d_backward_weight(const Tensor&, const Tensor&, const Window2d&, int64_t, const Tensor&) {
+bool FusedKernels::conv2d_backward_weight(const Tensor&, const Tensor&, const Window2d&, int64_t, const Tensor&) {
   return false;
 }
-bool Backend::matmul_int8(const Tensor&, int64_t, const Tensor&, int64_t, const Tensor&) { return false; }
-bool Backend::matmul_epilogue(const Tensor&, const Tensor&, const std::vector<EpilogueStep>&, const Tensor&) {
+bool FusedKernels::matmul_int8(const Tensor&, int64_t, const Tensor&, int64_t, const Tensor&) { return false; }
+bool FusedKernels::matmul_epilogue(const Tensor&, const Tensor&, const std::vector<EpilogueStep>&, const Tensor&) {
   return false;
 }
-bool Backend::matmul_int8_epilogue(const Tensor&, int64_t, const Tensor&, int64_t, const std::vector<EpilogueStep>&,
+bool FusedKernels::matmul_int8_epilogue(const Tensor&, int64_t, const Tensor&, int64_t, const std::vector<EpilogueStep>&,
                                    const Tensor&) {
   return false;
 }
-bool Backend::quantize(const Tensor&, double, int64_t, const Tensor&) { return false; }
-bool Backend::aminmax(const Tensor&, const Tensor&, const Tensor&) { return false; }
-bool Backend::dynamic_quantize(const Tensor&, const Tensor&, float&, int64_t&) { return false; }
-bool Backend::squeeze_excite(const Tensor&, bool, const Tensor&, const Tensor&, const Epilogue&, const Tensor&,
+bool FusedKernels::quantize(const Tensor&, double, int64_t, const Tensor&) { return false; }
+bool FusedKernels::aminmax(const Tensor&, const Tensor&, const Tensor&) { return false; }
+bool FusedKernels::dynamic_quantize(const Tensor&, const Tensor&, float&, int64_t&) { return false; }
+bool FusedKernels::squeeze_excite(const Tensor&, bool, const Tensor&, const Tensor&, const Epilogue&, const Tensor&,
                              const Tensor&, const Epilogue&, const Tensor&, const Tensor&) {
   return false;
 }
-bool Backend::softmax_rows(const Tensor&, const Tensor&) { return false; }
-bool Backend::layer_norm_rows(const Tensor&, int64_t, const Tensor&, const Tensor&, double, const Tensor&,
+bool FusedKernels::softmax_rows(const Tensor&, const Tensor&) { return false; }
+bool FusedKernels::layer_norm_rows(const Tensor&, int64_t, const Tensor&, const Tensor&, double, const Tensor&,
                               const Tensor&, const Tensor&) {
   return false;
 }
-bool Backend::dequantize(const Tensor&, double, int64_t, const Tensor&) { return false; }
-bool Backend::fake_quantize(const Tensor&, double, int64_t, DType, const Tensor&) { return false; }
-bool Backend::elementwise_chain(const Tensor&, const std::vector<ChainStep>&, int64_t, int64_t, const Tensor&) {
+bool FusedKernels::dequantize(const Tensor&, double, int64_t, const Tensor&) { return false; }
+bool FusedKernels::fake_quantize(const Tensor&, double, int64_t, DType, const Tensor&) { return false; }
+bool FusedKernels::elementwise_chain(const Tensor&, const std::vector<ChainStep>&, int64_t, int64_t, const Tensor&) {
   return false;
 }
-bool Backend::adam_step(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const AdamStep&) {
+bool FusedKernels::adam_step(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const AdamStep&) {
   return false;
 }
-bool Backend::channel_moments(const Tensor&, const Tensor&, const Tensor&) { return false; }
-bool Backend::channel_grad_sums(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
+bool FusedKernels::channel_moments(const Tensor&, const Tensor&, const Tensor&) { return false; }
+bool FusedKernels::channel_grad_sums(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
   return false;
 }
-bool Backend::channel_affine(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+bool FusedKernels::channel_affine(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                              const Tensor&) {
   return false;
 }

@@ -103,7 +103,7 @@ Tensor elementwise_chain(const Tensor& x, const std::vector<ChainStep>& steps) {
         s.operand = broadcast_view(s.operand.detach(), x.shape());
         if (channels_last) s.operand = s.operand.permute({0, 2, 3, 1});
       }
-    if (backend_of(x).elementwise_chain(l.in, in_order, channels, channels_last ? 1 : inner, l.out)) return l.result;
+    if (backend_of(x).fused().elementwise_chain(l.in, in_order, channels, channels_last ? 1 : inner, l.out)) return l.result;
   }
   // The composite: each step as its op.
   std::vector<Tensor> v{cast(xd, kFloat32)};
@@ -151,7 +151,7 @@ namespace {
 // Step s as an epilogue step on the running value (slot `at`), or false: arithmetic with the
 // running value first (either side for Add and Mul) and a constant, or a tensor of one value, one per
 // column (n along the last axis) or one per element of the product.
-bool epilogue_step(const ChainStep& s, int at, const Shape& product, Device device, Backend::EpilogueStep& e) {
+bool epilogue_step(const ChainStep& s, int at, const Shape& product, Device device, FusedKernels::EpilogueStep& e) {
   using K = ChainStep::Kind;
   if (s.kind != K::Add && s.kind != K::Sub && s.kind != K::Mul && s.kind != K::Div) return false;
   const bool commutes = s.kind == K::Add || s.kind == K::Mul;
@@ -173,11 +173,11 @@ bool epilogue_step(const ChainStep& s, int at, const Shape& product, Device devi
 
 // The leading steps of `steps` that run as the product's epilogue: arithmetic on the running value
 // (epilogue_step), cut back until the steps after them read only its last value and their own.
-std::vector<Backend::EpilogueStep> leading_epilogue(const std::vector<ChainStep>& steps, const Shape& product,
+std::vector<FusedKernels::EpilogueStep> leading_epilogue(const std::vector<ChainStep>& steps, const Shape& product,
                                                     Device device) {
-  std::vector<Backend::EpilogueStep> epilogue;
+  std::vector<FusedKernels::EpilogueStep> epilogue;
   for (size_t j = 0; j < steps.size(); ++j) {
-    Backend::EpilogueStep e;
+    FusedKernels::EpilogueStep e;
     if (!epilogue_step(steps[j], static_cast<int>(j), product, device, e)) break;
     epilogue.push_back(std::move(e));
   }
@@ -214,11 +214,11 @@ Tensor int_matmul_chain(const Tensor& a, const Tensor& b, int64_t a_zero, int64_
     const int64_t k = a.size(-1), n = b.size(1), m = a.numel() / std::max<int64_t>(k, 1);
     Shape product(a.shape().begin(), a.shape().end() - 1);
     product.push_back(n);
-    const std::vector<Backend::EpilogueStep> epilogue = leading_epilogue(steps, product, a.device());
+    const std::vector<FusedKernels::EpilogueStep> epilogue = leading_epilogue(steps, product, a.device());
     if (!epilogue.empty() && scalar_fits(static_cast<double>(a_zero), a.dtype()) &&
         scalar_fits(static_cast<double>(b_zero), b.dtype())) {
       Tensor out = new_tensor({m, n}, kFloat32, a.device());
-      if (backend_of(a).matmul_int8_epilogue(contiguous(a).reshape({m, k}), a_zero, contiguous(b), b_zero, epilogue,
+      if (backend_of(a).fused().matmul_int8_epilogue(contiguous(a).reshape({m, k}), a_zero, contiguous(b), b_zero, epilogue,
                                              out))
         return rest_of_chain(out, product, steps, epilogue.size());
     }
@@ -235,10 +235,10 @@ Tensor matmul_chain(const Tensor& a, const Tensor& b, const std::vector<ChainSte
     const int64_t k = a.size(-1), n = b.size(1), m = a.numel() / std::max<int64_t>(k, 1);
     Shape product(a.shape().begin(), a.shape().end() - 1);
     product.push_back(n);
-    const std::vector<Backend::EpilogueStep> epilogue = leading_epilogue(steps, product, a.device());
+    const std::vector<FusedKernels::EpilogueStep> epilogue = leading_epilogue(steps, product, a.device());
     if (!epilogue.empty()) {
       Tensor out = new_tensor({m, n}, kFloat32, a.device());
-      if (backend_of(a).matmul_epilogue(contiguous(a).reshape({m, k}), b, epilogue, out))
+      if (backend_of(a).fused().matmul_epilogue(contiguous(a).reshape({m, k}), b, epilogue, out))
         return rest_of_chain(out, product, steps, epilogue.size());
     }
   }

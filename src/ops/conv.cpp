@@ -1,6 +1,6 @@
 // Convolution (braid/conv.h; pooling is in pool.cpp), composed from the backend's im2col/col2im
 // primitives and matmul, or run by a backend's own convolution kernels where it has them (oneDNN's
-// on the CPU: Note [Optional primitives] in backend/backend.h). Each op checks its arguments at the
+// on the CPU: Note [Fused kernels] in backend/backend.h). Each op checks its arguments at the
 // front door and records one autograd node. Three building blocks serve every formula: conv2d's
 // input gradient is conv_transpose2d's forward and the other way round, and one weight-gradient
 // product serves both. Under autocast the products read rounded operands (Note [Autocast]).
@@ -157,18 +157,18 @@ Tensor conv_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const 
   const int64_t n = x.shape()[0], c_out = w.shape()[0];
   const bool x_cl = x.dim() == 4 && !x.is_contiguous() && x.is_channels_last();
   if (any_layout && x.dim() == 4 && channels_last_enabled() &&
-      (x_cl || (t_prefer_channels_last && backend_of(x).conv2d_prefers_channels_last(x, w, win, groups)))) {
+      (x_cl || (t_prefer_channels_last && backend_of(x).fused().conv2d_prefers_channels_last(x, w, win, groups)))) {
     Tensor y = writable_residual(epilogue, x, w, {n, c_out, win.oh, win.ow}, true);
     if (!y.defined()) y = new_channels_last({n, c_out, win.oh, win.ow}, x.dtype(), x.device());
     const Tensor xs = x_cl ? x : contiguous(x);
-    if (backend_of(x).conv2d(xs, contiguous(w), bias.defined() ? contiguous(bias) : bias, win, groups, epilogue, y))
+    if (backend_of(x).fused().conv2d(xs, contiguous(w), bias.defined() ? contiguous(bias) : bias, win, groups, epilogue, y))
       return y;
   }
   {
     Tensor y = writable_residual(epilogue, x, w, {n, c_out, win.oh, win.ow}, false);
     if (!y.defined()) y = new_like(x, {n, c_out, win.oh, win.ow}, x.dtype());
-    if (backend_of(x).conv2d(contiguous(x), contiguous(w), bias.defined() ? contiguous(bias) : bias, win, groups,
-                             epilogue, y))  // Note [Optional primitives]
+    if (backend_of(x).fused().conv2d(contiguous(x), contiguous(w), bias.defined() ? contiguous(bias) : bias, win, groups,
+                             epilogue, y))  // Note [Fused kernels]
       return y;
   }
   if (epilogue.any()) return apply_epilogue(conv_forward(x, w, bias, win, groups, Epilogue(), any_layout), epilogue);
@@ -212,8 +212,8 @@ class ChannelMajor {
 Tensor conv_adjoint(const ChannelMajor& z, const Tensor& w, const Window2d& win, const Shape& x_shape,
                     const Tensor& bias) {
   const int64_t groups = z.groups();
-  if (Tensor x = new_like(z.z(), x_shape, z.z().dtype());  // Note [Optional primitives]
-      backend_of(x).conv2d_backward_input(contiguous(z.z()), contiguous(w), win, groups, x))
+  if (Tensor x = new_like(z.z(), x_shape, z.z().dtype());  // Note [Fused kernels]
+      backend_of(x).fused().conv2d_backward_input(contiguous(z.z()), contiguous(w), win, groups, x))
     return bias.defined() ? x + bias.view({1, x_shape[1], 1, 1}) : x;
   const Tensor& zcm = z.cm();
   Tensor cols = matmul_raw(w.reshape({groups, zcm.shape()[1], -1}).mT(), zcm);  // (G, C / G * K, N * P)
@@ -259,8 +259,8 @@ Tensor tiled_transpose(const Tensor& x, const Tensor& w, const Tensor& bias, con
 
 // dL/dw (w_shape) from the convolution's input x (N, C, h, w) and g = dL/dy.
 Tensor conv_weight_grad(const Tensor& x, const ChannelMajor& g, const Window2d& win, const Shape& w_shape) {
-  if (Tensor gw = new_like(x, w_shape, x.dtype());  // Note [Optional primitives]
-      backend_of(x).conv2d_backward_weight(contiguous(x), contiguous(g.z()), win, g.groups(), gw))
+  if (Tensor gw = new_like(x, w_shape, x.dtype());  // Note [Fused kernels]
+      backend_of(x).fused().conv2d_backward_weight(contiguous(x), contiguous(g.z()), win, g.groups(), gw))
     return gw;
   return matmul_raw(g.cm(), im2col(x, win, g.groups()).mT()).view(w_shape);
 }

@@ -40,14 +40,14 @@ Tensor per_channel(const Tensor& v) { return v.view({1, v.numel(), 1}); }
 // mean and the biased variance (C) of x3 (N, C, S) over N and S.
 std::pair<Tensor, Tensor> moments(const Tensor& x3) {
   Tensor m = new_tensor({x3.size(1)}, x3.dtype(), x3.device()), v = new_tensor({x3.size(1)}, x3.dtype(), x3.device());
-  if (backend_of(x3).channel_moments(x3, m, v)) return {m, v};  // Note [Optional primitives]
+  if (backend_of(x3).fused().channel_moments(x3, m, v)) return {m, v};  // Note [Fused kernels]
   return {braid::mean(x3, {0, 2}), braid::var(x3, {0, 2}, 0)};
 }
 
 // sum(g) and sum(g * (x - mean)) (C) over N and S.
 std::pair<Tensor, Tensor> grad_sums(const Tensor& g3, const Tensor& x3, const Tensor& m) {
   Tensor sg = new_tensor({x3.size(1)}, x3.dtype(), x3.device()), sgx = new_tensor({x3.size(1)}, x3.dtype(), x3.device());
-  if (backend_of(x3).channel_grad_sums(g3, x3, m, sg, sgx)) return {sg, sgx};
+  if (backend_of(x3).fused().channel_grad_sums(g3, x3, m, sg, sgx)) return {sg, sgx};
   return {sum(g3, {0, 2}), sum(g3 * (x3 - per_channel(m)), {0, 2})};
 }
 
@@ -55,7 +55,7 @@ std::pair<Tensor, Tensor> grad_sums(const Tensor& g3, const Tensor& x3, const Te
 Tensor affine(const Tensor& a, const Tensor& sa, const Tensor& shift, const Tensor& b, const Tensor& b_mean,
               const Tensor& sb) {
   Tensor out = new_tensor(a.shape(), a.dtype(), a.device());
-  if (backend_of(a).channel_affine(a, sa, shift, b, b_mean, sb, out)) return out;
+  if (backend_of(a).fused().channel_affine(a, sa, shift, b, b_mean, sb, out)) return out;
   Tensor y = a * per_channel(sa) + per_channel(shift);
   return b.defined() ? y + (b - per_channel(b_mean)) * per_channel(sb) : y;
 }
@@ -157,7 +157,7 @@ std::vector<Tensor> layer_norm_with_stats(const Tensor& x, int64_t k, const Tens
     Tensor y = new_tensor(x.shape(), x.dtype(), x.device());
     Tensor m = new_tensor(stat_shape, x.dtype(), x.device()), inv = new_tensor(stat_shape, x.dtype(), x.device());
     auto flat = [](const Tensor& t) { return t.defined() ? contiguous(t) : t; };
-    if (backend_of(x).layer_norm_rows(contiguous(x), n, flat(weight), flat(bias), eps, y, m, inv)) return {y, m, inv};
+    if (backend_of(x).fused().layer_norm_rows(contiguous(x), n, flat(weight), flat(bias), eps, y, m, inv)) return {y, m, inv};
   }
   Tensor m = mean(x, axes, true);
   Tensor inv = rsqrt(var(x, axes, 0, true) + eps);

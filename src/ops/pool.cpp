@@ -88,7 +88,7 @@ Tensor max_pool2d(const Tensor& x, const std::vector<int64_t>& kernel, const std
   // pools that layout.
   if (!indices.defined() && x.dim() == 4 && !x.is_contiguous() && x.is_channels_last()) {
     out = new_channels_last({n, c, win.oh, win.ow}, x.dtype(), x.device());
-    if (!backend_of(x).max_pool2d_channels_last(x.detach(), win, out)) out = Tensor();
+    if (!backend_of(x).fused().max_pool2d_channels_last(x.detach(), win, out)) out = Tensor();
   }
   if (!out.defined()) {
     out = new_like(x, {n, c, win.oh, win.ow}, x.dtype());

@@ -1,6 +1,6 @@
 // Quantised arithmetic on int8/uint8 (braid's storage types for quantised values; ONNX's quantised
 // ops in onnx/ops_quant.cpp are built from these): exact integer products and per-tensor
-// quantisation, each through a backend primitive where one exists (Note [Optional primitives]).
+// quantisation, each through a backend primitive where one exists (Note [Fused kernels]).
 #include <cmath>
 
 #include "ops/common.h"
@@ -26,12 +26,12 @@ Tensor int_matmul(const Tensor& a, const Tensor& b, int64_t a_zero, int64_t b_ze
   const int64_t k = a.size(-1);
   BRAID_CHECK(k == b.size(-2), "int_matmul: shapes ", shape_str(a.shape()), " and ", shape_str(b.shape()),
               " do not match (", k, " != ", b.size(-2), ")");
-  if (b.dim() == 2) {  // (..., M, K) @ (K, N): one GEMM of all rows (Note [Optional primitives])
+  if (b.dim() == 2) {  // (..., M, K) @ (K, N): one GEMM of all rows (Note [Fused kernels])
     const int64_t m = a.numel() / std::max<int64_t>(k, 1), n = b.size(1);
     Shape so(a.shape().begin(), a.shape().end() - 1);
     so.push_back(n);
     Tensor out = new_tensor({m, n}, kInt32, a.device());
-    if (backend_of(a).matmul_int8(contiguous(a).reshape({m, k}), a_zero, contiguous(b), b_zero, out))
+    if (backend_of(a).fused().matmul_int8(contiguous(a).reshape({m, k}), a_zero, contiguous(b), b_zero, out))
       return out.reshape(so);
   }
   // Each sum of K products of values below 2^8 in magnitude is exact in float64 for K < 2^37.
@@ -51,7 +51,7 @@ Tensor quantize(const Tensor& x, double scale, int64_t zero_point, DType dtype) 
   const double lo = dtype == kInt8 ? -128.0 : 0.0, hi = dtype == kInt8 ? 127.0 : 255.0;
   if (x.dtype() == kFloat32) {
     const SameLayout l = same_layout(x.detach(), dtype);
-    if (backend_of(x).quantize(l.in, scale, zero_point, l.out)) return l.result;
+    if (backend_of(x).fused().quantize(l.in, scale, zero_point, l.out)) return l.result;
   }
   // x / scale in x's dtype, rounded half to even; NaN becomes 0 in the cast.
   return cast(clamp(round(x / scale) + static_cast<double>(zero_point), lo, hi), dtype);
@@ -64,7 +64,7 @@ DynamicQuantized dynamic_quantize(const Tensor& x) {
   DynamicQuantized q;
   if (x.numel() > 0) {
     const SameLayout l = same_layout(x.detach(), kUInt8);
-    if (backend_of(x).dynamic_quantize(l.in, l.out, q.scale, q.zero_point)) {
+    if (backend_of(x).fused().dynamic_quantize(l.in, l.out, q.scale, q.zero_point)) {
       q.values = l.result;
       return q;
     }
@@ -89,7 +89,7 @@ Tensor dequantize(const Tensor& x, double scale, int64_t zero_point) {
   NoGradGuard no_grad;
   if (x.dtype() != kInt32) {
     const SameLayout l = same_layout(x, kFloat32);
-    if (backend_of(x).dequantize(l.in, scale, zero_point, l.out)) return l.result;
+    if (backend_of(x).fused().dequantize(l.in, scale, zero_point, l.out)) return l.result;
   }
   // In float32: x - zero_point is exact for 8-bit values, then one rounding by the multiplication.
   return (cast(x, kFloat32) - static_cast<double>(zero_point)) * scale;
@@ -100,7 +100,7 @@ Tensor fake_quantize(const Tensor& x, double scale, int64_t zero_point, DType dt
       (dtype == kInt8 || dtype == kUInt8) && scalar_fits(static_cast<double>(zero_point), dtype)) {
     NoGradGuard no_grad;
     const SameLayout l = same_layout(x.detach(), kFloat32);
-    if (backend_of(x).fake_quantize(l.in, scale, zero_point, dtype, l.out)) return l.result;
+    if (backend_of(x).fused().fake_quantize(l.in, scale, zero_point, dtype, l.out)) return l.result;
   }
   return dequantize(quantize(x, scale, zero_point, dtype), scale, zero_point);  // checks and composes
 }

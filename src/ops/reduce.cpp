@@ -112,7 +112,7 @@ Tensor amin(const Tensor& x, const std::vector<int64_t>& axes, bool keepdim) {
 std::pair<Tensor, Tensor> aminmax(const Tensor& x) {
   if (x.defined() && x.dtype() == kFloat32 && x.numel() > 0 && !needs_grad(x) && active_trace() == nullptr) {
     Tensor lo = new_tensor({}, kFloat32, x.device()), hi = new_tensor({}, kFloat32, x.device());
-    if (backend_of(x).aminmax(contiguous_raw(x), lo, hi)) return {lo, hi};
+    if (backend_of(x).fused().aminmax(contiguous_raw(x), lo, hi)) return {lo, hi};
   }
   return {amin(x), amax(x)};
 }
@@ -158,7 +158,7 @@ Tensor softmax(const Tensor& x_in, int64_t axis) {
     NoGradGuard no_grad;
     if (a == x.dim() - 1 && x.numel() > 0) {  // rows along the last axis: one pass through the backend's kernel
       Tensor out = new_tensor(x.shape(), x.dtype(), x.device());
-      if (backend_of(x).softmax_rows(contiguous(x), out)) y = out;
+      if (backend_of(x).fused().softmax_rows(contiguous(x), out)) y = out;
     }
     if (!y.defined()) {
       Tensor e = exp(x - stable_shift(x, {a}, false));

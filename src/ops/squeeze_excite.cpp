@@ -75,7 +75,7 @@ bool fused(const Tensor& x, const Tensor& w1, const Tensor& b1, const ConvActiva
   const auto plain = [](const Tensor& b) { return b.defined() ? contiguous(b.detach()) : b; };
   gate = new_tensor({x.size(0), x.size(1)}, kFloat32, x.device());
   // The backend sees x as (N, H, W, C) memory when channels-last, (N, C, H, W) otherwise.
-  if (!backend_of(x).squeeze_excite(l.in, channels_last, flat(w1), plain(b1), e1, flat(w2), plain(b2), e2, gate,
+  if (!backend_of(x).fused().squeeze_excite(l.in, channels_last, flat(w1), plain(b1), e1, flat(w2), plain(b2), e2, gate,
                                     scaled ? l.out : Tensor()))
     return false;
   if (scaled) *scaled = l.result;

@@ -68,14 +68,14 @@ void Adam::update(const ParamGroup& group, const Tensor& param, const Tensor& gr
   const double bias_correction1 = 1 - std::pow(beta1, step);
   const double bias_correction2 = 1 - std::pow(beta2, step);
   const double step_size = lr / bias_correction1;
-  // One pass over memory where the backend has the fused step (Note [Optional primitives]); the
+  // One pass over memory where the backend has the fused step (Note [Fused kernels]); the
   // composite below is its definition.
   {
     Tensor g = effective_grad(param, grad, decoupled_ ? 0.0 : weight_decay, group.get("maximize") != 0);
     const Tensor max_v = amsgrad ? state_tensor(state, "max_exp_avg_sq", param) : Tensor();
     const braid::detail::AdamStep fused{decoupled_ ? 1 - lr * weight_decay : 1.0, beta1, beta2, step_size,
                                         std::sqrt(bias_correction2), eps};
-    if (braid::detail::backend_for(p.device()).adam_step(p, g, m, v, max_v, fused)) {
+    if (braid::detail::backend_for(p.device()).fused().adam_step(p, g, m, v, max_v, fused)) {
       p.storage()->bump_version();  // Note [Storage versions]
       return;
     }

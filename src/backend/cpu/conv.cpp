@@ -235,7 +235,7 @@ bool CpuBackend::pointwise_conv2d(const Tensor& x, const Tensor& w, const Tensor
 
 // ---- oneDNN's convolutions ----
 // Debian's libdnnl, the library PyTorch's CPU convolutions run on: the CPU backend's optional conv2d
-// primitives (Note [Optional primitives] in backend/backend.h), for float32. A case oneDNN has no
+// primitives (Note [Fused kernels] in backend/backend.h), for float32. A case oneDNN has no
 // kernel for returns false and the op composes it from im2col and GEMM.
 
 namespace {

@@ -22,8 +22,9 @@ struct CompositeOnly {
   CompositeOnly& operator=(const CompositeOnly&) = delete;
 };
 
-class CpuBackend final : public Backend {
+class CpuBackend final : public Backend, public FusedKernels {
  public:
+  FusedKernels& fused() override { return *this; }  // Note [Fused kernels]: the entries below that return bool
   // memory.cpp
   void* allocate(Device device, int64_t nbytes) override;
   void deallocate(Device device, void* p, int64_t nbytes) override;
@@ -54,7 +55,7 @@ class CpuBackend final : public Backend {
   void avg_pool2d(const Tensor& x, const Window2d& win, bool count_include_pad, const Tensor& out) override;
   void avg_pool2d_backward(const Tensor& grad, const Window2d& win, bool count_include_pad,
                            const Tensor& grad_x) override;
-  // fused.cpp: whole composites in one pass (Note [Optional primitives])
+  // fused.cpp: whole composites in one pass (Note [Fused kernels])
   bool quantize(const Tensor& x, double scale, int64_t zero, const Tensor& out) override;
   bool aminmax(const Tensor& x, const Tensor& lo, const Tensor& hi) override;
   bool dynamic_quantize(const Tensor& x, const Tensor& out, float& scale, int64_t& zero) override;

@@ -106,11 +106,11 @@ inline dnnl_memory_t point(const dnnl::memory& m, const void* ptr) {
   return out.str();
 }
 
-/// An epilogue step (Backend::EpilogueStep) as a oneDNN binary post-op on an (M, N) product: its
+/// An epilogue step (FusedKernels::EpilogueStep) as a oneDNN binary post-op on an (M, N) product: its
 /// algorithm, and its operand's dims, {1, 1} for a number, {1, N} for one value per column, {M, N}
 /// for one per element; false where the operand is none of those (not float32, not contiguous,
 /// another count).
-inline bool binary_post_op(const Backend::EpilogueStep& s, int64_t m, int64_t n, dnnl::algorithm& alg,
+inline bool binary_post_op(const FusedKernels::EpilogueStep& s, int64_t m, int64_t n, dnnl::algorithm& alg,
                            dnnl::memory::dims& dims) {
   const int64_t count = s.operand.defined() ? s.operand.numel() : 1;
   if (s.operand.defined() &&

@@ -1,4 +1,4 @@
-// The CPU's fused primitives (Note [Optional primitives] in backend/backend.h). Adam's update is one
+// The CPU's fused primitives (Note [Fused kernels] in backend/backend.h). Adam's update is one
 // pass over the parameter, its gradient and its two or three state tensors, where the composite in
 // src/optim/adam.cpp makes thirteen; its arithmetic is the composite's, operation for operation and
 // rounded to the parameter's dtype at the same points, so the two agree bit for bit. BatchNorm's
@@ -335,7 +335,7 @@ bool CpuBackend::softmax_rows(const Tensor& x, const Tensor& out) {
   return true;
 }
 
-// Layer normalisation rows (Note [Optional primitives]): the mean, then the biased variance as the
+// Layer normalisation rows (Note [Fused kernels]): the mean, then the biased variance as the
 // mean of the float squares (x - mean)^2, both summed in double as the composite's reductions do, and the affine in
 // float in the composite's order, (x - m) * inv * w + b; three sweeps over a row that stays in cache
 // instead of the composite's seven passes and temporaries. Agrees with it to float32 reassociation.

@@ -8,8 +8,9 @@
 
 namespace braid::detail {
 
-class CudaBackend final : public Backend {
+class CudaBackend final : public Backend, public FusedKernels {
  public:
+  FusedKernels& fused() override { return *this; }  // Note [Fused kernels]: the entries below that return bool
   // cuda_backend.cpp: memory, transfers, ordering
   void* allocate(Device device, int64_t nbytes) override;
   void deallocate(Device device, void* p, int64_t nbytes) override;

@@ -157,9 +157,9 @@ struct Call {
     h.residual = host(e.residual);
     return h;
   }
-  std::vector<Backend::EpilogueStep> on_host(const std::vector<Backend::EpilogueStep>& steps) const {
-    std::vector<Backend::EpilogueStep> h;
-    for (const Backend::EpilogueStep& s : steps) h.push_back({s.kind, host(s.operand), s.k});
+  std::vector<FusedKernels::EpilogueStep> on_host(const std::vector<FusedKernels::EpilogueStep>& steps) const {
+    std::vector<FusedKernels::EpilogueStep> h;
+    for (const FusedKernels::EpilogueStep& s : steps) h.push_back({s.kind, host(s.operand), s.k});
     return h;
   }
   std::vector<ChainStep> on_host(const std::vector<ChainStep>& steps) const {
@@ -175,7 +175,7 @@ struct Call {
   }
   template <typename A>
     requires(!std::is_same_v<std::remove_cvref_t<A>, Tensor> && !std::is_same_v<std::remove_cvref_t<A>, Epilogue> &&
-             !std::is_same_v<std::remove_cvref_t<A>, std::vector<Backend::EpilogueStep>> &&
+             !std::is_same_v<std::remove_cvref_t<A>, std::vector<FusedKernels::EpilogueStep>> &&
              !std::is_same_v<std::remove_cvref_t<A>, std::vector<ChainStep>>)
   A&& on_host(A&& a) const {  // numbers, enums, windows, axes, the out-parameters of dynamic_quantize
     return std::forward<A>(a);
@@ -190,10 +190,19 @@ auto forward(const char* primitive, Method method, Args&&... args) {
   return (cpu_backend().*method)(call.on_host(std::forward<Args>(args))...);
 }
 
-#define BRAID_CUDA_DECLARES(name) (!std::is_same_v<decltype(&CudaBackend::name), decltype(&Backend::name)>)
+// The CPU backend's fused kernel run on args moved to the host (Note [Fused kernels]).
+template <typename Method, typename... Args>
+bool forward_fused(const char* primitive, Method method, Args&&... args) {
+  Call call{primitive};
+  (call.find_anchor(args), ...);
+  return (cpu_backend().fused().*method)(call.on_host(std::forward<Args>(args))...);
+}
 
-class ShadowBackend final : public Backend {
+#define BRAID_CUDA_DECLARES(name) (!std::is_same_v<decltype(&CudaBackend::name), decltype(&FusedKernels::name)>)
+
+class ShadowBackend final : public Backend, public FusedKernels {
  public:
+  FusedKernels& fused() override { return *this; }  // Note [Fused kernels]
   void* allocate(Device device, int64_t nbytes) override {
     void* p = std::aligned_alloc(64, static_cast<size_t>(nbytes));
     if (!p) throw Error(cat("out of memory allocating ", nbytes, " bytes on ", device.str()));
@@ -224,7 +233,8 @@ class ShadowBackend final : public Backend {
   void name params override { forward(#name, &Backend::name, BRAID_SHADOW_UNPAREN args); }
 #define BRAID_SHADOW_FORWARD_OPTIONAL(name, params, args)                                    \
   bool name params override {                                                                \
-    return offered(BRAID_CUDA_DECLARES(name)) && forward(#name, &Backend::name, BRAID_SHADOW_UNPAREN args); \
+    return offered(BRAID_CUDA_DECLARES(name)) &&                                             \
+           forward_fused(#name, &FusedKernels::name, BRAID_SHADOW_UNPAREN args);             \
   }
 #define BRAID_SHADOW_UNPAREN(...) __VA_ARGS__
   BRAID_SHADOW_REQUIRED(BRAID_SHADOW_FORWARD)
