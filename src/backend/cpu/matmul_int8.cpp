@@ -23,8 +23,8 @@ namespace {
 
 // Note [Kept int8 weights]
 // dnnl_gemm_u8s8s32 packs B into its kernel's layout on every call: at the row counts of a
-// transformer at batch 1 (32 tokens) that was a third of the product's time (32x1536 by 1536x384:
-// 33 us against 20). A B that the same storage gives again at the same version (a quantised
+// transformer at batch 1 (32 tokens) that was a third of the product's time (measured:
+// benchmarks/README.md, What changed what, ONNX inference, run R). A B that the same storage gives again at the same version (a quantised
 // model's weight) goes instead to oneDNN's matmul primitive, B reordered into the layout it chose
 // and kept with the storage (Storage::set_derived), as the convolutions keep theirs (Note
 // [Reordered weights kept]). The first product of a storage marks it and takes the GEMM routine, so
