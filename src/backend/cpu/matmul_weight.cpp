@@ -49,7 +49,7 @@ struct Plan {
   dnnl::matmul kept, plain;
   dnnl::memory::desc b_plain;
   // Memory objects pointed at each call's buffers (as in Note [Memory objects kept with the
-  // plan], conv.cpp): per call, a free set is taken and given back.
+  // plan], dnnl_common.h): per call, a free set is taken and given back.
   struct Bound {
     dnnl::memory a, b_kept, b_plain, c;
   };
