@@ -1,10 +1,10 @@
 // A oneDNN primitive that fails to run is reported as braid::Error naming what ran and the shape of
-// every argument (src/backend/cpu/dnnl_sets.h), never as oneDNN's own exception without shapes.
+// every argument (src/backend/cpu/dnnl_common.h), never as oneDNN's own exception without shapes.
 #include <gtest/gtest.h>
 
 #include <string>
 
-#include "backend/cpu/dnnl_sets.h"
+#include "backend/cpu/dnnl_common.h"
 #include "braid/error.h"
 
 namespace {

@@ -178,7 +178,7 @@ Tensor channel_affine(const Tensor& x, const Tensor& scale, const Tensor& shift)
 /// Layer normalisation over the last `normalized_dims` axes of x, as PyTorch's F.layer_norm:
 /// y = (x - mean) / sqrt(var + eps) * weight + bias per row, var biased, weight and bias (the
 /// normalised shape) optional. Where nothing needs a gradient, one pass per row through the backend
-/// (Note [Optional primitives]); otherwise composed, so autograd differentiates it.
+/// (Note [Fused kernels]); otherwise composed, so autograd differentiates it.
 Tensor layer_norm(const Tensor& x, int64_t normalized_dims, const Tensor& weight = Tensor(),
                   const Tensor& bias = Tensor(), double eps = 1e-5);
 /// layer_norm's y with its statistics, as ONNX's LayerNormalization gives them: {y, mean, inverse

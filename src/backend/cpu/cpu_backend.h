@@ -108,7 +108,7 @@ Backend& cpu_backend();
 
 #ifdef BRAID_HAVE_DNNL
 /// Whether oneDNN runs what it can (convolutions, float32 GEMM): not when BRAID_ONEDNN=0, which
-/// leaves braid's own kernels and OpenBLAS for a comparison (cpu_backend.cpp).
+/// leaves braid's own kernels and OpenBLAS for a comparison (dnnl_common.cpp).
 bool onednn_enabled();
 
 /// C (M, N) = A (M, K, row stride lda) times B (K, N; b's memory, row stride ldb, or its transpose

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
-#include "backend/cpu/dnnl_sets.h"
+#include "backend/cpu/dnnl_common.h"
 
 namespace braid::detail {
 
@@ -23,8 +23,8 @@ namespace {
 
 // Note [Kept int8 weights]
 // dnnl_gemm_u8s8s32 packs B into its kernel's layout on every call: at the row counts of a
-// transformer at batch 1 (32 tokens) that was a third of the product's time (32x1536 by 1536x384:
-// 33 us against 20). A B that the same storage gives again at the same version (a quantised
+// transformer at batch 1 (32 tokens) that was a third of the product's time (measured:
+// benchmarks/README.md, What changed what, ONNX inference, run R). A B that the same storage gives again at the same version (a quantised
 // model's weight) goes instead to oneDNN's matmul primitive, B reordered into the layout it chose
 // and kept with the storage (Storage::set_derived), as the convolutions keep theirs (Note
 // [Reordered weights kept]). The first product of a storage marks it and takes the GEMM routine, so
@@ -36,11 +36,6 @@ struct Primitive {
   dnnl::matmul prim;
   std::vector<dnnl::memory::desc> operands;  // the post-ops' second operands
 };
-
-dnnl::engine& engine() {
-  static dnnl::engine e(dnnl::engine::kind::cpu, 0);
-  return e;
-}
 
 using dt = dnnl::memory::data_type;
 using tag = dnnl::memory::format_tag;
@@ -54,15 +49,10 @@ struct PostOp {
 // The matmul primitive for (M, K) by (K, N): int32 out without post-ops; float32 out carried through
 // them otherwise (Note [int8 epilogues]). Null where oneDNN has no kernel.
 std::shared_ptr<const Primitive> primitive_for(int64_t m, int64_t k, int64_t n, const std::vector<PostOp>& post) {
-  static std::mutex mu;
-  static std::map<std::vector<int64_t>, std::shared_ptr<const Primitive>> cache;
+  static PlanCache<std::vector<int64_t>, Primitive> cache;
   std::vector<int64_t> key{m, k, n};
   for (const PostOp& p : post) key.insert(key.end(), {static_cast<int64_t>(p.alg), p.dims[0], p.dims[1]});
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = cache.find(key);
-  if (it != cache.end()) return it->second;
-  std::shared_ptr<const Primitive> p;
-  try {
+  return cache.get(key, [&]() -> std::shared_ptr<const Primitive> {  // null: the GEMM routine serves it
     dnnl::primitive_attr attr;
     attr.set_zero_points(DNNL_ARG_SRC, 0, {DNNL_RUNTIME_S32_VAL});
     if (!post.empty()) {
@@ -75,12 +65,8 @@ std::shared_ptr<const Primitive> primitive_for(int64_t m, int64_t k, int64_t n, 
     auto pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), attr, engine());
     std::vector<dnnl::memory::desc> operands;
     for (const PostOp& q : post) operands.emplace_back(q.dims, dt::f32, tag::ab);
-    p = std::make_shared<const Primitive>(Primitive{pd, dnnl::matmul(pd), std::move(operands)});
-  } catch (const dnnl::error&) {  // no kernel: the GEMM routine serves it
-  }
-  if (cache.size() >= 1024) cache.clear();  // shapes that vary from call to call
-  cache.emplace(std::move(key), p);
-  return p;
+    return std::make_shared<const Primitive>(Primitive{pd, dnnl::matmul(pd), std::move(operands)});
+  });
 }
 
 struct KeptWeight {
@@ -105,10 +91,7 @@ std::shared_ptr<KeptWeight> kept_weight(const Tensor& b, const Primitive& p, dnn
   auto made = std::make_shared<KeptWeight>();
   made->desc = p.pd.weights_desc();
   made->data.resize(made->desc.get_size());
-  dnnl::memory plain({{b.size(0), b.size(1)}, dt::s8, tag::ab}, engine(), const_cast<void*>(b.raw_data()));
-  dnnl::memory inner(made->desc, engine(), made->data.data());
-  dnnl::reorder(plain, inner).execute(stream, plain, inner);
-  stream.wait();
+  reorder_now({{b.size(0), b.size(1)}, dt::s8, tag::ab}, b.raw_data(), made->desc, made->data.data(), stream);
   if (st->version() == version) st->set_derived(key, made);
   return made;
 }

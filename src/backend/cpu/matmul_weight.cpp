@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
-#include "backend/cpu/dnnl_sets.h"
+#include "backend/cpu/dnnl_common.h"
 
 namespace braid::detail {
 
@@ -43,18 +43,13 @@ namespace {
 using dt = dnnl::memory::data_type;
 using tag = dnnl::memory::format_tag;
 
-dnnl::engine& engine() {
-  static dnnl::engine e(dnnl::engine::kind::cpu, 0);
-  return e;
-}
-
 // The primitive of a shape on B in its own blocked layout (kept) and on B as it lies (plain).
 struct Plan {
   dnnl::matmul::primitive_desc kept_pd;
   dnnl::matmul kept, plain;
   dnnl::memory::desc b_plain;
   // Memory objects pointed at each call's buffers (as in Note [Memory objects kept with the
-  // plan], conv.cpp): per call, a free set is taken and given back.
+  // plan], dnnl_common.h): per call, a free set is taken and given back.
   struct Bound {
     dnnl::memory a, b_kept, b_plain, c;
   };
@@ -67,33 +62,24 @@ using Key = std::array<int64_t, 6>;  // m, k, n, lda, ldb, B transposed
 // when tb) into C (M, N) row-major; null where oneDNN has none or picks different kernels for the
 // two layouts of B.
 std::shared_ptr<const Plan> plan_for(const Key& key) {
-  static std::mutex mu;
-  static std::map<Key, std::shared_ptr<const Plan>> cache;
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = cache.find(key);
-  if (it != cache.end()) return it->second;
-  const auto [m, k, n, lda, ldb, tb] = key;
-  std::shared_ptr<const Plan> made;
-  try {
+  static PlanCache<Key, Plan> cache;
+  return cache.get(key, [&key]() -> std::shared_ptr<const Plan> {
+    const auto [m, k, n, lda, ldb, tb] = key;
     const dnnl::memory::desc a({m, k}, dt::f32, dnnl::memory::dims{lda, 1}), c({m, n}, dt::f32, tag::ab);
     const dnnl::memory::desc b_plain({k, n}, dt::f32, tb ? dnnl::memory::dims{1, ldb} : dnnl::memory::dims{ldb, 1});
     const dnnl::memory::desc b_any({k, n}, dt::f32, tag::any);
     const dnnl::matmul::primitive_desc kept_pd(dnnl::matmul::desc(a, b_any, c), engine());
     const dnnl::matmul::primitive_desc plain_pd(dnnl::matmul::desc(a, b_plain, c), engine());
-    if (std::string(kept_pd.impl_info_str()) == plain_pd.impl_info_str() &&
-        std::string(kept_pd.impl_info_str()).rfind("brg", 0) == 0) {
-      auto p = std::make_shared<Plan>();
-      p->kept_pd = kept_pd;
-      p->kept = dnnl::matmul(kept_pd);
-      p->plain = dnnl::matmul(plain_pd);
-      p->b_plain = b_plain;
-      made = std::move(p);
-    }
-  } catch (const dnnl::error&) {  // no kernel: dnnl_sgemm serves it
-  }
-  if (cache.size() >= 1024) cache.clear();  // shapes that vary from call to call
-  cache.emplace(key, made);
-  return made;
+    if (std::string(kept_pd.impl_info_str()) != plain_pd.impl_info_str() ||
+        std::string(kept_pd.impl_info_str()).rfind("brg", 0) != 0)
+      return nullptr;  // dnnl_sgemm serves it, as it does a shape with no kernel
+    auto p = std::make_shared<Plan>();
+    p->kept_pd = kept_pd;
+    p->kept = dnnl::matmul(kept_pd);
+    p->plain = dnnl::matmul(plain_pd);
+    p->b_plain = b_plain;
+    return p;
+  });
 }
 
 struct KeptWeight {
@@ -117,10 +103,7 @@ std::shared_ptr<KeptWeight> kept_weight(const Tensor& b, bool tb, const dnnl::me
   auto made = std::make_shared<KeptWeight>();
   made->desc = desc;
   made->data.resize(made->desc.get_size() / sizeof(float));
-  dnnl::memory plain(b_plain, engine(), const_cast<void*>(b.raw_data()));
-  dnnl::memory inner(made->desc, engine(), made->data.data());
-  dnnl::reorder(plain, inner).execute(stream, plain, inner);
-  stream.wait();
+  reorder_now(b_plain, b.raw_data(), made->desc, made->data.data(), stream);
   if (st->version() == version) st->set_derived(key, made);
   return made;
 }
@@ -159,14 +142,9 @@ struct EpiloguePlan {
 
 // m, k, n, then per post-op its algorithm and its operand's rows and columns.
 std::shared_ptr<const EpiloguePlan> epilogue_plan_for(const std::vector<int64_t>& key) {
-  static std::mutex mu;
-  static std::map<std::vector<int64_t>, std::shared_ptr<const EpiloguePlan>> cache;
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = cache.find(key);
-  if (it != cache.end()) return it->second;
-  const int64_t m = key[0], k = key[1], n = key[2];
-  std::shared_ptr<const EpiloguePlan> made;
-  try {
+  static PlanCache<std::vector<int64_t>, EpiloguePlan> cache;
+  return cache.get(key, [&key]() -> std::shared_ptr<const EpiloguePlan> {  // null: the steps run as ops
+    const int64_t m = key[0], k = key[1], n = key[2];
     auto p = std::make_shared<EpiloguePlan>();
     dnnl::post_ops ops;
     for (size_t i = 3; i + 2 < key.size(); i += 3) {
@@ -178,16 +156,11 @@ std::shared_ptr<const EpiloguePlan> epilogue_plan_for(const std::vector<int64_t>
     const dnnl::memory::desc a({m, k}, dt::f32, tag::ab), c({m, n}, dt::f32, tag::ab);
     const dnnl::memory::desc b_any({k, n}, dt::f32, tag::any);
     p->pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b_any, c), attr, engine());
-    if (std::string(p->pd.impl_info_str()).rfind("brg", 0) == 0) {
-      p->prim = dnnl::matmul(p->pd);
-      p->b_plain = dnnl::memory::desc({k, n}, dt::f32, tag::ab);
-      made = std::move(p);
-    }
-  } catch (const dnnl::error&) {  // no kernel: the steps run as ops
-  }
-  if (cache.size() >= 1024) cache.clear();  // shapes that vary from call to call
-  cache.emplace(key, made);
-  return made;
+    if (std::string(p->pd.impl_info_str()).rfind("brg", 0) != 0) return nullptr;
+    p->prim = dnnl::matmul(p->pd);
+    p->b_plain = dnnl::memory::desc({k, n}, dt::f32, tag::ab);
+    return p;
+  });
 }
 
 }  // namespace

@@ -27,9 +27,9 @@ namespace {
 // tensor bytes (max_memory_allocated, at least kCacheFloor; oneDNN's scratch buffers come from here
 // too and are not live tensors), the least recently freed blocks unmapped first. Unbounded, it grew
 // to 4x the live peak in PP-OCR's detector (a block per size of every activation ever freed); at
-// twice the peak the detector's cyclic order of sizes evicted blocks just before their reuse (131
-// ms a batch against 106 at three times). Sanitizer builds skip the cache so that use-after-free
-// is caught.
+// twice the peak the detector's cyclic order of sizes evicted blocks just before their reuse, so
+// the bound is three times (measured: benchmarks/README.md, Peak memory). Sanitizer builds skip
+// the cache so that use-after-free is caught.
 constexpr int64_t kCacheMin = 1 << 17;
 constexpr int64_t kCacheFloor = int64_t{64} << 20;
 constexpr size_t kAlignment = 64;

@@ -25,8 +25,8 @@ int threads_for(int64_t work) { return work > kParallelGrain && !omp_in_parallel
 // Note [2x2 max pooling in two passes]
 // The 2x2 window of stride 2 without padding or dilation, the pooling of most CNNs: every window is
 // inside the plane, so the taps need no bounds. Taken one output at a time (four taps, three
-// dependent selects) it ran at 4-10 ns an output, 2 ms of a (64, 16, 28, 28) forward on one thread:
-// a fifth of the model zoo's CNN step. For float32 planes of even width it runs in two passes over
+// dependent selects) it was a fifth of the model zoo's CNN step, four times what two passes take
+// (measured: benchmarks/README.md, What changed what, CPU training steps). For float32 planes of even width it runs in two passes over
 // each plane instead: first the pairs along every row (the larger of x[2i] and x[2i + 1], and which),
 // one flat loop over the plane that the compiler vectorises, then the two rows of each window. The
 // taps meet in row-major order either way, the first largest winning a tie and the last NaN
