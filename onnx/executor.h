@@ -21,11 +21,11 @@
 #include <vector>
 
 #include "braid/autograd.h"
-#include "braid/chain.h"
 #include "braid/conv.h"
 #include "braid/onnx/module.h"
 #include "braid/ops.h"
 #include "kept.h"
+#include "ops/fused.h"
 #include "ops_util.h"
 
 namespace braid::onnx {
@@ -174,8 +174,8 @@ struct ChainFusion {
   std::vector<size_t> early;  // Constant and static nodes after the first that it reads (placed before it)
 };
 
-/// A squeeze-and-excitation block written as nodes, run as one braid::squeeze_excite in inference
-/// (Note [Squeeze-and-excitation as one op] in src/ops/squeeze_excite.cpp; found by find_gates,
+/// A squeeze-and-excitation block written as nodes, run as one detail::channel_gate in inference
+/// (Note [Channel gates as one op] in src/ops/gate.cpp; found by find_gates,
 /// gates.cpp): a GlobalAveragePool, two stages of a 1x1 Conv, an optional Add of a bias and an
 /// optional activation, and the Mul of the pool's input by the gate.
 struct GateFusion {
@@ -376,7 +376,7 @@ class Executor {
   // A chain with its float32 MatMul by a weight as braid::matmul_chain (Note [float32 epilogues]).
   bool run_matmul_chain(const Graph& g, const ChainFusion& chain, Scope& scope, const ExecPlan& plan);
 
-  // Note [Squeeze-and-excitation as one op] (src/ops/squeeze_excite.cpp); passes/gate.cpp.
+  // Note [Channel gates as one op] (src/ops/gate.cpp); passes/gate.cpp.
   bool run_gate(const Graph& g, const GateFusion& gate, Scope& scope, const ExecPlan& plan);
 
   // Note [GELU as one op] (passes/gelu.cpp)

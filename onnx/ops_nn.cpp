@@ -165,6 +165,7 @@ Tensor conv_of(const OpContext& c, Tensor x, Tensor weight, const Tensor& bias, 
   }
   const std::vector<int64_t> pads{w.begin[0], w.end[0], w.begin[1], w.end[1]};
   const Tensor residual = one_d && act.residual.defined() ? to_2d(act.residual) : act.residual;
+  using detail::conv2d_activation;  // an internal fused entry point (ops/fused.h)
   Tensor y = act.name.empty() ? conv2d(x, weight, bias, w.stride, pads, w.dilation, group)
                               : conv2d_activation(x, weight, bias, w.stride, pads, w.dilation, group, act.name, act.a,
                                                   act.b, act.scale, act.shift, residual, act.residual_writable);

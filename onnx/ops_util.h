@@ -7,6 +7,7 @@
 
 #include "braid/onnx/module.h"
 #include "braid/ops.h"
+#include "ops/fused.h"
 
 namespace braid::onnx::ops {
 

@@ -16,6 +16,7 @@
 #include "braid/braid.h"
 #include "braid/config.h"
 #include "test_device.h"
+#include "ops/fused.h"
 
 namespace braid {
 namespace {
@@ -151,11 +152,11 @@ TEST(ChannelsLast, AStemOnAnNchwImageGivesAChannelsLastOutput) {
             want[static_cast<size_t>(((b * c_out + o) * oh + i) * ow + j)] = acc * std::clamp(acc + 3, 0.0, 6.0) / 6;
           }
     NoGradGuard no_grad;
-    const Tensor plain = conv2d_activation(x, w, bias, {2, 2}, {1, 1}, {1, 1}, 1, "hardswish");
+    const Tensor plain = detail::conv2d_activation(x, w, bias, {2, 2}, {1, 1}, {1, 1}, 1, "hardswish");
     Tensor guarded;
     {
       ChannelsLastGuard prefer;
-      guarded = conv2d_activation(x, w, bias, {2, 2}, {1, 1}, {1, 1}, 1, "hardswish");
+      guarded = detail::conv2d_activation(x, w, bias, {2, 2}, {1, 1}, {1, 1}, 1, "hardswish");
     }
     for (const Tensor* y : {&plain, static_cast<const Tensor*>(&guarded)}) {
       ASSERT_EQ(y->shape(), (Shape{n, c_out, oh, ow})) << c_out;

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "gradcheck.h"
+#include "ops/fused.h"
 #include "test_paths.h"
 
 namespace braid {
@@ -583,15 +584,14 @@ TEST(ConvActivation, FusedEpiloguesEqualTheComposition) {
         SCOPED_TRACE(c.name + (affine ? " then * 1.5 - 0.25" : ""));
         const double scale = affine ? 1.5 : 1.0, shift = affine ? -0.25 : 0.0;
         const Tensor want = affine ? c.want * 1.5 - 0.25 : c.want;
-        Tensor fused;
-        {
+        const Tensor fused = [&] {
           NoGradGuard no_grad;
-          fused = conv2d_activation(x, w, b, {stride, 1}, {pad, pad}, {1, 1}, 1, c.name, c.a, c.b, scale, shift);
-        }
+          return detail::conv2d_activation(x, w, b, {stride, 1}, {pad, pad}, {1, 1}, 1, c.name, c.a, c.b, scale, shift);
+        }();
         EXPECT_TRUE(allclose(fused, want, 1e-5, 1e-5)) << "max |diff| " << amax(abs(fused - want)).item();
         Tensor wg = w.clone().set_requires_grad(true);
         const Tensor recorded =
-            conv2d_activation(x, wg, b, {stride, 1}, {pad, pad}, {1, 1}, 1, c.name, c.a, c.b, scale, shift);
+            detail::conv2d_activation(x, wg, b, {stride, 1}, {pad, pad}, {1, 1}, 1, c.name, c.a, c.b, scale, shift);
         EXPECT_TRUE(recorded.requires_grad());
         EXPECT_TRUE(allclose(recorded.detach(), want, 1e-5, 1e-5));
       }
@@ -608,9 +608,9 @@ TEST(ConvActivation, PointwiseAtOnePixelMatchesFloat64) {
   const Tensor z = conv2d(x.to(kFloat64), w.to(kFloat64), b.to(kFloat64));
   const Tensor want = clamp(z * 0.25 + 0.4, 0.0, 1.0) * 1.5 - 0.25;
   NoGradGuard no_grad;
-  const Tensor first = conv2d_activation(x, w, b, {1, 1}, {0, 0}, {1, 1}, 1, "hardsigmoid", 0.25, 0.4, 1.5, -0.25);
+  const Tensor first = detail::conv2d_activation(x, w, b, {1, 1}, {0, 0}, {1, 1}, 1, "hardsigmoid", 0.25, 0.4, 1.5, -0.25);
   EXPECT_TRUE(allclose(first.to(kFloat64), want, 1e-5, 1e-5)) << amax(abs(first.to(kFloat64) - want)).item();
-  const Tensor again = conv2d_activation(x, w, b, {1, 1}, {0, 0}, {1, 1}, 1, "hardsigmoid", 0.25, 0.4, 1.5, -0.25);
+  const Tensor again = detail::conv2d_activation(x, w, b, {1, 1}, {0, 0}, {1, 1}, 1, "hardsigmoid", 0.25, 0.4, 1.5, -0.25);
   EXPECT_TRUE(equal(again, first));
 }
 

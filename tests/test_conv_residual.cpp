@@ -8,6 +8,7 @@
 #include "braid/config.h"
 #include "gradcheck.h"
 #include "test_device.h"
+#include "ops/fused.h"
 
 namespace braid {
 namespace {
@@ -24,7 +25,7 @@ TEST(ConvActivation, ResidualBeforeTheActivationIsTheAddThenTheActivation) {
   const Tensor z = conv2d(x.to(kFloat64), w.to(kFloat64), b.to(kFloat64), {1, 1}, {1, 1});
   const Tensor want = relu(z + r.to(kFloat64));
   const auto fused = [&](const Tensor& xin, const Tensor& res, bool writable) {
-    return conv2d_activation(xin, w, b, {1, 1}, {1, 1}, {1, 1}, 1, "relu", 0, 0, 1, 0, res, writable);
+    return detail::conv2d_activation(xin, w, b, {1, 1}, {1, 1}, {1, 1}, 1, "relu", 0, 0, 1, 0, res, writable);
   };
   const auto close = [](const Tensor& got, const Tensor& ref) { return allclose(got.to(kFloat64), ref, 1e-5, 1e-5); };
   NoGradGuard no_grad;
@@ -67,7 +68,7 @@ TEST(ConvActivation, ResidualBeforeTheActivationIsTheAddThenTheActivation) {
   const Tensor w16 = randn({16, 16, 3, 3}, kFloat32, &gen, 0, 0.2);
   const Tensor before = square.clone();
   const Tensor self =
-      conv2d_activation(square, w16, Tensor(), {1, 1}, {1, 1}, {1, 1}, 1, "relu", 0, 0, 1, 0, square, true);
+      detail::conv2d_activation(square, w16, Tensor(), {1, 1}, {1, 1}, {1, 1}, 1, "relu", 0, 0, 1, 0, square, true);
   EXPECT_TRUE(equal(square, before));
   EXPECT_TRUE(
       close(self, relu(conv2d(before.to(kFloat64), w16.to(kFloat64), Tensor(), {1, 1}, {1, 1}) + before.to(kFloat64))));
@@ -77,7 +78,7 @@ TEST(ConvActivation, ResidualWithGradientsRecordingIsTheComposition) {
   Generator gen(24);
   const Tensor x = randn({1, 4, 6, 6}, kFloat64, &gen), r = randn({1, 6, 6, 6}, kFloat64, &gen);
   Tensor w = randn({6, 4, 3, 3}, kFloat64, &gen, 0, 0.3).set_requires_grad(true);
-  const Tensor y = conv2d_activation(x, w, Tensor(), {1, 1}, {1, 1}, {1, 1}, 1, "relu", 0, 0, 1, 0, r, true);
+  const Tensor y = detail::conv2d_activation(x, w, Tensor(), {1, 1}, {1, 1}, {1, 1}, 1, "relu", 0, 0, 1, 0, r, true);
   ASSERT_TRUE(y.requires_grad());
   EXPECT_TRUE(allclose(y.detach(), relu(conv2d(x, w.detach(), Tensor(), {1, 1}, {1, 1}) + r), 1e-12, 1e-12));
   sum(y).backward();
@@ -106,14 +107,14 @@ TEST(ConvActivation, WinogradGeometriesMatchFloat64) {
     const Tensor xc = last(x);
     const Tensor plain = conv2d(xc, w, b, {1, 1}, {1, 1});
     EXPECT_TRUE(close(plain, z)) << n;
-    EXPECT_TRUE(close(conv2d_activation(xc, w, Tensor(), {1, 1}, {1, 1}, {1, 1}, 1, "relu", 0, 0, 1, 0),
+    EXPECT_TRUE(close(detail::conv2d_activation(xc, w, Tensor(), {1, 1}, {1, 1}, {1, 1}, 1, "relu", 0, 0, 1, 0),
                       relu(conv2d(x.to(kFloat64), w.to(kFloat64), Tensor(), {1, 1}, {1, 1}))))
         << n;
     Tensor rc = last(r);
-    const Tensor kept = conv2d_activation(xc, w, b, {1, 1}, {1, 1}, {1, 1}, 1, "relu", 0, 0, 1, 0, rc, false);
+    const Tensor kept = detail::conv2d_activation(xc, w, b, {1, 1}, {1, 1}, {1, 1}, 1, "relu", 0, 0, 1, 0, rc, false);
     EXPECT_TRUE(close(kept, relu(z + r.to(kFloat64)))) << n;
     EXPECT_TRUE(equal(rc, r)) << "a residual not given up is left as it was";
-    const Tensor in_place = conv2d_activation(xc, w, b, {1, 1}, {1, 1}, {1, 1}, 1, "relu", 0, 0, 1, 0, rc, true);
+    const Tensor in_place = detail::conv2d_activation(xc, w, b, {1, 1}, {1, 1}, {1, 1}, 1, "relu", 0, 0, 1, 0, rc, true);
     EXPECT_TRUE(close(in_place, relu(z + r.to(kFloat64)))) << n;
   }
 }

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "braid/braid.h"
-#include "braid/chain.h"
+#include "ops/fused.h"
 #include "braid/config.h"
 #ifdef BRAID_HAVE_DNNL
 #include "backend/cpu/cpu_backend.h"
@@ -104,8 +104,8 @@ TEST(MatmulChain, IsTheProductThroughTheSteps) {
   NoGradGuard no_grad;
   for (const Case& c : cases)
     for (int call = 0; call < 3; ++call) {
-      const std::vector<float> got = matmul_chain(a, b, c.steps).to_vector<float>();
-      const std::vector<float> ops = elementwise_chain(matmul(a, b), c.steps).to_vector<float>();
+      const std::vector<float> got = detail::matmul_chain(a, b, c.steps).to_vector<float>();
+      const std::vector<float> ops = detail::elementwise_chain(matmul(a, b), c.steps).to_vector<float>();
       ASSERT_EQ(got.size(), p.size());
       ASSERT_EQ(got, ops) << c.name << ", call " << call << ": not the steps run as ops";
       for (size_t i = 0; i < got.size(); ++i) {
@@ -124,7 +124,7 @@ TEST(MatmulChain, IsTheProductThroughTheSteps) {
   gelu_steps[1].kind = K::Gelu;
   gelu_steps[1].a = 1;
   for (int call = 0; call < 3; ++call)
-    EXPECT_EQ(matmul_chain(a, b, gelu_steps).to_vector<float>(), (gelu(matmul(a, b) + bias_t) * 0.5).to_vector<float>())
+    EXPECT_EQ(detail::matmul_chain(a, b, gelu_steps).to_vector<float>(), (gelu(matmul(a, b) + bias_t) * 0.5).to_vector<float>())
         << "call " << call;
 #ifdef BRAID_HAVE_DNNL
   // The weight has been seen: the CPU backend's epilogue takes the bias and the residual.
@@ -142,11 +142,11 @@ TEST(MatmulChain, OtherOperandsRunAsTheOps) {
   const Tensor a = randn({3, 4, 5}, kFloat32, &gen), b = randn({3, 5, 6}, kFloat32, &gen);
   const std::vector<ChainStep> steps{step(K::Mul, 0, C, 2.0f)};
   NoGradGuard no_grad;
-  EXPECT_EQ(matmul_chain(a, b, steps).to_vector<float>(), (matmul(a, b) * 2.0).to_vector<float>());
+  EXPECT_EQ(detail::matmul_chain(a, b, steps).to_vector<float>(), (matmul(a, b) * 2.0).to_vector<float>());
   const Tensor ai = tensor(std::vector<int32_t>{1, 2, 3, 4}, {2, 2}),
                bi = tensor(std::vector<int32_t>{5, 6, 7, 8}, {2, 2});
   // (1 2; 3 4)(5 6; 7 8) = (19 22; 43 50), converted to float32 by the chain, then doubled.
-  EXPECT_EQ(matmul_chain(ai, bi, steps).to_vector<float>(), (std::vector<float>{38, 44, 86, 100}));
+  EXPECT_EQ(detail::matmul_chain(ai, bi, steps).to_vector<float>(), (std::vector<float>{38, 44, 86, 100}));
 }
 
 #ifdef BRAID_HAVE_DNNL

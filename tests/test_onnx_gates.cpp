@@ -71,8 +71,8 @@ TEST(OnnxModule, PaddleSqueezeExciteRunsAsOneOp) {
   mod.set_profiling(true);
   NoGradGuard no_grad;
   expect_close(mod.run({in})[0], as_written);
-  ASSERT_EQ(mod.profile().count("squeeze-excite"), 1u);
-  EXPECT_EQ(mod.profile().at("squeeze-excite").calls, 1);
+  ASSERT_EQ(mod.profile().count("gate"), 1u);
+  EXPECT_EQ(mod.profile().at("gate").calls, 1);
   for (const char* op : {"GlobalAveragePool", "Add", "Relu", "HardSigmoid", "Mul"})
     EXPECT_EQ(mod.profile().count(op), 0u) << op;
 }
@@ -101,7 +101,7 @@ TEST(OnnxModule, TorchSqueezeExciteBeforeAResidualLeavesTheMulToAChain) {
   mod.set_profiling(true);
   NoGradGuard no_grad;
   expect_close(mod.run({x, skip})[0], as_written);
-  EXPECT_EQ(mod.profile().at("squeeze-excite").calls, 1);
+  EXPECT_EQ(mod.profile().at("gate").calls, 1);
   EXPECT_EQ(mod.profile().at("elementwise chain").calls, 1);
   for (const char* op : {"GlobalAveragePool", "Conv", "Relu", "HardSigmoid", "Mul", "Add"})
     EXPECT_EQ(mod.profile().count(op), 0u) << op;
@@ -127,7 +127,7 @@ TEST(OnnxModule, ASqueezeExciteWhoseGateIsReadElsewhereRunsAsWritten) {
   NoGradGuard no_grad;
   const std::vector<Tensor> got = mod.run({x});
   for (size_t k = 0; k < 2; ++k) expect_close(got[k], as_written[k].detach());
-  EXPECT_EQ(mod.profile().count("squeeze-excite"), 0u);
+  EXPECT_EQ(mod.profile().count("gate"), 0u);
   EXPECT_EQ(mod.profile().at("GlobalAveragePool").calls, 1);
 }
 

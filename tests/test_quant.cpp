@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "braid/braid.h"
-#include "braid/chain.h"
+#include "ops/fused.h"
 #include "error_of.h"
 
 namespace braid {
@@ -142,7 +142,7 @@ TEST(IntMatmulChain, IsTheProductThroughTheStepsBitForBit) {
     const Tensor a = cast(tensor(av, {batch, m, k}), at);
     for (const Case& c : cases)
       for (int call = 0; call < 3; ++call) {
-        const std::vector<float> got = int_matmul_chain(a, b, za, 0, c.steps).to_vector<float>();
+        const std::vector<float> got = detail::int_matmul_chain(a, b, za, 0, c.steps).to_vector<float>();
         ASSERT_EQ(got.size(), p.size());
         for (size_t i = 0; i < got.size(); ++i) {
           const int64_t j = static_cast<int64_t>(i) % n;
@@ -159,7 +159,7 @@ TEST(IntMatmulChain, IsTheProductThroughTheStepsBitForBit) {
     for (size_t i = 0; i < p.size(); ++i) pre[i] = static_cast<float>(p[i]) * scale + bias[i % n];
     const std::vector<float> want = (gelu(tensor(pre, {batch, m, n})) * 0.5).to_vector<float>();
     for (int call = 0; call < 3; ++call)
-      EXPECT_EQ(int_matmul_chain(a, b, za, 0, gelu_steps).to_vector<float>(), want) << dtype_name(at) << " A";
+      EXPECT_EQ(detail::int_matmul_chain(a, b, za, 0, gelu_steps).to_vector<float>(), want) << dtype_name(at) << " A";
   }
 }
 
@@ -344,7 +344,7 @@ TEST(Quantize, NearTiesRoundAsTheDivisionDoes) {
       step.scale = scale;
       step.zero = zero;
       step.qtype = t;
-      const std::vector<float> chained = elementwise_chain(xt, {step}).to_vector<float>();
+      const std::vector<float> chained = detail::elementwise_chain(xt, {step}).to_vector<float>();
       for (size_t i = 0; i < x.size(); ++i) {
         const double v = quantized(x[i], scale, zero, lo, hi);
         const float back = (static_cast<float>(v) - static_cast<float>(zero)) * scale;
@@ -481,7 +481,7 @@ TEST(ElementwiseChain, EachStepIsItsOpBitForBit) {
       steps[11].kind = K::Add, steps[11].a = 11, steps[11].b = ChainStep::kTensor, steps[11].operand = bias;
       steps[12].kind = K::Sub, steps[12].a = 12, steps[12].b = ChainStep::kTensor, steps[12].operand = mask;
       steps[13].kind = K::Gelu, steps[13].a = 13;
-      const Tensor got = elementwise_chain(x, steps);
+      const Tensor got = detail::elementwise_chain(x, steps);
       EXPECT_EQ(got.shape(), s);
       EXPECT_EQ(!got.is_contiguous() && got.is_channels_last(), channels_last);
       const Tensor v1 = fake_quantize(x, 0.03, 120, kUInt8);
@@ -500,10 +500,10 @@ TEST(ElementwiseChain, EachStepIsItsOpBitForBit) {
           ASSERT_EQ(g[i], w[i]) << i;
       }
       // One step alone, and a chain whose last step reads the input again.
-      EXPECT_EQ(elementwise_chain(x, {steps[0]}).to_vector<float>(), v1.to_vector<float>());
+      EXPECT_EQ(detail::elementwise_chain(x, {steps[0]}).to_vector<float>(), v1.to_vector<float>());
       ChainStep again;
       again.kind = K::Sub, again.a = 1, again.b = 0;
-      const std::vector<float> residual = elementwise_chain(x, {steps[0], again}).to_vector<float>(),
+      const std::vector<float> residual = detail::elementwise_chain(x, {steps[0], again}).to_vector<float>(),
                                residual_want = (v1 - x).to_vector<float>();
       for (size_t i = 0; i < residual.size(); ++i) {
         if (!std::isnan(residual_want[i])) {
@@ -528,8 +528,8 @@ TEST(ElementwiseChain, MatchesTheClosedForm) {
   steps[2].kind = K::Add, steps[2].a = 2, steps[2].b = ChainStep::kConstant, steps[2].k = 0.25f;
   steps[3].kind = K::Mul, steps[3].a = 3, steps[3].b = ChainStep::kTensor, steps[3].operand = bias;
   steps[4].kind = K::Gelu, steps[4].a = 4;
-  const std::vector<float> exact = elementwise_chain(x, {steps[0], steps[1], steps[2], steps[3]}).to_vector<float>();
-  const std::vector<float> with_gelu = elementwise_chain(x, steps).to_vector<float>();
+  const std::vector<float> exact = detail::elementwise_chain(x, {steps[0], steps[1], steps[2], steps[3]}).to_vector<float>();
+  const std::vector<float> with_gelu = detail::elementwise_chain(x, steps).to_vector<float>();
   const std::vector<float> xs = x.to_vector<float>(), a = sc.to_vector<float>(), b = sh.to_vector<float>(),
                            t = bias.to_vector<float>();
   const float s = 0.05f, z = 128.0f;
@@ -556,7 +556,7 @@ TEST(ElementwiseChain, Int32InputIsCastFirst) {
     steps[0].kind = ChainStep::Kind::Mul, steps[0].a = 0, steps[0].b = ChainStep::kConstant, steps[0].k = 3.1e-4f;
     steps[1].kind = ChainStep::Kind::Add, steps[1].a = ChainStep::kTensor, steps[1].b = 1, steps[1].operand = bias;
     const Tensor want = bias + cast(x, kFloat32) * full({}, 3.1e-4, kFloat32);
-    EXPECT_EQ(elementwise_chain(x, steps).to_vector<float>(), want.to_vector<float>()) << n;
+    EXPECT_EQ(detail::elementwise_chain(x, steps).to_vector<float>(), want.to_vector<float>()) << n;
   }
 }
 
@@ -564,25 +564,25 @@ TEST(ElementwiseChain, RefusesStepsItCannotRunNamingThem) {
   const Tensor x = ones({2, 3, 4, 4});
   ChainStep later;
   later.kind = ChainStep::Kind::Add, later.a = 0, later.b = 2;
-  EXPECT_NE(error_of<ValueError>([&] { elementwise_chain(x, {later}); }).find("step 0 reads slots 0 and 2"),
+  EXPECT_NE(error_of<ValueError>([&] { detail::elementwise_chain(x, {later}); }).find("step 0 reads slots 0 and 2"),
             std::string::npos);
   ChainStep affine;
   affine.kind = ChainStep::Kind::ChannelAffine, affine.channel_scale = ones({4}), affine.channel_shift = zeros({4});
-  EXPECT_NE(error_of<ValueError>([&] { elementwise_chain(x, {affine}); }).find("channels (axis 1 of [2, 3, 4, 4])"),
+  EXPECT_NE(error_of<ValueError>([&] { detail::elementwise_chain(x, {affine}); }).find("channels (axis 1 of [2, 3, 4, 4])"),
             std::string::npos);
   ChainStep q;
   q.kind = ChainStep::Kind::FakeQuantize, q.scale = 0.1, q.zero = 300;
-  EXPECT_NE(error_of<ValueError>([&] { elementwise_chain(x, {q}); }).find("zero point 300"), std::string::npos);
+  EXPECT_NE(error_of<ValueError>([&] { detail::elementwise_chain(x, {q}); }).find("zero point 300"), std::string::npos);
   EXPECT_NE(
-      error_of<TypeError>([&] { elementwise_chain(ones({3}, kFloat64), {later}); }).find("must be float32 or int32"),
+      error_of<TypeError>([&] { detail::elementwise_chain(ones({3}, kFloat64), {later}); }).find("must be float32 or int32"),
       std::string::npos);
   Tensor w = ones({3});
   w.set_requires_grad();
-  EXPECT_NE(error_of<ValueError>([&] { elementwise_chain(w, {q}); }).find("inference only"), std::string::npos);
-  EXPECT_NE(error_of<ValueError>([&] { elementwise_chain(x, {}); }).find("no steps"), std::string::npos);
+  EXPECT_NE(error_of<ValueError>([&] { detail::elementwise_chain(w, {q}); }).find("inference only"), std::string::npos);
+  EXPECT_NE(error_of<ValueError>([&] { detail::elementwise_chain(x, {}); }).find("no steps"), std::string::npos);
   ChainStep wide;
   wide.kind = ChainStep::Kind::Add, wide.b = ChainStep::kTensor, wide.operand = ones({3, 2, 3, 4, 4});
-  EXPECT_NE(error_of<ValueError>([&] { elementwise_chain(x, {wide}); }).find("does not broadcast to the input's"),
+  EXPECT_NE(error_of<ValueError>([&] { detail::elementwise_chain(x, {wide}); }).find("does not broadcast to the input's"),
             std::string::npos);
 }
 

@@ -1,4 +1,4 @@
-// Squeeze-and-excitation as one op (Note [Squeeze-and-excitation as one op]): braid::squeeze_excite
+// Squeeze-and-excitation as one op (Note [Channel gates as one op]): braid::squeeze_excite
 // and its gate against the block written out in double arithmetic in this file (the mean, the two
 // 1x1 products with their biases, each activation by its formula), in both layouts and at sizes on
 // either side of the parallel grain, against the ops one by one, and its refusals. On the device
@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "braid/braid.h"
+#include "ops/fused.h"
 #include "error_of.h"
 
 namespace braid {
@@ -18,7 +19,7 @@ namespace {
 
 Tensor channels_last_copy(const Tensor& x) { return contiguous(x.permute({0, 2, 3, 1})).permute({0, 3, 1, 2}); }
 
-double activated(const ConvActivation& a, double v) {
+double activated(const detail::ConvActivation& a, double v) {
   if (a.name == "relu") return std::max(v, 0.0);
   if (a.name == "clip") return std::min(std::max(v, a.a), a.b);
   if (a.name == "hardswish") return v * std::min(std::max(v / 6 + 0.5, 0.0), 1.0);
@@ -27,8 +28,8 @@ double activated(const ConvActivation& a, double v) {
 }
 
 // The gate (N * C values) of x (N, C, H, W), in double from the tensors' float values.
-std::vector<double> reference_gate(const Tensor& x, const Tensor& w1, const Tensor& b1, const ConvActivation& a1,
-                                   const Tensor& w2, const Tensor& b2, const ConvActivation& a2) {
+std::vector<double> reference_gate(const Tensor& x, const Tensor& w1, const Tensor& b1, const detail::ConvActivation& a1,
+                                   const Tensor& w2, const Tensor& b2, const detail::ConvActivation& a2) {
   const int64_t n = x.size(0), c = x.size(1), r = x.size(2) * x.size(3), mid = w1.size(0);
   const std::vector<float> xs = contiguous(x).to_vector<float>(), v1 = w1.to_vector<float>(),
                            v2 = w2.to_vector<float>();
@@ -57,10 +58,10 @@ std::vector<double> reference_gate(const Tensor& x, const Tensor& w1, const Tens
 
 struct Block {
   Tensor w1, b1, w2, b2;
-  ConvActivation a1, a2;
+  detail::ConvActivation a1, a2;
 };
 
-Block random_block(int64_t c, int64_t mid, Generator& gen, ConvActivation a1, ConvActivation a2, bool biases = true) {
+Block random_block(int64_t c, int64_t mid, Generator& gen, detail::ConvActivation a1, detail::ConvActivation a2, bool biases = true) {
   Block b;
   b.w1 = randn({mid, c, 1, 1}, kFloat32, &gen, 0, 0.3);
   b.w2 = randn({c, mid, 1, 1}, kFloat32, &gen, 0, 0.3);
@@ -80,7 +81,7 @@ TEST(SqueezeExcite, MatchesTheBlockWrittenOut) {
   struct Case {
     std::vector<int64_t> shape;
     int64_t mid;
-    ConvActivation a1, a2;
+    detail::ConvActivation a1, a2;
     bool biases;
   };
   const std::vector<Case> cases = {
@@ -96,11 +97,11 @@ TEST(SqueezeExcite, MatchesTheBlockWrittenOut) {
     const int64_t n = k.shape[0], c = k.shape[1], r = k.shape[2] * k.shape[3];
     for (bool cl : {false, true}) {
       const Tensor xin = cl ? channels_last_copy(x) : x;
-      const Tensor gate = squeeze_excite_gate(xin, b.w1, b.b1, b.a1, b.w2, b.b2, b.a2);
+      const Tensor gate = detail::channel_gate_values(xin, b.w1, b.b1, b.a1, b.w2, b.b2, b.a2);
       ASSERT_EQ(gate.shape(), (Shape{n, c, 1, 1}));
       const std::vector<float> got = gate.to_vector<float>();
       for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got[i], want[i], 2e-6 * (1 + std::fabs(want[i]))) << i;
-      const Tensor y = squeeze_excite(xin, b.w1, b.b1, b.a1, b.w2, b.b2, b.a2);
+      const Tensor y = detail::channel_gate(xin, b.w1, b.b1, b.a1, b.w2, b.b2, b.a2);
       ASSERT_EQ(y.shape(), x.shape());
       EXPECT_EQ(!y.is_contiguous() && y.is_channels_last(), cl) << "the result keeps x's layout";
       const std::vector<float> ys = contiguous(y).to_vector<float>(), xs = x.to_vector<float>();
@@ -119,13 +120,13 @@ TEST(SqueezeExcite, AgreesWithTheOpsOneByOne) {
   const Tensor x = randn({2, 24, 9, 11}, kFloat32, &gen);
   const Block b = random_block(24, 6, gen, {"relu"}, {"hardsigmoid", 0.2, 0.5});
   const Tensor gate =
-      conv2d_activation(conv2d_activation(mean(x, {2, 3}, true), b.w1, b.b1, {1, 1}, {0, 0}, {1, 1}, 1, "relu"), b.w2,
+      detail::conv2d_activation(detail::conv2d_activation(mean(x, {2, 3}, true), b.w1, b.b1, {1, 1}, {0, 0}, {1, 1}, 1, "relu"), b.w2,
                         b.b2, {1, 1}, {0, 0}, {1, 1}, 1, "hardsigmoid", 0.2, 0.5);
   const std::vector<float> want = (x * gate).to_vector<float>();
   Tensor xg = x.detach();
   xg.set_requires_grad();
   NoGradGuard no_grad;
-  const std::vector<float> got = squeeze_excite(xg, b.w1, b.b1, b.a1, b.w2, b.b2, b.a2).to_vector<float>();
+  const std::vector<float> got = detail::channel_gate(xg, b.w1, b.b1, b.a1, b.w2, b.b2, b.a2).to_vector<float>();
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 3e-6 * (1 + std::fabs(want[i]))) << i;
 }
@@ -136,29 +137,29 @@ TEST(SqueezeExcite, RefusesWhatItCannotRunNamingIt) {
   const Block b = random_block(8, 2, gen, {"relu"}, {"hardsigmoid", 0.2, 0.5});
   const auto message = [&](const auto& f) { return error_of<ValueError>(f); };
   EXPECT_NE(message([&] {
-              squeeze_excite(x, randn({2, 7, 1, 1}), b.b1, b.a1, b.w2, b.b2, b.a2);
+              detail::channel_gate(x, randn({2, 7, 1, 1}), b.b1, b.a1, b.w2, b.b2, b.a2);
             }).find("w1 must be (C_mid, 8, 1, 1) for x of shape [1, 8, 3, 3], got [2, 7, 1, 1]"),
             std::string::npos);
   EXPECT_NE(message([&] {
-              squeeze_excite(x, b.w1, b.b1, b.a1, randn({8, 3, 1, 1}), b.b2, b.a2);
+              detail::channel_gate(x, b.w1, b.b1, b.a1, randn({8, 3, 1, 1}), b.b2, b.a2);
             }).find("w2 must be (8, 2, 1, 1)"),
             std::string::npos);
-  EXPECT_NE(message([&] { squeeze_excite(x, b.w1, randn({3}), b.a1, b.w2, b.b2, b.a2); }).find("b1 must be (2)"),
+  EXPECT_NE(message([&] { detail::channel_gate(x, b.w1, randn({3}), b.a1, b.w2, b.b2, b.a2); }).find("b1 must be (2)"),
             std::string::npos);
   EXPECT_NE(
-      message([&] { squeeze_excite(x, b.w1, b.b1, {"gelu"}, b.w2, b.b2, b.a2); }).find("unknown activation 'gelu'"),
+      message([&] { detail::channel_gate(x, b.w1, b.b1, {"gelu"}, b.w2, b.b2, b.a2); }).find("unknown activation 'gelu'"),
       std::string::npos);
   EXPECT_NE(message([&] {
-              squeeze_excite(x.reshape({8, 3, 3}), b.w1, b.b1, b.a1, b.w2, b.b2, b.a2);
+              detail::channel_gate(x.reshape({8, 3, 3}), b.w1, b.b1, b.a1, b.w2, b.b2, b.a2);
             }).find("x must be (N, C, H, W)"),
             std::string::npos);
   EXPECT_NE(error_of<TypeError>([&] {
-              squeeze_excite(x.to(kFloat64), b.w1, b.b1, b.a1, b.w2, b.b2, b.a2);
+              detail::channel_gate(x.to(kFloat64), b.w1, b.b1, b.a1, b.w2, b.b2, b.a2);
             }).find("must be float32"),
             std::string::npos);
   Tensor w = b.w1.detach();
   w.set_requires_grad();
-  EXPECT_NE(message([&] { squeeze_excite(x, w, b.b1, b.a1, b.w2, b.b2, b.a2); }).find("inference only"),
+  EXPECT_NE(message([&] { detail::channel_gate(x, w, b.b1, b.a1, b.w2, b.b2, b.a2); }).find("inference only"),
             std::string::npos);
 }
 

@@ -10,7 +10,6 @@
 #include <string>
 #include <vector>
 
-#include "braid/chain.h"
 #include "passes.h"
 
 namespace braid::onnx {
@@ -373,12 +372,12 @@ bool Executor::run_int_matmul_chain(const Graph& g, const ChainFusion& chain, Sc
       throw ValueError(detail::cat(model_.path, ": ", mm.label(), " did not give the int32 product of shape ",
                                    shape_str(product), " that the chain after it reads"));
     const auto start = profile_ != nullptr ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
-    scope.at(chain.output) = elementwise_chain(*x, steps);
+    scope.at(chain.output) = detail::elementwise_chain(*x, steps);
     add_time(start, "elementwise chain");
     return true;
   }
   const auto start = profile_ != nullptr ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
-  scope.at(chain.output) = int_matmul_chain(*a, *b, za, zb, steps);
+  scope.at(chain.output) = detail::int_matmul_chain(*a, *b, za, zb, steps);
   add_time(start, "MatMulInteger+chain");
   return true;
 }
@@ -395,7 +394,7 @@ bool Executor::run_matmul_chain(const Graph& g, const ChainFusion& chain, Scope&
   std::vector<ChainStep> steps;
   if (!chain_steps(g, chain, scope, plan, product, steps)) return false;
   const auto start = profile_ != nullptr ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
-  scope.at(chain.output) = matmul_chain(*a, *b, steps);
+  scope.at(chain.output) = detail::matmul_chain(*a, *b, steps);
   add_time(start, "MatMul+chain");
   return true;
 }
@@ -411,7 +410,7 @@ bool Executor::run_chain(const Graph& g, const ChainFusion& chain, Scope& scope,
   std::vector<ChainStep> steps;
   if (!chain_steps(g, chain, scope, plan, x->shape(), steps)) return false;
   const auto start = profile_ != nullptr ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
-  scope.at(chain.output) = elementwise_chain(*x, steps);
+  scope.at(chain.output) = detail::elementwise_chain(*x, steps);
   add_time(start, "elementwise chain");
   return true;
 }

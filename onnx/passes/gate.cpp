@@ -1,5 +1,5 @@
-// The gate pass: squeeze-and-excitation blocks written as nodes, run as one braid::squeeze_excite
-// in inference (Note [Squeeze-and-excitation as one op] in src/ops/squeeze_excite.cpp): finding
+// The gate pass: squeeze-and-excitation blocks written as nodes, run as one detail::channel_gate
+// in inference (Note [Channel gates as one op] in src/ops/gate.cpp): finding
 // them in the top-level graph, and running one. Internal to onnx/.
 #include <map>
 #include <set>
@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "braid/conv.h"
+#include "ops/fused.h"
 #include "passes.h"
 
 namespace braid::onnx {
@@ -174,7 +175,7 @@ bool Executor::run_gate(const Graph& g, const GateFusion& gate, Scope& scope, co
     return false;
   // Per stage: the 1x1 weight (C_out, C_in, 1, 1), its bias (C_out) and its activation.
   Tensor w[2], b[2];
-  ConvActivation act[2];
+  detail::ConvActivation act[2];
   int64_t c_in = x->size(1);
   for (int s = 0; s < 2; ++s) {
     const GateFusion::Stage& st = gate.stages[s];
@@ -222,10 +223,10 @@ bool Executor::run_gate(const Graph& g, const GateFusion& gate, Scope& scope, co
   if (c_in != x->size(1)) return false;  // the gate has one value per channel of x
   const auto start = profile_ != nullptr ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
   if (gate.gate_only)
-    scope.at(gate.gate) = squeeze_excite_gate(*x, w[0], b[0], act[0], w[1], b[1], act[1]);
+    scope.at(gate.gate) = detail::channel_gate_values(*x, w[0], b[0], act[0], w[1], b[1], act[1]);
   else
-    scope.at(gate.output) = squeeze_excite(*x, w[0], b[0], act[0], w[1], b[1], act[1]);
-  add_time(start, "squeeze-excite");
+    scope.at(gate.output) = detail::channel_gate(*x, w[0], b[0], act[0], w[1], b[1], act[1]);
+  add_time(start, "gate");
   return true;
 }
 

@@ -6,7 +6,6 @@
 #include <string>
 #include <vector>
 
-#include "braid/chain.h"
 #include "passes.h"
 
 namespace braid::onnx {

@@ -12,8 +12,32 @@
 #include <utility>
 #include <vector>
 
-#include "braid/chain.h"
 #include "braid/tensor.h"
+
+namespace braid {
+
+/// One step of an elementwise chain. Slot 0 holds the chain's input; step i writes slot i + 1.
+struct ChainStep {
+  enum class Kind : uint8_t { FakeQuantize, ChannelAffine, Gelu, Add, Sub, Mul, Div, GeluHalfLast };
+  Kind kind = Kind::Add;
+  /// The slots read: `a` by every step; `b` by the arithmetic, whose operands are slot a and slot b,
+  /// either of them kConstant for k or kTensor for `operand` (not both kConstant).
+  static constexpr int kConstant = -1, kTensor = -2;
+  int a = 0, b = kConstant;
+  float k = 0;
+  /// An arithmetic step's tensor operand: float32, on x's device, broadcasting to x's shape (a bias,
+  /// a residual, a mask, a per-sample channel scale).
+  Tensor operand;
+  /// FakeQuantize: braid::fake_quantize(slot a, scale, zero, qtype).
+  double scale = 1;
+  int64_t zero = 0;
+  DType qtype = kUInt8;
+  /// Gelu: braid::gelu(slot a), the exact (erf) GELU; GeluHalfLast: detail::gelu_half_last(slot a).
+  /// ChannelAffine: braid::channel_affine(slot a, channel_scale, channel_shift), each (C) float32.
+  Tensor channel_scale, channel_shift;
+};
+
+}  // namespace braid
 
 namespace braid::detail {
 
@@ -130,7 +154,7 @@ struct FusedKernelsEpilogueStep {
 // matmul_int8, quantize, dequantize, dynamic_quantize, fake_quantize in src/ops/quant.cpp;
 // matmul_epilogue, matmul_int8_epilogue, elementwise_chain in src/ops/chain.cpp; aminmax and
 // softmax_rows in src/ops/reduce.cpp; layer_norm_rows and the channel_* passes in src/ops/norm.cpp;
-// squeeze_excite in src/ops/squeeze_excite.cpp; adam_step in src/optim/adam.cpp.
+// channel_gate in src/ops/gate.cpp; adam_step in src/optim/adam.cpp.
 class FusedKernels {
  public:
   virtual ~FusedKernels() = default;
@@ -199,12 +223,12 @@ class FusedKernels {
   /// operations of its op, so that the result is bitwise the steps run one by one.
   virtual bool elementwise_chain(const Tensor& x, const std::vector<ChainStep>& steps, int64_t channels, int64_t inner,
                                  const Tensor& out);
-  /// The squeeze-and-excitation gate of x (braid::squeeze_excite_gate) into gate (N, C), and where out
-  /// is defined x times it (braid::squeeze_excite): per sample n, m = the mean of x over H and W,
+  /// The channel gate of x (detail::channel_gate_values; a squeeze-and-excitation block's) into gate (N, C), and where out
+  /// is defined x times it (detail::channel_gate): per sample n, m = the mean of x over H and W,
   /// gate[n] = e2(w2 e1(w1 m + b1) + b2), out[n, c, ...] = x[n, c, ...] * gate[n, c]. x and out float32
   /// and contiguous, (N, H, W, C) when channels_last, else (N, C, H, W); w1 (C_mid, C), w2 (C, C_mid),
   /// b1 (C_mid) and b2 (C) contiguous float32 or undefined; e1 and e2 activations only.
-  virtual bool squeeze_excite(const Tensor& x, bool channels_last, const Tensor& w1, const Tensor& b1,
+  virtual bool channel_gate(const Tensor& x, bool channels_last, const Tensor& w1, const Tensor& b1,
                               const Epilogue& e1, const Tensor& w2, const Tensor& b2, const Epilogue& e2,
                               const Tensor& gate, const Tensor& out);
   /// out (int8 or uint8, x's shape) = round_half_even(x / scale) + zero saturated to out's range, x

@@ -100,7 +100,7 @@ bool FusedKernels::matmul_int8_epilogue(const Tensor&, int64_t, const Tensor&, i
 bool FusedKernels::quantize(const Tensor&, double, int64_t, const Tensor&) { return false; }
 bool FusedKernels::aminmax(const Tensor&, const Tensor&, const Tensor&) { return false; }
 bool FusedKernels::dynamic_quantize(const Tensor&, const Tensor&, float&, int64_t&) { return false; }
-bool FusedKernels::squeeze_excite(const Tensor&, bool, const Tensor&, const Tensor&, const Epilogue&, const Tensor&,
+bool FusedKernels::channel_gate(const Tensor&, bool, const Tensor&, const Tensor&, const Epilogue&, const Tensor&,
                              const Tensor&, const Epilogue&, const Tensor&, const Tensor&) {
   return false;
 }

@@ -1,4 +1,4 @@
-// Elementwise chains (include/braid/chain.h): checks, the backend's one pass where it has one, and
+// Elementwise chains (src/ops/fused.h): checks, the backend's one pass where it has one, and
 // the steps run one by one as braid ops where it does not.
 //
 // Note [Elementwise chains]
@@ -15,7 +15,7 @@
 // bitwise the steps'. A backend without the
 // primitive gets exactly those ops. The ONNX executor finds the chains in inference (make_plan's
 // find_chains, onnx/chains.cpp).
-#include "braid/chain.h"
+#include "ops/fused.h"
 
 #include <cmath>
 
@@ -86,7 +86,7 @@ void check_chain(const Tensor& x, const std::vector<ChainStep>& steps) {
 
 }  // namespace
 
-Tensor elementwise_chain(const Tensor& x, const std::vector<ChainStep>& steps) {
+Tensor detail::elementwise_chain(const Tensor& x, const std::vector<ChainStep>& steps) {
   check_chain(x, steps);
   NoGradGuard no_grad;
   const Tensor xd = x.detach();
@@ -204,7 +204,7 @@ Tensor rest_of_chain(Tensor out, const Shape& product, const std::vector<ChainSt
 
 }  // namespace
 
-Tensor int_matmul_chain(const Tensor& a, const Tensor& b, int64_t a_zero, int64_t b_zero,
+Tensor detail::int_matmul_chain(const Tensor& a, const Tensor& b, int64_t a_zero, int64_t b_zero,
                         const std::vector<ChainStep>& steps) {
   BRAID_CHECK(!steps.empty(), "int_matmul_chain: no steps");
   NoGradGuard no_grad;
@@ -227,7 +227,7 @@ Tensor int_matmul_chain(const Tensor& a, const Tensor& b, int64_t a_zero, int64_
 }
 
 // Note [float32 epilogues] in src/backend/cpu/matmul_weight.cpp.
-Tensor matmul_chain(const Tensor& a, const Tensor& b, const std::vector<ChainStep>& steps) {
+Tensor detail::matmul_chain(const Tensor& a, const Tensor& b, const std::vector<ChainStep>& steps) {
   BRAID_CHECK(!steps.empty(), "matmul_chain: no steps");
   NoGradGuard no_grad;
   if (a.defined() && b.defined() && a.dim() >= 2 && b.dim() == 2 && a.size(-1) == b.size(0) && a.dtype() == kFloat32 &&

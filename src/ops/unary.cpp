@@ -3,7 +3,7 @@
 #include <cmath>
 #include <limits>
 
-#include "braid/chain.h"
+#include "ops/fused.h"
 #include "ops/common.h"
 
 namespace braid {

@@ -21,8 +21,8 @@ EXTENSIONS = {".cpp", ".h", ".hpp", ".cu", ".cuh"}
 # function and the helpers that record its backward (src/ops, src/optim), the Backend primitives it
 # calls (a definition qualified by CpuBackend::, CudaBackend::, or unqualified in a backend's class
 # body), and the kernels and launchers behind them on the CPU and on CUDA. A name with "::" matches
-# only so qualified. Definitions qualified by Backend:: itself are not counted: those are the
-# interface's defaults of the optional primitives ("no kernel", src/backend/registry.cpp), part of
+# only so qualified. Definitions qualified by Backend:: or FusedKernels:: are not counted: those are
+# the interface's defaults of the fused kernels ("no kernel", src/backend/registry.cpp), part of
 # the interface as backend.h is. Declarations (a signature ending in ";") never count, so headers
 # that only declare (backend.h, cpu_backend.h, cuda_backend.h, kernels.h, include/braid) drop out.
 # The first symbol of each op must be found: a renamed front door fails here rather than passing
@@ -60,7 +60,7 @@ OPS = {
     ],
 }
 # The backend of a definition's qualifier that is the interface's own (see above).
-INTERFACE_QUALIFIERS = {"Backend"}
+INTERFACE_QUALIFIERS = {"Backend", "FusedKernels"}
 TRAILING = re.compile(r"\s*(?:(?:const|override|final|noexcept|mutable)\b\s*)*")
 
 
@@ -169,6 +169,7 @@ def mapping():
     ("bool braid::detail::CpuBackend::adam_step(const Tensor& p) {", "adam_step", True),
     ("Tensor softmax(const Tensor& x, int64_t axis);", "softmax", False),  # a declaration
     ("bool Backend::softmax_rows(const Tensor&, const Tensor&) { return false; }", "softmax_rows", False),
+    ("bool FusedKernels::softmax_rows(const Tensor&, const Tensor&) { return false; }", "softmax_rows", False),
     ("  y = softmax(x, -1);\n  if (backend.softmax_rows(x, y)) {", "softmax_rows", False),  # calls
     ("  if (softmax(x, 1).defined()) {", "softmax", False),
     ("  return ok ? softmax(x, 1) : softmax(x, 0);", "softmax", False),

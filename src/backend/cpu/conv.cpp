@@ -514,6 +514,7 @@ Key key_of(Pass pass, const Shape& x, int64_t c_out, const Window2d& win, int64_
 
 bool CpuBackend::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Window2d& win, int64_t groups,
                         const Epilogue& epilogue, const Tensor& y) {
+  if (composite_only_active()) return false;  // the composite of tests/test_fused_values.cpp
   // Note [Channels-last activations in inference]: x and y may each be channels-last, which only
   // oneDNN's kernels here take: on such activations the kernel is asked for NHWC (brgemm's own choice
   // for wide dense convolutions), at every size, since braid's kernels would convert them first.

@@ -15,6 +15,7 @@ namespace braid::detail {
 /// Whether the fused primitives run (fused.cpp; BRAID_CPU_FUSED=0 turns them off, and so does a
 /// CompositeOnly guard on its thread while it lives).
 bool fused_on();
+bool composite_only_active();  // a CompositeOnly guard lives on this thread
 struct CompositeOnly {
   CompositeOnly();
   ~CompositeOnly();
@@ -68,8 +69,8 @@ class CpuBackend final : public Backend, public FusedKernels {
                          const Tensor& out) override;
   bool adam_step(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const Tensor& max_v,
                  const AdamStep& s) override;
-  // squeeze_excite.cpp (Note [Squeeze-and-excitation as one op])
-  bool squeeze_excite(const Tensor& x, bool channels_last, const Tensor& w1, const Tensor& b1, const Epilogue& e1,
+  // gate.cpp (Note [Channel gates as one op])
+  bool channel_gate(const Tensor& x, bool channels_last, const Tensor& w1, const Tensor& b1, const Epilogue& e1,
                       const Tensor& w2, const Tensor& b2, const Epilogue& e2, const Tensor& gate,
                       const Tensor& out) override;
   bool channel_moments(const Tensor& x, const Tensor& mean, const Tensor& var) override;

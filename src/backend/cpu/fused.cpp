@@ -71,6 +71,7 @@ bool fused_on() {
   return on && composite_only == 0;
 }
 
+bool composite_only_active() { return composite_only != 0; }
 CompositeOnly::CompositeOnly() { ++composite_only; }
 CompositeOnly::~CompositeOnly() { --composite_only; }
 

@@ -87,14 +87,11 @@ int blas_int(int64_t v) {
 // knows it runs an older kernel than the CPU can (Haswell's AVX2 kernel on some AVX-512 cores, the
 // SSE3 Prescott kernel on others, such as this project's VM, family 6 model 207). oneDNN's sgemm (the
 // same library as the convolutions, the same libgomp pool) picks its kernel by the CPU's features.
-// Measured on the AVX-512 VM with 2 threads: 2.2x to 4.9x OpenBLAS's (Haswell) throughput on the
-// shapes of braid's training steps and of MiniLM (benchmarks/README.md). float64 stays on OpenBLAS,
-// and BRAID_ONEDNN=0 sends float32 back to it too. So do small products, where OpenBLAS's kernel
-// is as fast or faster and needs no signal guard (Note [Signals and oneDNN's kernels]): below 2^16
-// multiply-adds where OpenBLAS runs an AVX2 or AVX-512 kernel (0.32 us against 0.68 for 4x4 by 4x4,
-// 1.8 us each at 16x64 by 64x64 with the Haswell kernel), below 2^12 where it runs an older one on a
-// CPU with AVX2 (Prescott's kernel: 2.6 us against oneDNN's 0.77 at 32x32 by 32x32, an attention
-// head's product; 0.26 against 0.36 at 8x8 by 8x8; 0.81 against 0.64 at 16x16 by 16x16).
+// float64 stays on OpenBLAS, and BRAID_ONEDNN=0 sends float32 back to it too. So do small products,
+// where OpenBLAS's kernel is as fast or faster and needs no signal guard (Note [Signals and oneDNN's
+// kernels]): below 2^16 multiply-adds where OpenBLAS runs an AVX2 or AVX-512 kernel, below 2^12
+// where it runs an older one on a CPU with AVX2 (an attention head's 32x32 products then go to
+// oneDNN). (measured: benchmarks/README.md, What changed what, the sgemm lines and run W)
 #ifdef BRAID_HAVE_DNNL
 int64_t onednn_min_macs() {
   static const int64_t macs = [] {
@@ -111,7 +108,7 @@ int64_t onednn_min_macs() {
 
 // Note [Products by a weight through oneDNN's matmul] takes a B of at least this many columns: with
 // fewer the brgemm kernel is a poor matrix-vector product (a 1x1 convolution at one pixel, its
-// weight as A: 1280x512 by 512x1 in 107 us against dnnl_sgemm's 32).
+// weight as A), slower than dnnl_sgemm (measured: benchmarks/README.md, What changed what, run X).
 constexpr int64_t kMinWeightColumns = 16;
 #endif
 

@@ -32,14 +32,10 @@ namespace {
 // weight's version, never reorders. Both kinds of call run the same brgemm kernel, which copies a
 // plain B into the same blocks itself, so a product's bits do not depend on whether its weight was
 // seen before: a plan is built only where oneDNN picks the same implementation for the two
-// layouts, and tests/test_tensor.cpp checks the two agree bit for bit. Measured with 2 threads on
-// the AVX-512 VM against dnnl_sgemm: 32x384 by 384x1536 (MiniLM's feed-forward at 32 tokens) 198 ->
-// 162 us kept, 256x384 by 384x1536 2017 -> 1059 us kept (1301 as it lies); MiniLM at batch 8
-// 13.5 -> 12.0 ms a run. Read as it lies, B costs more on some shapes than dnnl_sgemm's packing
-// (64x784 by 784x256, an MLP's first layer in training: 104 -> 136 us; 8x512 by 512x512 16 -> 33);
-// the training steps of benchmarks/train_step.cpp moved within this VM's spread (mlp 1.11-1.31 ->
-// 1.19-1.37 ms, transformer unchanged). A shape the primitive does not take stays with dnnl_sgemm,
-// always.
+// layouts, and tests/test_tensor.cpp checks the two agree bit for bit. Kept, B is faster than
+// dnnl_sgemm's packing on every product of MiniLM; read as it lies it is slower on some training
+// shapes, which moved the training steps within the run-to-run spread (measured: benchmarks/README.md,
+// What changed what, run X). A shape the primitive does not take stays with dnnl_sgemm, always.
 using dt = dnnl::memory::data_type;
 using tag = dnnl::memory::format_tag;
 
@@ -125,8 +121,8 @@ std::unique_ptr<Plan::Bound> make_bound(const Plan& p) {
 // in registers before it is stored: one float32 operation per step, in order, so the bits are
 // the ops' where the primitive sums the product as the one without post-ops does
 // (tests/test_matmul_chain.cpp compares the two). Only on a kept weight: the first product of a
-// weight takes the ops, and marks it. MiniLM's 18 bias Adds and 6 residual Adds run so: 2% of its
-// run at batch 1 on 2 threads, nothing at batch 8 (benchmarks/README.md, run Z).
+// weight takes the ops, and marks it. MiniLM's 18 bias Adds and 6 residual Adds run so (measured:
+// benchmarks/README.md, What changed what, run Z).
 struct EpiloguePlan {
   dnnl::matmul::primitive_desc pd;
   dnnl::matmul prim;

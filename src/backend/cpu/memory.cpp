@@ -18,8 +18,9 @@ namespace {
 
 // Note [Block cache]
 // Large blocks come from mmap, so every fresh one costs a page fault per 4 KiB on first touch; in a
-// training loop or an inference server the same sizes are freed and asked for again each step (a
-// 884 KiB convolution output at one thread: 1,058 us a call with the faults, 78 us without). Freed
+// training loop or an inference server the same sizes are freed and asked for again each step, and
+// the faults cost a convolution more than its arithmetic (measured: benchmarks/README.md, What
+// changed what, the block cache). Freed
 // blocks of at least kCacheMin bytes (glibc's initial mmap threshold) are kept and handed out again,
 // as PyTorch's caching allocators and onnxruntime's arena do: a request takes the smallest cached
 // block of its size class (block_size) up to twice its size. What the cache holds is resident
@@ -42,9 +43,9 @@ constexpr bool kUseCache = true;
 
 // Blocks of kCacheMin bytes and more are mapped and unmapped directly, not taken from malloc: glibc
 // raises its mmap threshold after the first large free and then serves such sizes from its heap,
-// which fragments and never shrinks (PP-OCR's detector peaked at 377 MiB resident for 89 MiB of
-// live tensors that way, 203 MiB with the blocks mapped), and braid's large blocks stay out of the
-// way of whatever else the process allocates.
+// which fragments and never shrinks (PP-OCR's detector's resident peak was four times its live
+// tensors that way, half that with the blocks mapped: benchmarks/README.md, What changed what, the
+// block cache), and braid's large blocks stay out of the way of whatever else the process allocates.
 void* map_block(int64_t bytes) {
   void* p = mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   return p == MAP_FAILED ? nullptr : p;

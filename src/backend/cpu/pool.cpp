@@ -173,9 +173,8 @@ void max_pool_kernel(const T* x, T* out, int64_t* indices, int64_t planes, const
         for (int64_t j = i == ilo ? 1 : 0; j < win.kw; ++j) {
           const int64_t tap = (y0 + i * win.dh) * win.w - win.pw + j * win.dw;
           if (indices == nullptr) {
-            // Values alone (inference): a select the compiler vectorises, 5x faster than
-            // tracking positions (ResNet-18's 3x3 stride-2 pooling at batch 1, one thread: 3.35
-            // ms -> 0.62 ms).
+            // Values alone (inference): a select the compiler vectorises, several times faster
+            // than tracking positions (measured: benchmarks/README.md, What changed what, pooling).
             const T* in = src + tap;
             for (int64_t ox = a; ox < b; ++ox) {
               const T v = in[ox * win.sw], best = orow[ox];
@@ -194,9 +193,8 @@ void max_pool_kernel(const T* x, T* out, int64_t* indices, int64_t planes, const
 // channels-last out, values only. Each output pixel sees its taps in the order the NCHW kernel
 // gives them (rows, then columns, the clipped ones skipped), so ties and NaN resolve as there, and
 // each tap is a select over the channels, contiguous in memory, which the compiler vectorises. A
-// vector clone per output row (Note [Vector clones]), so the selects run at AVX-512 width:
-// ResNet-18's 3x3 stride-2 pooling of 64x112x112, 2 threads, 128-212 -> 84 us (batch 1) and
-// 1.12-1.16 -> 0.81-0.85 ms (batch 8).
+// vector clone per output row (Note [Vector clones]), so the selects run at AVX-512 width
+// (measured: benchmarks/README.md, What changed what, pooling).
 template <typename T>
 inline void max_pool_nhwc_row(const T* plane, T* orow, int64_t c, int64_t y0, const Window2d& win) {
   const auto [ilo, ihi] = window_taps(y0, win.dh, win.kh, win.h);

@@ -20,9 +20,10 @@ namespace braid::detail {
 // on the OpenMP workers for good (a signal sent to the process goes to a thread that does not block
 // it, such as the caller between calls). Synchronous signals (SIGSEGV, SIGBUS, SIGFPE, SIGILL,
 // SIGTRAP, SIGSYS) and SIGABRT stay open, so that a crash inside a kernel still reports itself.
-// The cost is two rt_sigprocmask calls per outermost guard (about 0.3 us each on this project's VM,
-// as much as a small product takes): a guard inside another on the same thread, or on a worker that
-// blocks them for good, makes no call, so a batch of small products takes one guard around the batch.
+// The cost is two rt_sigprocmask calls per outermost guard, as much as a small product takes: a
+// guard inside another on the same thread, or on a worker that blocks them for good, makes no call,
+// so a batch of small products takes one guard around the batch (measured: benchmarks/README.md,
+// What changed what, the signal guard).
 namespace {
 
 // Guards alive on this thread, counting a worker's blocking for good as one that never ends.

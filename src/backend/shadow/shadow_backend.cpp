@@ -100,7 +100,7 @@ namespace braid::detail {
     (x, scale, zero, qtype, out))                                                                                      \
   X(elementwise_chain, (const Tensor& x, const std::vector<ChainStep>& steps, int64_t channels, int64_t inner,         \
                         const Tensor& out), (x, steps, channels, inner, out))                                          \
-  X(squeeze_excite, (const Tensor& x, bool channels_last, const Tensor& w1, const Tensor& b1, const Epilogue& e1,      \
+  X(channel_gate, (const Tensor& x, bool channels_last, const Tensor& w1, const Tensor& b1, const Epilogue& e1,      \
                      const Tensor& w2, const Tensor& b2, const Epilogue& e2, const Tensor& gate, const Tensor& out),   \
     (x, channels_last, w1, b1, e1, w2, b2, e2, gate, out))                                                             \
   X(quantize, (const Tensor& x, double scale, int64_t zero, const Tensor& out), (x, scale, zero, out))                 \

@@ -1,5 +1,4 @@
-// The CPU's squeeze-and-excitation block (Note [Squeeze-and-excitation as one op] in
-// src/ops/squeeze_excite.cpp): the channel means in one pass over x, the two small products and
+// The CPU's channel gate (Note [Channel gates as one op] in src/ops/gate.cpp): the channel means in one pass over x, the two small products and
 // their activations per sample (the gate), and x times the gate in a second pass, in x's layout.
 #include <omp.h>
 
@@ -114,7 +113,7 @@ int64_t dense_split(int64_t rows, int t, int parts) {
 
 }  // namespace
 
-bool CpuBackend::squeeze_excite(const Tensor& x, bool channels_last, const Tensor& w1, const Tensor& b1,
+bool CpuBackend::channel_gate(const Tensor& x, bool channels_last, const Tensor& w1, const Tensor& b1,
                                 const Epilogue& e1, const Tensor& w2, const Tensor& b2, const Epilogue& e2,
                                 const Tensor& gate_out, const Tensor& out) {
   if (!fused_on() || x.dtype() != kFloat32 || !x.is_contiguous() || x.dim() != 4 || e1.scale != 1 || e1.shift != 0 ||

@@ -1,22 +1,24 @@
-// Squeeze-and-excitation as one op (include/braid/conv.h): checks, the backend's pass where it has
-// one, and the ops one by one where it does not.
+// Channel gates as one op (src/ops/fused.h): checks, the backend's pass where it has one, and the
+// ops one by one where it does not.
 //
-// Note [Squeeze-and-excitation as one op]
-// MobileNetV3-style networks (PP-OCR's classifier, detector and recogniser, the orientation
-// classifier) gate the channels of most blocks: the activations' mean over the image, a 1x1
+// Note [Channel gates as one op]
+// A channel gate is a global pool, two small products with activations, and a broadcast multiply:
+// the block that squeeze-and-excitation and attention-gate networks share (MobileNetV3's, PP-OCR's
+// classifier, detector and recogniser, the orientation classifier gate the channels of most blocks): the activations' mean over the image, a 1x1
 // convolution down to a quarter of the channels, an activation, a 1x1 convolution back up, a gate
 // activation, and the activations times the gate. Written as ops that is six to eight nodes, each a
 // pass, an allocation and a trip through the executor, over tensors of C values but the first and
 // the last: at batch 1 the block's arithmetic is a few thousand operations and its cost was the
-// overhead of the nodes (ppocr_cls: 9 blocks, about a third of its inference). squeeze_excite runs
-// the block at once: the backend (Backend::squeeze_excite) sums x's channels in one pass, computes
+// overhead of the nodes (ppocr_cls: 9 blocks, about a third of its inference). channel_gate runs
+// the block at once: the backend (FusedKernels::channel_gate) sums x's channels in one pass, computes
 // the two small products and activations per sample, and multiplies x by the gate in a second pass,
 // keeping x's layout. The activations are the ones conv2d_activation fuses, computed as its
 // epilogues compute them. The sums and products are in another order than the ops' (the mean in
 // double, the products' terms summed in double), so the two agree to float32 reassociation; a
 // backend without the primitive runs the ops. The ONNX executor finds the blocks in inference
-// (onnx/gates.cpp).
+// (onnx/passes/gate.cpp).
 #include "braid/conv.h"
+#include "ops/fused.h"
 
 #include "braid/autograd.h"
 #include "braid/ops.h"
@@ -28,8 +30,8 @@ using namespace detail;
 
 namespace {
 
-void check_squeeze_excite(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2, const Tensor& b2) {
-  const char* op = "squeeze_excite";
+void check_channel_gate(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2, const Tensor& b2) {
+  const char* op = "channel_gate";
   BRAID_CHECK(x.defined() && w1.defined() && w2.defined(), op, ": x, w1 and w2 must be defined");
   BRAID_CHECK_T(TypeError, x.dtype() == kFloat32 && w1.dtype() == kFloat32 && w2.dtype() == kFloat32, op,
                 ": x, w1 and w2 must be float32, got ", dtype_name(x.dtype()), ", ", dtype_name(w1.dtype()), " and ",
@@ -66,8 +68,8 @@ Tensor pointwise(const Tensor& m, const Tensor& w, const Tensor& b, const ConvAc
 // such pass.
 bool fused(const Tensor& x, const Tensor& w1, const Tensor& b1, const ConvActivation& act1, const Tensor& w2,
            const Tensor& b2, const ConvActivation& act2, Tensor& gate, Tensor* scaled) {
-  const Epilogue e1 = activation_epilogue(act1.name, act1.a, act1.b, "squeeze_excite");
-  const Epilogue e2 = activation_epilogue(act2.name, act2.a, act2.b, "squeeze_excite");
+  const Epilogue e1 = activation_epilogue(act1.name, act1.a, act1.b, "channel_gate");
+  const Epilogue e2 = activation_epilogue(act2.name, act2.a, act2.b, "channel_gate");
   if (x.numel() == 0) return false;
   const SameLayout l = same_layout(x.detach(), kFloat32);
   const bool channels_last = !l.result.is_contiguous();
@@ -75,7 +77,7 @@ bool fused(const Tensor& x, const Tensor& w1, const Tensor& b1, const ConvActiva
   const auto plain = [](const Tensor& b) { return b.defined() ? contiguous(b.detach()) : b; };
   gate = new_tensor({x.size(0), x.size(1)}, kFloat32, x.device());
   // The backend sees x as (N, H, W, C) memory when channels-last, (N, C, H, W) otherwise.
-  if (!backend_of(x).fused().squeeze_excite(l.in, channels_last, flat(w1), plain(b1), e1, flat(w2), plain(b2), e2, gate,
+  if (!backend_of(x).fused().channel_gate(l.in, channels_last, flat(w1), plain(b1), e1, flat(w2), plain(b2), e2, gate,
                                     scaled ? l.out : Tensor()))
     return false;
   if (scaled) *scaled = l.result;
@@ -90,18 +92,18 @@ Tensor composite_gate(const Tensor& x, const Tensor& w1, const Tensor& b1, const
 
 }  // namespace
 
-Tensor squeeze_excite_gate(const Tensor& x, const Tensor& w1, const Tensor& b1, const ConvActivation& act1,
+Tensor detail::channel_gate_values(const Tensor& x, const Tensor& w1, const Tensor& b1, const ConvActivation& act1,
                            const Tensor& w2, const Tensor& b2, const ConvActivation& act2) {
-  check_squeeze_excite(x, w1, b1, w2, b2);
+  check_channel_gate(x, w1, b1, w2, b2);
   NoGradGuard no_grad;
   Tensor gate;
   if (fused(x, w1, b1, act1, w2, b2, act2, gate, nullptr)) return gate.view({x.size(0), x.size(1), 1, 1});
   return composite_gate(x, w1, b1, act1, w2, b2, act2);
 }
 
-Tensor squeeze_excite(const Tensor& x, const Tensor& w1, const Tensor& b1, const ConvActivation& act1, const Tensor& w2,
+Tensor detail::channel_gate(const Tensor& x, const Tensor& w1, const Tensor& b1, const ConvActivation& act1, const Tensor& w2,
                       const Tensor& b2, const ConvActivation& act2) {
-  check_squeeze_excite(x, w1, b1, w2, b2);
+  check_channel_gate(x, w1, b1, w2, b2);
   NoGradGuard no_grad;
   Tensor gate, scaled;
   if (fused(x, w1, b1, act1, w2, b2, act2, gate, &scaled)) return scaled;
