@@ -136,7 +136,28 @@ inline bool ints_arg(PyObject* o, std::vector<int64_t>* out) {
 %ignore braid::nn::Module::operator();
 %ignore braid::nn::SkipScope;
 %ignore braid::nn::run_in_skip_scope;
-%ignore braid::onnx::LayerAccess;
+// Note [Layer config]: config() returns structs that hold the options structs, which stay in C++.
+%ignore *::config;
+%ignore braid::nn::LinearConfig;
+%ignore braid::nn::Conv1dConfig;
+%ignore braid::nn::Conv2dConfig;
+%ignore braid::nn::ConvTranspose2dConfig;
+%ignore braid::nn::MaxPool2dConfig;
+%ignore braid::nn::AvgPool2dConfig;
+%ignore braid::nn::AdaptiveAvgPool2dConfig;
+%ignore braid::nn::BatchNormConfig;
+%ignore braid::nn::LayerNormConfig;
+%ignore braid::nn::GroupNormConfig;
+%ignore braid::nn::DropoutConfig;
+%ignore braid::nn::LeakyReLUConfig;
+%ignore braid::nn::GELUConfig;
+%ignore braid::nn::SoftmaxConfig;
+%ignore braid::nn::EmbeddingConfig;
+%ignore braid::nn::FlattenConfig;
+%ignore braid::nn::MultiheadAttentionConfig;
+%ignore braid::nn::TransformerEncoderLayerConfig;
+%ignore braid::nn::RNNConfig;
+%ignore braid::nn::SkipConcatConfig;
 // Note [Layer options]: Python passes the options as keywords of the same names (nn.Conv2d(1, 16, 3,
 // padding=1, bias=False)), which SWIG takes from the positional constructors; it cannot give keywords
 // to an overloaded constructor, so the options structs and their constructors stay in C++.
