@@ -305,69 +305,14 @@ ModuleList.__len__ = lambda self: int(self.size())
 ModuleList.__getitem__ = lambda self, i: self.at(i % len(self) if i < 0 else i)
 ModuleList.__iter__ = lambda self: iter(self.at(i) for i in range(len(self)))
 
-# ---- the layers (generated classes) ----
+# ---- the layers and losses (generated classes) ----
 
 for _name in ("Linear", "Conv1d", "Conv2d", "ConvTranspose2d", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d",
               "BatchNorm1d", "BatchNorm2d", "LayerNorm", "GroupNorm", "Dropout", "ReLU", "ReLU6", "LeakyReLU", "GELU", "SiLU",
               "Sigmoid", "Tanh", "Softmax", "Embedding", "Flatten", "Identity", "Residual", "MultiheadAttention",
-              "TransformerEncoderLayer", "LSTM", "GRU", "SkipStash", "SkipAdd", "SkipConcat"):
+              "TransformerEncoderLayer", "LSTM", "GRU", "SkipStash", "SkipAdd", "SkipConcat", "CrossEntropyLoss",
+              "NLLLoss", "MSELoss", "L1Loss", "SmoothL1Loss", "BCEWithLogitsLoss"):
     globals()[_name] = getattr(_nn, _name)
-
-# ---- losses ----
-
-
-class _Loss:
-    def __call__(self, input, target):
-        return self.forward(input, target)
-
-    def __repr__(self):
-        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in vars(self).items())})"
-
-
-class CrossEntropyLoss(_Loss):
-    def __init__(self, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0):
-        self.weight, self.ignore_index, self.reduction, self.label_smoothing = weight, ignore_index, reduction, label_smoothing
-
-    def forward(self, input, target):
-        return _nn.cross_entropy(input, target, self.weight, self.ignore_index, self.reduction, self.label_smoothing)
-
-
-class NLLLoss(_Loss):
-    def __init__(self, weight=None, ignore_index=-100, reduction="mean"):
-        self.weight, self.ignore_index, self.reduction = weight, ignore_index, reduction
-
-    def forward(self, input, target):
-        return _nn.nll_loss(input, target, self.weight, self.ignore_index, self.reduction)
-
-
-class MSELoss(_Loss):
-    def __init__(self, reduction="mean"):
-        self.reduction = reduction
-
-    def forward(self, input, target):
-        return _nn.mse_loss(input, target, self.reduction)
-
-
-class L1Loss(MSELoss):
-    def forward(self, input, target):
-        return _nn.l1_loss(input, target, self.reduction)
-
-
-class SmoothL1Loss(_Loss):
-    def __init__(self, reduction="mean", beta=1.0):
-        self.reduction, self.beta = reduction, beta
-
-    def forward(self, input, target):
-        return _nn.smooth_l1_loss(input, target, self.reduction, self.beta)
-
-
-class BCEWithLogitsLoss(_Loss):
-    def __init__(self, weight=None, reduction="mean", pos_weight=None):
-        self.weight, self.reduction, self.pos_weight = weight, reduction, pos_weight
-
-    def forward(self, input, target):
-        return _nn.binary_cross_entropy_with_logits(input, target, self.weight, self.reduction, self.pos_weight)
-
 
 # ---- nn.functional and nn.init, as submodules ----
 
