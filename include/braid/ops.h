@@ -154,8 +154,14 @@ Tensor amin(const Tensor& x, const std::vector<int64_t>& axes = {}, bool keepdim
 /// The minimum and the maximum of all of x, as 0-d tensors (amin(x) and amax(x), NaN when x holds
 /// one), in one pass where the backend has it; recorded as amin and amax when x requires a gradient.
 std::pair<Tensor, Tensor> aminmax(const Tensor& x);
-Tensor argmax(const Tensor& x, int64_t axis, bool keepdim = false);
-Tensor argmin(const Tensor& x, int64_t axis, bool keepdim = false);
+/// The index of the largest (smallest) element along axis, the first one on ties; without an
+/// axis, the index into x flattened (kept axes all of size 1 with keepdim). int64.
+Tensor argmax(const Tensor& x, std::optional<int64_t> axis = std::nullopt, bool keepdim = false);
+Tensor argmin(const Tensor& x, std::optional<int64_t> axis = std::nullopt, bool keepdim = false);
+/// Whether any (all) element is nonzero, over axes (empty: every axis), as a bool tensor. Over no
+/// elements any is false and all is true.
+Tensor any(const Tensor& x, const std::vector<int64_t>& axes = {}, bool keepdim = false);
+Tensor all(const Tensor& x, const std::vector<int64_t>& axes = {}, bool keepdim = false);
 /// correction 1 is the unbiased (Bessel) estimate, 0 the population variance.
 Tensor var(const Tensor& x, const std::vector<int64_t>& axes = {}, int64_t correction = 1, bool keepdim = false);
 Tensor std(const Tensor& x, const std::vector<int64_t>& axes = {}, int64_t correction = 1, bool keepdim = false);

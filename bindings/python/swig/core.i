@@ -94,6 +94,16 @@
 %include "braid/random.h"
 %include "braid/ops.h"
 %include "braid/conv.h"
+// Python builds the items with the static functions (braid/_tensor.py's __getitem__).
+%ignore braid::TensorIndex::Kind;
+%ignore braid::TensorIndex::kind;
+%ignore braid::TensorIndex::integer;
+%ignore braid::TensorIndex::start;
+%ignore braid::TensorIndex::stop;
+%ignore braid::TensorIndex::step;
+%ignore braid::TensorIndex::indices;
+%template(TensorIndexVector) std::vector<braid::TensorIndex>;  // before index(), which takes it
+%include "braid/indexing.h"
 %include "braid/autograd.h"
 %include "braid/parallel.h"
 %include "braid/amp.h"
