@@ -51,8 +51,8 @@ def knobs():
 is_grad_enabled = _core.is_grad_enabled
 set_grad_enabled_ = _core.set_grad_enabled
 default_device = _core.default_device
-set_default_device = lambda d: _core.set_default_device(device(d))  # noqa: E731
-device_available = lambda d: _core.device_available(device(d))  # noqa: E731
+set_default_device = _core.set_default_device  # a Device or a string ("cuda:1")
+device_available = _core.device_available
 synchronize = lambda d="cpu": _core.synchronize(device(d))  # noqa: E731
 memory_allocated = lambda d="cpu": _core.memory_allocated(device(d))  # noqa: E731
 max_memory_allocated = lambda d="cpu": _core.max_memory_allocated(device(d))  # noqa: E731
@@ -194,14 +194,6 @@ def arange(start, end=None, step=1, dtype=None, device=None, requires_grad=False
     return _finish(_core.arange(f(start), f(end), f(step), dtype, _dev(device)), requires_grad)
 
 
-def linspace(start, end, steps, dtype=float32, device=None):
-    return _core.linspace(start, end, steps, dtype, _dev(device))
-
-
-def eye(n, dtype=float32, device=None):
-    return _core.eye(n, dtype, _dev(device))
-
-
 def rand(*size, generator=None, dtype=float32, device=None, requires_grad=False):
     return _finish(_core.rand(_shape_args(size), dtype, generator, 0.0, 1.0, _dev(device)), requires_grad)
 
@@ -216,16 +208,8 @@ def randint(low, high=None, size=(), generator=None, dtype=int64, device=None):
     return _core.randint(low, high, _shape_args((size,)), dtype, generator, _dev(device))
 
 
-def randperm(n, generator=None, device=None):
-    return _core.randperm(n, generator, _dev(device))
-
-
 def bernoulli(size, p, generator=None, dtype=float32, device=None):
     return _core.bernoulli(_shape_args((size,)), p, dtype, generator, _dev(device))
-
-
-def scalar_tensor(value, dtype=float32, device=None):
-    return _core.scalar_tensor(value, dtype, _dev(device))
 
 
 # ---- ops, as module functions with PyTorch's argument conventions ----
@@ -237,7 +221,8 @@ for _name in ("neg", "abs", "exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "sq
               "logical_or", "logical_xor", "where", "broadcast_shapes", "sum_to", "matmul",
               "transpose", "narrow", "slice", "unsqueeze", "contiguous", "cast", "to_device", "gather",
               "index_select", "scatter_add", "pad", "one_hot", "tril", "triu", "allclose", "equal", "conv1d",
-              "conv2d", "conv_transpose2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "scalar_like"):
+              "conv2d", "conv_transpose2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "scalar_like",
+              "softmax", "log_softmax", "linspace", "eye", "randperm", "scalar_tensor"):
     globals()[_name] = getattr(_core, _name)
 
 
@@ -262,14 +247,6 @@ argmin = Tensor.argmin
 clamp = Tensor.clamp
 squeeze = Tensor.squeeze
 flatten = Tensor.flatten
-
-
-def softmax(x, dim=-1):
-    return _core.softmax(x, dim)
-
-
-def log_softmax(x, dim=-1):
-    return _core.log_softmax(x, dim)
 
 
 def reshape(x, *shape):

@@ -566,12 +566,9 @@ Tensor.max = _max
 Tensor.min = _min
 Tensor.any = lambda t, dim=None, keepdim=False: _core.any(t, _axes(dim), keepdim)
 Tensor.all = lambda t, dim=None, keepdim=False: _core.all(t, _axes(dim), keepdim)
-Tensor.softmax = lambda t, dim: _core.softmax(t, dim)
-Tensor.log_softmax = lambda t, dim: _core.log_softmax(t, dim)
-Tensor.clamp = lambda t, min=None, max=None: _core.clamp(t, min, max)
-Tensor.clip = Tensor.clamp
-Tensor.squeeze = lambda t, dim=None: _core.squeeze(t, dim)
-Tensor.flatten = lambda t, start_dim=0, end_dim=-1: _core.flatten(t, start_dim, end_dim)
+Tensor.clamp = Tensor.clip = _method(_core.clamp)
+Tensor.squeeze = _method(_core.squeeze)
+Tensor.flatten = _method(_core.flatten)
 Tensor.float = lambda t: t.to(dtype.float32)
 Tensor.double = lambda t: t.to(dtype.float64)
 Tensor.long = lambda t: t.to(dtype.int64)
@@ -618,7 +615,7 @@ for _name in ("abs", "exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "square", 
               "maximum", "minimum", "tril", "triu", "unsqueeze", "transpose", "narrow", "gather", "index_select",
               "scatter_add", "neg", "pow", "logical_and", "logical_or", "logical_xor", "eq", "ne", "lt", "le", "gt",
               "ge", "add", "sub", "mul", "div", "asin", "acos", "atan", "leaky_relu", "elu", "softplus", "hardswish",
-              "hardsigmoid"):
+              "hardsigmoid", "softmax", "log_softmax"):
     if not hasattr(Tensor, _name) or _name in ("abs", "neg", "pow"):
         setattr(Tensor, _name, _method(getattr(_core, _name)))
 Tensor.masked_fill = lambda t, mask, value: _core.where(mask, _scalar_operand(t, value).to(t.dtype), t)

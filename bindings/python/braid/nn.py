@@ -327,46 +327,6 @@ for _name in ("relu", "leaky_relu", "elu", "silu", "gelu", "sigmoid", "tanh", "s
     setattr(functional, _name, getattr(_core, _name))
 
 
-def _pair(v):
-    return [int(v), int(v)] if isinstance(v, int) else [int(i) for i in v]
-
-
-def _softmax(input, dim=-1):
-    return _core.softmax(input, dim)
-
-
-def _log_softmax(input, dim=-1):
-    return _core.log_softmax(input, dim)
-
-
-def _conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
-    return _core.conv2d(input, weight, bias, _pair(stride), _pair(padding), _pair(dilation), groups)
-
-
-def _conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
-    return _core.conv1d(input, weight, bias, stride, padding, dilation, groups)
-
-
-def _max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False):
-    return _core.max_pool2d(input, _pair(kernel_size), _pair(stride) if stride is not None else [], _pair(padding),
-                            _pair(dilation), ceil_mode)
-
-
-def _avg_pool2d(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True):
-    return _core.avg_pool2d(input, _pair(kernel_size), _pair(stride) if stride is not None else [], _pair(padding),
-                            ceil_mode, count_include_pad)
-
-
-def _adaptive_avg_pool2d(input, output_size):
-    return _core.adaptive_avg_pool2d(input, _pair(output_size))
-
-
-# PyTorch's signatures (dim=, int-or-pair sizes, an optional bias) over the generated functions.
-for _name, _fn in (("softmax", _softmax), ("log_softmax", _log_softmax), ("conv2d", _conv2d), ("conv1d", _conv1d),
-                   ("max_pool2d", _max_pool2d), ("avg_pool2d", _avg_pool2d),
-                   ("adaptive_avg_pool2d", _adaptive_avg_pool2d)):
-    _fn.__doc__ = getattr(_core, _name).__doc__
-    setattr(functional, _name, _fn)
 sys.modules["braid.nn.functional"] = functional
 
 init = types.ModuleType("braid.nn.init", "Weight initialisers, as torch.nn.init (braid/nn/init.h).")
