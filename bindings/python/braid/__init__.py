@@ -137,30 +137,25 @@ autograd = _AutogradNamespace()
 # ---- creation, with PyTorch's signatures ----
 
 
-def _dev(d):
-    return device(d) if d is not None else _core.default_device()
-
-
 def _finish(t, requires_grad):
-    if requires_grad:
-        t.requires_grad_(True)
-    return t
+    return t.requires_grad_(True) if requires_grad else t
 
 
-def zeros(*size, dtype=float32, device=None, requires_grad=False):
-    return _finish(_core.zeros(_shape_args(size), dtype, _dev(device)), requires_grad)
+def _sized(fn):
+    """fn(shape, dtype, ..., device) as PyTorch writes it: zeros(2, 3), zeros((2, 3), dtype=...)."""
+    def f(*size, dtype=float32, device=None, requires_grad=False, generator=None):
+        kw = {"gen": generator} if generator is not None else {}  # rand's and randn's
+        return _finish(fn(_shape_args(size), dtype, device=device, **kw), requires_grad)
+
+    f.__name__, f.__doc__ = fn.__name__, fn.__doc__
+    return f
 
 
-def ones(*size, dtype=float32, device=None, requires_grad=False):
-    return _finish(_core.ones(_shape_args(size), dtype, _dev(device)), requires_grad)
-
-
-def empty(*size, dtype=float32, device=None, requires_grad=False):
-    return _finish(_core.empty(_shape_args(size), dtype, _dev(device)), requires_grad)
+zeros, ones, empty, rand, randn = (_sized(getattr(_core, n)) for n in ("zeros", "ones", "empty", "rand", "randn"))
 
 
 def full(size, fill_value, dtype=float32, device=None, requires_grad=False):
-    return _finish(_core.full(_shape_args((size,)), fill_value, dtype, _dev(device)), requires_grad)
+    return _finish(_core.full(_shape_args((size,)), fill_value, dtype, device), requires_grad)
 
 
 def zeros_like(t, dtype=None):
@@ -191,25 +186,17 @@ def arange(start, end=None, step=1, dtype=None, device=None, requires_grad=False
     if dtype is None:
         dtype = int64 if all(isinstance(v, int) for v in (start, end, step)) else float32
     f = _builtins.float  # this module's float is braid.float32, as torch.float
-    return _finish(_core.arange(f(start), f(end), f(step), dtype, _dev(device)), requires_grad)
-
-
-def rand(*size, generator=None, dtype=float32, device=None, requires_grad=False):
-    return _finish(_core.rand(_shape_args(size), dtype, generator, 0.0, 1.0, _dev(device)), requires_grad)
-
-
-def randn(*size, generator=None, dtype=float32, device=None, requires_grad=False):
-    return _finish(_core.randn(_shape_args(size), dtype, generator, 0.0, 1.0, _dev(device)), requires_grad)
+    return _finish(_core.arange(f(start), f(end), f(step), dtype, device), requires_grad)
 
 
 def randint(low, high=None, size=(), generator=None, dtype=int64, device=None):
     if high is None:
         low, high = 0, low
-    return _core.randint(low, high, _shape_args((size,)), dtype, generator, _dev(device))
+    return _core.randint(low, high, _shape_args((size,)), dtype, generator, device)
 
 
 def bernoulli(size, p, generator=None, dtype=float32, device=None):
-    return _core.bernoulli(_shape_args((size,)), p, dtype, generator, _dev(device))
+    return _core.bernoulli(_shape_args((size,)), p, dtype, generator, device)
 
 
 # ---- ops, as module functions with PyTorch's argument conventions ----

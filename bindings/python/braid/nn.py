@@ -278,9 +278,6 @@ def _sequential_append(self, module, name=""):
 
 Sequential.__init__ = _sequential_init
 Sequential.append = _sequential_append
-Sequential.__len__ = lambda self: int(self.size())
-Sequential.__getitem__ = lambda self, i: self.at(i % len(self) if i < 0 else i)
-Sequential.__iter__ = lambda self: iter(self.at(i) for i in range(len(self)))
 
 ModuleList = _nn.ModuleList
 _ml_init = _nn.ModuleList.__init__
@@ -301,9 +298,10 @@ def _module_list_append(self, module):
 
 ModuleList.__init__ = _module_list_init
 ModuleList.append = _module_list_append
-ModuleList.__len__ = lambda self: int(self.size())
-ModuleList.__getitem__ = lambda self, i: self.at(i % len(self) if i < 0 else i)
-ModuleList.__iter__ = lambda self: iter(self.at(i) for i in range(len(self)))
+for _cls in (Sequential, ModuleList):
+    _cls.__len__ = lambda self: int(self.size())
+    _cls.__getitem__ = lambda self, i: self.at(i % len(self) if i < 0 else i)
+    _cls.__iter__ = lambda self: iter(self.at(i) for i in range(len(self)))
 
 # ---- the layers and losses (generated classes) ----
 
