@@ -11,7 +11,7 @@ import contextlib as _contextlib
 
 from ._swig import core as _core
 from ._tensor import (Tensor, Device, dtype, device, from_numpy, from_dlpack, tensor, as_tensor,
-                      _shape_args, _axes)
+                      _shape_args)
 
 float32 = dtype.float32
 float64 = dtype.float64
@@ -213,20 +213,8 @@ for _name in ("neg", "abs", "exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "sq
     globals()[_name] = getattr(_core, _name)
 
 
-def _reduction(fn):
-    def f(x, dim=None, keepdim=False):
-        return fn(x, _axes(dim), keepdim)
-
-    f.__doc__ = fn.__doc__
-    return f
-
-
-sum = _reduction(_core.sum)  # noqa: A001
-mean = _reduction(_core.mean)
-prod = _reduction(_core.prod)
-amax = _reduction(_core.amax)
-amin = _reduction(_core.amin)
-logsumexp = _reduction(_core.logsumexp)
+sum, mean, prod, amax, amin, logsumexp = (Tensor.sum, Tensor.mean, Tensor.prod, Tensor.amax,  # noqa: A001
+                                           Tensor.amin, Tensor.logsumexp)
 var = Tensor.var
 std = Tensor.std
 argmax = Tensor.argmax
