@@ -21,7 +21,6 @@ from ._swig import core as _core
 
 Tensor = _tensor.Tensor
 Module = _nn.Module
-_method = _core._swig_new_instance_method
 
 
 class Parameter(Tensor):
