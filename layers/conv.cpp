@@ -103,6 +103,10 @@ std::string Conv1d::describe() const {
   return os.str();
 }
 
+Conv1dConfig Conv1d::config() const {
+  return {in_, out_, kernel_, {stride_, same_ ? Padding("same") : Padding(padding_), dilation_, groups_, bias_.defined()}};
+}
+
 Conv2d::Conv2d(int64_t in_channels, int64_t out_channels, Ints kernel_size, const Conv2dOptions& o)
     : Conv2d(in_channels, out_channels, std::move(kernel_size), o.stride, o.padding, o.dilation, o.groups, o.bias) {}
 
@@ -140,6 +144,10 @@ std::string Conv2d::describe() const {
   if (!bias_.defined()) os << ", bias=False";
   os << ")";
   return os.str();
+}
+
+Conv2dConfig Conv2d::config() const {
+  return {in_, out_, kernel_, {stride_, same_ ? Padding("same") : Padding(padding_), dilation_, groups_, bias_.defined()}};
 }
 
 ConvTranspose2d::ConvTranspose2d(int64_t in_channels, int64_t out_channels, Ints kernel_size,

@@ -16,7 +16,8 @@ TransformerEncoderLayer::TransformerEncoderLayer(int64_t d_model, int64_t nhead,
                                                  double dropout, const std::string& activation,
                                                  double layer_norm_eps, bool batch_first, bool norm_first,
                                                  Generator* gen)
-    : Module("TransformerEncoderLayer"), norm_first_(norm_first), activation_(activation) {
+    : Module("TransformerEncoderLayer"),
+      config_{d_model, nhead, {dim_feedforward, dropout, activation, layer_norm_eps, batch_first, norm_first, gen}} {
   BRAID_CHECK(activation == "relu" || activation == "gelu", "TransformerEncoderLayer: unknown activation '",
               activation, "'; known: relu, gelu");
   register_module("self_attn", std::make_shared<MultiheadAttention>(d_model, nhead, dropout, true, batch_first, gen));
@@ -34,7 +35,7 @@ Tensor TransformerEncoderLayer::forward(const Tensor& src) { return forward(src,
 Tensor TransformerEncoderLayer::forward(const Tensor& src, const Tensor& src_mask, const Tensor& src_key_padding_mask) {
   Tensor x = src;
   auto run = [this](const char* name, const Tensor& t) { return child(name)->forward(t); };
-  if (norm_first_) {
+  if (config_.options.norm_first) {
     x = x + self_attention_block(run("norm1", x), src_mask, src_key_padding_mask);
     return x + feed_forward_block(run("norm2", x));
   }
@@ -52,13 +53,13 @@ Tensor TransformerEncoderLayer::self_attention_block(const Tensor& x, const Tens
 
 Tensor TransformerEncoderLayer::feed_forward_block(const Tensor& x) {
   Tensor h = child("linear1")->forward(x);
-  h = activation_ == "relu" ? relu(h) : gelu(h);
+  h = config_.options.activation == "relu" ? relu(h) : gelu(h);
   h = child("linear2")->forward(child("dropout")->forward(h));
   return child("dropout2")->forward(h);
 }
 
 std::string TransformerEncoderLayer::describe() const {
-  return detail::cat("TransformerEncoderLayer(activation=", activation_, ", norm_first=", norm_first_ ? "True" : "False",
+  return detail::cat("TransformerEncoderLayer(activation=", config_.options.activation, ", norm_first=", config_.options.norm_first ? "True" : "False",
                      ")");
 }
 

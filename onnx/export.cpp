@@ -7,14 +7,15 @@
 // value, whose example it computes by calling the layer's own forward: so shapes are always known
 // and each exporter can be checked against the layer it describes. Weights are added under their
 // state_dict names (prefix + "weight"), which is what makes import after export bitwise and
-// name-for-name the same model. Exporters read layers' private configuration through
-// onnx::LayerAccess, a friend of each layer class, so the layers carry no ONNX code.
+// name-for-name the same model. Exporters read only layers' public API (config(), Note [Layer
+// config], and their named parameters and buffers), so the layers carry no ONNX code.
 #include "braid/onnx/export.h"
 
 #include <cmath>
 #include <mutex>
 
 #include "braid/autograd.h"
+#include "braid/conv.h"
 #include "braid/nn/attention.h"
 #include "braid/nn/layers.h"
 #include "braid/nn/recurrent.h"
@@ -109,13 +110,13 @@ void register_layer_exporter(const std::string& type_name, LayerExporter fn) {
   exporters()[type_name] = std::move(fn);
 }
 
-struct LayerAccess {
-  static void register_builtin();
-};
+namespace {
+void register_builtin();
+}  // namespace
 
 Value export_layer(GraphBuilder& g, nn::Module& m, const std::string& prefix, const Value& x) {
   static std::once_flag once;
-  std::call_once(once, LayerAccess::register_builtin);
+  std::call_once(once, register_builtin);
   auto it = exporters().find(m.type_name());
   // A module without an exporter (a hand-written forward, in C++ or Python) is traced.
   if (it == exporters().end()) return export_traced(g, m, prefix, x);
@@ -131,6 +132,14 @@ Value unary(GraphBuilder& g, nn::Module& m, const Value& x, const char* op, std:
   return g.node1(op, {x.name}, run(m, x.example), std::move(attrs));
 }
 
+/// m's own parameter or buffer called name; undefined when it has none (bias=False).
+Tensor own(const nn::Module& m, const std::string& name) {
+  for (const auto& list : {m.named_parameters(false), m.named_buffers(false)})
+    for (const auto& [n, t] : list)
+      if (n == name) return t;
+  return Tensor();
+}
+
 /// ONNX pads [begin..., end...] from braid's symmetric {h, w}.
 std::vector<int64_t> sym_pads(const std::vector<int64_t>& p) {
   std::vector<int64_t> out(p);
@@ -138,9 +147,7 @@ std::vector<int64_t> sym_pads(const std::vector<int64_t>& p) {
   return out;
 }
 
-}  // namespace
-
-void LayerAccess::register_builtin() {
+void register_builtin() {
   auto reg = [](const char* type, LayerExporter f) {
     if (exporters().count(type) == 0) exporters()[type] = std::move(f);
   };
@@ -156,7 +163,7 @@ void LayerAccess::register_builtin() {
   reg("Sigmoid", [](GraphBuilder& g, nn::Module& m, const std::string&, const Value& x) { return unary(g, m, x, "Sigmoid"); });
   reg("Tanh", [](GraphBuilder& g, nn::Module& m, const std::string&, const Value& x) { return unary(g, m, x, "Tanh"); });
   reg("LeakyReLU", [](GraphBuilder& g, nn::Module& m, const std::string&, const Value& x) {
-    return unary(g, m, x, "LeakyRelu", {{"alpha", attr_float(static_cast<nn::LeakyReLU&>(m).slope_)}});
+    return unary(g, m, x, "LeakyRelu", {{"alpha", attr_float(static_cast<nn::LeakyReLU&>(m).config().negative_slope)}});
   });
   reg("ReLU6", [](GraphBuilder& g, nn::Module& m, const std::string&, const Value& x) {
     const DType t = x.example.dtype();
@@ -167,9 +174,8 @@ void LayerAccess::register_builtin() {
     return g.node1("Mul", {x.name, s}, run(m, x.example));
   });
   reg("GELU", [](GraphBuilder& g, nn::Module& m, const std::string&, const Value& x) {
-    auto& l = static_cast<nn::GELU&>(m);
     const DType t = x.example.dtype();
-    if (l.approximate_ == "tanh") {
+    if (static_cast<nn::GELU&>(m).config().approximate == "tanh") {
       // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
       std::string x3 = g.node("Mul", {x.name, g.node("Mul", {x.name, x.name})[0]})[0];
       std::string inner = g.node("Add", {x.name, g.node("Mul", {x3, g.scalar(0.044715, t)})[0]})[0];
@@ -183,13 +189,14 @@ void LayerAccess::register_builtin() {
     return g.node1("Mul", {g.node("Mul", {x.name, one_plus})[0], g.scalar(0.5, t)}, run(m, x.example));
   });
   reg("Softmax", [](GraphBuilder& g, nn::Module& m, const std::string&, const Value& x) {
-    return unary(g, m, x, "Softmax", {{"axis", attr_int(static_cast<nn::Softmax&>(m).dim_)}});
+    return unary(g, m, x, "Softmax", {{"axis", attr_int(static_cast<nn::Softmax&>(m).config().dim)}});
   });
   reg("Flatten", [](GraphBuilder& g, nn::Module& m, const std::string&, const Value& x) {
-    auto& l = static_cast<nn::Flatten&>(m);
+    const nn::FlattenConfig c = static_cast<nn::Flatten&>(m).config();
     Tensor y = run(m, x.example);
     const int64_t rank = x.example.dim();
-    const int64_t start = l.start_ < 0 ? l.start_ + rank : l.start_, end = l.end_ < 0 ? l.end_ + rank : l.end_;
+    const int64_t start = c.start_dim < 0 ? c.start_dim + rank : c.start_dim;
+    const int64_t end = c.end_dim < 0 ? c.end_dim + rank : c.end_dim;
     if (start == 1 && end == rank - 1) return g.node1("Flatten", {x.name}, y, {{"axis", attr_int(1)}});
     // General case: Reshape with 0 (copy) for the leading axes, -1 for the flattened ones.
     std::vector<int64_t> shape;
@@ -201,67 +208,73 @@ void LayerAccess::register_builtin() {
   reg("Linear", [](GraphBuilder& g, nn::Module& m, const std::string& prefix, const Value& x) {
     auto& l = static_cast<nn::Linear&>(m);
     Tensor y = run(m, x.example);
-    std::string w = g.weight(prefix + "weight", l.weight_);
+    std::string w = g.weight(prefix + "weight", l.weight());
     if (x.example.dim() == 2) {
       std::vector<std::string> in{x.name, w};
-      if (l.bias_.defined()) in.push_back(g.weight(prefix + "bias", l.bias_));
+      if (l.bias().defined()) in.push_back(g.weight(prefix + "bias", l.bias()));
       return g.node1("Gemm", in, y, {{"transB", attr_int(1)}});
     }
     std::string wt = g.node("Transpose", {w}, {{"perm", attr_ints({1, 0})}})[0];
-    if (!l.bias_.defined()) return g.node1("MatMul", {x.name, wt}, y);
+    if (!l.bias().defined()) return g.node1("MatMul", {x.name, wt}, y);
     std::string mm = g.node("MatMul", {x.name, wt})[0];
-    return g.node1("Add", {mm, g.weight(prefix + "bias", l.bias_)}, y);
+    return g.node1("Add", {mm, g.weight(prefix + "bias", l.bias())}, y);
   });
   reg("Conv2d", [](GraphBuilder& g, nn::Module& m, const std::string& prefix, const Value& x) {
-    auto& l = static_cast<nn::Conv2d&>(m);
-    std::vector<std::string> in{x.name, g.weight(prefix + "weight", l.weight_)};
-    if (l.bias_.defined()) in.push_back(g.weight(prefix + "bias", l.bias_));
-    // padding_ is {h, w}, or {top, bottom, left, right} for 'same'.
-    std::vector<int64_t> pads = l.padding_.size() == 4
-                                    ? std::vector<int64_t>{l.padding_[0], l.padding_[2], l.padding_[1], l.padding_[3]}
-                                    : sym_pads(l.padding_);
+    const nn::Conv2dConfig c = static_cast<nn::Conv2d&>(m).config();
+    const nn::Conv2dOptions& o = c.options;
+    std::vector<std::string> in{x.name, g.weight(prefix + "weight", own(m, "weight"))};
+    if (o.bias) in.push_back(g.weight(prefix + "bias", own(m, "bias")));
+    const std::vector<int64_t> dilation = o.dilation.values();
+    std::vector<int64_t> pads;
+    if (o.padding.is_same()) {  // {top, bottom, left, right}
+      const std::vector<int64_t> p = conv_padding_same(c.kernel_size, dilation);
+      pads = {p[0], p[2], p[1], p[3]};
+    } else {
+      pads = sym_pads(o.padding.sizes().values());
+    }
     return g.node1("Conv", in, run(m, x.example),
-                   {{"kernel_shape", attr_ints(l.kernel_)}, {"strides", attr_ints(l.stride_)}, {"pads", attr_ints(pads)},
-                    {"dilations", attr_ints(l.dilation_)}, {"group", attr_int(l.groups_)}});
+                   {{"kernel_shape", attr_ints(c.kernel_size)}, {"strides", attr_ints(o.stride.values())},
+                    {"pads", attr_ints(pads)}, {"dilations", attr_ints(dilation)}, {"group", attr_int(o.groups)}});
   });
   reg("Conv1d", [](GraphBuilder& g, nn::Module& m, const std::string& prefix, const Value& x) {
-    auto& l = static_cast<nn::Conv1d&>(m);
-    std::vector<std::string> in{x.name, g.weight(prefix + "weight", l.weight_)};
-    if (l.bias_.defined()) in.push_back(g.weight(prefix + "bias", l.bias_));
+    const nn::Conv1dConfig c = static_cast<nn::Conv1d&>(m).config();
+    const nn::Conv1dOptions& o = c.options;
+    std::vector<std::string> in{x.name, g.weight(prefix + "weight", own(m, "weight"))};
+    if (o.bias) in.push_back(g.weight(prefix + "bias", own(m, "bias")));
+    const std::vector<int64_t> pads = o.padding.is_same() ? conv_padding_same({c.kernel_size}, {o.dilation})
+                                                          : sym_pads(o.padding.sizes().values());
     return g.node1("Conv", in, run(m, x.example),
-                   {{"kernel_shape", attr_ints({l.kernel_})}, {"strides", attr_ints({l.stride_})},
-                    {"pads", attr_ints({l.padding_, l.padding_ + l.extra_right_})}, {"dilations", attr_ints({l.dilation_})},
-                    {"group", attr_int(l.groups_)}});
+                   {{"kernel_shape", attr_ints({c.kernel_size})}, {"strides", attr_ints({o.stride})},
+                    {"pads", attr_ints(pads)}, {"dilations", attr_ints({o.dilation})}, {"group", attr_int(o.groups)}});
   });
   reg("ConvTranspose2d", [](GraphBuilder& g, nn::Module& m, const std::string& prefix, const Value& x) {
-    auto& l = static_cast<nn::ConvTranspose2d&>(m);
-    std::vector<std::string> in{x.name, g.weight(prefix + "weight", l.weight_)};
-    if (l.bias_.defined()) in.push_back(g.weight(prefix + "bias", l.bias_));
+    const nn::ConvTranspose2dConfig c = static_cast<nn::ConvTranspose2d&>(m).config();
+    const nn::ConvTranspose2dOptions& o = c.options;
+    std::vector<std::string> in{x.name, g.weight(prefix + "weight", own(m, "weight"))};
+    if (o.bias) in.push_back(g.weight(prefix + "bias", own(m, "bias")));
     return g.node1("ConvTranspose", in, run(m, x.example),
-                   {{"kernel_shape", attr_ints(l.kernel_)}, {"strides", attr_ints(l.stride_)},
-                    {"pads", attr_ints(sym_pads(l.padding_))}, {"output_padding", attr_ints(l.output_padding_)},
-                    {"dilations", attr_ints(l.dilation_)}, {"group", attr_int(l.groups_)}});
+                   {{"kernel_shape", attr_ints(c.kernel_size)}, {"strides", attr_ints(o.stride.values())},
+                    {"pads", attr_ints(sym_pads(o.padding.values()))}, {"output_padding", attr_ints(o.output_padding.values())},
+                    {"dilations", attr_ints(o.dilation.values())}, {"group", attr_int(o.groups)}});
   });
   reg("MaxPool2d", [](GraphBuilder& g, nn::Module& m, const std::string&, const Value& x) {
-    auto& l = static_cast<nn::MaxPool2d&>(m);
+    const nn::MaxPool2dConfig c = static_cast<nn::MaxPool2d&>(m).config();
     return g.node1("MaxPool", {x.name}, run(m, x.example),
-                   {{"kernel_shape", attr_ints(l.kernel_)}, {"strides", attr_ints(l.stride_)},
-                    {"pads", attr_ints(sym_pads(l.padding_))}, {"dilations", attr_ints(l.dilation_)},
-                    {"ceil_mode", attr_int(l.ceil_mode_ ? 1 : 0)}});
+                   {{"kernel_shape", attr_ints(c.kernel_size)}, {"strides", attr_ints(c.options.stride.values())},
+                    {"pads", attr_ints(sym_pads(c.options.padding.values()))},
+                    {"dilations", attr_ints(c.options.dilation.values())}, {"ceil_mode", attr_int(c.options.ceil_mode ? 1 : 0)}});
   });
   reg("AvgPool2d", [](GraphBuilder& g, nn::Module& m, const std::string&, const Value& x) {
-    auto& l = static_cast<nn::AvgPool2d&>(m);
+    const nn::AvgPool2dConfig c = static_cast<nn::AvgPool2d&>(m).config();
     return g.node1("AveragePool", {x.name}, run(m, x.example),
-                   {{"kernel_shape", attr_ints(l.kernel_)}, {"strides", attr_ints(l.stride_)},
-                    {"pads", attr_ints(sym_pads(l.padding_))}, {"ceil_mode", attr_int(l.ceil_mode_ ? 1 : 0)},
-                    {"count_include_pad", attr_int(l.count_include_pad_ ? 1 : 0)}});
+                   {{"kernel_shape", attr_ints(c.kernel_size)}, {"strides", attr_ints(c.options.stride.values())},
+                    {"pads", attr_ints(sym_pads(c.options.padding.values()))}, {"ceil_mode", attr_int(c.options.ceil_mode ? 1 : 0)},
+                    {"count_include_pad", attr_int(c.options.count_include_pad ? 1 : 0)}});
   });
   reg("AdaptiveAvgPool2d", [](GraphBuilder& g, nn::Module& m, const std::string&, const Value& x) {
-    auto& l = static_cast<nn::AdaptiveAvgPool2d&>(m);
     Tensor y = run(m, x.example);
     const int64_t h = x.example.size(-2), w = x.example.size(-1);
     const int64_t oh = y.size(-2), ow = y.size(-1);
-    (void)l;
     if (oh == 1 && ow == 1) return g.node1("GlobalAveragePool", {x.name}, y);
     if (h % oh != 0 || w % ow != 0)
       throw NotImplementedError(detail::cat("export_onnx: AdaptiveAvgPool2d from ", h, "x", w, " to ", oh, "x", ow,
@@ -269,63 +282,66 @@ void LayerAccess::register_builtin() {
     return g.node1("AveragePool", {x.name}, y, {{"kernel_shape", attr_ints({h / oh, w / ow})}, {"strides", attr_ints({h / oh, w / ow})}});
   });
   auto batch_norm = [](GraphBuilder& g, nn::Module& m, const std::string& prefix, const Value& x) {
-    auto& l = static_cast<nn::BatchNorm&>(m);
-    const int64_t c = l.num_features_;
+    const nn::BatchNormConfig cfg = static_cast<nn::BatchNorm&>(m).config();
+    const int64_t c = cfg.num_features;
+    const bool affine = cfg.options.affine;
     const DType t = x.example.dtype();
-    std::string w = l.affine_ ? g.weight(prefix + "weight", l.weight_) : g.weight(prefix + "weight", ones({c}, t));
-    std::string b = l.affine_ ? g.weight(prefix + "bias", l.bias_) : g.weight(prefix + "bias", zeros({c}, t));
-    if (!l.track_)
-      throw NotImplementedError(detail::cat("export_onnx: ", l.type_name(), " '", prefix,
+    std::string w = g.weight(prefix + "weight", affine ? own(m, "weight") : ones({c}, t));
+    std::string b = g.weight(prefix + "bias", affine ? own(m, "bias") : zeros({c}, t));
+    if (!cfg.options.track_running_stats)
+      throw NotImplementedError(detail::cat("export_onnx: ", m.type_name(), " '", prefix,
                                             "' without running statistics uses batch statistics in eval mode, which ONNX inference cannot express"));
-    std::string mean_name = g.weight(prefix + "running_mean", l.running_mean_);
-    std::string var_name = g.weight(prefix + "running_var", l.running_var_);
-    g.weight(prefix + "num_batches_tracked", l.num_batches_tracked_);
+    std::string mean_name = g.weight(prefix + "running_mean", own(m, "running_mean"));
+    std::string var_name = g.weight(prefix + "running_var", own(m, "running_var"));
+    g.weight(prefix + "num_batches_tracked", own(m, "num_batches_tracked"));
     return g.node1("BatchNormalization", {x.name, w, b, mean_name, var_name}, run(m, x.example),
-                   {{"epsilon", attr_float(l.eps_)}});
+                   {{"epsilon", attr_float(cfg.options.eps)}});
   };
   reg("BatchNorm1d", batch_norm);
   reg("BatchNorm2d", batch_norm);
   reg("LayerNorm", [](GraphBuilder& g, nn::Module& m, const std::string& prefix, const Value& x) {
-    auto& l = static_cast<nn::LayerNorm&>(m);
+    const nn::LayerNormConfig c = static_cast<nn::LayerNorm&>(m).config();
     const DType t = x.example.dtype();
-    std::string w = l.affine_ ? g.weight(prefix + "weight", l.weight_) : g.weight(prefix + "weight", ones(l.shape_, t));
+    const bool affine = c.elementwise_affine;
+    std::string w = g.weight(prefix + "weight", affine ? own(m, "weight") : ones(c.normalized_shape, t));
     std::vector<std::string> in{x.name, w};
-    if (l.affine_ && l.bias_.defined()) in.push_back(g.weight(prefix + "bias", l.bias_));
+    if (affine && own(m, "bias").defined()) in.push_back(g.weight(prefix + "bias", own(m, "bias")));
     return g.node1("LayerNormalization", in, run(m, x.example),
-                   {{"axis", attr_int(-static_cast<int64_t>(l.shape_.size()))}, {"epsilon", attr_float(l.eps_)}});
+                   {{"axis", attr_int(-static_cast<int64_t>(c.normalized_shape.size()))}, {"epsilon", attr_float(c.eps)}});
   });
   reg("GroupNorm", [](GraphBuilder& g, nn::Module& m, const std::string& prefix, const Value& x) {
     // (N, C, ...) -> (N, G, -1), normalised over the last axis, back, then the per-channel affine.
-    auto& l = static_cast<nn::GroupNorm&>(m);
+    const nn::GroupNormConfig c = static_cast<nn::GroupNorm&>(m).config();
     const DType t = x.example.dtype();
-    std::string r = g.node("Reshape", {x.name, g.ints({0, l.groups_, -1})})[0];
+    std::string r = g.node("Reshape", {x.name, g.ints({0, c.num_groups, -1})})[0];
     std::string mean_ = g.node("ReduceMean", {r}, {{"axes", attr_ints({2})}, {"keepdims", attr_int(1)}})[0];
     std::string centered = g.node("Sub", {r, mean_})[0];
     std::string var_ = g.node("ReduceMean", {g.node("Mul", {centered, centered})[0]}, {{"axes", attr_ints({2})}, {"keepdims", attr_int(1)}})[0];
-    std::string denom = g.node("Sqrt", {g.node("Add", {var_, g.scalar(l.eps_, t)})[0]})[0];
+    std::string denom = g.node("Sqrt", {g.node("Add", {var_, g.scalar(c.eps, t)})[0]})[0];
     std::string normed = g.node("Div", {centered, denom})[0];
     std::string shape = g.node("Shape", {x.name})[0];
     std::string back = g.node("Reshape", {normed, shape})[0];
     Tensor y = run(m, x.example);
-    if (!l.affine_) return Value{back, y};
+    if (!c.affine) return Value{back, y};
     std::vector<int64_t> cs(static_cast<size_t>(x.example.dim() - 1), 1);
-    cs[0] = l.channels_;
-    std::string w = g.node("Reshape", {g.weight(prefix + "weight", l.weight_), g.ints(cs)})[0];
-    std::string b = g.node("Reshape", {g.weight(prefix + "bias", l.bias_), g.ints(cs)})[0];
+    cs[0] = c.num_channels;
+    std::string w = g.node("Reshape", {g.weight(prefix + "weight", own(m, "weight")), g.ints(cs)})[0];
+    std::string b = g.node("Reshape", {g.weight(prefix + "bias", own(m, "bias")), g.ints(cs)})[0];
     return g.node1("Add", {g.node("Mul", {back, w})[0], b}, y);
   });
   reg("Embedding", [](GraphBuilder& g, nn::Module& m, const std::string& prefix, const Value& x) {
     auto& l = static_cast<nn::Embedding&>(m);
-    return g.node1("Gather", {g.weight(prefix + "weight", l.weight_), x.name}, run(m, x.example), {{"axis", attr_int(0)}});
+    return g.node1("Gather", {g.weight(prefix + "weight", l.weight()), x.name}, run(m, x.example), {{"axis", attr_int(0)}});
   });
   reg("Residual", [](GraphBuilder& g, nn::Module& m, const std::string& prefix, const Value& x) {
-    auto& l = static_cast<nn::Residual&>(m);
+    bool has_shortcut = false;
+    for (const auto& [name, child] : m.named_children()) has_shortcut = has_shortcut || name == "shortcut";
     Value body = export_layer(g, *m.child("body"), prefix + "body.", x);
-    Value sc = l.has_shortcut_ ? export_layer(g, *m.child("shortcut"), prefix + "shortcut.", x) : x;
+    Value sc = has_shortcut ? export_layer(g, *m.child("shortcut"), prefix + "shortcut.", x) : x;
     return g.node1("Add", {body.name, sc.name}, body.example + sc.example);
   });
   reg("SkipStash", [](GraphBuilder& g, nn::Module& m, const std::string&, const Value& x) {
-    g.skips()[static_cast<nn::SkipStash&>(m).name_] = x;
+    g.skips()[static_cast<nn::SkipStash&>(m).name()] = x;
     return x;
   });
   auto pop = [](GraphBuilder& g, const std::string& name, const std::string& prefix) {
@@ -337,27 +353,28 @@ void LayerAccess::register_builtin() {
     return v;
   };
   reg("SkipAdd", [pop](GraphBuilder& g, nn::Module& m, const std::string& prefix, const Value& x) {
-    Value s = pop(g, static_cast<nn::SkipAdd&>(m).name_, prefix);
+    Value s = pop(g, static_cast<nn::SkipAdd&>(m).name(), prefix);
     return g.node1("Add", {x.name, s.name}, x.example + s.example);
   });
   reg("SkipConcat", [pop](GraphBuilder& g, nn::Module& m, const std::string& prefix, const Value& x) {
-    auto& l = static_cast<nn::SkipConcat&>(m);
-    Value s = pop(g, l.name_, prefix);
-    return g.node1("Concat", {x.name, s.name}, concat({x.example, s.example}, l.dim_), {{"axis", attr_int(l.dim_)}});
+    const nn::SkipConcatConfig c = static_cast<nn::SkipConcat&>(m).config();
+    Value s = pop(g, c.name, prefix);
+    return g.node1("Concat", {x.name, s.name}, concat({x.example, s.example}, c.dim), {{"axis", attr_int(c.dim)}});
   });
   // Self-attention without masks (what forward(x) computes), as MatMul/Split/Reshape/Transpose/
   // Softmax; q is scaled before the product, as braid's MultiheadAttention does.
   reg("MultiheadAttention", [](GraphBuilder& g, nn::Module& m, const std::string& prefix, const Value& x) {
-    auto& l = static_cast<nn::MultiheadAttention&>(m);
-    const int64_t e = l.embed_dim_, h = l.num_heads_, d = e / h;
+    const nn::MultiheadAttentionConfig c = static_cast<nn::MultiheadAttention&>(m).config();
+    const bool batch_first = c.options.batch_first;
+    const int64_t e = c.embed_dim, h = c.num_heads, d = e / h;
     if (x.example.dim() != 3)
       throw NotImplementedError(detail::cat("export_onnx: MultiheadAttention '", prefix, "' with an unbatched input"));
     const DType t = x.example.dtype();
     std::string in = x.name;
-    if (!l.batch_first_) in = g.node("Transpose", {in}, {{"perm", attr_ints({1, 0, 2})}})[0];
-    std::string wt = g.node("Transpose", {g.weight(prefix + "in_proj_weight", l.in_proj_weight_)}, {{"perm", attr_ints({1, 0})}})[0];
+    if (!batch_first) in = g.node("Transpose", {in}, {{"perm", attr_ints({1, 0, 2})}})[0];
+    std::string wt = g.node("Transpose", {g.weight(prefix + "in_proj_weight", own(m, "in_proj_weight"))}, {{"perm", attr_ints({1, 0})}})[0];
     std::string qkv = g.node("MatMul", {in, wt})[0];
-    if (l.in_proj_bias_.defined()) qkv = g.node("Add", {qkv, g.weight(prefix + "in_proj_bias", l.in_proj_bias_)})[0];
+    if (c.options.bias) qkv = g.node("Add", {qkv, g.weight(prefix + "in_proj_bias", own(m, "in_proj_bias"))})[0];
     std::vector<std::string> parts = g.node("Split", {qkv, g.ints({e, e, e})}, {{"axis", attr_int(-1)}}, 3);
     auto heads = [&](const std::string& v) {
       std::string r = g.node("Reshape", {v, g.ints({0, 0, h, d})})[0];
@@ -372,25 +389,25 @@ void LayerAccess::register_builtin() {
     Tensor y = run(m, x.example);
     // Examples carry shapes (and dtypes) for the exporters downstream; values are not needed here.
     const Shape& xs = x.example.shape();
-    Tensor o_example = zeros(l.batch_first_ ? xs : Shape{xs[1], xs[0], xs[2]}, t, x.example.device());
+    Tensor o_example = zeros(batch_first ? xs : Shape{xs[1], xs[0], xs[2]}, t, x.example.device());
     Value proj = export_layer(g, *m.child("out_proj"), prefix + "out_proj.", Value{o, o_example});
-    if (l.batch_first_) return Value{proj.name, y};
+    if (batch_first) return Value{proj.name, y};
     return g.node1("Transpose", {proj.name}, y, {{"perm", attr_ints({1, 0, 2})}});
   });
   reg("TransformerEncoderLayer", [](GraphBuilder& g, nn::Module& m, const std::string& prefix, const Value& x) {
-    auto& l = static_cast<nn::TransformerEncoderLayer&>(m);
+    const nn::TransformerEncoderLayerOptions& o = static_cast<nn::TransformerEncoderLayer&>(m).config().options;
     auto sub = [&](const char* name, const Value& v) { return export_layer(g, *m.child(name), prefix + name + ".", v); };
     auto add = [&](const Value& a, const Value& b) { return g.node1("Add", {a.name, b.name}, a.example + b.example); };
     auto ff = [&](const Value& v) {
       Value hdn = sub("linear1", v);
-      hdn = l.activation_ == "relu" ? Value{g.node("Relu", {hdn.name})[0], relu(hdn.example)} : [&] {
+      hdn = o.activation == "relu" ? Value{g.node("Relu", {hdn.name})[0], relu(hdn.example)} : [&] {
         nn::GELU gelu;
         return export_layer(g, gelu, prefix, hdn);
       }();
       return sub("linear2", hdn);
     };
     Value out;
-    if (l.norm_first_) {
+    if (o.norm_first) {
       Value a = add(x, sub("self_attn", sub("norm1", x)));
       out = add(a, ff(sub("norm2", a)));
     } else {
@@ -403,13 +420,14 @@ void LayerAccess::register_builtin() {
   // (weight_ih_l0, ...: bitwise round trip); the ONNX gate order (LSTM i, o, f, c; GRU z, r, h)
   // and the stacked W/R/B are built from them by Split/Concat nodes.
   auto rnn = [](GraphBuilder& g, nn::Module& m, const std::string& prefix, const Value& x) {
-    auto& l = static_cast<nn::RNNBase&>(m);
-    const bool lstm = l.cell_state_;
-    const int64_t hs = l.hidden_size_, gates = lstm ? 4 : 3, dirs = l.bidirectional_ ? 2 : 1;
+    const nn::RNNConfig c = static_cast<nn::RNNBase&>(m).config();
+    const nn::RNNOptions& o = c.options;
+    const bool lstm = m.type_name() == "LSTM";
+    const int64_t hs = c.hidden_size, gates = lstm ? 4 : 3, dirs = o.bidirectional ? 2 : 1;
     // PyTorch's gate rows -> ONNX's: LSTM (i, f, g, o) -> (i, o, f, g); GRU (r, z, n) -> (z, r, n).
     const std::vector<int> order = lstm ? std::vector<int>{0, 3, 1, 2} : std::vector<int>{1, 0, 2};
     if (x.example.dim() != 3)
-      throw NotImplementedError(detail::cat("export_onnx: ", l.type_name(), " '", prefix, "' with an unbatched input"));
+      throw NotImplementedError(detail::cat("export_onnx: ", m.type_name(), " '", prefix, "' with an unbatched input"));
     auto reorder = [&](const std::string& w) {
       std::vector<std::string> parts = g.node("Split", {w, g.ints(std::vector<int64_t>(static_cast<size_t>(gates), hs))},
                                               {{"axis", attr_int(0)}}, static_cast<int>(gates));
@@ -423,20 +441,20 @@ void LayerAccess::register_builtin() {
       return u.size() == 1 ? u[0] : g.node("Concat", u, {{"axis", attr_int(0)}})[0];
     };
     std::string seq = x.name;
-    if (l.batch_first_) seq = g.node("Transpose", {seq}, {{"perm", attr_ints({1, 0, 2})}})[0];
-    for (int64_t layer = 0; layer < l.num_layers_; ++layer) {
+    if (o.batch_first) seq = g.node("Transpose", {seq}, {{"perm", attr_ints({1, 0, 2})}})[0];
+    for (int64_t layer = 0; layer < o.num_layers; ++layer) {
       std::vector<std::string> w, r, b;
       for (int64_t d = 0; d < dirs; ++d) {
-        const auto& ws = l.weights_[static_cast<size_t>(layer * dirs + d)];
         std::string sfx = detail::cat("_l", layer, d == 1 ? "_reverse" : "");
-        w.push_back(reorder(g.weight(prefix + "weight_ih" + sfx, ws[0])));
-        r.push_back(reorder(g.weight(prefix + "weight_hh" + sfx, ws[1])));
-        if (l.bias_)
-          b.push_back(g.node("Concat", {reorder(g.weight(prefix + "bias_ih" + sfx, ws[2])), reorder(g.weight(prefix + "bias_hh" + sfx, ws[3]))},
+        auto param = [&](const char* name) { return g.weight(prefix + name + sfx, own(m, name + sfx)); };
+        w.push_back(reorder(param("weight_ih")));
+        r.push_back(reorder(param("weight_hh")));
+        if (o.bias)
+          b.push_back(g.node("Concat", {reorder(param("bias_ih")), reorder(param("bias_hh"))},
                              {{"axis", attr_int(0)}})[0]);
       }
       std::vector<std::string> in{seq, stack_dirs(w), stack_dirs(r)};
-      if (l.bias_) in.push_back(stack_dirs(b));
+      if (o.bias) in.push_back(stack_dirs(b));
       std::map<std::string, Attribute> attrs{{"hidden_size", attr_int(hs)},
                                              {"direction", attr_string(dirs == 2 ? "bidirectional" : "forward")}};
       if (!lstm) attrs["linear_before_reset"] = attr_int(1);
@@ -445,7 +463,7 @@ void LayerAccess::register_builtin() {
       seq = g.node("Reshape", {y, g.ints({0, 0, -1})})[0];                          // (L, N, D * H)
     }
     Tensor out = run(m, x.example);
-    if (l.batch_first_) return g.node1("Transpose", {seq}, out, {{"perm", attr_ints({1, 0, 2})}});
+    if (o.batch_first) return g.node1("Transpose", {seq}, out, {{"perm", attr_ints({1, 0, 2})}});
     return Value{seq, out};
   };
   reg("LSTM", rnn);
@@ -455,6 +473,8 @@ void LayerAccess::register_builtin() {
                                           "') inside another model is not exported yet; export it on its own"));
   });
 }
+
+}  // namespace
 
 namespace {
 

@@ -532,5 +532,36 @@ TEST(LayerOptions, EqualThePositionalConstructors) {
   same(MaxPool2d(3, MaxPool2dOptions{.stride = 2}), MaxPool2d(3, 2));
 }
 
+// Note [Layer config]: config() gives back what the constructor got, sizes expanded per axis.
+TEST(LayerConfig, ReturnsTheConstructorArguments) {
+  Conv2dConfig c = Conv2d(4, 8, {3, 5}, Conv2dOptions{.stride = 2, .padding = {1, 2}, .groups = 2, .bias = false}).config();
+  EXPECT_EQ(c.in_channels, 4);
+  EXPECT_EQ(c.out_channels, 8);
+  EXPECT_EQ(c.kernel_size, (std::vector<int64_t>{3, 5}));
+  EXPECT_EQ(c.options.stride.values(), (std::vector<int64_t>{2, 2}));
+  EXPECT_EQ(c.options.padding.sizes().values(), (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(c.options.dilation.values(), (std::vector<int64_t>{1, 1}));
+  EXPECT_EQ(c.options.groups, 2);
+  EXPECT_FALSE(c.options.bias);
+  EXPECT_TRUE(Conv1d(2, 2, 3, Conv1dOptions{.padding = "same"}).config().options.padding.is_same());
+  EXPECT_EQ(MaxPool2d(3).config().options.stride.values(), (std::vector<int64_t>{3, 3}));  // stride defaults to the kernel
+  BatchNormConfig b = BatchNorm2d(6, BatchNormOptions{.momentum = std::nullopt, .affine = false}).config();
+  EXPECT_EQ(b.num_features, 6);
+  EXPECT_FALSE(b.options.momentum.has_value());
+  EXPECT_FALSE(b.options.affine);
+  EXPECT_TRUE(b.options.track_running_stats);
+  EXPECT_EQ(Linear(3, 2, false).config().bias, false);
+  EXPECT_EQ(LayerNorm({4, 5}, 1e-3).config().normalized_shape, (std::vector<int64_t>{4, 5}));
+  EXPECT_EQ(GELU("tanh").config().approximate, "tanh");
+  EXPECT_EQ(Flatten(2, 3).config().end_dim, 3);
+  RNNConfig r = LSTM(3, 5, RNNOptions{.num_layers = 2, .bidirectional = true}).config();
+  EXPECT_EQ(r.hidden_size, 5);
+  EXPECT_EQ(r.options.num_layers, 2);
+  EXPECT_TRUE(r.options.bidirectional);
+  EXPECT_EQ(TransformerEncoderLayer(8, 2, TransformerEncoderLayerOptions{.dim_feedforward = 16, .norm_first = true})
+                .config().options.dim_feedforward,
+            16);
+}
+
 }  // namespace
 }  // namespace braid

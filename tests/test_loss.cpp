@@ -5,11 +5,13 @@
 
 #include <cmath>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "braid/nn/loss.h"
+#include "error_of.h"
 #include "gradcheck.h"
 #include "reference_file.h"
 #include "test_paths.h"
@@ -73,6 +75,61 @@ TEST_P(LossReference, MatchesPyTorch) {
 
 INSTANTIATE_TEST_SUITE_P(PyTorch, LossReference, ::testing::ValuesIn(testing::reference_names(loss_cases(), "")),
                          [](const auto& info) { return testing::gtest_name(info.param); });
+
+// The loss modules (Note [Loss modules]) built from each case's settings give PyTorch's values.
+std::shared_ptr<nn::Loss> loss_module(const RefCase& c) {
+  const std::string loss = c.str("loss"), red = c.str("reduction");
+  if (loss == "cross_entropy")
+    return std::make_shared<nn::CrossEntropyLoss>(optional_tensor(c, "weight"), static_cast<int64_t>(c.num("ignore_index")),
+                                                  red, c.num("label_smoothing"));
+  if (loss == "nll_loss")
+    return std::make_shared<nn::NLLLoss>(optional_tensor(c, "weight"), static_cast<int64_t>(c.num("ignore_index")), red);
+  if (loss == "mse_loss") return std::make_shared<nn::MSELoss>(red);
+  if (loss == "l1_loss") return std::make_shared<nn::L1Loss>(red);
+  if (loss == "smooth_l1_loss") return std::make_shared<nn::SmoothL1Loss>(red, c.num("beta"));
+  if (loss == "bce_with_logits")
+    return std::make_shared<nn::BCEWithLogitsLoss>(optional_tensor(c, "weight"), red, optional_tensor(c, "pos_weight"));
+  throw std::runtime_error("unknown loss " + loss);
+}
+
+class LossModuleReference : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(LossModuleReference, MatchesPyTorch) {
+  const RefCase& c = find_case(GetParam());
+  const bool f32 = c.ref("input").dtype == "float32";
+  const double rtol = f32 ? 2e-5 : 1e-10, atol = f32 ? 2e-6 : 1e-12;
+  Tensor input = c.tensor("input").set_requires_grad(true);
+  std::shared_ptr<nn::Loss> m = loss_module(c);
+  Tensor out = (*m)(input, c.tensor("target"));
+  out.backward(c.tensor("grad_out"));
+  std::string where;
+  EXPECT_LE(testing::tolerance_ratio(out, c.ref("output"), rtol, atol, &where), 1.0) << "output " << where;
+  EXPECT_LE(testing::tolerance_ratio(input.grad(), c.ref("input_grad"), rtol, atol, &where), 1.0)
+      << "input gradient " << where;
+}
+
+INSTANTIATE_TEST_SUITE_P(PyTorch, LossModuleReference, ::testing::ValuesIn(testing::reference_names(loss_cases(), "")),
+                         [](const auto& info) { return testing::gtest_name(info.param); });
+
+TEST(LossModules, KeepWeightsAsBuffersAndCheckTheirSettings) {
+  const Tensor w = tensor(std::vector<double>{0.5, 2.0}, {2});
+  nn::CrossEntropyLoss ce(w, -100, "sum");
+  const nn::StateDict sd = ce.state_dict();
+  ASSERT_EQ(sd.size(), 1u);
+  EXPECT_EQ(sd.at("weight").to_vector<double>(), (std::vector<double>{0.5, 2.0}));
+  EXPECT_EQ(ce.describe(), "CrossEntropyLoss(reduction='sum')");
+  // -log softmax([0, 0])[1] * 2.0: 2 log 2.
+  EXPECT_NEAR(ce(zeros({1, 2}, kFloat64), tensor(std::vector<int64_t>{1}, {1})).item(), 2.0 * std::log(2.0), 1e-12);
+  nn::BCEWithLogitsLoss bce(Tensor(), "mean", tensor(std::vector<double>{3.0}, {1}));
+  EXPECT_EQ(bce.state_dict().count("pos_weight"), 1u);
+  EXPECT_TRUE(nn::MSELoss().state_dict().empty());
+  EXPECT_NE(error_of<ValueError>([] { nn::L1Loss("avg"); }).find("L1Loss: unknown reduction 'avg'"), std::string::npos);
+  // What a Sequential would call: Module::forward with one input.
+  std::shared_ptr<nn::Module> mse = std::make_shared<nn::MSELoss>();
+  EXPECT_NE(error_of<TypeError>([&] { mse->forward(zeros({2, 3})); }).find("MSELoss.forward: a loss takes (input, target)"),
+            std::string::npos);
+  EXPECT_NE(error_of<ValueError>([] { nn::MSELoss()(zeros({2}), zeros({3})); }).find("mse_loss"), std::string::npos);
+}
 
 TEST(LossReferenceFile, CoversEveryLossAndReduction) {
   std::map<std::string, std::set<std::string>> seen;

@@ -7,6 +7,7 @@
 #include "braid/conv.h"
 #include "braid/dtype.h"
 #include "braid/error.h"
+#include "braid/indexing.h"
 #include "braid/ops.h"
 #include "braid/parallel.h"
 #include "braid/random.h"

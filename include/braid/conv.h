@@ -14,12 +14,12 @@ namespace braid {
 
 /// x (N, C_in, L), weight (C_out, C_in / groups, K), bias (C_out) or undefined -> (N, C_out, L_out).
 /// padding_mode "zeros". For 'same' padding see conv_padding_same().
-Tensor conv1d(const Tensor& x, const Tensor& weight, const Tensor& bias, int64_t stride = 1, int64_t padding = 0,
+Tensor conv1d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(), int64_t stride = 1, int64_t padding = 0,
               int64_t dilation = 1, int64_t groups = 1);
 /// x (N, C_in, H, W), weight (C_out, C_in / groups, kH, kW), bias (C_out) or undefined
 /// -> (N, C_out, H_out, W_out). stride, dilation: {h, w}; padding: {h, w} on both sides of each
 /// axis, or {top, bottom, left, right} (what conv_padding_same returns).
-Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const std::vector<int64_t>& stride = {1, 1},
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(), const std::vector<int64_t>& stride = {1, 1},
               const std::vector<int64_t>& padding = {0, 0}, const std::vector<int64_t>& dilation = {1, 1},
               int64_t groups = 1);
 /// Note [Channels-last activations in inference] (src/ops/conv.cpp): a convolution that needs no
@@ -46,17 +46,17 @@ std::vector<int64_t> conv_padding_same(const std::vector<int64_t>& kernel, const
 /// x (N, C_in, H, W), weight (C_in, C_out / groups, kH, kW), bias (C_out) or undefined
 /// -> (N, C_out, H_out, W_out) with H_out = (H - 1) stride - 2 padding + dilation (kH - 1) +
 /// output_padding + 1: the gradient of conv2d with respect to its input.
-Tensor conv_transpose2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
+Tensor conv_transpose2d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(),
                         const std::vector<int64_t>& stride = {1, 1}, const std::vector<int64_t>& padding = {0, 0},
                         const std::vector<int64_t>& output_padding = {0, 0}, int64_t groups = 1,
                         const std::vector<int64_t>& dilation = {1, 1});
 /// x (N, C, H, W); stride {} means stride = kernel; padding (at most half the kernel) never wins;
 /// ceil_mode as PyTorch (a window must start inside the input or its left padding).
-Tensor max_pool2d(const Tensor& x, const std::vector<int64_t>& kernel, const std::vector<int64_t>& stride = {},
+Tensor max_pool2d(const Tensor& x, const std::vector<int64_t>& kernel_size, const std::vector<int64_t>& stride = {},
                   const std::vector<int64_t>& padding = {0, 0}, const std::vector<int64_t>& dilation = {1, 1},
                   bool ceil_mode = false);
 /// x (N, C, H, W); zero padding; count_include_pad counts the padding in each window's divisor.
-Tensor avg_pool2d(const Tensor& x, const std::vector<int64_t>& kernel, const std::vector<int64_t>& stride = {},
+Tensor avg_pool2d(const Tensor& x, const std::vector<int64_t>& kernel_size, const std::vector<int64_t>& stride = {},
                   const std::vector<int64_t>& padding = {0, 0}, bool ceil_mode = false, bool count_include_pad = true);
 /// x (N, C, H, W) -> (N, C, out_h, out_w); window i along an axis of size n covers
 /// [floor(i n / out), ceil((i + 1) n / out)), as PyTorch.

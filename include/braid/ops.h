@@ -75,7 +75,7 @@ Tensor bernoulli(const Shape& shape, double p, DType dtype = kFloat32, Generator
 Tensor randint(int64_t low, int64_t high, const Shape& shape, DType dtype = kInt64, Generator* gen = nullptr,
                Device device = BRAID_IMPLICIT_DEVICE);
 /// A random permutation of 0..n-1.
-Tensor randperm(int64_t n, Generator* gen = nullptr, Device device = BRAID_IMPLICIT_DEVICE);
+Tensor randperm(int64_t n, Generator* generator = nullptr, Device device = BRAID_IMPLICIT_DEVICE);
 
 // ---- elementwise unary ----
 Tensor neg(const Tensor& x);
@@ -114,7 +114,7 @@ Tensor pow(const Tensor& x, double exponent);
 /// promotion] in dtype.h): a fractional bound makes an integer tensor float32. min > max is an
 /// error, where PyTorch sets every element to max: such bounds are almost always a mistake in the
 /// caller, and no result is right.
-Tensor clamp(const Tensor& x, std::optional<double> min, std::optional<double> max);
+Tensor clamp(const Tensor& x, std::optional<double> min = std::nullopt, std::optional<double> max = std::nullopt);
 /// -1, 0 or 1; NaN stays NaN, as in NumPy (PyTorch 1.13 gives 0); bool stays bool.
 Tensor sign(const Tensor& x);
 Tensor floor(const Tensor& x);
@@ -154,14 +154,20 @@ Tensor amin(const Tensor& x, const std::vector<int64_t>& axes = {}, bool keepdim
 /// The minimum and the maximum of all of x, as 0-d tensors (amin(x) and amax(x), NaN when x holds
 /// one), in one pass where the backend has it; recorded as amin and amax when x requires a gradient.
 std::pair<Tensor, Tensor> aminmax(const Tensor& x);
-Tensor argmax(const Tensor& x, int64_t axis, bool keepdim = false);
-Tensor argmin(const Tensor& x, int64_t axis, bool keepdim = false);
+/// The index of the largest (smallest) element along axis, the first one on ties; without an
+/// axis, the index into x flattened (kept axes all of size 1 with keepdim). int64.
+Tensor argmax(const Tensor& x, std::optional<int64_t> axis = std::nullopt, bool keepdim = false);
+Tensor argmin(const Tensor& x, std::optional<int64_t> axis = std::nullopt, bool keepdim = false);
+/// Whether any (all) element is nonzero, over axes (empty: every axis), as a bool tensor. Over no
+/// elements any is false and all is true.
+Tensor any(const Tensor& x, const std::vector<int64_t>& axes = {}, bool keepdim = false);
+Tensor all(const Tensor& x, const std::vector<int64_t>& axes = {}, bool keepdim = false);
 /// correction 1 is the unbiased (Bessel) estimate, 0 the population variance.
 Tensor var(const Tensor& x, const std::vector<int64_t>& axes = {}, int64_t correction = 1, bool keepdim = false);
 Tensor std(const Tensor& x, const std::vector<int64_t>& axes = {}, int64_t correction = 1, bool keepdim = false);
 Tensor logsumexp(const Tensor& x, const std::vector<int64_t>& axes, bool keepdim = false);
-Tensor softmax(const Tensor& x, int64_t axis);
-Tensor log_softmax(const Tensor& x, int64_t axis);
+Tensor softmax(const Tensor& x, int64_t dim = -1);
+Tensor log_softmax(const Tensor& x, int64_t dim = -1);
 /// Sums x over broadcast axes so that it has shape (the reverse of expand).
 Tensor sum_to(const Tensor& x, const Shape& shape);
 
@@ -223,9 +229,9 @@ Tensor transpose(const Tensor& x, int64_t a, int64_t b);
 Tensor narrow(const Tensor& x, int64_t axis, int64_t start, int64_t length);
 Tensor slice(const Tensor& x, int64_t axis, int64_t start, int64_t end, int64_t step = 1);
 Tensor expand(const Tensor& x, const Shape& shape);
-Tensor squeeze(const Tensor& x, std::optional<int64_t> axis = std::nullopt);
+Tensor squeeze(const Tensor& x, std::optional<int64_t> dim = std::nullopt);
 Tensor unsqueeze(const Tensor& x, int64_t axis);
-Tensor flatten(const Tensor& x, int64_t start = 0, int64_t end = -1);
+Tensor flatten(const Tensor& x, int64_t start_dim = 0, int64_t end_dim = -1);
 Tensor contiguous(const Tensor& x);
 Tensor cast(const Tensor& x, DType dtype);
 /// x on device (x itself when it is there already); the gradient is moved back to x's device.

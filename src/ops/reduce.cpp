@@ -117,11 +117,37 @@ std::pair<Tensor, Tensor> aminmax(const Tensor& x) {
   return {amin(x), amax(x)};
 }
 
-Tensor argmax(const Tensor& x, int64_t axis, bool keepdim) {
-  return arg_extremum("argmax", ReduceOp::ArgMax, x, axis, keepdim);
+namespace {
+/// arg_extremum over x flattened when no axis is given.
+Tensor arg_extremum_any(const char* name, ReduceOp op, const Tensor& x, std::optional<int64_t> axis, bool keepdim) {
+  if (axis) return arg_extremum(name, op, x, *axis, keepdim);
+  BRAID_CHECK(x.defined(), name, ": the input is undefined");
+  Tensor i = arg_extremum(name, op, x.reshape({-1}), 0, false);
+  return keepdim ? i.reshape(Shape(static_cast<size_t>(x.dim()), 1)) : i;
 }
-Tensor argmin(const Tensor& x, int64_t axis, bool keepdim) {
-  return arg_extremum("argmin", ReduceOp::ArgMin, x, axis, keepdim);
+
+/// The number of nonzero elements over axes (int64), for any and all.
+Tensor count_nonzero(const Tensor& x, const std::vector<int64_t>& axes, bool keepdim, const char* name) {
+  BRAID_CHECK(x.defined(), name, ": the input is undefined");
+  return sum(cast(cast(x, kBool), kInt64), axes, keepdim);
+}
+}  // namespace
+
+Tensor argmax(const Tensor& x, std::optional<int64_t> axis, bool keepdim) {
+  return arg_extremum_any("argmax", ReduceOp::ArgMax, x, axis, keepdim);
+}
+Tensor argmin(const Tensor& x, std::optional<int64_t> axis, bool keepdim) {
+  return arg_extremum_any("argmin", ReduceOp::ArgMin, x, axis, keepdim);
+}
+
+Tensor any(const Tensor& x, const std::vector<int64_t>& axes, bool keepdim) {
+  Tensor n = count_nonzero(x, axes, keepdim, "any");
+  return gt(n, scalar_like(n, 0.0));
+}
+Tensor all(const Tensor& x, const std::vector<int64_t>& axes, bool keepdim) {
+  BRAID_CHECK(x.defined(), "all: the input is undefined");
+  Tensor zeros_found = count_nonzero(logical_not(cast(x, kBool)), axes, keepdim, "all");
+  return eq(zeros_found, scalar_like(zeros_found, 0.0));
 }
 
 Tensor var(const Tensor& x_in, const std::vector<int64_t>& axes_in, int64_t correction, bool keepdim) {

@@ -11,7 +11,7 @@ import contextlib as _contextlib
 
 from ._swig import core as _core
 from ._tensor import (Tensor, Device, dtype, device, from_numpy, from_dlpack, tensor, as_tensor,
-                      _shape_args, _axes)
+                      _shape_args)
 
 float32 = dtype.float32
 float64 = dtype.float64
@@ -51,8 +51,8 @@ def knobs():
 is_grad_enabled = _core.is_grad_enabled
 set_grad_enabled_ = _core.set_grad_enabled
 default_device = _core.default_device
-set_default_device = lambda d: _core.set_default_device(device(d))  # noqa: E731
-device_available = lambda d: _core.device_available(device(d))  # noqa: E731
+set_default_device = _core.set_default_device  # a Device or a string ("cuda:1")
+device_available = _core.device_available
 synchronize = lambda d="cpu": _core.synchronize(device(d))  # noqa: E731
 memory_allocated = lambda d="cpu": _core.memory_allocated(device(d))  # noqa: E731
 max_memory_allocated = lambda d="cpu": _core.max_memory_allocated(device(d))  # noqa: E731
@@ -137,30 +137,25 @@ autograd = _AutogradNamespace()
 # ---- creation, with PyTorch's signatures ----
 
 
-def _dev(d):
-    return device(d) if d is not None else _core.default_device()
-
-
 def _finish(t, requires_grad):
-    if requires_grad:
-        t.requires_grad_(True)
-    return t
+    return t.requires_grad_(True) if requires_grad else t
 
 
-def zeros(*size, dtype=float32, device=None, requires_grad=False):
-    return _finish(_core.zeros(_shape_args(size), dtype, _dev(device)), requires_grad)
+def _sized(fn):
+    """fn(shape, dtype, ..., device) as PyTorch writes it: zeros(2, 3), zeros((2, 3), dtype=...)."""
+    def f(*size, dtype=float32, device=None, requires_grad=False, generator=None):
+        kw = {"gen": generator} if generator is not None else {}  # rand's and randn's
+        return _finish(fn(_shape_args(size), dtype, device=device, **kw), requires_grad)
+
+    f.__name__, f.__doc__ = fn.__name__, fn.__doc__
+    return f
 
 
-def ones(*size, dtype=float32, device=None, requires_grad=False):
-    return _finish(_core.ones(_shape_args(size), dtype, _dev(device)), requires_grad)
-
-
-def empty(*size, dtype=float32, device=None, requires_grad=False):
-    return _finish(_core.empty(_shape_args(size), dtype, _dev(device)), requires_grad)
+zeros, ones, empty, rand, randn = (_sized(getattr(_core, n)) for n in ("zeros", "ones", "empty", "rand", "randn"))
 
 
 def full(size, fill_value, dtype=float32, device=None, requires_grad=False):
-    return _finish(_core.full(_shape_args((size,)), fill_value, dtype, _dev(device)), requires_grad)
+    return _finish(_core.full(_shape_args((size,)), fill_value, dtype, device), requires_grad)
 
 
 def zeros_like(t, dtype=None):
@@ -191,41 +186,17 @@ def arange(start, end=None, step=1, dtype=None, device=None, requires_grad=False
     if dtype is None:
         dtype = int64 if all(isinstance(v, int) for v in (start, end, step)) else float32
     f = _builtins.float  # this module's float is braid.float32, as torch.float
-    return _finish(_core.arange(f(start), f(end), f(step), dtype, _dev(device)), requires_grad)
-
-
-def linspace(start, end, steps, dtype=float32, device=None):
-    return _core.linspace(start, end, steps, dtype, _dev(device))
-
-
-def eye(n, dtype=float32, device=None):
-    return _core.eye(n, dtype, _dev(device))
-
-
-def rand(*size, generator=None, dtype=float32, device=None, requires_grad=False):
-    return _finish(_core.rand(_shape_args(size), dtype, generator, 0.0, 1.0, _dev(device)), requires_grad)
-
-
-def randn(*size, generator=None, dtype=float32, device=None, requires_grad=False):
-    return _finish(_core.randn(_shape_args(size), dtype, generator, 0.0, 1.0, _dev(device)), requires_grad)
+    return _finish(_core.arange(f(start), f(end), f(step), dtype, device), requires_grad)
 
 
 def randint(low, high=None, size=(), generator=None, dtype=int64, device=None):
     if high is None:
         low, high = 0, low
-    return _core.randint(low, high, _shape_args((size,)), dtype, generator, _dev(device))
-
-
-def randperm(n, generator=None, device=None):
-    return _core.randperm(n, generator, _dev(device))
+    return _core.randint(low, high, _shape_args((size,)), dtype, generator, device)
 
 
 def bernoulli(size, p, generator=None, dtype=float32, device=None):
-    return _core.bernoulli(_shape_args((size,)), p, dtype, generator, _dev(device))
-
-
-def scalar_tensor(value, dtype=float32, device=None):
-    return _core.scalar_tensor(value, dtype, _dev(device))
+    return _core.bernoulli(_shape_args((size,)), p, dtype, generator, device)
 
 
 # ---- ops, as module functions with PyTorch's argument conventions ----
@@ -237,24 +208,13 @@ for _name in ("neg", "abs", "exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "sq
               "logical_or", "logical_xor", "where", "broadcast_shapes", "sum_to", "matmul",
               "transpose", "narrow", "slice", "unsqueeze", "contiguous", "cast", "to_device", "gather",
               "index_select", "scatter_add", "pad", "one_hot", "tril", "triu", "allclose", "equal", "conv1d",
-              "conv2d", "conv_transpose2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "scalar_like"):
+              "conv2d", "conv_transpose2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "scalar_like",
+              "softmax", "log_softmax", "linspace", "eye", "randperm", "scalar_tensor"):
     globals()[_name] = getattr(_core, _name)
 
 
-def _reduction(fn):
-    def f(x, dim=None, keepdim=False):
-        return fn(x, _axes(dim), keepdim)
-
-    f.__doc__ = fn.__doc__
-    return f
-
-
-sum = _reduction(_core.sum)  # noqa: A001
-mean = _reduction(_core.mean)
-prod = _reduction(_core.prod)
-amax = _reduction(_core.amax)
-amin = _reduction(_core.amin)
-logsumexp = _reduction(_core.logsumexp)
+sum, mean, prod, amax, amin, logsumexp = (Tensor.sum, Tensor.mean, Tensor.prod, Tensor.amax,  # noqa: A001
+                                           Tensor.amin, Tensor.logsumexp)
 var = Tensor.var
 std = Tensor.std
 argmax = Tensor.argmax
@@ -262,14 +222,6 @@ argmin = Tensor.argmin
 clamp = Tensor.clamp
 squeeze = Tensor.squeeze
 flatten = Tensor.flatten
-
-
-def softmax(x, dim=-1):
-    return _core.softmax(x, dim)
-
-
-def log_softmax(x, dim=-1):
-    return _core.log_softmax(x, dim)
 
 
 def reshape(x, *shape):

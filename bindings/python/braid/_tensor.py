@@ -8,6 +8,7 @@ index arithmetic of advanced indexing.
 import collections
 import enum
 import numbers
+import operator
 
 import numpy as np
 
@@ -20,45 +21,16 @@ Device = _core.Device
 _method = _core._swig_new_instance_method
 
 
-class dtype(enum.IntEnum):
-    """An element type: braid.float32, braid.float64, braid.int64, braid.int32, braid.bool,
-    braid.float16, braid.bfloat16, braid.int8 and braid.uint8 (the last four storage types:
-    convert to a compute type to compute)."""
-
-    float32 = _core.DType_Float32
-    float64 = _core.DType_Float64
-    int64 = _core.DType_Int64
-    int32 = _core.DType_Int32
-    bool = _core.DType_Bool
-    float16 = _core.DType_Float16
-    bfloat16 = _core.DType_BFloat16
-    int8 = _core.DType_Int8
-    uint8 = _core.DType_UInt8
-
-    def __repr__(self):
-        return f"braid.{self.name}"
-
-    __str__ = __repr__
-
-    @property
-    def is_floating_point(self):
-        return _core.is_floating(self)
-
-    @property
-    def itemsize(self):
-        return _core.dtype_size(self)
+# braid::DType as an IntEnum, names and values from the wrapper (braid.float32 is DType::Float32).
+dtype = enum.IntEnum("dtype", {_core.dtype_name(v): v for n, v in vars(_core).items() if n.startswith("DType_")},
+                     module=__name__)
+dtype.__doc__ = "An element type (braid/dtype.h); float16, bfloat16, int8 and uint8 are storage types."
+dtype.__repr__ = dtype.__str__ = lambda self: f"braid.{self.name}"
+dtype.is_floating_point = property(_core.is_floating)
+dtype.itemsize = property(_core.dtype_size)
 
 
-_TO_NUMPY = {
-    dtype.float32: np.dtype(np.float32),
-    dtype.float64: np.dtype(np.float64),
-    dtype.int64: np.dtype(np.int64),
-    dtype.int32: np.dtype(np.int32),
-    dtype.bool: np.dtype(np.bool_),
-    dtype.float16: np.dtype(np.float16),
-    dtype.int8: np.dtype(np.int8),
-    dtype.uint8: np.dtype(np.uint8),
-}
+_TO_NUMPY = {d: np.dtype(d.name) for d in dtype if d != dtype.bfloat16}  # NumPy has no bfloat16
 # NumPy's int8/uint8 arrays (images, labels) become int64 tensors that compute, as torch.tensor
 # makes lists of ints; braid's int8/uint8 (storage: quantised ONNX values) come back as themselves.
 _FROM_NUMPY = {v: k for k, v in _TO_NUMPY.items() if k not in (dtype.int8, dtype.uint8)}
@@ -486,124 +458,38 @@ Tensor.__imul__ = _inplace(Tensor.__mul__)
 Tensor.__itruediv__ = _inplace(Tensor.__truediv__)
 Tensor.__ipow__ = _inplace(Tensor.__pow__)
 
-# ---- indexing ----
+# ---- indexing: the key as braid::index's list of items (braid/indexing.h) ----
+
+_TI = _core.TensorIndex
+_opt = lambda v: v if v is None else operator.index(v)  # noqa: E731
 
 
-def _is_advanced(i):
-    return isinstance(i, (Tensor, np.ndarray, list))
-
-
-def _as_index_tensor(i, dev):
-    if isinstance(i, Tensor):
-        return i
-    return tensor(np.asarray(i), device=dev)
-
-
-def _is_bool_index(i):
-    return (isinstance(i, Tensor) and i.dtype == dtype.bool) or (isinstance(i, np.ndarray) and i.dtype == np.bool_)
-
-
-def _consumed(i):
-    """How many axes of the indexed tensor an index item uses."""
-    if i is None or i is Ellipsis:
-        return 0
-    if _is_bool_index(i):
-        return max(i.ndim, 1)
-    return 1
-
-
-def _getitem(self, index):
-    if not isinstance(index, tuple):
-        index = (index,)
-    if sum(1 for i in index if i is Ellipsis) > 1:
-        raise IndexError("an index can only have a single ellipsis ('...')")
-    used = sum(_consumed(i) for i in index)
-    if used > self.ndim:
-        raise IndexError(f"too many indices for a tensor of dimension {self.ndim}: {len(index)} given")
-    for pos, i in enumerate(index):
-        if i is Ellipsis:
-            index = index[:pos] + (slice(None),) * (self.ndim - used) + index[pos + 1:]
-            break
-    t = self
-    axis = 0
-    advanced = []  # (axis in the result, index tensor)
-    for i in index:
-        if i is None:
-            t = t.unsqueeze(axis)
-            axis += 1
+def _index_items(self, index):
+    items = []
+    for i in index if isinstance(index, tuple) else (index,):
+        if i is None or i is Ellipsis:
+            items.append(_TI.new_axis() if i is None else _TI.ellipsis())
         elif isinstance(i, slice):
-            start, stop, step = i.indices(t.shape[axis])
-            if step <= 0:
-                raise ValueError("slice step must be positive (braid's views have non-negative strides)")
-            t = t.slice(axis, start, max(stop, start), step)
-            axis += 1
+            items.append(_TI.slice(_opt(i.start), _opt(i.stop), _opt(i.step)))
         elif isinstance(i, (bool, np.bool_)):
             raise IndexError("a Python bool as an index is not supported; use a bool tensor")
-        elif isinstance(i, numbers.Integral) or (isinstance(i, Tensor) and i.ndim == 0 and i.dtype != dtype.bool):
-            i = int(i)
-            n = t.shape[axis]
-            if not -n <= i < n:
-                raise IndexError(f"index {i} is out of bounds for axis {axis} with size {n}")
-            t = t.select(axis, i % n)
-        elif _is_advanced(i):
-            it = _as_index_tensor(i, t.device)
-            if it.dtype == dtype.bool:
-                k = max(it.ndim, 1)
-                if it.shape != t.shape[axis:axis + k]:
-                    raise IndexError(f"boolean index of shape {it.shape} does not match the indexed axes "
-                                     f"{t.shape[axis:axis + k]} at axis {axis}")
-                flat_mask = np.asarray(it.cpu()).reshape(-1)
-                t = t.flatten(axis, axis + k - 1) if k > 1 else t
-                it = tensor(np.nonzero(flat_mask)[0].astype(np.int64), device=t.device)
-            elif it.dtype not in (dtype.int64, dtype.int32):
-                raise IndexError(f"tensors used as indices must be integer or bool, got {it.dtype!r}")
-            advanced.append((axis, it))
-            axis += 1
+        elif isinstance(i, numbers.Integral):
+            items.append(_TI.integer_at(int(i)))
+        elif isinstance(i, (Tensor, np.ndarray, list)):
+            items.append(_TI.tensor(i if isinstance(i, Tensor) else tensor(np.asarray(i), device=self.device)))
         else:
             raise TypeError(f"unsupported index {i!r} of type {type(i).__name__}")
-    if len(advanced) > 1:
-        raise NotImplementedError("indexing with more than one integer or bool tensor at once; index one axis at a time")
-    if advanced:
-        ax, it = advanced[0]
-        flat = it.reshape((-1,)) if it.ndim != 1 else it
-        t = _core.index_select(t, ax, flat)
-        if it.ndim != 1:
-            t = t.reshape(t.shape[:ax] + it.shape + t.shape[ax + 1:])
-    return t
-
-
-def _masked_assign(self, mask, value):
-    """t[mask] = value for a bool mask over t's leading axes and a value that is a number or
-    broadcasts to t: one where() written back in place (PyTorch's masked_fill_ / index_put_)."""
-    mask = _as_index_tensor(mask, self.device)
-    if mask.shape != self.shape[:mask.ndim]:
-        raise IndexError(f"boolean index of shape {mask.shape} does not match the leading axes of shape {self.shape}")
-    mask = mask.reshape(mask.shape + (1,) * (self.ndim - mask.ndim))
-    if isinstance(value, Tensor):
-        v = value.to(self.dtype)
-    else:
-        v = _core.scalar_tensor(float(value), self.dtype, self.device) if isinstance(value, numbers.Number) \
-            else tensor(value, dtype=self.dtype, device=self.device)
-    self.copy_(_core.where(mask, v, self))
+    return items
 
 
 def _setitem(self, index, value):
-    idx = index if isinstance(index, tuple) else (index,)
-    if len(idx) == 1 and _is_bool_index(idx[0]):
-        _masked_assign(self, idx[0], value)
-        return
-    if any(_is_advanced(i) for i in idx):
-        raise NotImplementedError("assignment through an integer tensor index, or a bool index combined with other "
-                                  "indices; use scatter_add or where")
-    view = _getitem(self, index)
-    if isinstance(value, Tensor):
-        view.copy_(value)
-    else:
-        view.copy_(tensor(value, dtype=self.dtype, device=self.device) if not isinstance(value, numbers.Number)
-                   else _core.scalar_tensor(float(value), self.dtype, self.device))
+    if not isinstance(value, Tensor):
+        value = (_core.scalar_tensor(float(value), self.dtype, self.device) if isinstance(value, numbers.Number)
+                 else tensor(value, dtype=self.dtype, device=self.device))
+    _core.index_put_(self, _index_items(self, index), value)
 
 
-Tensor.__getitem__ = _getitem
+Tensor.__getitem__ = lambda t, index: _core.index(t, _index_items(t, index))
 Tensor.__setitem__ = _setitem
 
 # ---- methods with PyTorch's argument conventions ----
@@ -650,10 +536,8 @@ def _var(fn):
 
 Tensor.var = _var(_core.var)
 Tensor.std = _var(_core.std)
-Tensor.argmax = lambda t, dim=None, keepdim=False: (
-    _core.argmax(t.reshape(-1), 0, False) if dim is None else _core.argmax(t, dim, keepdim))
-Tensor.argmin = lambda t, dim=None, keepdim=False: (
-    _core.argmin(t.reshape(-1), 0, False) if dim is None else _core.argmin(t, dim, keepdim))
+Tensor.argmax = lambda t, dim=None, keepdim=False: _core.argmax(t, dim, keepdim)
+Tensor.argmin = lambda t, dim=None, keepdim=False: _core.argmin(t, dim, keepdim)
 _MaxResult = collections.namedtuple("max", ["values", "indices"])
 _MinResult = collections.namedtuple("min", ["values", "indices"])
 
@@ -680,14 +564,11 @@ def _min(self, dim=None, keepdim=False):
 
 Tensor.max = _max
 Tensor.min = _min
-Tensor.any = lambda t: bool(_core.amax(_core.cast(t, dtype.bool), (), False).item()) if t.numel() else False
-Tensor.all = lambda t: bool(_core.amin(_core.cast(t, dtype.bool), (), False).item()) if t.numel() else True
-Tensor.softmax = lambda t, dim: _core.softmax(t, dim)
-Tensor.log_softmax = lambda t, dim: _core.log_softmax(t, dim)
-Tensor.clamp = lambda t, min=None, max=None: _core.clamp(t, min, max)
-Tensor.clip = Tensor.clamp
-Tensor.squeeze = lambda t, dim=None: _core.squeeze(t, dim)
-Tensor.flatten = lambda t, start_dim=0, end_dim=-1: _core.flatten(t, start_dim, end_dim)
+Tensor.any = lambda t, dim=None, keepdim=False: _core.any(t, _axes(dim), keepdim)
+Tensor.all = lambda t, dim=None, keepdim=False: _core.all(t, _axes(dim), keepdim)
+Tensor.clamp = Tensor.clip = _method(_core.clamp)
+Tensor.squeeze = _method(_core.squeeze)
+Tensor.flatten = _method(_core.flatten)
 Tensor.float = lambda t: t.to(dtype.float32)
 Tensor.double = lambda t: t.to(dtype.float64)
 Tensor.long = lambda t: t.to(dtype.int64)
@@ -734,7 +615,7 @@ for _name in ("abs", "exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "square", 
               "maximum", "minimum", "tril", "triu", "unsqueeze", "transpose", "narrow", "gather", "index_select",
               "scatter_add", "neg", "pow", "logical_and", "logical_or", "logical_xor", "eq", "ne", "lt", "le", "gt",
               "ge", "add", "sub", "mul", "div", "asin", "acos", "atan", "leaky_relu", "elu", "softplus", "hardswish",
-              "hardsigmoid"):
+              "hardsigmoid", "softmax", "log_softmax"):
     if not hasattr(Tensor, _name) or _name in ("abs", "neg", "pow"):
         setattr(Tensor, _name, _method(getattr(_core, _name)))
 Tensor.masked_fill = lambda t, mask, value: _core.where(mask, _scalar_operand(t, value).to(t.dtype), t)

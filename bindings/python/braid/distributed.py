@@ -64,10 +64,7 @@ def init(timeout_seconds=-1.0, debug=-1, handle_failures=True):
 REQUEUE_EXIT_CODE = _dist.kRequeueExitCode
 
 
-def catch_preemption_signals():
-    """From now on SIGUSR1 and SIGTERM (Slurm's warnings before it stops a job) are recorded instead
-    of ending the process; check preemption_requested() after each step."""
-    _dist.catch_preemption_signals()
+catch_preemption_signals = _dist.catch_preemption_signals
 
 
 def preemption_requested(group=None, step=None):
@@ -80,9 +77,7 @@ def preemption_requested(group=None, step=None):
     return _dist.preemption_requested(group) if group is not None else _dist.preemption_requested()
 
 
-def preemption_signal():
-    """The signal this rank caught ("SIGUSR1", "SIGTERM"), or "" (none, or only a peer did)."""
-    return _dist.preemption_signal()
+preemption_signal = _dist.preemption_signal
 
 
 def get_rank():
@@ -147,17 +142,8 @@ class DistributedDataParallel:
     def bucket_names(self):
         return [list(b) for b in self._ddp.bucket_names()]
 
-    def parameters(self, recurse=True):
-        return self.module.parameters(recurse)
-
-    def named_parameters(self, recurse=True):
-        return self.module.named_parameters(recurse)
-
-    def state_dict(self):
-        return self.module.state_dict()
-
-    def load_state_dict(self, state, strict=True):
-        return self.module.load_state_dict(state, strict)
+    def __getattr__(self, name):  # parameters, named_parameters, state_dict, load_state_dict: the module's
+        return getattr(self.__dict__["module"], name)
 
     def train(self, mode=True):
         self.module.train(mode)

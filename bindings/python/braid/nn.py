@@ -21,7 +21,6 @@ from ._swig import core as _core
 
 Tensor = _tensor.Tensor
 Module = _nn.Module
-_method = _core._swig_new_instance_method
 
 
 class Parameter(Tensor):
@@ -278,9 +277,6 @@ def _sequential_append(self, module, name=""):
 
 Sequential.__init__ = _sequential_init
 Sequential.append = _sequential_append
-Sequential.__len__ = lambda self: int(self.size())
-Sequential.__getitem__ = lambda self, i: self.at(i % len(self) if i < 0 else i)
-Sequential.__iter__ = lambda self: iter(self.at(i) for i in range(len(self)))
 
 ModuleList = _nn.ModuleList
 _ml_init = _nn.ModuleList.__init__
@@ -301,73 +297,19 @@ def _module_list_append(self, module):
 
 ModuleList.__init__ = _module_list_init
 ModuleList.append = _module_list_append
-ModuleList.__len__ = lambda self: int(self.size())
-ModuleList.__getitem__ = lambda self, i: self.at(i % len(self) if i < 0 else i)
-ModuleList.__iter__ = lambda self: iter(self.at(i) for i in range(len(self)))
+for _cls in (Sequential, ModuleList):
+    _cls.__len__ = lambda self: int(self.size())
+    _cls.__getitem__ = lambda self, i: self.at(i % len(self) if i < 0 else i)
+    _cls.__iter__ = lambda self: iter(self.at(i) for i in range(len(self)))
 
-# ---- the layers (generated classes) ----
+# ---- the layers and losses (generated classes) ----
 
 for _name in ("Linear", "Conv1d", "Conv2d", "ConvTranspose2d", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d",
               "BatchNorm1d", "BatchNorm2d", "LayerNorm", "GroupNorm", "Dropout", "ReLU", "ReLU6", "LeakyReLU", "GELU", "SiLU",
               "Sigmoid", "Tanh", "Softmax", "Embedding", "Flatten", "Identity", "Residual", "MultiheadAttention",
-              "TransformerEncoderLayer", "LSTM", "GRU", "SkipStash", "SkipAdd", "SkipConcat"):
+              "TransformerEncoderLayer", "LSTM", "GRU", "SkipStash", "SkipAdd", "SkipConcat", "CrossEntropyLoss",
+              "NLLLoss", "MSELoss", "L1Loss", "SmoothL1Loss", "BCEWithLogitsLoss"):
     globals()[_name] = getattr(_nn, _name)
-
-# ---- losses ----
-
-
-class _Loss:
-    def __call__(self, input, target):
-        return self.forward(input, target)
-
-    def __repr__(self):
-        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in vars(self).items())})"
-
-
-class CrossEntropyLoss(_Loss):
-    def __init__(self, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0):
-        self.weight, self.ignore_index, self.reduction, self.label_smoothing = weight, ignore_index, reduction, label_smoothing
-
-    def forward(self, input, target):
-        return _nn.cross_entropy(input, target, self.weight, self.ignore_index, self.reduction, self.label_smoothing)
-
-
-class NLLLoss(_Loss):
-    def __init__(self, weight=None, ignore_index=-100, reduction="mean"):
-        self.weight, self.ignore_index, self.reduction = weight, ignore_index, reduction
-
-    def forward(self, input, target):
-        return _nn.nll_loss(input, target, self.weight, self.ignore_index, self.reduction)
-
-
-class MSELoss(_Loss):
-    def __init__(self, reduction="mean"):
-        self.reduction = reduction
-
-    def forward(self, input, target):
-        return _nn.mse_loss(input, target, self.reduction)
-
-
-class L1Loss(MSELoss):
-    def forward(self, input, target):
-        return _nn.l1_loss(input, target, self.reduction)
-
-
-class SmoothL1Loss(_Loss):
-    def __init__(self, reduction="mean", beta=1.0):
-        self.reduction, self.beta = reduction, beta
-
-    def forward(self, input, target):
-        return _nn.smooth_l1_loss(input, target, self.reduction, self.beta)
-
-
-class BCEWithLogitsLoss(_Loss):
-    def __init__(self, weight=None, reduction="mean", pos_weight=None):
-        self.weight, self.reduction, self.pos_weight = weight, reduction, pos_weight
-
-    def forward(self, input, target):
-        return _nn.binary_cross_entropy_with_logits(input, target, self.weight, self.reduction, self.pos_weight)
-
 
 # ---- nn.functional and nn.init, as submodules ----
 
@@ -382,46 +324,6 @@ for _name in ("relu", "leaky_relu", "elu", "silu", "gelu", "sigmoid", "tanh", "s
     setattr(functional, _name, getattr(_core, _name))
 
 
-def _pair(v):
-    return [int(v), int(v)] if isinstance(v, int) else [int(i) for i in v]
-
-
-def _softmax(input, dim=-1):
-    return _core.softmax(input, dim)
-
-
-def _log_softmax(input, dim=-1):
-    return _core.log_softmax(input, dim)
-
-
-def _conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
-    return _core.conv2d(input, weight, bias, _pair(stride), _pair(padding), _pair(dilation), groups)
-
-
-def _conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
-    return _core.conv1d(input, weight, bias, stride, padding, dilation, groups)
-
-
-def _max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False):
-    return _core.max_pool2d(input, _pair(kernel_size), _pair(stride) if stride is not None else [], _pair(padding),
-                            _pair(dilation), ceil_mode)
-
-
-def _avg_pool2d(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True):
-    return _core.avg_pool2d(input, _pair(kernel_size), _pair(stride) if stride is not None else [], _pair(padding),
-                            ceil_mode, count_include_pad)
-
-
-def _adaptive_avg_pool2d(input, output_size):
-    return _core.adaptive_avg_pool2d(input, _pair(output_size))
-
-
-# PyTorch's signatures (dim=, int-or-pair sizes, an optional bias) over the generated functions.
-for _name, _fn in (("softmax", _softmax), ("log_softmax", _log_softmax), ("conv2d", _conv2d), ("conv1d", _conv1d),
-                   ("max_pool2d", _max_pool2d), ("avg_pool2d", _avg_pool2d),
-                   ("adaptive_avg_pool2d", _adaptive_avg_pool2d)):
-    _fn.__doc__ = getattr(_core, _name).__doc__
-    setattr(functional, _name, _fn)
 sys.modules["braid.nn.functional"] = functional
 
 init = types.ModuleType("braid.nn.init", "Weight initialisers, as torch.nn.init (braid/nn/init.h).")

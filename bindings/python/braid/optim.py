@@ -97,7 +97,6 @@ def _load_state_dict(self, state):
     _optim.Optimizer.load_state_dict(self, s)
 
 
-_orig_state_dict = Optimizer.state_dict
 Optimizer.state_dict = _state_dict
 Optimizer.load_state_dict = _load_state_dict
 

@@ -93,7 +93,59 @@
 %include "braid/tensor.h"
 %include "braid/random.h"
 %include "braid/ops.h"
+// conv.h's sizes per spatial axis: one int for both axes (3 is {3, 3}), a sequence, or None (empty:
+// the documented default, e.g. stride = kernel_size), as PyTorch's int-or-pair arguments.
+%{
+namespace braid_py {
+inline bool pair_arg(PyObject* o, std::vector<int64_t>* out) {
+  out->clear();
+  if (o == Py_None) return true;
+  if (PyLong_Check(o)) {
+    out->assign(2, PyLong_AsLongLong(o));
+    return true;
+  }
+  if (!PySequence_Check(o) || PyUnicode_Check(o)) return false;
+  for (Py_ssize_t i = 0, n = PySequence_Size(o); i < n; ++i) {
+    PyObject* item = PySequence_GetItem(o, i);
+    bool ok = item != nullptr && PyLong_Check(item);
+    if (ok) out->push_back(PyLong_AsLongLong(item));
+    Py_XDECREF(item);
+    if (!ok) return false;
+  }
+  return true;
+}
+}  // namespace braid_py
+%}
+%typemap(in) const std::vector<int64_t>& PAIR (std::vector<int64_t> v) {
+  if (!braid_py::pair_arg($input, &v)) {
+    SWIG_exception_fail(SWIG_TypeError, "in method '$symname', argument $argnum: expected an int, a sequence of ints or None");
+  }
+  $1 = &v;
+}
+%typemap(freearg) const std::vector<int64_t>& PAIR "";  // v is a local, not new'ed
+%typemap(typecheck, precedence=SWIG_TYPECHECK_INT64_ARRAY) const std::vector<int64_t>& PAIR {
+  std::vector<int64_t> v;
+  $1 = braid_py::pair_arg($input, &v);
+}
+%apply const std::vector<int64_t>& PAIR {
+  const std::vector<int64_t>& kernel_size, const std::vector<int64_t>& stride, const std::vector<int64_t>& padding,
+  const std::vector<int64_t>& dilation, const std::vector<int64_t>& output_padding,
+  const std::vector<int64_t>& output_size
+};
 %include "braid/conv.h"
+%clear const std::vector<int64_t>& kernel_size, const std::vector<int64_t>& stride, const std::vector<int64_t>& padding,
+       const std::vector<int64_t>& dilation, const std::vector<int64_t>& output_padding,
+       const std::vector<int64_t>& output_size;
+// Python builds the items with the static functions (braid/_tensor.py's __getitem__).
+%ignore braid::TensorIndex::Kind;
+%ignore braid::TensorIndex::kind;
+%ignore braid::TensorIndex::integer;
+%ignore braid::TensorIndex::start;
+%ignore braid::TensorIndex::stop;
+%ignore braid::TensorIndex::step;
+%ignore braid::TensorIndex::indices;
+%template(TensorIndexVector) std::vector<braid::TensorIndex>;  // before index(), which takes it
+%include "braid/indexing.h"
 %include "braid/autograd.h"
 %include "braid/parallel.h"
 %include "braid/amp.h"

@@ -18,6 +18,7 @@ X(Module) X(Sequential) X(ModuleList) X(Linear) X(Conv1d) X(Conv2d) X(ConvTransp
 X(AdaptiveAvgPool2d) X(BatchNorm) X(BatchNorm1d) X(BatchNorm2d) X(LayerNorm) X(GroupNorm) X(Dropout) X(ReLU)
 X(LeakyReLU) X(ReLU6) X(GELU) X(SiLU) X(Sigmoid) X(Tanh) X(Softmax) X(Embedding) X(Flatten) X(Identity) X(Residual)
 X(MultiheadAttention) X(TransformerEncoderLayer) X(RNNBase) X(LSTM) X(GRU) X(SkipStash) X(SkipAdd) X(SkipConcat)
+X(Loss) X(CrossEntropyLoss) X(NLLLoss) X(MSELoss) X(L1Loss) X(SmoothL1Loss) X(BCEWithLogitsLoss)
 %enddef
 %define BRAID_SHARED(C) %shared_ptr(braid::nn::C) %enddef
 BRAID_MODULES(BRAID_SHARED)
@@ -60,7 +61,8 @@ inline PyObject* module_result(const std::shared_ptr<braid::nn::Module>& m) {
   BRAID_CAST(ReLU) BRAID_CAST(ReLU6) BRAID_CAST(LeakyReLU) BRAID_CAST(GELU) BRAID_CAST(SiLU) BRAID_CAST(Sigmoid) BRAID_CAST(Tanh)
   BRAID_CAST(Softmax) BRAID_CAST(Embedding) BRAID_CAST(Flatten) BRAID_CAST(Identity) BRAID_CAST(Residual)
   BRAID_CAST(MultiheadAttention) BRAID_CAST(TransformerEncoderLayer) BRAID_CAST(LSTM) BRAID_CAST(GRU)
-  BRAID_CAST(SkipStash) BRAID_CAST(SkipAdd) BRAID_CAST(SkipConcat)
+  BRAID_CAST(SkipStash) BRAID_CAST(SkipAdd) BRAID_CAST(SkipConcat) BRAID_CAST(CrossEntropyLoss) BRAID_CAST(NLLLoss)
+  BRAID_CAST(MSELoss) BRAID_CAST(L1Loss) BRAID_CAST(SmoothL1Loss) BRAID_CAST(BCEWithLogitsLoss)
 #undef BRAID_CAST
   // Modules wrapped by the other SWIG modules, typed when that module is loaded.
 #define BRAID_CAST_OTHER(CLASS, NAME)                                                            \
@@ -134,9 +136,31 @@ inline bool ints_arg(PyObject* o, std::vector<int64_t>* out) {
 %ignore braid::nn::Padding;
 
 %ignore braid::nn::Module::operator();
+%ignore braid::nn::Loss::operator();
 %ignore braid::nn::SkipScope;
 %ignore braid::nn::run_in_skip_scope;
-%ignore braid::onnx::LayerAccess;
+// Note [Layer config]: config() returns structs that hold the options structs, which stay in C++.
+%ignore *::config;
+%ignore braid::nn::LinearConfig;
+%ignore braid::nn::Conv1dConfig;
+%ignore braid::nn::Conv2dConfig;
+%ignore braid::nn::ConvTranspose2dConfig;
+%ignore braid::nn::MaxPool2dConfig;
+%ignore braid::nn::AvgPool2dConfig;
+%ignore braid::nn::AdaptiveAvgPool2dConfig;
+%ignore braid::nn::BatchNormConfig;
+%ignore braid::nn::LayerNormConfig;
+%ignore braid::nn::GroupNormConfig;
+%ignore braid::nn::DropoutConfig;
+%ignore braid::nn::LeakyReLUConfig;
+%ignore braid::nn::GELUConfig;
+%ignore braid::nn::SoftmaxConfig;
+%ignore braid::nn::EmbeddingConfig;
+%ignore braid::nn::FlattenConfig;
+%ignore braid::nn::MultiheadAttentionConfig;
+%ignore braid::nn::TransformerEncoderLayerConfig;
+%ignore braid::nn::RNNConfig;
+%ignore braid::nn::SkipConcatConfig;
 // Note [Layer options]: Python passes the options as keywords of the same names (nn.Conv2d(1, 16, 3,
 // padding=1, bias=False)), which SWIG takes from the positional constructors; it cannot give keywords
 // to an overloaded constructor, so the options structs and their constructors stay in C++.

@@ -11,10 +11,6 @@
 #include "braid/ops.h"
 #include "braid/nn/layers.h"
 
-namespace braid::onnx {
-struct LayerAccess;
-}
-
 namespace braid::nn {
 
 /// The (n, n) float mask with -inf above the diagonal: position i attends to positions <= i.
@@ -28,12 +24,16 @@ struct MultiheadAttentionOptions {
   Generator* generator = nullptr;  // dropout's; nullptr: the default generator
 };
 
+struct MultiheadAttentionConfig {
+  int64_t embed_dim, num_heads;
+  MultiheadAttentionOptions options;
+};
+
 /// Scaled dot-product attention over num_heads heads of embed_dim / num_heads features.
 /// Inputs are (L, N, E), or (N, L, E) with batch_first, or unbatched (L, E). Parameters:
 /// in_proj_weight (3E, E), in_proj_bias (3E), out_proj.weight (E, E), out_proj.bias (E).
 /// (PyTorch's add_bias_kv, add_zero_attn, kdim and vdim are not offered.)
 class MultiheadAttention : public Module {
-  friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
   MultiheadAttention(int64_t embed_dim, int64_t num_heads, const MultiheadAttentionOptions& options);
   // Deprecated beyond num_heads (Note [Layer options]): the options struct's fields in order.
@@ -50,6 +50,9 @@ class MultiheadAttention : public Module {
                                   const Tensor& key_padding_mask = Tensor(), const Tensor& attn_mask = Tensor(),
                                   bool average_attn_weights = true);
   std::string describe() const override;
+  MultiheadAttentionConfig config() const {
+    return {embed_dim_, num_heads_, {dropout_, in_proj_bias_.defined(), batch_first_, gen_}};
+  }
 
  private:
   int64_t embed_dim_, num_heads_;
@@ -70,11 +73,15 @@ struct TransformerEncoderLayerOptions {
   Generator* generator = nullptr;  // dropout's; nullptr: the default generator
 };
 
+struct TransformerEncoderLayerConfig {
+  int64_t d_model, nhead;
+  TransformerEncoderLayerOptions options;
+};
+
 /// Self-attention then a feed-forward block, each with a residual connection and LayerNorm
 /// (after the residual, or before the block with norm_first). activation: "relu" or "gelu".
 /// Inputs as MultiheadAttention's.
 class TransformerEncoderLayer : public Module {
-  friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
   TransformerEncoderLayer(int64_t d_model, int64_t nhead, const TransformerEncoderLayerOptions& options);
   // Deprecated beyond nhead (Note [Layer options]): the options struct's fields in order.
@@ -85,12 +92,12 @@ class TransformerEncoderLayer : public Module {
   /// src_mask as attn_mask, src_key_padding_mask as key_padding_mask of MultiheadAttention.
   Tensor forward(const Tensor& src, const Tensor& src_mask, const Tensor& src_key_padding_mask = Tensor());
   std::string describe() const override;
+  const TransformerEncoderLayerConfig& config() const { return config_; }
 
  private:
   Tensor self_attention_block(const Tensor& x, const Tensor& mask, const Tensor& key_padding_mask);
   Tensor feed_forward_block(const Tensor& x);
-  bool norm_first_;
-  std::string activation_;
+  TransformerEncoderLayerConfig config_;
 };
 
 }  // namespace braid::nn

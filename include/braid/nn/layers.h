@@ -13,10 +13,6 @@
 #include "braid/nn/module.h"
 #include "braid/random.h"
 
-namespace braid::onnx {
-struct LayerAccess;
-}
-
 namespace braid::nn {
 
 /// A per-axis integer argument given as one number for every axis (3) or one per axis ({3, 5}),
@@ -58,13 +54,24 @@ class Padding {
 /// x W^T + b over the last axis of x (torch.nn.functional.linear); b may be undefined.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
 
+// Note [Layer config]
+// Every layer with settings has a public config(): the arguments it was built with, as a struct
+// (the constructor's required arguments, then its options struct where it has one), as libtorch's
+// module->options. Per-axis sizes come back expanded ({3, 3}, not 3). Whatever reads a layer from
+// outside (the ONNX exporter, Python's repr) reads this, so layers know nothing of their readers.
+
+struct LinearConfig {
+  int64_t in_features, out_features;
+  bool bias;
+};
+
 /// y = x W^T + b over the last axis. weight (out_features, in_features), bias (out_features).
 class Linear : public Module {
-  friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
   Linear(int64_t in_features, int64_t out_features, bool bias = true);
   Tensor forward(const Tensor& x) override;
   std::string describe() const override;
+  LinearConfig config() const { return {in_, out_, bias_.defined()}; }
   const Tensor& weight() const { return weight_; }
   const Tensor& bias() const { return bias_; }
 
@@ -92,10 +99,14 @@ struct Conv1dOptions {
   bool bias = true;
 };
 
+struct Conv1dConfig {
+  int64_t in_channels, out_channels, kernel_size;
+  Conv1dOptions options;
+};
+
 /// x (N, C_in, L) -> (N, C_out, L_out). weight (C_out, C_in / groups, kernel_size). Padding mode
 /// "zeros" only.
 class Conv1d : public Module {
-  friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
   Conv1d(int64_t in_channels, int64_t out_channels, int64_t kernel_size, const Conv1dOptions& options);
   // Deprecated (Note [Layer options]): the options struct's fields in order.
@@ -103,6 +114,8 @@ class Conv1d : public Module {
          int64_t dilation = 1, int64_t groups = 1, bool bias = true);
   Tensor forward(const Tensor& x) override;
   std::string describe() const override;
+  /// options.padding is "same" or the padding on each side.
+  Conv1dConfig config() const;
 
  private:
   int64_t in_, out_, kernel_, stride_, dilation_, groups_;
@@ -119,10 +132,15 @@ struct Conv2dOptions {
   bool bias = true;
 };
 
+struct Conv2dConfig {
+  int64_t in_channels, out_channels;
+  std::vector<int64_t> kernel_size;
+  Conv2dOptions options;
+};
+
 /// x (N, C_in, H, W) -> (N, C_out, H_out, W_out). weight (C_out, C_in / groups, kH, kW); groups ==
 /// C_in == C_out is a depthwise convolution. Padding mode "zeros" only.
 class Conv2d : public Module {
-  friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
   Conv2d(int64_t in_channels, int64_t out_channels, Ints kernel_size, const Conv2dOptions& options);
   // Deprecated (Note [Layer options]): the options struct's fields in order.
@@ -130,6 +148,8 @@ class Conv2d : public Module {
          Ints dilation = 1, int64_t groups = 1, bool bias = true);
   Tensor forward(const Tensor& x) override;
   std::string describe() const override;
+  /// options.padding is "same" (conv_padding_same() gives the sides) or the padding per axis.
+  Conv2dConfig config() const;
 
  private:
   int64_t in_, out_, groups_;
@@ -148,10 +168,15 @@ struct ConvTranspose2dOptions {
   Ints dilation = 1;
 };
 
+struct ConvTranspose2dConfig {
+  int64_t in_channels, out_channels;
+  std::vector<int64_t> kernel_size;
+  ConvTranspose2dOptions options;
+};
+
 /// The gradient of Conv2d with respect to its input, as a layer (upsampling). weight
 /// (C_in, C_out / groups, kH, kW).
 class ConvTranspose2d : public Module {
-  friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
   ConvTranspose2d(int64_t in_channels, int64_t out_channels, Ints kernel_size, const ConvTranspose2dOptions& options);
   // Deprecated (Note [Layer options]): the options struct's fields in order.
@@ -159,6 +184,9 @@ class ConvTranspose2d : public Module {
                   Ints output_padding = 0, int64_t groups = 1, bool bias = true, Ints dilation = 1);
   Tensor forward(const Tensor& x) override;
   std::string describe() const override;
+  ConvTranspose2dConfig config() const {
+    return {in_, out_, kernel_, {stride_, padding_, output_padding_, groups_, bias_.defined(), dilation_}};
+  }
 
  private:
   int64_t in_, out_, groups_;
@@ -173,16 +201,21 @@ struct MaxPool2dOptions {
   bool ceil_mode = false;
 };
 
+struct MaxPool2dConfig {
+  std::vector<int64_t> kernel_size;
+  MaxPool2dOptions options;  // stride resolved
+};
+
 /// Max over windows. stride defaults to kernel_size. (PyTorch's return_indices is not offered, so
 /// ceil_mode is the fifth argument.)
 class MaxPool2d : public Module {
-  friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
   MaxPool2d(Ints kernel_size, const MaxPool2dOptions& options);
   // Deprecated beyond kernel_size (Note [Layer options]): the options struct's fields in order.
   MaxPool2d(Ints kernel_size, Ints stride = {}, Ints padding = 0, Ints dilation = 1, bool ceil_mode = false);
   Tensor forward(const Tensor& x) override;
   std::string describe() const override;
+  MaxPool2dConfig config() const { return {kernel_, {stride_, padding_, dilation_, ceil_mode_}}; }
 
  private:
   std::vector<int64_t> kernel_, stride_, padding_, dilation_;
@@ -196,9 +229,13 @@ struct AvgPool2dOptions {
   bool count_include_pad = true;
 };
 
+struct AvgPool2dConfig {
+  std::vector<int64_t> kernel_size;
+  AvgPool2dOptions options;  // stride resolved
+};
+
 /// Mean over windows. stride defaults to kernel_size; count_include_pad counts padded zeros in the divisor.
 class AvgPool2d : public Module {
-  friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
   AvgPool2d(Ints kernel_size, const AvgPool2dOptions& options);
   // Deprecated beyond kernel_size (Note [Layer options]): the options struct's fields in order.
@@ -206,19 +243,24 @@ class AvgPool2d : public Module {
             bool count_include_pad = true);
   Tensor forward(const Tensor& x) override;
   std::string describe() const override;
+  AvgPool2dConfig config() const { return {kernel_, {stride_, padding_, ceil_mode_, count_include_pad_}}; }
 
  private:
   std::vector<int64_t> kernel_, stride_, padding_;
   bool ceil_mode_, count_include_pad_;
 };
 
+struct AdaptiveAvgPool2dConfig {
+  std::vector<int64_t> output_size;
+};
+
 /// Mean over the windows that split (H, W) into output_size cells, as PyTorch's adaptive pooling.
 class AdaptiveAvgPool2d : public Module {
-  friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
   explicit AdaptiveAvgPool2d(Ints output_size);
   Tensor forward(const Tensor& x) override;
   std::string describe() const override;
+  AdaptiveAvgPool2dConfig config() const { return {output_size_}; }
 
  private:
   std::vector<int64_t> output_size_;
@@ -235,11 +277,23 @@ class AdaptiveAvgPool2d : public Module {
 Tensor batch_norm_apply(const Tensor& x, const Tensor& mean_c, const Tensor& var_c, const Tensor& weight,
                         const Tensor& bias, double eps);
 
+struct BatchNormOptions {
+  double eps = 1e-5;
+  std::optional<double> momentum = 0.1;  // nullopt: a cumulative moving average
+  bool affine = true;
+  bool track_running_stats = true;
+};
+
+struct BatchNormConfig {
+  int64_t num_features;
+  BatchNormOptions options;
+};
+
 class BatchNorm : public Module {
-  friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
   Tensor forward(const Tensor& x) override;
   std::string describe() const override;
+  BatchNormConfig config() const { return {num_features_, {eps_, momentum_, affine_, track_}}; }
   int64_t num_features() const { return num_features_; }
   double eps() const { return eps_; }
   std::optional<double> momentum() const { return momentum_; }
@@ -259,16 +313,8 @@ class BatchNorm : public Module {
   Tensor weight_, bias_, running_mean_, running_var_, num_batches_tracked_;
 };
 
-struct BatchNormOptions {
-  double eps = 1e-5;
-  std::optional<double> momentum = 0.1;  // nullopt: a cumulative moving average
-  bool affine = true;
-  bool track_running_stats = true;
-};
-
 /// x (N, C) or (N, C, L).
 class BatchNorm1d : public BatchNorm {
-  friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
   BatchNorm1d(int64_t num_features, const BatchNormOptions& options);
   // Deprecated beyond num_features (Note [Layer options]): the options struct's fields in order.
@@ -278,7 +324,6 @@ class BatchNorm1d : public BatchNorm {
 
 /// x (N, C, H, W).
 class BatchNorm2d : public BatchNorm {
-  friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
   BatchNorm2d(int64_t num_features, const BatchNormOptions& options);
   // Deprecated beyond num_features (Note [Layer options]): the options struct's fields in order.
@@ -286,13 +331,19 @@ class BatchNorm2d : public BatchNorm {
                        bool affine = true, bool track_running_stats = true);
 };
 
+struct LayerNormConfig {
+  std::vector<int64_t> normalized_shape;
+  double eps;
+  bool elementwise_affine;
+};
+
 /// Normalises over the trailing axes given by normalized_shape (population variance).
 class LayerNorm : public Module {
-  friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
   explicit LayerNorm(Ints normalized_shape, double eps = 1e-5, bool elementwise_affine = true);
   Tensor forward(const Tensor& x) override;
   std::string describe() const override;
+  LayerNormConfig config() const { return {shape_, eps_, affine_}; }
 
  private:
   std::vector<int64_t> shape_;
@@ -301,13 +352,19 @@ class LayerNorm : public Module {
   Tensor weight_, bias_;
 };
 
+struct GroupNormConfig {
+  int64_t num_groups, num_channels;
+  double eps;
+  bool affine;
+};
+
 /// Normalises x (N, C, *) over groups of C / num_groups channels; per-channel affine.
 class GroupNorm : public Module {
-  friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
   GroupNorm(int64_t num_groups, int64_t num_channels, double eps = 1e-5, bool affine = true);
   Tensor forward(const Tensor& x) override;
   std::string describe() const override;
+  GroupNormConfig config() const { return {groups_, channels_, eps_, affine_}; }
 
  private:
   int64_t groups_, channels_;
@@ -319,14 +376,18 @@ class GroupNorm : public Module {
 /// Dropout as a function (torch.nn.functional.dropout): x unchanged unless training and p > 0.
 Tensor dropout(const Tensor& x, double p, bool training, Generator* gen = nullptr);
 
+struct DropoutConfig {
+  double p;
+};
+
 /// Zeroes each element with probability p in training and scales the rest by 1 / (1 - p); the
 /// identity in eval. Draws from gen (which must outlive the layer) or default_generator().
 class Dropout : public Module {
-  friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
   explicit Dropout(double p = 0.5, Generator* gen = nullptr);
   Tensor forward(const Tensor& x) override;
   std::string describe() const override;
+  DropoutConfig config() const { return {p_}; }
 
  private:
   double p_;
@@ -334,37 +395,43 @@ class Dropout : public Module {
 };
 
 class ReLU : public Module {
-  friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
   ReLU() : Module("ReLU") {}
   Tensor forward(const Tensor& x) override;
 };
 
+struct LeakyReLUConfig {
+  double negative_slope;
+};
+
 class LeakyReLU : public Module {
-  friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
   explicit LeakyReLU(double negative_slope = 0.01) : Module("LeakyReLU"), slope_(negative_slope) {}
   Tensor forward(const Tensor& x) override;
   std::string describe() const override;
+  LeakyReLUConfig config() const { return {slope_}; }
 
  private:
   double slope_;
 };
 
+struct GELUConfig {
+  std::string approximate;
+};
+
 /// approximate: "none" (erf) or "tanh".
 class GELU : public Module {
-  friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
   explicit GELU(std::string approximate = "none");
   Tensor forward(const Tensor& x) override;
   std::string describe() const override;
+  GELUConfig config() const { return {approximate_}; }
 
  private:
   std::string approximate_;
 };
 
 class SiLU : public Module {
-  friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
   SiLU() : Module("SiLU") {}
   Tensor forward(const Tensor& x) override;
@@ -372,33 +439,34 @@ class SiLU : public Module {
 
 /// min(max(x, 0), 6), as in MobileNetV2.
 class ReLU6 : public Module {
-  friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
   ReLU6() : Module("ReLU6") {}
   Tensor forward(const Tensor& x) override;
 };
 
 class Sigmoid : public Module {
-  friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
   Sigmoid() : Module("Sigmoid") {}
   Tensor forward(const Tensor& x) override;
 };
 
 class Tanh : public Module {
-  friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
   Tanh() : Module("Tanh") {}
   Tensor forward(const Tensor& x) override;
 };
 
+struct SoftmaxConfig {
+  int64_t dim;
+};
+
 /// Softmax along dim (negative counts from the end).
 class Softmax : public Module {
-  friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
   explicit Softmax(int64_t dim) : Module("Softmax"), dim_(dim) {}
   Tensor forward(const Tensor& x) override;
   std::string describe() const override;
+  SoftmaxConfig config() const { return {dim_}; }
 
  private:
   int64_t dim_;
@@ -407,12 +475,17 @@ class Softmax : public Module {
 /// Rows of weight (num_embeddings, embedding_dim) chosen by integer indices of any shape:
 /// (*) -> (*, embedding_dim). The row at padding_idx (negative counts from the end) starts at zero
 /// and receives no gradient.
+struct EmbeddingConfig {
+  int64_t num_embeddings, embedding_dim;
+  std::optional<int64_t> padding_idx;
+};
+
 class Embedding : public Module {
-  friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
   Embedding(int64_t num_embeddings, int64_t embedding_dim, std::optional<int64_t> padding_idx = std::nullopt);
   Tensor forward(const Tensor& indices) override;
   std::string describe() const override;
+  EmbeddingConfig config() const { return {num_, dim_, padding_idx_}; }
   const Tensor& weight() const { return weight_; }
 
  private:
@@ -421,21 +494,24 @@ class Embedding : public Module {
   Tensor weight_;
 };
 
+struct FlattenConfig {
+  int64_t start_dim, end_dim;
+};
+
 /// Merges axes start_dim..end_dim into one.
 class Flatten : public Module {
-  friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
   explicit Flatten(int64_t start_dim = 1, int64_t end_dim = -1)
       : Module("Flatten"), start_(start_dim), end_(end_dim) {}
   Tensor forward(const Tensor& x) override;
   std::string describe() const override;
+  FlattenConfig config() const { return {start_, end_}; }
 
  private:
   int64_t start_, end_;
 };
 
 class Identity : public Module {
-  friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
   Identity() : Module("Identity") {}
   Tensor forward(const Tensor& x) override { return x; }
@@ -443,7 +519,6 @@ class Identity : public Module {
 
 /// body(x) + shortcut(x), or body(x) + x without a shortcut (children "body" and "shortcut").
 class Residual : public Module {
-  friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
   explicit Residual(ModulePtr body, ModulePtr shortcut = nullptr);
   Tensor forward(const Tensor& x) override;

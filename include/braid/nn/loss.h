@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 
+#include "braid/nn/module.h"
 #include "braid/tensor.h"
 
 namespace braid::nn {
@@ -44,5 +45,80 @@ Tensor smooth_l1_loss(const Tensor& input, const Tensor& target, const std::stri
 /// broadcasts along the last axis, one value per class.
 Tensor binary_cross_entropy_with_logits(const Tensor& input, const Tensor& target, const Tensor& weight = Tensor(),
                                         const std::string& reduction = "mean", const Tensor& pos_weight = Tensor());
+
+// Note [Loss modules]
+// The losses as modules, with torch.nn's names, constructor arguments and defaults: the settings
+// are given once, forward(input, target) calls the function above. They are Modules so that a
+// class weight moves with to(device) (a buffer, as in PyTorch) and a model prints them; forward(x)
+// alone is a TypeError, since a loss needs its target.
+class Loss : public Module {
+ public:
+  Tensor forward(const Tensor& x) override;
+  virtual Tensor forward(const Tensor& input, const Tensor& target) = 0;
+  Tensor operator()(const Tensor& input, const Tensor& target) { return forward(input, target); }
+  const std::string& reduction() const { return reduction_; }
+  std::string describe() const override;
+
+ protected:
+  Loss(std::string type, std::string reduction);
+  /// Registers weight as a buffer named name when it is defined; returns it.
+  Tensor keep(const std::string& name, const Tensor& weight);
+
+ private:
+  std::string reduction_;
+};
+
+class CrossEntropyLoss : public Loss {
+ public:
+  explicit CrossEntropyLoss(const Tensor& weight = Tensor(), int64_t ignore_index = -100,
+                            const std::string& reduction = "mean", double label_smoothing = 0.0);
+  Tensor forward(const Tensor& input, const Tensor& target) override;
+
+ private:
+  Tensor weight_;
+  int64_t ignore_index_;
+  double label_smoothing_;
+};
+
+class NLLLoss : public Loss {
+ public:
+  explicit NLLLoss(const Tensor& weight = Tensor(), int64_t ignore_index = -100, const std::string& reduction = "mean");
+  Tensor forward(const Tensor& input, const Tensor& target) override;
+
+ private:
+  Tensor weight_;
+  int64_t ignore_index_;
+};
+
+class MSELoss : public Loss {
+ public:
+  explicit MSELoss(const std::string& reduction = "mean");
+  Tensor forward(const Tensor& input, const Tensor& target) override;
+};
+
+class L1Loss : public Loss {
+ public:
+  explicit L1Loss(const std::string& reduction = "mean");
+  Tensor forward(const Tensor& input, const Tensor& target) override;
+};
+
+class SmoothL1Loss : public Loss {
+ public:
+  explicit SmoothL1Loss(const std::string& reduction = "mean", double beta = 1.0);
+  Tensor forward(const Tensor& input, const Tensor& target) override;
+
+ private:
+  double beta_;
+};
+
+class BCEWithLogitsLoss : public Loss {
+ public:
+  explicit BCEWithLogitsLoss(const Tensor& weight = Tensor(), const std::string& reduction = "mean",
+                             const Tensor& pos_weight = Tensor());
+  Tensor forward(const Tensor& input, const Tensor& target) override;
+
+ private:
+  Tensor weight_, pos_weight_;
+};
 
 }  // namespace braid::nn

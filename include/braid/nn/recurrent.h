@@ -10,11 +10,22 @@
 #include "braid/nn/module.h"
 #include "braid/random.h"
 
-namespace braid::onnx {
-struct LayerAccess;
-}
-
 namespace braid::nn {
+
+/// LSTM's and GRU's settings (Note [Layer options] in layers.h).
+struct RNNOptions {
+  int64_t num_layers = 1;
+  bool bias = true;
+  bool batch_first = false;
+  double dropout = 0.0;  // between layers
+  bool bidirectional = false;
+  Generator* generator = nullptr;  // dropout's; nullptr: the default generator
+};
+
+struct RNNConfig {
+  int64_t input_size, hidden_size;
+  RNNOptions options;
+};
 
 /// What LSTM and GRU share: parameters, layer and direction loops, shape checks. Input (L, N, H_in),
 /// (N, L, H_in) with batch_first, or unbatched (L, H_in); output (L, N, D * H) likewise, where D is
@@ -22,11 +33,13 @@ namespace braid::nn {
 /// dropout (training only, drawn from gen or default_generator()) applies to every layer's output
 /// but the last.
 class RNNBase : public Module {
-  friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
   /// The output sequence.
   Tensor forward(const Tensor& x) override;
   std::string describe() const override;
+  RNNConfig config() const {
+    return {input_size_, hidden_size_, {num_layers_, bias_, batch_first_, dropout_, bidirectional_, gen_}};
+  }
 
  protected:
   /// gates: rows of W_ih per hidden unit (4 for LSTM, 3 for GRU); cell_state: whether the cell
@@ -52,18 +65,7 @@ class RNNBase : public Module {
   std::vector<std::vector<Tensor>> weights_;
 };
 
-/// LSTM's and GRU's settings (Note [Layer options] in layers.h).
-struct RNNOptions {
-  int64_t num_layers = 1;
-  bool bias = true;
-  bool batch_first = false;
-  double dropout = 0.0;  // between layers
-  bool bidirectional = false;
-  Generator* generator = nullptr;  // dropout's; nullptr: the default generator
-};
-
 class LSTM : public RNNBase {
-  friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
   LSTM(int64_t input_size, int64_t hidden_size, const RNNOptions& options);
   // Deprecated beyond hidden_size (Note [Layer options]): the options struct's fields in order.
@@ -78,7 +80,6 @@ class LSTM : public RNNBase {
 };
 
 class GRU : public RNNBase {
-  friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
   GRU(int64_t input_size, int64_t hidden_size, const RNNOptions& options);
   // Deprecated beyond hidden_size (Note [Layer options]): the options struct's fields in order.

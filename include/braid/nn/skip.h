@@ -17,10 +17,6 @@
 
 #include "braid/nn/module.h"
 
-namespace braid::onnx {
-struct LayerAccess;
-}
-
 namespace braid::nn {
 
 class SkipScope {
@@ -45,7 +41,6 @@ Tensor run_in_skip_scope(const Module& owner, const std::function<Tensor()>& bod
 
 /// Identity that keeps its input under name for a later SkipAdd / SkipConcat.
 class SkipStash : public Module {
-  friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
   explicit SkipStash(std::string name);
   Tensor forward(const Tensor& x) override;
@@ -58,23 +53,28 @@ class SkipStash : public Module {
 
 /// x + the tensor stashed under name (which is used up).
 class SkipAdd : public Module {
-  friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
   explicit SkipAdd(std::string name);
   Tensor forward(const Tensor& x) override;
   std::string describe() const override;
+  const std::string& name() const { return name_; }
 
  private:
   std::string name_;
 };
 
+struct SkipConcatConfig {
+  std::string name;
+  int64_t dim;
+};
+
 /// cat([x, stashed], dim), as U-Net's decoder joins encoder features.
 class SkipConcat : public Module {
-  friend struct onnx::LayerAccess;  // the ONNX exporter reads the configuration
  public:
   SkipConcat(std::string name, int64_t dim = 1);
   Tensor forward(const Tensor& x) override;
   std::string describe() const override;
+  SkipConcatConfig config() const { return {name_, dim_}; }
 
  private:
   std::string name_;
