@@ -598,6 +598,8 @@ std::shared_ptr<ExecPlan> make_plan(const Model& model, const Graph& g, const st
 /// values node i reads, its subgraphs' included.
 void find_shape_groups(const Graph& g, const std::vector<std::set<std::string>>& reads,
                        const std::set<std::string>& keep, ExecPlan& plan);
+/// Every value name a node reads, its subgraphs' reads of outer values included (module.cpp).
+void collect_reads(const Node& n, std::set<std::string>& out);
 /// Adds braid's fused nodes' ops (domain kFusedDomain, one per pass) to r (passes/passes.cpp).
 void register_fused_ops(OpRegistry& r);
 

@@ -84,7 +84,9 @@ void lift_constants(Graph& g) {
   g.nodes = std::move(kept);
 }
 
-/// Every value name a node reads, its subgraphs' reads of outer values included.
+
+}  // namespace
+
 void collect_reads(const Node& n, std::set<std::string>& out) {
   for (const auto& i : n.inputs)
     if (!i.empty()) out.insert(i);
@@ -95,8 +97,6 @@ void collect_reads(const Node& n, std::set<std::string>& out) {
       for (const Node& m : g->nodes) collect_reads(m, out);
   }
 }
-
-}  // namespace
 
 namespace {
 

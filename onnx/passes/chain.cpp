@@ -290,9 +290,7 @@ void match_chains(MatchContext& m) {
 }
 
 std::vector<FusedGroup> chain_groups(const Graph&, const ExecPlan& plan) {
-  std::vector<FusedGroup> out;
-  for (const auto& [at, chain] : plan.chains) out.push_back({0, at, chain.nodes, {}});
-  return out;
+  return groups_of(plan.chains, [](size_t, const ChainFusion& c) { return c.nodes; });
 }
 
 bool run_chain_group(Executor& ex, const Graph& g, size_t at, Scope& scope, const ExecPlan& plan) {

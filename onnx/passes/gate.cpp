@@ -233,9 +233,7 @@ bool Executor::run_gate(const Graph& g, const GateFusion& gate, Scope& scope, co
 namespace {
 
 std::vector<FusedGroup> gate_groups(const Graph&, const ExecPlan& plan) {
-  std::vector<FusedGroup> out;
-  for (const auto& [pool, f] : plan.gates) out.push_back({0, pool, f.nodes, {}});
-  return out;
+  return groups_of(plan.gates, [](size_t, const GateFusion& f) { return f.nodes; });
 }
 
 bool run_gate_group(Executor& ex, const Graph& g, size_t at, Scope& scope, const ExecPlan& plan) {

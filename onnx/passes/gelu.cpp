@@ -86,9 +86,9 @@ namespace {
 void match_gelus(MatchContext& m) { find_gelus(m.g, m.uses, m.keep, m.plan); }
 
 std::vector<FusedGroup> gelu_groups(const Graph&, const ExecPlan& plan) {
-  std::vector<FusedGroup> out;
-  for (const auto& [div, f] : plan.gelu) out.push_back({0, div, {div, f.erf, f.add, f.mul1, f.mul2}, {}});
-  return out;
+  return groups_of(plan.gelu, [](size_t div, const GeluFusion& f) {
+    return std::vector<size_t>{div, f.erf, f.add, f.mul1, f.mul2};
+  });
 }
 
 bool run_gelu_group(Executor& ex, const Graph& g, size_t at, Scope& scope, const ExecPlan& plan) {

@@ -34,20 +34,6 @@ const std::vector<Pass>& passes() {
   return list;
 }
 
-namespace {
-
-void reads_of(const Node& n, std::vector<std::string>& out) {
-  for (const auto& i : n.inputs)
-    if (!i.empty()) out.push_back(i);
-  for (const auto& [name, a] : n.attributes) {
-    std::vector<std::shared_ptr<Graph>> subs = a.graphs;
-    if (a.g) subs.push_back(a.g);
-    for (const auto& sub : subs)
-      for (const Node& m : sub->nodes) reads_of(m, out);
-  }
-}
-
-}  // namespace
 
 void apply_passes(const Graph& g, const std::map<std::string, Tensor>& weights, const std::set<std::string>& off,
                   ExecPlan& plan) {
@@ -65,11 +51,10 @@ void apply_passes(const Graph& g, const std::map<std::string, Tensor>& weights, 
   std::set<std::string> keep;
   for (const auto& o : g.outputs) keep.insert(o.name);
   std::map<std::string, size_t> uses, producer;
-  std::vector<std::vector<std::string>> reads(n);
+  std::vector<std::set<std::string>> reads(n);
   for (size_t i = 0; i < n; ++i) {
-    reads_of(g.nodes[i], reads[i]);
-    std::set<std::string> once(reads[i].begin(), reads[i].end());
-    for (const auto& r : once) uses[r]++;
+    collect_reads(g.nodes[i], reads[i]);
+    for (const auto& r : reads[i]) uses[r]++;
     for (const auto& o : g.nodes[i].outputs) producer[o] = i;
   }
   MatchContext m{g, uses, keep, weights, producer, plan};
@@ -99,7 +84,7 @@ void apply_passes(const Graph& g, const std::map<std::string, Tensor>& weights, 
   // The rewritten graph's items: the nodes no pattern took, and one fused node per live pattern.
   std::vector<Node> items;
   std::vector<size_t> priority;
-  std::vector<std::vector<std::string>> item_reads;
+  std::vector<std::set<std::string>> item_reads;
   for (size_t i = 0; i < n; ++i) {
     if (owner[i] >= 0) {
       const size_t k = static_cast<size_t>(owner[i]);
@@ -114,15 +99,14 @@ void apply_passes(const Graph& g, const std::map<std::string, Tensor>& weights, 
       for (size_t j : f.nodes)
         for (const auto& o : g.nodes[j].outputs)
           if (!o.empty()) made.insert(o);
-      std::vector<std::string> rd;
-      for (size_t j : f.nodes) reads_of(g.nodes[j], rd);
-      for (const auto& r : rd)
-        if (made.count(r) == 0 && seen.insert(r).second) fused.inputs.push_back(r);
+      for (size_t j : f.nodes)
+        for (const auto& r : reads[j])
+          if (made.count(r) == 0 && seen.insert(r).second) fused.inputs.push_back(r);
       for (size_t j : f.nodes)
         for (const auto& o : g.nodes[j].outputs) {
           if (o.empty()) continue;
           size_t inner = 0;
-          for (size_t q : f.nodes) inner += std::count(reads[q].begin(), reads[q].end(), o) != 0;
+          for (size_t q : f.nodes) inner += reads[q].count(o);
           auto u = uses.find(o);
           if (keep.count(o) != 0 || (u != uses.end() && u->second > inner)) fused.outputs.push_back(o);
         }
@@ -132,7 +116,7 @@ void apply_passes(const Graph& g, const std::map<std::string, Tensor>& weights, 
       index.i = static_cast<int64_t>(plan.fused.size());
       fused.attributes["fusion"] = index;
       plan.fused.push_back(f);
-      item_reads.push_back(fused.inputs);
+      item_reads.emplace_back(fused.inputs.begin(), fused.inputs.end());
       items.push_back(std::move(fused));
       priority.push_back(i);
       continue;

@@ -37,6 +37,15 @@ struct Pass {
   bool (*run)(Executor& ex, const Graph& g, size_t at, Scope& scope, const ExecPlan& plan);
 };
 
+/// The groups of a pass whose patterns live in one of ExecPlan's maps, keyed by the node each runs
+/// at; nodes(at, pattern) lists the nodes it runs.
+template <typename Pattern, typename Nodes>
+std::vector<FusedGroup> groups_of(const std::map<size_t, Pattern>& patterns, Nodes nodes) {
+  std::vector<FusedGroup> out;
+  for (const auto& [at, p] : patterns) out.push_back({0, at, nodes(at, p), {}});
+  return out;
+}
+
 /// Every pass, in the order they match.
 const std::vector<Pass>& passes();
 

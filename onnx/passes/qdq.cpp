@@ -74,9 +74,7 @@ void match_qdq(MatchContext& m) {
 }
 
 std::vector<FusedGroup> qdq_groups(const Graph&, const ExecPlan& plan) {
-  std::vector<FusedGroup> out;
-  for (const auto& [q, dq] : plan.qdq) out.push_back({0, q, {q, dq}, {}});
-  return out;
+  return groups_of(plan.qdq, [](size_t q, size_t dq) { return std::vector<size_t>{q, dq}; });
 }
 
 bool run_qdq(Executor& ex, const Graph& g, size_t at, Scope& scope, const ExecPlan& plan) {

@@ -122,6 +122,12 @@ void gather_operand(const Resolved& st, int64_t begin, int64_t n, float* y) {
   }
 }
 
+// UnaryOp::GeluHalfLast's float operations, out of run_block's body so that its code stays as it
+// was before this step existed.
+[[gnu::noinline]] BRAID_VECTOR_CLONES void gelu_half_last_run(const float* a, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = a[i] * (1.0f + erf_f32(a[i] / static_cast<float>(1.4142135623730951))) * 0.5f;
+}
+
 // The steps over elements [begin, begin + n) of x: slot 0 is x0 (x's elements from begin), the last
 // slot is out, the others rows of `scratch` (stride `stride`), whose next row holds a tensor
 // operand's values for the block. channel(i) = (i / inner) % channels. One clone per vector width
@@ -160,9 +166,8 @@ BRAID_VECTOR_CLONES void run_block(const float* x0, float* out, float* scratch, 
         for (int64_t i = 0; i < n; ++i)
           y[i] = a[i] * (0.5f * (1.0f + erf_f32(a[i] / static_cast<float>(1.4142135623730951))));
         break;
-      case ChainStep::Kind::GeluHalfLast:  // UnaryOp::GeluHalfLast's
-        for (int64_t i = 0; i < n; ++i)
-          y[i] = a[i] * (1.0f + erf_f32(a[i] / static_cast<float>(1.4142135623730951))) * 0.5f;
+      case ChainStep::Kind::GeluHalfLast:
+        gelu_half_last_run(a, y, n);
         break;
       case ChainStep::Kind::ChannelAffine: {
         const float *sc = st.channel_scale, *sh = st.channel_shift;
