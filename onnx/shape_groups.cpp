@@ -47,13 +47,8 @@ void find_shape_groups(const Graph& g, const std::vector<std::set<std::string>>&
                        const std::set<std::string>& keep, ExecPlan& plan) {
   const size_t n = g.nodes.size();
   plan.shape_group_of.assign(n, -1);
-  std::set<size_t> taken;  // nodes of other patterns
-  for (const auto& [at, bn] : plan.conv_bn) taken.insert({at, bn});
-  for (const auto& [at, f] : plan.conv_act) taken.insert(f.nodes.begin(), f.nodes.end());
-  for (const auto& [at, f] : plan.chains) taken.insert(f.nodes.begin(), f.nodes.end());
-  for (const auto& [at, f] : plan.gates) taken.insert(f.nodes.begin(), f.nodes.end());
-  for (const auto& [at, f] : plan.gelu) taken.insert({at, f.erf, f.add, f.mul1, f.mul2});
-  for (const auto& [q, dq] : plan.qdq) taken.insert({q, dq});
+  // The passes' patterns are fused nodes of their own domain here (Note [Graph passes]), which no
+  // group takes: a group is of default-domain nodes only.
   std::set<std::string> constants;         // Constant nodes' values
   std::map<std::string, int> group_value;  // a value made inside a group -> the group
   std::map<std::string, int> root_group;
@@ -64,7 +59,7 @@ void find_shape_groups(const Graph& g, const std::vector<std::set<std::string>>&
       constants.insert(node.outputs.begin(), node.outputs.end());
       continue;
     }
-    if (taken.count(i) != 0 || plan.static_node[i]) continue;
+    if (plan.static_node[i]) continue;
     bool outputs_ok = !node.outputs.empty();
     for (const auto& o : node.outputs) outputs_ok = outputs_ok && !o.empty() && keep.count(o) == 0;
     if (!outputs_ok) continue;

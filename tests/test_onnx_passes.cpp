@@ -148,3 +148,35 @@ TEST(OnnxPasses, AFusedNodeWhosePatternDoesNotApplyRunsItsNodes) {
   EXPECT_EQ(calls(mod, "Mul"), 2);
   EXPECT_EQ(calls(mod, "Conv+BatchNormalization+Relu"), 1);
 }
+
+// The kept-value caches run on the rewritten graph: a shape computation after fused nodes still
+// forms its group (Note [Shape computations evaluated once per shape]) and is bound on the second run.
+TEST(OnnxPasses, ShapeComputationsAfterFusedNodesAreStillKept) {
+  bx::Model m = conv_then_gelu(0.5);
+  auto& nodes = m.graph.nodes;
+  const Tensor starts = tensor(std::vector<int64_t>{0}, {1}), ends = tensor(std::vector<int64_t>{1}, {1}),
+               rest = tensor(std::vector<int64_t>{-1}, {1});
+  for (const auto& [name, t] : {std::pair{"starts", starts}, std::pair{"ends", ends}, std::pair{"rest", rest}}) {
+    bx::Attribute value;
+    value.kind = bx::Attribute::Kind::Tensor;
+    value.t = t;
+    nodes.push_back(bx::Node{std::string(name) + "_const", "Constant", "", {}, {name}, {{"value", value}}});
+  }
+  nodes.push_back(bx::Node{"shape", "Shape", "", {"y"}, {"s"}, {}});
+  nodes.push_back(bx::Node{"first", "Slice", "", {"s", "starts", "ends"}, {"n0"}, {}});
+  nodes.push_back(bx::Node{"target", "Concat", "", {"n0", "rest"}, {"t"}, {{"axis", bx::attr_int(0)}}});
+  nodes.push_back(bx::Node{"flat", "Reshape", "", {"y", "t"}, {"flat"}, {}});
+  m.graph.outputs = {info("flat", kFloat32, {2, 120})};
+  bx::OnnxModule mod(m, {.frozen = true});
+  Generator gen(10);
+  const Tensor x = randn({2, 3, 6, 5}, kFloat32, &gen);
+  const std::vector<double> want = closed_form(conv_then_gelu(0.5), x, 0.5);
+  mod.set_profiling(true);
+  for (int run = 0; run < 2; ++run) {
+    const Tensor flat = mod.forward(x);
+    ASSERT_EQ(flat.shape(), (Shape{2, 120}));
+    expect_near(flat, want);
+  }
+  EXPECT_EQ(calls(mod, "shape computations"), 1) << "bound on the second run";
+  EXPECT_EQ(calls(mod, "Shape"), 1) << "run on the first only";
+}
