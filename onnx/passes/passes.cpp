@@ -186,9 +186,7 @@ std::vector<Tensor> Executor::run_fused(const Node& n) {
   // The pattern's definition: its nodes as written, their values in a scope of their own.
   Scope own;
   own.parent = &scope;
-  const Scope* saved = current_;
   for (size_t j : f.nodes) run_node(g.nodes[j], own);
-  current_ = saved;
   for (const std::string& o : f.outputs) {
     auto v = own.values.find(o);
     BRAID_ASSERT(v != own.values.end());
