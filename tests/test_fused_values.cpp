@@ -230,3 +230,45 @@ TEST(FusedValues, ConvolutionEpiloguesEqualTheirOps) {
     }, 1e-6);
   }
 }
+
+// Products by a weight with their epilogue (a bias, then a scale) and the int8 products with
+// theirs, against the product and the steps as ops. The float32 product's sums may be ordered
+// otherwise; the int8 product is exact, so its chain is bit for bit. A weight is kept (and its
+// epilogue fused) from its second product on (Note [float32 epilogues]), so each runs twice.
+TEST(FusedValues, ProductEpiloguesEqualTheirSteps) {
+  Generator gen(15);
+  const Tensor a = special({6, 16}, 16, 1);
+  const Tensor w = randn({16, 24}, kFloat32, &gen);
+  ChainStep bias;
+  bias.kind = ChainStep::Kind::Add;
+  bias.a = 0;
+  bias.b = ChainStep::kTensor;
+  bias.operand = special({24}, 17);
+  ChainStep scale;
+  scale.kind = ChainStep::Kind::Mul;
+  scale.a = 1;
+  scale.k = -0.5f;
+  expect_definition("matmul_chain", [&] {
+    detail::matmul_chain(a, w, {bias, scale});
+    return detail::matmul_chain(a, w, {bias, scale});
+  }, 1e-5);
+  const Tensor qa = quantize(special({6, 16}, 18, 30), 1.0, 0, kUInt8);
+  const Tensor qb = quantize(randn({16, 24}, kFloat32, &gen) * 30.0, 1.0, 0, kInt8);
+  ChainStep qscale = scale;
+  qscale.a = 0;
+  qscale.k = 0.0125f;
+  ChainStep qbias = bias;
+  qbias.a = 1;
+  expect_definition("int_matmul_chain", [&] {
+    detail::int_matmul_chain(qa, qb, 3, 0, {qscale, qbias});
+    return detail::int_matmul_chain(qa, qb, 3, 0, {qscale, qbias});
+  });
+}
+
+// Max pooling of channels-last activations in inference (values only) against the NCHW pooling.
+TEST(FusedValues, ChannelsLastMaxPoolingEqualsItsComposite) {
+  const Tensor x = special({2, 5, 7, 6}, 19);
+  const Tensor cl = contiguous(x.permute({0, 2, 3, 1})).permute({0, 3, 1, 2});
+  ASSERT_TRUE(cl.is_channels_last());
+  expect_definition("max_pool2d channels-last", [&] { return contiguous(max_pool2d(cl, {3, 3}, {2, 2}, {1, 1})); });
+}
