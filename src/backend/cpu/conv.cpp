@@ -556,7 +556,7 @@ bool CpuBackend::conv2d_prefers_channels_last(const Tensor& x, const Tensor& w, 
 
 bool CpuBackend::conv2d_backward_input(const Tensor& gy, const Tensor& w, const Window2d& win, int64_t groups,
                                        const Tensor& gx) {
-  if (!float32s({&gy, &w, &gx}) || gx.numel() == 0 || gy.numel() == 0) return false;
+  if (composite_only_active() || !float32s({&gy, &w, &gx}) || gx.numel() == 0 || gy.numel() == 0) return false;
   const auto p = plan_for(key_of(Pass::BackwardData, gx.shape(), w.shape()[0], win, groups, false));
   if (!p) return false;
   run_reordered(*p, "convolution", gy.raw_data(), w.raw_data(), nullptr, gx.raw_data());
@@ -565,7 +565,7 @@ bool CpuBackend::conv2d_backward_input(const Tensor& gy, const Tensor& w, const 
 
 bool CpuBackend::conv2d_backward_weight(const Tensor& x, const Tensor& gy, const Window2d& win, int64_t groups,
                                         const Tensor& gw) {
-  if (!float32s({&x, &gy, &gw}) || gw.numel() == 0 || gy.numel() == 0) return false;
+  if (composite_only_active() || !float32s({&x, &gy, &gw}) || gw.numel() == 0 || gy.numel() == 0) return false;
   const auto p = plan_for(key_of(Pass::BackwardWeights, x.shape(), gw.shape()[0], win, groups, false));
   if (!p) return false;
   run_reordered(*p, "convolution", x.raw_data(), gy.raw_data(), nullptr, gw.raw_data());
