@@ -43,6 +43,17 @@ Tensor special(const Shape& shape, uint64_t seed, float scale = 4) {
   return tensor(special_values(static_cast<size_t>(n), seed, scale), shape);
 }
 
+// special() without what a sum in another order treats otherwise: the largest finite values (sums of
+// them overflow or not by order) and, with finite_only, the infinities and NaN too.
+Tensor special_for_sums(const Shape& shape, uint64_t seed, float scale = 4, bool finite_only = false) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  std::vector<float> v = special_values(static_cast<size_t>(n), seed, scale);
+  for (float& f : v)
+    if ((finite_only && !std::isfinite(f)) || (std::isfinite(f) && std::fabs(f) > 1e20f)) f = 2.0f;
+  return tensor(v, shape);
+}
+
 uint32_t bits(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);
@@ -200,10 +211,7 @@ TEST(FusedValues, NormalisationKernelsEqualTheirComposites) {
 // activation ops.)
 TEST(FusedValues, ChannelGateEqualsItsComposite) {
   Generator gen(11);
-  std::vector<float> v = special_values(2 * 8 * 3 * 3, 12);
-  for (float& f : v)
-    if (std::isfinite(f) && std::fabs(f) > 1e20f) f = 2.0f;
-  const Tensor x = tensor(v, {2, 8, 3, 3});
+  const Tensor x = special_for_sums({2, 8, 3, 3}, 12);
   const Tensor w1 = randn({4, 8, 1, 1}, kFloat32, &gen), b1 = randn({4}, kFloat32, &gen);
   const Tensor w2 = randn({8, 4, 1, 1}, kFloat32, &gen), b2 = randn({8}, kFloat32, &gen);
   expect_definition(
@@ -279,20 +287,11 @@ TEST(FusedValues, ChannelsLastMaxPoolingEqualsItsComposite) {
 // as sums of them overflow or not depending on the order).
 TEST(FusedValues, BackwardKernelsEqualTheirComposites) {
   Generator gen(20);
-  const auto special = [](const Shape& shape, uint64_t seed, float scale) {
-    std::vector<float> v = special_values(static_cast<size_t>(shape[0] * shape[1] * shape[2] * shape[3]), seed, scale);
-    for (float& f : v)
-      if (std::isfinite(f) && std::fabs(f) > 1e20f) f = 2.0f;
-    return tensor(v, shape);
-  };
   const Tensor x = randn({2, 3, 6, 5}, kFloat32, &gen), w = randn({4, 3, 3, 3}, kFloat32, &gen);
   // Known difference, left out here: an inf or NaN upstream gradient at an output whose window
   // reaches into the padding: the composite (im2col) multiplies it by the padding's zeros (NaN),
   // oneDNN's backward-weights pass never reads the padding (a number).
-  std::vector<float> g = special_values(2 * 4 * 6 * 5, 21, 1);
-  for (float& f : g)
-    if (!std::isfinite(f) || std::fabs(f) > 1e20f) f = 2.0f;
-  const Tensor gy = tensor(g, {2, 4, 6, 5});
+  const Tensor gy = special_for_sums({2, 4, 6, 5}, 21, 1, /*finite_only=*/true);
   const auto grads = [&](int which) {
     Tensor xv = x.clone(), wv = w.clone();
     xv.set_requires_grad(true);
@@ -310,7 +309,7 @@ TEST(FusedValues, BackwardKernelsEqualTheirComposites) {
     expect_same(which == 0 ? "conv2d_backward_input" : "conv2d_backward_weight", fused, composite, 1e-5);
   }
   const Tensor bx = randn({2, 3, 4, 5}, kFloat32, &gen), scale = rand({3}, kFloat32, &gen, 0.5, 1.5);
-  const Tensor bg = special({2, 3, 4, 5}, 22, 1);
+  const Tensor bg = special_for_sums({2, 3, 4, 5}, 22, 1);
   const auto bn_grad = [&] {
     Tensor xv = bx.clone();
     xv.set_requires_grad(true);

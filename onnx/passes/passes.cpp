@@ -73,12 +73,10 @@ void apply_passes(const Graph& g, const std::map<std::string, Tensor>& weights, 
   }
   // Later passes first: a pattern with a node that one of them took is dropped.
   std::vector<int> owner(n, -1);
-  std::vector<bool> live(groups.size(), false);
   for (size_t k = groups.size(); k-- > 0;) {
     bool free = true;
     for (size_t i : groups[k].nodes) free = free && owner[i] < 0;
     if (!free) continue;
-    live[k] = true;
     for (size_t i : groups[k].nodes) owner[i] = static_cast<int>(k);
   }
   // The rewritten graph's items: the nodes no pattern took, and one fused node per live pattern.
