@@ -209,16 +209,13 @@ for _name in ("neg", "abs", "exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "sq
               "transpose", "narrow", "slice", "unsqueeze", "contiguous", "cast", "to_device", "gather",
               "index_select", "scatter_add", "pad", "one_hot", "tril", "triu", "allclose", "equal", "conv1d",
               "conv2d", "conv_transpose2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "scalar_like",
-              "softmax", "log_softmax", "linspace", "eye", "randperm", "scalar_tensor"):
+              "softmax", "log_softmax", "linspace", "eye", "randperm", "scalar_tensor", "sum", "mean", "prod", "amax",
+              "amin", "logsumexp", "argmax", "argmin"):
     globals()[_name] = getattr(_core, _name)
 
 
-sum, mean, prod, amax, amin, logsumexp = (Tensor.sum, Tensor.mean, Tensor.prod, Tensor.amax,  # noqa: A001
-                                           Tensor.amin, Tensor.logsumexp)
 var = Tensor.var
 std = Tensor.std
-argmax = Tensor.argmax
-argmin = Tensor.argmin
 clamp = Tensor.clamp
 squeeze = Tensor.squeeze
 flatten = Tensor.flatten

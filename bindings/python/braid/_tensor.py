@@ -85,14 +85,6 @@ def _shape_args(args):
     return tuple(int(s) for s in args)
 
 
-def _axes(dim):
-    if dim is None:
-        return ()
-    if isinstance(dim, numbers.Integral):
-        return (int(dim),)
-    return tuple(int(d) for d in dim)
-
-
 # ---- properties ----
 
 Tensor.shape = property(_cx.Tensor_shape, doc="The sizes, outermost first, as a tuple.")
@@ -371,35 +363,17 @@ Tensor.expand = _shape_method(_cx.Tensor_expand)
 Tensor.permute = _shape_method(_cx.Tensor_permute)
 
 
-def _reduction(fn):
-    fast = fn is not _core.logsumexp  # logsumexp has no default axes in C++
-
-    def m(self, dim=None, keepdim=False):
-        if fast and dim is None and not keepdim:
-            return fn(self)  # every axis: C++'s defaults, without converting an empty tuple
-        return fn(self, _axes(dim), keepdim)
-
-    m.__doc__ = fn.__doc__
-    return m
-
-
-for _name in ("sum", "mean", "prod", "amax", "amin", "logsumexp"):
-    setattr(Tensor, _name, _reduction(getattr(_core, _name)))
-
-
 def _var(fn):
     def m(self, dim=None, correction=1, keepdim=False, unbiased=None):
         if unbiased is not None:
             correction = 1 if unbiased else 0
-        return fn(self, _axes(dim), correction, keepdim)
+        return fn(self, dim, correction, keepdim)
 
     return m
 
 
 Tensor.var = _var(_core.var)
 Tensor.std = _var(_core.std)
-Tensor.argmax = lambda t, dim=None, keepdim=False: _core.argmax(t, dim, keepdim)
-Tensor.argmin = lambda t, dim=None, keepdim=False: _core.argmin(t, dim, keepdim)
 _MaxResult = collections.namedtuple("max", ["values", "indices"])
 _MinResult = collections.namedtuple("min", ["values", "indices"])
 
@@ -410,8 +384,8 @@ def _max(self, dim=None, keepdim=False):
     if isinstance(dim, Tensor):
         return _core.maximum(self, dim)
     if dim is None:
-        return _core.amax(self, (), False)
-    return _MaxResult(_core.amax(self, (int(dim),), keepdim), _core.argmax(self, int(dim), keepdim))
+        return _core.amax(self)
+    return _MaxResult(_core.amax(self, dim, keepdim), _core.argmax(self, dim, keepdim))
 
 
 def _min(self, dim=None, keepdim=False):
@@ -420,14 +394,12 @@ def _min(self, dim=None, keepdim=False):
     if isinstance(dim, Tensor):
         return _core.minimum(self, dim)
     if dim is None:
-        return _core.amin(self, (), False)
-    return _MinResult(_core.amin(self, (int(dim),), keepdim), _core.argmin(self, int(dim), keepdim))
+        return _core.amin(self)
+    return _MinResult(_core.amin(self, dim, keepdim), _core.argmin(self, dim, keepdim))
 
 
 Tensor.max = _max
 Tensor.min = _min
-Tensor.any = lambda t, dim=None, keepdim=False: _core.any(t, _axes(dim), keepdim)
-Tensor.all = lambda t, dim=None, keepdim=False: _core.all(t, _axes(dim), keepdim)
 Tensor.clamp = Tensor.clip = _method(_core.clamp)
 Tensor.squeeze = _method(_core.squeeze)
 Tensor.flatten = _method(_core.flatten)
@@ -477,7 +449,8 @@ for _name in ("abs", "exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "square", 
               "maximum", "minimum", "tril", "triu", "unsqueeze", "transpose", "narrow", "gather", "index_select",
               "scatter_add", "neg", "pow", "logical_and", "logical_or", "logical_xor", "eq", "ne", "lt", "le", "gt",
               "ge", "add", "sub", "mul", "div", "asin", "acos", "atan", "leaky_relu", "elu", "softplus", "hardswish",
-              "hardsigmoid", "softmax", "log_softmax"):
+              "hardsigmoid", "softmax", "log_softmax", "sum", "mean", "prod", "amax", "amin", "logsumexp", "any", "all",
+              "argmax", "argmin"):
     if not hasattr(Tensor, _name) or _name in ("abs", "neg", "pow"):
         setattr(Tensor, _name, _method(getattr(_core, _name)))
 Tensor.masked_fill = lambda t, mask, value: _core.where(mask, _core.scalar_tensor(float(value), t.dtype, t.device), t)

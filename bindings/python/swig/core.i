@@ -83,7 +83,6 @@
 %feature("kwargs", "0") braid::sigmoid;
 %feature("kwargs", "0") braid::tanh;
 %feature("kwargs", "0") braid::exp;
-%feature("kwargs", "0") braid::sum;
 
 // A Tensor is a handle: Python's copy is the C++ copy constructor (same storage).
 %copyctor braid::Tensor;
@@ -247,6 +246,44 @@ BRAID_OPERATOR_NAMES(le) BRAID_OPERATOR_NAMES(gt) BRAID_OPERATOR_NAMES(ge)
     braid_py::check_bool(*$self, *$self, "~");
     return braid::logical_not(*$self);
   }
+}
+// The axes of a reduction (ops.h's `dim`): None (every axis), one int, or a sequence of ints, as in
+// PyTorch.
+%{
+namespace braid_py {
+inline bool dims_arg(PyObject* o, std::vector<int64_t>* out) {
+  out->clear();
+  auto push = [out](PyObject* item) {
+    PyObject* index = PyIndex_Check(item) ? PyNumber_Index(item) : nullptr;
+    if (index != nullptr) out->push_back(PyLong_AsLongLong(index));
+    Py_XDECREF(index);
+    bool ok = index != nullptr && !PyErr_Occurred();
+    PyErr_Clear();
+    return ok;
+  };
+  if (o == Py_None) return true;
+  if (PyIndex_Check(o)) return push(o);
+  PyObject* seq = PySequence_Fast(o, "");
+  bool ok = seq != nullptr;
+  for (Py_ssize_t i = 0, n = ok ? PySequence_Fast_GET_SIZE(seq) : 0; ok && i < n; ++i) {
+    ok = push(PySequence_Fast_GET_ITEM(seq, i));
+  }
+  Py_XDECREF(seq);
+  PyErr_Clear();
+  return ok;
+}
+}  // namespace braid_py
+%}
+%typemap(in) const std::vector<int64_t>& dim (std::vector<int64_t> v) {
+  if (!braid_py::dims_arg($input, &v)) {
+    SWIG_exception_fail(SWIG_TypeError, "in method '$symname', argument $argnum: expected an int, a sequence of ints or None");
+  }
+  $1 = &v;
+}
+%typemap(freearg) const std::vector<int64_t>& dim "";
+%typemap(typecheck, precedence=SWIG_TYPECHECK_INT64_ARRAY) const std::vector<int64_t>& dim {
+  std::vector<int64_t> v;
+  $1 = braid_py::dims_arg($input, &v);
 }
 %include "braid/dtype.h"
 %include "braid/device.h"
