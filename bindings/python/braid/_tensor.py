@@ -230,19 +230,7 @@ def _dlpack(self, stream=None, max_version=None, dl_device=None, copy=None):
 
 
 Tensor.__dlpack__ = _dlpack
-_DLPACK_DEVICE = {"cpu": 1, "cuda": 2}  # DLPack's kDLCPU, kDLCUDA
-
-
-def _dlpack_device(self):
-    """(device_type, device_id) in DLPack's codes. Computed here rather than by the extension's
-    dlpack_device, which builds its tuple with the GIL released."""
-    d = self.device
-    if d.type not in _DLPACK_DEVICE:
-        raise TypeError(f"__dlpack__: a tensor on {d} cannot be shared through DLPack; copy it with .cpu() first")
-    return (_DLPACK_DEVICE[d.type], d.index if d.type == "cuda" else 0)
-
-
-Tensor.__dlpack_device__ = _dlpack_device
+Tensor.__dlpack_device__ = _method(_core.dlpack_device)  # (device_type, device_id) in DLPack's codes
 
 
 def from_numpy(array):
