@@ -65,7 +65,7 @@ def test_the_allow_list_only_shrinks():
 # is written by hand should only translate (PyTorch's conventions), never restate C++ (issue 41).
 PYTHON_PACKAGE = "bindings/python/braid"
 PYTHON_PACKAGE_TARGET = 1018  # half of its 2,037 lines before issue 41
-PYTHON_PACKAGE_CEILING = 1541  # its length today: it may only shrink, down to the target
+PYTHON_PACKAGE_CEILING = 1539  # its length today: it may only shrink, down to the target
 
 
 def python_package_lines():
