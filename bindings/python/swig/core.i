@@ -100,9 +100,15 @@
 #include <cstring>
 namespace braid_py {
 struct Operand {
-  braid::Tensor tensor;
+  braid::Tensor tensor;  // for a number, made on first use (the fast path needs none)
   double value = 0;
   bool number = false, fast = false;
+  braid::DType dtype = braid::DType::Float32;
+  braid::Device device = braid::Device::cpu();
+  const braid::Tensor& get() {
+    if (!tensor.defined()) tensor = braid::scalar_tensor(value, dtype, device);
+    return tensor;
+  }
 };
 inline bool is_type(PyObject* o, const char* a, const char* b = "") {
   const char* n = Py_TYPE(o)->tp_name;
@@ -111,7 +117,8 @@ inline bool is_type(PyObject* o, const char* a, const char* b = "") {
 // False when o is no operand (the caller returns NotImplemented); a Python error is left set.
 inline bool operand(PyObject* o, const braid::Tensor& self, Operand* out, swig_type_info* type) {
   void* p = nullptr;
-  if (SWIG_IsOK(SWIG_ConvertPtr(o, &p, type, 0)) && p != nullptr) {
+  bool builtin = PyBool_Check(o) || PyLong_Check(o) || PyFloat_Check(o);  // spares SWIG's failing lookup
+  if (!builtin && SWIG_IsOK(SWIG_ConvertPtr(o, &p, type, 0)) && p != nullptr) {
     out->tensor = *static_cast<braid::Tensor*>(p);
     return true;
   }
@@ -143,7 +150,8 @@ inline bool operand(PyObject* o, const braid::Tensor& self, Operand* out, swig_t
   }
   if (PyErr_Occurred()) return false;
   out->number = true;
-  out->tensor = braid::scalar_tensor(out->value, dt, self.device());
+  out->dtype = dt;
+  out->device = self.device();
   return true;
 }
 // &, |, ^ and ~: braid has no bitwise integer ops, and a logical result for integer operands, where
@@ -198,23 +206,23 @@ BRAID_OPERATOR_NAMES(pow) BRAID_OPERATOR_NAMES(and) BRAID_OPERATOR_NAMES(or) BRA
 BRAID_OPERATOR_NAMES(matmul) BRAID_OPERATOR_NAMES(eq) BRAID_OPERATOR_NAMES(ne) BRAID_OPERATOR_NAMES(lt)
 BRAID_OPERATOR_NAMES(le) BRAID_OPERATOR_NAMES(gt) BRAID_OPERATOR_NAMES(ge)
 %define BRAID_BINARY(NAME, FN, FAST, RFAST)
-  braid::Tensor __ ## NAME ## __(braid_py::Operand OTHER) const { return OTHER.fast ? FAST : braid::FN(*$self, OTHER.tensor); }
-  braid::Tensor __r ## NAME ## __(braid_py::Operand OTHER) const { return OTHER.fast ? RFAST : braid::FN(OTHER.tensor, *$self); }
+  braid::Tensor __ ## NAME ## __(braid_py::Operand OTHER) const { return OTHER.fast ? FAST : braid::FN(*$self, OTHER.get()); }
+  braid::Tensor __r ## NAME ## __(braid_py::Operand OTHER) const { return OTHER.fast ? RFAST : braid::FN(OTHER.get(), *$self); }
   braid::Tensor& __i ## NAME ## __(braid_py::Operand OTHER) {
-    return braid_py::store(*$self, OTHER.fast ? FAST : braid::FN(*$self, OTHER.tensor));
+    return braid_py::store(*$self, OTHER.fast ? FAST : braid::FN(*$self, OTHER.get()));
   }
 %enddef
 %define BRAID_COMPARE(NAME)
-  braid::Tensor __ ## NAME ## __(braid_py::Operand OTHER) const { return braid::NAME(*$self, OTHER.tensor); }
+  braid::Tensor __ ## NAME ## __(braid_py::Operand OTHER) const { return braid::NAME(*$self, OTHER.get()); }
 %enddef
 %define BRAID_LOGICAL(NAME, SYMBOL)
   braid::Tensor __ ## NAME ## __(braid_py::Operand OTHER) const {
-    braid_py::check_bool(*$self, OTHER.tensor, SYMBOL);
-    return braid::logical_ ## NAME(*$self, OTHER.tensor);
+    braid_py::check_bool(*$self, OTHER.get(), SYMBOL);
+    return braid::logical_ ## NAME(*$self, OTHER.get());
   }
   braid::Tensor __r ## NAME ## __(braid_py::Operand OTHER) const {
-    braid_py::check_bool(OTHER.tensor, *$self, SYMBOL);
-    return braid::logical_ ## NAME(OTHER.tensor, *$self);
+    braid_py::check_bool(OTHER.get(), *$self, SYMBOL);
+    return braid::logical_ ## NAME(OTHER.get(), *$self);
   }
 %enddef
 %extend braid::Tensor {
@@ -222,7 +230,7 @@ BRAID_OPERATOR_NAMES(le) BRAID_OPERATOR_NAMES(gt) BRAID_OPERATOR_NAMES(ge)
   BRAID_BINARY(sub, sub, *$self - OTHER.value, OTHER.value - *$self)
   BRAID_BINARY(mul, mul, *$self * OTHER.value, OTHER.value * *$self)
   BRAID_BINARY(truediv, div, *$self / OTHER.value, OTHER.value / *$self)
-  BRAID_BINARY(pow, pow, braid::pow(*$self, OTHER.value), braid::pow(OTHER.tensor, *$self))
+  BRAID_BINARY(pow, pow, braid::pow(*$self, OTHER.value), braid::pow(OTHER.get(), *$self))
   BRAID_COMPARE(eq)
   BRAID_COMPARE(ne)
   BRAID_COMPARE(lt)
@@ -234,11 +242,11 @@ BRAID_OPERATOR_NAMES(le) BRAID_OPERATOR_NAMES(gt) BRAID_OPERATOR_NAMES(ge)
   BRAID_LOGICAL(xor, "^")
   braid::Tensor __matmul__(braid_py::Operand OTHER) const {
     BRAID_CHECK_T(braid::TypeError, !OTHER.number, "'@' needs a tensor operand, not a number");
-    return braid::matmul(*$self, OTHER.tensor);
+    return braid::matmul(*$self, OTHER.get());
   }
   braid::Tensor __rmatmul__(braid_py::Operand OTHER) const {
     BRAID_CHECK_T(braid::TypeError, !OTHER.number, "'@' needs a tensor operand, not a number");
-    return braid::matmul(OTHER.tensor, *$self);
+    return braid::matmul(OTHER.get(), *$self);
   }
   braid::Tensor __neg__() const { return braid::neg(*$self); }
   braid::Tensor __abs__() const { return braid::abs(*$self); }
