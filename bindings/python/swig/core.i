@@ -46,7 +46,7 @@
 %ignore braid::NotImplementedError;
 %ignore braid::DistributedError;
 
-// The tensor-scalar operators; braid/_tensor.py turns them into __add__ and friends.
+// The tensor-scalar operators as functions (add_scalar, ...); Tensor.__add__ and friends are below.
 %rename(add_scalar) braid::operator+(const Tensor&, double);
 %rename(sub_scalar) braid::operator-(const Tensor&, double);
 %rename(mul_scalar) braid::operator*(const Tensor&, double);
