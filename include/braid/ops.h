@@ -145,27 +145,27 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
 /// The shape a and b broadcast to; throws ValueError naming op when they do not.
 Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op = "broadcast");
 
-// ---- reductions (axes empty = all axes; negative axes count from the end) ----
-Tensor sum(const Tensor& x, const std::vector<int64_t>& axes = {}, bool keepdim = false);
-Tensor mean(const Tensor& x, const std::vector<int64_t>& axes = {}, bool keepdim = false);
-Tensor prod(const Tensor& x, const std::vector<int64_t>& axes = {}, bool keepdim = false);
-Tensor amax(const Tensor& x, const std::vector<int64_t>& axes = {}, bool keepdim = false);
-Tensor amin(const Tensor& x, const std::vector<int64_t>& axes = {}, bool keepdim = false);
+// ---- reductions over the axes in dim (empty = all axes; negative axes count from the end) ----
+Tensor sum(const Tensor& x, const std::vector<int64_t>& dim = {}, bool keepdim = false);
+Tensor mean(const Tensor& x, const std::vector<int64_t>& dim = {}, bool keepdim = false);
+Tensor prod(const Tensor& x, const std::vector<int64_t>& dim = {}, bool keepdim = false);
+Tensor amax(const Tensor& x, const std::vector<int64_t>& dim = {}, bool keepdim = false);
+Tensor amin(const Tensor& x, const std::vector<int64_t>& dim = {}, bool keepdim = false);
 /// The minimum and the maximum of all of x, as 0-d tensors (amin(x) and amax(x), NaN when x holds
 /// one), in one pass where the backend has it; recorded as amin and amax when x requires a gradient.
 std::pair<Tensor, Tensor> aminmax(const Tensor& x);
-/// The index of the largest (smallest) element along axis, the first one on ties; without an
-/// axis, the index into x flattened (kept axes all of size 1 with keepdim). int64.
-Tensor argmax(const Tensor& x, std::optional<int64_t> axis = std::nullopt, bool keepdim = false);
-Tensor argmin(const Tensor& x, std::optional<int64_t> axis = std::nullopt, bool keepdim = false);
-/// Whether any (all) element is nonzero, over axes (empty: every axis), as a bool tensor. Over no
+/// The index of the largest (smallest) element along dim, the first one on ties; without
+/// dim, the index into x flattened (kept axes all of size 1 with keepdim). int64.
+Tensor argmax(const Tensor& x, std::optional<int64_t> dim = std::nullopt, bool keepdim = false);
+Tensor argmin(const Tensor& x, std::optional<int64_t> dim = std::nullopt, bool keepdim = false);
+/// Whether any (all) element is nonzero, over dim (empty: every axis), as a bool tensor. Over no
 /// elements any is false and all is true.
-Tensor any(const Tensor& x, const std::vector<int64_t>& axes = {}, bool keepdim = false);
-Tensor all(const Tensor& x, const std::vector<int64_t>& axes = {}, bool keepdim = false);
+Tensor any(const Tensor& x, const std::vector<int64_t>& dim = {}, bool keepdim = false);
+Tensor all(const Tensor& x, const std::vector<int64_t>& dim = {}, bool keepdim = false);
 /// correction 1 is the unbiased (Bessel) estimate, 0 the population variance.
-Tensor var(const Tensor& x, const std::vector<int64_t>& axes = {}, int64_t correction = 1, bool keepdim = false);
-Tensor std(const Tensor& x, const std::vector<int64_t>& axes = {}, int64_t correction = 1, bool keepdim = false);
-Tensor logsumexp(const Tensor& x, const std::vector<int64_t>& axes, bool keepdim = false);
+Tensor var(const Tensor& x, const std::vector<int64_t>& dim = {}, int64_t correction = 1, bool keepdim = false);
+Tensor std(const Tensor& x, const std::vector<int64_t>& dim = {}, int64_t correction = 1, bool keepdim = false);
+Tensor logsumexp(const Tensor& x, const std::vector<int64_t>& dim = {}, bool keepdim = false);
 Tensor softmax(const Tensor& x, int64_t dim = -1);
 Tensor log_softmax(const Tensor& x, int64_t dim = -1);
 /// Sums x over broadcast axes so that it has shape (the reverse of expand).

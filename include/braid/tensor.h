@@ -124,8 +124,8 @@ class Tensor {
   Tensor cuda(int index = 0) const;
 
   // ---- reductions and common ops as methods (see ops.h) ----
-  Tensor sum(const std::vector<int64_t>& axes = {}, bool keepdim = false) const;
-  Tensor mean(const std::vector<int64_t>& axes = {}, bool keepdim = false) const;
+  Tensor sum(const std::vector<int64_t>& dim = {}, bool keepdim = false) const;
+  Tensor mean(const std::vector<int64_t>& dim = {}, bool keepdim = false) const;
   Tensor matmul(const Tensor& other) const;
 
   // ---- in-place (refused on tensors that autograd tracks while grad mode is on) ----

@@ -12,7 +12,6 @@ LIMIT = 600
 EXTENSIONS = {".cpp", ".h", ".hpp", ".cu", ".cuh", ".py", ".i", ".swg", ".sh", ".build", ".cmake", ".in", ".lua", ".eb"}
 # path: the most lines it may have (its length when the budget was first enforced)
 ALLOWED = {
-    "bindings/python/braid/_tensor.py": 745,
     "distributed/mpi_group.cpp": 719,
     "onnx/executor.h": 718,
     "tests/data/make_golden.py": 977,
@@ -66,7 +65,7 @@ def test_the_allow_list_only_shrinks():
 # is written by hand should only translate (PyTorch's conventions), never restate C++ (issue 41).
 PYTHON_PACKAGE = "bindings/python/braid"
 PYTHON_PACKAGE_TARGET = 1018  # half of its 2,037 lines before issue 41
-PYTHON_PACKAGE_CEILING = 1757  # its length today: it may only shrink, down to the target
+PYTHON_PACKAGE_CEILING = 1539  # its length today: it may only shrink, down to the target
 
 
 def python_package_lines():

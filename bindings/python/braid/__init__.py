@@ -53,11 +53,6 @@ set_grad_enabled_ = _core.set_grad_enabled
 default_device = _core.default_device
 set_default_device = _core.set_default_device  # a Device or a string ("cuda:1")
 device_available = _core.device_available
-synchronize = lambda d="cpu": _core.synchronize(device(d))  # noqa: E731
-memory_allocated = lambda d="cpu": _core.memory_allocated(device(d))  # noqa: E731
-max_memory_allocated = lambda d="cpu": _core.max_memory_allocated(device(d))  # noqa: E731
-reset_peak_memory_stats = lambda d="cpu": _core.reset_peak_memory_stats(device(d))  # noqa: E731
-empty_cache = lambda d="cpu": _core.empty_cache(device(d))  # noqa: E731
 promote_types = lambda a, b: dtype(_core.promote_types(a, b))  # noqa: E731
 
 
@@ -209,16 +204,14 @@ for _name in ("neg", "abs", "exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "sq
               "transpose", "narrow", "slice", "unsqueeze", "contiguous", "cast", "to_device", "gather",
               "index_select", "scatter_add", "pad", "one_hot", "tril", "triu", "allclose", "equal", "conv1d",
               "conv2d", "conv_transpose2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "scalar_like",
-              "softmax", "log_softmax", "linspace", "eye", "randperm", "scalar_tensor"):
+              "softmax", "log_softmax", "linspace", "eye", "randperm", "scalar_tensor", "sum", "mean", "prod", "amax",
+              "amin", "logsumexp", "argmax", "argmin", "synchronize", "memory_allocated", "max_memory_allocated",
+              "reset_peak_memory_stats", "empty_cache"):
     globals()[_name] = getattr(_core, _name)
 
 
-sum, mean, prod, amax, amin, logsumexp = (Tensor.sum, Tensor.mean, Tensor.prod, Tensor.amax,  # noqa: A001
-                                           Tensor.amin, Tensor.logsumexp)
 var = Tensor.var
 std = Tensor.std
-argmax = Tensor.argmax
-argmin = Tensor.argmin
 clamp = Tensor.clamp
 squeeze = Tensor.squeeze
 flatten = Tensor.flatten

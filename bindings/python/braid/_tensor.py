@@ -85,14 +85,6 @@ def _shape_args(args):
     return tuple(int(s) for s in args)
 
 
-def _axes(dim):
-    if dim is None:
-        return ()
-    if isinstance(dim, numbers.Integral):
-        return (int(dim),)
-    return tuple(int(d) for d in dim)
-
-
 # ---- properties ----
 
 Tensor.shape = property(_cx.Tensor_shape, doc="The sizes, outermost first, as a tuple.")
@@ -238,19 +230,7 @@ def _dlpack(self, stream=None, max_version=None, dl_device=None, copy=None):
 
 
 Tensor.__dlpack__ = _dlpack
-_DLPACK_DEVICE = {"cpu": 1, "cuda": 2}  # DLPack's kDLCPU, kDLCUDA
-
-
-def _dlpack_device(self):
-    """(device_type, device_id) in DLPack's codes. Computed here rather than by the extension's
-    dlpack_device, which builds its tuple with the GIL released."""
-    d = self.device
-    if d.type not in _DLPACK_DEVICE:
-        raise TypeError(f"__dlpack__: a tensor on {d} cannot be shared through DLPack; copy it with .cpu() first")
-    return (_DLPACK_DEVICE[d.type], d.index if d.type == "cuda" else 0)
-
-
-Tensor.__dlpack_device__ = _dlpack_device
+Tensor.__dlpack_device__ = _method(_core.dlpack_device)  # (device_type, device_id) in DLPack's codes
 
 
 def from_numpy(array):
@@ -314,149 +294,11 @@ def as_tensor(data, dtype=None, device=None):
     return t
 
 
-# ---- operators ----
-
-
-def _scalar_operand(t, s):
-    """A 0-d tensor for a Python (or NumPy) number next to t, typed as PyTorch types Python scalars:
-    a bool takes t's dtype (bool next to a bool tensor); an int follows Note [Type promotion]'s
-    whole-number rule (t's dtype when it fits, int64 next to bool); a float keeps a floating t's
-    dtype and makes an integer or bool t float32. (C++ sees only a double, so there `x + 2.0` keeps
-    an integer dtype; Python knows 2.0 is a float.)"""
-    if isinstance(s, (bool, np.bool_)):
-        dt = _core.DType_Bool
-    elif isinstance(s, numbers.Integral):
-        dt = _core.scalar_result_type(_cx.Tensor_dtype(t), float(s))
-    elif isinstance(s, numbers.Real):
-        dt = _cx.Tensor_dtype(t) if _core.is_floating(_cx.Tensor_dtype(t)) else _core.DType_Float32
-    else:
-        raise TypeError(f"braid has no complex dtype; cannot combine a tensor with {type(s).__name__} {s!r}")
-    return _core.scalar_tensor(float(s), dt, _cx.Tensor_device(t))
-
-
-_FLOATING = frozenset(int(d) for d in dtype if _core.is_floating(d))
-
-
-def _scalar_fast(t, s):
-    """Whether the C++ tensor-scalar overload (which sees a double) gives the dtype _scalar_operand
-    would: always next to a floating tensor, and for a Python int next to an integer tensor."""
-    if isinstance(s, (bool, np.bool_)):
-        return _core.is_floating(_cx.Tensor_dtype(t))
-    return isinstance(s, numbers.Integral) or (isinstance(s, numbers.Real) and _core.is_floating(_cx.Tensor_dtype(t)))
-
-
-def _operand(t, x):
-    """x as a tensor operand next to t (a tensor, a Python or NumPy number, a NumPy array), or None."""
-    if isinstance(x, Tensor):
-        return x
-    if isinstance(x, (numbers.Number, np.bool_)):
-        return _scalar_operand(t, x)
-    if isinstance(x, np.ndarray):
-        return tensor(x, device=t.device)
-    return None
-
-
-def _binary(tensor_fn, scalar_fn=None, rscalar_fn=None):
-    def op(a, b):
-        tb = type(b)
-        if tb is Tensor:  # the common cases first: ABC isinstance checks are most of the operator's cost
-            return tensor_fn(a, b)
-        if scalar_fn is not None and (tb is int or (tb is float and _cx.Tensor_dtype(a) in _FLOATING)):
-            return scalar_fn(a, float(b))
-        if scalar_fn is not None and isinstance(b, (numbers.Number, np.bool_)) and _scalar_fast(a, b):
-            return scalar_fn(a, float(b))
-        other = _operand(a, b)
-        return NotImplemented if other is None else tensor_fn(a, other)
-
-    def rop(a, b):
-        if rscalar_fn is not None and isinstance(b, (numbers.Number, np.bool_)) and _scalar_fast(a, b):
-            return rscalar_fn(float(b), a)
-        other = _operand(a, b)
-        return NotImplemented if other is None else tensor_fn(other, a)
-
-    return op, rop
-
-
-def _logical(fn, symbol):
-    """& | ^ on bool tensors (and Python bools): braid has no bitwise integer ops, and computing a
-    logical result for integer operands, where PyTorch computes a bitwise one, would be silently wrong."""
-    def check(a, b):
-        if a.dtype != dtype.bool or b.dtype != dtype.bool:
-            raise TypeError(f"'{symbol}' is defined for bool tensors only (got {a.dtype!r} and {b.dtype!r}); "
-                            f"braid has no bitwise integer ops")
-        return fn(a, b)
-
-    return _binary(check)
-
-
-def _invert(t):
-    if t.dtype != dtype.bool:
-        raise TypeError(f"'~' is defined for bool tensors only (got {t.dtype!r}); braid has no bitwise integer ops")
-    return _core.logical_not(t)
-
-
-def _matmul(a, b):
-    other = b if isinstance(b, Tensor) else (tensor(b, device=a.device) if isinstance(b, np.ndarray) else None)
-    return NotImplemented if other is None else _core.matmul(a, other)
-
-
-def _rmatmul(a, b):
-    other = b if isinstance(b, Tensor) else (tensor(b, device=a.device) if isinstance(b, np.ndarray) else None)
-    return NotImplemented if other is None else _core.matmul(other, a)
-
+# ---- operators: %extend braid::Tensor in swig/core.i (Note [Python operands]) ----
 
 # NumPy defers to these operators (np.float64(2) * t is a Tensor, not an ndarray), as with torch.Tensor.
 Tensor.__array_priority__ = 1000
-Tensor.__add__, Tensor.__radd__ = _binary(_core.add, _core.add_scalar, _core.radd_scalar)
-Tensor.__sub__, Tensor.__rsub__ = _binary(_core.sub, _core.sub_scalar, _core.rsub_scalar)
-Tensor.__mul__, Tensor.__rmul__ = _binary(_core.mul, _core.mul_scalar, _core.rmul_scalar)
-Tensor.__truediv__, Tensor.__rtruediv__ = _binary(_core.div, _core.div_scalar, _core.rdiv_scalar)
-Tensor.__pow__, Tensor.__rpow__ = _binary(_core.pow, lambda a, s: _core.pow(a, s))
-# Comparisons: Python reflects them itself (2 < t calls t.__gt__(2)).
-Tensor.__eq__, _ = _binary(_core.eq)
-Tensor.__ne__, _ = _binary(_core.ne)
-Tensor.__lt__, _ = _binary(_core.lt)
-Tensor.__le__, _ = _binary(_core.le)
-Tensor.__gt__, _ = _binary(_core.gt)
-Tensor.__ge__, _ = _binary(_core.ge)
-Tensor.__and__, Tensor.__rand__ = _logical(_core.logical_and, "&")
-Tensor.__or__, Tensor.__ror__ = _logical(_core.logical_or, "|")
-Tensor.__xor__, Tensor.__rxor__ = _logical(_core.logical_xor, "^")
-Tensor.__matmul__ = _matmul
-Tensor.__rmatmul__ = _rmatmul
-Tensor.__neg__ = _method(_core.neg)
 Tensor.__pos__ = lambda t: t
-Tensor.__abs__ = _method(_core.abs)
-Tensor.__invert__ = _invert
-
-_KIND = {dtype.bool: 0, dtype.int32: 1, dtype.int64: 1}
-
-
-def _inplace(op):
-    def iop(self, other):
-        result = op(self, other)
-        if result is NotImplemented:
-            return result
-        if _KIND.get(result.dtype, 2) > _KIND.get(self.dtype, 2):
-            raise TypeError(f"result type {result.dtype!r} cannot be stored in a {self.dtype!r} tensor in place")
-        _cx.Tensor_copy_(self, result)
-        return self
-
-    return iop
-
-
-def _iadd(self, other):
-    if isinstance(other, Tensor) and _KIND.get(_core.promote_types(self.dtype, other.dtype), 2) <= _KIND.get(self.dtype, 2):
-        _cx.Tensor_add_(self, other)
-        return self
-    return _inplace(Tensor.__add__)(self, other)
-
-
-Tensor.__iadd__ = _iadd
-Tensor.__isub__ = _inplace(Tensor.__sub__)
-Tensor.__imul__ = _inplace(Tensor.__mul__)
-Tensor.__itruediv__ = _inplace(Tensor.__truediv__)
-Tensor.__ipow__ = _inplace(Tensor.__pow__)
 
 # ---- indexing: the key as braid::index's list of items (braid/indexing.h) ----
 
@@ -509,35 +351,17 @@ Tensor.expand = _shape_method(_cx.Tensor_expand)
 Tensor.permute = _shape_method(_cx.Tensor_permute)
 
 
-def _reduction(fn):
-    fast = fn is not _core.logsumexp  # logsumexp has no default axes in C++
-
-    def m(self, dim=None, keepdim=False):
-        if fast and dim is None and not keepdim:
-            return fn(self)  # every axis: C++'s defaults, without converting an empty tuple
-        return fn(self, _axes(dim), keepdim)
-
-    m.__doc__ = fn.__doc__
-    return m
-
-
-for _name in ("sum", "mean", "prod", "amax", "amin", "logsumexp"):
-    setattr(Tensor, _name, _reduction(getattr(_core, _name)))
-
-
 def _var(fn):
     def m(self, dim=None, correction=1, keepdim=False, unbiased=None):
         if unbiased is not None:
             correction = 1 if unbiased else 0
-        return fn(self, _axes(dim), correction, keepdim)
+        return fn(self, dim, correction, keepdim)
 
     return m
 
 
 Tensor.var = _var(_core.var)
 Tensor.std = _var(_core.std)
-Tensor.argmax = lambda t, dim=None, keepdim=False: _core.argmax(t, dim, keepdim)
-Tensor.argmin = lambda t, dim=None, keepdim=False: _core.argmin(t, dim, keepdim)
 _MaxResult = collections.namedtuple("max", ["values", "indices"])
 _MinResult = collections.namedtuple("min", ["values", "indices"])
 
@@ -548,8 +372,8 @@ def _max(self, dim=None, keepdim=False):
     if isinstance(dim, Tensor):
         return _core.maximum(self, dim)
     if dim is None:
-        return _core.amax(self, (), False)
-    return _MaxResult(_core.amax(self, (int(dim),), keepdim), _core.argmax(self, int(dim), keepdim))
+        return _core.amax(self)
+    return _MaxResult(_core.amax(self, dim, keepdim), _core.argmax(self, dim, keepdim))
 
 
 def _min(self, dim=None, keepdim=False):
@@ -558,14 +382,12 @@ def _min(self, dim=None, keepdim=False):
     if isinstance(dim, Tensor):
         return _core.minimum(self, dim)
     if dim is None:
-        return _core.amin(self, (), False)
-    return _MinResult(_core.amin(self, (int(dim),), keepdim), _core.argmin(self, int(dim), keepdim))
+        return _core.amin(self)
+    return _MinResult(_core.amin(self, dim, keepdim), _core.argmin(self, dim, keepdim))
 
 
 Tensor.max = _max
 Tensor.min = _min
-Tensor.any = lambda t, dim=None, keepdim=False: _core.any(t, _axes(dim), keepdim)
-Tensor.all = lambda t, dim=None, keepdim=False: _core.all(t, _axes(dim), keepdim)
 Tensor.clamp = Tensor.clip = _method(_core.clamp)
 Tensor.squeeze = _method(_core.squeeze)
 Tensor.flatten = _method(_core.flatten)
@@ -615,10 +437,11 @@ for _name in ("abs", "exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "square", 
               "maximum", "minimum", "tril", "triu", "unsqueeze", "transpose", "narrow", "gather", "index_select",
               "scatter_add", "neg", "pow", "logical_and", "logical_or", "logical_xor", "eq", "ne", "lt", "le", "gt",
               "ge", "add", "sub", "mul", "div", "asin", "acos", "atan", "leaky_relu", "elu", "softplus", "hardswish",
-              "hardsigmoid", "softmax", "log_softmax"):
+              "hardsigmoid", "softmax", "log_softmax", "sum", "mean", "prod", "amax", "amin", "logsumexp", "any", "all",
+              "argmax", "argmin"):
     if not hasattr(Tensor, _name) or _name in ("abs", "neg", "pow"):
         setattr(Tensor, _name, _method(getattr(_core, _name)))
-Tensor.masked_fill = lambda t, mask, value: _core.where(mask, _scalar_operand(t, value).to(t.dtype), t)
+Tensor.masked_fill = lambda t, mask, value: _core.where(mask, _core.scalar_tensor(float(value), t.dtype, t.device), t)
 Tensor.__reduce__ = lambda t: (_rebuild, (np.array(t.detach().cpu().numpy(), copy=True), str(t.device), t.requires_grad))
 
 

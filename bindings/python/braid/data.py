@@ -57,8 +57,6 @@ def _dataset_init_py(self, *args, **kwargs):
 
 
 Dataset.__init__ = _dataset_init_py
-TensorDataset.__len__ = lambda self: int(self.size())
-TensorDataset.__getitem__ = lambda self, i: (lambda e: (e.input, e.target))(self.get(i))
 
 
 class DataLoader:

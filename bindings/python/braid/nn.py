@@ -297,10 +297,6 @@ def _module_list_append(self, module):
 
 ModuleList.__init__ = _module_list_init
 ModuleList.append = _module_list_append
-for _cls in (Sequential, ModuleList):
-    _cls.__len__ = lambda self: int(self.size())
-    _cls.__getitem__ = lambda self, i: self.at(i % len(self) if i < 0 else i)
-    _cls.__iter__ = lambda self: iter(self.at(i) for i in range(len(self)))
 
 # ---- the layers and losses (generated classes) ----
 

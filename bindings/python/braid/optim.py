@@ -34,37 +34,9 @@ def _options(options_cls, kwargs, who):
     return opts
 
 
-def _group_options(group, who):
-    out = {}
-    for key, value in group.items():
-        if key == "params":
-            continue
-        if key == "betas":
-            out["beta1"], out["beta2"] = (float(b) for b in value)
-        else:
-            out[key] = float(value)
-    return out
-
-
 def _make(cls, options_cls):
     def factory(params, **kwargs):
-        params = list(params)
-        opts = _options(options_cls, kwargs, cls.__name__)
-        if params and isinstance(params[0], dict):
-            groups = params
-            first = list(groups[0]["params"])
-            opt = cls(first, opts)
-            for key, value in _group_options(groups[0], cls.__name__).items():
-                opt.param_groups()[0].set(key, value)
-            for g in groups[1:]:
-                pg = _optim.ParamGroup()
-                pg.params = _core.TensorVector(list(g["params"]))
-                pg.options = _optim.DoubleMap(_group_options(g, cls.__name__))
-                opt.add_param_group(pg)
-            return opt
-        if params and not all(isinstance(p, Tensor) for p in params):
-            raise TypeError(f"{cls.__name__}: params must be tensors or dicts with a 'params' list")
-        return cls(params, opts)
+        return cls(list(params), _options(options_cls, kwargs, cls.__name__))
 
     factory.__name__ = cls.__name__
     factory.__doc__ = (cls.__doc__ or "") + f"\n\nKeyword arguments: the fields of {options_cls.__name__}."

@@ -31,6 +31,14 @@
   void set_device(braid::Device device) { $self->device = device; }
 }
 
+// TensorDataset as a Python sequence of (input, target) pairs, as torch's.
+%extend braid::data::TensorDataset {
+  int64_t __len__() const { return $self->size(); }
+  std::pair<braid::Tensor, braid::Tensor> __getitem__(int64_t index) const {
+    braid::data::Example e = $self->get(index);
+    return {e.input, e.target};
+  }
+}
 %include "braid/data/dataset.h"
 %include "braid/data/transforms.h"
 %include "braid/data/loader.h"

@@ -198,6 +198,20 @@ inline bool ints_arg(PyObject* o, std::vector<int64_t>* out) {
 %extend braid::nn::Module {
 %template(register_module) register_module<braid::nn::Module>;
 }
+// Sequential and ModuleList as Python sequences: len(), indexing from either end, and iteration
+// (Python's, through __getitem__ until IndexError).
+%define BRAID_MODULE_SEQUENCE(CLS)
+%extend braid::nn::CLS {
+  size_t __len__() const { return $self->size(); }
+  braid::nn::ModulePtr __getitem__(int64_t i) const {
+    auto n = static_cast<int64_t>($self->size());
+    BRAID_CHECK_T(braid::IndexError, i >= -n && i < n, #CLS " index ", i, " out of range for ", n, " modules");
+    return $self->at(static_cast<size_t>(i < 0 ? i + n : i));
+  }
+}
+%enddef
+BRAID_MODULE_SEQUENCE(Sequential)
+BRAID_MODULE_SEQUENCE(ModuleList)
 %include "braid/nn/layers.h"
 %include "braid/nn/attention.h"
 %include "braid/nn/recurrent.h"

@@ -26,6 +26,62 @@
 %ignore braid::optim::Optimizer::state;
 %ignore braid::optim::GradScaler::Record;
 
+// Parameter groups as PyTorch writes them: a list of dicts, each with "params" (tensors) and options
+// by name ("betas" gives beta1 and beta2); the options a group leaves out take the constructor's.
+%{
+namespace braid_py {
+inline bool param_groups_arg(PyObject* o, std::vector<braid::optim::ParamGroup>* out, swig_type_info* type) {
+  PyObject* seq = PySequence_Check(o) && !PyUnicode_Check(o) ? PySequence_Fast(o, "") : nullptr;
+  bool ok = seq != nullptr && PySequence_Fast_GET_SIZE(seq) > 0;
+  for (Py_ssize_t i = 0, n = ok ? PySequence_Fast_GET_SIZE(seq) : 0; ok && i < n; ++i) {
+    PyObject* dict = PySequence_Fast_GET_ITEM(seq, i);
+    PyObject* params = PyDict_Check(dict) ? PyDict_GetItemString(dict, "params") : nullptr;
+    if (out == nullptr) {  // the overload check: the shape only, without consuming an iterator
+      ok = params != nullptr;
+      continue;
+    }
+    PyObject* it = params != nullptr ? PyObject_GetIter(params) : nullptr;
+    braid::optim::ParamGroup group;
+    for (PyObject* t = it ? PyIter_Next(it) : nullptr; t != nullptr; t = PyIter_Next(it)) {
+      void* p = nullptr;
+      ok = ok && SWIG_IsOK(SWIG_ConvertPtr(t, &p, type, 0)) && p != nullptr;
+      if (ok) group.params.push_back(*static_cast<braid::Tensor*>(p));
+      Py_DECREF(t);
+    }
+    ok = ok && it != nullptr && !PyErr_Occurred();
+    Py_XDECREF(it);
+    PyObject *key, *value;
+    for (Py_ssize_t pos = 0; ok && PyDict_Next(dict, &pos, &key, &value);) {
+      std::string name = PyUnicode_Check(key) ? PyUnicode_AsUTF8(key) : "";
+      if (name == "betas") {
+        ok = PySequence_Check(value) && PySequence_Size(value) == 2;
+        for (int b = 0; ok && b < 2; ++b) {
+          PyObject* beta = PySequence_GetItem(value, b);
+          group.options[b == 0 ? "beta1" : "beta2"] = beta ? PyFloat_AsDouble(beta) : 0.0;
+          Py_XDECREF(beta);
+        }
+      } else if (name != "params") {
+        group.options[name] = PyFloat_AsDouble(value);
+      }
+      ok = ok && !name.empty() && !PyErr_Occurred();
+    }
+    if (ok) out->push_back(std::move(group));
+  }
+  Py_XDECREF(seq);
+  PyErr_Clear();
+  return ok;
+}
+}  // namespace braid_py
+%}
+%typemap(in) std::vector<braid::optim::ParamGroup> groups {
+  if (!braid_py::param_groups_arg($input, &$1, $descriptor(braid::Tensor*))) {
+    SWIG_exception_fail(SWIG_TypeError, "in method '$symname', argument $argnum: expected a list of dicts, each with 'params'");
+  }
+}
+%typemap(typecheck, precedence=1) std::vector<braid::optim::ParamGroup> groups {
+  $1 = braid_py::param_groups_arg($input, nullptr, $descriptor(braid::Tensor*));
+}
+
 %include "braid/optim/optimizer.h"
 %include "braid/optim/optimizers.h"
 %include "braid/optim/lr_scheduler.h"
