@@ -36,6 +36,13 @@ TEST(Autograd, BackwardFromSeveralRootsIsOnePass) {
   backward({x}, {gw});
   EXPECT_EQ(x.grad().to_vector<double>(), gw.to_vector<double>());
   EXPECT_THROW(backward({u}, {vec({1, 2})}), ValueError);
+  // No gradients, or an undefined one, mean ones: d/dx [sum(u) + gw.x] = 2x + gw.
+  x.set_grad(Tensor());
+  backward({x * x, x}, {Tensor(), gw});
+  EXPECT_EQ(x.grad().to_vector<double>(), (std::vector<double>{12, 16, 36}));
+  x.set_grad(Tensor());
+  backward({x * x});
+  EXPECT_EQ(x.grad().to_vector<double>(), (std::vector<double>{2, -4, 6}));
 }
 
 TEST(Autograd, GradientsAccumulateAcrossBackwardCalls) {

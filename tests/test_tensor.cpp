@@ -408,6 +408,16 @@ TEST(Storage, LiveBytesCountsOwnedMemory) {
 
 // ---- creation ----
 
+TEST(Creation, RandLikeDrawsAsRandWithTheSameGenerator) {
+  Tensor t = zeros({4, 5}, kFloat64);
+  Generator a(7), b(7);
+  Tensor u = rand_like(t, &a), n = randn_like(t, &a);
+  EXPECT_EQ(u.shape(), t.shape());
+  EXPECT_EQ(n.dtype(), kFloat64);
+  EXPECT_EQ(u.to_vector<double>(), rand({4, 5}, kFloat64, &b).to_vector<double>());
+  EXPECT_EQ(n.to_vector<double>(), randn({4, 5}, kFloat64, &b).to_vector<double>());
+}
+
 TEST(Creation, ConstantFills) {
   EXPECT_EQ(zeros({2, 2}).to_vector<float>(), (F{0, 0, 0, 0}));
   EXPECT_EQ(ones({3}, kInt32).to_vector<int32_t>(), (std::vector<int32_t>{1, 1, 1}));
@@ -419,6 +429,9 @@ TEST(Creation, ConstantFills) {
   EXPECT_EQ(like.shape(), (Shape{2, 3}));
   EXPECT_EQ(full_like(like, 9).to_vector<int64_t>(), (I{9, 9, 9, 9, 9, 9}));
   EXPECT_EQ(ones_like(tensor(D{1, 2}, {2})).to_vector<double>(), (D{1, 1}));
+  EXPECT_EQ(ones_like(like, kFloat64).to_vector<double>(), (D{1, 1, 1, 1, 1, 1}));  // another dtype
+  EXPECT_EQ(zeros_like(like, kBool).dtype(), kBool);
+  EXPECT_EQ(full_like(like, 0.5, kFloat32).to_vector<float>(), (F{0.5, 0.5, 0.5, 0.5, 0.5, 0.5}));
   EXPECT_EQ(scalar_tensor(3, kInt64).item(), 3.0);
   EXPECT_EQ(zeros({0, 3}).numel(), 0);
 }

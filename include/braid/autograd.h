@@ -26,8 +26,10 @@ class NoGradGuard {
 };
 
 /// Backward from several tensors at once, each with its gradient (torch.autograd.backward): one
-/// pass, in which every leaf's gradient and grad-ready hooks see all roots' contributions.
-void backward(const std::vector<Tensor>& tensors, const std::vector<Tensor>& gradients, bool retain_graph = false);
+/// pass, in which every leaf's gradient and grad-ready hooks see all roots' contributions. No
+/// grad_tensors, or an undefined one, means ones of the tensor's shape (d tensor / d tensor).
+void backward(const std::vector<Tensor>& tensors, const std::vector<Tensor>& grad_tensors = {},
+              bool retain_graph = false);
 
 /// Calls fn each time a backward pass has finished accumulating into leaf's .grad: after the last
 /// of that pass's contributions, not after each (a parameter used twice fires once). A leaf that

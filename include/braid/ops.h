@@ -32,10 +32,10 @@ Tensor empty(const Shape& shape, DType dtype = kFloat32, Device device = BRAID_I
 Tensor zeros(const Shape& shape, DType dtype = kFloat32, Device device = BRAID_IMPLICIT_DEVICE);
 Tensor ones(const Shape& shape, DType dtype = kFloat32, Device device = BRAID_IMPLICIT_DEVICE);
 Tensor full(const Shape& shape, double value, DType dtype = kFloat32, Device device = BRAID_IMPLICIT_DEVICE);
-/// Same shape, dtype and device as t.
-Tensor zeros_like(const Tensor& t);
-Tensor ones_like(const Tensor& t);
-Tensor full_like(const Tensor& t, double value);
+/// Same shape and device as t, with t's dtype unless dtype is given (torch.zeros_like(t, dtype=...)).
+Tensor zeros_like(const Tensor& t, std::optional<DType> dtype = std::nullopt);
+Tensor ones_like(const Tensor& t, std::optional<DType> dtype = std::nullopt);
+Tensor full_like(const Tensor& t, double value, std::optional<DType> dtype = std::nullopt);
 /// A 0-d tensor holding value.
 Tensor scalar_tensor(double value, DType dtype = kFloat32, Device device = BRAID_IMPLICIT_DEVICE);
 /// A 0-d tensor holding value with t's dtype and device (tinygrad's const_like): the constant that
@@ -68,6 +68,9 @@ Tensor rand(const Shape& shape, DType dtype = kFloat32, Generator* gen = nullptr
 /// Normal with the given mean and standard deviation.
 Tensor randn(const Shape& shape, DType dtype = kFloat32, Generator* gen = nullptr, double mean = 0.0, double std = 1.0,
              Device device = BRAID_IMPLICIT_DEVICE);
+/// rand and randn with t's shape, dtype and device.
+Tensor rand_like(const Tensor& t, Generator* generator = nullptr);
+Tensor randn_like(const Tensor& t, Generator* generator = nullptr);
 /// 1 with probability p, else 0, in dtype.
 Tensor bernoulli(const Shape& shape, double p, DType dtype = kFloat32, Generator* gen = nullptr,
                  Device device = BRAID_IMPLICIT_DEVICE);
@@ -236,12 +239,12 @@ Tensor contiguous(const Tensor& x);
 Tensor cast(const Tensor& x, DType dtype);
 /// x on device (x itself when it is there already); the gradient is moved back to x's device.
 Tensor to_device(const Tensor& x, Device device);
-Tensor concat(const std::vector<Tensor>& xs, int64_t axis);
-Tensor stack(const std::vector<Tensor>& xs, int64_t axis);
-/// Pieces of the given sizes along axis (they must add up to the axis' size).
-std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, int64_t axis);
+Tensor concat(const std::vector<Tensor>& tensors, int64_t dim = 0);
+Tensor stack(const std::vector<Tensor>& tensors, int64_t dim = 0);
+/// Pieces of the given sizes along dim (they must add up to the axis' size).
+std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, int64_t dim = 0);
 /// n pieces of equal size (the last may be smaller), as torch.chunk.
-std::vector<Tensor> chunk(const Tensor& x, int64_t n, int64_t axis);
+std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim = 0);
 // In gather, index_select and scatter_add a negative index counts from the end of the axis, as in
 // Python and NumPy (PyTorch refuses it); an index out of [-size, size) is an IndexError.
 /// out[i][j] = x[index[i][j]][j] for axis 0 (torch.gather).

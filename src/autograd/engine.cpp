@@ -261,16 +261,16 @@ void remove_grad_ready_hook(const Tensor& leaf, int id) {
 }
 
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& gradients, bool retain_graph) {
-  BRAID_CHECK(roots.size() == gradients.size(), "backward: ", roots.size(), " tensors but ", gradients.size(),
-              " gradients");
+  BRAID_CHECK(gradients.empty() || roots.size() == gradients.size(), "backward: ", roots.size(), " tensors but ",
+              gradients.size(), " gradients");
   std::vector<Tensor> gs;
   for (size_t i = 0; i < roots.size(); ++i) {
     const Tensor& r = roots[i];
-    const Tensor& g = gradients[i];
     BRAID_CHECK(r.defined() && r.requires_grad(), "backward: tensor ", i, " (shape ",
                 r.defined() ? shape_str(r.shape()) : "undefined", ") does not require grad");
-    BRAID_CHECK(g.defined() && g.shape() == r.shape(), "backward: gradient ", i, " has shape ",
-                g.defined() ? shape_str(g.shape()) : "undefined", ", its tensor ", shape_str(r.shape()));
+    const Tensor g = i < gradients.size() && gradients[i].defined() ? gradients[i] : ones_like(r);
+    BRAID_CHECK(g.shape() == r.shape(), "backward: gradient ", i, " has shape ", shape_str(g.shape()), ", its tensor ",
+                shape_str(r.shape()));
     gs.push_back(g.dtype() == r.dtype() ? g : cast(g, r.dtype()));
   }
   if (!roots.empty()) detail::run_backward(roots, gs, retain_graph);

@@ -71,6 +71,14 @@ void set_num_threads(int n) {
   apply(n);
 }
 
+std::string blas_threading_warning() {
+  if (openblas_get_parallel() != 1) return "";  // 0: sequential, 2: OpenMP (braid's pool)
+  return "braid: the OpenBLAS in use runs its own pthread pool (its pthread build was loaded first, e.g. by NumPy "
+         "or PyTorch imported before braid, or no OpenMP build is installed), and its threads compete with braid's "
+         "OpenMP threads: multi-threaded steps slow down. Load braid first (in Python: import braid before numpy and "
+         "torch), install libopenblas0-openmp, or set OMP_WAIT_POLICY=passive.";
+}
+
 ThreadLimitGuard::ThreadLimitGuard(int n) : prev_(t_limit) {
   BRAID_CHECK(n >= 1, "ThreadLimitGuard: expected a positive thread count, got ", n);
   t_limit = n;

@@ -22,9 +22,11 @@ Tensor full(const Shape& shape, double value, DType dtype, Device device) {
 }
 Tensor zeros(const Shape& shape, DType dtype, Device device) { return full(shape, 0.0, dtype, device); }
 Tensor ones(const Shape& shape, DType dtype, Device device) { return full(shape, 1.0, dtype, device); }
-Tensor zeros_like(const Tensor& t) { return zeros(t.shape(), t.dtype(), t.device()); }
-Tensor ones_like(const Tensor& t) { return ones(t.shape(), t.dtype(), t.device()); }
-Tensor full_like(const Tensor& t, double value) { return full(t.shape(), value, t.dtype(), t.device()); }
+Tensor zeros_like(const Tensor& t, std::optional<DType> dtype) { return zeros(t.shape(), dtype.value_or(t.dtype()), t.device()); }
+Tensor ones_like(const Tensor& t, std::optional<DType> dtype) { return ones(t.shape(), dtype.value_or(t.dtype()), t.device()); }
+Tensor full_like(const Tensor& t, double value, std::optional<DType> dtype) {
+  return full(t.shape(), value, dtype.value_or(t.dtype()), t.device());
+}
 Tensor scalar_tensor(double value, DType dtype, Device device) { return full({}, value, dtype, device); }
 Tensor scalar_like(const Tensor& t, double value) { return full({}, value, t.dtype(), t.device()); }
 
@@ -135,6 +137,11 @@ Tensor randn(const Shape& shape, DType dtype, Generator* gen, double mean, doubl
   BRAID_CHECK(std >= 0, "randn: std must be non-negative, got ", std);
   BRAID_CHECK_T(TypeError, is_floating(dtype), "randn: dtype must be floating, got ", dtype_name(dtype));
   return draw(RandomKind::Normal, shape, dtype, gen, mean, std, device, "randn");
+}
+
+Tensor rand_like(const Tensor& t, Generator* generator) { return rand(t.shape(), t.dtype(), generator, 0.0, 1.0, t.device()); }
+Tensor randn_like(const Tensor& t, Generator* generator) {
+  return randn(t.shape(), t.dtype(), generator, 0.0, 1.0, t.device());
 }
 
 Tensor bernoulli(const Shape& shape, double p, DType dtype, Generator* gen, Device device) {

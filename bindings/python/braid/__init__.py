@@ -8,6 +8,7 @@ data.Dataset that work wherever C++ ones do.
 
 import builtins as _builtins
 import contextlib as _contextlib
+import types as _types
 
 from ._swig import core as _core
 from ._tensor import (Tensor, Device, dtype, device, from_numpy, from_dlpack, tensor, as_tensor,
@@ -108,25 +109,14 @@ class autocast(_contextlib.ContextDecorator):
         return False
 
 
-def backward(tensors, grad_tensors=None, retain_graph=False):
-    """Back-propagates from several tensors in one pass (torch.autograd.backward)."""
-    tensors = list(tensors)
-    grads = list(grad_tensors) if grad_tensors is not None else [None] * len(tensors)
-    _core.backward(tensors, [g if g is not None else _core.ones_like(t) for g, t in zip(grads, tensors)], retain_graph)
-
-
-class _AutogradNamespace:
-    """braid.autograd: backward over several roots, and hooks into a backward pass (braid/autograd.h)."""
-
-    backward = staticmethod(backward)
-    # fn() runs once a backward pass has finished accumulating into leaf.grad; returns an id.
-    add_grad_ready_hook = staticmethod(_core.add_grad_ready_hook)
-    remove_grad_ready_hook = staticmethod(_core.remove_grad_ready_hook)
-    # fn() runs once the backward pass in progress has finished, before backward() returns.
-    queue_backward_callback = staticmethod(_core.queue_backward_callback)
-
-
-autograd = _AutogradNamespace()
+# braid.autograd: backward over several roots (no grad_tensors, or None, means ones) and hooks into
+# a backward pass (braid/autograd.h): add_grad_ready_hook(leaf, fn) calls fn once a pass has finished
+# accumulating into leaf.grad and returns an id; queue_backward_callback(fn) runs fn once the pass in
+# progress has finished, before backward() returns.
+backward = _core.backward
+autograd = _types.SimpleNamespace(backward=backward, add_grad_ready_hook=_core.add_grad_ready_hook,
+                                  remove_grad_ready_hook=_core.remove_grad_ready_hook,
+                                  queue_backward_callback=_core.queue_backward_callback)
 
 
 # ---- creation, with PyTorch's signatures ----
@@ -151,26 +141,6 @@ zeros, ones, empty, rand, randn = (_sized(getattr(_core, n)) for n in ("zeros", 
 
 def full(size, fill_value, dtype=float32, device=None, requires_grad=False):
     return _finish(_core.full(_shape_args((size,)), fill_value, dtype, device), requires_grad)
-
-
-def zeros_like(t, dtype=None):
-    return _core.zeros_like(t) if dtype is None else _core.zeros(t.shape, dtype, t.device)
-
-
-def ones_like(t, dtype=None):
-    return _core.ones_like(t) if dtype is None else _core.ones(t.shape, dtype, t.device)
-
-
-def full_like(t, fill_value):
-    return _core.full_like(t, fill_value)
-
-
-def rand_like(t, generator=None):
-    return _core.rand(t.shape, t.dtype, generator, 0.0, 1.0, t.device)
-
-
-def randn_like(t, generator=None):
-    return _core.randn(t.shape, t.dtype, generator, 0.0, 1.0, t.device)
 
 
 def arange(start, end=None, step=1, dtype=None, device=None, requires_grad=False):
@@ -205,69 +175,21 @@ for _name in ("neg", "abs", "exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "sq
               "index_select", "scatter_add", "pad", "one_hot", "tril", "triu", "allclose", "equal", "conv1d",
               "conv2d", "conv_transpose2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "scalar_like",
               "softmax", "log_softmax", "linspace", "eye", "randperm", "scalar_tensor", "sum", "mean", "prod", "amax",
+              "zeros_like", "ones_like", "full_like", "rand_like", "randn_like", "concat", "stack", "chunk",
               "amin", "logsumexp", "argmax", "argmin", "synchronize", "memory_allocated", "max_memory_allocated",
               "reset_peak_memory_stats", "empty_cache"):
     globals()[_name] = getattr(_core, _name)
 
 
-var = Tensor.var
-std = Tensor.std
-clamp = Tensor.clamp
-squeeze = Tensor.squeeze
-flatten = Tensor.flatten
+# The Tensor methods that take PyTorch's shapes and sizes, as functions (braid.reshape(x, 2, 3)).
+var, std, clamp, squeeze, flatten = Tensor.var, Tensor.std, Tensor.clamp, Tensor.squeeze, Tensor.flatten
+reshape, permute, expand, split = Tensor.reshape, Tensor.permute, Tensor.expand, Tensor.split
+cat = concat  # noqa: F821 (bound by the loop above)
 
 
-def reshape(x, *shape):
-    return x.reshape(*shape)
+if _core.blas_threading_warning():  # NumPy's or PyTorch's OpenBLAS came first (Note [One thread pool])
+    import warnings
 
-
-def permute(x, *dims):
-    return x.permute(*dims)
-
-
-def expand(x, *shape):
-    return x.expand(*shape)
-
-
-def cat(tensors, dim=0):
-    return _core.concat(list(tensors), dim)
-
-
-concat = cat
-
-
-def stack(tensors, dim=0):
-    return _core.stack(list(tensors), dim)
-
-
-def split(x, split_size_or_sections, dim=0):
-    return x.split(split_size_or_sections, dim)
-
-
-def chunk(x, chunks, dim=0):
-    return x.chunk(chunks, dim)
-
-
-
-
-def _check_blas():
-    """Warns when another build of OpenBLAS came first (Note [One thread pool]): libbraid asks for
-    the OpenMP build by path, but a libopenblas.so.0 already loaded (Debian's NumPy or PyTorch,
-    imported before braid) is the one the process uses, and its threads compete with braid's."""
-    try:
-        with open("/proc/self/maps") as f:
-            maps = f.read()
-    except OSError:
-        return
-    if "openblas-pthread/libopenblas" in maps and "openblas-openmp/libopenblas" not in maps:
-        import warnings
-
-        warnings.warn("braid: the pthread build of OpenBLAS was loaded before braid (by NumPy or PyTorch, "
-                      "imported first), and its threads compete with braid's OpenMP threads: multi-threaded "
-                      "steps slow down. Import braid before numpy and torch, or set OMP_WAIT_POLICY=passive.",
-                      RuntimeWarning, stacklevel=3)
-
-
-_check_blas()
+    warnings.warn(_core.blas_threading_warning(), RuntimeWarning, stacklevel=2)
 
 from . import nn, optim, data, checkpoint, onnx, distributed, progress  # noqa: E402,F401

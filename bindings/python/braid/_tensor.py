@@ -401,10 +401,9 @@ Tensor.bfloat16 = lambda t: t.to(dtype.bfloat16)
 Tensor.type_as = lambda t, other: t.to(other.dtype)
 Tensor.new_zeros = lambda t, *shape: _core.zeros(_shape_args(shape), t.dtype, t.device)
 Tensor.new_ones = lambda t, *shape: _core.ones(_shape_args(shape), t.dtype, t.device)
-Tensor.chunk = lambda t, chunks, dim=0: list(_core.chunk(t, chunks, dim))
-Tensor.split = lambda t, sizes, dim=0: list(_core.split(
+Tensor.split = lambda t, sizes, dim=0: _core.split(
     t, [sizes] * (t.shape[dim] // sizes) + ([t.shape[dim] % sizes] if t.shape[dim] % sizes else [])
-    if isinstance(sizes, numbers.Integral) else list(sizes), dim))
+    if isinstance(sizes, numbers.Integral) else list(sizes), dim)
 
 _to = _cx.Tensor_to
 
@@ -438,7 +437,7 @@ for _name in ("abs", "exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "square", 
               "scatter_add", "neg", "pow", "logical_and", "logical_or", "logical_xor", "eq", "ne", "lt", "le", "gt",
               "ge", "add", "sub", "mul", "div", "asin", "acos", "atan", "leaky_relu", "elu", "softplus", "hardswish",
               "hardsigmoid", "softmax", "log_softmax", "sum", "mean", "prod", "amax", "amin", "logsumexp", "any", "all",
-              "argmax", "argmin"):
+              "argmax", "argmin", "chunk"):
     if not hasattr(Tensor, _name) or _name in ("abs", "neg", "pow"):
         setattr(Tensor, _name, _method(getattr(_core, _name)))
 Tensor.masked_fill = lambda t, mask, value: _core.where(mask, _core.scalar_tensor(float(value), t.dtype, t.device), t)

@@ -397,3 +397,30 @@ def test_int8_and_uint8_storage_tensors_come_back_as_themselves():
     assert d.to(braid.int32).numpy().tolist() == [7, 250]
     with pytest.raises(TypeError, match="storage type"):
         s + s
+
+
+# ---------------------------------------------------------------- one thread pool
+
+PTHREAD_OPENBLAS = "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0"
+BLAS_PROBE = textwrap.dedent("""
+    import ctypes, sys, warnings
+    if sys.argv[1] == "pthread-first":  # as NumPy or PyTorch linked to Debian's default OpenBLAS would
+        ctypes.CDLL(sys.argv[2], mode=ctypes.RTLD_GLOBAL)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        import braid
+    print([str(w.message) for w in caught if w.category is RuntimeWarning])
+""")
+
+
+@pytest.mark.skipif(not all(os.path.exists(p) for p in (PTHREAD_OPENBLAS, PTHREAD_OPENBLAS.replace("pthread", "openmp"))),
+                    reason="needs both of Debian's OpenBLAS builds (braid links the OpenMP one when it is there)")
+def test_import_warns_when_another_openblas_pool_came_first():
+    # Note [One thread pool]: braid links OpenBLAS's OpenMP build; the pthread build loaded first is
+    # the one the process uses, and OpenBLAS itself reports it (openblas_get_parallel).
+    runs = {how: subprocess.run([sys.executable, "-c", BLAS_PROBE, how, PTHREAD_OPENBLAS], capture_output=True,
+                                text=True, timeout=120, env=os.environ) for how in ("pthread-first", "braid-first")}
+    for how, r in runs.items():
+        assert r.returncode == 0, (how, r.stderr)
+    assert "runs its own pthread pool" in runs["pthread-first"].stdout
+    assert runs["braid-first"].stdout.strip() == "[]"
