@@ -192,6 +192,32 @@ ProcessGroupPtr world() {
   return runtime().world;
 }
 
+int get_rank(const ProcessGroupPtr& group) {
+  if (group) return group->rank();
+  return is_initialized() ? world_info().rank : 0;
+}
+
+int get_world_size(const ProcessGroupPtr& group) {
+  if (group) return group->size();
+  return is_initialized() ? world_info().size : 1;
+}
+
+Tensor all_reduce(Tensor tensor, ReduceOp op, const ProcessGroupPtr& group) {
+  (group ? group : world())->all_reduce(tensor, op);
+  return tensor;
+}
+
+Tensor broadcast(Tensor tensor, int src, const ProcessGroupPtr& group) {
+  (group ? group : world())->broadcast(tensor, src);
+  return tensor;
+}
+
+Tensor all_gather(const Tensor& tensor, const ProcessGroupPtr& group) {
+  return (group ? group : world())->all_gather(tensor);
+}
+
+void barrier(const ProcessGroupPtr& group) { (group ? group : world())->barrier(); }
+
 void abort_job(const std::string& message, int code) {
 #ifdef BRAID_DISTRIBUTED_MPI
   if (runtime().uses_mpi) detail::mpi_abort(message, code);

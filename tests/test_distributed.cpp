@@ -167,6 +167,33 @@ TEST_F(Collectives, BroadcastAllGatherReduceScatterBarrier) {
   world()->barrier();
 }
 
+TEST_F(Collectives, FreeFunctionsRunOnTheWorldOrTheGroupGiven) {
+  EXPECT_EQ(get_rank(), R());
+  EXPECT_EQ(get_world_size(), N());
+  Tensor t = full({3}, R() + 1.0, kFloat64);
+  Tensor same = all_reduce(t);  // in place, and returned
+  EXPECT_EQ(t.to_vector<double>(), std::vector<double>(3, N() * (N() + 1) / 2.0));
+  EXPECT_EQ(same.data_ptr(), t.data_ptr());
+  all_reduce(t, ReduceOp::Max);
+  EXPECT_EQ(max_of(t), N() * (N() + 1) / 2.0);
+  Tensor b = full({2}, R() * 10.0, kFloat32);
+  broadcast(b, N() - 1);
+  EXPECT_EQ(b.to_vector<float>(), std::vector<float>(2, (N() - 1) * 10.0f));
+  Tensor g = all_gather(full({1}, R() + 0.5, kFloat64));
+  ASSERT_EQ(g.shape(), (Shape{N(), 1}));
+  for (int r = 0; r < N(); ++r) EXPECT_EQ(g.select(0, r).item(), r + 0.5);
+  // On a group: the odd and the even ranks reduce separately.
+  auto sub = world()->split(R() % 2, R());
+  EXPECT_EQ(get_rank(sub), R() / 2);
+  EXPECT_EQ(get_world_size(sub), (N() + 1 - R() % 2) / 2);
+  Tensor s = all_reduce(full({1}, 1.0, kFloat64), ReduceOp::Sum, sub);
+  EXPECT_EQ(s.item(), get_world_size(sub));
+  EXPECT_EQ(broadcast(full({1}, R() * 1.0, kFloat64), 0, sub).item(), R() % 2);
+  EXPECT_EQ(all_gather(full({1}, 2.0, kFloat64), sub).shape(), (Shape{get_world_size(sub), 1}));
+  barrier(sub);
+  barrier();
+}
+
 TEST_F(Collectives, SendRecvAroundTheRing) {
   if (N() == 1) GTEST_SKIP() << "point-to-point needs two ranks (run under mpiexec)";
   const int right = (R() + 1) % N(), left = (R() + N() - 1) % N();

@@ -69,8 +69,7 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const std::string& kind, const 
     optim::AdamOptions a;
     optim::AdamWOptions w;
     a.lr = w.lr = get("lr", a.lr);
-    a.beta1 = w.beta1 = get("beta1", a.beta1);
-    a.beta2 = w.beta2 = get("beta2", a.beta2);
+    a.betas = w.betas = {get("beta1", a.betas.first), get("beta2", a.betas.second)};
     a.eps = w.eps = get("eps", a.eps);
     a.weight_decay = get("weight_decay", a.weight_decay);
     w.weight_decay = get("weight_decay", w.weight_decay);
@@ -496,7 +495,7 @@ TEST(OptimizerErrors, OptionsAndParametersAreChecked) {
       << m;
   m = message_of<ValueError>([&] { optim::SGD({w}, {.lr = 0.1, .nesterov = true}); });
   EXPECT_NE(m.find("Nesterov momentum requires a momentum and zero dampening"), std::string::npos) << m;
-  m = message_of<ValueError>([&] { optim::Adam({w}, {.beta2 = 1.0}); });
+  m = message_of<ValueError>([&] { optim::Adam({w}, {.betas = {0.9, 1.0}}); });
   EXPECT_NE(m.find("Adam: invalid beta2 1"), std::string::npos) << m;
   m = message_of<ValueError>([&] { optim::AdamW({w, w}); });
   EXPECT_NE(m.find("appears in more than one place"), std::string::npos) << m;

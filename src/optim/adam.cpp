@@ -14,8 +14,8 @@ using namespace detail;
 namespace {
 std::map<std::string, double> adam_defaults(const AdamOptions& o) {
   return {{"lr", o.lr},
-          {"beta1", o.beta1},
-          {"beta2", o.beta2},
+          {"beta1", o.betas.first},
+          {"beta2", o.betas.second},
           {"eps", o.eps},
           {"weight_decay", o.weight_decay},
           {"amsgrad", o.amsgrad ? 1.0 : 0.0},
@@ -23,7 +23,7 @@ std::map<std::string, double> adam_defaults(const AdamOptions& o) {
 }
 
 AdamOptions as_adam(const AdamWOptions& o) {
-  return {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, o.amsgrad, o.maximize};
+  return {o.lr, o.betas, o.eps, o.weight_decay, o.amsgrad, o.maximize};
 }
 }  // namespace
 

@@ -24,6 +24,13 @@ world_info = _dist.world_info
 rank_table = _dist.rank_table
 set_timeout = _dist.set_timeout
 world = _dist.world
+# torch.distributed's functions, over the world unless group= names a group.
+get_rank = _dist.get_rank
+get_world_size = _dist.get_world_size
+all_reduce = _dist.all_reduce
+broadcast = _dist.broadcast
+all_gather = _dist.all_gather
+barrier = _dist.barrier
 SyncBatchNorm = _dist.SyncBatchNorm
 convert_sync_batchnorm = _dist.convert_sync_batchnorm
 gpipe_schedule = _dist.gpipe_schedule
@@ -47,13 +54,12 @@ def _end_job_on_exception(kind, value, tb):
     _previous_excepthook(kind, value, tb)
 
 
-def init(timeout_seconds=-1.0, debug=-1, handle_failures=True):
+def init(**options):
     """Starts the distributed runtime (idempotent) and returns this process's WorldInfo (rank, size,
-    local_rank, local_size, launcher, host)."""
-    opts = _dist.InitOptions()
-    opts.timeout_seconds, opts.debug, opts.handle_failures = timeout_seconds, debug, handle_failures
-    info = _dist.init(opts)
-    if handle_failures:
+    local_rank, local_size, launcher, host). Keywords: InitOptions' fields (timeout_seconds, debug,
+    handle_failures)."""
+    info = _dist.init(**options)
+    if options.get("handle_failures", True):
         sys.excepthook = _end_job_on_exception
     return info
 
@@ -80,70 +86,32 @@ def preemption_requested(group=None, step=None):
 preemption_signal = _dist.preemption_signal
 
 
-def get_rank():
-    return _dist.world_info().rank if _dist.is_initialized() else 0
-
-
-def get_world_size():
-    return _dist.world_info().size if _dist.is_initialized() else 1
-
-
-def all_reduce(tensor, op=_dist.ReduceOp_Sum, group=None):
-    """Reduces tensor in place across the ranks of group (the world by default)."""
-    (group or _dist.world()).all_reduce(tensor, op)
-    return tensor
-
-
-def broadcast(tensor, src=0, group=None):
-    (group or _dist.world()).broadcast(tensor, src)
-    return tensor
-
-
-def all_gather(tensor, group=None):
-    return (group or _dist.world()).all_gather(tensor)
-
-
-def barrier(group=None):
-    (group or _dist.world()).barrier()
-
-
-class DistributedDataParallel:
+class DistributedDataParallel(_dist.DistributedDataParallel):
     """Averages module's gradients across ranks while backward runs (bucketed, overlapped). It
     attaches to the parameters: calling it is calling the module, and state_dict names stay the
-    model's. Collective: every rank constructs it."""
+    model's. Keywords: DataParallelOptions' fields. Collective: every rank constructs it."""
 
-    def __init__(self, module, group=None, bucket_cap_mb=25.0, find_unused_parameters=False, deterministic=False,
-                 broadcast_buffers=True):
-        opts = _dist.DataParallelOptions()
-        opts.bucket_cap_mb, opts.find_unused_parameters = bucket_cap_mb, find_unused_parameters
-        opts.deterministic, opts.broadcast_buffers = deterministic, broadcast_buffers
-        self.module = module  # keeps a Python module alive while C++ holds it
-        self._ddp = _dist.DistributedDataParallel(module, group, opts)
+    def __init__(self, module, group=None, **options):
+        super().__init__(module, group, **options)  # the C++ object keeps module alive
+        self.module = module
 
     def __call__(self, *args, **kwargs):
         return self.module(*args, **kwargs)
 
     forward = __call__
 
-    def __del__(self):
-        ddp = self.__dict__.pop("_ddp", None)  # detaches its hooks before the module may go
-        del ddp
-
     @contextlib.contextmanager
     def no_sync(self):
         """Backward passes in this scope accumulate gradients locally; the first backward after it
         all-reduces what was accumulated (gradient accumulation, as PyTorch's DDP.no_sync)."""
-        guard = _dist.DataParallelNoSync(self._ddp)
+        guard = _dist.DataParallelNoSync(self)
         try:
             yield
         finally:
             del guard
 
-    def bucket_names(self):
-        return [list(b) for b in self._ddp.bucket_names()]
-
     def __getattr__(self, name):  # parameters, named_parameters, state_dict, load_state_dict: the module's
-        return getattr(self.__dict__["module"], name)
+        return getattr(self.module, name)
 
     def train(self, mode=True):
         self.module.train(mode)
@@ -152,27 +120,7 @@ class DistributedDataParallel:
     def eval(self):
         return self.train(False)
 
-    def last_stats(self):
-        """Timings of the latest synchronised backward pass (seconds, buckets, bytes)."""
-        return self._ddp.last_stats()
 
-
-class PipelineStage:
-    """One stage of a pipeline: this rank's part of the model (a Python module works too)."""
-
-    def __init__(self, module, group, **options):
-        opts = _dist.PipelineOptions()
-        for k, v in options.items():
-            setattr(opts, k, v)
-        self.module = module
-        self._stage = _dist.PipelineStage(module, group, opts)
-
-    def train_step(self, schedule, input, target, loss):
-        """Runs schedule's micro-batches; loss(output, target) on the last stage. Returns the loss."""
-        return self._stage.train_step(schedule, input, target, loss)
-
-    def forward(self, input):
-        return self._stage.forward(input)
-
-    def __getattr__(self, name):
-        return getattr(self.__dict__["_stage"], name)
+# One stage of a pipeline: this rank's part of the model (a Python module works too); keywords:
+# PipelineOptions' fields.
+PipelineStage = _dist.PipelineStage

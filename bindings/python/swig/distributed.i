@@ -64,6 +64,37 @@ inline braid::distributed::PipeLoss pipe_loss(PyObject* callable) {
   $1 = &temp;
 }
 
+BRAID_KEYWORD_OPTIONS(braid::distributed::InitOptions)
+BRAID_KEYWORD_OPTIONS(braid::distributed::DataParallelOptions)
+BRAID_KEYWORD_OPTIONS(braid::distributed::PipelineOptions)
+
+// Note [Python objects that C++ holds] (braid.swg): the module that a DistributedDataParallel or a
+// PipelineStage holds keeps its Python object alive until the C++ object is destroyed, which is
+// after it has detached from the module. Neither is reachable from the module, so this makes no cycle.
+%{
+namespace braid_py {
+inline std::shared_ptr<braid::nn::Module> holding(std::shared_ptr<braid::nn::Module> m, PyObject* owner) {
+  Py_INCREF(owner);
+  std::shared_ptr<PyObject> ref(owner, [](PyObject* o) {
+    if (!Py_IsInitialized()) return;
+    PyGILState_STATE s = PyGILState_Ensure();
+    Py_DECREF(o);
+    PyGILState_Release(s);
+  });
+  auto both = std::make_shared<std::pair<std::shared_ptr<braid::nn::Module>, std::shared_ptr<PyObject>>>(m, ref);
+  return std::shared_ptr<braid::nn::Module>(both, m.get());
+}
+}  // namespace braid_py
+%}
+%typemap(in) std::shared_ptr<braid::nn::Module> module (void* argp = nullptr, int res = 0, int newmem = 0) {
+  res = SWIG_ConvertPtrAndOwn($input, &argp, $descriptor(std::shared_ptr<braid::nn::Module>*), 0, &newmem);
+  if (!SWIG_IsOK(res) || argp == nullptr) {
+    SWIG_exception_fail(SWIG_ArgError(res), "in method '$symname', argument $argnum: expected a braid.nn.Module");
+  }
+  $1 = braid_py::holding(*static_cast<std::shared_ptr<braid::nn::Module>*>(argp), $input);
+  if (newmem & SWIG_CAST_NEW_MEMORY) delete static_cast<std::shared_ptr<braid::nn::Module>*>(argp);
+}
+
 %ignore braid::distributed::DistributedDataParallel::operator();
 // The gradient-accumulation guard, as a class of its own (distributed.py's no_sync() holds one).
 %feature("flatnested") braid::distributed::DistributedDataParallel::NoSync;
@@ -73,6 +104,7 @@ inline braid::distributed::PipeLoss pipe_loss(PyObject* callable) {
 
 %template(PipeActionVector) std::vector<braid::distributed::PipeAction>;
 %template(LayerProfileVector) std::vector<braid::distributed::LayerProfile>;
+%template(StringVectors) std::vector<std::vector<std::string>>;  // bucket_names(): a tuple of tuples
 
 %include "braid/distributed/process_group.h"
 %include "braid/distributed/data_parallel.h"

@@ -1,5 +1,6 @@
 // braid._swig.optim: optimizers, parameter groups, learning-rate schedules, gradient clipping and
-// the GradScaler (braid/optim/*.h). braid/optim.py gives them PyTorch's keyword arguments.
+// the GradScaler (braid/optim/*.h), with PyTorch's keyword arguments: the options structs' fields
+// (Note [Options as keywords] in typemaps.swg), betas=(b1, b2) as in AdamOptions.
 %module(package="braid._swig") optim
 
 %include "braid.swg"
@@ -22,21 +23,46 @@
 %template(TensorMap) std::map<std::string, braid::Tensor>;
 %template(ParamGroupVector) std::vector<braid::optim::ParamGroup>;
 
+BRAID_KEYWORD_OPTIONS(braid::optim::SGDOptions)
+BRAID_KEYWORD_OPTIONS(braid::optim::AdamOptions)
+BRAID_KEYWORD_OPTIONS(braid::optim::AdamWOptions)
+BRAID_KEYWORD_OPTIONS(braid::optim::RMSpropOptions)
+BRAID_KEYWORD_OPTIONS(braid::optim::AdagradOptions)
+BRAID_KEYWORD_OPTIONS(braid::optim::GradScalerOptions)
+%template(DoublePair) std::pair<double, double>;
+%naturalvar braid::optim::AdamOptions::betas;
+%naturalvar braid::optim::AdamWOptions::betas;
+// One constructor per optimizer, so that its arguments have keywords: params is an iterable of
+// tensors (one group) or of dicts (the groups), as in PyTorch.
+%ignore braid::optim::SGD::SGD(const std::vector<Tensor>&, const SGDOptions&);
+%ignore braid::optim::Adam::Adam(const std::vector<Tensor>&, const AdamOptions&);
+%ignore braid::optim::AdamW::AdamW(const std::vector<Tensor>&, const AdamWOptions&);
+%ignore braid::optim::RMSprop::RMSprop(const std::vector<Tensor>&, const RMSpropOptions&);
+%ignore braid::optim::Adagrad::Adagrad(const std::vector<Tensor>&, const AdagradOptions&);
+
 %ignore braid::optim::Optimizer::param_groups() const;
 %ignore braid::optim::Optimizer::state;
 %ignore braid::optim::GradScaler::Record;
 
-// Parameter groups as PyTorch writes them: a list of dicts, each with "params" (tensors) and options
-// by name ("betas" gives beta1 and beta2); the options a group leaves out take the constructor's.
+// Parameter groups as PyTorch writes them: an iterable of tensors (one group), or a list of dicts,
+// each with "params" (tensors) and options by name ("betas" gives beta1 and beta2); the options a
+// group leaves out take the constructor's.
 %{
 namespace braid_py {
 inline bool param_groups_arg(PyObject* o, std::vector<braid::optim::ParamGroup>* out, swig_type_info* type) {
-  PyObject* seq = PySequence_Check(o) && !PyUnicode_Check(o) ? PySequence_Fast(o, "") : nullptr;
-  bool ok = seq != nullptr && PySequence_Fast_GET_SIZE(seq) > 0;
+  PyObject* seq = !PyUnicode_Check(o) && !PyDict_Check(o) ? PySequence_Fast(o, "") : nullptr;
+  bool ok = seq != nullptr;
+  if (ok && (PySequence_Fast_GET_SIZE(seq) == 0 || !PyDict_Check(PySequence_Fast_GET_ITEM(seq, 0)))) {
+    PyObject* one = Py_BuildValue("[{s:O}]", "params", seq);  // tensors: one group
+    ok = one != nullptr && param_groups_arg(one, out, type);
+    Py_XDECREF(one);
+    Py_DECREF(seq);
+    return ok;
+  }
   for (Py_ssize_t i = 0, n = ok ? PySequence_Fast_GET_SIZE(seq) : 0; ok && i < n; ++i) {
     PyObject* dict = PySequence_Fast_GET_ITEM(seq, i);
     PyObject* params = PyDict_Check(dict) ? PyDict_GetItemString(dict, "params") : nullptr;
-    if (out == nullptr) {  // the overload check: the shape only, without consuming an iterator
+    if (out == nullptr) {  // the overload check: the shape only
       ok = params != nullptr;
       continue;
     }
@@ -73,12 +99,12 @@ inline bool param_groups_arg(PyObject* o, std::vector<braid::optim::ParamGroup>*
 }
 }  // namespace braid_py
 %}
-%typemap(in) std::vector<braid::optim::ParamGroup> groups {
+%typemap(in) std::vector<braid::optim::ParamGroup> {
   if (!braid_py::param_groups_arg($input, &$1, $descriptor(braid::Tensor*))) {
-    SWIG_exception_fail(SWIG_TypeError, "in method '$symname', argument $argnum: expected a list of dicts, each with 'params'");
+    SWIG_exception_fail(SWIG_TypeError, "in method '$symname', argument $argnum: expected an iterable of tensors, or of dicts each with 'params'");
   }
 }
-%typemap(typecheck, precedence=1) std::vector<braid::optim::ParamGroup> groups {
+%typemap(typecheck, precedence=1) std::vector<braid::optim::ParamGroup> {
   $1 = braid_py::param_groups_arg($input, nullptr, $descriptor(braid::Tensor*));
 }
 

@@ -200,3 +200,22 @@ def test_no_sync_accumulates_then_averages():
         opt.step()
     for name, v in ref.state_dict().items():
         np.testing.assert_allclose(model.state_dict()[name], v, rtol=0, atol=1e-6, err_msg=name)
+
+
+def test_cpp_holders_keep_a_python_module_alive_and_take_options_as_keywords():
+    """A PipelineStage and a DistributedDataParallel keep the Python module they call alive
+    (Note [Python objects that C++ holds]), and take their options structs' fields as keywords."""
+    import gc
+
+    braid.manual_seed(3)
+    ref = MLP([3, 2])
+    solo = braid.distributed.world().split(RANK, 0)  # a pipeline of one stage per rank
+    braid.manual_seed(3)
+    stage = braid.distributed.PipelineStage(MLP([3, 2]), solo, recompute=True)  # no other reference
+    gc.collect()
+    x = braid.ones(1, 3)
+    np.testing.assert_allclose(stage.forward(x).numpy(), ref(x).detach().numpy(), atol=1e-6)
+    ddp = braid.distributed.DistributedDataParallel(MLP([3, 2]), bucket_cap_mb=0)
+    assert len(ddp.bucket_names()) == 3  # bucket_cap_mb=0: a bucket per parameter
+    with pytest.raises(TypeError, match="unknown option 'bucket_cap'; known: broadcast_buffers, bucket_cap_mb"):
+        braid.distributed.DistributedDataParallel(MLP([3, 2]), bucket_cap=1)

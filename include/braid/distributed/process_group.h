@@ -119,6 +119,21 @@ using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;
 /// The group of every rank (init() on first use).
 ProcessGroupPtr world();
 
+// torch.distributed's free functions: each runs on group, or on world() when group is null, so
+// that a program of one world never names a group.
+/// This process's rank in group, or in the world; 0 before init() (nothing is started).
+int get_rank(const ProcessGroupPtr& group = nullptr);
+/// The number of ranks in group, or in the world; 1 before init().
+int get_world_size(const ProcessGroupPtr& group = nullptr);
+/// Reduces tensor in place across the ranks and returns it (ProcessGroup::all_reduce).
+Tensor all_reduce(Tensor tensor, ReduceOp op = ReduceOp::Sum, const ProcessGroupPtr& group = nullptr);
+/// Copies rank src's tensor into every rank's tensor in place and returns it.
+Tensor broadcast(Tensor tensor, int src = 0, const ProcessGroupPtr& group = nullptr);
+/// Every rank's tensor stacked along a new leading axis: shape [size, ...tensor.shape].
+Tensor all_gather(const Tensor& tensor, const ProcessGroupPtr& group = nullptr);
+/// Returns once every rank has called it.
+void barrier(const ProcessGroupPtr& group = nullptr);
+
 /// The group that moves device's tensors over group's ranks without the host (NCCL for CUDA), or
 /// nullptr where there is none: the device has no such transport, braid was built without it,
 /// two ranks share one GPU, or BRAID_NCCL=0. world() and its splits use it by themselves for every

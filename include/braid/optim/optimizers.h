@@ -5,6 +5,7 @@
 
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "braid/optim/optimizer.h"
@@ -27,8 +28,9 @@ struct SGDOptions {
 /// State: "momentum_buffer".
 class SGD : public Optimizer {
  public:
-  SGD(const std::vector<Tensor>& params, const SGDOptions& options);
-  SGD(std::vector<ParamGroup> groups, const SGDOptions& defaults);
+  /// options.lr has no default (as in PyTorch): one of options or the groups must set it.
+  SGD(const std::vector<Tensor>& params, const SGDOptions& options = {});
+  SGD(std::vector<ParamGroup> params, const SGDOptions& defaults = {});
 
  protected:
   void check_options(const ParamGroup& group, size_t index) const override;
@@ -39,8 +41,8 @@ class SGD : public Optimizer {
 
 struct AdamOptions {
   double lr = 1e-3;
-  double beta1 = 0.9;
-  double beta2 = 0.999;
+  /// beta1 and beta2 (the param groups' options of those names), as PyTorch's betas.
+  std::pair<double, double> betas = {0.9, 0.999};
   double eps = 1e-8;
   double weight_decay = 0.0;
   bool amsgrad = false;
@@ -55,7 +57,7 @@ struct AdamOptions {
 class Adam : public Optimizer {
  public:
   Adam(const std::vector<Tensor>& params, const AdamOptions& options = {});
-  Adam(std::vector<ParamGroup> groups, const AdamOptions& defaults = {});
+  Adam(std::vector<ParamGroup> params, const AdamOptions& defaults = {});
 
  protected:
   Adam(std::string name, bool decoupled_weight_decay, const AdamOptions& defaults);
@@ -69,8 +71,7 @@ class Adam : public Optimizer {
 
 struct AdamWOptions {
   double lr = 1e-3;
-  double beta1 = 0.9;
-  double beta2 = 0.999;
+  std::pair<double, double> betas = {0.9, 0.999};
   double eps = 1e-8;
   double weight_decay = 1e-2;
   bool amsgrad = false;
@@ -82,7 +83,7 @@ struct AdamWOptions {
 class AdamW : public Adam {
  public:
   AdamW(const std::vector<Tensor>& params, const AdamWOptions& options = {});
-  AdamW(std::vector<ParamGroup> groups, const AdamWOptions& defaults = {});
+  AdamW(std::vector<ParamGroup> params, const AdamWOptions& defaults = {});
 };
 
 struct RMSpropOptions {
@@ -104,7 +105,7 @@ struct RMSpropOptions {
 class RMSprop : public Optimizer {
  public:
   RMSprop(const std::vector<Tensor>& params, const RMSpropOptions& options = {});
-  RMSprop(std::vector<ParamGroup> groups, const RMSpropOptions& defaults = {});
+  RMSprop(std::vector<ParamGroup> params, const RMSpropOptions& defaults = {});
 
  protected:
   void check_options(const ParamGroup& group, size_t index) const override;
@@ -128,7 +129,7 @@ struct AdagradOptions {
 class Adagrad : public Optimizer {
  public:
   Adagrad(const std::vector<Tensor>& params, const AdagradOptions& options = {});
-  Adagrad(std::vector<ParamGroup> groups, const AdagradOptions& defaults = {});
+  Adagrad(std::vector<ParamGroup> params, const AdagradOptions& defaults = {});
 
  protected:
   void check_options(const ParamGroup& group, size_t index) const override;
