@@ -14,19 +14,10 @@ from ._swig import core as _core
 from ._tensor import (Tensor, Device, dtype, device, from_numpy, from_dlpack, tensor, as_tensor,
                       _shape_args)
 
-float32 = dtype.float32
-float64 = dtype.float64
-int64 = dtype.int64
-int32 = dtype.int32
-bool = dtype.bool  # noqa: A001 (as torch.bool)
-float16 = dtype.float16
-bfloat16 = dtype.bfloat16
-int8 = dtype.int8
-uint8 = dtype.uint8
-float = float32  # noqa: A001
-double = float64
-long = int64
-half = float16
+# Every dtype as a module attribute (braid.float32, braid.bool, ...), named as the enum names them,
+# and PyTorch's other names for four of them.
+globals().update(dtype.__members__)
+float, double, long, half = dtype.float32, dtype.float64, dtype.int64, dtype.float16  # noqa: A001
 
 __version__ = "0.1.0"
 
@@ -97,7 +88,7 @@ class autocast(_contextlib.ContextDecorator):
     """Mixed precision in its scope: matmul, linear, attention, recurrent layers and convolutions
     round their operands to dtype (bfloat16 or float16) and accumulate in float32."""
 
-    def __init__(self, dtype=bfloat16, enabled=True):
+    def __init__(self, dtype=dtype.bfloat16, enabled=True):
         self._dtype, self._enabled = dtype, enabled
 
     def __enter__(self):
@@ -128,7 +119,7 @@ def _finish(t, requires_grad):
 
 def _sized(fn):
     """fn(shape, dtype, ..., device) as PyTorch writes it: zeros(2, 3), zeros((2, 3), dtype=...)."""
-    def f(*size, dtype=float32, device=None, requires_grad=False, generator=None):
+    def f(*size, dtype=dtype.float32, device=None, requires_grad=False, generator=None):
         kw = {"gen": generator} if generator is not None else {}  # rand's and randn's
         return _finish(fn(_shape_args(size), dtype, device=device, **kw), requires_grad)
 
@@ -139,7 +130,7 @@ def _sized(fn):
 zeros, ones, empty, rand, randn = (_sized(getattr(_core, n)) for n in ("zeros", "ones", "empty", "rand", "randn"))
 
 
-def full(size, fill_value, dtype=float32, device=None, requires_grad=False):
+def full(size, fill_value, dtype=dtype.float32, device=None, requires_grad=False):
     return _finish(_core.full(_shape_args((size,)), fill_value, dtype, device), requires_grad)
 
 
@@ -149,18 +140,18 @@ def arange(start, end=None, step=1, dtype=None, device=None, requires_grad=False
     if end is None:
         start, end = 0, start
     if dtype is None:
-        dtype = int64 if all(isinstance(v, int) for v in (start, end, step)) else float32
+        dtype = int64 if all(isinstance(v, int) for v in (start, end, step)) else float32  # noqa: F821
     f = _builtins.float  # this module's float is braid.float32, as torch.float
     return _finish(_core.arange(f(start), f(end), f(step), dtype, device), requires_grad)
 
 
-def randint(low, high=None, size=(), generator=None, dtype=int64, device=None):
+def randint(low, high=None, size=(), generator=None, dtype=dtype.int64, device=None):
     if high is None:
         low, high = 0, low
     return _core.randint(low, high, _shape_args((size,)), dtype, generator, device)
 
 
-def bernoulli(size, p, generator=None, dtype=float32, device=None):
+def bernoulli(size, p, generator=None, dtype=dtype.float32, device=None):
     return _core.bernoulli(_shape_args((size,)), p, dtype, generator, device)
 
 

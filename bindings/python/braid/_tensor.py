@@ -113,7 +113,6 @@ def _stride(self, dim=None):
 
 Tensor.size = _size
 Tensor.stride = _stride
-Tensor.dim = _method(_cx.Tensor_dim)
 
 
 def _requires_grad_(self, requires_grad=True):
@@ -259,8 +258,9 @@ def from_dlpack(obj):
 
 
 def tensor(data, dtype=None, device=None, requires_grad=False):
-    """A new tensor holding a copy of data (a nested sequence, a number, a NumPy array or a Tensor).
-    Python floats give float32 and ints int64, as in PyTorch."""
+    """A new tensor holding a copy of data (a nested sequence, a number, a NumPy array or a Tensor),
+    on the default device unless device is given. Python floats give float32 and ints int64, as in
+    PyTorch."""
     if isinstance(data, Tensor):
         t = data.detach().clone()
     else:
@@ -268,30 +268,17 @@ def tensor(data, dtype=None, device=None, requires_grad=False):
         if a.dtype == np.float64 and not isinstance(data, (np.ndarray, np.generic)) and dtype is None:
             a = a.astype(np.float32)  # Python floats are float32 by default, as in PyTorch
         t = from_numpy(np.array(a, dtype=_numpy_dtype(_braid_dtype(a.dtype)), copy=True, order="C"))
-    if dtype is not None and t.dtype != dtype:
-        t = t.to(dtype)
-    if device is not None:
-        t = t.to(globals()["device"](device))
-    elif _core.default_device() != t.device:
-        t = t.to(_core.default_device())
-    if requires_grad:
-        t.requires_grad_(True)
-    return t
+    t = t.to(dtype=dtype, device=_core.default_device() if device is None else device)
+    return t.requires_grad_(True) if requires_grad else t
 
 
 def as_tensor(data, dtype=None, device=None):
     """A tensor sharing data's memory when it can (a CPU NumPy array of a braid dtype), else a copy."""
-    if isinstance(data, Tensor):
-        t = data
-    elif isinstance(data, np.ndarray) and data.dtype in _FROM_NUMPY and all(s >= 0 for s in data.strides):
-        t = from_numpy(data)
-    else:
+    if isinstance(data, np.ndarray) and data.dtype in _FROM_NUMPY and all(s >= 0 for s in data.strides):
+        data = from_numpy(data)
+    if not isinstance(data, Tensor):
         return tensor(data, dtype=dtype, device=device)
-    if dtype is not None and t.dtype != dtype:
-        t = t.to(dtype)
-    if device is not None:
-        t = t.to(globals()["device"](device))
-    return t
+    return data.to(dtype=dtype, device=device)
 
 
 # ---- operators: %extend braid::Tensor in swig/core.i (Note [Python operands]) ----
@@ -417,9 +404,7 @@ def _to_method(self, *args, dtype=None, device=None, copy=False):
             device = a
         else:
             dtype = a
-    t = self
-    if device is not None:
-        t = _to(t, globals()["device"](device))
+    t = self if device is None else _to(self, device)  # a Device or a string such as "cuda:1"
     if dtype is not None and t.dtype != dtype:
         t = _to(t, int(dtype))
     if copy and t.is_same(self):
