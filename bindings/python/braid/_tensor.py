@@ -85,18 +85,16 @@ def _shape_args(args):
     return tuple(int(s) for s in args)
 
 
-# ---- properties ----
+# ---- properties (requires_grad and is_leaf: %attribute in swig/core.i) ----
 
 Tensor.shape = property(_cx.Tensor_shape, doc="The sizes, outermost first, as a tuple.")
-Tensor.dtype = property(lambda t: dtype(_cx.Tensor_dtype(t)))
 Tensor.device = property(_cx.Tensor_device)
-Tensor.ndim = property(_cx.Tensor_dim)
-Tensor.requires_grad = property(_cx.Tensor_requires_grad, lambda t, v: _cx.Tensor_set_requires_grad(t, bool(v)))
 Tensor.grad = property(_cx.Tensor_grad, _cx.Tensor_set_grad, doc="The accumulated gradient, or None.")
-Tensor.is_leaf = property(_cx.Tensor_is_leaf)
+Tensor.mT = property(_cx.Tensor_mT)
+Tensor.dtype = property(lambda t: dtype(_cx.Tensor_dtype(t)))
+Tensor.ndim = property(_cx.Tensor_dim)
 Tensor.grad_fn = property(lambda t: _cx.Tensor_grad_fn_name(t) or None,
                           doc="The name of the op that produced this tensor (None for leaves).")
-Tensor.mT = property(_cx.Tensor_mT)
 Tensor.T = property(lambda t: t.permute(tuple(range(t.ndim - 1, -1, -1))))
 Tensor.is_cuda = property(lambda t: t.device.type == "cuda")
 
@@ -113,14 +111,6 @@ def _stride(self, dim=None):
 
 Tensor.size = _size
 Tensor.stride = _stride
-
-
-def _requires_grad_(self, requires_grad=True):
-    _cx.Tensor_set_requires_grad(self, bool(requires_grad))
-    return self
-
-
-Tensor.requires_grad_ = _requires_grad_
 
 
 def _item(self):
@@ -179,7 +169,7 @@ Tensor.__iter__ = _iter
 
 
 def _array_interface(self):
-    if _cx.Tensor_requires_grad(self):
+    if self.requires_grad:
         # As numpy(): a NumPy view of a tensor autograd tracks would let writes bypass the graph.
         raise RuntimeError("a tensor that requires grad has no array interface; use t.detach().numpy()")
     if self.device.type != "cpu":

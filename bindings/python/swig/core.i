@@ -184,9 +184,10 @@ inline braid::Tensor& store(braid::Tensor& self, const braid::Tensor& result) {
     return Py_NotImplemented;
   }
 }
-// An in-place operator returns the Python object it was called on (`a += b` keeps `a is obj`).
+// An in-place operator returns the Python object it was called on (`a += b` keeps `a is obj`), as
+// requires_grad_ does (`t = braid.ones(2).requires_grad_()`).
 %typemap(out) braid::Tensor& __iadd__, braid::Tensor& __isub__, braid::Tensor& __imul__, braid::Tensor& __itruediv__,
-              braid::Tensor& __ipow__ {
+              braid::Tensor& __ipow__, braid::Tensor& requires_grad_ {
   $result = swig_obj[0];
   Py_INCREF($result);
 }
@@ -205,6 +206,7 @@ BRAID_OPERATOR_NAMES(add) BRAID_OPERATOR_NAMES(sub) BRAID_OPERATOR_NAMES(mul) BR
 BRAID_OPERATOR_NAMES(pow) BRAID_OPERATOR_NAMES(and) BRAID_OPERATOR_NAMES(or) BRAID_OPERATOR_NAMES(xor)
 BRAID_OPERATOR_NAMES(matmul) BRAID_OPERATOR_NAMES(eq) BRAID_OPERATOR_NAMES(ne) BRAID_OPERATOR_NAMES(lt)
 BRAID_OPERATOR_NAMES(le) BRAID_OPERATOR_NAMES(gt) BRAID_OPERATOR_NAMES(ge)
+BRAID_OPERATOR_FEATURES(requires_grad_)
 %define BRAID_BINARY(NAME, FN, FAST, RFAST)
   braid::Tensor __ ## NAME ## __(braid_py::Operand OTHER) const { return OTHER.fast ? FAST : braid::FN(*$self, OTHER.get()); }
   braid::Tensor __r ## NAME ## __(braid_py::Operand OTHER) const { return OTHER.fast ? RFAST : braid::FN(OTHER.get(), *$self); }
@@ -248,6 +250,7 @@ BRAID_OPERATOR_NAMES(le) BRAID_OPERATOR_NAMES(gt) BRAID_OPERATOR_NAMES(ge)
     BRAID_CHECK_T(braid::TypeError, !OTHER.number, "'@' needs a tensor operand, not a number");
     return braid::matmul(OTHER.get(), *$self);
   }
+  braid::Tensor& requires_grad_(bool requires_grad = true) { return $self->set_requires_grad(requires_grad); }
   braid::Tensor __neg__() const { return braid::neg(*$self); }
   braid::Tensor __abs__() const { return braid::abs(*$self); }
   braid::Tensor __invert__() const {
@@ -293,6 +296,12 @@ inline bool dims_arg(PyObject* o, std::vector<int64_t>* out) {
   std::vector<int64_t> v;
   $1 = braid_py::dims_arg($input, &v);
 }
+// requires_grad and is_leaf are tensor.h's accessors read (and requires_grad written) as attributes,
+// as PyTorch's properties: t.requires_grad = True. (The accessors that return a Tensor or a Shape by
+// value are properties in braid/_tensor.py: SWIG's attributes of such types point into the object.)
+%include <attribute.i>
+%attribute(braid::Tensor, bool, is_leaf, is_leaf);
+%attribute(braid::Tensor, bool, requires_grad, requires_grad, set_requires_grad);
 %include "braid/dtype.h"
 %include "braid/device.h"
 %include "braid/tensor.h"
