@@ -128,31 +128,6 @@ Tensor.__float__ = lambda t: float(_cx.Tensor_item(t))
 Tensor.__int__ = lambda t: int(_cx.Tensor_item(t))
 
 
-def _index(self):
-    if self.dtype not in (dtype.int64, dtype.int32, dtype.bool) or self.numel() != 1:
-        raise TypeError("only integer tensors of a single element can be converted to an index")
-    return int(_cx.Tensor_item(self))
-
-
-Tensor.__index__ = _index
-
-
-def _bool(self):
-    if self.numel() != 1:
-        raise ValueError(f"the truth value of a tensor with shape {self.shape} is ambiguous; use .any() or .all()")
-    return bool(_cx.Tensor_item(self))
-
-
-Tensor.__bool__ = _bool
-
-
-def _len(self):
-    if self.ndim == 0:
-        raise TypeError("len() of a 0-d tensor")
-    return self.shape[0]
-
-
-Tensor.__len__ = _len
 Tensor.__repr__ = lambda t: _cx.Tensor_to_string(t)
 Tensor.__str__ = Tensor.__repr__
 Tensor.__hash__ = object.__hash__

@@ -251,6 +251,21 @@ BRAID_OPERATOR_FEATURES(requires_grad_)
     return braid::matmul(OTHER.get(), *$self);
   }
   braid::Tensor& requires_grad_(bool requires_grad = true) { return $self->set_requires_grad(requires_grad); }
+  // len(), bool() and operator.index() with PyTorch's errors for the tensors that have none.
+  int64_t __len__() const {
+    BRAID_CHECK_T(braid::TypeError, $self->dim() > 0, "len() of a 0-d tensor");
+    return $self->size(0);
+  }
+  bool __bool__() const {
+    BRAID_CHECK($self->numel() == 1, "the truth value of a tensor with shape ", braid::shape_str($self->shape()),
+                " is ambiguous; use .any() or .all()");
+    return $self->item() != 0;
+  }
+  int64_t __index__() const {
+    BRAID_CHECK_T(braid::TypeError, !braid::is_floating($self->dtype()) && $self->numel() == 1,
+                  "only integer tensors of a single element can be converted to an index");
+    return static_cast<int64_t>($self->item());
+  }
   braid::Tensor __neg__() const { return braid::neg(*$self); }
   braid::Tensor __abs__() const { return braid::abs(*$self); }
   braid::Tensor __invert__() const {
