@@ -39,11 +39,6 @@ class Parameter(Tensor):
 # generated C++ API (braid/nn/module.h, swig/nn.i).
 
 
-def _is_python_module(m):
-    """Whether m's class was written in Python (a director: C++ calls its Python forward)."""
-    return not type(m).__module__.startswith("braid._swig")
-
-
 def _init(self, *args, **kwargs):
     """Sets up a module written in Python; call it first in a subclass's __init__ (super().__init__())."""
     if type(self) is Module:
@@ -53,38 +48,42 @@ def _init(self, *args, **kwargs):
 
 
 def _setattr(self, name, value):
-    if name in ("this", "thisown") or not _is_python_module(self) or name.startswith("_"):
-        object.__setattr__(self, name, value)
+    """An attribute of a module written in Python that is a Parameter or a Module registers it under
+    its name, and a Tensor assigned to a buffer's name replaces the buffer, as in PyTorch."""
+    if name.startswith("_") or name in ("this", "thisown") or type(self).__module__.startswith("braid._swig"):
+        object.__setattr__(self, name, value)  # a generated class's own state, not a registration
         return
     attrs = self.__dict__.get("_py_attrs")
     if attrs is None:
         raise AttributeError(f"cannot assign '{name}' before Module.__init__() (call super().__init__() first)")
+    old = attrs.get(name)
+    is_buffer = any(n == name for n, _ in _nx.Module_named_buffers(self, False))
+    if isinstance(value, Parameter) and isinstance(old, Tensor):
+        # A re-assigned parameter keeps its registration: the registered tensor (what forward and the
+        # optimizer hold) takes the new values.
+        self.load_state_dict({name: value}, strict=False)
+        return
     if isinstance(value, Parameter):
-        if name in attrs and isinstance(attrs[name], Tensor):
-            # A re-assigned parameter keeps its registration: the registered tensor (what forward
-            # and the optimizer hold) takes the new values.
-            self.load_state_dict({name: value}, strict=False)
-            return
-        else:
-            self.register_parameter(name, value, value.requires_grad)
+        self.register_parameter(name, value, value.requires_grad)
+        object.__setattr__(self, name, value)
     elif isinstance(value, _nn.Module):
-        if name in attrs and isinstance(attrs[name], _nn.Module):
+        if isinstance(old, _nn.Module):
             self.replace_child(name, value)
         else:
             self.register_module(name, value)
-    elif name in attrs:
-        raise TypeError(f"cannot assign {type(value).__name__} to '{name}', a registered "
-                        f"{'module' if isinstance(attrs[name], _nn.Module) else 'parameter'}")
+        # Read back through C++ (__getattr__ -> named_children()), so that a child that C++ replaced
+        # (convert_sync_batchnorm, replace_child) is the one forward calls.
+        self.__dict__.pop(name, None)
+    elif isinstance(value, Tensor) and is_buffer:
+        self.set_buffer(name, value)
+        return
+    elif old is not None or is_buffer:
+        kind = "module" if isinstance(old, _nn.Module) else "parameter" if old is not None else "buffer"
+        raise TypeError(f"cannot assign {type(value).__name__} to '{name}', a registered {kind}")
     else:
         object.__setattr__(self, name, value)
         return
     attrs[name] = value  # keeps a Python module alive as long as its parent
-    if isinstance(value, _nn.Module):
-        # Read back through C++ (__getattr__ -> named_children()), so that a child that C++ replaced
-        # (convert_sync_batchnorm, replace_child) is the one forward calls.
-        self.__dict__.pop(name, None)
-    else:
-        object.__setattr__(self, name, value)
 
 
 def _getattr(self, name):
@@ -98,14 +97,6 @@ def _getattr(self, name):
     if name == "bias" and any(n == "weight" for n, _ in params):
         return None  # a layer built with bias=False, as in PyTorch
     raise AttributeError(f"'{type(self).__name__}' has no attribute, child, parameter or buffer '{name}'")
-
-
-def _buffer(self, name, tensor):
-    """Registers tensor as a buffer: saved in state_dict, not trained (running statistics)."""
-    t = _nx.Module_register_buffer(self, name, tensor)
-    self._py_attrs[name] = t
-    object.__setattr__(self, name, t)
-    return t
 
 
 def _to(self, *args, device=None, dtype=None):
@@ -134,20 +125,12 @@ Module.__init__ = _init
 Module.__setattr__ = _setattr
 Module.__getattr__ = _getattr
 Module.__call__ = lambda self, *args, **kwargs: self.forward(*args, **kwargs)
-Module.register_buffer = _buffer
 Module.to = _to
 Module.apply = _apply
 Module.cpu = lambda self: self.to("cpu")
 Module.cuda = lambda self, index=0: self.to(f"cuda:{index}")
 Module.float = lambda self: self.to(_tensor.dtype.float32)
 Module.double = lambda self: self.to(_tensor.dtype.float64)
-
-# Layers: weight and bias read as attributes, as in PyTorch (layer.weight, not layer.weight()).
-for _cls in list(vars(_nn).values()):
-    if isinstance(_cls, type) and issubclass(_cls, _nn.Module):
-        for _attr in ("weight", "bias"):
-            if _attr in vars(_cls):
-                setattr(_cls, _attr, property(vars(_cls)[_attr]))
 
 # ---- containers: C++ holds the modules, the container's Python twin keeps Python ones alive ----
 # (Note [Python objects that C++ holds] in swig/braid.swg)
@@ -198,9 +181,8 @@ for _name in ("Linear", "Conv1d", "Conv2d", "ConvTranspose2d", "MaxPool2d", "Avg
 
 functional = types.ModuleType("braid.nn.functional", "Layers as functions (braid/nn/*.h, braid/conv.h, braid/ops.h).")
 for _name in ("cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "binary_cross_entropy_with_logits",
-              "linear", "dropout", "layer_norm", "group_norm", "batch_norm", "embedding", "scaled_dot_product_attention"):
-    if hasattr(_nn, _name):
-        setattr(functional, _name, getattr(_nn, _name))
+              "linear", "dropout"):
+    setattr(functional, _name, getattr(_nn, _name))
 for _name in ("relu", "leaky_relu", "elu", "silu", "gelu", "sigmoid", "tanh", "softplus", "hardswish", "hardsigmoid",
               "softmax", "log_softmax", "conv1d", "conv2d", "conv_transpose2d", "max_pool2d", "avg_pool2d",
               "adaptive_avg_pool2d", "pad", "one_hot"):

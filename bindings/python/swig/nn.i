@@ -288,6 +288,11 @@ inline bool state_dict_arg(PyObject* o, std::map<std::string, braid::Tensor>* ou
 BRAID_MODULES(BRAID_REPR)
 %include <attribute.i>
 %attribute(braid::nn::Module, bool, training, is_training);
+// Layers' tensors read as attributes, as in PyTorch (layer.weight, not layer.weight()); a layer built
+// with bias=False has bias None.
+%attribute(braid::nn::Linear, braid::Tensor, weight, weight);
+%attribute(braid::nn::Linear, braid::Tensor, bias, bias);
+%attribute(braid::nn::Embedding, braid::Tensor, weight, weight);
 // train(), eval() and load_state_dict() return the module itself, as PyTorch's do (model.eval() in
 // an expression, seq.train() is seq).
 %feature("pythonappend") braid::nn::Module::train "val = self"
