@@ -17,7 +17,10 @@ from ._swig import _nn as _nx  # the extension: unbound Module_* functions, safe
 from ._swig import core as _core
 
 Tensor = _tensor.Tensor
-Module = _nn.Module
+# The layers, losses and containers: every generated subclass of Module, by its C++ name.
+for _name, _cls in list(vars(_nn).items()):
+    if isinstance(_cls, type) and issubclass(_cls, _nn.Module):
+        globals()[_name] = _cls
 
 
 class Parameter(Tensor):
@@ -41,7 +44,7 @@ class Parameter(Tensor):
 
 def _init(self, *args, **kwargs):
     """Sets up a module written in Python; call it first in a subclass's __init__ (super().__init__())."""
-    if type(self) is Module:
+    if type(self) is _nn.Module:
         raise TypeError("nn.Module is abstract: subclass it and define forward()")
     object.__setattr__(self, "_py_attrs", {})
     _nx.Module_swiginit(self, _nx.new_Module(self, type(self).__name__))
@@ -121,22 +124,19 @@ def _apply(self, fn):
     return self
 
 
-Module.__init__ = _init
-Module.__setattr__ = _setattr
-Module.__getattr__ = _getattr
-Module.__call__ = lambda self, *args, **kwargs: self.forward(*args, **kwargs)
-Module.to = _to
-Module.apply = _apply
-Module.cpu = lambda self: self.to("cpu")
-Module.cuda = lambda self, index=0: self.to(f"cuda:{index}")
-Module.float = lambda self: self.to(_tensor.dtype.float32)
-Module.double = lambda self: self.to(_tensor.dtype.float64)
+_nn.Module.__init__ = _init
+_nn.Module.__setattr__ = _setattr
+_nn.Module.__getattr__ = _getattr
+_nn.Module.__call__ = lambda self, *args, **kwargs: self.forward(*args, **kwargs)
+_nn.Module.to = _to
+_nn.Module.apply = _apply
+_nn.Module.cpu = lambda self: self.to("cpu")
+_nn.Module.cuda = lambda self, index=0: self.to(f"cuda:{index}")
+_nn.Module.float = lambda self: self.to(_tensor.dtype.float32)
+_nn.Module.double = lambda self: self.to(_tensor.dtype.float64)
 
 # ---- containers: C++ holds the modules, the container's Python twin keeps Python ones alive ----
 # (Note [Python objects that C++ holds] in swig/braid.swg)
-
-Sequential = _nn.Sequential
-ModuleList = _nn.ModuleList
 
 
 def _sequential_init(self, *modules):
@@ -163,19 +163,10 @@ def _append(self, module, *name):
     return self
 
 
-Sequential.__init__ = _sequential_init
-ModuleList.__init__ = _module_list_init
-Sequential.append = _append
-ModuleList.append = _append
-
-# ---- the layers and losses (generated classes) ----
-
-for _name in ("Linear", "Conv1d", "Conv2d", "ConvTranspose2d", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d",
-              "BatchNorm1d", "BatchNorm2d", "LayerNorm", "GroupNorm", "Dropout", "ReLU", "ReLU6", "LeakyReLU", "GELU", "SiLU",
-              "Sigmoid", "Tanh", "Softmax", "Embedding", "Flatten", "Identity", "Residual", "MultiheadAttention",
-              "TransformerEncoderLayer", "LSTM", "GRU", "SkipStash", "SkipAdd", "SkipConcat", "CrossEntropyLoss",
-              "NLLLoss", "MSELoss", "L1Loss", "SmoothL1Loss", "BCEWithLogitsLoss"):
-    globals()[_name] = getattr(_nn, _name)
+_nn.Sequential.__init__ = _sequential_init
+_nn.ModuleList.__init__ = _module_list_init
+_nn.Sequential.append = _append
+_nn.ModuleList.append = _append
 
 # ---- nn.functional and nn.init, as submodules ----
 
