@@ -54,7 +54,7 @@ def _setattr(self, name, value):
     """An attribute of a module written in Python that is a Parameter or a Module registers it under
     its name, and a Tensor assigned to a buffer's name replaces the buffer, as in PyTorch."""
     if name.startswith("_") or name in ("this", "thisown") or type(self).__module__.startswith("braid._swig"):
-        object.__setattr__(self, name, value)  # a generated class's own state, not a registration
+        object.__setattr__(self, name, value)  # private and SWIG's state, or a C++ layer: no registration
         return
     attrs = self.__dict__.get("_py_attrs")
     if attrs is None:
