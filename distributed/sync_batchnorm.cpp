@@ -76,8 +76,7 @@ std::string SyncBatchNorm::describe() const {
 int convert_sync_batchnorm(nn::Module& module, ProcessGroupPtr group) {
   int replaced = 0;
   std::vector<std::pair<std::string, std::shared_ptr<nn::BatchNorm>>> found;
-  for (auto& [path, m] : module.named_modules()) {
-    if (path.empty()) continue;
+  for (auto& [path, m] : module.named_modules("", /*include_self=*/false)) {
     if (auto bn = std::dynamic_pointer_cast<nn::BatchNorm>(m)) found.emplace_back(path, bn);
   }
   for (auto& [path, bn] : found) {

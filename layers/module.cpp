@@ -78,18 +78,40 @@ NamedTensors Module::named_buffers(bool recurse) const {
   return out;
 }
 
-std::vector<std::pair<std::string, ModulePtr>> Module::named_modules() {
+std::vector<Tensor> Module::buffers(bool recurse) const {
+  std::vector<Tensor> out;
+  for (auto& [n, t] : named_buffers(recurse)) out.push_back(t);
+  return out;
+}
+
+std::vector<ModulePtr> Module::children() const {
+  std::vector<ModulePtr> out;
+  for (const auto& [n, c] : children_) out.push_back(c);
+  return out;
+}
+
+std::vector<std::pair<std::string, ModulePtr>> Module::named_modules(const std::string& prefix,
+                                                                     bool include_self) const {
   std::vector<std::pair<std::string, ModulePtr>> out;
-  std::vector<std::pair<std::string, Module*>> stack;
-  for (auto it = children_.rbegin(); it != children_.rend(); ++it) stack.emplace_back(it->first, it->second.get());
-  while (!stack.empty()) {
-    auto [path, m] = stack.back();
-    stack.pop_back();
-    ModulePtr self = child(path);
-    out.emplace_back(path, self);
-    for (auto it = m->children_.rbegin(); it != m->children_.rend(); ++it)
-      stack.emplace_back(join(path, it->first), it->second.get());
+  if (include_self) {
+    // A const method hands out a mutable handle to itself, as libtorch's does: the caller asked for
+    // the tree's modules, and the tree is not const to whoever holds the root.
+    auto self = std::const_pointer_cast<Module>(weak_from_this().lock());
+    BRAID_CHECK(self != nullptr, type_name_, ".named_modules: this module is not held by a std::shared_ptr, so it "
+                "cannot list itself; create it with std::make_shared, or pass include_self = false");
+    out.emplace_back(prefix, std::move(self));
   }
+  for (const auto& [name, c] : children_) {
+    std::string path = join(prefix, name);
+    out.emplace_back(path, c);
+    for (auto& entry : c->named_modules(path, false)) out.push_back(std::move(entry));
+  }
+  return out;
+}
+
+std::vector<ModulePtr> Module::modules(bool include_self) const {
+  std::vector<ModulePtr> out;
+  for (auto& [n, m] : named_modules("", include_self)) out.push_back(std::move(m));
   return out;
 }
 

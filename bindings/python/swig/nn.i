@@ -24,6 +24,8 @@ X(Loss) X(CrossEntropyLoss) X(NLLLoss) X(MSELoss) X(L1Loss) X(SmoothL1Loss) X(BC
 BRAID_MODULES(BRAID_SHARED)
 
 %feature("director") braid::nn::Module;
+// Module's base std::enable_shared_from_this is C++ plumbing (named_modules() lists the module itself).
+%warnfilter(401) braid::nn::Module;
 // What a Python forward returns to C++ must be one Tensor; anything else is a TypeError naming the
 // class (SWIG's own message names only the C++ type).
 %typemap(directorout) braid::Tensor {
@@ -192,6 +194,123 @@ inline bool ints_arg(PyObject* o, std::vector<int64_t>* out) {
 %template(ModuleVector) std::vector<std::shared_ptr<braid::nn::Module>>;
 %template(StateDict) std::map<std::string, braid::Tensor>;
 %template(Int64Pair) std::pair<int64_t, int64_t>;
+
+// ---- What Module's tree API returns, as PyTorch returns it ----
+// Lists and (name, value) tuples rather than proxies of the std containers, each module its most
+// derived class (module_result above); state_dict() a dict of the module's tensors by name.
+// A fragment, so that the modules that %import this file (io, distributed) get the helpers too.
+%fragment("braid_lists", "header") %{
+namespace braid_py {
+template <typename T, typename F>
+PyObject* list_result(const std::vector<T>& items, F convert) {
+  PyObject* out = PyList_New(static_cast<Py_ssize_t>(items.size()));
+  for (size_t i = 0; i < items.size(); ++i) PyList_SET_ITEM(out, static_cast<Py_ssize_t>(i), convert(items[i]));
+  return out;
+}
+template <typename T, typename F>
+PyObject* list_result(const std::vector<std::pair<std::string, T>>& items, F convert) {
+  PyObject* out = PyList_New(static_cast<Py_ssize_t>(items.size()));
+  for (size_t i = 0; i < items.size(); ++i)
+    PyList_SET_ITEM(out, static_cast<Py_ssize_t>(i), Py_BuildValue("(sN)", items[i].first.c_str(), convert(items[i].second)));
+  return out;
+}
+inline PyObject* tensor_value(const braid::Tensor& t) {
+  static swig_type_info* type = SWIG_TypeQuery("braid::Tensor *");
+  return tensor_result(braid::Tensor(t), type);
+}
+// Detached, as PyTorch's state_dict(): the values share the module's memory, outside autograd.
+inline PyObject* dict_result(const std::map<std::string, braid::Tensor>& named) {
+  PyObject* out = PyDict_New();
+  for (const auto& [name, t] : named) {
+    PyObject* v = tensor_value(t.detach());
+    PyDict_SetItemString(out, name.c_str(), v);
+    Py_DECREF(v);
+  }
+  return out;
+}
+// A mapping of names to tensors; a value that is not a braid.Tensor (a NumPy array, a nested list)
+// becomes one through braid.as_tensor, sharing its memory where it can.
+inline bool state_dict_arg(PyObject* o, std::map<std::string, braid::Tensor>* out, swig_type_info* type) {
+  PyObject* items = PyMapping_Check(o) ? PyMapping_Items(o) : nullptr;
+  if (items == nullptr) {
+    if (!PyErr_Occurred()) PyErr_Format(PyExc_TypeError, "expected a mapping of names to tensors, got %s", Py_TYPE(o)->tp_name);
+    return false;
+  }
+  PyObject* braid_module = nullptr;
+  bool ok = true;
+  for (Py_ssize_t i = 0; ok && i < PyList_GET_SIZE(items); ++i) {
+    PyObject* key = PyTuple_GET_ITEM(PyList_GET_ITEM(items, i), 0);
+    PyObject* value = PyTuple_GET_ITEM(PyList_GET_ITEM(items, i), 1);
+    PyObject* converted = nullptr;
+    void* p = nullptr;
+    if (!SWIG_IsOK(SWIG_ConvertPtr(value, &p, type, 0)) || p == nullptr) {
+      if (braid_module == nullptr) braid_module = PyImport_ImportModule("braid");
+      converted = braid_module ? PyObject_CallMethod(braid_module, "as_tensor", "O", value) : nullptr;
+      ok = converted != nullptr && SWIG_IsOK(SWIG_ConvertPtr(converted, &p, type, 0)) && p != nullptr;
+    }
+    const char* name = ok && PyUnicode_Check(key) ? PyUnicode_AsUTF8(key) : nullptr;
+    if (ok && name == nullptr && !PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "state dict names must be str");
+    ok = ok && name != nullptr;
+    if (ok) (*out)[name] = *static_cast<braid::Tensor*>(p);
+    Py_XDECREF(converted);
+  }
+  Py_XDECREF(braid_module);
+  Py_DECREF(items);
+  return ok;
+}
+}  // namespace braid_py
+%}
+%typemap(out, fragment="braid_lists") std::vector<std::pair<std::string, std::shared_ptr<braid::nn::Module>>>,
+                                      std::vector<std::shared_ptr<braid::nn::Module>> {
+  $result = braid_py::list_result($1, braid_py::module_result);
+}
+%typemap(out, fragment="braid_lists") std::vector<std::pair<std::string, braid::Tensor>>, std::vector<braid::Tensor> {
+  $result = braid_py::list_result($1, braid_py::tensor_value);
+}
+%typemap(out, fragment="braid_lists") std::map<std::string, braid::Tensor> {
+  $result = braid_py::dict_result($1);
+}
+%typemap(in, fragment="braid_lists") const std::map<std::string, braid::Tensor>& (std::map<std::string, braid::Tensor> named) {
+  if (!braid_py::state_dict_arg($input, &named, $descriptor(braid::Tensor*))) SWIG_fail;
+  $1 = &named;
+}
+%typemap(freearg) const std::map<std::string, braid::Tensor>& "";
+%typemap(typecheck, precedence=SWIG_TYPECHECK_POINTER) const std::map<std::string, braid::Tensor>& {
+  $1 = PyMapping_Check($input);
+}
+
+// ---- Module's Python face: repr, the training flag, and the methods that return the module ----
+%define BRAID_REPR(C)
+%extend braid::nn::C {
+  std::string __repr__() const { return $self->to_string(); }
+}
+%enddef
+BRAID_MODULES(BRAID_REPR)
+%include <attribute.i>
+%attribute(braid::nn::Module, bool, training, is_training);
+// Layers' tensors read as attributes, as in PyTorch (layer.weight, not layer.weight()); a layer built
+// with bias=False has bias None.
+%attribute(braid::nn::Linear, braid::Tensor, weight, weight);
+%attribute(braid::nn::Linear, braid::Tensor, bias, bias);
+%attribute(braid::nn::Embedding, braid::Tensor, weight, weight);
+// train(), eval() and load_state_dict() return the module itself, as PyTorch's do (model.eval() in
+// an expression, seq.train() is seq).
+%feature("pythonappend") braid::nn::Module::train "val = self"
+%feature("pythonappend") braid::nn::Module::eval "val = self"
+%feature("pythonappend") braid::nn::Module::load_state_dict "val = self"
+// A Python subclass without forward: the call falls through to the pure virtual, from Python and from
+// C++ alike, and the user sees which class lacks it (a director's type_name is its Python class name).
+%exception braid::nn::Module::forward {
+  try {
+    $action
+  } catch (const Swig::DirectorPureVirtualException&) {
+    PyErr_Format(PyExc_NotImplementedError, "%s does not define forward()", arg1->type_name().c_str());
+    SWIG_fail;
+  } catch (...) {
+    braid_py::set_python_error();
+    SWIG_fail;
+  }
+}
 
 %include "braid/nn/module.h"
 // Protected, but a Python subclass registers its attributes through them.

@@ -26,7 +26,7 @@ def close(t, expected, rtol=1e-5, atol=1e-6):
 def randomize(module, rng, scale=1.0):
     """Gives every floating parameter and buffer random values (through load_state_dict), so that
     the reference below reads nontrivial weights; returns the new state as float64 arrays."""
-    sd = module.state_dict()
+    sd = {k: v.numpy() for k, v in module.state_dict().items()}
     new = {}
     for k, v in sd.items():
         if v.dtype.kind == "f":
@@ -34,9 +34,7 @@ def randomize(module, rng, scale=1.0):
             if "running_var" in k:
                 new[k] = np.abs(new[k]) + np.asarray(0.5, v.dtype)
         else:
-            # a braid tensor, not an array: nn.py's load_state_dict turns 0-d arrays into 1-d ones
-            # (see test_batchnorm_state_dict_round_trip_through_numpy)
-            new[k] = braid.tensor(v.copy())
+            new[k] = v.copy()  # a 0-d array (num_batches_tracked) stays 0-d
     module.load_state_dict(new)
     return {k: np.asarray(v, np.float64) for k, v in module.state_dict().items()}
 
@@ -157,7 +155,7 @@ def test_batchnorm2d_train_and_eval(rng):
 def test_batchnorm_state_dict_round_trip_through_numpy():
     bn = nn.BatchNorm2d(3)
     bn(braid.randn(4, 3, 2, 2))
-    sd = {k: v.copy() for k, v in bn.state_dict().items()}
+    sd = {k: v.numpy().copy() for k, v in bn.state_dict().items()}
     other = nn.BatchNorm2d(3)
     other.load_state_dict(sd)
     assert other.num_batches_tracked.item() == 1
@@ -359,8 +357,10 @@ def test_state_dict_round_trip_with_numpy(rng):
     braid.manual_seed(3)
     net = Net()
     x = rng.standard_normal((3, 4)).astype(np.float32)
-    sd = net.state_dict()
-    assert all(isinstance(v, np.ndarray) and v.dtype == np.float32 for v in sd.values())
+    # braid tensors, as PyTorch's state_dict() gives torch tensors: detached, sharing the module's memory
+    assert all(isinstance(v, braid.Tensor) and v.dtype == braid.float32 and not v.requires_grad
+               for v in net.state_dict().values())
+    sd = {k: v.numpy() for k, v in net.state_dict().items()}
     sd64 = {k: v.astype(np.float64) for k, v in sd.items()}
     close(net(braid.tensor(x)), np_net(sd64, x), rtol=1e-5)
 
@@ -375,7 +375,7 @@ def test_state_dict_round_trip_with_numpy(rng):
     close(other(braid.tensor(x)), npy(net(braid.tensor(x))), rtol=0)
 
 
-def test_state_dict_arrays_share_parameter_memory():
+def test_state_dict_tensors_share_parameter_memory():
     net = Net()
     sd = net.state_dict()
     sd["fc1.bias"][0] = 7.0
@@ -384,8 +384,7 @@ def test_state_dict_arrays_share_parameter_memory():
 
 def test_load_state_dict_errors_name_the_entry(rng):
     net = Net()
-    before = net.state_dict()
-    before = {k: v.copy() for k, v in before.items()}
+    before = {k: v.numpy().copy() for k, v in net.state_dict().items()}
     full = {k: np.full(v.shape, 0.5, np.float32) for k, v in before.items()}
     missing = {k: v for k, v in full.items() if k != "fc2.bias"}
     with pytest.raises(ValueError, match="fc2.bias"):
@@ -447,7 +446,7 @@ def test_python_module_gradients_vs_finite_differences(rng):
     assert net.scale.dtype == braid.float64 and net.fc1.weight.dtype == braid.float64
     x = rng.standard_normal((3, 4))
     loss = (net(braid.tensor(x)) ** 2).sum()
-    sd = {k: v.copy() for k, v in net.state_dict().items()}
+    sd = {k: v.numpy().copy() for k, v in net.state_dict().items()}
     np.testing.assert_allclose(loss.item(), (np_net(sd, x) ** 2).sum(), rtol=1e-12)
     loss.backward()
     grads = {n: npy(p.grad) for n, p in net.named_parameters()}

@@ -19,7 +19,9 @@ using ModulePtr = std::shared_ptr<Module>;
 using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 using StateDict = std::map<std::string, Tensor>;
 
-class Module {
+/// Held by std::shared_ptr (std::make_shared, register_module), as libtorch's modules are:
+/// named_modules() and modules() hand out the module itself next to its descendants.
+class Module : public std::enable_shared_from_this<Module> {
  public:
   explicit Module(std::string type_name) : type_name_(std::move(type_name)) {}
   virtual ~Module() = default;
@@ -40,10 +42,16 @@ class Module {
   std::vector<Tensor> parameters(bool recurse = true) const;
   /// Buffers: state that is saved but not trained (BatchNorm's running statistics).
   NamedTensors named_buffers(bool recurse = true) const;
+  std::vector<Tensor> buffers(bool recurse = true) const;
+  /// The direct children, in registration order.
   std::vector<std::pair<std::string, ModulePtr>> named_children() const { return children_; }
-  /// Every descendant with its dotted path, depth first (not this module itself, which Python's
-  /// named_modules() puts first as ("", self), as PyTorch does).
-  std::vector<std::pair<std::string, ModulePtr>> named_modules();
+  std::vector<ModulePtr> children() const;
+  /// This module first (as (prefix, self), unless include_self is false), then every descendant with
+  /// its dotted path under prefix, depth first, as libtorch's and PyTorch's named_modules(). Listing
+  /// itself needs the module to be held by a std::shared_ptr; a ValueError says so otherwise.
+  std::vector<std::pair<std::string, ModulePtr>> named_modules(const std::string& prefix = "",
+                                                               bool include_self = true) const;
+  std::vector<ModulePtr> modules(bool include_self = true) const;
   /// The child at a dotted path ("features.3"); throws IndexError listing the known names.
   ModulePtr child(const std::string& path) const;
   /// Replaces the child at a dotted path (fine-tuning swaps a classifier head this way).
