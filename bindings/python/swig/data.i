@@ -1,6 +1,6 @@
 // braid._swig.data: datasets, the DataLoader, transforms and the readers (braid/data/*.h). Dataset
-// is a director class: braid/data.py's Dataset maps a Python __getitem__/__len__ onto get/size,
-// which the loader's background thread calls (taking the GIL).
+// is a director class whose size and get are Python's __len__ and __getitem__, so a Python subclass
+// is written as for PyTorch; the loader's background thread calls it (taking the GIL).
 %module(package="braid._swig", directors="1") data
 
 %include "braid.swg"
@@ -21,23 +21,181 @@
 
 %template(TransformVector) std::vector<std::shared_ptr<const braid::data::Transform>>;
 
+// ---- Dataset: a Python sequence of (input, target) pairs, as torch's ----
+%rename(__len__) braid::data::Dataset::size;
+%rename(__getitem__) braid::data::Dataset::get;
+%{
+namespace braid_py {
+// o as a Tensor: a braid.Tensor as it is, anything else (a NumPy array, a number, a nested list)
+// through braid.as_tensor, which shares a NumPy array's memory where it can.
+inline braid::Tensor tensor_like(PyObject* o, swig_type_info* type) {
+  void* p = nullptr;
+  if (SWIG_IsOK(SWIG_ConvertPtr(o, &p, type, 0)) && p != nullptr) return *static_cast<braid::Tensor*>(p);
+  PyObject* mod = PyImport_ImportModule("braid");
+  PyObject* t = mod ? PyObject_CallMethod(mod, "as_tensor", "O", o) : nullptr;
+  Py_XDECREF(mod);
+  bool ok = t != nullptr && SWIG_IsOK(SWIG_ConvertPtr(t, &p, type, 0)) && p != nullptr;
+  braid::Tensor result = ok ? *static_cast<braid::Tensor*>(p) : braid::Tensor();
+  Py_XDECREF(t);
+  if (!ok) throw PythonError();
+  return result;
+}
+// (input, target) from a Python pair; anything else is a TypeError naming what came instead.
+inline braid::data::Example example_arg(PyObject* o, const char* who, swig_type_info* type) {
+  if (!(PyTuple_Check(o) || PyList_Check(o)) || PySequence_Size(o) != 2) {
+    PyErr_Format(PyExc_TypeError, "%s must return (input, target), got %s", who, Py_TYPE(o)->tp_name);
+    throw PythonError();
+  }
+  PyObject* fast = PySequence_Fast(o, "");
+  braid::data::Example e{tensor_like(PySequence_Fast_GET_ITEM(fast, 0), type),
+                         tensor_like(PySequence_Fast_GET_ITEM(fast, 1), type)};
+  Py_DECREF(fast);
+  return e;
+}
+}  // namespace braid_py
+%}
+%typemap(out) braid::data::Example {
+  $result = Py_BuildValue("(NN)", braid_py::tensor_result(std::move($1.input), $descriptor(braid::Tensor*)),
+                          braid_py::tensor_result(std::move($1.target), $descriptor(braid::Tensor*)));
+}
+%typemap(directorout) braid::data::Example {
+  $result = braid_py::example_arg($input, "Dataset.__getitem__", $descriptor(braid::Tensor*));
+}
+
+// ---- DataLoader ----
+// Note [A Python dataset in a DataLoader]
+// The loader's dataset argument is a Dataset or an (inputs, targets) pair of tensors or arrays (a
+// TensorDataset over them). A Python Dataset is a director, which does not own its Python half
+// (Note [Python objects that C++ holds] in braid.swg), so the shared_ptr the loader gets also holds
+// a reference to the Python object and drops it, taking the GIL, when C++ lets the dataset go. C++
+// destroys the loader's members after ~DataLoader has stopped the prefetch thread, so that thread
+// never calls a dataset that is gone, whichever of the two Python frees first.
+%{
+namespace braid_py {
+// The object behind a Python handle of T or of a class derived from it; null when o is neither.
+template <typename T>
+std::shared_ptr<T> shared_arg(PyObject* o, swig_type_info* type) {
+  void* p = nullptr;
+  int newmem = 0;
+  if (!SWIG_IsOK(SWIG_ConvertPtrAndOwn(o, &p, type, 0, &newmem)) || p == nullptr) return nullptr;
+  std::shared_ptr<T> result = *static_cast<std::shared_ptr<T>*>(p);
+  if (newmem & SWIG_CAST_NEW_MEMORY) delete static_cast<std::shared_ptr<T>*>(p);
+  return result;
+}
+inline std::shared_ptr<const braid::data::Dataset> dataset_arg(PyObject* o, swig_type_info* dataset_type,
+                                                               swig_type_info* tensor_type) {
+  if (PyTuple_Check(o) || PyList_Check(o)) {
+    BRAID_CHECK(PySequence_Size(o) == 2, "DataLoader: a dataset given as a sequence must be (inputs, targets), got ",
+                PySequence_Size(o), " items");
+    braid::data::Example e = example_arg(o, "DataLoader", tensor_type);
+    return std::make_shared<braid::data::TensorDataset>(e.input, e.target);
+  }
+  // A Python Dataset need not call super().__init__(), as torch's need not: its C++ half is made here.
+  auto* cls = static_cast<SwigPyClientData*>(dataset_type->clientdata);
+  if (SWIG_Python_GetSwigThis(o) == nullptr && cls != nullptr && PyObject_IsInstance(o, cls->klass) == 1) {
+    PyObject* done = PyObject_CallMethod(cls->klass, "__init__", "O", o);
+    if (done == nullptr) throw PythonError();
+    Py_DECREF(done);
+  }
+  std::shared_ptr<const braid::data::Dataset> dataset = shared_arg<braid::data::Dataset>(o, dataset_type);
+  if (dataset == nullptr) {
+    PyErr_Format(PyExc_TypeError, "DataLoader: expected a braid.data.Dataset or (inputs, targets), got %s",
+                 Py_TYPE(o)->tp_name);
+    throw PythonError();
+  }
+  auto* director = dynamic_cast<const Swig::Director*>(dataset.get());
+  if (director == nullptr) return dataset;
+  PyObject* self = director->swig_get_self();
+  Py_INCREF(self);
+  return {dataset.get(), [dataset, self](const braid::data::Dataset*) mutable {
+            PyGILState_STATE gil = PyGILState_Ensure();
+            dataset.reset();
+            Py_DECREF(self);
+            PyGILState_Release(gil);
+          }};
+}
+// transforms=[Normalize(...), RandomCrop(...)]: any sequence of braid.data transforms.
+inline std::vector<std::shared_ptr<const braid::data::Transform>> transforms_arg(PyObject* o, swig_type_info* type) {
+  PyObject* seq = PySequence_Fast(o, "DataLoader: transforms must be a sequence of braid.data transforms");
+  if (seq == nullptr) throw PythonError();
+  std::vector<std::shared_ptr<const braid::data::Transform>> out;
+  for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq) && PyErr_Occurred() == nullptr; ++i) {
+    PyObject* item = PySequence_Fast_GET_ITEM(seq, i);
+    out.push_back(shared_arg<braid::data::Transform>(item, type));
+    if (out.back() == nullptr)
+      PyErr_Format(PyExc_TypeError, "DataLoader: transform %zd is a %s, not a braid.data transform", i, Py_TYPE(item)->tp_name);
+  }
+  Py_DECREF(seq);
+  if (PyErr_Occurred() != nullptr) throw PythonError();
+  return out;
+}
+}  // namespace braid_py
+%}
+%typemap(in) std::vector<std::shared_ptr<const braid::data::Transform>> transforms {
+  try {
+    $1 = braid_py::transforms_arg($input, $descriptor(std::shared_ptr<braid::data::Transform>*));
+  } catch (...) {
+    braid_py::set_python_error();
+    SWIG_fail;
+  }
+}
+%typemap(in) std::shared_ptr<const braid::data::Dataset> dataset {
+  try {
+    $1 = braid_py::dataset_arg($input, $descriptor(std::shared_ptr<braid::data::Dataset>*), $descriptor(braid::Tensor*));
+  } catch (...) {
+    braid_py::set_python_error();
+    SWIG_fail;
+  }
+}
+// loader.dataset, as torch's: a Python Dataset is the very object given, a TensorDataset a handle.
+%typemap(out) const std::shared_ptr<const braid::data::Dataset>& {
+  if (auto* director = dynamic_cast<const Swig::Director*>($1->get())) {
+    $result = director->swig_get_self();
+    Py_INCREF($result);
+  } else {
+    auto tensors = std::dynamic_pointer_cast<const braid::data::TensorDataset>(*$1);
+    $result = tensors ? SWIG_NewPointerObj(new std::shared_ptr<braid::data::TensorDataset>(std::const_pointer_cast<braid::data::TensorDataset>(tensors)),
+                                           $descriptor(std::shared_ptr<braid::data::TensorDataset>*), SWIG_POINTER_OWN)
+                      : SWIG_NewPointerObj(new std::shared_ptr<braid::data::Dataset>(std::const_pointer_cast<braid::data::Dataset>(*$1)),
+                                           $descriptor(std::shared_ptr<braid::data::Dataset>*), SWIG_POINTER_OWN);
+  }
+}
+%rename(_dataset) braid::data::DataLoader::dataset;
+
+// Python's keywords are DataLoaderOptions' fields (Note [Layer options] in braid/nn/layers.h: SWIG
+// gives keywords to one constructor only); device=None leaves batches where the dataset made them.
+%ignore braid::data::DataLoader::DataLoader(std::shared_ptr<const Dataset>, DataLoaderOptions);
 %ignore braid::data::DataLoader::Iterator;
 %ignore braid::data::DataLoader::begin;
 %ignore braid::data::DataLoader::end;
-%ignore braid::data::DataLoader::dataset;
+%extend braid::data::DataLoader {
+  DataLoader(std::shared_ptr<const braid::data::Dataset> dataset, int64_t batch_size = 1, bool shuffle = false,
+             bool drop_last = false, uint64_t seed = 0, int64_t prefetch = 2, int64_t num_shards = 1, int64_t shard = 0,
+             std::vector<std::shared_ptr<const braid::data::Transform>> transforms = {},
+             std::optional<braid::Device> device = std::nullopt) {
+    return new braid::data::DataLoader(std::move(dataset), {.batch_size = batch_size, .shuffle = shuffle,
+                                       .drop_last = drop_last, .seed = seed, .prefetch = prefetch,
+                                       .num_shards = num_shards, .shard = shard,
+                                       .transforms = std::move(transforms), .device = device});
+  }
+  int64_t __len__() const { return $self->num_batches(); }
+  // The rest of the epoch's batches as (input, target); the GIL is released while next() waits.
+  std::pair<braid::Tensor, braid::Tensor> __next__() {
+    braid::data::Batch b;
+    if ($self->next(b)) return {b.input, b.target};
+    SWIG_PYTHON_THREAD_BEGIN_BLOCK;  // the GIL (until the scope ends), to raise StopIteration through braid_py::PythonError
+    PyErr_SetNone(PyExc_StopIteration);
+    throw braid_py::PythonError();
+  }
+  %pythoncode %{
+    __iter__ = lambda self: self
+    dataset = property(_dataset)
+  %}
+}
 // std::optional<Device> as a member is set through a method (None leaves batches where they are).
 %ignore braid::data::DataLoaderOptions::device;
 %extend braid::data::DataLoaderOptions {
   void set_device(braid::Device device) { $self->device = device; }
-}
-
-// TensorDataset as a Python sequence of (input, target) pairs, as torch's.
-%extend braid::data::TensorDataset {
-  int64_t __len__() const { return $self->size(); }
-  std::pair<braid::Tensor, braid::Tensor> __getitem__(int64_t index) const {
-    braid::data::Example e = $self->get(index);
-    return {e.input, e.target};
-  }
 }
 %include "braid/data/dataset.h"
 %include "braid/data/transforms.h"
