@@ -197,7 +197,105 @@ inline std::vector<std::shared_ptr<const braid::data::Transform>> transforms_arg
 %extend braid::data::DataLoaderOptions {
   void set_device(braid::Device device) { $self->device = device; }
 }
+// ---- ProgressBar: braid.progress.Progress(label, total, unit="img/s", stream=None, clock=None) ----
+// stream is a Python text stream (None: sys.stdout as it is when the bar is made, so that pytest's
+// capture and a redirected sys.stdout see the line); clock a callable giving seconds (tests).
+%{
+namespace braid_py {
+// A Python object that C++ code keeps and calls from any thread: each use and the last release take
+// the GIL (the last unless the interpreter is gone).
+inline std::shared_ptr<PyObject> held(PyObject* o) {
+  Py_INCREF(o);
+  return {o, [](PyObject* p) {
+            if (!Py_IsInitialized()) return;
+            PyGILState_STATE gil = PyGILState_Ensure();
+            Py_DECREF(p);
+            PyGILState_Release(gil);
+          }};
+}
+inline braid::data::ProgressOutput progress_stream(PyObject* o) {
+  PyObject* stream = o == Py_None ? PySys_GetObject("stdout") : o;  // borrowed
+  PyObject* tty = stream ? PyObject_CallMethod(stream, "isatty", nullptr) : nullptr;
+  if (tty == nullptr) throw PythonError();
+  braid::data::ProgressOutput out{nullptr, PyObject_IsTrue(tty) == 1};
+  Py_DECREF(tty);
+  out.write = [s = held(stream)](const std::string& text) {
+    PyGILState_STATE gil = PyGILState_Ensure();
+    PyObject* r = PyObject_CallMethod(s.get(), "write", "s#", text.data(), static_cast<Py_ssize_t>(text.size()));
+    Py_XDECREF(r);
+    PyObject* f = r ? PyObject_CallMethod(s.get(), "flush", nullptr) : nullptr;
+    Py_XDECREF(f);
+    if (f == nullptr) {
+      PythonError error;  // takes the Python error while the GIL is held
+      PyGILState_Release(gil);
+      throw error;
+    }
+    PyGILState_Release(gil);
+  };
+  return out;
+}
+inline std::function<double()> clock_arg(PyObject* o) {
+  if (o == Py_None) return {};
+  return [c = held(o)] {
+    PyGILState_STATE gil = PyGILState_Ensure();
+    PyObject* r = PyObject_CallNoArgs(c.get());
+    double t = r ? PyFloat_AsDouble(r) : -1;
+    Py_XDECREF(r);
+    if (PyErr_Occurred()) {
+      PythonError error;
+      PyGILState_Release(gil);
+      throw error;
+    }
+    PyGILState_Release(gil);
+    return t;
+  };
+}
+// metrics: a dict of name: number, in its order, or None.
+inline braid::data::ProgressBar::Values metrics_arg(PyObject* o) {
+  braid::data::ProgressBar::Values values;
+  if (o != Py_None && !PyDict_Check(o)) {
+    PyErr_Format(PyExc_TypeError, "metrics must be a dict of name: number, got %s", Py_TYPE(o)->tp_name);
+    throw PythonError();
+  }
+  PyObject *key, *value;
+  for (Py_ssize_t pos = 0; o != Py_None && PyDict_Next(o, &pos, &key, &value);) {
+    PyObject* name = PyObject_Str(key);
+    const char* text = name ? PyUnicode_AsUTF8(name) : nullptr;
+    double v = PyFloat_AsDouble(value);
+    if (text != nullptr) values.emplace_back(text, v);
+    Py_XDECREF(name);
+    if (PyErr_Occurred()) throw PythonError();
+  }
+  return values;
+}
+}  // namespace braid_py
+%}
+%define BRAID_PY_ARG(METHOD, TYPE, CONVERT, INPUT)
+%typemap(METHOD) TYPE {
+  try {
+    $1 = CONVERT(INPUT);
+  } catch (...) {
+    braid_py::set_python_error();
+    SWIG_fail;
+  }
+}
+%enddef
+BRAID_PY_ARG(in, braid::data::ProgressOutput stream, braid_py::progress_stream, $input)
+BRAID_PY_ARG(default, braid::data::ProgressOutput stream, braid_py::progress_stream, Py_None)  // not C's stdout
+BRAID_PY_ARG(in, std::function<double()> clock, braid_py::clock_arg, $input)
+%typemap(in) const braid::data::ProgressBar::Values& metrics (braid::data::ProgressBar::Values temp) {
+  try {
+    temp = braid_py::metrics_arg($input);
+  } catch (...) {
+    braid_py::set_python_error();
+    SWIG_fail;
+  }
+  $1 = &temp;
+}
+%ignore braid::data::ProgressOutput;
+
 %include "braid/data/dataset.h"
 %include "braid/data/transforms.h"
 %include "braid/data/loader.h"
 %include "braid/data/readers.h"
+%include "braid/data/progress.h"
