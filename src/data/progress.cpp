@@ -11,7 +11,10 @@ namespace braid::data {
 
 ProgressBar::ProgressBar(std::string label, int64_t total, std::string unit, ProgressOutput stream,
                          std::function<double()> clock)
-    : label_(std::move(label)), unit_(std::move(unit)), total_(total), out_(std::move(stream)),
+    : label_(std::move(label)),
+      unit_(std::move(unit)),
+      total_(total),
+      out_(std::move(stream)),
       clock_(std::move(clock)) {
   if (!out_.write) {
     out_.write = [](const std::string& text) {

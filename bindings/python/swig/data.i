@@ -26,6 +26,21 @@
 %rename(__getitem__) braid::data::Dataset::get;
 %{
 namespace braid_py {
+// Holds the GIL for a scope, from any thread (the loader's prefetch thread, a progress write).
+struct Gil {
+  PyGILState_STATE state = PyGILState_Ensure();
+  ~Gil() { PyGILState_Release(state); }
+};
+// A Python object that C++ keeps and may call from any thread: the last release takes the GIL
+// (unless the interpreter is already gone).
+inline std::shared_ptr<PyObject> held(PyObject* o) {
+  Py_INCREF(o);
+  return {o, [](PyObject* p) {
+            if (!Py_IsInitialized()) return;
+            Gil gil;
+            Py_DECREF(p);
+          }};
+}
 // o as a Tensor: a braid.Tensor as it is, anything else (a NumPy array, a number, a nested list)
 // through braid.as_tensor, which shares a NumPy array's memory where it can.
 inline braid::Tensor tensor_like(PyObject* o, swig_type_info* type) {
@@ -46,14 +61,23 @@ inline braid::data::Example example_arg(PyObject* o, const char* who, swig_type_
     PyErr_Format(PyExc_TypeError, "%s must return (input, target), got %s", who, Py_TYPE(o)->tp_name);
     throw PythonError();
   }
-  PyObject* fast = PySequence_Fast(o, "");
-  braid::data::Example e{tensor_like(PySequence_Fast_GET_ITEM(fast, 0), type),
-                         tensor_like(PySequence_Fast_GET_ITEM(fast, 1), type)};
-  Py_DECREF(fast);
-  return e;
+  std::unique_ptr<PyObject, decltype(&Py_DecRef)> pair(PySequence_Fast(o, ""), Py_DecRef);
+  return {tensor_like(PySequence_Fast_GET_ITEM(pair.get(), 0), type),
+          tensor_like(PySequence_Fast_GET_ITEM(pair.get(), 1), type)};
 }
 }  // namespace braid_py
 %}
+// A typemap whose conversion may throw (a PythonError, or braid's own error) raises it in Python.
+%define BRAID_PY_ARG(METHOD, TYPE, CONVERT, INPUT)
+%typemap(METHOD) TYPE {
+  try {
+    $1 = CONVERT(INPUT);
+  } catch (...) {
+    braid_py::set_python_error();
+    SWIG_fail;
+  }
+}
+%enddef
 %typemap(out) braid::data::Example {
   $result = Py_BuildValue("(NN)", braid_py::tensor_result(std::move($1.input), $descriptor(braid::Tensor*)),
                           braid_py::tensor_result(std::move($1.target), $descriptor(braid::Tensor*)));
@@ -105,13 +129,10 @@ inline std::shared_ptr<const braid::data::Dataset> dataset_arg(PyObject* o, swig
   }
   auto* director = dynamic_cast<const Swig::Director*>(dataset.get());
   if (director == nullptr) return dataset;
-  PyObject* self = director->swig_get_self();
-  Py_INCREF(self);
-  return {dataset.get(), [dataset, self](const braid::data::Dataset*) mutable {
-            PyGILState_STATE gil = PyGILState_Ensure();
+  return {dataset.get(), [dataset, self = held(director->swig_get_self())](const braid::data::Dataset*) mutable {
+            Gil gil;  // the director is dropped before its Python half
             dataset.reset();
-            Py_DECREF(self);
-            PyGILState_Release(gil);
+            self.reset();
           }};
 }
 // transforms=[Normalize(...), RandomCrop(...)]: any sequence of braid.data transforms.
@@ -131,22 +152,10 @@ inline std::vector<std::shared_ptr<const braid::data::Transform>> transforms_arg
 }
 }  // namespace braid_py
 %}
-%typemap(in) std::vector<std::shared_ptr<const braid::data::Transform>> transforms {
-  try {
-    $1 = braid_py::transforms_arg($input, $descriptor(std::shared_ptr<braid::data::Transform>*));
-  } catch (...) {
-    braid_py::set_python_error();
-    SWIG_fail;
-  }
-}
-%typemap(in) std::shared_ptr<const braid::data::Dataset> dataset {
-  try {
-    $1 = braid_py::dataset_arg($input, $descriptor(std::shared_ptr<braid::data::Dataset>*), $descriptor(braid::Tensor*));
-  } catch (...) {
-    braid_py::set_python_error();
-    SWIG_fail;
-  }
-}
+BRAID_PY_ARG(in, std::vector<std::shared_ptr<const braid::data::Transform>> transforms, braid_py::transforms_arg,
+             %arg($input, $descriptor(std::shared_ptr<braid::data::Transform>*)))
+BRAID_PY_ARG(in, std::shared_ptr<const braid::data::Dataset> dataset, braid_py::dataset_arg,
+             %arg($input, $descriptor(std::shared_ptr<braid::data::Dataset>*), $descriptor(braid::Tensor*)))
 // loader.dataset, as torch's: a Python Dataset is the very object given, a TensorDataset a handle.
 %typemap(out) const std::shared_ptr<const braid::data::Dataset>& {
   if (auto* director = dynamic_cast<const Swig::Director*>($1->get())) {
@@ -202,17 +211,6 @@ inline std::vector<std::shared_ptr<const braid::data::Transform>> transforms_arg
 // capture and a redirected sys.stdout see the line); clock a callable giving seconds (tests).
 %{
 namespace braid_py {
-// A Python object that C++ code keeps and calls from any thread: each use and the last release take
-// the GIL (the last unless the interpreter is gone).
-inline std::shared_ptr<PyObject> held(PyObject* o) {
-  Py_INCREF(o);
-  return {o, [](PyObject* p) {
-            if (!Py_IsInitialized()) return;
-            PyGILState_STATE gil = PyGILState_Ensure();
-            Py_DECREF(p);
-            PyGILState_Release(gil);
-          }};
-}
 inline braid::data::ProgressOutput progress_stream(PyObject* o) {
   PyObject* stream = o == Py_None ? PySys_GetObject("stdout") : o;  // borrowed
   PyObject* tty = stream ? PyObject_CallMethod(stream, "isatty", nullptr) : nullptr;
@@ -220,33 +218,23 @@ inline braid::data::ProgressOutput progress_stream(PyObject* o) {
   braid::data::ProgressOutput out{nullptr, PyObject_IsTrue(tty) == 1};
   Py_DECREF(tty);
   out.write = [s = held(stream)](const std::string& text) {
-    PyGILState_STATE gil = PyGILState_Ensure();
+    Gil gil;
     PyObject* r = PyObject_CallMethod(s.get(), "write", "s#", text.data(), static_cast<Py_ssize_t>(text.size()));
     Py_XDECREF(r);
     PyObject* f = r ? PyObject_CallMethod(s.get(), "flush", nullptr) : nullptr;
     Py_XDECREF(f);
-    if (f == nullptr) {
-      PythonError error;  // takes the Python error while the GIL is held
-      PyGILState_Release(gil);
-      throw error;
-    }
-    PyGILState_Release(gil);
+    if (f == nullptr) throw PythonError();  // made while the GIL is held
   };
   return out;
 }
 inline std::function<double()> clock_arg(PyObject* o) {
   if (o == Py_None) return {};
   return [c = held(o)] {
-    PyGILState_STATE gil = PyGILState_Ensure();
+    Gil gil;
     PyObject* r = PyObject_CallNoArgs(c.get());
     double t = r ? PyFloat_AsDouble(r) : -1;
     Py_XDECREF(r);
-    if (PyErr_Occurred()) {
-      PythonError error;
-      PyGILState_Release(gil);
-      throw error;
-    }
-    PyGILState_Release(gil);
+    if (PyErr_Occurred()) throw PythonError();
     return t;
   };
 }
@@ -270,16 +258,6 @@ inline braid::data::ProgressBar::Values metrics_arg(PyObject* o) {
 }
 }  // namespace braid_py
 %}
-%define BRAID_PY_ARG(METHOD, TYPE, CONVERT, INPUT)
-%typemap(METHOD) TYPE {
-  try {
-    $1 = CONVERT(INPUT);
-  } catch (...) {
-    braid_py::set_python_error();
-    SWIG_fail;
-  }
-}
-%enddef
 BRAID_PY_ARG(in, braid::data::ProgressOutput stream, braid_py::progress_stream, $input)
 BRAID_PY_ARG(default, braid::data::ProgressOutput stream, braid_py::progress_stream, Py_None)  // not C's stdout
 BRAID_PY_ARG(in, std::function<double()> clock, braid_py::clock_arg, $input)
