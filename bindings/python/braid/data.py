@@ -12,5 +12,6 @@ prefetch, num_shards and shard (for data-parallel ranks), transforms, and device
 there by the prefetch thread).
 """
 
-from ._swig.data import (Dataset, TensorDataset, Example, DataLoader, Normalize, RandomCrop,  # noqa: F401
-                         RandomHorizontalFlip, load_mnist, load_cifar10, read_idx, read_npy, write_npy, read_csv)
+from ._swig.data import (Dataset, TensorDataset, Example, DataLoader, DataLoaderOptions,  # noqa: F401
+                         Normalize, RandomCrop, RandomHorizontalFlip, load_mnist, load_cifar10, read_idx, read_npy,
+                         write_npy, read_csv)

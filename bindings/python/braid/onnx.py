@@ -8,6 +8,7 @@
     braid.onnx.export(model, example, "out.onnx", opset=17)
 """
 
-from ._swig.io import OnnxModule, OnnxOptions, ExportOptions, load_model, load_tensor, save_tensor, export  # noqa: F401
+from ._swig.io import (OnnxModule, OnnxOptions, ExportOptions, load_model, load_tensor, save_tensor,  # noqa: F401
+                       export_onnx as export)
 
 load = OnnxModule.load

@@ -135,7 +135,8 @@ inline std::shared_ptr<const braid::data::Dataset> dataset_arg(PyObject* o, swig
             self.reset();
           }};
 }
-// transforms=[Normalize(...), RandomCrop(...)]: any sequence of braid.data transforms.
+// transforms=[Normalize(...), RandomCrop(...)]: any sequence of braid.data transforms (a loader's
+// keyword, set on DataLoaderOptions.transforms).
 inline std::vector<std::shared_ptr<const braid::data::Transform>> transforms_arg(PyObject* o, swig_type_info* type) {
   PyObject* seq = PySequence_Fast(o, "DataLoader: transforms must be a sequence of braid.data transforms");
   if (seq == nullptr) throw PythonError();
@@ -152,8 +153,16 @@ inline std::vector<std::shared_ptr<const braid::data::Transform>> transforms_arg
 }
 }  // namespace braid_py
 %}
-BRAID_PY_ARG(in, std::vector<std::shared_ptr<const braid::data::Transform>> transforms, braid_py::transforms_arg,
-             %arg($input, $descriptor(std::shared_ptr<braid::data::Transform>*)))
+%typemap(in) const std::vector<std::shared_ptr<const braid::data::Transform>>& (std::vector<std::shared_ptr<const braid::data::Transform>> temp) {
+  try {
+    temp = braid_py::transforms_arg($input, $descriptor(std::shared_ptr<braid::data::Transform>*));
+  } catch (...) {
+    braid_py::set_python_error();
+    SWIG_fail;
+  }
+  $1 = &temp;
+}
+%typemap(freearg) const std::vector<std::shared_ptr<const braid::data::Transform>>& ""
 BRAID_PY_ARG(in, std::shared_ptr<const braid::data::Dataset> dataset, braid_py::dataset_arg,
              %arg($input, $descriptor(std::shared_ptr<braid::data::Dataset>*), $descriptor(braid::Tensor*)))
 // loader.dataset, as torch's: a Python Dataset is the very object given, a TensorDataset a handle.
@@ -171,22 +180,15 @@ BRAID_PY_ARG(in, std::shared_ptr<const braid::data::Dataset> dataset, braid_py::
 }
 %rename(_dataset) braid::data::DataLoader::dataset;
 
-// Python's keywords are DataLoaderOptions' fields (Note [Layer options] in braid/nn/layers.h: SWIG
-// gives keywords to one constructor only); device=None leaves batches where the dataset made them.
-%ignore braid::data::DataLoader::DataLoader(std::shared_ptr<const Dataset>, DataLoaderOptions);
+// Python's keywords are DataLoaderOptions' fields (Note [Options as keywords] in typemaps.swg);
+// device=None leaves batches where the dataset made them.
+BRAID_KEYWORD_OPTIONS(braid::data::DataLoaderOptions)
+%naturalvar braid::data::DataLoaderOptions::transforms;
+%naturalvar braid::data::DataLoaderOptions::device;
 %ignore braid::data::DataLoader::Iterator;
 %ignore braid::data::DataLoader::begin;
 %ignore braid::data::DataLoader::end;
 %extend braid::data::DataLoader {
-  DataLoader(std::shared_ptr<const braid::data::Dataset> dataset, int64_t batch_size = 1, bool shuffle = false,
-             bool drop_last = false, uint64_t seed = 0, int64_t prefetch = 2, int64_t num_shards = 1, int64_t shard = 0,
-             std::vector<std::shared_ptr<const braid::data::Transform>> transforms = {},
-             std::optional<braid::Device> device = std::nullopt) {
-    return new braid::data::DataLoader(std::move(dataset), {.batch_size = batch_size, .shuffle = shuffle,
-                                       .drop_last = drop_last, .seed = seed, .prefetch = prefetch,
-                                       .num_shards = num_shards, .shard = shard,
-                                       .transforms = std::move(transforms), .device = device});
-  }
   int64_t __len__() const { return $self->num_batches(); }
   // The rest of the epoch's batches as (input, target); the GIL is released while next() waits.
   std::pair<braid::Tensor, braid::Tensor> __next__() {
@@ -200,11 +202,6 @@ BRAID_PY_ARG(in, std::shared_ptr<const braid::data::Dataset> dataset, braid_py::
     __iter__ = lambda self: self
     dataset = property(_dataset)
   %}
-}
-// std::optional<Device> as a member is set through a method (None leaves batches where they are).
-%ignore braid::data::DataLoaderOptions::device;
-%extend braid::data::DataLoaderOptions {
-  void set_device(braid::Device device) { $self->device = device; }
 }
 // ---- ProgressBar: braid.progress.Progress(label, total, unit="img/s", stream=None, clock=None) ----
 // stream is a Python text stream (None: sys.stdout as it is when the bar is made, so that pytest's

@@ -56,30 +56,10 @@
   swig::container_owner<swig::pointer_category>::back_reference($result, $self);
 }
 %include "braid/checkpoint.h"
-// braid.onnx.load(path, frozen=..., constants_as_weights=...) and braid.onnx.export(model, example,
-// path, opset=..., ...): the options' fields as keywords, each a thin wrapper of the C++ call that
-// takes the options struct (Note [Layer options] in braid/nn/layers.h: SWIG gives keywords only to a
-// function that is not overloaded).
-%ignore braid::onnx::OnnxModule::load(const std::string&, const OnnxOptions&, const LoadOptions&);
-%extend braid::onnx::OnnxModule {
-  // An ONNX file as a module whose initialisers are parameters (frozen: not trainable).
-  static std::shared_ptr<braid::onnx::OnnxModule> load(const std::string& path, bool frozen = false,
-                                                       bool constants_as_weights = true) {
-    return braid::onnx::OnnxModule::load(path, {.frozen = frozen, .constants_as_weights = constants_as_weights});
-  }
-}
-%rename("export") braid_py::export_onnx_file;
-%inline %{
-namespace braid_py {
-// Writes model as ONNX, tracing its layers on example (the batch axis stays symbolic).
-inline void export_onnx_file(braid::nn::Module& model, const braid::Tensor& example, const std::string& path,
-                             int64_t opset = 17, const std::string& input_name = "input",
-                             const std::string& output_name = "output", bool dynamic_batch = true) {
-  braid::onnx::export_onnx(model, example, path, {.opset = opset, .input_name = input_name,
-                                                  .output_name = output_name, .dynamic_batch = dynamic_batch});
-}
-}  // namespace braid_py
-%}
+// braid.onnx.load(path, frozen=True) and braid.onnx.export(model, example, path, opset=13): the
+// options' fields as keywords (Note [Options as keywords] in typemaps.swg).
+BRAID_KEYWORD_OPTIONS(braid::onnx::OnnxOptions)
+BRAID_KEYWORD_OPTIONS(braid::onnx::ExportOptions)
 %include "braid/onnx/model.h"
 %include "braid/onnx/module.h"
 %include "braid/onnx/export.h"

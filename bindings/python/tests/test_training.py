@@ -139,6 +139,8 @@ def test_the_loader_keeps_its_python_dataset_and_names_what_is_wrong():
         data.DataLoader(3)
     with pytest.raises(ValueError, match="must be \\(inputs, targets\\), got 3 items"):
         data.DataLoader((np.zeros(2),) * 3)
+    with pytest.raises(TypeError, match="unknown option 'batch_sz'; known: batch_size, device, drop_last"):
+        data.DataLoader((np.zeros(2), np.zeros(2)), batch_sz=1)
     with pytest.raises(TypeError, match="transform 0 is a str"):
         data.DataLoader((np.zeros(2), np.zeros(2)), transforms=["flip"])
     with pytest.raises(TypeError, match=r"Dataset.__getitem__ must return \(input, target\), got int"):

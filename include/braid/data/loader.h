@@ -68,7 +68,7 @@ struct Batch {
 /// every epoch in turn. The loader is used from one thread.
 class DataLoader {
  public:
-  DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions options = {});
+  DataLoader(std::shared_ptr<const Dataset> dataset, const DataLoaderOptions& options = {});
   /// Stops the prefetch thread (waiting for at most the batch it is preparing).
   ~DataLoader();
   DataLoader(const DataLoader&) = delete;
