@@ -21,7 +21,6 @@
 #include "braid/onnx/export.h"
 #include "models.h"
 #include "plot.h"
-#include "progress.h"
 #include "train_pipeline.h"
 
 using namespace braid;
@@ -291,9 +290,9 @@ int run(int argc, char** argv) {
   const int64_t stop_epoch = args.stop_after > 0 ? train_loader.epoch() + args.stop_after : args.epochs;
   while (train_loader.epoch() < std::min(args.epochs, stop_epoch)) {
     const int64_t epoch = train_loader.epoch();
-    std::unique_ptr<zoo::ProgressBar> bar;
-    if (lead) bar = std::make_unique<zoo::ProgressBar>("epoch " + std::to_string(epoch + 1) + "/" +
-                                                           std::to_string(args.epochs), steps_per_epoch, "img");
+    std::unique_ptr<data::ProgressBar> bar;
+    if (lead) bar = std::make_unique<data::ProgressBar>("epoch " + std::to_string(epoch + 1) + "/" +
+                                                            std::to_string(args.epochs), steps_per_epoch, "img/s");
     // Local sums since the last reduction, and the job's totals so far (reduced every 20 steps).
     double loss_sum = 0, window_loss = 0, correct = 0, seen = 0;
     double job_loss = 0, job_correct = 0, job_seen = 0;

@@ -12,6 +12,7 @@
 
 #include "braid/amp.h"
 #include "braid/checkpoint.h"
+#include "braid/data/progress.h"
 #include "braid/distributed.h"
 #include "braid/distributed/partition.h"
 #include "braid/distributed/pipeline.h"
@@ -21,7 +22,6 @@
 #include "braid/random.h"
 #include "models.h"
 #include "plot.h"
-#include "progress.h"
 
 namespace braid::zoo {
 
@@ -250,9 +250,9 @@ int train_pipeline(const PipelineRun& r) {
   const int64_t stop_epoch = r.stop_after > 0 ? train_loader.epoch() + r.stop_after : r.epochs;
   while (train_loader.epoch() < std::min(r.epochs, stop_epoch)) {
     const int64_t epoch = train_loader.epoch();
-    std::unique_ptr<ProgressBar> bar;
-    if (lead) bar = std::make_unique<ProgressBar>("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(r.epochs),
-                                                  steps_per_epoch, "img");
+    std::unique_ptr<data::ProgressBar> bar;
+    if (lead) bar = std::make_unique<data::ProgressBar>("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(r.epochs),
+                                                        steps_per_epoch, "img/s");
     double local = 0, job_loss = 0, job_seen = 0;
     int64_t window = 0;
     data::Batch b;

@@ -47,8 +47,8 @@ Span span_of(int64_t size, const DataLoaderOptions& o, int64_t index) {
 
 }  // namespace
 
-DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions options)
-    : dataset_(std::move(dataset)), opts_(std::move(options)) {
+DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, const DataLoaderOptions& options)
+    : dataset_(std::move(dataset)), opts_(options) {
   BRAID_CHECK(dataset_ != nullptr, "DataLoader: dataset is null");
   BRAID_CHECK(opts_.batch_size >= 1, "DataLoader: batch_size must be at least 1, got ", opts_.batch_size);
   BRAID_CHECK(opts_.prefetch >= 0, "DataLoader: prefetch must be non-negative, got ", opts_.prefetch);

@@ -9,40 +9,12 @@
     braid.checkpoint.save("run.braid", ckpt)     # written atomically
     ckpt = braid.checkpoint.load("run.braid")
     braid.checkpoint.restore(ckpt, "model.", model)
+
+ckpt.tensors, scalars, integers and strings are views into the checkpoint (writes go through) that
+keep it alive. store puts an object's state (a module, optimizer, scheduler, scaler, data loader or
+generator) under a prefix; restore checks the entries first, and its errors name the checkpoint's
+file and the entry.
 """
 
-from ._swig import io as _io
-
-Checkpoint = _io.Checkpoint
-save = _io.save_checkpoint
-load = _io.load_checkpoint
-
-
-def _owning(prop):
-    # ck.tensors (integers, scalars, strings) is a view into the C++ Checkpoint, so that writes
-    # through it change the checkpoint; the view keeps its checkpoint alive, which makes
-    # `braid.checkpoint.load(path).integers["step"]` safe although the checkpoint is a temporary.
-    def get(self):
-        view = prop.fget(self)
-        view._owner = self
-        return view
-    return property(get, prop.fset, doc=prop.__doc__)
-
-
-for _name in ("tensors", "scalars", "integers", "strings"):
-    setattr(Checkpoint, _name, _owning(getattr(Checkpoint, _name)))
-
-
-def _cxx(obj):
-    # braid.data.DataLoader holds the C++ loader that the checkpoint functions take.
-    return obj.__dict__.get("_loader", obj) if hasattr(obj, "__dict__") else obj
-
-
-def store(ckpt, prefix, obj):
-    """Stores obj's state (a module, optimizer, scheduler, scaler, data loader or generator) under prefix."""
-    _io.store_state(ckpt, prefix, _cxx(obj))
-
-
-def restore(ckpt, prefix, obj):
-    """Restores obj's state from the entries under prefix; errors name the checkpoint and the entry."""
-    _io.restore_state(ckpt, prefix, _cxx(obj))
+from ._swig.io import Checkpoint, save_checkpoint as save, load_checkpoint as load  # noqa: F401
+from ._swig.io import store_state as store, restore_state as restore  # noqa: F401

@@ -47,7 +47,19 @@
 %ignore braid::onnx::OnnxModule::model;
 %ignore braid::onnx::Model::graph;
 
+// ck.tensors (integers, scalars, strings) is a view into the C++ Checkpoint, so that writes through
+// it change the checkpoint; the view keeps its checkpoint alive (as SWIG's container elements keep
+// their container), which makes `braid.checkpoint.load(path).integers["step"]` safe although the
+// checkpoint is a temporary.
+%typemap(ret, fragment="reference_container_owner") std::map<std::string, braid::Tensor>*,
+    std::map<std::string, double>*, std::map<std::string, int64_t>*, std::map<std::string, std::string>* {
+  swig::container_owner<swig::pointer_category>::back_reference($result, $self);
+}
 %include "braid/checkpoint.h"
+// braid.onnx.load(path, frozen=True) and braid.onnx.export(model, example, path, opset=13): the
+// options' fields as keywords (Note [Options as keywords] in typemaps.swg).
+BRAID_KEYWORD_OPTIONS(braid::onnx::OnnxOptions)
+BRAID_KEYWORD_OPTIONS(braid::onnx::ExportOptions)
 %include "braid/onnx/model.h"
 %include "braid/onnx/module.h"
 %include "braid/onnx/export.h"

@@ -1,7 +1,10 @@
-"""braid.progress.Progress: the one-line report of rate and ETA that the training scripts print."""
+"""braid.progress.Progress: the one-line report of rate and ETA that the training scripts print
+(braid::data::ProgressBar, which braid-train draws too), on a Python stream."""
 
 import io
 import re
+
+import pytest
 
 import braid
 
@@ -14,11 +17,10 @@ class Clock:
         return self.t
 
 
-def test_progress_reports_rate_eta_and_metrics_in_a_log(monkeypatch):
+def test_progress_reports_rate_eta_and_metrics_in_a_log():
     clock = Clock()
-    monkeypatch.setattr(braid.progress.time, "perf_counter", clock)
     out = io.StringIO()  # not a terminal: plain lines, at most one per 10 s
-    bar = braid.progress.Progress("epoch 1/2", total=40, stream=out)
+    bar = braid.progress.Progress("epoch 1/2", total=40, stream=out, clock=clock)
     clock.t += 5.0
     bar.update(10, 320, {"loss": 1.5})
     assert out.getvalue() == ""  # under 10 s since the start
@@ -31,3 +33,24 @@ def test_progress_reports_rate_eta_and_metrics_in_a_log(monkeypatch):
     bar.update(40, 1280, {"loss": 0.5}, final=True)
     last = out.getvalue().splitlines()[-1]
     assert re.fullmatch(r"epoch 1/2 \[#{24}\] 100% 40/40 29 img/s took 00:44 loss 0\.5000", last), last
+
+
+class Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_progress_redraws_in_place_on_a_terminal_and_reaches_pythons_stdout(capsys):
+    clock = Clock()
+    out = Terminal()
+    bar = braid.progress.Progress("fit", 4, unit="ex/s", stream=out, clock=clock)
+    clock.t += 0.1
+    bar.update(1, 8)
+    assert out.getvalue() == ""  # under 0.2 s since the start
+    clock.t += 0.3
+    bar.update(2, 16, {"acc": 0.5})
+    assert out.getvalue() == "\rfit [############............]  50% 2/4 40 ex/s eta 00:00 acc 0.5000\x1b[K"
+    braid.progress.Progress("to stdout", 1, clock=clock).update(1, 3, None, final=True)
+    assert capsys.readouterr().out.startswith("to stdout [#")  # sys.stdout, which pytest captures
+    with pytest.raises(TypeError, match="metrics must be a dict"):
+        bar.update(3, 24, [("loss", 1.0)], final=True)

@@ -109,6 +109,44 @@ def test_exception_in_dataset_reaches_the_caller_unchanged():
             pass
 
 
+class NoSuperInit(data.Dataset):
+    def __init__(self, n):  # no super().__init__(), as PyTorch's Dataset allows
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return np.full(2, i, np.float32), i
+
+
+def test_the_loader_keeps_its_python_dataset_and_names_what_is_wrong():
+    import gc
+    import weakref
+
+    ds = NoSuperInit(5)
+    loader = data.DataLoader(ds, batch_size=2, prefetch=3)
+    assert loader.dataset is ds and len(loader) == 3
+    alive = weakref.ref(ds)
+    del ds
+    gc.collect()
+    assert alive() is not None, "the loader let its Python dataset go"
+    assert [y.tolist() for _, y in loader] == [[0, 1], [2, 3], [4]]
+    del loader  # stops the prefetch thread, then lets the dataset go
+    gc.collect()
+    assert alive() is None, "a dataset outlived its loader"
+    with pytest.raises(TypeError, match="expected a braid.data.Dataset or \\(inputs, targets\\), got int"):
+        data.DataLoader(3)
+    with pytest.raises(ValueError, match="must be \\(inputs, targets\\), got 3 items"):
+        data.DataLoader((np.zeros(2),) * 3)
+    with pytest.raises(TypeError, match="unknown option 'batch_sz'; known: batch_size, device, drop_last"):
+        data.DataLoader((np.zeros(2), np.zeros(2)), batch_sz=1)
+    with pytest.raises(TypeError, match="transform 0 is a str"):
+        data.DataLoader((np.zeros(2), np.zeros(2)), transforms=["flip"])
+    with pytest.raises(TypeError, match=r"Dataset.__getitem__ must return \(input, target\), got int"):
+        list(data.DataLoader(type("Bare", (NoSuperInit,), {"__getitem__": lambda self, i: i})(2)))
+
+
 def test_dataloader_over_arrays_shares_nothing_it_should_not():
     x, y = _data(12)
     loader = data.DataLoader((x, y), batch_size=5, drop_last=True)

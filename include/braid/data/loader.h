@@ -68,7 +68,7 @@ struct Batch {
 /// every epoch in turn. The loader is used from one thread.
 class DataLoader {
  public:
-  DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions options = {});
+  DataLoader(std::shared_ptr<const Dataset> dataset, const DataLoaderOptions& options = {});
   /// Stops the prefetch thread (waiting for at most the batch it is preparing).
   ~DataLoader();
   DataLoader(const DataLoader&) = delete;
@@ -79,7 +79,7 @@ class DataLoader {
   /// Samples per epoch on this shard.
   int64_t num_samples() const;
   const DataLoaderOptions& options() const { return opts_; }
-  const Dataset& dataset() const { return *dataset_; }
+  const std::shared_ptr<const Dataset>& dataset() const { return dataset_; }
 
   /// The next batch of the epoch in out, or false at the end of the epoch. An exception from the
   /// dataset or a transform (also one raised in the prefetch thread) propagates unchanged; the

@@ -85,8 +85,10 @@ void register_layer_exporter(const std::string& type_name, LayerExporter fn);
 Value export_layer(GraphBuilder& g, nn::Module& m, const std::string& prefix, const Value& x);
 
 /// The ONNX model of module m for inputs like example (run once, in eval mode, without gradients).
-Model export_model(nn::Module& m, const Tensor& example, const ExportOptions& options = {});
-/// export_model, then save_model.
-void export_onnx(nn::Module& m, const Tensor& example, const std::string& path, const ExportOptions& options = {});
+Model export_model(nn::Module& model, const Tensor& example, const ExportOptions& options = {});
+/// Writes model to path as ONNX: export_model (tracing a forward on example), then save_model. Python:
+/// braid.onnx.export(model, example, path, opset=17, input_name=..., output_name=..., dynamic_batch=True).
+void export_onnx(nn::Module& model, const Tensor& example, const std::string& path,
+                 const ExportOptions& options = {});
 
 }  // namespace braid::onnx

@@ -171,7 +171,8 @@ struct FiredPass {
 class OnnxModule : public nn::Module {
  public:
   explicit OnnxModule(Model model, const OnnxOptions& options = {});
-  /// Loads and imports path (load_model, then the preflight).
+  /// Loads and imports path (load_model, then the preflight). Python: braid.onnx.load(path,
+  /// frozen=False, constants_as_weights=True), the options' fields as keywords.
   static std::shared_ptr<OnnxModule> load(const std::string& path, const OnnxOptions& options = {},
                                           const LoadOptions& load_options = {});
 
