@@ -14,12 +14,6 @@ namespace braid_py {
 
 namespace {
 
-// Holds the GIL for a scope from any thread (a storage may die on the DataLoader's thread).
-struct Gil {
-  PyGILState_STATE state = PyGILState_Ensure();
-  ~Gil() { PyGILState_Release(state); }
-};
-
 // Drops a reference with the GIL held, unless the interpreter is already gone (a tensor that a
 // static or a leaked C++ object keeps past Py_Finalize).
 void release_reference(PyObject* o) {
@@ -320,12 +314,15 @@ PyObject* dlpack_device(const braid::Tensor& t) {
   return Py_BuildValue("(ii)", static_cast<int>(d.device_type), static_cast<int>(d.device_id));
 }
 
+std::shared_ptr<PyObject> held(PyObject* o) {
+  Py_INCREF(o);
+  return {o, release_reference};
+}
+
 std::function<void()> callback(PyObject* callable) {
   BRAID_CHECK_T(braid::TypeError, PyCallable_Check(callable), "expected a callable, got ",
                 Py_TYPE(callable)->tp_name);
-  Py_INCREF(callable);
-  std::shared_ptr<PyObject> fn(callable, [](PyObject* o) { release_reference(o); });
-  return [fn] {
+  return [fn = held(callable)] {
     Gil gil;
     PyObject* r = PyObject_CallNoArgs(fn.get());
     if (r == nullptr) throw PythonError();

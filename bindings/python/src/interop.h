@@ -51,6 +51,17 @@ braid::Tensor from_dlpack_capsule(PyObject* capsule);
 /// (device_type, device_id) in DLPack's codes, for __dlpack_device__.
 PyObject* dlpack_device(const braid::Tensor& t);
 
+/// Holds the GIL for a scope, from any thread (the DataLoader's prefetch thread, a backward hook).
+struct Gil {
+  PyGILState_STATE state = PyGILState_Ensure();
+  ~Gil() { PyGILState_Release(state); }
+};
+
+/// A new reference to o that C++ may keep, copy and drop on any thread: the last copy to go drops
+/// it with the GIL held (unless the interpreter is already gone). What C++ holds of a Python
+/// dataset, module, stream or callable (Note [Python objects that C++ holds] in swig/braid.swg).
+std::shared_ptr<PyObject> held(PyObject* o);
+
 /// A C++ callback that calls callable with no arguments, taking the GIL; a Python exception it
 /// raises arrives in C++ as a PythonError.
 std::function<void()> callback(PyObject* callable);

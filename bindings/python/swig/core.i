@@ -384,6 +384,8 @@ inline bool pair_arg(PyObject* o, std::vector<int64_t>* out) {
 %ignore braid_py::PythonError;
 %ignore braid_py::set_python_error;
 %ignore braid_py::callback;
+%ignore braid_py::Gil;
+%ignore braid_py::held;
 // These touch Python objects: the GIL stays held while they run.
 %nothread braid_py::tensor_over_memory;
 %nothread braid_py::to_dlpack;

@@ -26,21 +26,6 @@
 %rename(__getitem__) braid::data::Dataset::get;
 %{
 namespace braid_py {
-// Holds the GIL for a scope, from any thread (the loader's prefetch thread, a progress write).
-struct Gil {
-  PyGILState_STATE state = PyGILState_Ensure();
-  ~Gil() { PyGILState_Release(state); }
-};
-// A Python object that C++ keeps and may call from any thread: the last release takes the GIL
-// (unless the interpreter is already gone).
-inline std::shared_ptr<PyObject> held(PyObject* o) {
-  Py_INCREF(o);
-  return {o, [](PyObject* p) {
-            if (!Py_IsInitialized()) return;
-            Gil gil;
-            Py_DECREF(p);
-          }};
-}
 // o as a Tensor: a braid.Tensor as it is, anything else (a NumPy array, a number, a nested list)
 // through braid.as_tensor, which shares a NumPy array's memory where it can.
 inline braid::Tensor tensor_like(PyObject* o, swig_type_info* type) {

@@ -24,30 +24,20 @@
 namespace braid_py {
 inline braid::distributed::PipeLoss pipe_loss(PyObject* callable) {
   BRAID_CHECK_T(braid::TypeError, PyCallable_Check(callable), "train_step: loss must be a callable (output, target) -> Tensor");
-  Py_INCREF(callable);
-  std::shared_ptr<PyObject> fn(callable, [](PyObject* o) {
-    if (!Py_IsInitialized()) return;
-    PyGILState_STATE s = PyGILState_Ensure();
-    Py_DECREF(o);
-    PyGILState_Release(s);
-  });
-  return [fn](const braid::Tensor& out, const braid::Tensor& target) {
-    PyGILState_STATE s = PyGILState_Ensure();
-    PyObject* a = SWIG_NewPointerObj(new braid::Tensor(out), SWIGTYPE_p_braid__Tensor, SWIG_POINTER_OWN);
-    PyObject* b = SWIG_NewPointerObj(new braid::Tensor(target), SWIGTYPE_p_braid__Tensor, SWIG_POINTER_OWN);
-    PyObject* r = PyObject_CallFunctionObjArgs(fn.get(), a, b, nullptr);
-    Py_DECREF(a);
-    Py_DECREF(b);
-    if (r == nullptr) {
-      braid_py::PythonError e;
-      PyGILState_Release(s);
-      throw e;
+  return [fn = held(callable)](const braid::Tensor& out, const braid::Tensor& target) {
+    braid::Tensor loss;
+    {
+      Gil gil;
+      PyObject* a = SWIG_NewPointerObj(new braid::Tensor(out), SWIGTYPE_p_braid__Tensor, SWIG_POINTER_OWN);
+      PyObject* b = SWIG_NewPointerObj(new braid::Tensor(target), SWIGTYPE_p_braid__Tensor, SWIG_POINTER_OWN);
+      PyObject* r = PyObject_CallFunctionObjArgs(fn.get(), a, b, nullptr);
+      Py_DECREF(a);
+      Py_DECREF(b);
+      if (r == nullptr) throw PythonError();  // made while the GIL is held
+      void* p = nullptr;
+      if (SWIG_IsOK(SWIG_ConvertPtr(r, &p, SWIGTYPE_p_braid__Tensor, 0)) && p != nullptr) loss = *static_cast<braid::Tensor*>(p);
+      Py_DECREF(r);
     }
-    void* p = nullptr;
-    int res = SWIG_ConvertPtr(r, &p, SWIGTYPE_p_braid__Tensor, 0);
-    braid::Tensor loss = SWIG_IsOK(res) && p ? *static_cast<braid::Tensor*>(p) : braid::Tensor();
-    Py_DECREF(r);
-    PyGILState_Release(s);
     BRAID_CHECK_T(braid::TypeError, loss.defined(), "train_step: the loss callable must return a braid.Tensor");
     return loss;
   };
@@ -74,14 +64,7 @@ BRAID_KEYWORD_OPTIONS(braid::distributed::PipelineOptions)
 %{
 namespace braid_py {
 inline std::shared_ptr<braid::nn::Module> holding(std::shared_ptr<braid::nn::Module> m, PyObject* owner) {
-  Py_INCREF(owner);
-  std::shared_ptr<PyObject> ref(owner, [](PyObject* o) {
-    if (!Py_IsInitialized()) return;
-    PyGILState_STATE s = PyGILState_Ensure();
-    Py_DECREF(o);
-    PyGILState_Release(s);
-  });
-  auto both = std::make_shared<std::pair<std::shared_ptr<braid::nn::Module>, std::shared_ptr<PyObject>>>(m, ref);
+  auto both = std::make_shared<std::pair<std::shared_ptr<braid::nn::Module>, std::shared_ptr<PyObject>>>(m, held(owner));
   return std::shared_ptr<braid::nn::Module>(both, m.get());
 }
 }  // namespace braid_py
