@@ -295,3 +295,21 @@ def test_checkpoint_views_keep_their_checkpoint_alive(tmp_path):
     del integers, tensors
     gc.collect()
     assert alive() is None, "a checkpoint outlived its last view"
+
+
+def test_options_are_positional_in_pytorch_order_too():
+    # Note [Options as keywords]: values after the function's own arguments fill the options struct's
+    # fields in declaration order, which is PyTorch's positional order (SGD's lr, momentum; the
+    # DataLoader's batch_size, shuffle).
+    x, y = np.arange(10, dtype=np.float32).reshape(10, 1), np.arange(10)
+    assert len(data.DataLoader((x, y), 4)) == 3  # ceil(10 / 4)
+    assert len(data.DataLoader((x, y), 4, False, True)) == 2  # drop_last
+    assert [t.tolist() for _, t in data.DataLoader((x, y), 5, False)] == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]
+    w = nn.Linear(1, 1)
+    group = optim.SGD(w.parameters(), 0.25, 0.5).groups()[0]
+    assert (group["lr"], group["momentum"], group["dampening"]) == (0.25, 0.5, 0.0)
+    assert optim.Adam(w.parameters(), 0.01, (0.8, 0.7)).groups()[0]["beta2"] == 0.7
+    with pytest.raises(TypeError, match="option 'batch_size' given both positionally and as a keyword"):
+        data.DataLoader((x, y), 4, batch_size=2)
+    with pytest.raises(TypeError, match="SGD: 7 option values given positionally, it has 6 options"):
+        optim.SGD(w.parameters(), 0.1, 0.9, 0.0, 0.0, False, False, 1)
