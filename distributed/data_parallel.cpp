@@ -10,19 +10,21 @@
 #include "braid/ops.h"
 #include "distributed/internal.h"
 
-namespace braid::distributed {
+namespace braid::distributed::detail {
 
 namespace {
 
-double now_seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+/// Every rank's list of lines (all_gather of lengths, then of the padded text).
+std::vector<std::vector<std::string>> gather_lines(ProcessGroup& g, const std::vector<std::string>& lines);
+
+}  // namespace
 
 std::string describe_tensor(const std::string& kind, const std::string& name, const Tensor& t) {
   return kind + " '" + name + "' " + dtype_name(t.dtype()) + " " + shape_str(t.shape());
 }
 
-/// Every rank's list of lines (all_gather of lengths, then of the padded text).
+namespace {
+
 std::vector<std::vector<std::string>> gather_lines(ProcessGroup& g, const std::vector<std::string>& lines) {
   std::string joined;
   for (const auto& l : lines) joined += l + "\n";
@@ -51,7 +53,9 @@ std::vector<std::vector<std::string>> gather_lines(ProcessGroup& g, const std::v
   return out;
 }
 
-void check_same_model(ProcessGroup& g, const std::vector<std::string>& lines) {
+}  // namespace
+
+void check_same_model(ProcessGroup& g, const std::vector<std::string>& lines, const char* who) {
   std::string joined;
   for (const auto& l : lines) joined += l + "\n";
   const uint64_t h = detail::fnv1a(joined.data(), joined.size());
@@ -69,7 +73,7 @@ void check_same_model(ProcessGroup& g, const std::vector<std::string>& lines) {
     size_t i = 0;
     while (i < ref.size() && i < other.size() && ref[i] == other[i]) ++i;
     std::ostringstream os;
-    os << "DistributedDataParallel: the ranks built different models (group '" << g.name() << "'): ";
+    os << who << ": the ranks built different models (group '" << g.name() << "'): ";
     if (i < ref.size() && i < other.size())
       os << "entry " << i << " is " << ref[i] << " on rank " << g.world_rank(0) << " but " << other[i] << " on rank "
          << g.world_rank(r);
@@ -82,6 +86,57 @@ void check_same_model(ProcessGroup& g, const std::vector<std::string>& lines) {
     os << "; every rank must construct the same model";
     throw DistributedError(os.str());
   }
+}
+
+void check_and_broadcast_model(nn::Module& module, ProcessGroup& group, bool broadcast_buffers, const char* who) {
+  std::vector<std::string> lines;
+  for (const auto& [name, p] : module.named_parameters()) lines.push_back(describe_tensor("parameter", name, p));
+  const auto buffers = module.named_buffers();
+  for (const auto& [name, b] : buffers) lines.push_back(describe_tensor("buffer", name, b));
+  check_same_model(group, lines, who);
+  NoGradGuard no_grad;
+  for (const auto& [name, p] : module.named_parameters()) group.broadcast(p, 0);
+  if (broadcast_buffers)
+    for (const auto& [name, b] : buffers) group.broadcast(b, 0);
+}
+
+// Buckets in reverse registration order: backward produces the last layers' gradients first.
+std::vector<std::vector<size_t>> plan_buckets(const std::vector<Tensor>& params, double cap_mb) {
+  const double cap = cap_mb * 1024.0 * 1024.0;
+  std::vector<std::vector<size_t>> buckets;
+  std::vector<std::pair<size_t, int64_t>> open;  // (bucket, elements) being filled, per dtype and device
+  for (size_t k = params.size(); k-- > 0;) {
+    const Tensor& p = params[k];
+    const double bytes = static_cast<double>(p.numel() * p.element_size());
+    size_t found = SIZE_MAX;
+    for (size_t o = 0; o < open.size(); ++o) {
+      const Tensor& first = params[buckets[open[o].first].front()];
+      if (first.dtype() == p.dtype() && first.device() == p.device()) found = o;
+    }
+    if (found != SIZE_MAX &&
+        (cap == 0 || static_cast<double>(open[found].second * p.element_size()) + bytes > cap)) {
+      open.erase(open.begin() + static_cast<long>(found));
+      found = SIZE_MAX;
+    }
+    if (found == SIZE_MAX) {
+      buckets.emplace_back();
+      open.emplace_back(buckets.size() - 1, 0);
+      found = open.size() - 1;
+    }
+    buckets[open[found].first].push_back(k);
+    open[found].second += p.numel();
+  }
+  return buckets;
+}
+
+}  // namespace braid::distributed::detail
+
+namespace braid::distributed {
+
+namespace {
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 }  // namespace
@@ -103,49 +158,23 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   BRAID_CHECK(module_ != nullptr, "DistributedDataParallel: the module is null");
   BRAID_CHECK(options_.bucket_cap_mb >= 0, "DistributedDataParallel: bucket_cap_mb must be >= 0, got ",
               options_.bucket_cap_mb);
-  std::vector<std::string> lines;
   for (const auto& [name, p] : module_->named_parameters()) {
-    lines.push_back(describe_tensor("parameter", name, p));
     if (!p.requires_grad()) continue;
     names_.push_back(name);
     params_.push_back(p);
   }
-  const auto buffers = module_->named_buffers();
-  for (const auto& [name, b] : buffers) lines.push_back(describe_tensor("buffer", name, b));
-  check_same_model(*group_, lines);
-  {
-    NoGradGuard no_grad;
-    for (const auto& [name, p] : module_->named_parameters()) group_->broadcast(p, 0);
-    if (options_.broadcast_buffers)
-      for (const auto& [name, b] : buffers) group_->broadcast(b, 0);
-  }
-
-  // Buckets in reverse registration order: backward produces the last layers' gradients first.
-  const double cap = options_.bucket_cap_mb * 1024.0 * 1024.0;
+  detail::check_and_broadcast_model(*module_, *group_, options_.broadcast_buffers, "DistributedDataParallel");
   bucket_of_.assign(params_.size(), 0);
-  std::vector<Bucket*> open;  // the bucket being filled, per dtype and device
-  for (size_t k = params_.size(); k-- > 0;) {
-    const Tensor& p = params_[k];
-    Bucket* b = nullptr;
-    for (Bucket* o : open)
-      if (o->dtype == p.dtype() && o->device == p.device()) b = o;
-    const double bytes = static_cast<double>(p.numel() * p.element_size());
-    if (b && (cap == 0 || static_cast<double>(b->numel * p.element_size()) + bytes > cap)) {
-      std::erase(open, b);
-      b = nullptr;
+  for (const auto& plan : detail::plan_buckets(params_, options_.bucket_cap_mb)) {
+    auto& b = *buckets_.emplace_back(std::make_unique<Bucket>());
+    b.dtype = params_[plan.front()].dtype();
+    b.device = params_[plan.front()].device();
+    for (size_t k : plan) {
+      b.params.push_back(k);
+      b.offsets.push_back(b.numel);
+      b.numel += params_[k].numel();
+      bucket_of_[k] = buckets_.size() - 1;
     }
-    if (!b) {
-      buckets_.push_back(std::make_unique<Bucket>());
-      b = buckets_.back().get();
-      b->dtype = p.dtype();
-      b->device = p.device();
-      open.push_back(b);
-    }
-    b->params.push_back(k);
-    b->offsets.push_back(b->numel);
-    b->numel += p.numel();
-    for (size_t i = 0; i < buckets_.size(); ++i)
-      if (buckets_[i].get() == b) bucket_of_[k] = i;
   }
   for (auto& b : buckets_) b->flat = zeros({b->numel}, b->dtype, b->device);
   ready_.assign(params_.size(), false);

@@ -11,6 +11,7 @@
 
 #include "braid/distributed/process_group.h"
 #include "braid/error.h"
+#include "braid/nn/module.h"
 
 namespace braid::distributed::detail {
 
@@ -42,6 +43,31 @@ void check_all_reduce(const Tensor& t, ReduceOp op, const AllReduceOptions& opti
 
 /// "all_reduce(sum, 1000 float32)".
 std::string describe_op(const char* op, const Tensor& t, const std::string& extra = "");
+
+/// "parameter 'fc.weight' float32 [4, 3]".
+std::string describe_tensor(const std::string& kind, const std::string& name, const Tensor& t);
+/// Throws DistributedError naming the first difference when the ranks' lines (their models'
+/// parameter and buffer descriptions) differ; who names the caller in the message.
+void check_same_model(ProcessGroup& g, const std::vector<std::string>& lines, const char* who);
+/// check_same_model over module's parameters and buffers, then rank 0's values to every rank.
+void check_and_broadcast_model(nn::Module& module, ProcessGroup& group, bool broadcast_buffers, const char* who);
+/// Gradient buckets of about cap_mb megabytes (0: one per parameter), never mixing dtypes or
+/// devices, filled in reverse registration order (backward's order): indices into params, each
+/// bucket in its filling order.
+std::vector<std::vector<size_t>> plan_buckets(const std::vector<Tensor>& params, double cap_mb);
+
+/// The counts behind ProcessGroup::traffic() (thread-safe: backward's hooks call collectives too).
+class TrafficCounter {
+ public:
+  /// One call of kind on t, counted as factor times t's elements.
+  void add(TrafficCount Traffic::*kind, const Tensor& t, int64_t factor = 1);
+  Traffic get(int ranks) const;
+  void reset();
+
+ private:
+  mutable std::mutex mu_;
+  Traffic counts_;
+};
 
 /// host_group for tensors on any device: a tensor that is not on the CPU goes to its device's native
 /// group where there is one (route_native; Note [Native device groups]), else travels as a host

@@ -25,20 +25,34 @@ class LocalGroup : public ProcessGroup {
   }
   WorkPtr all_reduce_async(Tensor t, ReduceOp op, const AllReduceOptions& options) override {
     check_all_reduce(t, op, options);
+    traffic_.add(&Traffic::all_reduce, t);
     return std::make_shared<DoneWork>();
   }
   void broadcast(Tensor t, int root) override {
     check_collective_tensor(t, "broadcast");
     check_peer(root, 1, "broadcast");
+    traffic_.add(&Traffic::broadcast, t);
   }
   Tensor all_gather(const Tensor& t) override {
     check_collective_tensor(t, "all_gather");
+    traffic_.add(&Traffic::all_gather, t);
     return t.clone().unsqueeze(0);
   }
   Tensor reduce_scatter(const Tensor& t, ReduceOp) override {
     check_collective_tensor(t, "reduce_scatter");
     BRAID_CHECK(t.dim() >= 1, "reduce_scatter: expected at least one axis, got a scalar");
+    traffic_.add(&Traffic::reduce_scatter, t);
     return t.clone();
+  }
+  WorkPtr reduce_scatter_inplace_async(Tensor flat, ReduceOp op, const AllReduceOptions& options) override {
+    check_all_reduce(flat, op, options);
+    traffic_.add(&Traffic::reduce_scatter, flat);
+    return std::make_shared<DoneWork>();
+  }
+  WorkPtr all_gather_inplace_async(Tensor flat) override {
+    check_collective_tensor(flat, "all_gather_inplace");
+    traffic_.add(&Traffic::all_gather, flat);
+    return std::make_shared<DoneWork>();
   }
   void barrier() override {}
   WorkPtr isend(const Tensor& t, int dst, int) override {
@@ -55,9 +69,12 @@ class LocalGroup : public ProcessGroup {
     if (color < 0) return nullptr;
     return std::make_shared<LocalGroup>(name_ + "/split(color=" + std::to_string(color) + ")");
   }
+  Traffic traffic() const override { return traffic_.get(1); }
+  void reset_traffic() override { traffic_.reset(); }
 
  private:
   std::string name_;
+  TrafficCounter traffic_;
 };
 
 }  // namespace

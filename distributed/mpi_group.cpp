@@ -71,7 +71,9 @@ MPI_Op mpi_op(ReduceOp op) {
   }
 }
 
-enum OpCode : int64_t { kAllReduce = 1, kBroadcast, kAllGather, kReduceScatter, kBarrier, kSplit };
+enum OpCode : int64_t {
+  kAllReduce = 1, kBroadcast, kAllGather, kReduceScatter, kBarrier, kSplit, kReduceScatterInplace, kAllGatherInplace
+};
 
 const char* op_name(int64_t code) {
   switch (code) {
@@ -81,6 +83,8 @@ const char* op_name(int64_t code) {
     case kReduceScatter: return "reduce_scatter";
     case kBarrier: return "barrier";
     case kSplit: return "split";
+    case kReduceScatterInplace: return "reduce_scatter_inplace";
+    case kAllGatherInplace: return "all_gather_inplace";
   }
   return "?";
 }
@@ -456,23 +460,44 @@ class MpiGroup : public ProcessGroup {
     throw DistributedError(os.str());
   }
 
-  void all_reduce_now(const Tensor& t, ReduceOp op, const AllReduceOptions& options, const Signature& sig) {
-    if (size_ == 1 || t.numel() == 0) return;
+  // Note [Reduction order]: which algorithm a buffer takes depends only on its size, dtype, the
+  // options and the group's size, and reduce_scatter_inplace takes the reduce-scatter half of the
+  // algorithm all_reduce with deterministic = true takes (recursive halving for recursive
+  // doubling, the ring's first half for the ring), so that every element is summed in the same
+  // tree: a sharded run's gradients have the bits of a data-parallel run's.
+  enum class Algo { Doubling, Ring, Mpi };
+  Algo choose(const Tensor& t, ReduceOp op, const AllReduceOptions& options) const {
     const bool floating = is_floating(t.dtype());
     const bool half = t.dtype() == DType::Float16 || t.dtype() == DType::BFloat16;
     const bool sum_like = op == ReduceOp::Sum || op == ReduceOp::Average;
-    const bool ring = floating && sum_like &&
-                      (half || options.deterministic || options.wire_dtype != WireDType::Native ||
-                       t.numel() * t.element_size() >= kRingMinBytes);
-    const bool pow2 = (size_ & (size_ - 1)) == 0;
     const bool compressed = half || options.wire_dtype != WireDType::Native;
-    if (!compressed && pow2 && t.numel() * t.element_size() < kDoublingMaxBytes) {
-      recursive_doubling(t, op, sig);
-      return;
-    }
-    if (ring) {
-      ring_all_reduce(t.view({t.numel()}), options.wire_dtype, op == ReduceOp::Average, sig);
-      return;
+    const bool pow2 = (size_ & (size_ - 1)) == 0;
+    if (!compressed && pow2 && t.numel() * t.element_size() < kDoublingMaxBytes) return Algo::Doubling;
+    if (floating && sum_like &&
+        (half || options.deterministic || options.wire_dtype != WireDType::Native ||
+         t.numel() * t.element_size() >= kRingMinBytes))
+      return Algo::Ring;
+    return Algo::Mpi;
+  }
+
+  DType wire_of(const Tensor& t, WireDType wire_dtype) const {
+    return wire_dtype == WireDType::Float16    ? DType::Float16
+           : wire_dtype == WireDType::BFloat16 ? DType::BFloat16
+                                               : t.dtype();
+  }
+
+  void all_reduce_now(const Tensor& t, ReduceOp op, const AllReduceOptions& options, const Signature& sig) {
+    if (size_ == 1 || t.numel() == 0) return;
+    switch (choose(t, op, options)) {
+      case Algo::Doubling: recursive_doubling(t, op, sig); return;
+      case Algo::Ring: {
+        const Tensor flat = t.view({t.numel()});
+        const DType wire = wire_of(t, options.wire_dtype);
+        ring_reduce_scatter(flat, wire, op == ReduceOp::Average, sig);
+        ring_all_gather(flat, wire, sig);
+        return;
+      }
+      case Algo::Mpi: break;
     }
     std::vector<MPI_Request> req(1);
     check_mpi(MPI_Iallreduce(MPI_IN_PLACE, t.raw_data(), static_cast<int>(t.numel()), mpi_type(t.dtype()), mpi_op(op),
@@ -482,26 +507,68 @@ class MpiGroup : public ProcessGroup {
     if (op == ReduceOp::Average) Tensor(t).mul_(1.0 / size_);
   }
 
-  // Exchanges the whole buffer with the partner at distance 1, 2, 4, ... and combines.
+  void reduce_scatter_now(const Tensor& t, ReduceOp op, AllReduceOptions options, const Signature& sig) {
+    if (size_ == 1 || t.numel() == 0) return;
+    options.deterministic = true;
+    const Tensor flat = t.view({t.numel()});
+    switch (choose(t, op, options)) {
+      case Algo::Doubling: recursive_halving(flat, op, sig); return;
+      case Algo::Ring: ring_reduce_scatter(flat, wire_of(t, options.wire_dtype), op == ReduceOp::Average, sig); return;
+      case Algo::Mpi: all_reduce_now(t, op, options, sig); return;  // integers, max, min: the whole buffer
+    }
+  }
+
+  // Sends bytes of send to partner while receiving its bytes into recv, in pieces small enough for
+  // MPI's eager protocol: one rendezvous handshake costs more than several eager messages here.
+  void exchange(const void* send, int64_t send_bytes, void* recv, int64_t recv_bytes, int partner,
+                const Signature& sig) {
+    std::vector<MPI_Request> reqs;
+    for (int64_t off = 0; off < recv_bytes; off += kEagerBytes) {
+      MPI_Request r;
+      check_mpi(MPI_Irecv(static_cast<char*>(recv) + off, static_cast<int>(std::min(kEagerBytes, recv_bytes - off)),
+                          MPI_BYTE, partner, kRingTag, comm_, &r),
+                "MPI_Irecv (recursive doubling)");
+      reqs.push_back(r);
+    }
+    for (int64_t off = 0; off < send_bytes; off += kEagerBytes) {
+      MPI_Request r;
+      check_mpi(MPI_Isend(static_cast<const char*>(send) + off, static_cast<int>(std::min(kEagerBytes, send_bytes - off)),
+                          MPI_BYTE, partner, kRingTag, comm_, &r),
+                "MPI_Isend (recursive doubling)");
+      reqs.push_back(r);
+    }
+    wait(reqs, sig);
+  }
+
+  // Recursive halving: at distance N/2, N/4, ..., 1 each rank keeps half of its segment range (the
+  // half holding its own segment), sends the other half to its partner and adds the partner's copy
+  // of the kept half: the tree of recursive_doubling, element by element.
+  void recursive_halving(const Tensor& flat, ReduceOp op, const Signature& sig) {
+    const int64_t n = flat.numel(), es = flat.element_size();
+    Tensor other = empty({n}, flat.dtype());
+    int lo = 0, hi = size_;
+    for (int mask = size_ >> 1; mask >= 1; mask >>= 1) {
+      const int mid = lo + (hi - lo) / 2;
+      const bool upper = (rank_ & mask) != 0;
+      const int keep_lo = upper ? mid : lo, keep_hi = upper ? hi : mid;
+      const int give_lo = upper ? lo : mid, give_hi = upper ? mid : hi;
+      const int64_t kb = n * keep_lo / size_, ke = n * keep_hi / size_;
+      const int64_t gb = n * give_lo / size_, ge = n * give_hi / size_;
+      exchange(static_cast<const char*>(flat.raw_data()) + gb * es, (ge - gb) * es,
+               static_cast<char*>(other.raw_data()) + kb * es, (ke - kb) * es, rank_ ^ mask, sig);
+      combine(flat.narrow(0, kb, ke - kb), other.narrow(0, kb, ke - kb), op);
+      lo = keep_lo;
+      hi = keep_hi;
+    }
+    if (op == ReduceOp::Average) flat.narrow(0, n * rank_ / size_, n * (rank_ + 1) / size_ - n * rank_ / size_).mul_(1.0 / size_);
+  }
+
+  // Exchanges the whole buffer with the partner at distance N/2, N/4, ..., 1 and combines.
   void recursive_doubling(const Tensor& t, ReduceOp op, const Signature& sig) {
     const int64_t n = t.numel(), bytes = n * t.element_size();
     Tensor other = empty({n}, t.dtype());
-    for (int mask = 1; mask < size_; mask <<= 1) {
-      const int partner = rank_ ^ mask;
-      std::vector<MPI_Request> reqs;
-      // Pieces small enough for MPI's eager protocol: one rendezvous handshake costs more than
-      // several eager messages at these sizes.
-      for (int64_t off = 0; off < bytes; off += kEagerBytes) {
-        const int len = static_cast<int>(std::min(kEagerBytes, bytes - off));
-        MPI_Request r[2];
-        check_mpi(MPI_Irecv(static_cast<char*>(other.raw_data()) + off, len, MPI_BYTE, partner, kRingTag, comm_, &r[0]),
-                  "MPI_Irecv (recursive doubling)");
-        check_mpi(MPI_Isend(static_cast<char*>(t.raw_data()) + off, len, MPI_BYTE, partner, kRingTag, comm_, &r[1]),
-                  "MPI_Isend (recursive doubling)");
-        reqs.push_back(r[0]);
-        reqs.push_back(r[1]);
-      }
-      wait(reqs, sig);
+    for (int mask = size_ >> 1; mask >= 1; mask >>= 1) {
+      exchange(t.raw_data(), bytes, other.raw_data(), bytes, rank_ ^ mask, sig);
       combine(t, other, op);
     }
     if (op == ReduceOp::Average) Tensor(t).mul_(1.0 / size_);
@@ -583,23 +650,30 @@ class MpiGroup : public ProcessGroup {
     wait(sends, sig);
   }
 
-  void ring_all_reduce(const Tensor& flat, WireDType wire_dtype, bool average, const Signature& sig) {
-    const int p = size_, r = rank_;
+  // The ring's segments by label: label i is segment (i - 1) mod N, so that the segment a rank
+  // finishes in the reduce-scatter half (label rank + 1) is its own, segment rank.
+  static Tensor ring_segment(const Tensor& flat, int label, int p) {
     const int64_t n = flat.numel();
-    const DType wire = wire_dtype == WireDType::Float16    ? DType::Float16
-                       : wire_dtype == WireDType::BFloat16 ? DType::BFloat16
-                                                           : flat.dtype();
-    auto seg = [&](int i) {
-      const int64_t b = n * i / p, e = n * (i + 1) / p;
-      return flat.narrow(0, b, e - b);
-    };
-    for (int s = 0; s < p - 1; ++s) ring_step(seg((r - s + p) % p), seg((r - s - 1 + 2 * p) % p), wire, true, sig);
-    // This rank now holds the sum of segment r + 1. Finish it once here (average, rounding to the
-    // wire dtype) so that every rank receives the same bytes.
-    Tensor own = seg((r + 1) % p);
+    const int i = (label + p - 1) % p;
+    const int64_t b = n * i / p, e = n * (i + 1) / p;
+    return flat.narrow(0, b, e - b);
+  }
+
+  // After it, this rank's own segment holds the sum over the ring, finished once here (averaged,
+  // rounded to the wire dtype) so that every rank receives the same bytes in the all-gather half.
+  void ring_reduce_scatter(const Tensor& flat, DType wire, bool average, const Signature& sig) {
+    const int p = size_, r = rank_;
+    for (int s = 0; s < p - 1; ++s)
+      ring_step(ring_segment(flat, (r - s + p) % p, p), ring_segment(flat, (r - s - 1 + 2 * p) % p, p), wire, true, sig);
+    Tensor own = ring_segment(flat, (r + 1) % p, p);
     if (average) own.mul_(1.0 / p);
     if (wire != flat.dtype()) own.copy_(own.to(wire));
-    for (int s = 0; s < p - 1; ++s) ring_step(seg((r + 1 - s + p) % p), seg((r - s + p) % p), wire, false, sig);
+  }
+
+  void ring_all_gather(const Tensor& flat, DType wire, const Signature& sig) {
+    const int p = size_, r = rank_;
+    for (int s = 0; s < p - 1; ++s)
+      ring_step(ring_segment(flat, (r + 1 - s + p) % p, p), ring_segment(flat, (r - s + p) % p, p), wire, false, sig);
   }
 
   WorkPtr p2p(const Tensor& t, int peer, int tag, bool is_send);

@@ -77,6 +77,7 @@ class StagedGroup final : public ProcessGroup {
   int world_rank(int r) const override { return inner_->world_rank(r); }
 
   WorkPtr all_reduce_async(Tensor t, ReduceOp op, const AllReduceOptions& options) override {
+    traffic_.add(&Traffic::all_reduce, t);
     if (on_host(t)) return inner_->all_reduce_async(std::move(t), op, options);
     if (ProcessGroup* g = native(t)) return g->all_reduce_async(std::move(t), op, options);
     check_collective_tensor(t, "all_reduce");
@@ -84,6 +85,7 @@ class StagedGroup final : public ProcessGroup {
     return std::make_shared<StagedWork>(inner_->all_reduce_async(h, op, options), h, t);
   }
   void all_reduce(Tensor t, ReduceOp op, const AllReduceOptions& options) override {
+    traffic_.add(&Traffic::all_reduce, t);
     if (on_host(t)) return inner_->all_reduce(std::move(t), op, options);
     if (ProcessGroup* g = native(t)) return g->all_reduce(std::move(t), op, options);
     check_collective_tensor(t, "all_reduce");
@@ -92,6 +94,7 @@ class StagedGroup final : public ProcessGroup {
     write_back(h, t);
   }
   void broadcast(Tensor t, int root) override {
+    traffic_.add(&Traffic::broadcast, t);
     if (on_host(t)) return inner_->broadcast(std::move(t), root);
     if (ProcessGroup* g = native(t)) return g->broadcast(std::move(t), root);
     check_collective_tensor(t, "broadcast");
@@ -100,25 +103,45 @@ class StagedGroup final : public ProcessGroup {
     write_back(h, t);
   }
   Tensor all_gather(const Tensor& t) override {
+    traffic_.add(&Traffic::all_gather, t, size());
     if (on_host(t)) return inner_->all_gather(t);
     if (ProcessGroup* g = native(t)) return g->all_gather(t);
     check_collective_tensor(t, "all_gather");
     return inner_->all_gather(to_host(t)).to(t.device());
   }
   Tensor reduce_scatter(const Tensor& t, ReduceOp op) override {
+    traffic_.add(&Traffic::reduce_scatter, t);
     if (on_host(t)) return inner_->reduce_scatter(t, op);
     if (ProcessGroup* g = native(t)) return g->reduce_scatter(t, op);
     check_collective_tensor(t, "reduce_scatter");
     return inner_->reduce_scatter(to_host(t), op).to(t.device());
   }
+  WorkPtr reduce_scatter_inplace_async(Tensor t, ReduceOp op, const AllReduceOptions& options) override {
+    traffic_.add(&Traffic::reduce_scatter, t);
+    if (on_host(t)) return inner_->reduce_scatter_inplace_async(std::move(t), op, options);
+    if (ProcessGroup* g = native(t)) return g->reduce_scatter_inplace_async(std::move(t), op, options);
+    check_collective_tensor(t, "reduce_scatter_inplace");
+    Tensor h = to_host(t);
+    return std::make_shared<StagedWork>(inner_->reduce_scatter_inplace_async(h, op, options), h, t);
+  }
+  WorkPtr all_gather_inplace_async(Tensor t) override {
+    traffic_.add(&Traffic::all_gather, t);
+    if (on_host(t)) return inner_->all_gather_inplace_async(std::move(t));
+    if (ProcessGroup* g = native(t)) return g->all_gather_inplace_async(std::move(t));
+    check_collective_tensor(t, "all_gather_inplace");
+    Tensor h = to_host(t);
+    return std::make_shared<StagedWork>(inner_->all_gather_inplace_async(h), h, t);
+  }
   void barrier() override { inner_->barrier(); }
   WorkPtr isend(const Tensor& t, int dst, int tag) override {
+    traffic_.add(&Traffic::send, t);
     if (on_host(t)) return inner_->isend(t, dst, tag);
     check_collective_tensor(t, "isend");
     Tensor h = to_host(t);
     return std::make_shared<StagedWork>(inner_->isend(h, dst, tag), h, Tensor());
   }
   WorkPtr irecv(Tensor t, int src, int tag) override {
+    traffic_.add(&Traffic::recv, t);
     if (on_host(t)) return inner_->irecv(std::move(t), src, tag);
     check_collective_tensor(t, "irecv");
     Tensor h = to_host(t, /*fill=*/false);
@@ -128,6 +151,8 @@ class StagedGroup final : public ProcessGroup {
     ProcessGroupPtr child = inner_->split(color, key);
     return child ? std::make_shared<StagedGroup>(std::move(child), route_) : nullptr;
   }
+  Traffic traffic() const override { return traffic_.get(size()); }
+  void reset_traffic() override { traffic_.reset(); }
 
  private:
   static bool on_host(const Tensor& t) { return !t.defined() || t.device().is_cpu(); }
@@ -145,6 +170,7 @@ class StagedGroup final : public ProcessGroup {
   ProcessGroupPtr inner_;
   bool route_;
   std::map<std::pair<int, int>, ProcessGroupPtr> natives_;  // by (device type, index); null: staged
+  TrafficCounter traffic_;
 };
 
 }  // namespace

@@ -78,6 +78,24 @@ struct AllReduceOptions {
   bool deterministic = false;
 };
 
+/// What a group has moved since it was made or last reset: calls and elements per kind of transfer.
+/// elements counts whole buffers: all_reduce's and broadcast's tensor, all_gather's output (N times
+/// its input), reduce_scatter's input, the in-place forms' flat tensor, a send's or receive's
+/// tensor. bus_elements() turns that into what one rank sends with the bandwidth-optimal
+/// algorithms (a ring): 2(N-1)/N of an all-reduce, (N-1)/N of a reduce-scatter or an all-gather,
+/// all of a broadcast.
+struct TrafficCount {
+  int64_t calls = 0;
+  int64_t elements = 0;
+  int64_t bytes = 0;
+};
+struct Traffic {
+  int ranks = 1;
+  TrafficCount all_reduce, broadcast, all_gather, reduce_scatter, send, recv;
+  /// Elements one rank sends for the collectives above (not point-to-point), as described.
+  double bus_elements() const;
+};
+
 /// A set of ranks that run collectives together. Collectives are called by every member in the
 /// same order; tensors are contiguous, on any device (the MPI group stages device tensors through
 /// host memory), and changed in place where the op says so.
@@ -103,6 +121,16 @@ class ProcessGroup {
   virtual Tensor all_gather(const Tensor& t) = 0;
   /// Reduces t (leading axis divisible by size) and gives member r the r-th slice along axis 0.
   virtual Tensor reduce_scatter(const Tensor& t, ReduceOp op = ReduceOp::Sum) = 0;
+  /// In place on a flat tensor of n elements cut into size() segments, segment r = [n*r/N,
+  /// n*(r+1)/N) (any n, so uneven and prime sizes need no padding): afterwards member r's segment r
+  /// holds the reduction over the group and the other segments hold partial sums. It is the first
+  /// half of all_reduce with deterministic = true, in the same order of additions, so that
+  /// reduce_scatter_inplace and then all_gather_inplace give all_reduce's bits (sharded data
+  /// parallelism relies on it). The default runs a whole all_reduce.
+  virtual WorkPtr reduce_scatter_inplace_async(Tensor flat, ReduceOp op = ReduceOp::Sum,
+                                               const AllReduceOptions& options = {});
+  /// In place on a flat tensor cut as above: every member's segment r becomes member r's.
+  virtual WorkPtr all_gather_inplace_async(Tensor flat);
   virtual void barrier() = 0;
   /// Point-to-point; tag separates streams between the same pair. They do not take part in the
   /// collectives' order, so sends and receives may be interleaved freely (pipeline schedules).
@@ -113,6 +141,10 @@ class ProcessGroup {
   /// Sub-groups (MPI_Comm_split): members with the same color form a group, ordered by key then
   /// rank. Every member calls it; color < 0 returns nullptr (not in any sub-group).
   virtual std::shared_ptr<ProcessGroup> split(int color, int key) = 0;
+
+  /// The traffic this group has carried (world() and its splits count every call made on them).
+  virtual Traffic traffic() const { return Traffic{size(), {}, {}, {}, {}, {}, {}}; }
+  virtual void reset_traffic() {}
 };
 using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;
 

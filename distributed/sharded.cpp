@@ -1,0 +1,236 @@
+// ShardedDataParallel: the buckets of DistributedDataParallel, each a flat parameter buffer that the
+// module's tensors view, cut into one segment per rank. Backward reduce-scatters each bucket's
+// gradients as it completes; step() runs the optimizer on this rank's segments and all-gathers them.
+//
+// Note [Sharded equals data-parallel]
+// Each element's gradient is summed by reduce_scatter_inplace in the tree that all_reduce with
+// deterministic = true uses for the same bucket (Note [Reduction order] in mpi_group.cpp), and the
+// buckets are DistributedDataParallel's, so the averaged gradients have the same bits as under
+// DistributedDataParallel(deterministic = true); an elementwise optimizer then makes the same update
+// on a segment as on the whole tensor. After any number of steps the parameters are bitwise those
+// of data-parallel training. Without deterministic, data-parallel training takes another order only
+// for buckets that neither recursive doubling (power-of-two groups, under 256 KiB) nor the ring (32
+// KiB and more) serves; on two ranks every order is the same.
+#include "braid/distributed/sharded.h"
+
+#include "braid/autograd.h"
+#include "braid/ops.h"
+#include "distributed/internal.h"
+
+namespace braid::distributed {
+
+namespace {
+
+// Note [Parameters in flat buffers]
+// The module's parameter becomes a view of its bucket's flat buffer: the same tensor (its identity,
+// autograd state, hooks and name are kept) over other memory, as PyTorch's `p.data = flat[a:b]`.
+// Everything that holds the parameter sees the new memory; the old is freed with its last user.
+void rebind(const Tensor& param, const Tensor& view) {
+  TensorImpl& impl = *param.impl_ptr();
+  impl.storage = view.storage();
+  impl.offset = view.offset();
+  impl.strides = view.strides();
+}
+
+bool low_precision(DType t) { return t == DType::Float16 || t == DType::BFloat16; }
+
+int64_t bytes_of(const Tensor& t) { return t.defined() ? t.numel() * t.element_size() : 0; }
+
+}  // namespace
+
+struct ShardedDataParallel::Bucket {
+  std::vector<size_t> params;
+  std::vector<int64_t> offsets;
+  int64_t numel = 0;
+  int64_t begin = 0, end = 0;  // this rank's segment
+  size_t pending = 0;
+  Tensor flat;         // the parameters
+  Tensor grad_flat;    // stage 1: always; stage 2: while the reduce-scatter runs
+  Tensor shard;        // the optimizer's parameter: flat's segment, or its float32 master copy
+  Tensor shard_grad;   // the averaged gradient of the segment (stage 1: a view of grad_flat)
+  Tensor carried;      // stage 1: the segment's gradient from earlier passes, while a pass overwrites it
+  bool has_grad = false;
+  WorkPtr work;
+};
+
+ShardedDataParallel::ShardedDataParallel(std::shared_ptr<nn::Module> module, const OptimizerFactory& make_optimizer,
+                                         ProcessGroupPtr group, const ShardedOptions& options)
+    : module_(std::move(module)), group_(group ? std::move(group) : world()), options_(options) {
+  BRAID_CHECK(module_ != nullptr, "ShardedDataParallel: the module is null");
+  BRAID_CHECK(options_.stage == 1 || options_.stage == 2, "ShardedDataParallel: stage must be 1 or 2, got ",
+              options_.stage);
+  BRAID_CHECK(options_.bucket_cap_mb >= 0, "ShardedDataParallel: bucket_cap_mb must be >= 0, got ",
+              options_.bucket_cap_mb);
+  BRAID_CHECK(make_optimizer != nullptr, "ShardedDataParallel: no optimizer factory given");
+  for (const auto& [name, p] : module_->named_parameters()) {
+    if (!p.requires_grad()) continue;
+    BRAID_CHECK_T(TypeError, is_floating(p.dtype()), "ShardedDataParallel: parameter '", name, "' is ",
+                  dtype_name(p.dtype()), "; only floating parameters can be trained");
+    names_.push_back(name);
+    params_.push_back(p);
+  }
+  detail::check_and_broadcast_model(*module_, *group_, options_.broadcast_buffers, "ShardedDataParallel");
+
+  const int64_t n_ranks = group_->size(), r = group_->rank();
+  std::vector<Tensor> shards;
+  bucket_of_.assign(params_.size(), 0);
+  NoGradGuard no_grad;
+  for (const auto& plan : detail::plan_buckets(params_, options_.bucket_cap_mb)) {
+    auto& b = *buckets_.emplace_back(std::make_unique<Bucket>());
+    for (size_t k : plan) {
+      b.params.push_back(k);
+      b.offsets.push_back(b.numel);
+      b.numel += params_[k].numel();
+      bucket_of_[k] = buckets_.size() - 1;
+    }
+    const Tensor& first = params_[plan.front()];
+    b.flat = empty({b.numel}, first.dtype(), first.device());
+    for (size_t j = 0; j < b.params.size(); ++j) {
+      const Tensor& p = params_[b.params[j]];
+      Tensor view = b.flat.narrow(0, b.offsets[j], p.numel()).view(p.shape());
+      view.copy_(p);
+      rebind(p, view);
+    }
+    b.begin = b.numel * r / n_ranks;
+    b.end = b.numel * (r + 1) / n_ranks;
+    Tensor segment = b.flat.narrow(0, b.begin, b.end - b.begin);
+    b.shard = low_precision(first.dtype()) ? segment.to(kFloat32) : segment.detach();
+    b.shard.set_requires_grad(true);
+    if (options_.stage == 1) b.grad_flat = zeros({b.numel}, first.dtype(), first.device());
+    shards.push_back(b.shard);
+  }
+  optimizer_ = make_optimizer(shards);
+  BRAID_CHECK(optimizer_ != nullptr, "ShardedDataParallel: the optimizer factory returned null");
+  ready_.assign(params_.size(), false);
+  for (size_t k = 0; k < params_.size(); ++k)
+    hook_ids_.push_back(add_grad_ready_hook(params_[k], [this, k] { on_grad_ready(k); }));
+}
+
+ShardedDataParallel::~ShardedDataParallel() {
+  for (size_t k = 0; k < params_.size(); ++k) remove_grad_ready_hook(params_[k], hook_ids_[k]);
+  for (auto& b : buckets_) {
+    if (!b->work) continue;
+    try {
+      b->work->wait();
+    } catch (...) {  // reported by the backward that launched it
+    }
+  }
+}
+
+std::vector<std::vector<std::string>> ShardedDataParallel::bucket_names() const {
+  std::vector<std::vector<std::string>> out;
+  for (const auto& b : buckets_) {
+    auto& names = out.emplace_back();
+    for (size_t k : b->params) names.push_back(names_[k]);
+  }
+  return out;
+}
+
+std::pair<int64_t, int64_t> ShardedDataParallel::shard_range(size_t bucket) const {
+  BRAID_CHECK_T(IndexError, bucket < buckets_.size(), "ShardedDataParallel::shard_range: bucket ", bucket, " of ",
+                buckets_.size());
+  return {buckets_[bucket]->begin, buckets_[bucket]->end};
+}
+
+void ShardedDataParallel::on_grad_ready(size_t k) {
+  if (!in_backward_) {
+    in_backward_ = true;
+    std::fill(ready_.begin(), ready_.end(), false);
+    for (auto& b : buckets_) b->pending = b->params.size();
+    next_launch_ = 0;
+    queue_backward_callback([this] { finish_backward(); });
+  }
+  if (ready_[k]) return;
+  ready_[k] = true;
+  if (--buckets_[bucket_of_[k]]->pending == 0) launch_ready_buckets();
+}
+
+// In index order on every rank, whatever order the gradients arrive in (as DistributedDataParallel).
+void ShardedDataParallel::launch_ready_buckets() {
+  while (next_launch_ < buckets_.size() && buckets_[next_launch_]->pending == 0) launch(next_launch_++);
+}
+
+// The bucket's gradients go into its flat gradient buffer and leave the parameters (the buffer is
+// the only full-size copy); a parameter that had no gradient in this pass adds zeros.
+void ShardedDataParallel::launch(size_t i) {
+  Bucket& b = *buckets_[i];
+  NoGradGuard no_grad;
+  if (!b.grad_flat.defined()) b.grad_flat = empty({b.numel}, b.flat.dtype(), b.flat.device());
+  if (options_.stage == 1 && b.has_grad) b.carried = b.grad_flat.narrow(0, b.begin, b.end - b.begin).clone();
+  for (size_t j = 0; j < b.params.size(); ++j) {
+    Tensor p = params_[b.params[j]];
+    Tensor slot = b.grad_flat.narrow(0, b.offsets[j], p.numel());
+    const Tensor g = p.grad();
+    if (g.defined() && ready_[b.params[j]]) slot.copy_(g.reshape({p.numel()}));
+    else slot.zero_();
+    p.set_grad(Tensor());
+  }
+  b.work = group_->reduce_scatter_inplace_async(b.grad_flat, ReduceOp::Average);
+}
+
+void ShardedDataParallel::finish_backward() {
+  in_backward_ = false;
+  for (auto& b : buckets_) b->pending = 0;
+  launch_ready_buckets();
+  NoGradGuard no_grad;
+  for (auto& bp : buckets_) {
+    Bucket& b = *bp;
+    b.work->wait();
+    b.work.reset();
+    Tensor segment = b.grad_flat.narrow(0, b.begin, b.end - b.begin);
+    if (options_.stage == 1) {
+      // The segment of the persistent buffer is the shard's gradient; a second backward before
+      // step() adds to what launch() set aside.
+      if (b.carried.defined()) segment.add_(b.carried);
+      b.carried = Tensor();
+      b.shard_grad = segment;
+    } else {
+      if (b.has_grad) b.shard_grad.add_(segment);
+      else b.shard_grad = segment.clone();
+      b.grad_flat = Tensor();
+    }
+    b.has_grad = true;
+  }
+}
+
+void ShardedDataParallel::step() {
+  BRAID_CHECK(!in_backward_, "ShardedDataParallel::step: called during backward");
+  NoGradGuard no_grad;
+  for (auto& b : buckets_) {
+    if (!b->has_grad) continue;
+    b->shard.set_grad(b->shard_grad.dtype() == b->shard.dtype() ? b->shard_grad : b->shard_grad.to(b->shard.dtype()));
+  }
+  optimizer_->step();
+  for (auto& b : buckets_) {
+    // A master copy's gradient is a float32 copy made for this step; the segment's own is kept.
+    b->shard.set_grad(Tensor());
+    if (b->shard.dtype() != b->flat.dtype()) b->flat.narrow(0, b->begin, b->end - b->begin).copy_(b->shard);
+    b->work = group_->all_gather_inplace_async(b->flat);
+  }
+  for (auto& b : buckets_) {
+    b->work->wait();
+    b->work.reset();
+    b->flat.storage()->bump_version();
+  }
+}
+
+void ShardedDataParallel::zero_grad() {
+  for (auto& b : buckets_) {
+    b->has_grad = false;
+    if (options_.stage == 2) b->shard_grad = Tensor();
+  }
+}
+
+ModelStateBytes ShardedDataParallel::model_state_bytes() const {
+  ModelStateBytes m;
+  for (const auto& b : buckets_) {
+    m.parameters += bytes_of(b->flat);
+    m.gradients += options_.stage == 1 ? bytes_of(b->grad_flat) : bytes_of(b->shard_grad);
+    if (b->shard.dtype() != b->flat.dtype()) m.optimizer += bytes_of(b->shard);
+    if (const optim::ParamState* st = optimizer_->state(b->shard))
+      for (const auto& [name, t] : st->tensors) m.optimizer += bytes_of(t);
+  }
+  return m;
+}
+
+}  // namespace braid::distributed

@@ -1,0 +1,246 @@
+// Sharded data parallelism, run plainly and under `mpiexec -n 2` and `-n 4`: the in-place
+// reduce-scatter and all-gather against closed forms and against all_reduce's bits, the traffic
+// counter against the ring's formulas, ShardedDataParallel stages 1 and 2 against
+// DistributedDataParallel (bitwise: Note [Sharded equals data-parallel]) for an MLP, a CNN with
+// BatchNorm and a Transformer encoder, and the model-state bytes against ZeRO's formulas.
+#include <cmath>
+
+#include "braid/distributed.h"
+#include "braid/nn/nn.h"
+#include "braid/optim.h"
+#include "braid/random.h"
+#include "mpi_test_main.h"
+
+using namespace braid;
+using namespace braid::distributed;
+using braid::testing::DistTest;
+
+namespace {
+
+int R() { return world()->rank(); }
+int N() { return world()->size(); }
+
+/// x[i] = (rank + 1) * (i % 7 + 1) / 8 (exact in binary): the sum over ranks is x[i] N (N + 1) / 2 / (rank + 1).
+Tensor rank_values(int64_t n, DType dt, int rank) {
+  Tensor i = arange(0, static_cast<double>(n), 1, kFloat64);
+  return ((i - floor(i * (1.0 / 7.0)) * 7.0 + 1.0) * ((rank + 1) / 8.0)).to(dt);
+}
+
+double max_abs_diff(const Tensor& a, const Tensor& b) {
+  return a.numel() == 0 ? 0.0 : amax(abs(a.to(kFloat64) - b.to(kFloat64))).item();
+}
+
+}  // namespace
+
+class ShardedCollectives : public DistTest {};
+
+TEST_F(ShardedCollectives, InPlaceReduceScatterAndAllGatherGiveAllReducesBits) {
+  // Sizes below and above the ring's threshold, uneven over every N, a prime, and fewer than N.
+  for (int64_t n : {1, 3, 7, 13, 1000, 9973, 40001}) {
+    for (DType dt : {kFloat32, kFloat64}) {
+      const std::string what = "n=" + std::to_string(n) + " " + dtype_name(dt);
+      Tensor mine = rank_values(n, dt, R());
+      Tensor flat = mine.clone();
+      world()->reduce_scatter_inplace_async(flat, ReduceOp::Sum)->wait();
+      const int64_t b = n * R() / N(), e = n * (R() + 1) / N();
+      const Tensor expect = rank_values(n, kFloat64, 0) * (N() * (N() + 1) / 2.0);
+      EXPECT_EQ(max_abs_diff(flat.narrow(0, b, e - b), expect.narrow(0, b, e - b)), 0.0) << what;
+      world()->all_gather_inplace_async(flat)->wait();
+      EXPECT_EQ(max_abs_diff(flat, expect), 0.0) << what;
+
+      // Random values, averaged: the two halves give all_reduce's bits (the same tree per element).
+      Generator g(static_cast<uint64_t>(100 + R()));
+      Tensor x = randn({n}, dt, &g), ar = x.clone(), rs = x.clone();
+      world()->all_reduce(ar, ReduceOp::Average, {.deterministic = true});
+      world()->reduce_scatter_inplace_async(rs, ReduceOp::Average)->wait();
+      world()->all_gather_inplace_async(rs)->wait();
+      EXPECT_EQ(max_abs_diff(ar, rs), 0.0) << what;
+    }
+  }
+}
+
+TEST_F(ShardedCollectives, TrafficCounterCountsCallsAndRingBytes) {
+  auto g = world()->split(0, R());
+  g->reset_traffic();
+  Tensor t = zeros({1000}, kFloat32);
+  g->all_reduce(t);
+  g->reduce_scatter_inplace_async(t)->wait();
+  g->all_gather_inplace_async(t)->wait();
+  (void)g->all_gather(zeros({10}, kFloat64));
+  g->broadcast(t, 0);
+  const Traffic tr = g->traffic();
+  EXPECT_EQ(tr.ranks, N());
+  EXPECT_EQ(tr.all_reduce.calls, 1);
+  EXPECT_EQ(tr.all_reduce.elements, 1000);
+  EXPECT_EQ(tr.all_reduce.bytes, 4000);
+  EXPECT_EQ(tr.reduce_scatter.calls, 1);
+  EXPECT_EQ(tr.all_gather.calls, 2);
+  EXPECT_EQ(tr.all_gather.elements, 1000 + 10 * N());
+  EXPECT_EQ(tr.all_gather.bytes, 4000 + 80 * N());
+  EXPECT_EQ(tr.broadcast.elements, 1000);
+  const double share = (N() - 1.0) / N();
+  EXPECT_DOUBLE_EQ(tr.bus_elements(), 2 * share * 1000 + share * (1000 + 1000 + 10 * N()) + 1000);
+  g->reset_traffic();
+  EXPECT_EQ(g->traffic().all_reduce.calls, 0);
+}
+
+namespace {
+
+enum class Model { Mlp, Cnn, Transformer };
+
+nn::ModulePtr build(Model which) {
+  manual_seed(11);
+  auto m = std::make_shared<nn::Sequential>();
+  switch (which) {
+    case Model::Mlp:  // a bias of 7 elements: uneven over 2 and 4 ranks
+      m->add(std::make_shared<nn::Linear>(6, 7)).add(std::make_shared<nn::Tanh>()).add(std::make_shared<nn::Linear>(7, 3));
+      break;
+    case Model::Cnn:  // no bias before BatchNorm (see test_distributed.cpp's make_cnn)
+      m->add(std::make_shared<nn::Conv2d>(1, 4, 3, 1, 1, 1, 1, false))
+          .add(std::make_shared<nn::BatchNorm2d>(4))
+          .add(std::make_shared<nn::ReLU>())
+          .add(std::make_shared<nn::MaxPool2d>(2))
+          .add(std::make_shared<nn::Flatten>())
+          .add(std::make_shared<nn::Linear>(4 * 3 * 3, 3));
+      break;
+    case Model::Transformer:
+      m->add(std::make_shared<nn::TransformerEncoderLayer>(
+             8, 2, nn::TransformerEncoderLayerOptions{.dim_feedforward = 12, .dropout = 0.0, .batch_first = true}))
+          .add(std::make_shared<nn::Flatten>())
+          .add(std::make_shared<nn::Linear>(5 * 8, 3));
+      break;
+  }
+  return m;
+}
+
+/// Rank r's rows of the global batch of step s.
+std::pair<Tensor, Tensor> batch(Model which, int step, int64_t per_rank) {
+  Generator g(500 + static_cast<uint64_t>(step));
+  const int64_t rows = N() * per_rank;
+  Tensor x = which == Model::Cnn ? randn({rows, 1, 6, 6}, kFloat32, &g)
+             : which == Model::Transformer ? randn({rows, 5, 8}, kFloat32, &g)
+                                           : randn({rows, 6}, kFloat32, &g);
+  Tensor y = randint(0, 3, {rows}, kInt64, &g);
+  return {x.narrow(0, R() * per_rank, per_rank), y.narrow(0, R() * per_rank, per_rank)};
+}
+
+optim::AdamOptions adam_options() { return {.lr = 0.01, .weight_decay = 0.01}; }
+
+constexpr int kSteps = 10;
+constexpr double kCap = 0.0005;  // about 500 bytes: several buckets, split parameters' neighbours
+
+nn::ModulePtr train_ddp(Model which) {
+  auto m = build(which);
+  DistributedDataParallel ddp(m, world(), {.bucket_cap_mb = kCap, .deterministic = true});
+  optim::Adam opt(m->parameters(), adam_options());
+  for (int s = 0; s < kSteps; ++s) {
+    opt.zero_grad();
+    auto [x, y] = batch(which, s, 3);
+    nn::cross_entropy(ddp(x), y).backward();
+    opt.step();
+  }
+  return m;
+}
+
+OptimizerFactory adam_factory() {
+  return [](const std::vector<Tensor>& shard) { return std::make_shared<optim::Adam>(shard, adam_options()); };
+}
+
+nn::ModulePtr train_sharded(Model which, int stage, int accumulate = 1) {
+  auto m = build(which);
+  ShardedDataParallel sdp(m, adam_factory(), world(), {.stage = stage, .bucket_cap_mb = kCap});
+  for (int s = 0; s < kSteps; ++s) {
+    sdp.zero_grad();
+    for (int k = 0; k < accumulate; ++k) {
+      auto [x, y] = batch(which, s, 3);
+      (nn::cross_entropy(sdp(x), y) * (1.0 / accumulate)).backward();
+    }
+    sdp.step();
+  }
+  return m;
+}
+
+}  // namespace
+
+class Sharded : public DistTest {};
+
+TEST_F(Sharded, StagesOneAndTwoEqualDataParallelBitwise) {
+  for (Model which : {Model::Mlp, Model::Cnn, Model::Transformer}) {
+    const auto ddp = train_ddp(which)->state_dict();
+    for (int stage : {1, 2}) {
+      const auto sharded = train_sharded(which, stage)->state_dict();
+      ASSERT_EQ(ddp.size(), sharded.size());
+      for (const auto& [name, t] : ddp)
+        EXPECT_EQ(max_abs_diff(t, sharded.at(name)), 0.0)
+            << "model " << static_cast<int>(which) << " stage " << stage << ": " << name;
+    }
+  }
+}
+
+TEST_F(Sharded, TwoBackwardPassesPerStepAccumulate) {
+  // Half the loss twice on the same batch: the gradient of the whole loss, up to rounding.
+  const auto once = train_sharded(Model::Mlp, 2)->state_dict();
+  for (int stage : {1, 2}) {
+    const auto twice = train_sharded(Model::Mlp, stage, 2)->state_dict();
+    for (const auto& [name, t] : once) EXPECT_LE(max_abs_diff(t, twice.at(name)), 1e-5) << stage << " " << name;
+  }
+}
+
+TEST_F(Sharded, ModelStateBytesFollowZerosFormulas) {
+  // Psi parameters; float32 Adam: parameters 4 Psi, gradients 4 Psi (stage 1) or 4 Psi / N (stage
+  // 2), Adam's two moments 8 Psi / N. Uneven segments differ from Psi / N by under one element.
+  auto mlp = [] {
+    manual_seed(3);
+    auto m = std::make_shared<nn::Sequential>();
+    m->add(std::make_shared<nn::Linear>(64, 200)).add(std::make_shared<nn::ReLU>()).add(std::make_shared<nn::Linear>(200, 31));
+    return m;
+  };
+  for (int stage : {1, 2}) {
+    auto m = mlp();
+    int64_t psi = 0;
+    for (const auto& p : m->parameters()) psi += p.numel();
+    ShardedDataParallel sdp(m, adam_factory(), world(), {.stage = stage});
+    {
+      Tensor x = randn({4, 64}), y = randint(0, 31, {4}, kInt64);
+      nn::cross_entropy(sdp(x), y).backward();
+      sdp.step();
+    }
+    const double n = N();
+    const double formula = 4.0 * psi + (stage == 1 ? 4.0 * psi : 4.0 * psi / n) + 8.0 * psi / n;
+    const ModelStateBytes got = sdp.model_state_bytes();
+    EXPECT_EQ(got.parameters, 4 * psi);
+    EXPECT_NEAR(static_cast<double>(got.total()), formula, 0.05 * formula) << "stage " << stage;
+    EXPECT_NEAR(static_cast<double>(got.optimizer), 8.0 * psi / n, 8.0 * N()) << "stage " << stage;
+  }
+}
+
+TEST_F(Sharded, TrafficPerStepIsTwoPsiTimesNMinusOneOverN) {
+  auto m = build(Model::Mlp);
+  int64_t psi = 0;
+  for (const auto& p : m->parameters()) psi += p.numel();
+  auto g = world()->split(0, R());
+  ShardedDataParallel sdp(m, adam_factory(), g, {.stage = 2, .bucket_cap_mb = kCap});
+  g->reset_traffic();
+  auto [x, y] = batch(Model::Mlp, 0, 3);
+  nn::cross_entropy(sdp(x), y).backward();
+  sdp.step();
+  const Traffic t = g->traffic();
+  EXPECT_EQ(t.reduce_scatter.elements, psi);
+  EXPECT_EQ(t.all_gather.elements, psi);
+  EXPECT_EQ(t.reduce_scatter.calls, static_cast<int64_t>(sdp.bucket_names().size()));
+  EXPECT_EQ(t.all_reduce.calls, 0);
+  EXPECT_DOUBLE_EQ(t.bus_elements(), 2.0 * psi * (N() - 1) / N());
+}
+
+TEST_F(Sharded, BadArgumentsAreNamed) {
+  auto m = build(Model::Mlp);
+  try {
+    ShardedDataParallel sdp(m, adam_factory(), world(), {.stage = 3});
+    FAIL() << "expected an error";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("stage must be 1 or 2, got 3"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(ShardedDataParallel(m, nullptr, world()), ValueError);
+}
+
+int main(int argc, char** argv) { return braid::testing::mpi_test_main(argc, argv); }
