@@ -1,8 +1,9 @@
 // Sharded data parallelism, run plainly and under `mpiexec -n 2` and `-n 4`: the in-place
 // reduce-scatter and all-gather against closed forms and against all_reduce's bits, the traffic
-// counter against the ring's formulas, ShardedDataParallel stages 1 and 2 against
+// counter against the ring's formulas, ShardedDataParallel stages 1, 2 and 3 against
 // DistributedDataParallel (bitwise: Note [Sharded equals data-parallel]) for an MLP, a CNN with
-// BatchNorm and a Transformer encoder, and the model-state bytes against ZeRO's formulas.
+// BatchNorm and a Transformer encoder, stage 3's units, the traffic per step, and the model-state
+// bytes against ZeRO's formulas.
 #include <cmath>
 
 #include "braid/distributed.h"
@@ -146,7 +147,9 @@ OptimizerFactory adam_factory() {
   return [](const std::vector<Tensor>& shard) { return std::make_shared<optim::Adam>(shard, adam_options()); };
 }
 
-nn::ModulePtr train_sharded(Model which, int stage, int accumulate = 1) {
+/// Trains with ShardedDataParallel; returns the model after the wrapper is gone (at stage 3 its
+/// destructor gathers the parameters back) and, in *full, full_state_dict() taken before that.
+nn::ModulePtr train_sharded(Model which, int stage, int accumulate = 1, nn::StateDict* full = nullptr) {
   auto m = build(which);
   ShardedDataParallel sdp(m, adam_factory(), world(), {.stage = stage, .bucket_cap_mb = kCap});
   for (int s = 0; s < kSteps; ++s) {
@@ -157,6 +160,7 @@ nn::ModulePtr train_sharded(Model which, int stage, int accumulate = 1) {
     }
     sdp.step();
   }
+  if (full) *full = sdp.full_state_dict();
   return m;
 }
 
@@ -164,17 +168,64 @@ nn::ModulePtr train_sharded(Model which, int stage, int accumulate = 1) {
 
 class Sharded : public DistTest {};
 
-TEST_F(Sharded, StagesOneAndTwoEqualDataParallelBitwise) {
+TEST_F(Sharded, EveryStageEqualsDataParallelBitwise) {
   for (Model which : {Model::Mlp, Model::Cnn, Model::Transformer}) {
     const auto ddp = train_ddp(which)->state_dict();
-    for (int stage : {1, 2}) {
-      const auto sharded = train_sharded(which, stage)->state_dict();
+    for (int stage : {1, 2, 3}) {
+      nn::StateDict full;
+      const auto sharded = train_sharded(which, stage, 1, &full)->state_dict();
       ASSERT_EQ(ddp.size(), sharded.size());
-      for (const auto& [name, t] : ddp)
+      ASSERT_EQ(ddp.size(), full.size());
+      for (const auto& [name, t] : ddp) {
         EXPECT_EQ(max_abs_diff(t, sharded.at(name)), 0.0)
             << "model " << static_cast<int>(which) << " stage " << stage << ": " << name;
+        EXPECT_EQ(max_abs_diff(t, full.at(name)), 0.0)
+            << "full_state_dict: model " << static_cast<int>(which) << " stage " << stage << ": " << name;
+      }
     }
   }
+}
+
+TEST_F(Sharded, StageThreeFreesEachUnitOutsideItsUseAndPutsTheModelBack) {
+  auto m = build(Model::Mlp);
+  const auto before = m->state_dict();
+  {
+    ShardedDataParallel sdp(m, adam_factory(), world(), {.stage = 3});
+    // The units stand where the layers were, under the same names, with their parameters freed.
+    EXPECT_EQ(m->child("0")->type_name(), "Linear");
+    EXPECT_EQ(std::dynamic_pointer_cast<nn::Linear>(m->child("0")), nullptr);
+    for (const auto& [name, t] : m->named_parameters()) EXPECT_EQ(t.numel(), 0) << name;
+    EXPECT_EQ(m->state_dict().size(), before.size());
+    auto [x, y] = batch(Model::Mlp, 0, 3);
+    Tensor out = sdp(x);
+    for (const auto& [name, t] : m->named_parameters()) EXPECT_EQ(t.numel(), 0) << "after forward: " << name;
+    nn::cross_entropy(out, y).backward();
+    for (const auto& [name, t] : m->named_parameters()) EXPECT_EQ(t.numel(), 0) << "after backward: " << name;
+    // Before the step the gathered parameters are rank 0's initial ones.
+    const auto full = sdp.full_state_dict();
+    for (const auto& [name, t] : before) EXPECT_EQ(max_abs_diff(t, full.at(name)), 0.0) << name;
+  }
+  // Gone: the layers are back, whole.
+  EXPECT_NE(std::dynamic_pointer_cast<nn::Linear>(m->child("0")), nullptr);
+  for (const auto& [name, t] : m->state_dict()) EXPECT_EQ(t.shape(), before.at(name).shape()) << name;
+}
+
+TEST_F(Sharded, NamedUnitsTakeTheParametersUnderThem) {
+  // One unit for the encoder layer (its attention, feed-forward and norms together), the root's
+  // last Linear as another: still data-parallel's bits.
+  auto m = build(Model::Transformer);
+  const auto ddp = train_ddp(Model::Transformer)->state_dict();
+  {
+    ShardedDataParallel sdp(m, adam_factory(), world(), {.stage = 3, .units = {"0", "2"}});
+    EXPECT_EQ(sdp.bucket_names().size(), 2u);
+    for (int s = 0; s < kSteps; ++s) {
+      sdp.zero_grad();
+      auto [x, y] = batch(Model::Transformer, s, 3);
+      nn::cross_entropy(sdp(x), y).backward();
+      sdp.step();
+    }
+  }
+  for (const auto& [name, t] : ddp) EXPECT_EQ(max_abs_diff(t, m->state_dict().at(name)), 0.0) << name;
 }
 
 TEST_F(Sharded, TwoBackwardPassesPerStepAccumulate) {
@@ -195,7 +246,7 @@ TEST_F(Sharded, ModelStateBytesFollowZerosFormulas) {
     m->add(std::make_shared<nn::Linear>(64, 200)).add(std::make_shared<nn::ReLU>()).add(std::make_shared<nn::Linear>(200, 31));
     return m;
   };
-  for (int stage : {1, 2}) {
+  for (int stage : {1, 2, 3}) {
     auto m = mlp();
     int64_t psi = 0;
     for (const auto& p : m->parameters()) psi += p.numel();
@@ -206,40 +257,57 @@ TEST_F(Sharded, ModelStateBytesFollowZerosFormulas) {
       sdp.step();
     }
     const double n = N();
-    const double formula = 4.0 * psi + (stage == 1 ? 4.0 * psi : 4.0 * psi / n) + 8.0 * psi / n;
+    const double formula = stage == 3 ? 16.0 * psi / n
+                                      : 4.0 * psi + (stage == 1 ? 4.0 * psi : 4.0 * psi / n) + 8.0 * psi / n;
     const ModelStateBytes got = sdp.model_state_bytes();
-    EXPECT_EQ(got.parameters, 4 * psi);
+    if (stage < 3) EXPECT_EQ(got.parameters, 4 * psi);
+    else EXPECT_NEAR(static_cast<double>(got.parameters), 4.0 * psi / n, 4.0 * N() * 2);
     EXPECT_NEAR(static_cast<double>(got.total()), formula, 0.05 * formula) << "stage " << stage;
     EXPECT_NEAR(static_cast<double>(got.optimizer), 8.0 * psi / n, 8.0 * N()) << "stage " << stage;
   }
 }
 
-TEST_F(Sharded, TrafficPerStepIsTwoPsiTimesNMinusOneOverN) {
-  auto m = build(Model::Mlp);
-  int64_t psi = 0;
-  for (const auto& p : m->parameters()) psi += p.numel();
-  auto g = world()->split(0, R());
-  ShardedDataParallel sdp(m, adam_factory(), g, {.stage = 2, .bucket_cap_mb = kCap});
-  g->reset_traffic();
-  auto [x, y] = batch(Model::Mlp, 0, 3);
-  nn::cross_entropy(sdp(x), y).backward();
-  sdp.step();
-  const Traffic t = g->traffic();
-  EXPECT_EQ(t.reduce_scatter.elements, psi);
-  EXPECT_EQ(t.all_gather.elements, psi);
-  EXPECT_EQ(t.reduce_scatter.calls, static_cast<int64_t>(sdp.bucket_names().size()));
-  EXPECT_EQ(t.all_reduce.calls, 0);
-  EXPECT_DOUBLE_EQ(t.bus_elements(), 2.0 * psi * (N() - 1) / N());
+TEST_F(Sharded, TrafficPerStepIsTwoPsiAtStagesOneAndTwoAndThreePsiAtStageThree) {
+  // Per step and rank, in ring elements: 2 Psi (N-1)/N as data-parallel's all-reduce at stages 1
+  // and 2 (reduce-scatter of gradients, all-gather of parameters), 3 Psi (N-1)/N at stage 3 (the
+  // parameters are gathered for forward and again for backward).
+  for (int stage : {1, 2, 3}) {
+    auto m = build(Model::Transformer);
+    int64_t psi = 0;
+    for (const auto& p : m->parameters()) psi += p.numel();
+    auto g = world()->split(0, R());
+    ShardedDataParallel sdp(m, adam_factory(), g, {.stage = stage, .bucket_cap_mb = kCap});
+    for (int s = 0; s < 2; ++s) {
+      g->reset_traffic();
+      sdp.zero_grad();
+      auto [x, y] = batch(Model::Transformer, s, 3);
+      nn::cross_entropy(sdp(x), y).backward();
+      sdp.step();
+      const Traffic t = g->traffic();
+      EXPECT_EQ(t.reduce_scatter.elements, psi) << stage;
+      EXPECT_EQ(t.all_gather.elements, stage == 3 ? 2 * psi : psi) << stage;
+      EXPECT_EQ(t.reduce_scatter.calls, static_cast<int64_t>(sdp.bucket_names().size())) << stage;
+      EXPECT_EQ(t.all_reduce.calls, 0) << stage;
+      EXPECT_DOUBLE_EQ(t.bus_elements(), (stage == 3 ? 3.0 : 2.0) * psi * (N() - 1) / N()) << stage;
+    }
+  }
 }
 
 TEST_F(Sharded, BadArgumentsAreNamed) {
   auto m = build(Model::Mlp);
-  try {
-    ShardedDataParallel sdp(m, adam_factory(), world(), {.stage = 3});
-    FAIL() << "expected an error";
-  } catch (const ValueError& e) {
-    EXPECT_NE(std::string(e.what()).find("stage must be 1 or 2, got 3"), std::string::npos) << e.what();
-  }
+  auto error_of = [&](const ShardedOptions& o) -> std::string {
+    try {
+      ShardedDataParallel sdp(m, adam_factory(), world(), o);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  EXPECT_NE(error_of({.stage = 4}).find("stage must be 1, 2 or 3, got 4"), std::string::npos) << error_of({.stage = 4});
+  EXPECT_NE(error_of({.stage = 2, .units = {"0"}}).find("units are for stage 3"), std::string::npos);
+  const std::string unknown = error_of({.stage = 3, .units = {"7"}});
+  EXPECT_NE(unknown.find("'7'"), std::string::npos) << unknown;
+  EXPECT_NE(unknown.find("0, 1, 2"), std::string::npos) << unknown;
   EXPECT_THROW(ShardedDataParallel(m, nullptr, world()), ValueError);
 }
 

@@ -41,6 +41,11 @@ class Storage {
   int64_t nbytes() const { return nbytes_; }
   Device device() const { return device_; }
   bool owns_memory() const { return owned_; }
+  /// Frees this storage's memory (nbytes 0) or allocates nbytes again, while every tensor that
+  /// refers to it keeps referring to it, as PyTorch's storage.resize_: sharded data parallelism
+  /// (stage 3) frees a layer's gathered parameters between their uses this way. Owned storage
+  /// only; the contents are undefined after it (the caller fills them).
+  void resize(int64_t nbytes);
 
   // Note [Storage versions]
   // A count of the in-place writes to this memory: the in-place methods (fill_, zero_, copy_, add_,

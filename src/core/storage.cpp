@@ -56,11 +56,32 @@ std::shared_ptr<Storage> Storage::wrap(void* data, int64_t nbytes, Device device
   return std::make_shared<Storage>(Key(), data, nbytes, device, false, std::move(release));
 }
 
+void Storage::resize(int64_t nbytes) {
+  BRAID_CHECK(owned_, "Storage::resize: this storage wraps memory it does not own");
+  BRAID_CHECK(nbytes >= 0, "Storage::resize: negative size ", nbytes);
+  detail::Backend& backend = detail::backend_for(device_);
+  const int64_t rounded = nbytes == 0 ? 0 : (nbytes + kAlignment - 1) / kAlignment * kAlignment;
+  if (rounded == nbytes_) return;
+  if (nbytes_ > 0) {
+    count(device_, -nbytes_);
+    backend.deallocate(device_, data_, nbytes_);
+  }
+  data_ = nullptr;
+  nbytes_ = 0;
+  if (rounded > 0) {
+    data_ = backend.allocate(device_, rounded);
+    count(device_, rounded);
+    nbytes_ = rounded;
+  }
+  bump_version();
+}
+
 Storage::~Storage() {
   if (!owned_) {
     if (release_) release_();
     return;
   }
+  if (nbytes_ == 0 && data_ == nullptr) return;  // resized to nothing
   count(device_, -nbytes_);
   detail::backend_for(device_).deallocate(device_, data_, nbytes_);
 }

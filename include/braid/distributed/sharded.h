@@ -1,10 +1,12 @@
-// Sharded data parallelism (ZeRO stages 1 and 2): every rank holds the whole model and a shard of
-// each batch, as with DistributedDataParallel, but each rank keeps the optimizer's state (stage 1)
-// and the averaged gradients (stage 2) of only its 1/N of the parameters. Backward reduce-scatters
-// each gradient bucket as soon as it is complete, the optimizer steps this rank's shard, and the
-// updated shards are all-gathered into every rank's parameters: the traffic of an all-reduce, a
-// fraction of the memory. Like DistributedDataParallel it attaches to a Module's parameters, so
-// model code, names and state dicts do not change.
+// Sharded data parallelism (ZeRO stages 1, 2 and 3; FSDP): every rank takes a shard of each batch,
+// as with DistributedDataParallel, but keeps the optimizer's state (stage 1), the averaged
+// gradients (stage 2) and the parameters (stage 3) of only its 1/N of the model. Backward
+// reduce-scatters each gradient bucket as soon as it is complete and the optimizer steps this
+// rank's shard; at stages 1 and 2 the updated shards are all-gathered into every rank's whole
+// model, at stage 3 each unit (a layer) gathers its parameters just before its forward and again
+// before its backward and frees them after. Model code does not change: stages 1 and 2 attach to
+// the parameters, stage 3 puts a transparent unit module in place of each sharded layer, and names
+// and state dicts stay the model's.
 #pragma once
 
 #include <functional>
@@ -19,13 +21,20 @@ namespace braid::distributed {
 
 struct ShardedOptions {
   /// 1: the optimizer's state is sharded; 2: the averaged gradients too (the full-size gradient
-  /// buffer of a bucket lives only while its reduce-scatter runs).
+  /// buffer of a bucket lives only while its reduce-scatter runs); 3: the parameters too.
   int stage = 2;
   /// Gradients travel in buckets of about this many megabytes, launched as backward completes
   /// them (the buckets of DistributedDataParallel with the same cap, in the same order).
   double bucket_cap_mb = 25;
   /// Copy rank 0's buffers (BatchNorm running statistics) to every rank at construction.
   bool broadcast_buffers = true;
+  /// Stage 3: the modules (dotted names) whose parameters are gathered and freed together; each
+  /// takes the parameters under it that no unit inside it takes. Empty: the model's children that
+  /// hold parameters (looking through a child that is the only one). Parameters under no unit (the
+  /// model's own) stay whole, as at stage 2. A unit stands in for its module, so a layer that
+  /// needs its child to be of a certain class (TransformerEncoderLayer's self_attn) cannot have
+  /// that child as a unit: name the layer instead.
+  std::vector<std::string> units = {};
 };
 
 /// Makes the optimizer of this rank's shard from its parameters: one flat tensor per bucket (this
@@ -42,6 +51,8 @@ struct ModelStateBytes {
   int64_t optimizer = 0;
   int64_t total() const { return parameters + gradients + optimizer; }
 };
+
+class ShardedUnit;
 
 class ShardedDataParallel {
  public:
@@ -62,11 +73,17 @@ class ShardedDataParallel {
   /// The shard's optimizer (for learning-rate schedulers and its state dict).
   optim::Optimizer& optimizer() { return *optimizer_; }
 
+  /// Stage 3 leaves each unit's parameters freed (shape [0]) outside its forward and backward, and
+  /// its destructor gathers them back into the model (collectively) and takes the units out.
+  ///
   /// Steps the optimizer on this rank's shard with the gradients averaged over the group (summed
   /// over the backward passes since zero_grad), then all-gathers the updated parameters. Collective.
   void step();
   /// Drops the shard's gradients.
   void zero_grad();
+  /// Stage 3: the whole parameters and buffers by the model's names (every rank gets them; the
+  /// units gather one at a time). Collective. At stages 1 and 2 it is the module's state_dict().
+  nn::StateDict full_state_dict();
 
   /// What this rank holds now (the memory formulas of benchmarks/README.md count the same).
   ModelStateBytes model_state_bytes() const;
@@ -77,6 +94,13 @@ class ShardedDataParallel {
 
  private:
   struct Bucket;
+  friend class ShardedUnit;
+  void make_buckets(const std::vector<std::vector<size_t>>& plans, const std::vector<bool>& is_unit);
+  std::vector<std::vector<size_t>> plan_units(std::vector<bool>& is_unit, std::vector<std::string>& unit_paths);
+  void wrap_units(const std::vector<std::string>& unit_paths);
+  void gather(size_t bucket);
+  void release(size_t bucket);
+  Tensor run_unit(size_t bucket, nn::Module& inner, const Tensor& x);
   void on_grad_ready(size_t param);
   void launch_ready_buckets();
   void launch(size_t bucket);
@@ -94,6 +118,7 @@ class ShardedDataParallel {
   size_t next_launch_ = 0;
   bool in_backward_ = false;
   std::shared_ptr<optim::Optimizer> optimizer_;
+  std::vector<std::pair<std::string, std::shared_ptr<nn::Module>>> wrapped_;  // stage 3: (path, the original)
 };
 
 }  // namespace braid::distributed
