@@ -41,8 +41,6 @@ void detail::rebind(const Tensor& param, const Tensor& view) {
 
 namespace {
 
-bool low_precision(DType t) { return t == DType::Float16 || t == DType::BFloat16; }
-
 int64_t bytes_of(const Tensor& t) { return t.defined() ? t.numel() * t.element_size() : 0; }
 
 }  // namespace
@@ -60,8 +58,11 @@ ShardedDataParallel::ShardedDataParallel(std::shared_ptr<nn::Module> module, con
   BRAID_CHECK(make_optimizer != nullptr, "ShardedDataParallel: no optimizer factory given");
   for (const auto& [name, p] : module_->named_parameters()) {
     if (!p.requires_grad()) continue;
-    BRAID_CHECK_T(TypeError, is_floating(p.dtype()), "ShardedDataParallel: parameter '", name, "' is ",
-                  dtype_name(p.dtype()), "; only floating parameters can be trained");
+    // Mixed precision in braid is autocast over float32 parameters, so there are no 2-byte
+    // parameters that would need float32 master copies.
+    BRAID_CHECK_T(TypeError, p.dtype() == kFloat32 || p.dtype() == kFloat64, "ShardedDataParallel: parameter '", name,
+                  "' is ", dtype_name(p.dtype()), "; sharding takes float32 or float64 parameters (use autocast for "
+                  "mixed precision)");
     names_.push_back(name);
     params_.push_back(p);
   }
@@ -121,7 +122,7 @@ void ShardedDataParallel::make_buckets(const std::vector<std::vector<size_t>>& p
     b.end = b.numel * (r + 1) / n_ranks;
     Tensor segment = b.flat.narrow(0, b.begin, b.end - b.begin);
     // A unit's segment outlives its flat buffer's memory: the shard is its own copy.
-    b.shard = low_precision(first.dtype()) ? segment.to(kFloat32) : b.unit ? segment.clone() : segment.detach();
+    b.shard = b.unit ? segment.clone() : segment.detach();
     b.shard.set_requires_grad(true);
     if (options_.stage == 1) b.grad_flat = zeros({b.numel}, first.dtype(), first.device());
   }
@@ -237,14 +238,12 @@ void ShardedDataParallel::step() {
   NoGradGuard no_grad;
   for (auto& b : buckets_) {
     if (!b->has_grad) continue;
-    b->shard.set_grad(b->shard_grad.dtype() == b->shard.dtype() ? b->shard_grad : b->shard_grad.to(b->shard.dtype()));
+    b->shard.set_grad(b->shard_grad);
   }
   optimizer_->step();
   for (auto& b : buckets_) {
-    // A master copy's gradient is a float32 copy made for this step; the segment's own is kept.
-    b->shard.set_grad(Tensor());
-    if (b->unit) continue;  // gathered from the shard before its next use
-    if (b->shard.dtype() != b->flat.dtype()) b->flat.narrow(0, b->begin, b->end - b->begin).copy_(b->shard);
+    b->shard.set_grad(Tensor());  // the bucket keeps it until zero_grad()
+    if (b->unit) continue;        // gathered from the shard before its next use
     b->work = group_->all_gather_inplace_async(b->flat);
   }
   for (auto& b : buckets_) {
@@ -266,9 +265,8 @@ ModelStateBytes ShardedDataParallel::model_state_bytes() const {
   ModelStateBytes m;
   for (const auto& b : buckets_) {
     if (!b->unit || b->gathered) m.parameters += bytes_of(b->flat);
-    if (b->unit && b->shard.dtype() == b->flat.dtype()) m.parameters += bytes_of(b->shard);
+    if (b->unit) m.parameters += bytes_of(b->shard);
     m.gradients += options_.stage == 1 ? bytes_of(b->grad_flat) : bytes_of(b->shard_grad);
-    if (b->shard.dtype() != b->flat.dtype()) m.optimizer += bytes_of(b->shard);
     if (const optim::ParamState* st = optimizer_->state(b->shard))
       for (const auto& [name, t] : st->tensors) m.optimizer += bytes_of(t);
   }

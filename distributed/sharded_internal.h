@@ -17,7 +17,7 @@ struct ShardedDataParallel::Bucket {
   size_t pending = 0;
   Tensor flat;        // the parameters (a unit's storage holds no memory while freed)
   Tensor grad_flat;   // stage 1: always; stages 2 and 3: while the reduce-scatter runs
-  Tensor shard;       // the optimizer's parameter: flat's segment, a copy of it (stage 3) or a float32 master
+  Tensor shard;       // the optimizer's parameter: flat's segment, or its own copy of it (stage 3)
   Tensor shard_grad;  // the averaged gradient of the segment (stage 1: a view of grad_flat)
   Tensor carried;     // stage 1: the segment's gradient from earlier passes, while a pass overwrites it
   bool has_grad = false;

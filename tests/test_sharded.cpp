@@ -4,8 +4,13 @@
 // DistributedDataParallel (bitwise: Note [Sharded equals data-parallel]) for an MLP, a CNN with
 // BatchNorm and a Transformer encoder, stage 3's units, the traffic per step, and the model-state
 // bytes against ZeRO's formulas.
-#include <cmath>
+#include <unistd.h>
 
+#include <cmath>
+#include <cstdio>
+
+#include "braid/autograd.h"
+#include "braid/checkpoint.h"
 #include "braid/distributed.h"
 #include "braid/nn/nn.h"
 #include "braid/optim.h"
@@ -290,6 +295,123 @@ TEST_F(Sharded, TrafficPerStepIsTwoPsiAtStagesOneAndTwoAndThreePsiAtStageThree) 
       EXPECT_EQ(t.all_reduce.calls, 0) << stage;
       EXPECT_DOUBLE_EQ(t.bus_elements(), (stage == 3 ? 3.0 : 2.0) * psi * (N() - 1) / N()) << stage;
     }
+  }
+}
+
+namespace {
+
+constexpr int64_t kGlobalRows = 12;  // divides over 1, 2, 3 and 4 ranks
+
+/// Group rank r of n's rows of the global batch of step s (the same global batch at any n).
+std::pair<Tensor, Tensor> rows_of(int step, int r, int n) {
+  Generator g(900 + static_cast<uint64_t>(step));
+  Tensor x = randn({kGlobalRows, 6}, kFloat32, &g);
+  Tensor y = randint(0, 3, {kGlobalRows}, kInt64, &g);
+  const int64_t b = kGlobalRows * r / n, e = kGlobalRows * (r + 1) / n;
+  return {x.narrow(0, b, e - b), y.narrow(0, b, e - b)};
+}
+
+void train_steps(ShardedDataParallel& sdp, int from, int to) {
+  const auto& g = sdp.group();
+  for (int s = from; s < to; ++s) {
+    sdp.zero_grad();
+    auto [x, y] = rows_of(s, g->rank(), g->size());
+    nn::cross_entropy(sdp(x), y).backward();
+    sdp.step();
+  }
+}
+
+/// One process on the whole global batch: what every resumed run must follow.
+nn::StateDict reference(int steps) {
+  auto m = build(Model::Mlp);
+  optim::Adam opt(m->parameters(), adam_options());
+  for (int s = 0; s < steps; ++s) {
+    opt.zero_grad();
+    auto [x, y] = rows_of(s, 0, 1);
+    nn::cross_entropy(m->forward(x), y).backward();
+    opt.step();
+  }
+  return m->state_dict();
+}
+
+void expect_close(const nn::StateDict& want, const nn::StateDict& got, const std::string& what) {
+  ASSERT_EQ(want.size(), got.size()) << what;
+  for (const auto& [name, t] : want) {
+    const double scale = std::max(1.0, amax(abs(t.to(kFloat64))).item());
+    EXPECT_LE(max_abs_diff(t, got.at(name)) / scale, 2e-5) << what << ": " << name;
+  }
+}
+
+}  // namespace
+
+TEST_F(Sharded, CheckpointWrittenAtNRanksResumesAtMRanksAnotherStageOrUnsharded) {
+  struct Case {
+    int from_ranks, from_stage, to_ranks, to_stage;
+  };
+  std::vector<Case> cases;
+  if (N() == 1) cases = {{1, 3, 1, 1}};
+  if (N() == 2) cases = {{2, 3, 1, 2}, {1, 2, 2, 3}};
+  if (N() == 4) cases = {{4, 2, 2, 3}, {2, 3, 4, 1}, {2, 1, 3, 2}};
+  const auto want = reference(6);
+  Tensor id = full({1}, static_cast<double>(::getpid()), kInt64, Device::cpu());
+  world()->broadcast(id, 0);
+  const std::string path = "/tmp/braid_sharded_" + std::to_string(id.data<int64_t>()[0]) + ".ckpt";
+  for (const Case& c : cases) {
+    const std::string what = std::to_string(c.from_ranks) + " ranks at stage " + std::to_string(c.from_stage) +
+                             " -> " + std::to_string(c.to_ranks) + " at stage " + std::to_string(c.to_stage);
+    auto a = world()->split(R() < c.from_ranks ? 0 : -1, R());
+    if (a) {
+      auto m = build(Model::Mlp);
+      ShardedDataParallel sdp(m, adam_factory(), a, {.stage = c.from_stage});
+      train_steps(sdp, 0, 3);
+      Checkpoint mine = sdp.state_shard();
+      mine.integers["step"] = 3;
+      save_sharded_checkpoint(path, mine, a);
+    }
+    world()->barrier();
+    auto b = world()->split(R() < c.to_ranks ? 0 : -1, R());
+    if (b) {
+      manual_seed(99);  // other initial weights: everything must come from the checkpoint
+      auto m = std::make_shared<nn::Sequential>();
+      m->add(std::make_shared<nn::Linear>(6, 7)).add(std::make_shared<nn::Tanh>()).add(std::make_shared<nn::Linear>(7, 3));
+      ShardedDataParallel sdp(m, adam_factory(), b, {.stage = c.to_stage});
+      const Checkpoint full = ShardedDataParallel::unshard(load_sharded_checkpoint(path));
+      EXPECT_EQ(full.integer("step"), 3) << what;
+      sdp.load_full(full);
+      train_steps(sdp, 3, 6);
+      expect_close(want, sdp.full_state_dict(), what);
+      if (b->rank() == 0) {
+        // The same checkpoint into a model and optimizer that are not sharded at all.
+        auto plain = build(Model::Mlp);
+        {
+          NoGradGuard no_grad;
+          for (auto& p : plain->parameters()) Tensor(p).zero_();
+        }
+        optim::Adam opt(plain->parameters(), adam_options());
+        restore_state(full, "model.", *plain);
+        restore_state(full, "optim.", opt);
+        for (int s = 3; s < 6; ++s) {
+          opt.zero_grad();
+          auto [x, y] = rows_of(s, 0, 1);
+          nn::cross_entropy(plain->forward(x), y).backward();
+          opt.step();
+        }
+        expect_close(want, plain->state_dict(), what + ", unsharded");
+      }
+    }
+    world()->barrier();
+  }
+  if (R() == 0) {
+    // Only the newest generation's files are left beside the manifest.
+    const Checkpoint manifest = load_checkpoint(path);
+    EXPECT_EQ(manifest.integer("generation"), static_cast<int64_t>(cases.size()));
+    std::remove(path.c_str());
+    for (int64_t r = 0; r < manifest.integer("ranks"); ++r) {
+      const std::string f = "/tmp/" + manifest.string("file." + std::to_string(r));
+      EXPECT_EQ(std::remove(f.c_str()), 0) << f;
+    }
+    const std::string stale = path + ".g1.rank0";
+    EXPECT_NE(std::remove(stale.c_str()), 0) << "the first generation's file is still there";
   }
 }
 

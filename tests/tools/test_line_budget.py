@@ -12,7 +12,6 @@ LIMIT = 600
 EXTENSIONS = {".cpp", ".h", ".hpp", ".cu", ".cuh", ".py", ".i", ".swg", ".sh", ".build", ".cmake", ".in", ".lua", ".eb"}
 # path: the most lines it may have (its length when the budget was first enforced)
 ALLOWED = {
-    "distributed/mpi_group.cpp": 719,
     "onnx/executor.h": 718,
     "tests/data/make_golden.py": 977,
     "tests/test_data.cpp": 963,

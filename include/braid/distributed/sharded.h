@@ -13,6 +13,7 @@
 #include <memory>
 #include <vector>
 
+#include "braid/checkpoint.h"
 #include "braid/distributed/process_group.h"
 #include "braid/nn/module.h"
 #include "braid/optim/optimizer.h"
@@ -38,13 +39,13 @@ struct ShardedOptions {
 };
 
 /// Makes the optimizer of this rank's shard from its parameters: one flat tensor per bucket (this
-/// rank's segment of it; float32 master copies where the model is float16 or bfloat16). Any
-/// braid optimizer whose update is elementwise (SGD, Adam, AdamW, RMSprop, Adagrad) steps exactly
-/// as it would on the whole model.
+/// rank's segment of it). Any braid optimizer whose update is elementwise (SGD, Adam, AdamW,
+/// RMSprop, Adagrad) steps exactly as it would on the whole model; gradient clipping by global
+/// norm needs the norm over every rank's shard.
 using OptimizerFactory = std::function<std::shared_ptr<optim::Optimizer>(const std::vector<Tensor>& shard)>;
 
-/// Bytes of model state that this rank holds (ZeRO's "model states"): parameters, gradients, and
-/// the optimizer's state with any float32 master copies.
+/// Bytes of model state that this rank holds (ZeRO's "model states"): parameters, gradients and
+/// the optimizer's state.
 struct ModelStateBytes {
   int64_t parameters = 0;
   int64_t gradients = 0;
@@ -85,6 +86,25 @@ class ShardedDataParallel {
   /// units gather one at a time). Collective. At stages 1 and 2 it is the module's state_dict().
   nn::StateDict full_state_dict();
 
+  // Note [Sharded checkpoints]
+  // state_shard() is what this rank holds, by the model's parameter names: for each parameter
+  // the piece of it in this rank's segments ("model.<name>" with "model.<name>.offset" into the
+  // flattened parameter, its shape and index), the optimizer state's pieces ("optim.<name>.<state>"),
+  // the optimizer's options ("optim.group.0.*") and the buffers ("buffer.<name>"). It does not
+  // depend on the stage or the buckets, so unshard() can join N ranks' shards into the checkpoint
+  // of an unsharded model and optimizer (store_state's "model." and "optim." entries) and
+  // load_full() can cut one for any other number of ranks or stage.
+  /// This rank's shard of the model and optimizer state (no communication).
+  Checkpoint state_shard() const;
+  /// Joins every rank's state_shard() into one checkpoint with "model.<name>" (parameters and
+  /// buffers) and "optim.*" entries as store_state writes them for the model and for an optimizer
+  /// over its parameters; other entries of the first shard are kept. Throws ValueError naming a
+  /// parameter the shards do not cover.
+  static Checkpoint unshard(const std::vector<Checkpoint>& shards);
+  /// Loads a checkpoint in unshard()'s format (or store_state's, from an unsharded run): the
+  /// parameters and buffers, and this rank's segments of the optimizer's state.
+  void load_full(const Checkpoint& full);
+
   /// What this rank holds now (the memory formulas of benchmarks/README.md count the same).
   ModelStateBytes model_state_bytes() const;
   /// The parameters' names in each bucket, in launch order (DistributedDataParallel's bucket_names).
@@ -92,8 +112,9 @@ class ShardedDataParallel {
   /// This rank's range [begin, end) of bucket b's flat buffer.
   std::pair<int64_t, int64_t> shard_range(size_t bucket) const;
 
+  struct Bucket;  // distributed/sharded_internal.h
+
  private:
-  struct Bucket;
   friend class ShardedUnit;
   void make_buckets(const std::vector<std::vector<size_t>>& plans, const std::vector<bool>& is_unit);
   std::vector<std::vector<size_t>> plan_units(std::vector<bool>& is_unit, std::vector<std::string>& unit_paths);
@@ -120,5 +141,14 @@ class ShardedDataParallel {
   std::shared_ptr<optim::Optimizer> optimizer_;
   std::vector<std::pair<std::string, std::shared_ptr<nn::Module>>> wrapped_;  // stage 3: (path, the original)
 };
+
+/// Writes every rank's checkpoint (each rank passes its own, e.g. state_shard() plus its run
+/// state) as path.g<generation>.rank<r> and then, on rank 0, the manifest path naming them, each
+/// file atomically: a crash at any point leaves the previous manifest and its files in place. The
+/// previous generation's files are removed once the new manifest is written. Collective.
+void save_sharded_checkpoint(const std::string& path, const Checkpoint& mine, const ProcessGroupPtr& group = nullptr);
+/// The checkpoints of every rank that wrote path's manifest, in rank order (any number of ranks
+/// may read them).
+std::vector<Checkpoint> load_sharded_checkpoint(const std::string& path);
 
 }  // namespace braid::distributed
