@@ -41,9 +41,14 @@ Tensor qkv_shard(const Tensor& full, int64_t rows, int rank) {
 
 ParallelMultiheadAttention::ParallelMultiheadAttention(const nn::MultiheadAttention& full, ProcessGroupPtr group,
                                                        const ParallelMultiheadAttentionOptions& options)
-    : Module("ParallelMultiheadAttention"), embed_dim_(full.config().embed_dim), num_heads_(full.config().num_heads),
-      dropout_(full.config().options.dropout), batch_first_(full.config().options.batch_first),
-      gen_(full.config().options.generator), group_(group ? std::move(group) : world()), options_(options) {
+    : Module("ParallelMultiheadAttention"),
+      embed_dim_(full.config().embed_dim),
+      num_heads_(full.config().num_heads),
+      dropout_(full.config().options.dropout),
+      batch_first_(full.config().options.batch_first),
+      gen_(full.config().options.generator),
+      group_(group ? std::move(group) : world()),
+      options_(options) {
   const int P = group_->size(), r = group_->rank();
   BRAID_CHECK(num_heads_ % P == 0, "ParallelMultiheadAttention: num_heads (", num_heads_,
               ") must be divisible by the tensor-parallel size (", P, ", group ", group_->name(),
@@ -52,9 +57,9 @@ ParallelMultiheadAttention::ParallelMultiheadAttention(const nn::MultiheadAttent
   const int64_t local = embed_dim_ / P;  // this rank's heads' features
   const int64_t layout_axis = batch_first_ ? 1 : 0;
   if (options_.sequence_axis < 0) options_.sequence_axis = layout_axis;
-  BRAID_CHECK(!options_.sequence_parallel || options_.sequence_axis == layout_axis, "ParallelMultiheadAttention: ",
-              "the sequence axis of a ", batch_first_ ? "batch_first " : "", "layout is ", layout_axis, ", got ",
-              options_.sequence_axis);
+  BRAID_CHECK(!options_.sequence_parallel || options_.sequence_axis == layout_axis,
+              "ParallelMultiheadAttention: ", "the sequence axis of a ", batch_first_ ? "batch_first " : "",
+              "layout is ", layout_axis, ", got ", options_.sequence_axis);
   in_proj_weight_ = register_parameter("in_proj_weight", qkv_shard(parameter(full, "in_proj_weight"), local, r));
   if (Tensor b = parameter(full, "in_proj_bias"); b.defined())
     in_proj_bias_ = register_parameter("in_proj_bias", qkv_shard(b, local, r));
@@ -62,9 +67,10 @@ ParallelMultiheadAttention::ParallelMultiheadAttention(const nn::MultiheadAttent
   BRAID_CHECK_T(TypeError, out_proj != nullptr, "ParallelMultiheadAttention: out_proj must be a Linear");
   // Inside, the layout is (N, L, E) whatever the caller's: out_proj scatters the sequence on axis 1.
   register_module("out_proj", std::make_shared<RowParallelLinear>(
-                                  *out_proj, group_, RowParallelLinearOptions{.input_is_parallel = true,
-                                                                              .sequence_parallel = options_.sequence_parallel,
-                                                                              .sequence_axis = 1}));
+                                  *out_proj, group_,
+                                  RowParallelLinearOptions{.input_is_parallel = true,
+                                                           .sequence_parallel = options_.sequence_parallel,
+                                                           .sequence_axis = 1}));
   if (!full.is_training()) eval();
 }
 
@@ -137,11 +143,16 @@ std::string ParallelMultiheadAttention::describe() const {
 
 const char* parallel_style_name(ParallelStyle style) {
   switch (style) {
-    case ParallelStyle::Colwise: return "Colwise";
-    case ParallelStyle::Rowwise: return "Rowwise";
-    case ParallelStyle::Headwise: return "Headwise";
-    case ParallelStyle::Vocab: return "Vocab";
-    case ParallelStyle::Sequence: return "Sequence";
+    case ParallelStyle::Colwise:
+      return "Colwise";
+    case ParallelStyle::Rowwise:
+      return "Rowwise";
+    case ParallelStyle::Headwise:
+      return "Headwise";
+    case ParallelStyle::Vocab:
+      return "Vocab";
+    case ParallelStyle::Sequence:
+      return "Sequence";
   }
   return "?";
 }
@@ -159,8 +170,8 @@ ParallelizeResult parallelize_module(nn::Module& module, const ProcessGroupPtr& 
       if (p == path) old = m;
       known += (known.empty() ? "" : ", ") + p;
     }
-    BRAID_CHECK_T(IndexError, old != nullptr, "parallelize_module: unknown module '", path, "'; known: ",
-                  known.empty() ? "(none)" : known);
+    BRAID_CHECK_T(IndexError, old != nullptr, "parallelize_module: unknown module '", path,
+                  "'; known: ", known.empty() ? "(none)" : known);
     auto wrong = [&](const char* needs) {
       return detail::cat("parallelize_module: '", path, "' is a ", old->type_name(), ", but style ",
                          parallel_style_name(style), " needs a ", needs);
@@ -187,7 +198,8 @@ ParallelizeResult parallelize_module(nn::Module& module, const ProcessGroupPtr& 
         auto mha = std::dynamic_pointer_cast<nn::MultiheadAttention>(old);
         BRAID_CHECK_T(TypeError, mha != nullptr, wrong("MultiheadAttention"));
         auto attn = std::make_shared<ParallelMultiheadAttention>(
-            *mha, group, ParallelMultiheadAttentionOptions{.sequence_parallel = sp, .sequence_axis = options.sequence_axis});
+            *mha, group,
+            ParallelMultiheadAttentionOptions{.sequence_parallel = sp, .sequence_axis = options.sequence_axis});
         auto out_proj = std::dynamic_pointer_cast<RowParallelLinear>(attn->child("out_proj"));
         if (sp && out_proj->bias().defined()) result.sequence_parallel_parameters.push_back(out_proj->bias());
         made = attn;

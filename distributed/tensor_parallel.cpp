@@ -33,22 +33,29 @@ void check_even(const char* layer, const char* what, int64_t n, const ProcessGro
 
 ColumnParallelLinear::ColumnParallelLinear(int64_t in_features, int64_t out_features, ProcessGroupPtr group,
                                            const ColumnParallelLinearOptions& options)
-    : Module("ColumnParallelLinear"), in_(in_features), out_(out_features), group_(or_world(std::move(group))),
+    : Module("ColumnParallelLinear"),
+      in_(in_features),
+      out_(out_features),
+      group_(or_world(std::move(group))),
       options_(options) {
   BRAID_CHECK(in_features >= 0 && out_features >= 0, "ColumnParallelLinear: feature counts must be non-negative, got ",
               "in_features=", in_features, " out_features=", out_features);
   check_split(out_features);
   const int64_t local = out_ / group_->size();
   const double bound = in_ > 0 ? 1.0 / std::sqrt(static_cast<double>(in_)) : 0.0;  // Linear's, from the whole fan-in
-  weight_ = register_parameter("weight", nn::init::uniform_(empty({local, in_}, kFloat32, default_device()), -bound, bound));
+  weight_ =
+      register_parameter("weight", nn::init::uniform_(empty({local, in_}, kFloat32, default_device()), -bound, bound));
   if (options_.bias)
     bias_ = register_parameter("bias", nn::init::uniform_(empty({local}, kFloat32, default_device()), -bound, bound));
 }
 
 ColumnParallelLinear::ColumnParallelLinear(const nn::Linear& full, ProcessGroupPtr group,
                                            const ColumnParallelLinearOptions& options)
-    : Module("ColumnParallelLinear"), in_(full.config().in_features), out_(full.config().out_features),
-      group_(or_world(std::move(group))), options_(options) {
+    : Module("ColumnParallelLinear"),
+      in_(full.config().in_features),
+      out_(full.config().out_features),
+      group_(or_world(std::move(group))),
+      options_(options) {
   check_split(out_);
   options_.bias = full.bias().defined();
   const int64_t local = out_ / group_->size();
@@ -70,30 +77,39 @@ Tensor ColumnParallelLinear::forward(const Tensor& x) {
 
 std::string ColumnParallelLinear::describe() const {
   return detail::cat("ColumnParallelLinear(in_features=", in_, ", out_features=", out_, " (", out_ / group_->size(),
-                     " on this rank), bias=", bias_.defined() ? "True" : "False", ", gather_output=",
-                     options_.gather_output ? "True" : "False", ", sequence_parallel=",
-                     options_.sequence_parallel ? "True" : "False", ", group=", group_->name(), ")");
+                     " on this rank), bias=", bias_.defined() ? "True" : "False",
+                     ", gather_output=", options_.gather_output ? "True" : "False",
+                     ", sequence_parallel=", options_.sequence_parallel ? "True" : "False", ", group=", group_->name(),
+                     ")");
 }
 
 // ---- RowParallelLinear ----
 
 RowParallelLinear::RowParallelLinear(int64_t in_features, int64_t out_features, ProcessGroupPtr group,
                                      const RowParallelLinearOptions& options)
-    : Module("RowParallelLinear"), in_(in_features), out_(out_features), group_(or_world(std::move(group))),
+    : Module("RowParallelLinear"),
+      in_(in_features),
+      out_(out_features),
+      group_(or_world(std::move(group))),
       options_(options) {
   BRAID_CHECK(in_features >= 0 && out_features >= 0, "RowParallelLinear: feature counts must be non-negative, got ",
               "in_features=", in_features, " out_features=", out_features);
   check_split(in_features);
   const int64_t local = in_ / group_->size();
   const double bound = in_ > 0 ? 1.0 / std::sqrt(static_cast<double>(in_)) : 0.0;
-  weight_ = register_parameter("weight", nn::init::uniform_(empty({out_, local}, kFloat32, default_device()), -bound, bound));
+  weight_ =
+      register_parameter("weight", nn::init::uniform_(empty({out_, local}, kFloat32, default_device()), -bound, bound));
   if (options_.bias)
     bias_ = register_parameter("bias", nn::init::uniform_(empty({out_}, kFloat32, default_device()), -bound, bound));
 }
 
-RowParallelLinear::RowParallelLinear(const nn::Linear& full, ProcessGroupPtr group, const RowParallelLinearOptions& options)
-    : Module("RowParallelLinear"), in_(full.config().in_features), out_(full.config().out_features),
-      group_(or_world(std::move(group))), options_(options) {
+RowParallelLinear::RowParallelLinear(const nn::Linear& full, ProcessGroupPtr group,
+                                     const RowParallelLinearOptions& options)
+    : Module("RowParallelLinear"),
+      in_(full.config().in_features),
+      out_(full.config().out_features),
+      group_(or_world(std::move(group))),
+      options_(options) {
   check_split(in_);
   options_.bias = full.bias().defined();
   weight_ = register_parameter("weight", shard_of(full.weight(), 1, in_ / group_->size(), group_->rank()));
@@ -117,10 +133,11 @@ Tensor RowParallelLinear::forward(const Tensor& x) {
 }
 
 std::string RowParallelLinear::describe() const {
-  return detail::cat("RowParallelLinear(in_features=", in_, " (", in_ / group_->size(), " on this rank), out_features=",
-                     out_, ", bias=", bias_.defined() ? "True" : "False", ", input_is_parallel=",
-                     options_.input_is_parallel ? "True" : "False", ", sequence_parallel=",
-                     options_.sequence_parallel ? "True" : "False", ", group=", group_->name(), ")");
+  return detail::cat("RowParallelLinear(in_features=", in_, " (", in_ / group_->size(),
+                     " on this rank), out_features=", out_, ", bias=", bias_.defined() ? "True" : "False",
+                     ", input_is_parallel=", options_.input_is_parallel ? "True" : "False",
+                     ", sequence_parallel=", options_.sequence_parallel ? "True" : "False", ", group=", group_->name(),
+                     ")");
 }
 
 // ---- VocabParallelEmbedding ----
@@ -130,11 +147,14 @@ VocabParallelEmbedding::VocabParallelEmbedding(int64_t num_embeddings, int64_t e
   BRAID_CHECK(num_embeddings > 0 && embedding_dim > 0, "VocabParallelEmbedding: num_embeddings and embedding_dim must ",
               "be positive, got ", num_embeddings, " and ", embedding_dim);
   check_split();
-  weight_ = register_parameter("weight", nn::init::normal_(empty({num_ / group_->size(), dim_}, kFloat32, default_device())));
+  weight_ =
+      register_parameter("weight", nn::init::normal_(empty({num_ / group_->size(), dim_}, kFloat32, default_device())));
 }
 
 VocabParallelEmbedding::VocabParallelEmbedding(const nn::Embedding& full, ProcessGroupPtr group)
-    : Module("VocabParallelEmbedding"), num_(full.config().num_embeddings), dim_(full.config().embedding_dim),
+    : Module("VocabParallelEmbedding"),
+      num_(full.config().num_embeddings),
+      dim_(full.config().embedding_dim),
       group_(or_world(std::move(group))) {
   BRAID_CHECK(!full.config().padding_idx.has_value(), "VocabParallelEmbedding: an Embedding with padding_idx (",
               *full.config().padding_idx, ") is not supported");
@@ -159,7 +179,8 @@ Tensor VocabParallelEmbedding::forward(const Tensor& indices) {
   const int64_t rows = weight_.size(0);
   Tensor local = indices.to(kInt64).reshape({-1});
   local = local - scalar_like(local, static_cast<double>(start_));
-  Tensor mine = logical_and(ge(local, zeros({}, kInt64, dev)), lt(local, full({}, static_cast<double>(rows), kInt64, dev)));
+  Tensor mine =
+      logical_and(ge(local, zeros({}, kInt64, dev)), lt(local, full({}, static_cast<double>(rows), kInt64, dev)));
   Tensor found = index_select(weight_, 0, where(mine, local, zeros({}, kInt64, dev)));
   found = where(mine.unsqueeze(-1), found, zeros({}, found.dtype(), dev));  // rows other ranks hold
   Shape out = indices.shape();

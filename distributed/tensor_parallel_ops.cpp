@@ -69,11 +69,12 @@ Tensor reduce_scatter_along(const Tensor& x, int64_t axis, ProcessGroup& group) 
 
 Tensor copy_to_tp(const Tensor& x, const ProcessGroupPtr& group) {
   checked(group, "copy_to_tp");
-  return ::braid::detail::record("copy_to_tp", x.detach(), {x}, [group](const Tensor& g, ::braid::detail::Grads& grads) {
-    Tensor total = g.contiguous().clone();
-    group->all_reduce(total, ReduceOp::Sum);
-    grads.set(0, total);
-  });
+  return ::braid::detail::record("copy_to_tp", x.detach(), {x},
+                                 [group](const Tensor& g, ::braid::detail::Grads& grads) {
+                                   Tensor total = g.contiguous().clone();
+                                   group->all_reduce(total, ReduceOp::Sum);
+                                   grads.set(0, total);
+                                 });
 }
 
 Tensor reduce_from_tp(const Tensor& x, const ProcessGroupPtr& group) {
@@ -88,9 +89,9 @@ Tensor gather_from_tp(const Tensor& x, const ProcessGroupPtr& group) {
   checked(group, "gather_from_tp");
   const int64_t axis = axis_of(x, -1, "gather_from_tp");
   Tensor out = all_gather_along(x.detach(), axis, *group);
-  return ::braid::detail::record("gather_from_tp", out, {x}, [group, axis](const Tensor& g, ::braid::detail::Grads& grads) {
-    grads.set(0, shard_along(g, axis, *group));
-  });
+  return ::braid::detail::record(
+      "gather_from_tp", out, {x},
+      [group, axis](const Tensor& g, ::braid::detail::Grads& grads) { grads.set(0, shard_along(g, axis, *group)); });
 }
 
 Tensor scatter_to_tp(const Tensor& x, const ProcessGroupPtr& group) {
@@ -98,18 +99,20 @@ Tensor scatter_to_tp(const Tensor& x, const ProcessGroupPtr& group) {
   const int64_t axis = axis_of(x, -1, "scatter_to_tp");
   check_divisible(x, axis, *group, "scatter_to_tp");
   Tensor out = shard_along(x.detach(), axis, *group);
-  return ::braid::detail::record("scatter_to_tp", out, {x}, [group, axis](const Tensor& g, ::braid::detail::Grads& grads) {
-    grads.set(0, all_gather_along(g, axis, *group));
-  });
+  return ::braid::detail::record("scatter_to_tp", out, {x},
+                                 [group, axis](const Tensor& g, ::braid::detail::Grads& grads) {
+                                   grads.set(0, all_gather_along(g, axis, *group));
+                                 });
 }
 
 Tensor gather_from_sp(const Tensor& x, int64_t axis, const ProcessGroupPtr& group) {
   checked(group, "gather_from_sp");
   axis = axis_of(x, axis, "gather_from_sp");
   Tensor out = all_gather_along(x.detach(), axis, *group);
-  return ::braid::detail::record("gather_from_sp", out, {x}, [group, axis](const Tensor& g, ::braid::detail::Grads& grads) {
-    grads.set(0, reduce_scatter_along(g, axis, *group));
-  });
+  return ::braid::detail::record("gather_from_sp", out, {x},
+                                 [group, axis](const Tensor& g, ::braid::detail::Grads& grads) {
+                                   grads.set(0, reduce_scatter_along(g, axis, *group));
+                                 });
 }
 
 Tensor reduce_scatter_to_sp(const Tensor& x, int64_t axis, const ProcessGroupPtr& group) {
@@ -128,9 +131,10 @@ Tensor scatter_to_sp(const Tensor& x, int64_t axis, const ProcessGroupPtr& group
   axis = axis_of(x, axis, "scatter_to_sp");
   check_divisible(x, axis, *group, "scatter_to_sp");
   Tensor out = shard_along(x.detach(), axis, *group);
-  return ::braid::detail::record("scatter_to_sp", out, {x}, [group, axis](const Tensor& g, ::braid::detail::Grads& grads) {
-    grads.set(0, all_gather_along(g, axis, *group));
-  });
+  return ::braid::detail::record("scatter_to_sp", out, {x},
+                                 [group, axis](const Tensor& g, ::braid::detail::Grads& grads) {
+                                   grads.set(0, all_gather_along(g, axis, *group));
+                                 });
 }
 
 // Note [Vocabulary-parallel cross-entropy]
@@ -145,8 +149,8 @@ Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& target, 
   checked(group, "vocab_parallel_cross_entropy");
   BRAID_CHECK(reduction == "mean" || reduction == "sum" || reduction == "none",
               "vocab_parallel_cross_entropy: unknown reduction '", reduction, "'; known: mean, sum, none");
-  BRAID_CHECK_T(TypeError, is_floating(logits.dtype()), "vocab_parallel_cross_entropy: logits must be floating-point, got ",
-                dtype_name(logits.dtype()));
+  BRAID_CHECK_T(TypeError, is_floating(logits.dtype()),
+                "vocab_parallel_cross_entropy: logits must be floating-point, got ", dtype_name(logits.dtype()));
   BRAID_CHECK_T(TypeError, target.dtype() == kInt64 || target.dtype() == kInt32,
                 "vocab_parallel_cross_entropy: target must hold class indices (int64 or int32), got ",
                 dtype_name(target.dtype()));
@@ -165,7 +169,8 @@ Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& target, 
 
   Tensor t = target.to(kInt64);
   Tensor local = t - scalar_like(t, static_cast<double>(start));
-  Tensor mine = logical_and(ge(local, zeros({}, kInt64, dev)), lt(local, full({}, static_cast<double>(classes), kInt64, dev)));
+  Tensor mine =
+      logical_and(ge(local, zeros({}, kInt64, dev)), lt(local, full({}, static_cast<double>(classes), kInt64, dev)));
   Tensor picked = gather(z, -1, where(mine, local, zeros({}, kInt64, dev)).unsqueeze(-1)).squeeze(-1);
   picked = where(mine, picked, zeros({}, picked.dtype(), dev));
 

@@ -63,12 +63,14 @@ Tensor shard_of(const std::string& name, const Tensor& full, const Shape& local,
     return concat(parts, 0);
   }
   for (int64_t d = 0; d < full.dim(); ++d)
-    if (full.size(d) != local[static_cast<size_t>(d)]) return full.narrow(d, r * local[static_cast<size_t>(d)], local[static_cast<size_t>(d)]);
+    if (full.size(d) != local[static_cast<size_t>(d)])
+      return full.narrow(d, r * local[static_cast<size_t>(d)], local[static_cast<size_t>(d)]);
   return full;
 }
 
 /// Every parameter of par has the serial name, and its gradient is the serial gradient's shard.
-void expect_grads_match(const nn::Module& serial, const nn::Module& par, const ProcessGroup& g, const std::string& what) {
+void expect_grads_match(const nn::Module& serial, const nn::Module& par, const ProcessGroup& g,
+                        const std::string& what) {
   std::map<std::string, Tensor> want;
   for (auto& [n, p] : serial.named_parameters()) want[n] = p;
   const auto got = par.named_parameters();
@@ -161,7 +163,9 @@ TEST_F(TensorParallelLayers, ColumnThenRowParallelLinearEqualsSerial) {
       const std::string what = label + " " + dtype_name(dt);
       manual_seed(5);
       auto serial = std::make_shared<nn::Sequential>();
-      serial->add(std::make_shared<nn::Linear>(8, 12)).add(std::make_shared<nn::ReLU>()).add(std::make_shared<nn::Linear>(12, 8));
+      serial->add(std::make_shared<nn::Linear>(8, 12))
+          .add(std::make_shared<nn::ReLU>())
+          .add(std::make_shared<nn::Linear>(12, 8));
       serial->to(dt);
       auto par = std::make_shared<nn::Sequential>();
       par->add(std::make_shared<ColumnParallelLinear>(*std::dynamic_pointer_cast<nn::Linear>(serial->at(0)), g))
@@ -282,8 +286,9 @@ TEST_F(TensorParallelEncoder, ParallelizeModuleEqualsSerialWithTwoAllReducesEach
       for (auto& [n, p] : serial->named_parameters()) whole[n] = p;
       int64_t split_serial = 0, split_mine = 0;
       for (auto& [n, p] : par->named_parameters()) {
-        const bool split = n.ends_with("in_proj_weight") || n.ends_with("in_proj_bias") || n.ends_with("out_proj.weight") ||
-                           n.ends_with("linear1.weight") || n.ends_with("linear1.bias") || n.ends_with("linear2.weight");
+        const bool split = n.ends_with("in_proj_weight") || n.ends_with("in_proj_bias") ||
+                           n.ends_with("out_proj.weight") || n.ends_with("linear1.weight") ||
+                           n.ends_with("linear1.bias") || n.ends_with("linear2.weight");
         if (split) {
           EXPECT_EQ(bytes_of(p) * g->size(), bytes_of(whole[n])) << what << " " << n;
           split_serial += bytes_of(whole[n]), split_mine += bytes_of(p);
@@ -418,7 +423,8 @@ TEST_F(TensorParallelLayers, UnevenSplitsAndUnknownNamesAreRejectedWithTheReason
     parallelize_module(*m, world(), {{"0.norm1", ParallelStyle::Colwise}});
     ADD_FAILURE() << "a LayerNorm was accepted as Colwise";
   } catch (const TypeError& e) {
-    EXPECT_NE(std::string(e.what()).find("'0.norm1' is a LayerNorm, but style Colwise needs a Linear"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("'0.norm1' is a LayerNorm, but style Colwise needs a Linear"),
+              std::string::npos)
         << e.what();
   }
   if (N() == 1) GTEST_SKIP() << "every split is even over one rank; the uneven cases need 2 or more";
@@ -439,7 +445,8 @@ TEST_F(TensorParallelLayers, UnevenSplitsAndUnknownNamesAreRejectedWithTheReason
     ParallelMultiheadAttention p(attn, world());
     ADD_FAILURE() << "3 heads over " << N() << " ranks were accepted";
   } catch (const ValueError& e) {
-    EXPECT_NE(std::string(e.what()).find("num_heads (3) must be divisible by the tensor-parallel size"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("num_heads (3) must be divisible by the tensor-parallel size"),
+              std::string::npos)
         << e.what();
   }
   // A masked forward needs a MultiheadAttention: the replaced encoder layer says so.
