@@ -37,6 +37,24 @@ Tensor qkv_shard(const Tensor& full, int64_t rows, int rank) {
   return concat(parts, 0).contiguous().clone();
 }
 
+/// The ranks' t concatenated along axis.
+Tensor concat_over_ranks(const Tensor& t, int64_t axis, ProcessGroup& group) {
+  Tensor stacked = group.all_gather(t.detach().contiguous());  // (P, ...t)
+  std::vector<Tensor> parts;
+  for (int q = 0; q < group.size(); ++q) parts.push_back(stacked.select(0, q));
+  return concat(parts, axis);
+}
+
+/// in_proj_* from the ranks' shards: W_q of every rank, then W_k, then W_v (qkv_shard's inverse).
+Tensor concat_qkv_over_ranks(const Tensor& t, ProcessGroup& group) {
+  Tensor stacked = group.all_gather(t.detach().contiguous());  // (P, 3 E / P, ...)
+  const int64_t rows = t.size(0) / 3;
+  std::vector<Tensor> parts;
+  for (int j = 0; j < 3; ++j)
+    for (int q = 0; q < group.size(); ++q) parts.push_back(stacked.select(0, q).narrow(0, j * rows, rows));
+  return concat(parts, 0);
+}
+
 }  // namespace
 
 ParallelMultiheadAttention::ParallelMultiheadAttention(const nn::MultiheadAttention& full, ProcessGroupPtr group,
@@ -221,6 +239,32 @@ ParallelizeResult parallelize_module(nn::Module& module, const ProcessGroupPtr& 
     result.replaced.push_back(path);
   }
   return result;
+}
+
+nn::StateDict gather_state_dict(const nn::Module& module) {
+  nn::StateDict state = module.state_dict();
+  auto visit = [&state](const std::string& path, const nn::Module& m) {
+    const std::string prefix = path.empty() ? "" : path + ".";
+    auto gather = [&](const char* name, const ProcessGroupPtr& group, int64_t axis) {
+      auto it = state.find(prefix + name);
+      if (it == state.end()) return;  // no bias
+      it->second = axis < 0 ? concat_qkv_over_ranks(it->second, *group) : concat_over_ranks(it->second, axis, *group);
+    };
+    if (auto c = dynamic_cast<const ColumnParallelLinear*>(&m)) {
+      gather("weight", c->group(), 0);
+      gather("bias", c->group(), 0);
+    } else if (auto r = dynamic_cast<const RowParallelLinear*>(&m)) {
+      gather("weight", r->group(), 1);
+    } else if (auto e = dynamic_cast<const VocabParallelEmbedding*>(&m)) {
+      gather("weight", e->group(), 0);
+    } else if (auto a = dynamic_cast<const ParallelMultiheadAttention*>(&m)) {
+      gather("in_proj_weight", a->group(), -1);
+      gather("in_proj_bias", a->group(), -1);
+    }
+  };
+  visit("", module);
+  for (auto& [path, m] : module.named_modules("", /*include_self=*/false)) visit(path, *m);
+  return state;
 }
 
 void all_reduce_gradients(const std::vector<Tensor>& params, const ProcessGroupPtr& group) {

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <map>
 
+#include "braid/autograd.h"
 #include "braid/distributed.h"
 #include "braid/nn/nn.h"
 #include "braid/random.h"
@@ -314,6 +315,20 @@ TEST_F(TensorParallelEncoder, ParallelizeModuleEqualsSerialWithTwoAllReducesEach
       const Traffic bwd = g->traffic();
       expect_close(xp.grad(), xs.grad(), what + " input grad");
       expect_grads_match(*serial, *par, *g, what);
+
+      // The shards gather back into the serial state dict, bitwise before a step and close after one.
+      for (auto& [n, t] : gather_state_dict(*par)) EXPECT_EQ(max_abs_diff(t, serial->state_dict().at(n)), 0.0) << n;
+      {
+        NoGradGuard no_grad;
+        for (auto* m : {serial.get(), par.get()})
+          for (Tensor p : m->parameters()) p.add_(p.grad(), -0.1);
+      }
+      const nn::StateDict stepped = gather_state_dict(*par);
+      EXPECT_EQ(stepped.size(), serial->state_dict().size()) << what;
+      for (auto& [n, t] : serial->state_dict()) expect_close(stepped.at(n), t, what + " after a step: " + n);
+      auto reloaded = encoder(dt);
+      reloaded->load_state_dict(stepped);  // the serial model takes the gathered state as it is
+      expect_close(reloaded->forward(x0), serial->forward(x0), what + " serial model from the gathered state");
 
       // Two all-reduces of the (L, N, E) activations per layer each way, nothing else.
       for (const auto& [dir, t] : {std::pair{"forward", fwd}, std::pair{"backward", bwd}}) {

@@ -71,6 +71,7 @@ class ColumnParallelLinear : public nn::Module {
   std::string describe() const override;
   const Tensor& weight() const { return weight_; }
   const Tensor& bias() const { return bias_; }
+  const ProcessGroupPtr& group() const { return group_; }
 
  private:
   void check_split(int64_t out_features) const;
@@ -101,6 +102,7 @@ class RowParallelLinear : public nn::Module {
   std::string describe() const override;
   const Tensor& weight() const { return weight_; }
   const Tensor& bias() const { return bias_; }
+  const ProcessGroupPtr& group() const { return group_; }
 
  private:
   void check_split(int64_t in_features) const;
@@ -122,6 +124,7 @@ class VocabParallelEmbedding : public nn::Module {
   const Tensor& weight() const { return weight_; }
   /// The first vocabulary row this rank holds.
   int64_t vocab_start() const { return start_; }
+  const ProcessGroupPtr& group() const { return group_; }
 
  private:
   void check_split();
@@ -161,6 +164,7 @@ class ParallelMultiheadAttention : public nn::Module {
                  const Tensor& attn_mask = Tensor());
   std::string describe() const override;
   int64_t local_heads() const { return heads_; }
+  const ProcessGroupPtr& group() const { return group_; }
 
  private:
   int64_t embed_dim_, num_heads_, heads_;
@@ -206,6 +210,12 @@ struct ParallelizeResult {
 ParallelizeResult parallelize_module(nn::Module& module, const ProcessGroupPtr& group,
                                      const std::vector<std::pair<std::string, ParallelStyle>>& plan,
                                      const ParallelizeOptions& options = {});
+
+/// The serial model's state dict from a tensor-parallel one: the ranks' shards of every split
+/// parameter gathered (one all-gather each), the rest as they are, under the same names, so that
+/// the serial model's load_state_dict takes it (a checkpoint written by one rank, say). Every rank
+/// of each tensor-parallel group calls it, like a collective.
+nn::StateDict gather_state_dict(const nn::Module& module);
 
 /// Sums the gradients of params over group in one all-reduce of a flat buffer (parameters without
 /// a gradient are skipped, on every rank alike).
