@@ -335,6 +335,8 @@ TEST_F(TensorParallelEncoder, ParallelizeModuleEqualsSerialWithTwoAllReducesEach
         EXPECT_EQ(t.all_reduce.calls, 2 * 2) << what << " " << dir;
         EXPECT_EQ(t.all_reduce.elements, 2 * 2 * L * B * E) << what << " " << dir;
         EXPECT_EQ(t.all_gather.calls + t.reduce_scatter.calls + t.broadcast.calls, 0) << what << " " << dir;
+        // A ring all-reduce sends 2 (tp - 1) / tp of its elements from each rank.
+        EXPECT_DOUBLE_EQ(t.bus_elements(), 2 * 2 * 2.0 * (g->size() - 1) / g->size() * L * B * E) << what << " " << dir;
       }
     }
   }
@@ -373,10 +375,13 @@ TEST_F(TensorParallelEncoder, SequenceParallelEqualsSerialWithGathersAndScatters
         // Each moves the whole (L, N, E) activation: all_gather counts its output, reduce_scatter its input.
         EXPECT_EQ(t.all_gather.elements, 2 * 2 * L * B * E) << what << " " << dir;
         EXPECT_EQ(t.reduce_scatter.elements, 2 * 2 * L * B * E) << what << " " << dir;
+        // (tp - 1) / tp of each from each rank: the same volume as the two all-reduces without sequence parallelism.
+        EXPECT_DOUBLE_EQ(t.bus_elements(), 2 * 2 * 2.0 * (P - 1) / P * L * B * E) << what << " " << dir;
       }
       // The norms and the row-parallel biases saw this rank's positions only: one all-reduce sums them.
       all_reduce_gradients(res.sequence_parallel_parameters, g);
       EXPECT_EQ(g->traffic().all_reduce.calls, 1) << what;
+      EXPECT_EQ(g->traffic().all_reduce.elements, 2 * (4 * E + 2 * E)) << what << ": norms' 4 E, biases' 2 E per layer";
       expect_grads_match(*serial, *par, *g, what);
     }
   }
@@ -416,6 +421,7 @@ TEST_F(TensorParallelLayers, VocabParallelEmbeddingAndCrossEntropyEqualSerial) {
       lp.backward();
       // Backward: only copy_to_tp's all-reduce in front of the head; the loss adds none.
       EXPECT_EQ(g->traffic().all_reduce.calls, 1) << what;
+      EXPECT_EQ(g->traffic().all_reduce.elements, 2 * (4 * E + 2 * E)) << what << ": norms' 4 E, biases' 2 E per layer";
       expect_grads_match(emb, pemb, *g, what + " embedding");
       expect_grads_match(head, phead, *g, what + " head");
     }
