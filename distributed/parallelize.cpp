@@ -230,6 +230,9 @@ ParallelizeResult parallelize_module(nn::Module& module, const ProcessGroupPtr& 
         break;
       }
       case ParallelStyle::Sequence:
+        BRAID_CHECK(
+            sp, "parallelize_module: '", path, "' has style Sequence, which needs ",
+            "options.sequence_parallel (without it the module sees every position and its gradients are whole)");
         for (const Tensor& p : old->parameters()) result.sequence_parallel_parameters.push_back(p);
         break;
     }

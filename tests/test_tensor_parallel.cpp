@@ -448,6 +448,8 @@ TEST_F(TensorParallelLayers, UnevenSplitsAndUnknownNamesAreRejectedWithTheReason
               std::string::npos)
         << e.what();
   }
+  EXPECT_THROW(parallelize_module(*m, world(), {{"0.norm1", ParallelStyle::Sequence}}), ValueError)
+      << "Sequence style without sequence parallelism";
   if (N() == 1) GTEST_SKIP() << "every split is even over one rank; the uneven cases need 2 or more";
   nn::Linear odd(8, 2 * N() + 1);
   try {

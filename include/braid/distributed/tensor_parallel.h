@@ -30,6 +30,12 @@ namespace braid::distributed {
 // same (a ring all-reduce is a reduce-scatter plus an all-gather); what changes is that LayerNorm,
 // dropout and the residual run on 1/tp of the sequence. benchmarks/README.md has the formulas and
 // the counts the tests measure.
+//
+// Dropout is not made to match the serial model: each rank draws from its own generator, so
+// attention dropout over a rank's heads and dropout over a rank's sequence shard are different
+// draws from the serial layer's (Megatron keeps a second, per-rank seeded generator for these
+// regions; braid's tests run with dropout 0). Replicated regions (tensor parallelism without
+// sequence parallelism) need every rank's generator in the same state, as after manual_seed.
 
 /// Identity forward; all-reduce (sum) of the gradient backward: enters a column-parallel region.
 Tensor copy_to_tp(const Tensor& x, const ProcessGroupPtr& group);
