@@ -240,12 +240,14 @@ TEST_F(TensorParallelLayers, HeadParallelAttentionEqualsSerialWithMasks) {
 
 namespace {
 
-std::shared_ptr<nn::Sequential> encoder(DType dt) {
+std::shared_ptr<nn::Sequential> encoder(DType dt, bool batch_first = false, bool norm_first = false) {
   manual_seed(8);
   auto m = std::make_shared<nn::Sequential>();
   for (int i = 0; i < 2; ++i)
     m->add(std::make_shared<nn::TransformerEncoderLayer>(
-        8, 4, nn::TransformerEncoderLayerOptions{.dim_feedforward = 16, .dropout = 0.0}));
+        8, 4,
+        nn::TransformerEncoderLayerOptions{
+            .dim_feedforward = 16, .dropout = 0.0, .batch_first = batch_first, .norm_first = norm_first}));
   m->to(dt);
   return m;
 }
@@ -344,45 +346,52 @@ TEST_F(TensorParallelEncoder, ParallelizeModuleEqualsSerialWithTwoAllReducesEach
 
 TEST_F(TensorParallelEncoder, SequenceParallelEqualsSerialWithGathersAndScattersInsteadOfAllReduces) {
   for (const auto& [label, g] : tp_groups()) {
-    for (DType dt : {kFloat32, kFloat64}) {
-      const std::string what = label + " " + dtype_name(dt) + " sequence-parallel";
-      const int P = g->size(), r = g->rank();
-      auto serial = encoder(dt), par = encoder(dt);
-      const ParallelizeResult res = parallelize_module(*par, g, encoder_plan(true), {.sequence_parallel = true});
-      // norm1 and norm2 (weight, bias) and the two row-parallel biases, per layer.
-      EXPECT_EQ(res.sequence_parallel_parameters.size(), 2u * 6u) << what;
+    // Post-norm with the sequence first, and pre-norm batch-first (the sequence on axis 1).
+    for (bool batch_first : {false, true}) {
+      for (DType dt : {kFloat32, kFloat64}) {
+        const std::string what =
+            label + " " + dtype_name(dt) + " sequence-parallel" + (batch_first ? " batch_first norm_first" : "");
+        const int P = g->size(), r = g->rank();
+        const int64_t ax = batch_first ? 1 : 0;
+        auto serial = encoder(dt, batch_first, batch_first), par = encoder(dt, batch_first, batch_first);
+        const ParallelizeResult res =
+            parallelize_module(*par, g, encoder_plan(true), {.sequence_parallel = true, .sequence_axis = ax});
+        // norm1 and norm2 (weight, bias) and the two row-parallel biases, per layer.
+        EXPECT_EQ(res.sequence_parallel_parameters.size(), 2u * 6u) << what;
 
-      const int64_t L = 8, B = 3, E = 8, Ls = L / P;
-      Generator gen(13);
-      Tensor x0 = randn({L, B, E}, dt, &gen), w = randn({L, B, E}, dt, &gen);
-      Tensor xs = x0.clone().set_requires_grad(), xp = x0.narrow(0, r * Ls, Ls).clone().set_requires_grad();
-      Tensor ys = serial->forward(xs);
-      g->reset_traffic();
-      Tensor yp = par->forward(xp);  // this rank's Ls positions
-      const Traffic fwd = g->traffic();
-      expect_close(yp, ys.narrow(0, r * Ls, Ls), what + " output shard");
-      sum(ys * w).backward();
-      Tensor loss = sum(yp * w.narrow(0, r * Ls, Ls));  // this rank's share of the serial loss
-      g->reset_traffic();
-      loss.backward();
-      const Traffic bwd = g->traffic();
-      expect_close(xp.grad(), xs.grad().narrow(0, r * Ls, Ls), what + " input grad shard");
+        const int64_t L = 8, B = 3, E = 8, Ls = L / P;
+        const Shape shape = batch_first ? Shape{B, L, E} : Shape{L, B, E};
+        Generator gen(13);
+        Tensor x0 = randn(shape, dt, &gen), w = randn(shape, dt, &gen);
+        Tensor xs = x0.clone().set_requires_grad(), xp = x0.narrow(ax, r * Ls, Ls).clone().set_requires_grad();
+        Tensor ys = serial->forward(xs);
+        g->reset_traffic();
+        Tensor yp = par->forward(xp);  // this rank's Ls positions
+        const Traffic fwd = g->traffic();
+        expect_close(yp, ys.narrow(ax, r * Ls, Ls), what + " output shard");
+        sum(ys * w).backward();
+        Tensor loss = sum(yp * w.narrow(ax, r * Ls, Ls));  // this rank's share of the serial loss
+        g->reset_traffic();
+        loss.backward();
+        const Traffic bwd = g->traffic();
+        expect_close(xp.grad(), xs.grad().narrow(ax, r * Ls, Ls), what + " input grad shard");
 
-      for (const auto& [dir, t] : {std::pair{"forward", fwd}, std::pair{"backward", bwd}}) {
-        EXPECT_EQ(t.all_reduce.calls, 0) << what << " " << dir;
-        EXPECT_EQ(t.all_gather.calls, 2 * 2) << what << " " << dir;
-        EXPECT_EQ(t.reduce_scatter.calls, 2 * 2) << what << " " << dir;
-        // Each moves the whole (L, N, E) activation: all_gather counts its output, reduce_scatter its input.
-        EXPECT_EQ(t.all_gather.elements, 2 * 2 * L * B * E) << what << " " << dir;
-        EXPECT_EQ(t.reduce_scatter.elements, 2 * 2 * L * B * E) << what << " " << dir;
-        // (tp - 1) / tp of each from each rank: the same volume as the two all-reduces without sequence parallelism.
-        EXPECT_DOUBLE_EQ(t.bus_elements(), 2 * 2 * 2.0 * (P - 1) / P * L * B * E) << what << " " << dir;
+        for (const auto& [dir, t] : {std::pair{"forward", fwd}, std::pair{"backward", bwd}}) {
+          EXPECT_EQ(t.all_reduce.calls, 0) << what << " " << dir;
+          EXPECT_EQ(t.all_gather.calls, 2 * 2) << what << " " << dir;
+          EXPECT_EQ(t.reduce_scatter.calls, 2 * 2) << what << " " << dir;
+          // Each moves the whole (L, N, E) activation: all_gather counts its output, reduce_scatter its input.
+          EXPECT_EQ(t.all_gather.elements, 2 * 2 * L * B * E) << what << " " << dir;
+          EXPECT_EQ(t.reduce_scatter.elements, 2 * 2 * L * B * E) << what << " " << dir;
+          // (tp - 1) / tp of each from each rank: the volume of the two all-reduces without sequence parallelism.
+          EXPECT_DOUBLE_EQ(t.bus_elements(), 2 * 2 * 2.0 * (P - 1) / P * L * B * E) << what << " " << dir;
+        }
+        // The norms and the row-parallel biases saw this rank's positions only: one all-reduce sums them.
+        all_reduce_gradients(res.sequence_parallel_parameters, g);
+        EXPECT_EQ(g->traffic().all_reduce.calls, 1) << what;
+        EXPECT_EQ(g->traffic().all_reduce.elements, 2 * (4 * E + 2 * E)) << what << ": norms' 4 E, biases' 2 E a layer";
+        expect_grads_match(*serial, *par, *g, what);
       }
-      // The norms and the row-parallel biases saw this rank's positions only: one all-reduce sums them.
-      all_reduce_gradients(res.sequence_parallel_parameters, g);
-      EXPECT_EQ(g->traffic().all_reduce.calls, 1) << what;
-      EXPECT_EQ(g->traffic().all_reduce.elements, 2 * (4 * E + 2 * E)) << what << ": norms' 4 E, biases' 2 E per layer";
-      expect_grads_match(*serial, *par, *g, what);
     }
   }
 }
