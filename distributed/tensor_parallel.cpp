@@ -1,14 +1,12 @@
 // Tensor-parallel layers (column- and row-parallel Linear, vocabulary-parallel Embedding,
 // head-parallel MultiheadAttention) and parallelize_module. The layers are forward ops around the
 // collectives of tensor_parallel_ops.cpp, so autograd derives their backward.
-#include <cmath>
 #include <limits>
 #include <memory>
 #include <sstream>
 
 #include "braid/autograd.h"
 #include "braid/distributed/tensor_parallel.h"
-#include "braid/nn/init.h"
 #include "braid/ops.h"
 
 namespace braid::distributed {
@@ -31,23 +29,14 @@ void check_even(const char* layer, const char* what, int64_t n, const ProcessGro
 
 // ---- ColumnParallelLinear ----
 
+// Note [Initialising a shard]
+// A layer made from sizes builds the serial layer and keeps its shard, so that ranks seeded alike
+// (manual_seed) hold the pieces of one serial initialisation, the serial layer's own. Initialising
+// each shard by itself would give every rank the same values, a weight of repeated blocks. The
+// whole weight exists for a moment on each rank; a layer larger than that is loaded from shards.
 ColumnParallelLinear::ColumnParallelLinear(int64_t in_features, int64_t out_features, ProcessGroupPtr group,
                                            const ColumnParallelLinearOptions& options)
-    : Module("ColumnParallelLinear"),
-      in_(in_features),
-      out_(out_features),
-      group_(or_world(std::move(group))),
-      options_(options) {
-  BRAID_CHECK(in_features >= 0 && out_features >= 0, "ColumnParallelLinear: feature counts must be non-negative, got ",
-              "in_features=", in_features, " out_features=", out_features);
-  check_split(out_features);
-  const int64_t local = out_ / group_->size();
-  const double bound = in_ > 0 ? 1.0 / std::sqrt(static_cast<double>(in_)) : 0.0;  // Linear's, from the whole fan-in
-  weight_ =
-      register_parameter("weight", nn::init::uniform_(empty({local, in_}, kFloat32, default_device()), -bound, bound));
-  if (options_.bias)
-    bias_ = register_parameter("bias", nn::init::uniform_(empty({local}, kFloat32, default_device()), -bound, bound));
-}
+    : ColumnParallelLinear(nn::Linear(in_features, out_features, options.bias), std::move(group), options) {}
 
 ColumnParallelLinear::ColumnParallelLinear(const nn::Linear& full, ProcessGroupPtr group,
                                            const ColumnParallelLinearOptions& options)
@@ -87,21 +76,7 @@ std::string ColumnParallelLinear::describe() const {
 
 RowParallelLinear::RowParallelLinear(int64_t in_features, int64_t out_features, ProcessGroupPtr group,
                                      const RowParallelLinearOptions& options)
-    : Module("RowParallelLinear"),
-      in_(in_features),
-      out_(out_features),
-      group_(or_world(std::move(group))),
-      options_(options) {
-  BRAID_CHECK(in_features >= 0 && out_features >= 0, "RowParallelLinear: feature counts must be non-negative, got ",
-              "in_features=", in_features, " out_features=", out_features);
-  check_split(in_features);
-  const int64_t local = in_ / group_->size();
-  const double bound = in_ > 0 ? 1.0 / std::sqrt(static_cast<double>(in_)) : 0.0;
-  weight_ =
-      register_parameter("weight", nn::init::uniform_(empty({out_, local}, kFloat32, default_device()), -bound, bound));
-  if (options_.bias)
-    bias_ = register_parameter("bias", nn::init::uniform_(empty({out_}, kFloat32, default_device()), -bound, bound));
-}
+    : RowParallelLinear(nn::Linear(in_features, out_features, options.bias), std::move(group), options) {}
 
 RowParallelLinear::RowParallelLinear(const nn::Linear& full, ProcessGroupPtr group,
                                      const RowParallelLinearOptions& options)
@@ -143,13 +118,7 @@ std::string RowParallelLinear::describe() const {
 // ---- VocabParallelEmbedding ----
 
 VocabParallelEmbedding::VocabParallelEmbedding(int64_t num_embeddings, int64_t embedding_dim, ProcessGroupPtr group)
-    : Module("VocabParallelEmbedding"), num_(num_embeddings), dim_(embedding_dim), group_(or_world(std::move(group))) {
-  BRAID_CHECK(num_embeddings > 0 && embedding_dim > 0, "VocabParallelEmbedding: num_embeddings and embedding_dim must ",
-              "be positive, got ", num_embeddings, " and ", embedding_dim);
-  check_split();
-  weight_ =
-      register_parameter("weight", nn::init::normal_(empty({num_ / group_->size(), dim_}, kFloat32, default_device())));
-}
+    : VocabParallelEmbedding(nn::Embedding(num_embeddings, embedding_dim), std::move(group)) {}
 
 VocabParallelEmbedding::VocabParallelEmbedding(const nn::Embedding& full, ProcessGroupPtr group)
     : Module("VocabParallelEmbedding"),

@@ -185,6 +185,24 @@ TEST_F(TensorParallelLayers, ColumnThenRowParallelLinearEqualsSerial) {
   }
 }
 
+TEST_F(TensorParallelLayers, LayersMadeFromSizesHoldTheirShardOfTheSerialInitialisation) {
+  for (const auto& [label, g] : tp_groups()) {
+    manual_seed(21);
+    nn::Linear l1(8, 12), l2(12, 8);
+    nn::Embedding emb(16, 4);
+    manual_seed(21);  // every rank alike, and the draws in the serial order
+    ColumnParallelLinear c(8, 12, g);
+    RowParallelLinear rw(12, 8, g);
+    VocabParallelEmbedding pemb(16, 4, g);
+    for (auto [serial, par] : {std::pair<nn::Module*, nn::Module*>{&l1, &c}, {&l2, &rw}, {&emb, &pemb}}) {
+      const nn::StateDict want = serial->state_dict();
+      for (auto& [n, t] : par->state_dict())
+        EXPECT_EQ(max_abs_diff(t, shard_of(n, want.at(n), t.shape(), g->size(), g->rank())), 0.0)
+            << label << " " << par->type_name() << "." << n;
+    }
+  }
+}
+
 TEST_F(TensorParallelLayers, GatheredColumnAndScatteredRowInputsEqualSerial) {
   for (const auto& [label, g] : tp_groups()) {
     manual_seed(6);

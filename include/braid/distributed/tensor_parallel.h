@@ -68,7 +68,8 @@ struct ColumnParallelLinearOptions {
 /// (out / tp). The output is this rank's out / tp features unless gather_output.
 class ColumnParallelLinear : public nn::Module {
  public:
-  /// Initialised as Linear(in_features, out_features) would be (bounds from the whole fan-in).
+  /// This rank's shard of a new Linear(in_features, out_features) (Note [Initialising a shard] in
+  /// distributed/tensor_parallel.cpp).
   ColumnParallelLinear(int64_t in_features, int64_t out_features, ProcessGroupPtr group,
                        const ColumnParallelLinearOptions& options = {});
   /// This rank's shard of full's weight and bias (its dtype and device).
@@ -101,8 +102,10 @@ struct RowParallelLinearOptions {
 /// bias (out) whole, added once after the partial products are summed.
 class RowParallelLinear : public nn::Module {
  public:
+  /// This rank's shard of a new Linear(in_features, out_features) (Note [Initialising a shard]).
   RowParallelLinear(int64_t in_features, int64_t out_features, ProcessGroupPtr group,
                     const RowParallelLinearOptions& options = {});
+  /// This rank's columns of full's weight, and its whole bias.
   RowParallelLinear(const nn::Linear& full, ProcessGroupPtr group, const RowParallelLinearOptions& options = {});
   Tensor forward(const Tensor& x) override;
   std::string describe() const override;
@@ -123,6 +126,7 @@ class RowParallelLinear : public nn::Module {
 /// all-reduce of the ranks' lookups gives every rank the whole result. padding_idx is not offered.
 class VocabParallelEmbedding : public nn::Module {
  public:
+  /// This rank's rows of a new Embedding (Note [Initialising a shard] in distributed/tensor_parallel.cpp).
   VocabParallelEmbedding(int64_t num_embeddings, int64_t embedding_dim, ProcessGroupPtr group);
   VocabParallelEmbedding(const nn::Embedding& full, ProcessGroupPtr group);
   Tensor forward(const Tensor& indices) override;
