@@ -226,7 +226,9 @@ ParallelizeResult parallelize_module(nn::Module& module, const ProcessGroupPtr& 
       case ParallelStyle::Vocab: {
         auto emb = std::dynamic_pointer_cast<nn::Embedding>(old);
         BRAID_CHECK_T(TypeError, emb != nullptr, wrong("Embedding"));
-        made = std::make_shared<VocabParallelEmbedding>(*emb, group);
+        made = std::make_shared<VocabParallelEmbedding>(
+            *emb, group,
+            VocabParallelEmbeddingOptions{.sequence_parallel = sp, .sequence_axis = options.sequence_axis});
         break;
       }
       case ParallelStyle::Sequence:

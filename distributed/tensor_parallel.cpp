@@ -117,14 +117,17 @@ std::string RowParallelLinear::describe() const {
 
 // ---- VocabParallelEmbedding ----
 
-VocabParallelEmbedding::VocabParallelEmbedding(int64_t num_embeddings, int64_t embedding_dim, ProcessGroupPtr group)
-    : VocabParallelEmbedding(nn::Embedding(num_embeddings, embedding_dim), std::move(group)) {}
+VocabParallelEmbedding::VocabParallelEmbedding(int64_t num_embeddings, int64_t embedding_dim, ProcessGroupPtr group,
+                                               const VocabParallelEmbeddingOptions& options)
+    : VocabParallelEmbedding(nn::Embedding(num_embeddings, embedding_dim), std::move(group), options) {}
 
-VocabParallelEmbedding::VocabParallelEmbedding(const nn::Embedding& full, ProcessGroupPtr group)
+VocabParallelEmbedding::VocabParallelEmbedding(const nn::Embedding& full, ProcessGroupPtr group,
+                                               const VocabParallelEmbeddingOptions& options)
     : Module("VocabParallelEmbedding"),
       num_(full.config().num_embeddings),
       dim_(full.config().embedding_dim),
-      group_(or_world(std::move(group))) {
+      group_(or_world(std::move(group))),
+      options_(options) {
   BRAID_CHECK(!full.config().padding_idx.has_value(), "VocabParallelEmbedding: an Embedding with padding_idx (",
               *full.config().padding_idx, ") is not supported");
   check_split();
@@ -154,6 +157,7 @@ Tensor VocabParallelEmbedding::forward(const Tensor& indices) {
   found = where(mine.unsqueeze(-1), found, zeros({}, found.dtype(), dev));  // rows other ranks hold
   Shape out = indices.shape();
   out.push_back(dim_);
+  if (options_.sequence_parallel) return reduce_scatter_to_sp(found.reshape(out), options_.sequence_axis, group_);
   return reduce_from_tp(found, group_).reshape(out);
 }
 

@@ -414,6 +414,49 @@ TEST_F(TensorParallelEncoder, SequenceParallelEqualsSerialWithGathersAndScatters
   }
 }
 
+TEST_F(TensorParallelEncoder, LanguageModelWithSequenceParallelismEqualsSerial) {
+  // Embedding -> encoder layer -> vocabulary head -> cross-entropy, Megatron's whole layout: the
+  // embedding reduce-scatters into sequence shards, the head gathers them and leaves its classes split.
+  for (const auto& [label, g] : tp_groups()) {
+    for (DType dt : {kFloat32, kFloat64}) {
+      const std::string what = label + " " + dtype_name(dt);
+      const int64_t V = 16, E = 8, L = 8, B = 3;
+      auto model = [&] {
+        manual_seed(14);
+        auto m = std::make_shared<nn::Sequential>();
+        m->add(std::make_shared<nn::Embedding>(V, E))
+            .add(std::make_shared<nn::TransformerEncoderLayer>(
+                E, 4, nn::TransformerEncoderLayerOptions{.dim_feedforward = 16, .dropout = 0.0}))
+            .add(std::make_shared<nn::Linear>(E, V));
+        m->to(dt);
+        return m;
+      };
+      auto serial = model(), par = model();
+      const ParallelizeResult res = parallelize_module(*par, g,
+                                                       {{"0", ParallelStyle::Vocab},
+                                                        {"1.self_attn", ParallelStyle::Headwise},
+                                                        {"1.linear1", ParallelStyle::Colwise},
+                                                        {"1.linear2", ParallelStyle::Rowwise},
+                                                        {"1.norm1", ParallelStyle::Sequence},
+                                                        {"1.norm2", ParallelStyle::Sequence},
+                                                        {"2", ParallelStyle::Colwise}},
+                                                       {.sequence_parallel = true});
+      Generator gen(15);
+      Tensor tokens = floor(rand({L, B}, kFloat64, &gen) * static_cast<double>(V)).to(kInt64);
+      Tensor target = floor(rand({L, B}, kFloat64, &gen) * static_cast<double>(V)).to(kInt64);
+      Tensor ls = nn::cross_entropy(serial->forward(tokens).reshape({-1, V}), target.reshape({-1}));
+      Tensor logits = par->forward(tokens);
+      EXPECT_EQ(logits.shape(), (Shape{L, B, V / g->size()})) << what;
+      Tensor lp = vocab_parallel_cross_entropy(logits, target, g);
+      expect_close(lp, ls, what + " loss");
+      ls.backward();
+      lp.backward();
+      all_reduce_gradients(res.sequence_parallel_parameters, g);
+      expect_grads_match(*serial, *par, *g, what);
+    }
+  }
+}
+
 // ---- embedding and cross-entropy over a split vocabulary ----
 
 TEST_F(TensorParallelLayers, VocabParallelEmbeddingAndCrossEntropyEqualSerial) {

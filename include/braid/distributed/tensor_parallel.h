@@ -31,11 +31,13 @@ namespace braid::distributed {
 // dropout and the residual run on 1/tp of the sequence. benchmarks/README.md has the formulas and
 // the counts the tests measure.
 //
-// Dropout is not made to match the serial model: each rank draws from its own generator, so
-// attention dropout over a rank's heads and dropout over a rank's sequence shard are different
-// draws from the serial layer's (Megatron keeps a second, per-rank seeded generator for these
-// regions; braid's tests run with dropout 0). Replicated regions (tensor parallelism without
-// sequence parallelism) need every rank's generator in the same state, as after manual_seed.
+// Dropout draws from each rank's generator. In replicated regions (between the blocks, without
+// sequence parallelism) every rank must drop the same elements, so the ranks' generators must be
+// in the same state, as after manual_seed with one seed. Inside a block (attention over a rank's
+// heads, the feed-forward's features) and on sequence shards the ranks then draw the same pattern
+// for different elements: not the serial layer's draw, and correlated across ranks. Megatron keeps
+// a second, per-rank seeded generator for those regions; braid does not yet, and the tests run
+// with dropout 0.
 
 /// Identity forward; all-reduce (sum) of the gradient backward: enters a column-parallel region.
 Tensor copy_to_tp(const Tensor& x, const ProcessGroupPtr& group);
@@ -121,14 +123,23 @@ class RowParallelLinear : public nn::Module {
   Tensor weight_, bias_;
 };
 
+struct VocabParallelEmbeddingOptions {
+  /// Reduce-scatter the lookups along the output's sequence_axis instead of all-reducing them, so
+  /// that each rank has its sequence shard (the entry to a sequence-parallel model).
+  bool sequence_parallel = false;
+  int64_t sequence_axis = 0;
+};
+
 /// An embedding whose vocabulary rows are split over the group: weight (V / tp, dim), rows
 /// [r V / tp, (r + 1) V / tp) on rank r. Indices outside this rank's rows look up zeros, and the
 /// all-reduce of the ranks' lookups gives every rank the whole result. padding_idx is not offered.
 class VocabParallelEmbedding : public nn::Module {
  public:
   /// This rank's rows of a new Embedding (Note [Initialising a shard] in distributed/tensor_parallel.cpp).
-  VocabParallelEmbedding(int64_t num_embeddings, int64_t embedding_dim, ProcessGroupPtr group);
-  VocabParallelEmbedding(const nn::Embedding& full, ProcessGroupPtr group);
+  VocabParallelEmbedding(int64_t num_embeddings, int64_t embedding_dim, ProcessGroupPtr group,
+                         const VocabParallelEmbeddingOptions& options = {});
+  VocabParallelEmbedding(const nn::Embedding& full, ProcessGroupPtr group,
+                         const VocabParallelEmbeddingOptions& options = {});
   Tensor forward(const Tensor& indices) override;
   std::string describe() const override;
   const Tensor& weight() const { return weight_; }
@@ -140,16 +151,17 @@ class VocabParallelEmbedding : public nn::Module {
   void check_split();
   int64_t num_, dim_, start_ = 0;
   ProcessGroupPtr group_;
+  VocabParallelEmbeddingOptions options_;
   Tensor weight_;
 };
 
 /// Cross-entropy of logits whose class axis (the last) is split over the group as a
 /// column-parallel layer leaves it: (..., C / tp) on each rank, rank r holding classes
-/// [r C / tp, (r + 1) C / tp). The row maximum and then the sums of exponentials and the target
-/// logits are all-reduced (two all-reduces of N values, none backward); the logits are never
-/// gathered. target (...) holds class indices; ignore_index positions count for nothing.
-/// reduction: "mean" (over counted positions), "sum" or "none". Equals nn::cross_entropy on the
-/// gathered logits.
+/// [r C / tp, (r + 1) C / tp). The row maxima, then the sums of exponentials with the target
+/// logits, are all-reduced (two all-reduces, none backward; Note [Vocabulary-parallel
+/// cross-entropy]); the logits are never gathered. target (...) holds class indices; ignore_index positions count for
+/// nothing. reduction: "mean" (over counted positions), "sum" or "none". Equals nn::cross_entropy on the gathered
+/// logits.
 Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& target, const ProcessGroupPtr& group,
                                     int64_t ignore_index = -100, const std::string& reduction = "mean");
 
@@ -192,13 +204,13 @@ enum class ParallelStyle {
   Rowwise,   ///< Linear -> RowParallelLinear, input already split
   Headwise,  ///< MultiheadAttention -> ParallelMultiheadAttention
   Vocab,     ///< Embedding -> VocabParallelEmbedding
-  Sequence,  ///< LayerNorm, Dropout, ...: kept, run on a sequence shard (its gradients are partial)
+  Sequence,  ///< LayerNorm, Dropout, ...: kept; runs on a sequence shard, so its gradients are partial
 };
 const char* parallel_style_name(ParallelStyle style);
 
 struct ParallelizeOptions {
-  /// Sequence parallelism: Colwise layers all-gather their input along sequence_axis and Rowwise
-  /// layers reduce-scatter their output, so the model between them runs on sequence shards.
+  /// Sequence parallelism: Colwise layers all-gather their input along sequence_axis, Rowwise
+  /// and Vocab layers reduce-scatter their output, so the model between them runs on sequence shards.
   bool sequence_parallel = false;
   int64_t sequence_axis = 0;
 };
@@ -215,8 +227,9 @@ struct ParallelizeResult {
 
 /// Replaces the named descendants of module (dotted paths as named_modules gives them) in place
 /// with their parallel forms holding this rank's shard of the existing weights, as PyTorch's
-/// parallelize_module. A path that names no module is an IndexError listing the known ones; a
-/// style that does not fit the module's type, or a split that is not even, a ValueError.
+/// parallelize_module. A path that names no module is an IndexError listing the known ones, a
+/// style that does not fit the module's type a TypeError, a split that is not even a ValueError.
+/// A TransformerEncoderLayer whose self_attn is made Headwise calls it as forward(x): no masks.
 ParallelizeResult parallelize_module(nn::Module& module, const ProcessGroupPtr& group,
                                      const std::vector<std::pair<std::string, ParallelStyle>>& plan,
                                      const ParallelizeOptions& options = {});
@@ -227,8 +240,8 @@ ParallelizeResult parallelize_module(nn::Module& module, const ProcessGroupPtr& 
 /// of each tensor-parallel group calls it, like a collective.
 nn::StateDict gather_state_dict(const nn::Module& module);
 
-/// Sums the gradients of params over group in one all-reduce of a flat buffer (parameters without
-/// a gradient are skipped, on every rank alike).
+/// Sums the gradients of params over group in one all-reduce of a flat buffer per dtype.
+/// Parameters without a gradient are skipped, so they must be the same ones on every rank.
 void all_reduce_gradients(const std::vector<Tensor>& params, const ProcessGroupPtr& group);
 
 }  // namespace braid::distributed
