@@ -43,12 +43,17 @@ Tensor TransformerEncoderLayer::forward(const Tensor& src, const Tensor& src_mas
   return run("norm2", x + feed_forward_block(x));
 }
 
-// Children are looked up on each call rather than held, so that replace_child takes effect.
+// Children are looked up on each call rather than held, so that replace_child takes effect. A
+// self_attn that is not a MultiheadAttention (a tensor-parallel one, which holds a share of the
+// heads) is called as forward(x), so it serves only where there are no masks.
 Tensor TransformerEncoderLayer::self_attention_block(const Tensor& x, const Tensor& mask,
                                                      const Tensor& key_padding_mask) {
-  auto attn = std::dynamic_pointer_cast<MultiheadAttention>(child("self_attn"));
-  BRAID_CHECK_T(TypeError, attn != nullptr, "TransformerEncoderLayer: child 'self_attn' must be a MultiheadAttention");
-  return child("dropout1")->forward(attn->forward(x, x, x, key_padding_mask, mask));
+  ModulePtr self_attn = child("self_attn");
+  if (auto attn = std::dynamic_pointer_cast<MultiheadAttention>(self_attn))
+    return child("dropout1")->forward(attn->forward(x, x, x, key_padding_mask, mask));
+  BRAID_CHECK_T(TypeError, !mask.defined() && !key_padding_mask.defined(), "TransformerEncoderLayer: masks need a ",
+                "MultiheadAttention as child 'self_attn', got a ", self_attn->type_name());
+  return child("dropout1")->forward(self_attn->forward(x));
 }
 
 Tensor TransformerEncoderLayer::feed_forward_block(const Tensor& x) {

@@ -1,7 +1,9 @@
-// The distributed runtime: process groups over MPI (or a world of one) and data-parallel training.
+// The distributed runtime: process groups over MPI (or a world of one), data-parallel and
+// tensor-parallel training.
 #pragma once
 
 #include "braid/distributed/data_parallel.h"
 #include "braid/distributed/sharded.h"
 #include "braid/distributed/preemption.h"
 #include "braid/distributed/process_group.h"
+#include "braid/distributed/tensor_parallel.h"
