@@ -167,6 +167,8 @@ double PipelineStage::train_step(const PipeSchedule& schedule, const Tensor& inp
   const int s = stage(), k = stages(), m_count = schedule.micro_batches;
   BRAID_CHECK(schedule.stages == k, "PipelineStage: schedule '", schedule.name, "' is for ", schedule.stages,
               " stages, the group has ", k, " ranks");
+  BRAID_CHECK_T(NotImplementedError, schedule.chunks == 1, "PipelineStage: schedule '", schedule.name, "' has ",
+                schedule.chunks, " model chunks per stage, which train_step does not run yet");
   BRAID_CHECK(m_count >= 1 && m_count <= kMaxMicroBatches, "PipelineStage: schedule '", schedule.name, "' has ",
               m_count, " micro-batches; 1 to ", kMaxMicroBatches, " are supported");
   const bool first = s == 0, last = s == k - 1;
@@ -298,6 +300,10 @@ double PipelineStage::train_step(const PipeSchedule& schedule, const Tensor& inp
       }
       case PipeAction::Kind::Update:
         break;  // the caller steps its optimizer after train_step
+      case PipeAction::Kind::BackwardInput:
+      case PipeAction::Kind::BackwardWeight:
+        throw NotImplementedError(::braid::detail::cat("PipelineStage: schedule '", schedule.name, "' splits the ",
+                                                       "backward (", a.str(), "), which train_step does not run yet"));
     }
     events_.back().end = since();
   }
