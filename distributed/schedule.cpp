@@ -135,15 +135,18 @@ PipeSchedule interleaved_schedule(int stages, int micro_batches, int chunks) {
 
 // Note [ZB-H1]
 // The handcrafted schedule of the zero-bubble paper (arXiv 2401.10241, section 3.1). Stage s runs
-// K - s warm-up forwards; then s rounds of (BI, F) whose W it defers; then rounds of (BI, W, F)
-// until every micro-batch has been forwarded; then the remaining (BI, W); then the s deferred W.
+// K - s warm-up forwards; then s rounds of (BI, F) without a W; then rounds of (BI, W, F) until
+// every micro-batch has been forwarded; then the remaining (BI, W); then the s W left over.
 // BackwardInput alone is on the critical path, so gradients travel upstream at one unit per stage
-// and the deferred W fill the tail that 1F1B leaves idle. With F = B = W = 1 every stage idles
-// K - 1 units (s before its first forward, K - 1 - s before its first BI), against 1F1B's
-// 3 (K - 1): makespan 3 M + K - 1, bubble over ideal (K - 1) / (3 M), idle share
-// (K - 1) / (3 M + K - 1). Memory: at most K - s activations await their input gradient on stage s,
-// as in 1F1B; counted until W, every stage holds K, which is 1F1B's peak (stage 0's) -- the paper's
-// "same peak memory as 1F1B" is per pipeline, not per stage.
+// and the late W fill the tail that 1F1B leaves idle. With F = B = W = 1 every stage idles K - 1
+// units (s before its first forward, K - 1 - s before its first BI), against 1F1B's 3 (K - 1):
+// makespan 3 M + K - 1, bubble over ideal (K - 1) / (3 M), idle share (K - 1) / (3 M + K - 1).
+// The W run in micro-batch order, s behind the BI (the paper's figure defers micro-batches 0..s-1
+// instead, with the same timing): each parameter's gradient is then summed over micro-batches in
+// 1F1B's order, so the two schedules give bitwise equal gradients. Memory: at most K - s
+// activations await their input gradient on stage s, as in 1F1B; counted until W, every stage
+// holds K, which is 1F1B's peak (stage 0's) -- the paper's "same peak memory as 1F1B" is per
+// pipeline, not per stage.
 PipeSchedule zb_h1_schedule(int stages, int micro_batches) {
   check_shape(stages, micro_batches, "zb_h1_schedule");
   BRAID_CHECK(micro_batches >= stages, "zb_h1_schedule: micro_batches (", micro_batches,
@@ -152,22 +155,23 @@ PipeSchedule zb_h1_schedule(int stages, int micro_batches) {
   const int k = stages;
   for (int s = 0; s < k; ++s) {
     const Builder b{k, k, &p.actions[static_cast<size_t>(s)], s};
-    int f = 0, g = 0;  // next micro-batch to forward, to backward
+    int f = 0, g = 0, w = 0;  // next micro-batch to forward, to BI, to W
+    auto weight = [&] { b.a->push_back({Kind::BackwardWeight, w++}); };
     for (; f < k - s; ++f) b.forward(f);
     for (int i = 0; i < s; ++i) {
       b.backward(g++, 0, Kind::BackwardInput);
       b.forward(f++);
     }
     while (f < micro_batches) {
-      b.backward(g, 0, Kind::BackwardInput);
-      b.a->push_back({Kind::BackwardWeight, g++});
+      b.backward(g++, 0, Kind::BackwardInput);
+      weight();
       b.forward(f++);
     }
     while (g < micro_batches) {
-      b.backward(g, 0, Kind::BackwardInput);
-      b.a->push_back({Kind::BackwardWeight, g++});
+      b.backward(g++, 0, Kind::BackwardInput);
+      weight();
     }
-    for (int m = 0; m < s; ++m) b.a->push_back({Kind::BackwardWeight, m});
+    while (w < micro_batches) weight();
     b.a->push_back({Kind::Update, -1});
   }
   return p;
