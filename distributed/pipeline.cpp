@@ -67,14 +67,16 @@ Grid make_grid(int pipeline_stages, ProcessGroupPtr world_group) {
 }
 
 PipelineStage::PipelineStage(std::shared_ptr<nn::Module> module, ProcessGroupPtr group, const PipelineOptions& options)
-    : PipelineStage(std::vector<std::shared_ptr<nn::Module>>{std::move(module)}, std::move(group), options) {}
+    : group_(group ? std::move(group) : world()), options_(options) {
+  BRAID_CHECK(module != nullptr, "PipelineStage: the module is null");
+  modules_.push_back(std::move(module));
+}
 
-PipelineStage::PipelineStage(std::vector<std::shared_ptr<nn::Module>> chunks, ProcessGroupPtr group,
-                             const PipelineOptions& options)
-    : modules_(std::move(chunks)), group_(group ? std::move(group) : world()), options_(options) {
-  BRAID_CHECK(!modules_.empty(), "PipelineStage: no module given");
-  for (size_t c = 0; c < modules_.size(); ++c)
-    BRAID_CHECK(modules_[c] != nullptr, "PipelineStage: the module of chunk ", c, " is null");
+void PipelineStage::add_chunk(std::shared_ptr<nn::Module> module) {
+  BRAID_CHECK(module != nullptr, "PipelineStage::add_chunk: the module of chunk ", modules_.size(), " is null");
+  BRAID_CHECK_T(TypeError, module->device() == modules_.front()->device(), "PipelineStage::add_chunk: chunk ",
+                modules_.size(), " is on ", module->device().str(), ", chunk 0 on ", modules_.front()->device().str());
+  modules_.push_back(std::move(module));
 }
 
 void PipelineStage::send_to(const StageBoundary& b, int to, int tag) {

@@ -446,7 +446,8 @@ StepGrads pipeline_step(const PipeSchedule& sched, DType dt, PipelineOptions opt
   auto full = deep_model(dt);
   std::vector<std::shared_ptr<nn::Module>> chunks;
   for (int c = 0; c < v; ++c) chunks.push_back(stage_of(*full, c * k + s, k * v));
-  PipelineStage pipe(chunks, group, options);
+  PipelineStage pipe(chunks[0], group, options);
+  for (int c = 1; c < v; ++c) pipe.add_chunk(chunks[static_cast<size_t>(c)]);
   auto [x, y] = batch(0, dt);
   StepGrads r;
   r.loss = pipe.train_step(sched, x, y, ce);
@@ -498,7 +499,9 @@ TEST_F(Pipeline, InterleavedInferenceEqualsTheWholeModel) {
   auto group = world();
   const int k = group->size(), s = group->rank();
   auto full = deep_model(kFloat64);
-  PipelineStage pipe({stage_of(*full, s, 2 * k), stage_of(*full, k + s, 2 * k)}, group);
+  PipelineStage pipe(stage_of(*full, s, 2 * k), group);
+  pipe.add_chunk(stage_of(*full, k + s, 2 * k));
+  EXPECT_EQ(pipe.chunks(), 2);
   auto [x, y] = batch(0, kFloat64);
   Tensor out = pipe.forward(x);
   if (s == k - 1) {

@@ -74,10 +74,10 @@ class PipelineStage {
   /// module: this rank's stage; group: the pipeline's ranks, stage s = group rank s. Collective
   /// only in train_step (every stage calls it with the same schedule).
   PipelineStage(std::shared_ptr<nn::Module> module, ProcessGroupPtr group, const PipelineOptions& options = {});
-  /// For interleaved schedules: this rank's v model chunks, chunk c being virtual stage c * K + s
-  /// of the model cut into v K consecutive pieces (schedule.h).
-  PipelineStage(std::vector<std::shared_ptr<nn::Module>> chunks, ProcessGroupPtr group,
-                const PipelineOptions& options = {});
+  /// For interleaved schedules: the next model chunk of this rank, the constructor's module being
+  /// chunk 0; chunk c is virtual stage c * K + s of the model cut into v K consecutive pieces
+  /// (schedule.h). Every chunk lives on chunk 0's device.
+  void add_chunk(std::shared_ptr<nn::Module> module);
 
   /// Runs one mini-batch by schedule: the first stage splits input, the last splits target, into
   /// schedule.micro_batches equal parts along axis 0; each micro-batch's loss is scaled by 1/M so
