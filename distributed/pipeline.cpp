@@ -214,8 +214,11 @@ double PipelineStage::train_step(const PipeSchedule& schedule, const Tensor& inp
   const auto& actions = schedule.actions.at(static_cast<size_t>(s));
   const bool split = std::any_of(actions.begin(), actions.end(),
                                  [](const PipeAction& a) { return a.kind == PipeAction::Kind::BackwardInput; });
-  BRAID_CHECK_T(NotImplementedError, !(split && options_.data_parallel), "PipelineStage: schedule '", schedule.name,
-                "' splits the backward, which does not run with data parallelism yet");
+  // Data parallelism all-reduces during the stage's last backward, which must then produce every
+  // parameter's gradient: not so with several chunks (it covers one) or a split backward.
+  BRAID_CHECK_T(NotImplementedError, !((split || v > 1) && options_.data_parallel), "PipelineStage: schedule '",
+                schedule.name, "' ", split ? "splits the backward" : "runs several chunks per stage",
+                ", which does not run with data parallelism (PipelineOptions::data_parallel) yet");
   const int last_vs = k * v - 1, next = (s + 1) % k, prev = (s + k - 1) % k;
   auto vstage = [&](int c) { return c * k + s; };
   auto slot = [&](int m, int c) { return m * v + c; };
