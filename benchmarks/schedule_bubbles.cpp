@@ -12,8 +12,9 @@ using namespace braid::distributed;
 
 int main() {
   const int v = 2;
-  std::printf("| K | M | schedule | simulated idle share | formula | simulated bubble / ideal | formula |"
-              " peak live activations per stage |\n");
+  std::printf(
+      "| K | M | schedule | simulated idle share | formula | simulated bubble / ideal | formula |"
+      " peak live activations per stage |\n");
   std::printf("|---:|---:|---|---:|---:|---:|---:|---|\n");
   for (int k : {2, 4}) {
     for (int m : {k, 2 * k, 4 * k}) {

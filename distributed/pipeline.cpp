@@ -80,8 +80,10 @@ void PipelineStage::add_chunk(std::shared_ptr<nn::Module> module) {
 }
 
 void PipelineStage::send_to(const StageBoundary& b, int to, int tag) {
-  if (to == stage()) own_mail_[tag] = b;  // a ring of one rank: chunk c feeds chunk c + 1 here
-  else send_boundary(b, to, tag);
+  if (to == stage())
+    own_mail_[tag] = b;  // a ring of one rank: chunk c feeds chunk c + 1 here
+  else
+    send_boundary(b, to, tag);
 }
 
 StageBoundary PipelineStage::take_own(int tag) {
@@ -348,8 +350,10 @@ double PipelineStage::train_step(const PipeSchedule& schedule, const Tensor& inp
           // With data parallelism, only the stage's last backward of the mini-batch all-reduces.
           std::optional<DistributedDataParallel::NoSync> no_sync;
           if (options_.data_parallel && ai != last_backward) no_sync.emplace(*options_.data_parallel);
-          if (vstage(c) == last_vs) roots[0].backward();
-          else backward(roots, root_grads);
+          if (vstage(c) == last_vs)
+            roots[0].backward();
+          else
+            backward(roots, root_grads);
         }
         outputs[i] = StageBoundary();  // the graph of micro-batch m is freed here, as 1F1B intends
         grads[i] = StageBoundary();
@@ -390,9 +394,12 @@ Tensor PipelineStage::forward(const Tensor& input) {
     const int vs = c * k + s;
     StageBoundary in;
     const int tag = tag_of(inference_slot(c), 0);
-    if (vs == 0) in = StageBoundary{{""}, {input}};
-    else if (k == 1) in = take_own(tag);
-    else in = finish_receive(*post_receive((s + k - 1) % k, tag));
+    if (vs == 0)
+      in = StageBoundary{{""}, {input}};
+    else if (k == 1)
+      in = take_own(tag);
+    else
+      in = finish_receive(*post_receive((s + k - 1) % k, tag));
     StageBoundary out = run_module(c, in);
     if (vs == last_vs) {
       result = out.tensors[0];
@@ -430,9 +437,11 @@ PipeTimeline PipelineStage::gather_timeline() {
   for (int s = 0; s < t.stages; ++s) {
     for (int64_t i = 0; i < counts[static_cast<size_t>(s)]; ++i) {
       const double* x = &all[static_cast<size_t>((s * std::max<int64_t>(longest, 1) + i) * 6)];
-      PipeEvent e{static_cast<int>(x[0]),
-                  {static_cast<PipeAction::Kind>(static_cast<int>(x[1])), static_cast<int>(x[2]), static_cast<int>(x[3])},
-                  x[4], x[5]};
+      PipeEvent e{
+          static_cast<int>(x[0]),
+          {static_cast<PipeAction::Kind>(static_cast<int>(x[1])), static_cast<int>(x[2]), static_cast<int>(x[3])},
+          x[4],
+          x[5]};
       t.makespan = std::max(t.makespan, e.end);
       if (is_compute(e.action.kind)) busy += e.end - e.start;
       t.events.push_back(e);

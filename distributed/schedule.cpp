@@ -20,8 +20,12 @@ std::string PipeAction::str() const {
   switch (kind) {
     case Kind::Forward: os << "F" << micro; break;
     case Kind::Backward: os << "B" << micro; break;
-    case Kind::BackwardInput: os << "BI" << micro; break;
-    case Kind::BackwardWeight: os << "W" << micro; break;
+    case Kind::BackwardInput:
+      os << "BI" << micro;
+      break;
+    case Kind::BackwardWeight:
+      os << "W" << micro;
+      break;
     case Kind::SendActivation: os << "send_act " << micro; break;
     case Kind::RecvActivation: os << "recv_act " << micro; break;
     case Kind::SendGrad: os << "send_grad " << micro; break;
@@ -149,8 +153,8 @@ PipeSchedule interleaved_schedule(int stages, int micro_batches, int chunks) {
 // pipeline, not per stage.
 PipeSchedule zb_h1_schedule(int stages, int micro_batches) {
   check_shape(stages, micro_batches, "zb_h1_schedule");
-  BRAID_CHECK(micro_batches >= stages, "zb_h1_schedule: micro_batches (", micro_batches,
-              ") must be at least stages (", stages, "): ZB-H1 fills K - s warm-up forwards on stage s");
+  BRAID_CHECK(micro_batches >= stages, "zb_h1_schedule: micro_batches (", micro_batches, ") must be at least stages (",
+              stages, "): ZB-H1 fills K - s warm-up forwards on stage s");
   PipeSchedule p = empty_schedule("ZB-H1", stages, micro_batches);
   const int k = stages;
   for (int s = 0; s < k; ++s) {
@@ -182,8 +186,8 @@ PipeSchedule make_schedule(const std::string& name, int stages, int micro_batche
   if (name == "1f1b") return one_f_one_b_schedule(stages, micro_batches);
   if (name == "interleaved") return interleaved_schedule(stages, micro_batches, chunks);
   if (name == "zb-h1") return zb_h1_schedule(stages, micro_batches);
-  throw ValueError(::braid::detail::cat("make_schedule: unknown schedule '", name,
-                                       "'; known: gpipe, 1f1b, interleaved, zb-h1"));
+  throw ValueError(
+      ::braid::detail::cat("make_schedule: unknown schedule '", name, "'; known: gpipe, 1f1b, interleaved, zb-h1"));
 }
 
 namespace {
@@ -230,10 +234,10 @@ void check_structure(const PipeSchedule& p) {
       const int vs = x.chunk * k + s;
       const char* first = v == 1 ? "the first stage has no previous stage" : "it is virtual stage 0, the model's first";
       const char* last = v == 1 ? "the last stage has no next stage" : "it is the model's last virtual stage";
-      BRAID_CHECK(!(vs == 0 && (x.kind == Kind::RecvActivation || x.kind == Kind::SendGrad)), "validate: ",
-                  where(p, s, i, x), ": ", first);
-      BRAID_CHECK(!(vs == v_count - 1 && (x.kind == Kind::SendActivation || x.kind == Kind::RecvGrad)), "validate: ",
-                  where(p, s, i, x), ": ", last);
+      BRAID_CHECK(!(vs == 0 && (x.kind == Kind::RecvActivation || x.kind == Kind::SendGrad)),
+                  "validate: ", where(p, s, i, x), ": ", first);
+      BRAID_CHECK(!(vs == v_count - 1 && (x.kind == Kind::SendActivation || x.kind == Kind::RecvGrad)),
+                  "validate: ", where(p, s, i, x), ": ", last);
       BRAID_CHECK(at.emplace(std::make_tuple(x.kind, x.micro, x.chunk), i).second, "validate: ", where(p, s, i, x),
                   " appears twice");
     }

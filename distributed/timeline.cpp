@@ -22,8 +22,10 @@ const char* colour(PipeAction::Kind k) {
   switch (k) {
     case PipeAction::Kind::Forward: return "#4c78a8";
     case PipeAction::Kind::Backward: return "#59a14f";
-    case PipeAction::Kind::BackwardInput: return "#8cd17d";
-    case PipeAction::Kind::BackwardWeight: return "#f28e2b";
+    case PipeAction::Kind::BackwardInput:
+      return "#8cd17d";
+    case PipeAction::Kind::BackwardWeight:
+      return "#f28e2b";
     case PipeAction::Kind::Update: return "#b07aa1";
     default: return "#bab0ac";  // sends, receives and the waits inside them
   }
@@ -86,7 +88,8 @@ void PipeTimeline::write_gantt_svg(const std::string& path, const std::string& t
     f << "<text x=\"" << left + ticks.values[i] * 1e-3 * scale << "\" y=\"" << axis << "\" text-anchor=\"middle\">"
       << ticks.labels[i] << " ms</text>\n";
   f << "<text x=\"" << left << "\" y=\"" << axis + 16
-    << "\">blue: forward, green: backward (light: input gradient, orange: weight gradient), grey: send/receive (and waiting for it), blank: idle</text>\n";
+    << "\">blue: forward, green: backward (light: input gradient, orange: weight gradient), grey: send/receive (and "
+       "waiting for it), blank: idle</text>\n";
   f << "</svg>\n";
 }
 

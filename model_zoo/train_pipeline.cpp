@@ -98,9 +98,10 @@ int train_pipeline(const PipelineRun& r) {
   const int k = static_cast<int>(r.stages);
   Grid grid = make_grid(k);
   const int d = grid.data->size();
-  BRAID_CHECK_T(NotImplementedError, d == 1 || r.schedule == "1f1b" || r.schedule == "gpipe", "braid-train: --schedule ",
-                r.schedule, " does not run with data parallelism yet; launch as many ranks as --pipeline-stages (",
-                k, "), or use 1f1b or gpipe");
+  BRAID_CHECK_T(NotImplementedError, d == 1 || r.schedule == "1f1b" || r.schedule == "gpipe",
+                "braid-train: --schedule ", r.schedule,
+                " does not run with data parallelism yet; launch as many ranks as --pipeline-stages (", k,
+                "), or use 1f1b or gpipe");
   BRAID_CHECK(r.batch_size % (static_cast<int64_t>(d) * r.micro_batches) == 0, "braid-train: --batch-size ",
               r.batch_size, " must divide into ", d, " replicas x ", r.micro_batches, " micro-batches");
   // The schedule first: a wrong name or shape is an error before anything is loaded.
@@ -123,7 +124,8 @@ int train_pipeline(const PipelineRun& r) {
   if (!r.resume.empty()) {
     const Checkpoint first = load_checkpoint(stage_checkpoint(r.resume, 0));
     saved_k = static_cast<int>(first.integer("pipeline.stages"));
-    const int saved_v = first.integers.count("pipeline.chunks") ? static_cast<int>(first.integer("pipeline.chunks")) : 1;
+    const int saved_v =
+        first.integers.count("pipeline.chunks") ? static_cast<int>(first.integer("pipeline.chunks")) : 1;
     BRAID_CHECK(saved_v == v && (v == 1 || saved_k == k), "braid-train: ", first.source, " comes from a run of ",
                 saved_k, " stages x ", saved_v, " chunks; this run has ", k, " x ", v,
                 " (an interleaved run resumes with the same --pipeline-stages and --chunks)");
@@ -171,8 +173,8 @@ int train_pipeline(const PipelineRun& r) {
     PartitionOptions o;
     o.micro_batches_in_flight = k;  // 1F1B keeps at most K micro-batches alive on stage 0
     const PartitionPlan plan = partition(profile, pieces, o);
-    std::printf("braid-train: pipeline of %d stages x %d replicas, %s, %lld micro-batches of %lld; plan%s:\n%s\n", k,
-                d, sched.name.c_str(), static_cast<long long>(r.micro_batches), static_cast<long long>(micro),
+    std::printf("braid-train: pipeline of %d stages x %d replicas, %s, %lld micro-batches of %lld; plan%s:\n%s\n", k, d,
+                sched.name.c_str(), static_cast<long long>(r.micro_batches), static_cast<long long>(micro),
                 v > 1 ? " (stage c*K+s below is chunk c of rank s)" : "", plan.str(profile).c_str());
     for (int s = 1; s < pieces; ++s) cuts.data<int64_t>()[s - 1] = plan.first_layer[static_cast<size_t>(s)];
   }
@@ -229,7 +231,8 @@ int train_pipeline(const PipelineRun& r) {
 
   const int64_t steps_per_epoch = train_loader.num_batches(), total = steps_per_epoch * r.epochs;
   std::unique_ptr<optim::CosineWithWarmup> schedule;
-  if (opt) schedule = std::make_unique<optim::CosineWithWarmup>(*opt, std::min<int64_t>(200, total / 10), total, r.lr * 0.01);
+  if (opt)
+    schedule = std::make_unique<optim::CosineWithWarmup>(*opt, std::min<int64_t>(200, total / 10), total, r.lr * 0.01);
   int64_t step = 0;
   if (resumed) {
     restore_state(*resumed, "model.", *stage);
@@ -295,8 +298,9 @@ int train_pipeline(const PipelineRun& r) {
         const PipeTimeline t = pipe.gather_timeline();
         if (lead) {
           t.write_chrome_trace(r.out + "/pipeline_trace.json");
-          t.write_gantt_svg(r.out + "/pipeline_gantt.svg", "braid-train " + r.model + ", " + sched.name + ", K=" +
-                                                               std::to_string(k) + ", M=" + std::to_string(r.micro_batches));
+          t.write_gantt_svg(r.out + "/pipeline_gantt.svg", "braid-train " + r.model + ", " + sched.name +
+                                                               ", K=" + std::to_string(k) +
+                                                               ", M=" + std::to_string(r.micro_batches));
         }
       }
       if (window == 20 || b.index + 1 == steps_per_epoch) {

@@ -196,7 +196,8 @@ INSTANTIATE_TEST_SUITE_P(BraidTrain, Resume, ::testing::Values("data_parallel", 
 // model cut into 4 pieces, two per rank) logs 1F1B's losses and accuracies at every epoch.
 TEST(BraidTrainSchedules, ZeroBubbleAndInterleavedTrainOneFOneBsWeights) {
   const std::string data = "/usr/share/datasets/fashion-mnist";
-  if (!std::ifstream(data + "/train-images-idx3-ubyte.gz")) GTEST_SKIP() << "Fashion-MNIST is not installed at " << data;
+  if (!std::ifstream(data + "/train-images-idx3-ubyte.gz"))
+    GTEST_SKIP() << "Fashion-MNIST is not installed at " << data;
   const std::string dir = ::testing::TempDir() + "braid_schedules";
   const std::string base = "env BRAID_NUM_THREADS=1 OMP_WAIT_POLICY=passive " + std::string(BRAID_MPIEXEC) + " -n 2 " +
                            BRAID_TRAIN + " --model cnn --epochs 2 --limit 640 --batch-size 64 --pipeline-stages 2";

@@ -200,8 +200,9 @@ TEST(Schedule, ValidatorNamesStageAndActionOfBrokenInterleavedSchedules) {
   auto& e0 = early.actions[0];
   e0.erase(e0.begin() + static_cast<long>(index_of(e0, {K::RecvActivation, 0, 1})));
   e0.insert(e0.begin(), PipeAction{K::RecvActivation, 0, 1});
-  expect_error([&] { validate(early); }, "stage 0 waits forever at recv_act 0 chunk 1 (action 0); "
-                                         "stage 1 waits forever at recv_act 0 chunk 0 (action 0)");
+  expect_error([&] { validate(early); },
+               "stage 0 waits forever at recv_act 0 chunk 1 (action 0); "
+               "stage 1 waits forever at recv_act 0 chunk 0 (action 0)");
   PipeSchedule bad_chunk = interleaved_schedule(2, 2, 2);
   bad_chunk.actions[1][0].chunk = 2;
   expect_error([&] { validate(bad_chunk); }, "stage 1: recv_act 0 chunk 2 (action 0) names chunk 2 of 2");

@@ -26,8 +26,8 @@ namespace detail {
 // saved tensors until the second half; and a formula that computes gradients it was not asked for
 // does that work twice.
 struct DeferredWeightState {
-  std::vector<std::pair<std::shared_ptr<Node>, Tensor>> kept;        // on-path nodes, output gradient
-  std::vector<std::pair<std::shared_ptr<Node>, Tensor>> off_roots;   // roots off the input path
+  std::vector<std::pair<std::shared_ptr<Node>, Tensor>> kept;                // on-path nodes, output gradient
+  std::vector<std::pair<std::shared_ptr<Node>, Tensor>> off_roots;           // roots off the input path
   std::vector<std::pair<std::shared_ptr<AutogradMeta>, Tensor>> leaf_roots;  // roots that are leaves
   std::unordered_set<Node*> on_path;
   std::unordered_set<AutogradMeta*> inputs;
@@ -52,8 +52,8 @@ void check_alive(const Node& n) {
 DeferredWeightGrads backward_input(const std::vector<Tensor>& roots, const std::vector<Tensor>& gradients,
                                    const std::vector<Tensor>& inputs) {
   using namespace detail;
-  BRAID_CHECK(gradients.empty() || roots.size() == gradients.size(), "backward_input: ", roots.size(),
-              " tensors but ", gradients.size(), " gradients");
+  BRAID_CHECK(gradients.empty() || roots.size() == gradients.size(), "backward_input: ", roots.size(), " tensors but ",
+              gradients.size(), " gradients");
   auto state = std::make_shared<DeferredWeightState>();
   for (size_t i = 0; i < inputs.size(); ++i) {
     const Tensor& x = inputs[i];
@@ -150,8 +150,10 @@ DeferredWeightGrads backward_input(const std::vector<Tensor>& roots, const std::
             got.insert(e.leaf.get());
           }
         }
-        if (keep) state->kept.emplace_back(owner.at(n), g);
-        else BackwardFn().swap(n->backward);
+        if (keep)
+          state->kept.emplace_back(owner.at(n), g);
+        else
+          BackwardFn().swap(n->backward);
       }
       for (Edge& e : n->inputs)
         if (e.node && on.count(e.node.get()) && --pending[e.node.get()] == 0) ready.push(e.node.get());
@@ -167,8 +169,8 @@ bool DeferredWeightGrads::pending() const { return state_ && !state_->done; }
 
 void DeferredWeightGrads::run() {
   using namespace detail;
-  BRAID_CHECK(pending(), "DeferredWeightGrads::run: ", state_ ? "the weight gradients were already computed"
-                                                              : "nothing to run (not made by backward_input)");
+  BRAID_CHECK(pending(), "DeferredWeightGrads::run: ",
+              state_ ? "the weight gradients were already computed" : "nothing to run (not made by backward_input)");
   DeferredWeightState& st = *state_;
   run_as_backward_pass([&] {
     const auto& on = st.on_path;

@@ -5,8 +5,8 @@
 
 #include <functional>
 #include <map>
-#include <string>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "braid/distributed/data_parallel.h"
