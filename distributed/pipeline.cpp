@@ -256,11 +256,11 @@ double PipelineStage::train_step(const PipeSchedule& schedule, const Tensor& inp
   // Every receive of the step is posted now (Note [Stage boundary messages]).
   std::vector<std::shared_ptr<Incoming>> incoming_act(n), incoming_grad(n), pending;
   for (const PipeAction& a : actions) {
-    const size_t i = static_cast<size_t>(slot(a.micro, a.chunk));
+    const int i = slot(a.micro, a.chunk);
     if (a.kind == PipeAction::Kind::RecvActivation && prev != s)
-      pending.push_back(incoming_act[i] = post_receive(prev, tag_of(static_cast<int>(i), 0)));
+      pending.push_back(incoming_act[static_cast<size_t>(i)] = post_receive(prev, tag_of(i, 0)));
     else if (a.kind == PipeAction::Kind::RecvGrad && next != s)
-      pending.push_back(incoming_grad[i] = post_receive(next, tag_of(static_cast<int>(i), 1)));
+      pending.push_back(incoming_grad[static_cast<size_t>(i)] = post_receive(next, tag_of(i, 1)));
   }
   auto receive = [&](std::vector<std::shared_ptr<Incoming>>& incoming, size_t i, int which, const PipeAction& a) {
     if ((which == 0 ? prev : next) == s) return take_own(tag_of(static_cast<int>(i), which));
