@@ -1,7 +1,8 @@
 // braid-pipeline-bench: pipeline measurements under `mpiexec -n K` (K stages), one JSON object per
 // line from rank 0, for benchmarks/pipeline_bench.py:
 //   bubble      measured bubble of GPipe and 1F1B for M = 1..16 against (K-1)/(M+K-1)
-//   memory      peak step memory per stage for GPipe, 1F1B, and both with recomputation
+//   memory      peak step memory per stage for GPipe, 1F1B, ZB-H1, interleaved (v = 2), each also
+//               with recomputation
 //   partition   the partitioner's predicted stage times against measured ones (zoo resnet)
 //   throughput  samples/s of the pipelined zoo resnet against data parallelism on the same ranks
 #include <algorithm>
@@ -90,18 +91,21 @@ void bubble(int k, int s) {
 
 void memory(int k, int s) {
   auto model = chain();
-  auto stage = even_stage(*model, s, k);
   const int m = 8;
-  for (const std::string name : {"GPipe", "1F1B"}) {
+  const std::vector<std::pair<std::string, std::string>> schedules = {
+      {"GPipe", "gpipe"}, {"1F1B", "1f1b"}, {"ZB-H1", "zb-h1"}, {"interleaved (v = 2)", "interleaved"}};
+  for (const auto& [name, key] : schedules) {
+    const int v = key == "interleaved" ? 2 : 1;  // chunk c of stage s: piece c * k + s of k * v
     for (bool recompute : {false, true}) {
       PipelineOptions o;
       o.recompute = recompute;
-      PipelineStage pipe(stage, world(), o);
-      const PipeSchedule sched = name == "GPipe" ? gpipe_schedule(k, m) : one_f_one_b_schedule(k, m);
+      PipelineStage pipe(even_stage(*model, s, k * v), world(), o);
+      for (int c = 1; c < v; ++c) pipe.add_chunk(even_stage(*model, c * k + s, k * v));
+      const PipeSchedule sched = make_schedule(key, k, m, v);
       Generator g(1);
       Tensor x = randn({64 * m, 256}, kFloat32, &g), y = zeros({64 * m, 256});
       for (int step = 0; step < 2; ++step) {
-        stage->zero_grad();
+        model->zero_grad();
         pipe.train_step(sched, x, y, mse);
       }
       Tensor peak = full({1}, static_cast<double>(pipe.last_peak_bytes()), kFloat64);

@@ -22,9 +22,18 @@ const char* colour(PipeAction::Kind k) {
   switch (k) {
     case PipeAction::Kind::Forward: return "#4c78a8";
     case PipeAction::Kind::Backward: return "#59a14f";
+    case PipeAction::Kind::BackwardInput:
+      return "#8cd17d";
+    case PipeAction::Kind::BackwardWeight:
+      return "#f28e2b";
     case PipeAction::Kind::Update: return "#b07aa1";
     default: return "#bab0ac";  // sends, receives and the waits inside them
   }
+}
+
+bool is_compute(PipeAction::Kind k) {
+  return k == PipeAction::Kind::Forward || k == PipeAction::Kind::Backward || k == PipeAction::Kind::BackwardInput ||
+         k == PipeAction::Kind::BackwardWeight;
 }
 
 }  // namespace
@@ -65,7 +74,7 @@ void PipeTimeline::write_gantt_svg(const std::string& path, const std::string& t
   for (int s = 0; s < stages; ++s)
     f << "<text x=\"8\" y=\"" << top + row * s + row / 2 + 4 << "\">stage " << s << "</text>\n";
   for (const PipeEvent& e : events) {
-    const bool compute = e.action.kind == PipeAction::Kind::Forward || e.action.kind == PipeAction::Kind::Backward;
+    const bool compute = is_compute(e.action.kind);
     const double x = left + e.start * scale, w = std::max(0.5, (e.end - e.start) * scale);
     const double y = top + row * e.stage + (compute ? 3 : row / 2 - 3), h = compute ? row - 6 : 6;
     f << "<rect x=\"" << x << "\" y=\"" << y << "\" width=\"" << w << "\" height=\"" << h << "\" fill=\""
@@ -79,7 +88,8 @@ void PipeTimeline::write_gantt_svg(const std::string& path, const std::string& t
     f << "<text x=\"" << left + ticks.values[i] * 1e-3 * scale << "\" y=\"" << axis << "\" text-anchor=\"middle\">"
       << ticks.labels[i] << " ms</text>\n";
   f << "<text x=\"" << left << "\" y=\"" << axis + 16
-    << "\">blue: forward, green: backward, grey: send/receive (and waiting for it), blank: idle</text>\n";
+    << "\">blue: forward, green: backward (light: input gradient, orange: weight gradient), grey: send/receive (and "
+       "waiting for it), blank: idle</text>\n";
   f << "</svg>\n";
 }
 

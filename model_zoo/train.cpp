@@ -30,8 +30,9 @@ namespace {
 struct Args {
   std::string model = "cnn", data = "/usr/share/datasets/fashion-mnist", out = "runs/fashion-mnist";
   std::string optimizer = "adam", resume, export_onnx;
-  std::string device = "auto", amp = "off";
+  std::string device = "auto", amp = "off", schedule = "1f1b";
   int64_t epochs = 3, batch_size = 64, limit = 0, threads = 0, sync_bn = 0, pipeline_stages = 1, micro_batches = 4;
+  int64_t chunks = 2;  // model chunks per stage of an interleaved schedule
   int64_t stop_after = 0;  // epochs to run in this invocation (0: to the end)
   int64_t stop_at_step = 0;  // checkpoint after this global step and exit, as on preemption (0: never)
   double lr = 0;  // 0: the optimizer's default below
@@ -46,6 +47,7 @@ void usage() {
       "                   [--limit N (train on the first N images)] [--threads N (per rank)]\n"
       "                   [--sync-bn 0|1 (BatchNorm statistics over all ranks)] [--bucket-mb X]\n"
       "                   [--pipeline-stages K (cut the model into K stages, 1F1B)] [--micro-batches M]\n"
+      "                   [--schedule 1f1b|gpipe|zb-h1|interleaved] [--chunks V (interleaved: V chunks per stage)]\n"
       "                   [--stop-after N (run N epochs, checkpoint and exit; --resume continues)]\n"
       "                   [--stop-at-step N (checkpoint after step N and exit, as on preemption)]\n"
       "                   [--export-onnx FILE (write the trained model as ONNX; data-parallel mode)]\n"
@@ -64,10 +66,11 @@ Args parse(int argc, char** argv) {
   std::map<std::string, std::string*> strings{{"--model", &a.model}, {"--data", &a.data}, {"--out", &a.out},
                                              {"--optimizer", &a.optimizer}, {"--resume", &a.resume},
                                              {"--export-onnx", &a.export_onnx}, {"--device", &a.device},
-                                             {"--amp", &a.amp}};
+                                             {"--amp", &a.amp}, {"--schedule", &a.schedule}};
   std::map<std::string, int64_t*> ints{{"--epochs", &a.epochs}, {"--batch-size", &a.batch_size},
                                       {"--limit", &a.limit}, {"--threads", &a.threads}, {"--sync-bn", &a.sync_bn},
                                       {"--pipeline-stages", &a.pipeline_stages}, {"--micro-batches", &a.micro_batches},
+                                      {"--chunks", &a.chunks},
                                       {"--stop-after", &a.stop_after}, {"--stop-at-step", &a.stop_at_step}};
   for (int i = 1; i < argc; ++i) {
     std::string k = argv[i];
@@ -94,6 +97,8 @@ Args parse(int argc, char** argv) {
   BRAID_CHECK(a.amp == "off" || a.amp == "bf16" || a.amp == "fp16", "braid-train: --amp must be off, bf16 or fp16, got '",
               a.amp, "'");
   if (a.lr == 0) a.lr = a.optimizer == "adam" ? 2e-3 : 0.05;
+  BRAID_CHECK(a.schedule == "1f1b" || a.pipeline_stages > 1, "braid-train: --schedule ", a.schedule,
+              " is for pipeline mode; add --pipeline-stages K");
   BRAID_CHECK(a.export_onnx.empty() || a.pipeline_stages == 1,
               "braid-train: --export-onnx is for data-parallel runs (with --pipeline-stages each rank holds one stage)");
   BRAID_CHECK(a.export_onnx.empty() || a.sync_bn == 0,
@@ -181,6 +186,7 @@ int run(int argc, char** argv) {
     r.model = args.model, r.optimizer = args.optimizer, r.out = args.out;
     r.epochs = args.epochs, r.batch_size = args.batch_size, r.stages = args.pipeline_stages;
     r.micro_batches = args.micro_batches, r.lr = args.lr, r.seed = args.seed, r.resume = args.resume;
+    r.schedule = args.schedule, r.chunks = args.chunks;
     r.stop_after = args.stop_after, r.stop_at_step = args.stop_at_step;
     r.device = device;
     r.amp = args.amp;

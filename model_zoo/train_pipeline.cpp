@@ -1,4 +1,4 @@
-// braid-train --pipeline-stages K: see train_pipeline.h. Metrics are the job's (reduced over the
+// braid-train --pipeline-stages K [--schedule NAME]: see train_pipeline.h. Metrics are the job's (reduced over the
 // ranks, each replica counted once); the first replica's stages write one checkpoint per stage,
 // and the first replica's pipeline writes its timeline (Chrome trace and Gantt chart) once.
 #include "train_pipeline.h"
@@ -98,17 +98,25 @@ int train_pipeline(const PipelineRun& r) {
   const int k = static_cast<int>(r.stages);
   Grid grid = make_grid(k);
   const int d = grid.data->size();
+  BRAID_CHECK_T(NotImplementedError, d == 1 || r.schedule == "1f1b" || r.schedule == "gpipe",
+                "braid-train: --schedule ", r.schedule,
+                " does not run with data parallelism yet; launch as many ranks as --pipeline-stages (", k,
+                "), or use 1f1b or gpipe");
   BRAID_CHECK(r.batch_size % (static_cast<int64_t>(d) * r.micro_batches) == 0, "braid-train: --batch-size ",
               r.batch_size, " must divide into ", d, " replicas x ", r.micro_batches, " micro-batches");
+  // The schedule first: a wrong name or shape is an error before anything is loaded.
+  const int v = r.schedule == "interleaved" ? static_cast<int>(r.chunks) : 1;
+  const int pieces = k * v;  // virtual stages: chunk c of stage s is piece c * k + s
+  const PipeSchedule sched = make_schedule(r.schedule, k, static_cast<int>(r.micro_batches), v);
   manual_seed(r.seed);
   auto seq = std::dynamic_pointer_cast<nn::Sequential>(make_model(r.model, 1, 10));
   BRAID_CHECK(seq != nullptr, "braid-train: --pipeline-stages needs a Sequential model");
-  BRAID_CHECK(static_cast<int>(seq->size()) >= k, "braid-train: model ", r.model, " has ", seq->size(),
-              " layers, fewer than ", k, " stages");
+  BRAID_CHECK(static_cast<int>(seq->size()) >= pieces, "braid-train: model ", r.model, " has ", seq->size(),
+              " layers, fewer than the ", pieces, " pieces of ", k, " stages x ", v, " chunks");
 
   // The plan: rank 0 profiles one micro-batch on a copy (profiling runs BatchNorm in training
   // mode, which would move the real model's statistics) and every rank takes its cuts.
-  Tensor cuts = zeros({k - 1}, kInt64);
+  Tensor cuts = zeros({pieces - 1}, kInt64);
   const int64_t micro = r.batch_size / d / r.micro_batches;
   std::optional<Checkpoint> resumed;  // this stage's file, resuming with the earlier run's cuts
   std::vector<Checkpoint> merged;     // every stage's file, resuming with another stage count
@@ -116,6 +124,11 @@ int train_pipeline(const PipelineRun& r) {
   if (!r.resume.empty()) {
     const Checkpoint first = load_checkpoint(stage_checkpoint(r.resume, 0));
     saved_k = static_cast<int>(first.integer("pipeline.stages"));
+    const int saved_v =
+        first.integers.count("pipeline.chunks") ? static_cast<int>(first.integer("pipeline.chunks")) : 1;
+    BRAID_CHECK(saved_v == v && (v == 1 || saved_k == k), "braid-train: ", first.source, " comes from a run of ",
+                saved_k, " stages x ", saved_v, " chunks; this run has ", k, " x ", v,
+                " (an interleaved run resumes with the same --pipeline-stages and --chunks)");
   }
   if (saved_k != k) {
     // Note [Resuming with another stage count]: every rank reads every stage's file.
@@ -141,8 +154,8 @@ int train_pipeline(const PipelineRun& r) {
                 resumed->integer("pipeline.stages"), "-stage pipeline; this run has ", k,
                 " stages (--pipeline-stages must match the run it resumes)");
     const Tensor& saved = resumed->tensor("pipeline.cuts");
-    BRAID_CHECK(saved.numel() == k - 1, "braid-train: ", resumed->source, " has ", saved.numel(), " cuts for ", k,
-                " stages");
+    BRAID_CHECK(saved.numel() == pieces - 1, "braid-train: ", resumed->source, " has ", saved.numel(), " cuts for ",
+                pieces, " pieces");
     cuts = saved.clone();
     if (lead) {
       std::printf("braid-train: resuming from %s at step %lld (epoch %lld, batch %lld) with its cuts:",
@@ -159,17 +172,27 @@ int train_pipeline(const PipelineRun& r) {
     const auto profile = profile_layers(*copy, randn({micro, 1, 28, 28}, kFloat32, &g));
     PartitionOptions o;
     o.micro_batches_in_flight = k;  // 1F1B keeps at most K micro-batches alive on stage 0
-    const PartitionPlan plan = partition(profile, k, o);
-    std::printf("braid-train: pipeline of %d stages x %d replicas, %lld micro-batches of %lld; plan:\n%s\n", k, d,
-                static_cast<long long>(r.micro_batches), static_cast<long long>(micro), plan.str(profile).c_str());
-    for (int s = 1; s < k; ++s) cuts.data<int64_t>()[s - 1] = plan.first_layer[static_cast<size_t>(s)];
+    const PartitionPlan plan = partition(profile, pieces, o);
+    std::printf("braid-train: pipeline of %d stages x %d replicas, %s, %lld micro-batches of %lld; plan%s:\n%s\n", k, d,
+                sched.name.c_str(), static_cast<long long>(r.micro_batches), static_cast<long long>(micro),
+                v > 1 ? " (stage c*K+s below is chunk c of rank s)" : "", plan.str(profile).c_str());
+    for (int s = 1; s < pieces; ++s) cuts.data<int64_t>()[s - 1] = plan.first_layer[static_cast<size_t>(s)];
   }
   if (!resumed) world()->broadcast(cuts, 0);
   manual_seed(r.seed + 1);  // every rank's generator in the same state, whoever profiled
   PartitionPlan plan;
   plan.first_layer.push_back(0);
   for (int64_t c : cuts.to_vector<int64_t>()) plan.first_layer.push_back(static_cast<int>(c));
-  auto stage = stage_layers(*seq, plan, grid.stage);
+  // With chunks, `stage` holds every chunk's layers under the model's names (for the optimizer,
+  // data parallelism and the checkpoint) and the pipeline runs the chunks, which share them.
+  std::vector<std::shared_ptr<nn::Sequential>> chunk_modules;
+  for (int c = 0; c < v; ++c) chunk_modules.push_back(stage_layers(*seq, plan, c * k + grid.stage));
+  auto stage = chunk_modules[0];
+  if (v > 1) {
+    stage = std::make_shared<nn::Sequential>();
+    for (const auto& chunk : chunk_modules)
+      for (const auto& [name, child] : chunk->named_children()) stage->add(child, name);
+  }
   stage->to(r.device);
   const MakeOptimizer make_opt = [&](const std::vector<Tensor>& params) -> std::unique_ptr<optim::Optimizer> {
     if (r.optimizer == "adam") return std::make_unique<optim::Adam>(params, optim::AdamOptions{.lr = r.lr});
@@ -185,7 +208,8 @@ int train_pipeline(const PipelineRun& r) {
   if (d > 1) ddp = std::make_unique<DistributedDataParallel>(stage, grid.data);
   PipelineOptions po;
   po.data_parallel = ddp.get();
-  PipelineStage pipe(stage, grid.pipeline, po);
+  PipelineStage pipe(chunk_modules[0], grid.pipeline, po);
+  for (int c = 1; c < v; ++c) pipe.add_chunk(chunk_modules[static_cast<size_t>(c)]);
 
   data::DataLoaderOptions train_opts;
   train_opts.batch_size = r.batch_size / d;
@@ -207,8 +231,8 @@ int train_pipeline(const PipelineRun& r) {
 
   const int64_t steps_per_epoch = train_loader.num_batches(), total = steps_per_epoch * r.epochs;
   std::unique_ptr<optim::CosineWithWarmup> schedule;
-  if (opt) schedule = std::make_unique<optim::CosineWithWarmup>(*opt, std::min<int64_t>(200, total / 10), total, r.lr * 0.01);
-  const PipeSchedule sched = one_f_one_b_schedule(k, static_cast<int>(r.micro_batches));
+  if (opt)
+    schedule = std::make_unique<optim::CosineWithWarmup>(*opt, std::min<int64_t>(200, total / 10), total, r.lr * 0.01);
   int64_t step = 0;
   if (resumed) {
     restore_state(*resumed, "model.", *stage);
@@ -242,6 +266,7 @@ int train_pipeline(const PipelineRun& r) {
     store_state(ck, "loader.", train_loader);
     ck.tensors["pipeline.cuts"] = cuts;
     ck.integers["pipeline.stages"] = k;
+    ck.integers["pipeline.chunks"] = v;
     ck.integers["pipeline.stage"] = grid.stage;
     ck.integers["step"] = step;
     save_checkpoint(r.out + "/checkpoint.stage" + std::to_string(grid.stage) + ".braid", ck);
@@ -273,8 +298,9 @@ int train_pipeline(const PipelineRun& r) {
         const PipeTimeline t = pipe.gather_timeline();
         if (lead) {
           t.write_chrome_trace(r.out + "/pipeline_trace.json");
-          t.write_gantt_svg(r.out + "/pipeline_gantt.svg", "braid-train " + r.model + ", 1F1B, K=" +
-                                                               std::to_string(k) + ", M=" + std::to_string(r.micro_batches));
+          t.write_gantt_svg(r.out + "/pipeline_gantt.svg", "braid-train " + r.model + ", " + sched.name +
+                                                               ", K=" + std::to_string(k) +
+                                                               ", M=" + std::to_string(r.micro_batches));
         }
       }
       if (window == 20 || b.index + 1 == steps_per_epoch) {

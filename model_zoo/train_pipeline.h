@@ -1,6 +1,7 @@
 // braid-train's pipeline mode (--pipeline-stages K): the model is profiled on rank 0, cut into K
-// stages by the partitioner, and trained with 1F1B over micro-batches; with more ranks than K the
-// stages are also replicated data-parallel (a D x K grid).
+// stages (K x V pieces for an interleaved schedule of V chunks) by the partitioner, and trained
+// over micro-batches with 1F1B or the schedule --schedule names; with more ranks than K the stages
+// are also replicated data-parallel (a D x K grid).
 #pragma once
 
 #include <cstdint>
@@ -18,6 +19,10 @@ struct PipelineRun {
   /// another number the files are merged and cut again (Note [Resuming with another stage count]).
   std::string resume;
   int64_t epochs = 3, batch_size = 64, stages = 2, micro_batches = 4;
+  /// make_schedule's name: "1f1b", "gpipe", "zb-h1" or "interleaved" (with `chunks` model chunks
+  /// per stage: the model is cut into stages x chunks pieces).
+  std::string schedule = "1f1b";
+  int64_t chunks = 2;
   int64_t stop_after = 0;  ///< epochs to run in this invocation (0: to the end)
   int64_t stop_at_step = 0;  ///< write the stage checkpoints after this global step and exit, as on preemption
   double lr = 2e-3;

@@ -191,6 +191,69 @@ TEST(Autograd, UnreachedBranchStillLetsSharedNodesRun) {
   EXPECT_EQ(x.grad().to_vector<double>(), (std::vector<double>{8, 16}));
 }
 
+TEST(Autograd, SplitBackwardGivesTheInputGradientFirstAndTheWeightsLater) {
+  // f = sum(w * x * x): df/dx = 2 w x now, df/dw = x^2 only when the deferred half runs.
+  Tensor x = vec({1, -2, 3}).set_requires_grad();
+  Tensor w = vec({0.5, 4, -1}).set_requires_grad();
+  int fired = 0;
+  add_grad_ready_hook(w, [&] { ++fired; });
+  DeferredWeightGrads later = backward_input({(w * x * x).sum()}, {}, {x});
+  EXPECT_EQ(x.grad().to_vector<double>(), (std::vector<double>{1, -16, -6}));
+  EXPECT_FALSE(w.grad().defined());
+  EXPECT_EQ(fired, 0);
+  ASSERT_TRUE(later.pending());
+  later.run();
+  EXPECT_EQ(w.grad().to_vector<double>(), (std::vector<double>{1, 4, 9}));
+  EXPECT_EQ(x.grad().to_vector<double>(), (std::vector<double>{1, -16, -6}));  // untouched by the second half
+  EXPECT_EQ(fired, 1);
+  EXPECT_FALSE(later.pending());
+  EXPECT_THROW(later.run(), ValueError);
+  EXPECT_THROW(backward_input({(w * x).sum()}, {}, {x * 2.0}), ValueError);  // not a leaf
+}
+
+TEST(Autograd, SplitBackwardEqualsBackwardBitwise) {
+  // Two layers with a tied weight (used by both matmuls, through a transpose off the input path),
+  // a bias, two roots: the halves together give backward()'s gradients exactly.
+  Generator g(7);
+  const Tensor x0 = randn({5, 4}, kFloat64, &g), w0 = randn({4, 4}, kFloat64, &g), b0 = randn({4}, kFloat64, &g);
+  const Tensor gy = randn({5, 4}, kFloat64, &g), gz = randn({5, 4}, kFloat64, &g);
+  auto run = [&](bool split) {
+    Tensor x = x0.clone().set_requires_grad(), w = w0.clone().set_requires_grad(), b = b0.clone().set_requires_grad();
+    Tensor h = tanh(matmul(x, transpose(w, 0, 1)) + b);
+    Tensor y = matmul(h, transpose(w, 0, 1)), z = h * x;
+    if (split) {
+      DeferredWeightGrads later = backward_input({y, z}, {gy, gz}, {x});
+      EXPECT_FALSE(w.grad().defined());
+      EXPECT_FALSE(b.grad().defined());
+      later.run();
+    } else {
+      backward({y, z}, {gy, gz});
+    }
+    return std::vector<std::vector<double>>{x.grad().to_vector<double>(), w.grad().to_vector<double>(),
+                                            b.grad().to_vector<double>()};
+  };
+  const auto whole = run(false), halves = run(true);
+  for (size_t i = 0; i < whole.size(); ++i) EXPECT_EQ(whole[i], halves[i]) << "gradient " << i;
+}
+
+TEST(Autograd, SplitBackwardFreesWhatOnlyTheInputGradientNeeds) {
+  // exp saves its output a for the input gradient alone: freed by the first half. The product
+  // b * w saves b for w's gradient: kept until the second half.
+  Tensor x = randn({1000}, kFloat64).set_requires_grad();
+  Tensor w = randn({1000}, kFloat64).set_requires_grad();
+  Tensor a = exp(x), b = a + 1.0;
+  std::weak_ptr<Storage> saved_a = a.storage(), saved_b = b.storage();
+  Tensor loss = (b * w).sum();
+  a = Tensor();
+  b = Tensor();
+  DeferredWeightGrads later = backward_input({loss}, {}, {x});
+  loss = Tensor();
+  EXPECT_TRUE(saved_a.expired());
+  EXPECT_FALSE(saved_b.expired());
+  later.run();
+  EXPECT_TRUE(saved_b.expired());
+}
+
 TEST(Autograd, GradFnNames) {
   Tensor x = vec({1}).set_requires_grad();
   EXPECT_EQ(x.grad_fn_name(), "");

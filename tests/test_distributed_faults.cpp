@@ -132,17 +132,18 @@ INSTANTIATE_TEST_SUITE_P(Ranks, Faults, ::testing::Values(2, 4), [](const auto& 
 
 // braid-train stopped after one epoch (--stop-after 1) and resumed (--resume) writes, after the
 // second epoch, checkpoint files bitwise equal to those of a run that was never interrupted: in
-// data-parallel mode and in pipeline mode (one file per stage, each resumed by its own rank).
+// data-parallel mode and in pipeline mode (one file per stage, each resumed by its own rank), with
+// 1F1B and with the interleaved schedule (each stage's file holding its two chunks).
 class Resume : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Resume, StopAndResumeIsBitwiseTheUninterruptedRun) {
   const std::string data = "/usr/share/datasets/fashion-mnist";
   if (!std::ifstream(data + "/train-images-idx3-ubyte.gz")) GTEST_SKIP() << "Fashion-MNIST is not installed at " << data;
-  const bool pipeline = GetParam() == "pipeline";
+  const bool interleaved = GetParam() == "interleaved", pipeline = GetParam() == "pipeline" || interleaved;
   const std::string dir = ::testing::TempDir() + "braid_resume_" + GetParam();
   const std::string base = "env BRAID_NUM_THREADS=1 OMP_WAIT_POLICY=passive " + std::string(BRAID_MPIEXEC) + " -n 2 " +
                            BRAID_TRAIN + " --model cnn --epochs 2 --limit 640 --batch-size 64" +
-                           (pipeline ? " --pipeline-stages 2" : "");
+                           (pipeline ? " --pipeline-stages 2" : "") + (interleaved ? " --schedule interleaved" : "");
   ASSERT_EQ(run("rm -rf " + dir + " && mkdir -p " + dir).status, 0);
   Outcome whole = run(base + " --out " + dir + "/whole" + (pipeline ? "" : " --export-onnx " + dir + "/cnn.onnx"));
   ASSERT_EQ(whole.status, 0) << whole.output;
@@ -173,7 +174,7 @@ TEST_P(Resume, StopAndResumeIsBitwiseTheUninterruptedRun) {
   // Resuming with another number of stages merges the stage files (Note [Resuming with another stage
   // count]; tests/slurm/test_resume_world_size.py checks that result bitwise), but stage files of
   // different moments are refused, naming them.
-  if (pipeline) {
+  if (pipeline && !interleaved) {
     Outcome early = run(base + " --out " + dir + "/early --stop-after 1");
     ASSERT_EQ(early.status, 0) << early.output;
     ASSERT_EQ(run("mkdir -p " + dir + "/mixed && cp " + dir + "/early/checkpoint.stage0.braid " + dir +
@@ -187,8 +188,34 @@ TEST_P(Resume, StopAndResumeIsBitwiseTheUninterruptedRun) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(BraidTrain, Resume, ::testing::Values("data_parallel", "pipeline"),
+INSTANTIATE_TEST_SUITE_P(BraidTrain, Resume, ::testing::Values("data_parallel", "pipeline", "interleaved"),
                          [](const auto& info) { return info.param; });
+
+// Schedules that accumulate each parameter's gradient over micro-batches in 1F1B's order train the
+// same weights bit for bit: ZB-H1 (same cuts) writes 1F1B's stage files; interleaved 1F1B (the
+// model cut into 4 pieces, two per rank) logs 1F1B's losses and accuracies at every epoch.
+TEST(BraidTrainSchedules, ZeroBubbleAndInterleavedTrainOneFOneBsWeights) {
+  const std::string data = "/usr/share/datasets/fashion-mnist";
+  if (!std::ifstream(data + "/train-images-idx3-ubyte.gz"))
+    GTEST_SKIP() << "Fashion-MNIST is not installed at " << data;
+  const std::string dir = ::testing::TempDir() + "braid_schedules";
+  const std::string base = "env BRAID_NUM_THREADS=1 OMP_WAIT_POLICY=passive " + std::string(BRAID_MPIEXEC) + " -n 2 " +
+                           BRAID_TRAIN + " --model cnn --epochs 2 --limit 640 --batch-size 64 --pipeline-stages 2";
+  ASSERT_EQ(run("rm -rf " + dir + " && mkdir -p " + dir).status, 0);
+  const std::vector<std::pair<std::string, std::string>> runs = {
+      {"1f1b", "1F1B, 4 micro-batches"}, {"zb-h1", "ZB-H1, 4 micro-batches"}, {"interleaved", "stage 3: layers"}};
+  for (const auto& [schedule, shows] : runs) {  // what the plan shows proves the schedule ran
+    Outcome o = run(base + " --schedule " + schedule + " --out " + dir + "/" + schedule);
+    ASSERT_EQ(o.status, 0) << o.output;
+    EXPECT_TRUE(contains(o.output, shows)) << o.output;
+  }
+  for (const std::string f : {"checkpoint.stage0.braid", "checkpoint.stage1.braid"}) {
+    Outcome same = run("cmp " + dir + "/1f1b/" + f + " " + dir + "/zb-h1/" + f);
+    EXPECT_EQ(same.status, 0) << f << ": " << same.output;
+  }
+  Outcome log = run("cmp " + dir + "/1f1b/log.csv " + dir + "/interleaved/log.csv");
+  EXPECT_EQ(log.status, 0) << log.output;
+}
 
 // The main job on another device and in mixed precision. The shadow device runs the CPU kernels on
 // memory of its own, so a run there must write the CPU run's checkpoint bit for bit: anything on

@@ -1,6 +1,7 @@
 // Pipeline execution, run plainly (one stage) and under `mpiexec -n 2` and `-n 4` (2 and 4 stages):
 // GPipe and 1F1B with 1, 4 and 8 micro-batches must give, after a few steps, the weights of
-// single-process training of the same model on the same mini-batches (computed on every rank).
+// single-process training of the same model on the same mini-batches (computed on every rank);
+// 1F1B, interleaved 1F1B and ZB-H1 give one process's micro-batch gradients bit for bit.
 #include <unistd.h>
 
 #include <cstdio>
@@ -397,6 +398,130 @@ TEST_F(Pipeline, TimelineIsCausalAndWritesTraceAndGantt) {
     EXPECT_NE(pic.find("<svg"), std::string::npos);
     EXPECT_NE(pic.find("bubble"), std::string::npos);
     EXPECT_NE(pic.find(">0 ms</text>"), std::string::npos);  // round ticks from 0 (Note [Axis ticks])
+  }
+}
+
+namespace {
+
+/// Eight (Linear, Tanh) pairs, so that each of 4 ranks x 2 chunks = 8 virtual stages holds weights.
+std::shared_ptr<nn::Sequential> deep_model(DType dt) {
+  manual_seed(13);
+  auto m = std::make_shared<nn::Sequential>();
+  m->add(std::make_shared<nn::Linear>(6, 16)).add(std::make_shared<nn::Tanh>());
+  for (int i = 0; i < 6; ++i) m->add(std::make_shared<nn::Linear>(16, 16)).add(std::make_shared<nn::Tanh>());
+  m->add(std::make_shared<nn::Linear>(16, 3)).add(std::make_shared<nn::Tanh>());
+  m->to(dt);
+  return m;
+}
+
+struct StepGrads {
+  double loss = 0;
+  std::map<std::string, std::vector<double>> grads;  // by the parameter's name in the whole model
+  void add(const nn::Module& m) {
+    for (const auto& [name, p] : m.named_parameters()) grads[name] = p.grad().to(kFloat64).to_vector<double>();
+  }
+};
+
+/// One process, micro-batch by micro-batch (each loss scaled by 1/M, backward in micro-batch
+/// order): what a pipeline computes, without one.
+StepGrads one_process_step(int m_count, DType dt) {
+  auto full = deep_model(dt);
+  auto [x, y] = batch(0, dt);
+  const int64_t b = x.size(0) / m_count;
+  StepGrads r;
+  for (int m = 0; m < m_count; ++m) {
+    Tensor l = ce(full->forward(x.narrow(0, m * b, b)), y.narrow(0, m * b, b)) * (1.0 / m_count);
+    r.loss += l.item();
+    l.backward();
+  }
+  r.add(*full);
+  return r;
+}
+
+/// One pipelined step of sched from deep_model's weights: this rank's chunks are virtual stages
+/// c K + s of the model cut into K x chunks pieces.
+StepGrads pipeline_step(const PipeSchedule& sched, DType dt, PipelineOptions options = {}) {
+  auto group = world();
+  const int k = group->size(), s = group->rank(), v = sched.chunks;
+  auto full = deep_model(dt);
+  std::vector<std::shared_ptr<nn::Module>> chunks;
+  for (int c = 0; c < v; ++c) chunks.push_back(stage_of(*full, c * k + s, k * v));
+  PipelineStage pipe(chunks[0], group, options);
+  for (int c = 1; c < v; ++c) pipe.add_chunk(chunks[static_cast<size_t>(c)]);
+  auto [x, y] = batch(0, dt);
+  StepGrads r;
+  r.loss = pipe.train_step(sched, x, y, ce);
+  for (const auto& c : chunks) r.add(*c);
+  if (v > 1) {
+    // The gathered timeline keeps each action's chunk.
+    const PipeTimeline t = pipe.gather_timeline();
+    size_t in_chunk_1 = 0, expected = 0;
+    for (const PipeEvent& e : t.events) in_chunk_1 += e.action.chunk == 1;
+    for (const auto& list : sched.actions)
+      for (const PipeAction& a : list) expected += a.chunk == 1;
+    EXPECT_EQ(in_chunk_1, expected);
+  }
+  return r;
+}
+
+void expect_bitwise(const StepGrads& got, const StepGrads& want, const std::string& what) {
+  EXPECT_EQ(got.loss, want.loss) << what;
+  EXPECT_FALSE(got.grads.empty()) << what;
+  for (const auto& [name, g] : got.grads) {
+    ASSERT_TRUE(want.grads.count(name)) << what << ": " << name;
+    EXPECT_EQ(g, want.grads.at(name)) << what << ": " << name;
+  }
+}
+
+}  // namespace
+
+TEST_F(Pipeline, InterleavedAndZeroBubbleGradientsEqualOneFOneBsBitwise) {
+  const int k = world()->size();
+  for (DType dt : {kFloat64, kFloat32}) {
+    for (int m : {k, 2 * k}) {
+      const std::string at = " K=" + std::to_string(k) + " M=" + std::to_string(m) + " " + dtype_name(dt);
+      const StepGrads ref = one_process_step(m, dt);
+      const StepGrads one_f_one_b = pipeline_step(one_f_one_b_schedule(k, m), dt);
+      expect_bitwise(one_f_one_b, ref, "1F1B" + at);
+      expect_bitwise(pipeline_step(zb_h1_schedule(k, m), dt), one_f_one_b, "ZB-H1 against 1F1B" + at);
+      expect_bitwise(pipeline_step(interleaved_schedule(k, m, 2), dt), ref, "interleaved v=2" + at);
+    }
+  }
+  PipelineOptions recompute;
+  recompute.recompute = true;
+  expect_bitwise(pipeline_step(zb_h1_schedule(k, 2 * k), kFloat64, recompute), one_process_step(2 * k, kFloat64),
+                 "ZB-H1 with recomputation");
+  expect_bitwise(pipeline_step(interleaved_schedule(k, k, 2), kFloat64, recompute), one_process_step(k, kFloat64),
+                 "interleaved with recomputation");
+}
+
+TEST_F(Pipeline, InterleavedInferenceEqualsTheWholeModel) {
+  auto group = world();
+  const int k = group->size(), s = group->rank();
+  auto full = deep_model(kFloat64);
+  PipelineStage pipe(stage_of(*full, s, 2 * k), group);
+  pipe.add_chunk(stage_of(*full, k + s, 2 * k));
+  EXPECT_EQ(pipe.chunks(), 2);
+  auto [x, y] = batch(0, kFloat64);
+  Tensor out = pipe.forward(x);
+  if (s == k - 1) {
+    NoGradGuard no_grad;
+    EXPECT_EQ(out.to_vector<double>(), full->forward(x).to_vector<double>());
+  } else {
+    EXPECT_FALSE(out.defined());
+  }
+}
+
+TEST_F(Pipeline, ScheduleOfOtherChunkCountIsAnError) {
+  auto group = world();
+  PipelineStage pipe(stage_of(*deep_model(kFloat64), group->rank(), group->size()), group);
+  auto [x, y] = batch(0, kFloat64);
+  try {
+    pipe.train_step(interleaved_schedule(group->size(), group->size(), 2), x, y, ce);
+    FAIL() << "expected an error";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("runs 2 model chunks per stage, this stage holds 1"), std::string::npos)
+        << e.what();
   }
 }
 

@@ -92,9 +92,11 @@ void check_inplace(const Tensor& t, const char* op) {
   if (t.defined()) t.storage()->bump_version();  // Note [Storage versions]
 }
 
+Tensor accumulate_grad(const Tensor& acc, const Tensor& g) { return acc.defined() ? add(acc, g) : g; }
+
 namespace {
 
-Tensor accumulate(const Tensor& acc, const Tensor& g) { return acc.defined() ? add(acc, g) : g; }
+Tensor accumulate(const Tensor& acc, const Tensor& g) { return accumulate_grad(acc, g); }
 
 // A gradient handed to a leaf must not share memory with anything else, since optimizers and
 // clipping update .grad in place.
@@ -102,6 +104,8 @@ Tensor own(const Tensor& g) {
   bool unique = g.impl_ptr().use_count() == 1 && g.storage().use_count() == 1 && g.is_contiguous();
   return unique ? g : g.clone();
 }
+
+}  // namespace
 
 Tensor fit_to_edge(Tensor g, const Edge& e, const Node& node, size_t i) {
   if (g.shape() != e.shape) {
@@ -117,13 +121,15 @@ void accumulate_leaf(AutogradMeta& leaf, const Tensor& g) {
   leaf.grad = leaf.grad.defined() ? add(leaf.grad, g) : own(g);
 }
 
-thread_local std::vector<std::function<void()>>* t_backward_callbacks = nullptr;
-
 void fire_grad_ready(const AutogradMeta& leaf) {
   // Copy: a hook may remove itself.
   auto hooks = leaf.grad_ready_hooks;
   for (auto& [id, fn] : hooks) fn();
 }
+
+namespace {
+
+thread_local std::vector<std::function<void()>>* t_backward_callbacks = nullptr;
 
 void run_graph(const std::vector<std::pair<std::shared_ptr<Node>, Tensor>>& roots, bool retain_graph);
 
@@ -160,6 +166,27 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& r
     fn();
   }
 }
+
+}  // namespace
+
+void run_as_backward_pass(const std::function<void()>& body) {
+  NoGradGuard no_grad;
+  std::vector<std::function<void()>> callbacks;
+  auto* outer = t_backward_callbacks;
+  t_backward_callbacks = &callbacks;
+  struct Restore {
+    std::vector<std::function<void()>>*& slot;
+    std::vector<std::function<void()>>* prev;
+    ~Restore() { slot = prev; }
+  } restore{t_backward_callbacks, outer};
+  body();
+  for (size_t i = 0; i < callbacks.size(); ++i) {
+    auto fn = std::move(callbacks[i]);
+    fn();
+  }
+}
+
+namespace {
 
 void run_graph(const std::vector<std::pair<std::shared_ptr<Node>, Tensor>>& roots, bool retain_graph) {
   // Count, for every node reachable from the roots, how many edges lead into it, and for every leaf

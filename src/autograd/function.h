@@ -78,6 +78,15 @@ Tensor record(const char* name, Tensor out, ArgView<Tensor> inputs, F&& fn) {
   return record_backward(name, std::move(out), inputs, BackwardFn(std::forward<F>(fn)));
 }
 
+// The engine's pieces that the split backward (split_backward.cpp) shares with backward().
+Tensor accumulate_grad(const Tensor& acc, const Tensor& g);
+Tensor fit_to_edge(Tensor g, const Edge& e, const Node& node, size_t i);
+void accumulate_leaf(AutogradMeta& leaf, const Tensor& g);
+void fire_grad_ready(const AutogradMeta& leaf);
+/// Runs body with grad mode off as one backward pass: queue_backward_callback works inside it and
+/// the queued callbacks run after it.
+void run_as_backward_pass(const std::function<void()>& body);
+
 /// Throws when t may not be modified in place (it is tracked by autograd and grad mode is on);
 /// otherwise counts the write in its storage's version (Note [Storage versions]).
 void check_inplace(const Tensor& t, const char* op);

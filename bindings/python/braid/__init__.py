@@ -103,11 +103,14 @@ class autocast(_contextlib.ContextDecorator):
 # braid.autograd: backward over several roots (no grad_tensors, or None, means ones) and hooks into
 # a backward pass (braid/autograd.h): add_grad_ready_hook(leaf, fn) calls fn once a pass has finished
 # accumulating into leaf.grad and returns an id; queue_backward_callback(fn) runs fn once the pass in
-# progress has finished, before backward() returns.
+# progress has finished, before backward() returns. backward_input(tensors, grad_tensors, inputs)
+# is the first half of a split backward (only the gradients of inputs); its result's run() is the
+# second (the parameters').
 backward = _core.backward
 autograd = _types.SimpleNamespace(backward=backward, add_grad_ready_hook=_core.add_grad_ready_hook,
                                   remove_grad_ready_hook=_core.remove_grad_ready_hook,
-                                  queue_backward_callback=_core.queue_backward_callback)
+                                  queue_backward_callback=_core.queue_backward_callback,
+                                  backward_input=_core.backward_input)
 
 
 # ---- creation, with PyTorch's signatures ----

@@ -81,7 +81,7 @@ def test_ddp_of_a_python_module_equals_one_process():
 
 
 @pytest.mark.skipif(SIZE < 2, reason="a pipeline needs at least 2 ranks (one stage each)")
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "zb-h1"])
 def test_pipeline_of_python_stages_equals_one_process(schedule):
     sizes = [5] + [7] * (SIZE - 1) + [3]  # one Linear per stage
     data = batches(3, 8, 5, 3, seed=3)
@@ -117,7 +117,7 @@ def test_pipeline_of_python_stages_equals_one_process(schedule):
     stage = Stage(full.layers[RANK], full.scale.detach() if RANK == SIZE - 1 else None)
     pipe = braid.distributed.PipelineStage(stage, braid.distributed.world())
     opt = optim.SGD(stage.parameters(), lr=0.1)
-    sched = (braid.distributed.gpipe_schedule if schedule == "gpipe" else braid.distributed.one_f_one_b_schedule)(SIZE, 4)
+    sched = braid.distributed.make_schedule(schedule, SIZE, 4)
     for (x, y), want in zip(data, ref_losses):
         opt.zero_grad()
         loss = pipe.train_step(sched, braid.from_numpy(x), braid.from_numpy(y), loss_fn)

@@ -4,8 +4,9 @@
 #pragma once
 
 #include <functional>
-#include <string>
+#include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "braid/distributed/data_parallel.h"
@@ -73,12 +74,18 @@ class PipelineStage {
   /// module: this rank's stage; group: the pipeline's ranks, stage s = group rank s. Collective
   /// only in train_step (every stage calls it with the same schedule).
   PipelineStage(std::shared_ptr<nn::Module> module, ProcessGroupPtr group, const PipelineOptions& options = {});
+  /// For interleaved schedules: the next model chunk of this rank, the constructor's module being
+  /// chunk 0; chunk c is virtual stage c * K + s of the model cut into v K consecutive pieces
+  /// (schedule.h). Every chunk lives on chunk 0's device.
+  void add_chunk(std::shared_ptr<nn::Module> module);
 
   /// Runs one mini-batch by schedule: the first stage splits input, the last splits target, into
   /// schedule.micro_batches equal parts along axis 0; each micro-batch's loss is scaled by 1/M so
   /// that the accumulated gradients are those of the mean loss over the mini-batch. Gradients
   /// accumulate into the stage's parameters (zero them and step the optimizer around the call).
-  /// Returns the mini-batch's mean loss on every stage.
+  /// Interleaved schedules need as many chunks as the schedule's; a split backward (ZB-H1) sends
+  /// the input gradient after BackwardInput and computes the weights' at BackwardWeight
+  /// (backward_input, autograd.h). Returns the mini-batch's mean loss on every stage.
   double train_step(const PipeSchedule& schedule, const Tensor& input, const Tensor& target, const PipeLoss& loss);
 
   /// Inference through the pipeline (no autograd): the first stage takes input, the last returns
@@ -87,7 +94,11 @@ class PipelineStage {
 
   int stage() const { return group_->rank(); }
   int stages() const { return group_->size(); }
-  nn::Module& module() { return *module_; }
+  /// Model chunks on this rank (1 unless made for an interleaved schedule).
+  int chunks() const { return static_cast<int>(modules_.size()); }
+  /// Chunk 0, the whole stage unless interleaved.
+  nn::Module& module() { return *modules_.front(); }
+  nn::Module& chunk_module(int chunk) { return *modules_.at(static_cast<size_t>(chunk)); }
   /// The most bytes of tensor storage alive during the latest train_step, less what was alive at
   /// its start (activations, gradients and buffers of the step).
   int64_t last_peak_bytes() const { return peak_bytes_; }
@@ -104,17 +115,22 @@ class PipelineStage {
   void post_data(Incoming& in);
   StageBoundary finish_receive(Incoming& in);
   void progress(std::vector<std::shared_ptr<Incoming>>& pending);
-  /// Runs the module on in's activation with in's skip tensors in scope: the output and, unless
-  /// this is the last stage, the skip tensors left to carry on.
-  StageBoundary run_module(const StageBoundary& in);
+  /// Runs chunk c on in's activation with in's skip tensors in scope: the output and, unless this
+  /// is the model's last piece, the skip tensors left to carry on.
+  StageBoundary run_module(int chunk, const StageBoundary& in);
+  /// send_boundary, or to this rank's own mailbox when a one-rank ring sends to itself.
+  void send_to(const StageBoundary& b, int to, int tag);
+  /// The boundary with that tag from this rank's mailbox.
+  StageBoundary take_own(int tag);
 
-  std::shared_ptr<nn::Module> module_;
+  std::vector<std::shared_ptr<nn::Module>> modules_;
   ProcessGroupPtr group_;
   PipelineOptions options_;
   int64_t peak_bytes_ = 0;
   std::vector<PipeEvent> events_;
   std::vector<WorkPtr> pending_sends_;
   std::vector<Tensor> send_buffers_;
+  std::map<int, StageBoundary> own_mail_;
 };
 
 }  // namespace braid::distributed
