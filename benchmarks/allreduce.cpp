@@ -186,7 +186,7 @@ void fixed_overhead() {
 }
 
 // Part 1: one buffer, four ways: braid, braid with deterministic = true (which never takes
-// MPI_Iallreduce; Note [All-reduce algorithm] in distributed/mpi_group.cpp), one MPI_Allreduce and
+// MPI_Iallreduce; Note [All-reduce algorithm] in distributed/mpi_reduce.h), one MPI_Allreduce and
 // the ideal ring.
 void sweep_all_reduce(int64_t max_bytes) {
   auto group = dist::world();

@@ -203,6 +203,37 @@ void ShardedDataParallel::launch(size_t i) {
   }
   b.launched = true;
   b.work = group_->reduce_scatter_inplace_async(b.grad_flat, ReduceOp::Average);
+  // Stages 2 and 3 keep at most kInFlight full-size gradient buffers: the older buckets' are
+  // harvested (waited for if need be) as backward goes on.
+  if (options_.stage == 1) return;
+  constexpr size_t kInFlight = 2;
+  size_t in_flight = 0;
+  for (size_t k = i + 1; k-- > 0;) {
+    Bucket& older = *buckets_[k];
+    if (!older.work) continue;
+    if (++in_flight > kInFlight || older.work->is_completed()) harvest(older);
+  }
+}
+
+// The bucket's reduce-scatter is done: its segment becomes (or adds to) the shard's gradient, and
+// at stages 2 and 3 the full-size buffer goes.
+void ShardedDataParallel::harvest(Bucket& b) {
+  b.work->wait();
+  b.work.reset();
+  NoGradGuard no_grad;
+  Tensor segment = b.grad_flat.narrow(0, b.begin, b.end - b.begin);
+  if (options_.stage == 1) {
+    // The segment of the persistent buffer is the shard's gradient; a second backward before
+    // step() adds to what launch() set aside.
+    if (b.carried.defined()) segment.add_(b.carried);
+    b.carried = Tensor();
+    b.shard_grad = segment;
+  } else {
+    if (b.has_grad) b.shard_grad.add_(segment);
+    else b.shard_grad = segment.clone();
+    b.grad_flat = Tensor();
+  }
+  b.has_grad = true;
 }
 
 void ShardedDataParallel::finish_backward() {
@@ -212,25 +243,8 @@ void ShardedDataParallel::finish_backward() {
     buckets_[i]->pending = 0;
   }
   launch_ready_buckets();
-  NoGradGuard no_grad;
-  for (auto& bp : buckets_) {
-    Bucket& b = *bp;
-    b.work->wait();
-    b.work.reset();
-    Tensor segment = b.grad_flat.narrow(0, b.begin, b.end - b.begin);
-    if (options_.stage == 1) {
-      // The segment of the persistent buffer is the shard's gradient; a second backward before
-      // step() adds to what launch() set aside.
-      if (b.carried.defined()) segment.add_(b.carried);
-      b.carried = Tensor();
-      b.shard_grad = segment;
-    } else {
-      if (b.has_grad) b.shard_grad.add_(segment);
-      else b.shard_grad = segment.clone();
-      b.grad_flat = Tensor();
-    }
-    b.has_grad = true;
-  }
+  for (auto& b : buckets_)
+    if (b->work) harvest(*b);
 }
 
 void ShardedDataParallel::step() {

@@ -15,6 +15,8 @@ bool knob_flag(const char* name);
 int64_t knob_count(const char* name);
 /// A positive number (seconds, a threshold); its default when unset.
 double knob_number(const char* name);
+/// A size in bytes, with an optional K, M or G suffix (powers of 1024); 0 when unset.
+int64_t knob_bytes(const char* name);
 /// Text or a path, as knob_value gives it.
 std::string knob_text(const char* name);
 

@@ -33,6 +33,10 @@ const std::vector<Knob> kKnobs = {
      "deadline of every distributed operation; a stuck one is an error naming the ranks that did not arrive", false},
     {"BRAID_DISTRIBUTED_DEBUG", "flag", "0",
      "1: the ranks compare each collective before running it, so a mismatch is an error, not a hang", false},
+    {"BRAID_MEMORY_LIMIT", "bytes", "0",
+     "most bytes of tensors each process may hold on a device (K/M/G suffixes; 0: no limit): a smaller device "
+     "to try a model against; passing it is an error naming the sizes",
+     false},
     {"BRAID_NCCL", "flag", "1", "0: CUDA tensors' collectives go through MPI, staged in host memory, not NCCL", false},
     {"BRAID_NCCL_ABORT_GRACE", "seconds", "30",
      "how long an NCCL error the program has not collected may wait before the watchdog ends the job", false},
@@ -168,6 +172,26 @@ double knob_number(const char* name) {
   if (end == v.c_str() || *end != '\0' || !(seconds ? d > 0 : d >= 0) || d != d)
     bad_value(k, v, seconds ? "a positive number of seconds" : "a number >= 0");
   return d;
+}
+
+int64_t knob_bytes(const char* name) {
+  const Knob& k = kKnobs[index_of(name)];
+  const std::string* e = knob_env(name);
+  const std::string v = e ? *e : k.default_value;
+  char* end = nullptr;
+  errno = 0;
+  const double d = std::strtod(v.c_str(), &end);
+  double scale = 1;
+  if (end != v.c_str() && *end != '\0' && end[1] == '\0') {
+    switch (*end) {
+      case 'K': case 'k': scale = 1024.0; ++end; break;
+      case 'M': case 'm': scale = 1024.0 * 1024; ++end; break;
+      case 'G': case 'g': scale = 1024.0 * 1024 * 1024; ++end; break;
+      default: break;
+    }
+  }
+  if (errno != 0 || end == v.c_str() || *end != '\0' || !(d >= 0)) bad_value(k, v, "a size such as 512M, 4G or 0");
+  return static_cast<int64_t>(d * scale);
 }
 
 std::string knob_text(const char* name) { return knob_value(name); }

@@ -8,6 +8,7 @@
 
 #include "backend/backend.h"
 #include "braid/error.h"
+#include "core/knob_read.h"
 
 namespace braid {
 
@@ -32,6 +33,17 @@ Counter& counter(Device d) {
   return counters[static_cast<size_t>(d.type)][static_cast<size_t>(d.index)];
 }
 
+// BRAID_MEMORY_LIMIT: an allocation that would take a device's live bytes past it is an error
+// before anything is allocated (the statistics above are what it compares).
+void check_limit(Device d, int64_t bytes) {
+  static const int64_t limit = detail::knob_bytes("BRAID_MEMORY_LIMIT");
+  if (limit <= 0) return;
+  const int64_t live = counter(d).live.load();
+  BRAID_CHECK_T(Error, live + bytes <= limit, "out of memory on ", d.str(), ": ", bytes, " more bytes with ", live,
+                " in use would pass BRAID_MEMORY_LIMIT (", limit, " bytes per process); use smaller batches, or "
+                "shard the model (ShardedDataParallel, stage 3)");
+}
+
 void count(Device d, int64_t bytes) {
   Counter& c = counter(d);
   const int64_t now = c.live += bytes;
@@ -46,6 +58,7 @@ std::shared_ptr<Storage> Storage::allocate(int64_t nbytes, Device device) {
   BRAID_CHECK(nbytes >= 0, "Storage::allocate: negative size ", nbytes);
   detail::Backend& backend = detail::backend_for(device);
   const int64_t rounded = (std::max<int64_t>(nbytes, 1) + kAlignment - 1) / kAlignment * kAlignment;
+  check_limit(device, rounded);
   void* p = backend.allocate(device, rounded);
   count(device, rounded);
   return std::make_shared<Storage>(Key(), p, rounded, device, true, nullptr);
@@ -69,6 +82,7 @@ void Storage::resize(int64_t nbytes) {
   data_ = nullptr;
   nbytes_ = 0;
   if (rounded > 0) {
+    check_limit(device_, rounded);
     data_ = backend.allocate(device_, rounded);
     count(device_, rounded);
     nbytes_ = rounded;

@@ -31,20 +31,11 @@ all_reduce = _dist.all_reduce
 broadcast = _dist.broadcast
 all_gather = _dist.all_gather
 barrier = _dist.barrier
-SyncBatchNorm = _dist.SyncBatchNorm
-convert_sync_batchnorm = _dist.convert_sync_batchnorm
-gpipe_schedule = _dist.gpipe_schedule
-one_f_one_b_schedule = _dist.one_f_one_b_schedule
-interleaved_schedule = _dist.interleaved_schedule
-zb_h1_schedule = _dist.zb_h1_schedule
-make_schedule = _dist.make_schedule
-validate = _dist.validate
-StepCosts = _dist.StepCosts
-PipelineOptions = _dist.PipelineOptions
-make_grid = _dist.make_grid
-partition = _dist.partition
-profile_layers = _dist.profile_layers
-stage_layers = _dist.stage_layers
+# The pipeline's and SyncBatchNorm's names, as the C++ API has them.
+globals().update({_n: getattr(_dist, _n) for _n in (
+    "SyncBatchNorm", "convert_sync_batchnorm", "gpipe_schedule", "one_f_one_b_schedule", "interleaved_schedule",
+    "zb_h1_schedule", "make_schedule", "validate", "StepCosts", "PipelineOptions", "make_grid", "partition",
+    "profile_layers", "stage_layers")})
 
 _previous_excepthook = sys.excepthook
 

@@ -125,6 +125,7 @@ class ShardedDataParallel {
   void on_grad_ready(size_t param);
   void launch_ready_buckets();
   void launch(size_t bucket);
+  void harvest(Bucket& bucket);
   void finish_backward();
 
   std::shared_ptr<nn::Module> module_;
