@@ -218,7 +218,8 @@ double PipelineStage::train_step(const PipeSchedule& schedule, const Tensor& inp
                                  [](const PipeAction& a) { return a.kind == PipeAction::Kind::BackwardInput; });
   // Data parallelism all-reduces during the stage's last backward, which must then produce every
   // parameter's gradient: not so with several chunks (it covers one) or a split backward.
-  BRAID_CHECK_T(NotImplementedError, !((split || v > 1) && options_.data_parallel), "PipelineStage: schedule '",
+  BRAID_CHECK_T(NotImplementedError, !((split || v > 1) && (options_.data_parallel || options_.sharded)),
+                "PipelineStage: schedule '",
                 schedule.name, "' ", split ? "splits the backward" : "runs several chunks per stage",
                 ", which does not run with data parallelism (PipelineOptions::data_parallel) yet");
   const int last_vs = k * v - 1, next = (s + 1) % k, prev = (s + k - 1) % k;
@@ -349,7 +350,9 @@ double PipelineStage::train_step(const PipeSchedule& schedule, const Tensor& inp
         } else {
           // With data parallelism, only the stage's last backward of the mini-batch all-reduces.
           std::optional<DistributedDataParallel::NoSync> no_sync;
+          std::optional<ShardedDataParallel::NoSync> no_sync_sharded;
           if (options_.data_parallel && ai != last_backward) no_sync.emplace(*options_.data_parallel);
+          if (options_.sharded && ai != last_backward) no_sync_sharded.emplace(*options_.sharded);
           if (vstage(c) == last_vs)
             roots[0].backward();
           else

@@ -163,7 +163,15 @@ std::pair<int64_t, int64_t> ShardedDataParallel::shard_range(size_t bucket) cons
   return {buckets_[bucket]->begin, buckets_[bucket]->end};
 }
 
+ShardedDataParallel::NoSync::NoSync(ShardedDataParallel& sdp) : sdp_(sdp), prev_(sdp.sync_) {
+  BRAID_CHECK(sdp.options_.stage < 3, "ShardedDataParallel::NoSync: stage 3 frees the parameters after each use, so "
+              "it cannot accumulate gradients locally; run backward with synchronisation (the gradients accumulate "
+              "in the shard)");
+  sdp_.sync_ = false;
+}
+
 void ShardedDataParallel::on_grad_ready(size_t k) {
+  if (!sync_) return;
   if (!in_backward_) {
     in_backward_ = true;
     std::fill(ready_.begin(), ready_.end(), false);

@@ -324,7 +324,9 @@ TEST_F(Pipeline, RecomputationGivesTheSameGradientsWithLessActivationMemory) {
   EXPECT_LT(peak[1], peak[0]) << "recompute " << peak[1] << " bytes, keeping activations " << peak[0] << " bytes";
 }
 
-TEST_F(Pipeline, DataTimesPipelineGridEqualsOneProcess) {
+// mode 0: DistributedDataParallel across the replicas; 1 and 2: ShardedDataParallel at that stage,
+// with GPipe's schedule at stage 1 and 1F1B's otherwise.
+void expect_grid_equals_one_process(int mode) {
   auto w = world();
   if (w->size() % 2 != 0) GTEST_SKIP() << "needs an even number of ranks";
   const int k = w->size() == 2 ? 1 : 2;  // 2 ranks: 2 replicas of 1 stage; 4 ranks: 2 x 2
@@ -334,11 +336,24 @@ TEST_F(Pipeline, DataTimesPipelineGridEqualsOneProcess) {
   optim::SGD ref_opt(ref->parameters(), {.lr = 0.1, .momentum = 0.9});
   auto full = full_model(kFloat64);
   auto stage = stage_of(*full, grid.stage, k);
-  DistributedDataParallel ddp(stage, grid.data);
   PipelineOptions o;
-  o.data_parallel = &ddp;
+  std::unique_ptr<DistributedDataParallel> ddp;
+  std::unique_ptr<ShardedDataParallel> sdp;
+  std::unique_ptr<optim::SGD> opt;
+  if (mode == 0) {
+    ddp = std::make_unique<DistributedDataParallel>(stage, grid.data);
+    o.data_parallel = ddp.get();
+    opt = std::make_unique<optim::SGD>(stage->parameters(), optim::SGDOptions{.lr = 0.1, .momentum = 0.9});
+  } else {
+    sdp = std::make_unique<ShardedDataParallel>(
+        stage,
+        [](const std::vector<Tensor>& shard) {
+          return std::make_shared<optim::SGD>(shard, optim::SGDOptions{.lr = 0.1, .momentum = 0.9});
+        },
+        grid.data, ShardedOptions{.stage = mode});
+    o.sharded = sdp.get();
+  }
   PipelineStage pipe(stage, grid.pipeline, o);
-  optim::SGD opt(stage->parameters(), {.lr = 0.1, .momentum = 0.9});
   for (int step = 0; step < 3; ++step) {
     auto [x, y] = batch(step, kFloat64);
     ref_opt.zero_grad();
@@ -346,15 +361,24 @@ TEST_F(Pipeline, DataTimesPipelineGridEqualsOneProcess) {
     ref_opt.step();
     // Replica r takes rows [r B / D, (r + 1) B / D) of the mini-batch.
     const int64_t rows = x.size(0) / d;
-    opt.zero_grad();
-    pipe.train_step(one_f_one_b_schedule(k, 4), x.narrow(0, grid.replica * rows, rows),
-                    y.narrow(0, grid.replica * rows, rows), ce);
-    opt.step();
+    if (opt) opt->zero_grad();
+    else sdp->zero_grad();
+    pipe.train_step(mode == 1 ? gpipe_schedule(k, 4) : one_f_one_b_schedule(k, 4),
+                    x.narrow(0, grid.replica * rows, rows), y.narrow(0, grid.replica * rows, rows), ce);
+    if (opt) opt->step();
+    else sdp->step();
   }
   const auto ref_state = ref->state_dict();
   for (const auto& [name, t] : stage->state_dict())
-    EXPECT_LE(amax(abs(t - ref_state.at(name))).item(), 1e-10) << "replica " << grid.replica << " stage " << grid.stage
-                                                                << ": " << name;
+    EXPECT_LE(amax(abs(t - ref_state.at(name))).item(), 1e-10) << "mode " << mode << " replica " << grid.replica
+                                                                << " stage " << grid.stage << ": " << name;
+}
+
+TEST_F(Pipeline, DataTimesPipelineGridEqualsOneProcess) { expect_grid_equals_one_process(0); }
+
+TEST_F(Pipeline, ShardedTimesPipelineGridEqualsOneProcess) {
+  expect_grid_equals_one_process(1);  // ZeRO stage 1 with GPipe
+  expect_grid_equals_one_process(2);  // stage 2 with 1F1B
 }
 
 TEST_F(Pipeline, TimelineIsCausalAndWritesTraceAndGantt) {

@@ -431,6 +431,15 @@ TEST_F(Sharded, BadArgumentsAreNamed) {
   EXPECT_NE(unknown.find("'7'"), std::string::npos) << unknown;
   EXPECT_NE(unknown.find("0, 1, 2"), std::string::npos) << unknown;
   EXPECT_THROW(ShardedDataParallel(m, nullptr, world()), ValueError);
+  {
+    ShardedDataParallel sdp(m, adam_factory(), world(), {.stage = 3});
+    try {
+      ShardedDataParallel::NoSync no_sync(sdp);
+      ADD_FAILURE() << "NoSync at stage 3 should be refused";
+    } catch (const ValueError& e) {
+      EXPECT_NE(std::string(e.what()).find("stage 3 frees the parameters"), std::string::npos) << e.what();
+    }
+  }
 }
 
 int main(int argc, char** argv) { return braid::testing::mpi_test_main(argc, argv); }

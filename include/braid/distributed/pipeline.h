@@ -12,6 +12,7 @@
 #include "braid/distributed/data_parallel.h"
 #include "braid/distributed/process_group.h"
 #include "braid/distributed/schedule.h"
+#include "braid/distributed/sharded.h"
 #include "braid/nn/module.h"
 
 namespace braid::distributed {
@@ -29,6 +30,10 @@ struct PipelineOptions {
   /// in the other replicas (see make_grid). Gradients are all-reduced once per mini-batch, during
   /// the stage's last backward.
   DistributedDataParallel* data_parallel = nullptr;
+  /// Or sharded data parallelism across the replicas (ShardedDataParallel at stage 1 or 2 over
+  /// the stage's module and the grid's data group): the same, then its step() instead of the
+  /// optimizer's.
+  ShardedDataParallel* sharded = nullptr;
 };
 
 /// The two groups of a D x K grid of ranks (D = world size / K replicas of a K-stage pipeline):

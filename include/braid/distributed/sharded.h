@@ -82,6 +82,22 @@ class ShardedDataParallel {
   void step();
   /// Drops the shard's gradients.
   void zero_grad();
+
+  /// While a NoSync guard lives, backward accumulates the parameters' gradients locally; the first
+  /// backward after it reduce-scatters what was accumulated (gradient accumulation, and a
+  /// pipeline's micro-batches). Stages 1 and 2 (stage 3 frees the parameters it would accumulate
+  /// into: ValueError).
+  class NoSync {
+   public:
+    explicit NoSync(ShardedDataParallel& sdp);
+    ~NoSync() { sdp_.sync_ = prev_; }
+    NoSync(const NoSync&) = delete;
+    NoSync& operator=(const NoSync&) = delete;
+
+   private:
+    ShardedDataParallel& sdp_;
+    bool prev_;
+  };
   /// Stage 3: the whole parameters and buffers by the model's names (every rank gets them; the
   /// units gather one at a time). Collective. At stages 1 and 2 it is the module's state_dict().
   nn::StateDict full_state_dict();
@@ -139,6 +155,7 @@ class ShardedDataParallel {
   std::vector<bool> ready_;
   size_t next_launch_ = 0;
   bool in_backward_ = false;
+  bool sync_ = true;
   std::shared_ptr<optim::Optimizer> optimizer_;
   std::vector<std::pair<std::string, std::shared_ptr<nn::Module>>> wrapped_;  // stage 3: (path, the original)
 };
