@@ -247,12 +247,26 @@ void ShardedDataParallel::harvest(Bucket& b) {
 void ShardedDataParallel::finish_backward() {
   in_backward_ = false;
   for (size_t i = 0; i < buckets_.size(); ++i) {
-    if (buckets_[i]->unit && buckets_[i]->gathered) release(i);  // a unit some of whose parameters had no gradient
+    // A unit some of whose parameters had no gradient, or one prefetched and not used.
+    if (buckets_[i]->unit && (buckets_[i]->gathered || buckets_[i]->gather_work)) release(i);
     buckets_[i]->pending = 0;
   }
   launch_ready_buckets();
   for (auto& b : buckets_)
     if (b->work) harvest(*b);
+  learn_order();
+}
+
+// The forward that this backward closes gives the order the next step prefetches in.
+void ShardedDataParallel::learn_order() {
+  if (forward_now_.empty()) return;
+  next_in_forward_.clear();
+  next_in_backward_.clear();
+  for (size_t k = 0; k + 1 < forward_now_.size(); ++k) {
+    next_in_forward_.emplace(forward_now_[k], forward_now_[k + 1]);
+    next_in_backward_.emplace(forward_now_[k + 1], forward_now_[k]);
+  }
+  forward_now_.clear();
 }
 
 void ShardedDataParallel::step() {

@@ -23,6 +23,7 @@ struct ShardedDataParallel::Bucket {
   bool has_grad = false;
   bool launched = false;
   WorkPtr work;
+  WorkPtr gather_work;  // stage 3: an all-gather in flight (a prefetch)
 };
 
 namespace detail {

@@ -122,13 +122,28 @@ void ShardedDataParallel::wrap_units(const std::vector<std::string>& unit_paths)
   }
 }
 
-void ShardedDataParallel::gather(size_t i) {
+// Note [Prefetching units]
+// A unit's all-gather for its next use is started early, so that it travels while the layer before
+// it computes: in forward, when unit i starts, the unit that followed i in the previous step's
+// forward; in backward, when unit i is gathered again, the unit that preceded it. The order is the
+// previous training step's (the first step gathers each unit when it is reached), and every rank
+// makes the same calls in the same order, as collectives need. A unit prefetched but not used
+// stays gathered until the end of backward. Prefetching changes when the gathers run, not how many.
+void ShardedDataParallel::start_gather(size_t i) {
   Bucket& b = *buckets_[i];
-  if (b.gathered) return;
+  if (b.gathered || b.gather_work) return;
   NoGradGuard no_grad;
   b.flat.storage()->resize(b.numel * b.flat.element_size());
   b.flat.narrow(0, b.begin, b.end - b.begin).copy_(b.shard);
-  group_->all_gather_inplace_async(b.flat)->wait();
+  b.gather_work = group_->all_gather_inplace_async(b.flat);
+}
+
+void ShardedDataParallel::gather(size_t i) {
+  Bucket& b = *buckets_[i];
+  if (b.gathered) return;
+  start_gather(i);
+  b.gather_work->wait();
+  b.gather_work.reset();
   for (size_t j = 0; j < b.params.size(); ++j) {
     const int64_t size = (j + 1 < b.params.size() ? b.offsets[j + 1] : b.numel) - b.offsets[j];
     detail::rebind(params_[b.params[j]], b.flat.narrow(0, b.offsets[j], size).view(b.shapes[j]));
@@ -136,8 +151,17 @@ void ShardedDataParallel::gather(size_t i) {
   b.gathered = true;
 }
 
+void ShardedDataParallel::prefetch(size_t i, bool forward) {
+  forward_now_.push_back(i);
+  if (!options_.prefetch) return;
+  const auto& next = forward ? next_in_forward_ : next_in_backward_;
+  auto it = next.find(i);
+  if (it != next.end()) start_gather(it->second);
+}
+
 void ShardedDataParallel::release(size_t i) {
   Bucket& b = *buckets_[i];
+  if (b.gather_work) gather(i);  // a prefetch in flight: let it land before the memory goes
   if (!b.gathered) return;
   for (size_t k : b.params) {
     TensorImpl& impl = *params_[k].impl_ptr();
@@ -150,6 +174,7 @@ void ShardedDataParallel::release(size_t i) {
 
 Tensor ShardedDataParallel::run_unit(size_t i, nn::Module& inner, const Tensor& x) {
   gather(i);
+  if (is_grad_enabled()) prefetch(i, true);
   Tensor y;
   try {
     y = inner.forward(x);
@@ -162,6 +187,8 @@ Tensor ShardedDataParallel::run_unit(size_t i, nn::Module& inner, const Tensor& 
   // Backward reaches this op before any of the unit's own: the parameters are gathered for them.
   return ::braid::detail::record("sharded_unit", y.detach(), {y}, [this, i](const Tensor& g, ::braid::detail::Grads& grads) {
     gather(i);
+    auto it = next_in_backward_.find(i);
+    if (options_.prefetch && it != next_in_backward_.end()) start_gather(it->second);
     grads.set(0, g);
   });
 }

@@ -215,6 +215,25 @@ TEST_F(Sharded, StageThreeFreesEachUnitOutsideItsUseAndPutsTheModelBack) {
   for (const auto& [name, t] : m->state_dict()) EXPECT_EQ(t.shape(), before.at(name).shape()) << name;
 }
 
+TEST_F(Sharded, StageThreePrefetchesTheNextUnitInThePreviousStepsOrder) {
+  for (bool prefetch : {true, false}) {
+    auto m = build(Model::Mlp);  // units "0" (Linear 6 -> 7: 49 parameters) and "2" (7 -> 3: 24)
+    auto g = world()->split(0, R());
+    ShardedDataParallel sdp(m, adam_factory(), g, {.stage = 3, .prefetch = prefetch});
+    for (int s = 0; s < 2; ++s) {
+      // The first step learns the order; then unit 0's forward starts unit 2's gather too.
+      g->reset_traffic();
+      auto [x, y] = batch(Model::Mlp, s, 3);
+      Tensor h = m->child("0")->forward(x);
+      const int64_t gathered = g->traffic().all_gather.elements;
+      EXPECT_EQ(gathered, s == 1 && prefetch ? 49 + 24 : 49) << "step " << s << " prefetch " << prefetch;
+      sdp.zero_grad();
+      nn::cross_entropy(m->child("2")->forward(m->child("1")->forward(h)), y).backward();
+      sdp.step();
+    }
+  }
+}
+
 TEST_F(Sharded, NamedUnitsTakeTheParametersUnderThem) {
   // One unit for the encoder layer (its attention, feed-forward and norms together), the root's
   // last Linear as another: still data-parallel's bits.

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -29,6 +30,9 @@ struct ShardedOptions {
   double bucket_cap_mb = 25;
   /// Copy rank 0's buffers (BatchNorm running statistics) to every rank at construction.
   bool broadcast_buffers = true;
+  /// Stage 3: start each unit's all-gather while the unit before it computes, in forward and in
+  /// backward (in the order of the previous training step).
+  bool prefetch = true;
   /// Stage 3: the modules (dotted names) whose parameters are gathered and freed together; each
   /// takes the parameters under it that no unit inside it takes. Empty: the model's children that
   /// hold parameters (looking through a child that is the only one). Parameters under no unit (the
@@ -136,6 +140,9 @@ class ShardedDataParallel {
   std::vector<std::vector<size_t>> plan_units(std::vector<bool>& is_unit, std::vector<std::string>& unit_paths);
   void wrap_units(const std::vector<std::string>& unit_paths);
   void gather(size_t bucket);
+  void start_gather(size_t bucket);
+  void prefetch(size_t bucket, bool forward);
+  void learn_order();
   void release(size_t bucket);
   Tensor run_unit(size_t bucket, nn::Module& inner, const Tensor& x);
   void on_grad_ready(size_t param);
@@ -156,6 +163,10 @@ class ShardedDataParallel {
   size_t next_launch_ = 0;
   bool in_backward_ = false;
   bool sync_ = true;
+  // Stage 3's prefetching (Note [Prefetching units]): the units in this step's forward so far, and
+  // from the previous step, each unit's successor in forward and in backward.
+  std::vector<size_t> forward_now_;
+  std::map<size_t, size_t> next_in_forward_, next_in_backward_;
   std::shared_ptr<optim::Optimizer> optimizer_;
   std::vector<std::pair<std::string, std::shared_ptr<nn::Module>>> wrapped_;  // stage 3: (path, the original)
 };
