@@ -1,6 +1,7 @@
 // braid-pipeline-bench: pipeline measurements under `mpiexec -n K` (K stages), one JSON object per
 // line from rank 0, for benchmarks/pipeline_bench.py:
-//   bubble      measured bubble of GPipe and 1F1B for M = 1..16 against (K-1)/(M+K-1)
+//   bubble      measured bubble of GPipe, 1F1B, interleaved (V = 2) and ZB-H1 for M = 1..16 against
+//               each schedule's closed form
 //   memory      peak step memory per stage for GPipe, 1F1B, ZB-H1, interleaved (v = 2), each also
 //               with recomputation
 //   partition   the partitioner's predicted stage times against measured ones (zoo resnet)
@@ -62,29 +63,40 @@ std::shared_ptr<nn::Sequential> even_stage(const nn::Sequential& m, int s, int k
   return slice_layers(m, n * s / k, n * (s + 1) / k);
 }
 
+// Every schedule on equal stages: 1F1B's and GPipe's bubble is (K-1)/(M+K-1) of the step, the
+// interleaved schedule's (V = 2 chunks of 4 layers per rank) (K-1)/(VM+K-1), ZB-H1's (K-1)/(3M+K-1)
+// when forward, input gradient and weight gradient cost alike (a Linear's three products).
 void bubble(int k, int s) {
   auto model = chain();
-  auto stage = even_stage(*model, s, k);
-  for (const std::string name : {"GPipe", "1F1B"}) {
+  const int v = 2;
+  for (const std::string name : {"GPipe", "1F1B", "interleaved", "ZB-H1"}) {
     for (int m : {1, 2, 4, 8, 16}) {
+      if ((name == "interleaved" && m % k != 0) || (name == "ZB-H1" && m < k)) continue;
+      const int chunks = name == "interleaved" ? v : 1;
+      std::shared_ptr<nn::Sequential> stage = even_stage(*model, s, k * chunks);
       PipelineStage pipe(stage, world());
-      const PipeSchedule sched = name == "GPipe" ? gpipe_schedule(k, m) : one_f_one_b_schedule(k, m);
+      for (int c = 1; c < chunks; ++c) pipe.add_chunk(even_stage(*model, c * k + s, k * chunks));
+      const std::string key = name == "GPipe" ? "gpipe" : name == "1F1B" ? "1f1b" : name == "ZB-H1" ? "zb-h1" : "interleaved";
+      const PipeSchedule sched = make_schedule(key, k, m, chunks);
+      const double formula = name == "interleaved" ? (k - 1.0) / (v * m + k - 1.0)
+                             : name == "ZB-H1"     ? (k - 1.0) / (3.0 * m + k - 1.0)
+                                                   : (k - 1.0) / (m + k - 1.0);
       Generator g(1);
       Tensor x = randn({128 * m, 256}, kFloat32, &g), y = zeros({128 * m, 256});
       std::vector<double> measured;
       for (int step = 0; step < 7; ++step) {
-        stage->zero_grad();
+        model->zero_grad();
         pipe.train_step(sched, x, y, mse);
         if (step < 2) continue;
         const PipeTimeline t = pipe.gather_timeline();
         measured.push_back(t.bubble_fraction);
         if (step == 6 && m == 4 && !g_out.empty() && g_rank == 0)
-          t.write_gantt_svg(g_out + "/pipeline_gantt_" + name + "_K" + std::to_string(k) + "_M4.svg",
+          t.write_gantt_svg(g_out + "/pipeline_gantt_" + key + "_K" + std::to_string(k) + "_M4.svg",
                             name + ", K = " + std::to_string(k) + ", M = 4 (8 x Linear 256 + Tanh)");
       }
       emit(kv("kind", "bubble") + ", " + kv("schedule", name) + ", " + kv("K", k) + ", " + kv("M", m) + ", " +
-           kv("measured", median(measured)) + ", " + kv("formula", static_cast<double>(k - 1) / (m + k - 1)) + ", " +
-           kv("simulated", validate(sched, 2.0).bubble_fraction));
+           kv("measured", median(measured)) + ", " + kv("formula", formula) + ", " +
+           kv("simulated", validate(sched, StepCosts{}).bubble_fraction));
     }
   }
 }

@@ -32,16 +32,14 @@ def main():
     load = os.getloadavg()[0]
     print(f"1-minute load average at start: {load:.2f}\n")
     print("**Bubble**: measured from the gathered timeline (1 − time in forward and backward / (K × step time)), "
-          "median of 5 steps, against GPipe's (K−1)/(M+K−1) and the validator's simulation (backward = 2 × forward).\n")
-    print("| K | M | GPipe measured | 1F1B measured | formula | simulated | GPipe − formula (points) | 1F1B − formula (points) |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "median of 5 steps, against each schedule's closed form (GPipe and 1F1B (K−1)/(M+K−1), interleaved with "
+          "V = 2 (K−1)/(VM+K−1), ZB-H1 (K−1)/(3M+K−1)) and the validator's simulation.\n")
+    print("| K | M | schedule | measured | formula | simulated | measured − formula (points) |")
+    print("|---:|---:|---|---:|---:|---:|---:|")
     for k in args.ranks:
-        rows = run(args.build_dir, k, "bubble", args.gantt_dir)
-        by = {(r["schedule"], r["M"]): r for r in rows}
-        for m in sorted({r["M"] for r in rows}):
-            g, f = by[("GPipe", m)], by[("1F1B", m)]
-            print(f"| {k} | {m} | {g['measured']:.3f} | {f['measured']:.3f} | {g['formula']:.3f} | {g['simulated']:.3f} | "
-                  f"{100 * (g['measured'] - g['formula']):+.1f} | {100 * (f['measured'] - f['formula']):+.1f} |")
+        for r in run(args.build_dir, k, "bubble", args.gantt_dir):
+            print(f"| {k} | {r['M']} | {r['schedule']} | {r['measured']:.3f} | {r['formula']:.3f} | "
+                  f"{r['simulated']:.3f} | {100 * (r['measured'] - r['formula']):+.1f} |")
     print("\n**Peak memory of a step** (M = 8 micro-batches of 64 rows, 8 × Linear 256 + Tanh): "
           "tensor storage alive at the step's high point, less what was alive at its start.\n")
     print("| K | schedule | recompute | stage 0 MB | largest stage MB |")
