@@ -82,10 +82,8 @@ inline std::shared_ptr<braid::nn::Module> holding(std::shared_ptr<braid::nn::Mod
 // The gradient-accumulation guard, as a class of its own (distributed.py's no_sync() holds one).
 %feature("flatnested") braid::distributed::DistributedDataParallel::NoSync;
 %rename(DataParallelNoSync) braid::distributed::DistributedDataParallel::NoSync;
-// ShardedDataParallel has no Python binding yet (its optimizer factory is a C++ callable).
-%ignore braid::distributed::PipelineOptions::sharded;
-%ignore braid::distributed::PipelineStage::Incoming;
-%ignore braid::distributed::PipelineStage::operator();
+%ignore braid::distributed::PipelineOptions::sharded;  // no Python ShardedDataParallel yet
+%ignore braid::distributed::PipelineStage::Incoming; %ignore braid::distributed::PipelineStage::operator();
 
 %template(PipeActionVector) std::vector<braid::distributed::PipeAction>;
 %template(LayerProfileVector) std::vector<braid::distributed::LayerProfile>;
