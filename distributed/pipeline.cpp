@@ -54,18 +54,6 @@ struct PipelineStage::Incoming {
   std::vector<WorkPtr> data_work;
 };
 
-Grid make_grid(int pipeline_stages, ProcessGroupPtr world_group) {
-  ProcessGroupPtr w = world_group ? std::move(world_group) : world();
-  BRAID_CHECK(pipeline_stages >= 1 && w->size() % pipeline_stages == 0, "make_grid: ", w->size(),
-              " ranks do not divide into pipelines of ", pipeline_stages, " stages");
-  Grid g;
-  g.replica = w->rank() / pipeline_stages;
-  g.stage = w->rank() % pipeline_stages;
-  g.pipeline = w->split(g.replica, g.stage);
-  g.data = w->split(g.stage, g.replica);
-  return g;
-}
-
 PipelineStage::PipelineStage(std::shared_ptr<nn::Module> module, ProcessGroupPtr group, const PipelineOptions& options)
     : group_(group ? std::move(group) : world()), options_(options) {
   BRAID_CHECK(module != nullptr, "PipelineStage: the module is null");

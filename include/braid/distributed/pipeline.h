@@ -36,13 +36,37 @@ struct PipelineOptions {
   ShardedDataParallel* sharded = nullptr;
 };
 
-/// The two groups of a D x K grid of ranks (D = world size / K replicas of a K-stage pipeline):
-/// rank r is stage r % K of replica r / K. `pipeline` holds one replica's K stages, `data` the D
-/// ranks that hold the same stage.
-struct Grid {
-  ProcessGroupPtr pipeline, data;
-  int replica = 0, stage = 0;
+/// The sizes of a 3-D grid of ranks: data-parallel replicas x pipeline stages x tensor-parallel
+/// shards. data = 0 takes what is left: world size / (pipeline x tensor).
+struct GridShape {
+  int data = 0, pipeline = 1, tensor = 1;
 };
+
+// Note [Grid placement]
+// Rank r sits at (replica, stage, tensor_rank) with r = (replica x P + stage) x T + tensor_rank:
+// the tensor-parallel shards of a layer are neighbours (on one node, where its fast links are; as
+// Megatron-LM places them), a pipeline's stages come next, and the replicas vary slowest. With
+// T = 1 this is make_grid(K)'s layout: stage r % K of replica r / K.
+
+/// Every group a rank of the grid takes part in, and its coordinates.
+struct Grid {
+  /// pipeline: one replica's P stages (same replica and tensor_rank; group rank = stage).
+  /// data: the D ranks holding the same stage and shard (DistributedDataParallel's or
+  /// ShardedDataParallel's group; group rank = replica). tensor: the T shards of one stage (the
+  /// tensor-parallel layers' group; group rank = tensor_rank). model: the P x T ranks of one
+  /// replica, which together hold the whole model once.
+  ProcessGroupPtr pipeline, data, tensor, model;
+  int replica = 0, stage = 0, tensor_rank = 0;
+  GridShape shape;
+  /// The world rank at these coordinates (Note [Grid placement]).
+  int rank_of(int replica, int stage, int tensor_rank) const;
+  /// "replica 1 of 2, stage 0 of 2, tensor shard 1 of 1".
+  std::string describe() const;
+};
+/// Builds the grid's four groups (collective over world_group, default the world). Sizes must be
+/// positive and multiply to the world's size: ValueError naming them otherwise.
+Grid make_grid(const GridShape& shape, ProcessGroupPtr world_group = nullptr);
+/// The D x K grid of a K-stage pipeline replicated over the remaining ranks: make_grid({0, K, 1}).
 Grid make_grid(int pipeline_stages, ProcessGroupPtr world_group = nullptr);
 
 /// One action of one stage in a step, in seconds: steady-clock time in last_events(), since the
