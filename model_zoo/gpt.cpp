@@ -1,8 +1,10 @@
 // The zoo's GPT: embeddings, pre-norm causal blocks, the head; its tensor-parallel plan; the corpus.
 #include "gpt.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -125,9 +127,43 @@ Tensor gpt_loss(const Tensor& logits, const Tensor& targets, const distributed::
   return cross_entropy(flat, targets.reshape({-1}));
 }
 
+namespace {
+// UTF-8 <-> code points; a byte that starts no valid sequence reads as U+FFFD.
+std::vector<char32_t> utf8_decode(const std::string& s) {
+  std::vector<char32_t> out;
+  for (size_t i = 0; i < s.size();) {
+    const auto b = static_cast<unsigned char>(s[i]);
+    const int extra = b < 0x80 ? 0 : (b >> 5) == 6 ? 1 : (b >> 4) == 14 ? 2 : (b >> 3) == 30 ? 3 : -1;
+    char32_t cp = extra == 0 ? b : extra == 1 ? (b & 0x1F) : extra == 2 ? (b & 0x0F) : (b & 0x07);
+    bool ok = extra >= 0 && i + static_cast<size_t>(std::max(extra, 0)) < s.size();
+    for (int k = 1; ok && k <= extra; ++k) {
+      const auto c = static_cast<unsigned char>(s[i + static_cast<size_t>(k)]);
+      ok = (c >> 6) == 2;
+      cp = (cp << 6) | (c & 0x3F);
+    }
+    out.push_back(ok ? cp : 0xFFFD);
+    i += ok ? static_cast<size_t>(extra) + 1 : 1;
+  }
+  return out;
+}
+void utf8_append(std::string& s, char32_t cp) {
+  if (cp < 0x80) {
+    s += static_cast<char>(cp);
+  } else if (cp < 0x800) {
+    s += static_cast<char>(0xC0 | (cp >> 6)), s += static_cast<char>(0x80 | (cp & 0x3F));
+  } else if (cp < 0x10000) {
+    s += static_cast<char>(0xE0 | (cp >> 12)), s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    s += static_cast<char>(0x80 | (cp & 0x3F));
+  } else {
+    s += static_cast<char>(0xF0 | (cp >> 18)), s += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
+    s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F)), s += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+}
+}  // namespace
+
 std::string CharCorpus::decode(const std::vector<int64_t>& ids) const {
   std::string s;
-  for (int64_t i : ids) s += i >= 0 && i < static_cast<int64_t>(alphabet.size()) ? static_cast<char>(alphabet[i]) : '?';
+  for (int64_t i : ids) utf8_append(s, i >= 0 && i < static_cast<int64_t>(alphabet.size()) ? alphabet[static_cast<size_t>(i)] : U'?');
   return s;
 }
 
@@ -182,19 +218,20 @@ CharCorpus load_movie_review_corpus(const std::string& csv_path, int64_t context
     if (rows[i][2] == "rotten_tomatoes") c.text += rows[i][0] + "\n";
   }
   BRAID_CHECK(!c.text.empty(), "gpt corpus: no rotten_tomatoes rows in '", csv_path, "'");
-  std::set<unsigned char> bytes(c.text.begin(), c.text.end());
-  c.alphabet.assign(bytes.begin(), bytes.end());
-  int64_t id_of[256] = {};
+  const std::vector<char32_t> chars = utf8_decode(c.text);
+  const std::set<char32_t> distinct(chars.begin(), chars.end());
+  c.alphabet.assign(distinct.begin(), distinct.end());
+  std::map<char32_t, int64_t> id_of;
   for (size_t i = 0; i < c.alphabet.size(); ++i) id_of[c.alphabet[i]] = static_cast<int64_t>(i);
-  const int64_t window = context + 1, n = static_cast<int64_t>(c.text.size()) / window;
-  BRAID_CHECK(n >= 2, "gpt corpus: ", c.text.size(), " bytes make fewer than 2 windows of ", window);
+  const int64_t window = context + 1, n = static_cast<int64_t>(chars.size()) / window;
+  BRAID_CHECK(n >= 2, "gpt corpus: ", chars.size(), " characters make fewer than 2 windows of ", window);
   Tensor x = empty({n, context}, kInt64, Device::cpu()), y = empty({n, context}, kInt64, Device::cpu());
   int64_t* px = x.data<int64_t>();
   int64_t* py = y.data<int64_t>();
   for (int64_t w = 0; w < n; ++w)
     for (int64_t j = 0; j < context; ++j) {
-      px[w * context + j] = id_of[static_cast<unsigned char>(c.text[static_cast<size_t>(w * window + j)])];
-      py[w * context + j] = id_of[static_cast<unsigned char>(c.text[static_cast<size_t>(w * window + j + 1)])];
+      px[w * context + j] = id_of.at(chars[static_cast<size_t>(w * window + j)]);
+      py[w * context + j] = id_of.at(chars[static_cast<size_t>(w * window + j + 1)]);
     }
   const int64_t val = std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(n) * validation_fraction));
   c.train = std::make_shared<data::TensorDataset>(x.narrow(0, 0, n - val), y.narrow(0, 0, n - val));

