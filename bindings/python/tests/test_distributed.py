@@ -219,3 +219,23 @@ def test_cpp_holders_keep_a_python_module_alive_and_take_options_as_keywords():
     assert len(ddp.bucket_names()) == 3  # bucket_cap_mb=0: a bucket per parameter
     with pytest.raises(TypeError, match="unknown option 'bucket_cap'; known: broadcast_buffers, bucket_cap_mb"):
         braid.distributed.DistributedDataParallel(MLP([3, 2]), bucket_cap=1)
+
+
+def test_make_grid_places_ranks_by_the_closed_form():
+    """Note [Grid placement]: rank r = (replica P + stage) T + tensor_rank; each group's members sum."""
+    dist = braid.distributed
+    for pipeline, tensor in ((1, 1), (1, SIZE), (SIZE, 1)):
+        shape = dist.GridShape()
+        shape.pipeline, shape.tensor = pipeline, tensor
+        g = dist.make_grid(shape)
+        assert (g.tensor_rank, g.stage, g.replica) == (RANK % tensor, (RANK // tensor) % pipeline,
+                                                       RANK // (pipeline * tensor))
+        assert g.shape.data == SIZE // (pipeline * tensor)
+        t = braid.full((1,), float(RANK))
+        dist.all_reduce(t, group=g.tensor)
+        first = RANK - g.tensor_rank
+        assert t.numpy()[0] == sum(range(first, first + tensor))
+    shape = dist.GridShape()
+    shape.data = SIZE + 1
+    with pytest.raises(ValueError, match=f"{SIZE} ranks do not form a grid of {SIZE + 1} replicas"):
+        dist.make_grid(shape)
