@@ -149,7 +149,8 @@ struct DistributedDataParallel::Bucket {
   int64_t numel = 0;
   size_t pending = 0;
   Tensor flat;
-  WorkPtr work;
+  GradBucket grad;  // flat, as the hook sees it
+  bool launched = false;
 };
 
 DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> module, ProcessGroupPtr group,
@@ -176,7 +177,18 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
       bucket_of_[k] = buckets_.size() - 1;
     }
   }
-  for (auto& b : buckets_) b->flat = zeros({b->numel}, b->dtype, b->device);
+  for (size_t i = 0; i < buckets_.size(); ++i) {
+    Bucket& b = *buckets_[i];
+    b.flat = zeros({b.numel}, b.dtype, b.device);
+    b.grad.index = i;
+    b.grad.buffer = b.flat;
+    b.grad.offsets = b.offsets;
+    for (size_t k : b.params) b.grad.parameters.push_back(params_[k]);
+  }
+  AllReduceOptions o;
+  o.wire_dtype = options_.wire_dtype;
+  o.deterministic = options_.deterministic;
+  hook_ = allreduce_hook(o);
   ready_.assign(params_.size(), false);
   for (size_t k = 0; k < params_.size(); ++k)
     hook_ids_.push_back(add_grad_ready_hook(params_[k], [this, k] { on_grad_ready(k); }));
@@ -185,12 +197,19 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
 DistributedDataParallel::~DistributedDataParallel() {
   for (size_t k = 0; k < params_.size(); ++k) remove_grad_ready_hook(params_[k], hook_ids_[k]);
   for (auto& b : buckets_) {
-    if (!b->work) continue;
+    if (!b->launched) continue;
     try {
-      b->work->wait();
+      hook_->finish(group_, b->grad);
     } catch (...) {  // the error was (or will be) reported by the backward that launched it
     }
   }
+}
+
+void DistributedDataParallel::register_comm_hook(CommHookPtr hook) {
+  BRAID_CHECK(hook != nullptr, "DistributedDataParallel::register_comm_hook: the hook is null");
+  BRAID_CHECK(steps_ == 0 && !in_backward_, "DistributedDataParallel::register_comm_hook: register the hook before ",
+              "the first backward (", steps_, " have run with ", hook_->name(), ")");
+  hook_ = std::move(hook);
 }
 
 std::vector<std::vector<std::string>> DistributedDataParallel::bucket_names() const {
@@ -233,10 +252,17 @@ void DistributedDataParallel::launch(size_t i) {
     if (g.defined() && ready_[b.params[j]]) slot.copy_(g.reshape({p.numel()}));
     else slot.zero_();
   }
-  AllReduceOptions o;
-  o.wire_dtype = options_.wire_dtype;
-  o.deterministic = options_.deterministic;
-  b.work = group_->all_reduce_async(b.flat, ReduceOp::Average, o);
+  b.grad.step = steps_;
+  b.launched = true;
+  hook_->launch(group_, b.grad);
+}
+
+void DistributedDataParallel::finish_buckets() {
+  for (auto& b : buckets_) {
+    if (!b->launched) continue;
+    b->launched = false;
+    hook_->finish(group_, b->grad);
+  }
 }
 
 void DistributedDataParallel::finish_backward() {
@@ -248,7 +274,8 @@ void DistributedDataParallel::finish_backward() {
     // Still reduce, so that the other ranks are not left waiting, then report.
     for (auto& b : buckets_) b->pending = 0;
     launch_ready_buckets();
-    for (auto& b : buckets_) b->work->wait();
+    finish_buckets();
+    ++steps_;
     std::ostringstream os;
     for (size_t i = 0; i < unused.size() && i < 10; ++i) os << (i ? ", " : "") << "'" << unused[i] << "'";
     if (unused.size() > 10) os << " and " << unused.size() - 10 << " more";
@@ -260,7 +287,8 @@ void DistributedDataParallel::finish_backward() {
   for (auto& b : buckets_) b->pending = 0;
   launch_ready_buckets();
   const double t0 = now_seconds();
-  for (auto& b : buckets_) b->work->wait();
+  finish_buckets();
+  ++steps_;
   const double t1 = now_seconds();
   Tensor used;
   if (options_.find_unused_parameters) {

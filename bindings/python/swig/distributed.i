@@ -15,9 +15,8 @@
 %import "core.i"
 %import "nn.i"
 
-%shared_ptr(braid::distributed::ProcessGroup)
-%shared_ptr(braid::distributed::Work)
-%shared_ptr(braid::distributed::SyncBatchNorm)
+%shared_ptr(braid::distributed::ProcessGroup) %shared_ptr(braid::distributed::Work) %shared_ptr(braid::distributed::SyncBatchNorm)
+%shared_ptr(braid::distributed::CommHook) %shared_ptr(braid::distributed::TopKHook) %shared_ptr(braid::distributed::PowerSGDHook)
 
 // The loss of a pipeline's last stage: a Python callable (output, target) -> Tensor.
 %{
@@ -54,9 +53,8 @@ inline braid::distributed::PipeLoss pipe_loss(PyObject* callable) {
   $1 = &temp;
 }
 
-BRAID_KEYWORD_OPTIONS(braid::distributed::InitOptions)
-BRAID_KEYWORD_OPTIONS(braid::distributed::DataParallelOptions)
-BRAID_KEYWORD_OPTIONS(braid::distributed::PipelineOptions)
+BRAID_KEYWORD_OPTIONS(braid::distributed::InitOptions) BRAID_KEYWORD_OPTIONS(braid::distributed::DataParallelOptions)
+BRAID_KEYWORD_OPTIONS(braid::distributed::PipelineOptions) BRAID_KEYWORD_OPTIONS(braid::distributed::TopKOptions) BRAID_KEYWORD_OPTIONS(braid::distributed::PowerSGDOptions)
 
 // Note [Python objects that C++ holds] (braid.swg): the module that a DistributedDataParallel or a
 // PipelineStage holds keeps its Python object alive until the C++ object is destroyed, which is
@@ -90,6 +88,7 @@ inline std::shared_ptr<braid::nn::Module> holding(std::shared_ptr<braid::nn::Mod
 %template(StringVectors) std::vector<std::vector<std::string>>;  // bucket_names(): a tuple of tuples
 
 %include "braid/distributed/process_group.h"
+%include "braid/distributed/comm_hooks.h"
 %include "braid/distributed/data_parallel.h"
 %include "braid/distributed/schedule.h"
 %include "braid/distributed/partition.h"

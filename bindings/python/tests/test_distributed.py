@@ -239,3 +239,33 @@ def test_make_grid_places_ranks_by_the_closed_form():
     shape.data = SIZE + 1
     with pytest.raises(ValueError, match=f"{SIZE} ranks do not form a grid of {SIZE + 1} replicas"):
         dist.make_grid(shape)
+
+
+def test_comm_hooks_from_python():
+    """A top-K hook of every entry is DDP's all-reduce bit for bit; a sparse one leaves every rank the same weights."""
+    dist = braid.distributed
+    data = batches(3, 4 * SIZE, 6, 3)
+
+    def run(hook):
+        braid.manual_seed(5)
+        model = MLP([6, 10, 3])
+        ddp = dist.DistributedDataParallel(model, bucket_cap_mb=0.0)
+        if hook is not None:
+            ddp.register_comm_hook(hook)
+        opt = optim.SGD(model.parameters(), lr=0.1)
+        for x, y in data:
+            shard = slice(RANK * 4, (RANK + 1) * 4)
+            opt.zero_grad()
+            nn.functional.cross_entropy(ddp(braid.from_numpy(x[shard])), braid.from_numpy(y[shard])).backward()
+            opt.step()
+        assert ddp.comm_hook().name().startswith("allreduce" if hook is None else hook.name()[:5])
+        return {k: v.numpy().copy() for k, v in model.state_dict().items()}
+
+    plain, dense = run(None), run(dist.TopKHook(ratio=1.0))
+    for k in plain:
+        np.testing.assert_array_equal(dense[k], plain[k], err_msg=k)
+    sparse = run(dist.TopKHook(ratio=0.1, momentum=0.9))
+    for k, v in sparse.items():
+        everyone = dist.all_gather(braid.from_numpy(v)).numpy()
+        assert (everyone == everyone[0]).all(), k
+    assert dist.PowerSGDHook(rank=2).name() == "PowerSGD (rank 2, error feedback)"

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "braid/distributed/comm_hooks.h"
 #include "braid/distributed/process_group.h"
 #include "braid/nn/module.h"
 
@@ -69,6 +70,15 @@ class DistributedDataParallel {
     bool prev_;
   };
 
+  /// Reduces every bucket with hook instead of the all-reduce (comm_hooks.h: TopKHook,
+  /// PowerSGDHook, or one's own), as PyTorch's register_comm_hook. Before the first backward:
+  /// ValueError after it. Every rank registers the same kind of hook.
+  void register_comm_hook(CommHookPtr hook);
+  /// The hook in use (allreduce_hook from the options unless one was registered).
+  CommHook& comm_hook() { return *hook_; }
+  /// Synchronised backward passes so far (GradBucket::step of the next one).
+  int64_t steps() const { return steps_; }
+
   /// Names of the parameters in each bucket, in launch order (the reverse of registration).
   std::vector<std::vector<std::string>> bucket_names() const;
   const DataParallelStats& last_stats() const { return stats_; }
@@ -78,6 +88,7 @@ class DistributedDataParallel {
   void on_grad_ready(size_t param);
   void launch_ready_buckets();
   void launch(size_t bucket);
+  void finish_buckets();
   void finish_backward();
 
   std::shared_ptr<nn::Module> module_;
@@ -94,6 +105,8 @@ class DistributedDataParallel {
   bool in_backward_ = false;
   double first_launch_time_ = 0;
   DataParallelStats stats_;
+  CommHookPtr hook_;
+  int64_t steps_ = 0;
 };
 
 /// BatchNorm whose batch statistics are those of the whole global batch: the per-rank sums are

@@ -1,0 +1,260 @@
+// DistributedDataParallel's communication hooks (braid/distributed/comm_hooks.h), run plainly and
+// under `mpiexec -n 2` and `-n 4`: top-K's selection, error feedback and DGC's momentum
+// correction against the same rules written out here on plain vectors; sent + residual equal to
+// the accumulated gradient exactly (float64); k = 100% equal to DistributedDataParallel bit for
+// bit; PowerSGD at full rank equal to it to rounding and exact on a rank-1 average; both hooks'
+// traffic against their formulas, their checkpoints, and the errors.
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "braid/autograd.h"
+#include "braid/distributed.h"
+#include "braid/nn/nn.h"
+#include "braid/optim.h"
+#include "braid/random.h"
+#include "mpi_test_main.h"
+
+using namespace braid;
+using namespace braid::distributed;
+using braid::testing::DistTest;
+
+namespace {
+
+int R() { return world()->rank(); }
+int N() { return world()->size(); }
+
+std::vector<double> host(const Tensor& t) { return t.to(Device::cpu()).to(kFloat64).contiguous().to_vector<double>(); }
+
+Tensor from(const std::vector<double>& v) { return tensor(v, {static_cast<int64_t>(v.size())}); }
+
+/// Rank r's gradient at a step: integers and halves, distinct per rank, with ties in magnitude.
+std::vector<double> gradient(int64_t n, int rank, int step) {
+  std::vector<double> g(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) g[static_cast<size_t>(i)] = static_cast<double>((i * 7 + rank * 3 + step * 5) % n) - (n - 1) / 2.0;
+  return g;
+}
+
+/// The rule written out: the k largest |v| (ties to the lower index), in increasing index order.
+std::vector<int64_t> top_k(const std::vector<double>& v, int64_t k) {
+  std::vector<int64_t> idx(v.size());
+  std::iota(idx.begin(), idx.end(), int64_t{0});
+  std::stable_sort(idx.begin(), idx.end(), [&](int64_t a, int64_t b) { return std::abs(v[a]) > std::abs(v[b]); });
+  idx.resize(static_cast<size_t>(k));
+  std::sort(idx.begin(), idx.end());
+  return idx;
+}
+
+GradBucket bucket_of(const Tensor& buffer) {
+  GradBucket b;
+  b.buffer = buffer;
+  b.parameters = {buffer};
+  b.offsets = {0};
+  return b;
+}
+
+std::shared_ptr<nn::Sequential> mlp(uint64_t seed) {
+  manual_seed(seed);
+  auto m = std::make_shared<nn::Sequential>();
+  m->add(std::make_shared<nn::Linear>(6, 12)).add(std::make_shared<nn::Tanh>()).add(std::make_shared<nn::Linear>(12, 3));
+  m->to(kFloat64);
+  return m;
+}
+
+/// Trains mlp(1) for steps SGD steps on this rank's shard with an optional hook; the parameters.
+std::vector<Tensor> train(const CommHookPtr& hook, int steps, double lr = 0.1, int64_t* elements = nullptr) {
+  auto m = mlp(1);
+  DistributedDataParallel ddp(m, world(), {.bucket_cap_mb = 0});  // one bucket per parameter
+  if (hook) ddp.register_comm_hook(hook);
+  optim::SGD opt(m->parameters(), {.lr = lr});
+  world()->reset_traffic();
+  for (int s = 0; s < steps; ++s) {
+    Generator g(50 + static_cast<uint64_t>(s));
+    Tensor x = randn({8 * N(), 6}, kFloat64, &g), y = randint(0, 3, {8 * N()}, kInt64, &g);
+    opt.zero_grad();
+    nn::cross_entropy(ddp(x.narrow(0, 8 * R(), 8)), y.narrow(0, 8 * R(), 8)).backward();
+    opt.step();
+  }
+  if (elements) {
+    const Traffic t = world()->traffic();
+    *elements = t.all_reduce.elements + t.all_gather.elements;
+  }
+  return m->parameters();
+}
+
+}  // namespace
+
+class CommHooks : public DistTest {};
+
+TEST_F(CommHooks, TopKSendsTheLargestEntriesAndKeepsTheRestExactly) {
+  const int64_t n = 20;
+  TopKHook hook({.ratio = 0.2});  // k = 4
+  std::vector<std::vector<double>> residual(static_cast<size_t>(N()), std::vector<double>(n, 0.0));
+  for (int step = 0; step < 3; ++step) {
+    world()->reset_traffic();
+    GradBucket b = bucket_of(from(gradient(n, R(), step)));
+    b.step = step;
+    const std::vector<double> before = hook.residual(0).defined() ? host(hook.residual(0)) : std::vector<double>(n, 0.0);
+    hook.launch(world(), b);
+    hook.finish(world(), b);
+    // Every rank's selection, replayed: what the average must be.
+    std::vector<double> expect(n, 0.0);
+    for (int r = 0; r < N(); ++r) {
+      auto& res = residual[static_cast<size_t>(r)];
+      const auto g = gradient(n, r, step);
+      for (int64_t i = 0; i < n; ++i) res[i] += g[i];
+      for (int64_t i : top_k(res, 4)) expect[i] += res[i], res[i] = 0;
+    }
+    for (double& e : expect) e *= 1.0 / N();
+    EXPECT_EQ(host(b.buffer), expect) << "step " << step;
+    EXPECT_EQ(host(hook.residual(0)), residual[static_cast<size_t>(R())]) << "step " << step;
+    // Nothing lost: this rank's sent entries plus its new residual are its old residual plus g.
+    const auto g = gradient(n, R(), step);
+    const auto now = host(hook.residual(0));
+    int64_t sent = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const double s = now[i] == 0 ? before[i] + g[i] : 0.0;
+      sent += now[i] == 0 && s != 0;
+      EXPECT_EQ(s + now[i], before[i] + g[i]) << i;
+    }
+    EXPECT_LE(sent, 4);
+    // Two all-gathers (values, indices) of N k elements; no all-reduce.
+    const Traffic t = world()->traffic();
+    EXPECT_EQ(t.all_gather.calls, N() > 1 ? 2 : 2);
+    EXPECT_EQ(t.all_gather.elements, 2 * N() * 4);
+    EXPECT_EQ(t.all_reduce.calls, 0);
+  }
+}
+
+TEST_F(CommHooks, DgcMomentumCorrectionAccumulatesVelocityAndMasksIt) {
+  const int64_t n = 12;
+  const double m = 0.5;
+  TopKHook hook({.ratio = 0.25, .momentum = m});  // k = 3
+  std::vector<double> u(n, 0.0), v(n, 0.0);
+  for (int step = 0; step < 3; ++step) {
+    GradBucket b = bucket_of(from(gradient(n, R(), step)));
+    hook.launch(world(), b);
+    hook.finish(world(), b);
+    const auto g = gradient(n, R(), step);
+    for (int64_t i = 0; i < n; ++i) u[i] = m * u[i] + g[i], v[i] += u[i];
+    for (int64_t i : top_k(v, 3)) u[i] = 0, v[i] = 0;
+    EXPECT_EQ(host(hook.residual(0)), v) << "step " << step;
+  }
+}
+
+TEST_F(CommHooks, WarmUpAndClippingFollowTheirFormulas) {
+  TopKHook warm({.ratio = 0.001, .warmup_steps = 4});
+  EXPECT_DOUBLE_EQ(warm.ratio_at(0), 0.25);
+  EXPECT_NEAR(warm.ratio_at(2), std::sqrt(0.25 * 0.001), 1e-15);  // geometric midpoint
+  EXPECT_DOUBLE_EQ(warm.ratio_at(4), 0.001);
+  EXPECT_DOUBLE_EQ(warm.ratio_at(100), 0.001);
+  // Dense (ratio 1) with clipping: the average of each rank's gradient scaled to norm <= 1 / sqrt(N).
+  TopKHook clip({.ratio = 1.0, .clip_norm = 1.0});
+  GradBucket b = bucket_of(from({3.0 * (R() + 1), 4.0 * (R() + 1)}));  // norm 5 (r + 1)
+  clip.launch(world(), b);
+  clip.finish(world(), b);
+  const double each = 1.0 / std::sqrt(static_cast<double>(N()));
+  const auto got = host(b.buffer);
+  EXPECT_NEAR(got[0], 0.6 * each, 1e-15);
+  EXPECT_NEAR(got[1], 0.8 * each, 1e-15);
+}
+
+TEST_F(CommHooks, TopKOfEveryEntryIsDataParallelBitForBit) {
+  const auto plain = train(nullptr, 5);
+  const auto topk = train(std::make_shared<TopKHook>(TopKOptions{.ratio = 1.0}), 5);
+  for (size_t i = 0; i < plain.size(); ++i) EXPECT_EQ(amax(abs(plain[i] - topk[i])).item(), 0.0) << i;
+}
+
+TEST_F(CommHooks, SparseTrainingKeepsRanksIdenticalAndSendsKValuesAndIndices) {
+  int64_t dense = 0, sparse = 0;
+  (void)train(nullptr, 4, 0.1, &dense);
+  const auto params = train(std::make_shared<TopKHook>(TopKOptions{.ratio = 0.1}), 4, 0.1, &sparse);
+  // Per step: DDP all-reduces the 6*12 + 12 + 12*3 + 3 = 123 parameters; top-K gathers N k values
+  // and N k indices per parameter (k = round(0.1 n), at least 1): 7 + 1 + 4 + 1 = 13.
+  EXPECT_EQ(dense, 4 * 123);
+  EXPECT_EQ(sparse, 4 * 2 * N() * 13);
+  for (const Tensor& p : params) {  // every rank applied the same update
+    Tensor all = world()->all_gather(p.to(Device::cpu()));
+    for (int r = 1; r < N(); ++r) EXPECT_EQ(amax(abs(all.select(0, r) - all.select(0, 0))).item(), 0.0);
+  }
+}
+
+TEST_F(CommHooks, PowerSGDAtFullRankIsDataParallelAndItsTrafficIsRNPlusM) {
+  const auto plain = train(nullptr, 5);
+  int64_t elements = 0;
+  // A fresh Q each step (Note [PowerSGD]: a warm-started Q turns towards the leading singular vectors,
+  // which is its purpose, and resolves the smallest directions less precisely).
+  const auto psgd = train(std::make_shared<PowerSGDHook>(
+                              PowerSGDOptions{.rank = 12, .warm_start = false, .min_compression_rate = 0}),
+                          5, 0.1, &elements);
+  for (size_t i = 0; i < plain.size(); ++i) EXPECT_LE(amax(abs(plain[i] - psgd[i])).item(), 1e-12) << i;
+  // Per step: Linear(6, 12)'s weight (12 x 6, r = 6) sends P 12 x 6 and Q 6 x 6; Linear(12, 3)'s
+  // (3 x 12, r = 3) P 3 x 3 and Q 12 x 3; the biases go whole: 12 + 3.
+  EXPECT_EQ(elements, 5 * (72 + 36 + 9 + 36 + 12 + 3));
+  // start_step: the plain all-reduce until then, so the first steps are DDP's bit for bit.
+  const auto late = train(std::make_shared<PowerSGDHook>(PowerSGDOptions{.rank = 1, .start_step = 5}), 5);
+  for (size_t i = 0; i < plain.size(); ++i) EXPECT_EQ(amax(abs(plain[i] - late[i])).item(), 0.0) << i;
+}
+
+TEST_F(CommHooks, PowerSGDOfRankOneIsExactOnARankOneAverage) {
+  // Rank r's gradient (r + 1) a b^T: the average is a rank-1 matrix, which one power iteration finds.
+  const std::vector<double> a{1, -2, 0.5, 3}, bv{2, 1, -1};
+  std::vector<double> m;
+  for (double x : a)
+    for (double y : bv) m.push_back((R() + 1) * x * y);
+  Tensor w = from(m).reshape({4, 3});
+  GradBucket b;
+  b.buffer = w.reshape({12}).clone();
+  b.parameters = {w};
+  b.offsets = {0};
+  PowerSGDHook hook({.rank = 1, .error_feedback = true, .min_compression_rate = 0});
+  hook.launch(world(), b);
+  hook.finish(world(), b);
+  const double mean = (N() + 1) / 2.0;
+  const auto got = host(b.buffer);
+  for (size_t i = 0; i < 12; ++i) EXPECT_NEAR(got[i], mean * a[i / 3] * bv[i % 3], 1e-12) << i;
+}
+
+TEST_F(CommHooks, CheckpointedHooksContinueAsIfUninterrupted) {
+  const int64_t n = 16;
+  TopKHook a({.ratio = 0.25, .momentum = 0.5});
+  for (int step = 0; step < 2; ++step) {
+    GradBucket b = bucket_of(from(gradient(n, R(), step)));
+    a.launch(world(), b);
+    a.finish(world(), b);
+  }
+  Checkpoint ck;
+  a.store(ck, "hook.");
+  TopKHook b_hook({.ratio = 0.25, .momentum = 0.5});
+  b_hook.restore(ck, "hook.");
+  GradBucket x = bucket_of(from(gradient(n, R(), 2))), y = bucket_of(from(gradient(n, R(), 2)));
+  a.launch(world(), x);
+  a.finish(world(), x);
+  b_hook.launch(world(), y);
+  b_hook.finish(world(), y);
+  EXPECT_EQ(host(x.buffer), host(y.buffer));
+  EXPECT_EQ(host(a.residual(0)), host(b_hook.residual(0)));
+  Checkpoint bad;
+  bad.tensors["hook.x.residual"] = zeros({2});
+  EXPECT_THROW(b_hook.restore(bad, "hook."), ValueError);
+}
+
+TEST_F(CommHooks, HooksAreRegisteredBeforeTheFirstBackwardAndOptionsAreChecked) {
+  auto m = mlp(2);
+  DistributedDataParallel ddp(m, world());
+  EXPECT_EQ(ddp.comm_hook().name(), "allreduce");
+  nn::cross_entropy(ddp(zeros({2, 6}, kFloat64)), zeros({2}, kInt64)).backward();
+  EXPECT_EQ(ddp.steps(), 1);
+  try {
+    ddp.register_comm_hook(std::make_shared<TopKHook>());
+    ADD_FAILURE() << "registered after a backward";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("before the first backward (1 have run with allreduce)"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(TopKHook({.ratio = 0}), ValueError);
+  EXPECT_THROW(TopKHook({.ratio = 0.1, .momentum = 1.0}), ValueError);
+  EXPECT_THROW(PowerSGDHook({.rank = 0}), ValueError);
+}
+
+int main(int argc, char** argv) { return braid::testing::mpi_test_main(argc, argv); }
