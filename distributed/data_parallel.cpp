@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "braid/autograd.h"
+#include "braid/distributed/hierarchical.h"
 #include "braid/ops.h"
 #include "distributed/internal.h"
 
@@ -165,6 +166,8 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
     params_.push_back(p);
   }
   detail::check_and_broadcast_model(*module_, *group_, options_.broadcast_buffers, "DistributedDataParallel");
+  if (options_.hierarchical)
+    if (auto h = make_hierarchical_group(group_)) group_ = std::move(h);
   bucket_of_.assign(params_.size(), 0);
   for (const auto& plan : detail::plan_buckets(params_, options_.bucket_cap_mb)) {
     auto& b = *buckets_.emplace_back(std::make_unique<Bucket>());

@@ -3,13 +3,16 @@
 // correction against the same rules written out here on plain vectors; sent + residual equal to
 // the accumulated gradient exactly (float64); k = 100% equal to DistributedDataParallel bit for
 // bit; PowerSGD at full rank equal to it to rounding and exact on a rank-1 average; both hooks'
-// traffic against their formulas, their checkpoints, and the errors.
+// traffic against their formulas, their checkpoints, and the errors. The hierarchical all-reduce
+// (braid/distributed/hierarchical.h) at 4 ranks as 2 nodes x 2: the layout, the flat all-reduce's
+// bits on integer-valued data, 1/L of the bytes across nodes by the counters, and DDP over it.
 #include <algorithm>
 #include <cmath>
 #include <numeric>
 
 #include "braid/autograd.h"
 #include "braid/distributed.h"
+#include "braid/distributed/hierarchical.h"
 #include "braid/nn/nn.h"
 #include "braid/optim.h"
 #include "braid/random.h"
@@ -255,6 +258,82 @@ TEST_F(CommHooks, HooksAreRegisteredBeforeTheFirstBackwardAndOptionsAreChecked) 
   EXPECT_THROW(TopKHook({.ratio = 0}), ValueError);
   EXPECT_THROW(TopKHook({.ratio = 0.1, .momentum = 1.0}), ValueError);
   EXPECT_THROW(PowerSGDHook({.rank = 0}), ValueError);
+}
+
+class Hierarchical : public DistTest {};
+
+TEST_F(Hierarchical, LayoutFollowsRanksPerNode) {
+  const NodeLayout two = node_layout(world(), {.ranks_per_node = 2});
+  EXPECT_EQ(two.nodes, (N() + 1) / 2);
+  EXPECT_EQ(two.node, R() / 2);
+  EXPECT_EQ(two.local_rank, R() % 2);
+  EXPECT_EQ(two.hierarchical(), N() == 4);
+  EXPECT_EQ(make_hierarchical_group(world(), {.ranks_per_node = 2}) != nullptr, N() == 4);
+  // 4 ranks as nodes of 3 and 1: uneven, so flat.
+  const NodeLayout three = node_layout(world(), {.ranks_per_node = 3});
+  EXPECT_EQ(three.even, N() % 3 == 0 || N() < 3);
+  EXPECT_FALSE(three.hierarchical());
+  // Every rank here runs on one host.
+  EXPECT_EQ(node_layout(world()).nodes, 1);
+  EXPECT_THROW(node_layout(world(), {.ranks_per_node = -1}), ValueError);
+}
+
+TEST_F(Hierarchical, IntegerDataGivesTheFlatBitsWithAQuarterOfTheBytesAcrossNodes) {
+  auto h = make_hierarchical_group(world(), {.ranks_per_node = 2, .min_bytes = 0});
+  if (!h) GTEST_SKIP() << "needs 2 nodes of 2 ranks (mpiexec -n 4)";
+  for (int64_t n : {1, 3, 7, 1000, 40001}) {
+    for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Average}) {
+      for (WireDType wire : {WireDType::Native, WireDType::Float16}) {
+        // Integers below 2^10: exact in float16, and every partial sum exact.
+        Tensor i = arange(0, static_cast<double>(n), 1, kFloat64) * (R() + 1);
+        Tensor mine = (i - floor(i * (1.0 / 97.0)) * 97.0).to(kFloat32);  // (i (r + 1)) mod 97
+        Tensor flat = mine.clone(), hier = mine.clone();
+        world()->all_reduce(flat, op, {.wire_dtype = wire});
+        h->intra()->reset_traffic(), h->inter()->reset_traffic();
+        h->all_reduce_async(hier, op, {.wire_dtype = wire})->wait();
+        EXPECT_EQ(amax(abs(flat - hier)).item(), 0.0) << "n " << n;
+        // Across nodes: this rank's segment of n / 2, once; inside the node: the whole buffer twice.
+        const int64_t l = h->layout().local_rank, segment = n * (l + 1) / 2 - n * l / 2;
+        EXPECT_EQ(h->inter()->traffic().all_reduce.elements, segment) << "n " << n;
+        EXPECT_EQ(h->intra()->traffic().reduce_scatter.elements + h->intra()->traffic().all_gather.elements, 2 * n);
+      }
+    }
+  }
+  // Random data: the same to rounding.
+  Generator g(9 + static_cast<uint64_t>(R()));
+  Tensor x = randn({5000}, kFloat64, &g), flat = x.clone(), hier = x.clone();
+  world()->all_reduce(flat, ReduceOp::Average);
+  h->all_reduce(hier, ReduceOp::Average);
+  EXPECT_LE(amax(abs(flat - hier)).item(), 1e-14);
+  // Below min_bytes the flat all-reduce serves: nothing crosses the phases' groups.
+  auto small = make_hierarchical_group(world(), {.ranks_per_node = 2});
+  small->inter()->reset_traffic();
+  Tensor t = ones({100});
+  small->all_reduce(t);
+  EXPECT_EQ(small->inter()->traffic().all_reduce.calls, 0);
+  EXPECT_EQ(t.to(Device::cpu()).to_vector<float>()[0], static_cast<float>(N()));
+}
+
+TEST_F(Hierarchical, DataParallelOverNodesEqualsFlatDataParallel) {
+  auto h = make_hierarchical_group(world(), {.ranks_per_node = 2, .min_bytes = 0});
+  if (!h) GTEST_SKIP() << "needs 2 nodes of 2 ranks (mpiexec -n 4)";
+  auto run = [&](ProcessGroupPtr group) {
+    auto m = mlp(1);
+    DistributedDataParallel ddp(m, group);
+    optim::SGD opt(m->parameters(), {.lr = 0.1, .momentum = 0.9});
+    for (int s = 0; s < 5; ++s) {
+      Generator g(70 + static_cast<uint64_t>(s));
+      Tensor x = randn({8 * N(), 6}, kFloat64, &g), y = randint(0, 3, {8 * N()}, kInt64, &g);
+      opt.zero_grad();
+      nn::cross_entropy(ddp(x.narrow(0, 8 * R(), 8)), y.narrow(0, 8 * R(), 8)).backward();
+      opt.step();
+    }
+    return m->parameters();
+  };
+  h->inter()->reset_traffic();
+  const auto flat = run(world()), hier = run(h);
+  EXPECT_EQ(h->inter()->traffic().all_reduce.calls, 5);  // one bucket per step went across nodes
+  for (size_t i = 0; i < flat.size(); ++i) EXPECT_LE(amax(abs(flat[i] - hier[i])).item(), 1e-12) << i;
 }
 
 int main(int argc, char** argv) { return braid::testing::mpi_test_main(argc, argv); }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "braid/distributed/data_parallel.h"
+#include "braid/distributed/hierarchical.h"
 #include "braid/distributed/sharded.h"
 #include "braid/distributed/preemption.h"
 #include "braid/distributed/process_group.h"

@@ -37,6 +37,9 @@ const std::vector<Knob> kKnobs = {
      "most bytes of tensors each process may hold on a device (K/M/G suffixes; 0: no limit): a smaller device "
      "to try a model against; passing it is an error naming the sizes",
      false},
+    {"BRAID_RANKS_PER_NODE", "integer", "by host name",
+     "every K consecutive ranks count as one node for the hierarchical all-reduce (to try a layout on one machine)",
+     false},
     {"BRAID_NCCL", "flag", "1", "0: CUDA tensors' collectives go through MPI, staged in host memory, not NCCL", false},
     {"BRAID_NCCL_ABORT_GRACE", "seconds", "30",
      "how long an NCCL error the program has not collected may wait before the watchdog ends the job", false},

@@ -29,6 +29,9 @@ struct DataParallelOptions {
   bool deterministic = false;
   /// Copy rank 0's buffers (BatchNorm running statistics) to every rank at construction.
   bool broadcast_buffers = true;
+  /// On a group that spans several nodes with several ranks on each, all-reduce buckets of 64 KiB
+  /// and more hierarchically (hierarchical.h: 1/L of the bytes cross between nodes); false: flat.
+  bool hierarchical = true;
 };
 
 /// Timings of the latest synchronised backward pass, for benchmarks and logs.
