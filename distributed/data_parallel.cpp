@@ -3,6 +3,7 @@
 // the end of backward that waits for the last buckets and writes the averaged gradients back.
 #include "braid/distributed/data_parallel.h"
 
+#include <algorithm>
 #include <chrono>
 #include <sstream>
 
@@ -168,8 +169,25 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   detail::check_and_broadcast_model(*module_, *group_, options_.broadcast_buffers, "DistributedDataParallel");
   if (options_.hierarchical)
     if (auto h = make_hierarchical_group(group_)) group_ = std::move(h);
+  BRAID_CHECK(!options_.autotune || (!options_.autotune_caps_mb.empty() && options_.autotune_steps >= 1),
+              "DistributedDataParallel: autotune needs at least one cap in autotune_caps_mb and autotune_steps >= 1");
+  for (double c : options_.autotune_caps_mb)
+    BRAID_CHECK(c >= 0, "DistributedDataParallel: autotune_caps_mb holds ", c, "; caps must be >= 0");
+  make_buckets(options_.autotune ? options_.autotune_caps_mb[0] : options_.bucket_cap_mb);
+  AllReduceOptions o;
+  o.wire_dtype = options_.wire_dtype;
+  o.deterministic = options_.deterministic;
+  hook_ = allreduce_hook(o);
+  ready_.assign(params_.size(), false);
+  for (size_t k = 0; k < params_.size(); ++k)
+    hook_ids_.push_back(add_grad_ready_hook(params_[k], [this, k] { on_grad_ready(k); }));
+}
+
+void DistributedDataParallel::make_buckets(double cap_mb) {
+  cap_mb_ = cap_mb;
+  buckets_.clear();
   bucket_of_.assign(params_.size(), 0);
-  for (const auto& plan : detail::plan_buckets(params_, options_.bucket_cap_mb)) {
+  for (const auto& plan : detail::plan_buckets(params_, cap_mb)) {
     auto& b = *buckets_.emplace_back(std::make_unique<Bucket>());
     b.dtype = params_[plan.front()].dtype();
     b.device = params_[plan.front()].device();
@@ -188,13 +206,51 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
     b.grad.offsets = b.offsets;
     for (size_t k : b.params) b.grad.parameters.push_back(params_[k]);
   }
-  AllReduceOptions o;
-  o.wire_dtype = options_.wire_dtype;
-  o.deterministic = options_.deterministic;
-  hook_ = allreduce_hook(o);
-  ready_.assign(params_.size(), false);
-  for (size_t k = 0; k < params_.size(); ++k)
-    hook_ids_.push_back(add_grad_ready_hook(params_[k], [this, k] { on_grad_ready(k); }));
+}
+
+double choose_bucket_cap(const std::vector<double>& caps_mb, const std::vector<std::vector<double>>& seconds) {
+  BRAID_CHECK(!caps_mb.empty() && caps_mb.size() == seconds.size(), "choose_bucket_cap: ", caps_mb.size(), " caps and ",
+              seconds.size(), " lists of times");
+  size_t best = 0;
+  double best_median = 0;
+  for (size_t i = 0; i < caps_mb.size(); ++i) {
+    BRAID_CHECK(!seconds[i].empty(), "choose_bucket_cap: no times for the cap of ", caps_mb[i], " MB");
+    std::vector<double> t = seconds[i];
+    std::sort(t.begin(), t.end());
+    const double median = t.size() % 2 ? t[t.size() / 2] : 0.5 * (t[t.size() / 2 - 1] + t[t.size() / 2]);
+    if (i == 0 || median < best_median) best = i, best_median = median;
+  }
+  return caps_mb[best];
+}
+
+// Note [Bucket autotuning]: every rank times the same steps; each cap's times are the slowest rank's
+// (one all-reduce of max when a cap's steps are done), so every rank makes the same choice and the
+// buckets, which must match across ranks, are planned again identically. Buckets only live within a
+// backward pass, so replanning between steps is free.
+void DistributedDataParallel::autotune_step(double seconds) {
+  const auto& caps = options_.autotune_caps_mb;
+  if (!options_.autotune || tuning_ >= caps.size()) return;
+  if (tuned_seconds_.size() <= tuning_) tuned_seconds_.emplace_back();
+  tuned_seconds_[tuning_].push_back(seconds);
+  if (static_cast<int>(tuned_seconds_[tuning_].size()) < options_.autotune_steps) return;
+  Tensor t = tensor(tuned_seconds_[tuning_], {static_cast<int64_t>(tuned_seconds_[tuning_].size())}, Device::cpu());
+  group_->all_reduce(t, ReduceOp::Max);
+  tuned_seconds_[tuning_] = t.to_vector<double>();
+  if (++tuning_ < caps.size()) {
+    make_buckets(caps[tuning_]);
+    return;
+  }
+  const double chosen = choose_bucket_cap(caps, tuned_seconds_);
+  std::ostringstream os;
+  for (size_t i = 0; i < caps.size(); ++i) {
+    std::vector<double> v = tuned_seconds_[i];
+    std::sort(v.begin(), v.end());
+    os << "bucket cap " << caps[i] << " MB: median " << v[v.size() / 2] * 1e3 << " ms per backward over "
+       << v.size() << " steps\n";
+  }
+  os << "chosen: " << chosen << " MB";
+  autotune_report_ = os.str();
+  make_buckets(chosen);
 }
 
 DistributedDataParallel::~DistributedDataParallel() {
@@ -210,6 +266,8 @@ DistributedDataParallel::~DistributedDataParallel() {
 
 void DistributedDataParallel::register_comm_hook(CommHookPtr hook) {
   BRAID_CHECK(hook != nullptr, "DistributedDataParallel::register_comm_hook: the hook is null");
+  BRAID_CHECK(!options_.autotune, "DistributedDataParallel::register_comm_hook: autotune replans the buckets, which ",
+              "a hook's per-bucket state would not follow; construct without autotune to use ", hook->name());
   BRAID_CHECK(steps_ == 0 && !in_backward_, "DistributedDataParallel::register_comm_hook: register the hook before ",
               "the first backward (", steps_, " have run with ", hook_->name(), ")");
   hook_ = std::move(hook);
@@ -319,6 +377,7 @@ void DistributedDataParallel::finish_backward() {
   }
   stats_.backward_seconds = t0 - first_launch_time_;
   stats_.exposed_seconds = t1 - t0;
+  autotune_step(t1 - first_launch_time_);
 }
 
 }  // namespace braid::distributed

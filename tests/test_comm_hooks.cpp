@@ -336,4 +336,48 @@ TEST_F(Hierarchical, DataParallelOverNodesEqualsFlatDataParallel) {
   for (size_t i = 0; i < flat.size(); ++i) EXPECT_LE(amax(abs(flat[i] - hier[i])).item(), 1e-12) << i;
 }
 
+class Autotune : public DistTest {};
+
+TEST_F(Autotune, TheRuleTakesTheLeastMedianAndTheFirstOfEquals) {
+  EXPECT_EQ(choose_bucket_cap({1, 4, 16}, {{3, 1, 2}, {5, 0.5, 0.6}, {1.5, 9, 1.6}}), 4);  // medians 2, 0.6, 1.6
+  EXPECT_EQ(choose_bucket_cap({1, 4}, {{1, 2}, {2, 1}}), 1);                                // 1.5 each
+  EXPECT_THROW(choose_bucket_cap({1, 4}, {{1}}), ValueError);
+}
+
+TEST_F(Autotune, EveryRankKeepsTheSameCapAndTrainsAsWithoutIt) {
+  auto run = [&](bool autotune, std::string* report, double* cap, size_t* buckets) {
+    auto m = mlp(1);
+    DistributedDataParallel ddp(
+        m, world(), {.autotune = autotune, .autotune_caps_mb = {0, 1000}, .autotune_steps = 2});
+    optim::SGD opt(m->parameters(), {.lr = 0.1});
+    for (int s = 0; s < 6; ++s) {
+      Generator g(90 + static_cast<uint64_t>(s));
+      Tensor x = randn({8 * N(), 6}, kFloat64, &g), y = randint(0, 3, {8 * N()}, kInt64, &g);
+      opt.zero_grad();
+      nn::cross_entropy(ddp(x.narrow(0, 8 * R(), 8)), y.narrow(0, 8 * R(), 8)).backward();
+      opt.step();
+      if (autotune && s == 2) {
+        EXPECT_TRUE(ddp.autotune_report().empty()) << "chose after 3 of 4 steps";
+      }
+    }
+    if (report) *report = ddp.autotune_report(), *cap = ddp.bucket_cap_mb(), *buckets = ddp.bucket_names().size();
+    return m->parameters();
+  };
+  std::string report;
+  double cap = -1;
+  size_t buckets = 0;
+  const auto tuned = run(true, &report, &cap, &buckets);
+  const auto plain = run(false, nullptr, nullptr, nullptr);
+  EXPECT_NE(report.find("bucket cap 0 MB: median"), std::string::npos) << report;
+  EXPECT_NE(report.find("chosen: "), std::string::npos) << report;
+  ASSERT_TRUE(cap == 0 || cap == 1000) << cap;
+  EXPECT_EQ(buckets, cap == 0 ? 4u : 1u);  // one bucket per parameter, or one for all
+  const auto caps = world()->all_gather(full({1}, cap, kFloat64, Device::cpu())).to_vector<double>();
+  for (double c : caps) EXPECT_EQ(c, cap) << "the ranks chose differently";
+  for (size_t i = 0; i < plain.size(); ++i) EXPECT_LE(amax(abs(plain[i] - tuned[i])).item(), 1e-12) << i;
+  auto m = mlp(1);
+  DistributedDataParallel ddp(m, world(), {.autotune = true});
+  EXPECT_THROW(ddp.register_comm_hook(std::make_shared<TopKHook>()), ValueError);
+}
+
 int main(int argc, char** argv) { return braid::testing::mpi_test_main(argc, argv); }

@@ -32,7 +32,17 @@ struct DataParallelOptions {
   /// On a group that spans several nodes with several ranks on each, all-reduce buckets of 64 KiB
   /// and more hierarchically (hierarchical.h: 1/L of the bytes cross between nodes); false: flat.
   bool hierarchical = true;
+  /// Horovod's autotune: the first synchronised steps try each of autotune_caps_mb as the bucket cap
+  /// for autotune_steps steps, time backward from its first bucket to its end (the slowest rank's
+  /// median), and keep the fastest cap for the rest of training (autotune_report() says which).
+  /// Only with the default all-reduce hook: other hooks keep state per bucket.
+  bool autotune = false;
+  std::vector<double> autotune_caps_mb = {1, 4, 16, 64};
+  int autotune_steps = 5;
 };
+
+/// The autotune's rule: the cap whose median time is least (the first of equals).
+double choose_bucket_cap(const std::vector<double>& caps_mb, const std::vector<std::vector<double>>& seconds);
 
 /// Timings of the latest synchronised backward pass, for benchmarks and logs.
 struct DataParallelStats {
@@ -81,6 +91,10 @@ class DistributedDataParallel {
   CommHook& comm_hook() { return *hook_; }
   /// Synchronised backward passes so far (GradBucket::step of the next one).
   int64_t steps() const { return steps_; }
+  /// The bucket cap in use (options' bucket_cap_mb, or the autotune's choice once it has made it).
+  double bucket_cap_mb() const { return cap_mb_; }
+  /// Empty until the autotune has chosen; then a line per cap tried and the choice.
+  const std::string& autotune_report() const { return autotune_report_; }
 
   /// Names of the parameters in each bucket, in launch order (the reverse of registration).
   std::vector<std::vector<std::string>> bucket_names() const;
@@ -110,6 +124,13 @@ class DistributedDataParallel {
   DataParallelStats stats_;
   CommHookPtr hook_;
   int64_t steps_ = 0;
+  double cap_mb_ = 25;
+  // The autotune: which cap is being timed, and the times so far per cap.
+  size_t tuning_ = 0;
+  std::vector<std::vector<double>> tuned_seconds_;
+  std::string autotune_report_;
+  void make_buckets(double cap_mb);
+  void autotune_step(double seconds);
 };
 
 /// BatchNorm whose batch statistics are those of the whole global batch: the per-rank sums are
