@@ -13,6 +13,10 @@
 
 namespace braid::testing {
 
+/// This rank and the number of ranks in the world: the tests' shorthand.
+inline int R() { return distributed::world()->rank(); }
+inline int N() { return distributed::world()->size(); }
+
 /// Base fixture: a failure on any rank fails the test on every rank.
 class DistTest : public ::testing::Test {
  protected:

@@ -17,11 +17,10 @@
 using namespace braid;
 using namespace braid::distributed;
 using braid::testing::DistTest;
+using braid::testing::N;
+using braid::testing::R;
 
 namespace {
-
-int R() { return world()->rank(); }
-int N() { return world()->size(); }
 
 /// The rank whose gradients overflow: rank 1, or rank 0 in a world of one.
 int poisoned_rank() { return N() > 1 ? 1 : 0; }

@@ -21,11 +21,10 @@
 using namespace braid;
 using namespace braid::distributed;
 using braid::testing::DistTest;
+using braid::testing::N;
+using braid::testing::R;
 
 namespace {
-
-int R() { return world()->rank(); }
-int N() { return world()->size(); }
 
 std::vector<double> host(const Tensor& t) { return t.to(Device::cpu()).to(kFloat64).contiguous().to_vector<double>(); }
 

@@ -24,11 +24,10 @@
 using namespace braid;
 using namespace braid::distributed;
 using braid::testing::DistTest;
+using braid::testing::N;
+using braid::testing::R;
 
 namespace {
-
-int R() { return world()->rank(); }
-int N() { return world()->size(); }
 
 double max_of(const Tensor& t) { return amax(t.to(kFloat64)).item(); }
 double min_of(const Tensor& t) { return -amax(-t.to(kFloat64)).item(); }

@@ -14,6 +14,8 @@
 using namespace braid;
 using namespace braid::distributed;
 using braid::testing::DistTest;
+using braid::testing::N;
+using braid::testing::R;
 
 namespace braid::detail {  // src/backend/shadow/shadow_backend.h
 int64_t shadow_pinned_allocations();
@@ -22,8 +24,6 @@ int64_t shadow_pinned_live();
 
 namespace {
 
-int R() { return world()->rank(); }
-int N() { return world()->size(); }
 const Device kShadow = Device::shadow(0);
 
 std::atomic<int> g_made{0}, g_collectives{0};

@@ -20,11 +20,10 @@
 using namespace braid;
 using namespace braid::distributed;
 using braid::testing::DistTest;
+using braid::testing::N;
+using braid::testing::R;
 
 namespace {
-
-int R() { return world()->rank(); }
-int N() { return world()->size(); }
 
 /// x[i] = (rank + 1) * (i % 7 + 1) / 8 (exact in binary): the sum over ranks is x[i] N (N + 1) / 2 / (rank + 1).
 Tensor rank_values(int64_t n, DType dt, int rank) {

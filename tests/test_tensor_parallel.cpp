@@ -16,10 +16,10 @@
 using namespace braid;
 using namespace braid::distributed;
 using braid::testing::DistTest;
+using braid::testing::N;
+using braid::testing::R;
 
 namespace {
-
-int N() { return world()->size(); }
 
 struct TpGroup {
   std::string label;
