@@ -4,12 +4,14 @@
 // Run plainly it trains on one process; under `mpiexec -n N` or `srun` the same program trains
 // data-parallel: --batch-size is the global batch, split evenly over the ranks, so N ranks follow
 // the one-process run step for step; rank 0 alone prints, logs and writes checkpoints.
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <string>
+#include <thread>
 
 #include "braid/braid.h"
 #include "braid/checkpoint.h"
@@ -19,6 +21,7 @@
 #include "braid/nn/loss.h"
 #include "braid/optim.h"
 #include "braid/onnx/export.h"
+#include "compress.h"
 #include "models.h"
 #include "plot.h"
 #include "train_gpt.h"
@@ -37,6 +40,10 @@ struct Args {
   // --model gpt (train_gpt.h): the grid's tensor dimension, the data dimension's ZeRO stage, the shape.
   int64_t tensor_parallel = 1, zero_stage = 0, context = 64, layers = 4, heads = 4, embed = 128, sample = 200;
   std::string dtype = "float32";
+  // Data-parallel communication: --compress (compress.h), --autotune-buckets, and --slow-rank R:MS,
+  // which makes rank R sleep MS milliseconds per step (a slower machine, for the benchmarks).
+  std::string compress = "none", slow_rank;
+  int64_t autotune_buckets = 0;
   int64_t stop_after = 0;  // epochs to run in this invocation (0: to the end)
   int64_t stop_at_step = 0;  // checkpoint after this global step and exit, as on preemption (0: never)
   double lr = 0;  // 0: the optimizer's default below
@@ -63,6 +70,9 @@ void usage() {
       "                   model cache's); [--tensor-parallel T] [--pipeline-stages P] (the other ranks are\n"
       "                   data-parallel replicas) [--zero-stage 0|1|2|3] [--layers N] [--heads N] [--embed N]\n"
       "                   [--context N] [--dtype float32|float64] [--sample N (characters printed at the end)]\n"
+      "                   [--compress none|fp16|bf16|topk:RATIO|dgc:RATIO|powersgd:RANK (gradients on the wire)]\n"
+      "                   [--autotune-buckets 0|1 (try bucket caps over the first steps, keep the fastest)]\n"
+      "                   [--slow-rank R:MS (rank R sleeps MS ms per step: a slower machine, for benchmarks)]\n"
       "--batch-size is the global batch; under mpiexec -n N each rank takes batch-size / N of it.\n"
       "On SIGUSR1 or SIGTERM (Slurm's warnings before it stops a job) every rank finishes the step it is\n"
       "in, the checkpoint is written, and braid-train exits with code 75, which model_zoo/slurm's job\n"
@@ -74,13 +84,15 @@ Args parse(int argc, char** argv) {
   std::map<std::string, std::string*> strings{{"--model", &a.model}, {"--data", &a.data}, {"--out", &a.out},
                                              {"--optimizer", &a.optimizer}, {"--resume", &a.resume},
                                              {"--export-onnx", &a.export_onnx}, {"--device", &a.device},
-                                             {"--amp", &a.amp}, {"--schedule", &a.schedule}, {"--dtype", &a.dtype}};
+                                             {"--amp", &a.amp}, {"--schedule", &a.schedule}, {"--dtype", &a.dtype},
+                                             {"--compress", &a.compress}, {"--slow-rank", &a.slow_rank}};
   std::map<std::string, int64_t*> ints{{"--epochs", &a.epochs}, {"--batch-size", &a.batch_size},
                                       {"--limit", &a.limit}, {"--threads", &a.threads}, {"--sync-bn", &a.sync_bn},
                                       {"--pipeline-stages", &a.pipeline_stages}, {"--micro-batches", &a.micro_batches},
                                       {"--chunks", &a.chunks}, {"--tensor-parallel", &a.tensor_parallel},
                                       {"--zero-stage", &a.zero_stage}, {"--context", &a.context}, {"--layers", &a.layers},
                                       {"--heads", &a.heads}, {"--embed", &a.embed}, {"--sample", &a.sample},
+                                      {"--autotune-buckets", &a.autotune_buckets},
                                       {"--stop-after", &a.stop_after}, {"--stop-at-step", &a.stop_at_step}};
   for (int i = 1; i < argc; ++i) {
     std::string k = argv[i];
@@ -247,9 +259,22 @@ int run(int argc, char** argv) {
   nn::ModulePtr model = zoo::make_model(args.model, 1, 10);
   model->to(device);
   if (args.sync_bn) distributed::convert_sync_batchnorm(*model);
+  // DGC and PowerSGD start compressing after the first epoch (DGC's warm-up, PyTorch's start_powerSGD_iter).
+  const zoo::Compression compression = zoo::parse_compression(args.compress, train_loader.num_batches());
   distributed::DataParallelOptions dp;
   dp.bucket_cap_mb = args.bucket_mb;
+  dp.wire_dtype = compression.wire;
+  dp.autotune = args.autotune_buckets != 0;
   distributed::DistributedDataParallel ddp(model, distributed::world(), dp);
+  if (compression.hook) ddp.register_comm_hook(compression.hook);
+  BRAID_CHECK(!compression.momentum_in_hook || args.optimizer == "sgd", "braid-train: --compress ", args.compress,
+              " keeps SGD's momentum in the hook (DGC's momentum correction); use --optimizer sgd");
+  int slow_rank = -1, slow_ms = 0;
+  if (!args.slow_rank.empty()) {
+    const size_t colon = args.slow_rank.find(':');
+    BRAID_CHECK(colon != std::string::npos, "braid-train: --slow-rank takes RANK:MILLISECONDS, got '", args.slow_rank, "'");
+    slow_rank = std::stoi(args.slow_rank.substr(0, colon)), slow_ms = std::stoi(args.slow_rank.substr(colon + 1));
+  }
   std::unique_ptr<optim::Optimizer> opt;
   if (args.optimizer == "adam") {
     optim::AdamOptions o;
@@ -258,8 +283,8 @@ int run(int argc, char** argv) {
   } else {
     optim::SGDOptions o;
     o.lr = args.lr;
-    o.momentum = 0.9;
-    o.nesterov = true;
+    o.momentum = compression.momentum_in_hook ? 0.0 : 0.9;
+    o.nesterov = !compression.momentum_in_hook;
     o.weight_decay = 5e-4;
     opt = std::make_unique<optim::SGD>(model->parameters(), o);
   }
@@ -313,12 +338,19 @@ int run(int argc, char** argv) {
                 world.size == 1 ? "" : "s", world.launcher.c_str(), static_cast<long long>(train_opts.batch_size),
                 args.sync_bn ? ", SyncBatchNorm" : "", device.str().c_str(),
                 args.amp == "off" ? "" : (", mixed precision " + args.amp).c_str(), distributed::rank_table().c_str());
+    if (world.size > 1)
+      std::printf("braid-train: gradients: %s; buckets of %s\n", compression.description.c_str(),
+                  dp.autotune ? "1 to 64 MB, autotuned over the first steps" : detail::cat(args.bucket_mb, " MB").c_str());
     std::fflush(stdout);
   }
 
   std::ofstream log;
   if (lead) log.open(args.out + "/log.csv", args.resume.empty() ? std::ios::trunc : std::ios::app);
-  if (lead && args.resume.empty()) log << "step,epoch,train_loss,train_accuracy,test_loss,test_accuracy,lr\n";
+  if (lead && args.resume.empty()) log << "step,epoch,train_loss,train_accuracy,test_loss,test_accuracy,lr,seconds\n";
+  const auto started = std::chrono::steady_clock::now();
+  const int64_t first_step = step;
+  distributed::world()->reset_traffic();
+  bool autotune_reported = false;
   zoo::Series train_loss{"train loss", {}, {}, "#1f77b4"}, test_loss{"test loss", {}, {}, "#d62728"};
   zoo::Series train_acc{"train accuracy", {}, {}, "#1f77b4"}, test_acc{"test accuracy", {}, {}, "#d62728"};
   double final_accuracy = 0;
@@ -348,6 +380,11 @@ int run(int argc, char** argv) {
       scaler.step(*opt);
       scaler.update();
       schedule.step();
+      if (world.rank == slow_rank) std::this_thread::sleep_for(std::chrono::milliseconds(slow_ms));
+      if (lead && !autotune_reported && !ddp.autotune_report().empty()) {
+        autotune_reported = true;
+        std::printf("\nbraid-train: bucket autotune:\n%s\n", ddp.autotune_report().c_str());
+      }
       ++step;
       const double l = loss.item();
       const double n = static_cast<double>(b.input.size(0));
@@ -403,7 +440,8 @@ int run(int argc, char** argv) {
     std::printf("epoch %lld: train loss %.4f acc %.4f | test loss %.4f acc %.4f\n", static_cast<long long>(epoch + 1),
                 tl, ta, ev.loss, ev.accuracy);
     log << step << "," << epoch + 1 << "," << tl << "," << ta << "," << ev.loss << "," << ev.accuracy << ","
-        << schedule.get_last_lr()[0] << "\n";
+        << schedule.get_last_lr()[0] << ","
+        << std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count() << "\n";
     log.flush();
     const double e = static_cast<double>(epoch + 1);
     test_loss.x.push_back(e), test_loss.y.push_back(ev.loss);
@@ -412,7 +450,19 @@ int run(int argc, char** argv) {
 
     write_checkpoint();
   }
+  // What the collectives carried on the world's group, per training step of this invocation (each
+  // rank's buffers: all-reduce input, all-gather output; benchmarks/README.md's tables read it).
+  const distributed::Traffic traffic = distributed::world()->traffic();
+  const int64_t steps_run = std::max<int64_t>(step - first_step, 1);
   if (!lead) return 0;
+  if (world.size > 1)
+    std::printf("communication: %.1f KB per step per rank in collectives (%.1f KB all-reduce, %.1f KB all-gather) over "
+                "%lld steps\n",
+                static_cast<double>(traffic.all_reduce.bytes + traffic.all_gather.bytes + traffic.broadcast.bytes +
+                                    traffic.reduce_scatter.bytes) / 1024.0 / static_cast<double>(steps_run),
+                static_cast<double>(traffic.all_reduce.bytes) / 1024.0 / static_cast<double>(steps_run),
+                static_cast<double>(traffic.all_gather.bytes) / 1024.0 / static_cast<double>(steps_run),
+                static_cast<long long>(steps_run));
   if (!args.export_onnx.empty()) {
     // The trained model for (N, 1, 28, 28) images already normalised as above; N is symbolic.
     onnx::export_onnx(*model, zeros({1, 1, 28, 28}, kFloat32, device), args.export_onnx);

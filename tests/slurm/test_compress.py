@@ -1,0 +1,62 @@
+"""braid-train --compress under mpiexec -n 2 (DistributedDataParallel's communication hooks,
+braid/distributed/comm_hooks.h): top-K of every entry trains to the all-reduce's weights bit for bit,
+top-K of 1% sends what its formula says (k values and k int32 indices from each rank, gathered),
+and a spec it cannot read is refused with the forms it takes. Checkpoints are read with braid's
+Python module; runs through mpiexec, so it needs no Slurm."""
+
+import os
+import re
+import subprocess
+
+import numpy as np
+
+from conftest import BUILD
+
+TRAIN = os.path.join(BUILD, "model_zoo", "braid-train")
+ARGS = ["--model", "mlp", "--limit", "1024", "--epochs", "1", "--batch-size", "64", "--threads", "1"]
+
+
+def train(out, *extra, ok=True):
+    cmd = ["mpiexec", "-n", "2", TRAIN, *ARGS, "--out", str(out), *extra]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, OMP_NUM_THREADS="1", BRAID_NUM_THREADS="1", BRAID_TIMEOUT="120"))
+    if ok:
+        assert r.returncode == 0, f"{' '.join(cmd)}: exit {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}"
+    return r
+
+
+def weights(braid, folder):
+    ck = braid.checkpoint.load(str(folder / "checkpoint.braid"))
+    return {k: t.numpy().copy() for k, t in ck.tensors.items() if k.startswith("model.")}
+
+
+def test_topk_of_every_entry_is_the_all_reduce_bit_for_bit(braid_py, tmp_path):
+    train(tmp_path / "plain")
+    log = train(tmp_path / "topk", "--compress", "topk:1").stdout
+    assert "gradients: top-k (ratio 1)" in log, log
+    plain, topk = weights(braid_py, tmp_path / "plain"), weights(braid_py, tmp_path / "topk")
+    assert plain.keys() == topk.keys()
+    for k in plain:
+        np.testing.assert_array_equal(topk[k], plain[k], err_msg=k)
+
+
+def test_topk_sends_k_values_and_indices_per_rank(braid_py, tmp_path):
+    log = train(tmp_path / "sparse", "--compress", "topk:0.01").stdout
+    # The MLP's 235,146 parameters in one bucket: k = round(0.01 n) = 2,351 float32 values and int32
+    # indices from each of the 2 ranks, gathered: 2 x 2,351 x 8 bytes per step.
+    m = re.search(r"communication: [\d.]+ KB per step per rank in collectives \(([\d.]+) KB all-reduce, ([\d.]+) KB "
+                  r"all-gather\)", log)
+    assert m, log
+    assert float(m.group(2)) == round(2 * 2351 * 8 / 1024, 1), m.group(0)
+    assert float(m.group(1)) < 0.1, m.group(0)  # only the metrics' few numbers
+    plain = train(tmp_path / "plain").stdout
+    dense = re.search(r"\(([\d.]+) KB all-reduce", plain)
+    assert float(dense.group(1)) == round(235146 * 4 / 1024, 1), plain
+
+
+def test_a_bad_spec_is_refused_naming_the_forms(tmp_path):
+    r = train(tmp_path / "bad", "--compress", "topk:2", ok=False)
+    assert r.returncode != 0
+    assert "--compress 'topk:2' is not one of none, fp16, bf16, topk:RATIO, dgc:RATIO" in r.stdout + r.stderr
+    r = train(tmp_path / "bad2", "--compress", "dgc:0.01", ok=False)
+    assert "use --optimizer sgd" in r.stdout + r.stderr
