@@ -1,7 +1,7 @@
 // braid-pipeline-bench: pipeline measurements under `mpiexec -n K` (K stages), one JSON object per
 // line from rank 0, for benchmarks/pipeline_bench.py:
 //   bubble      measured bubble of GPipe, 1F1B, interleaved (V = 2) and ZB-H1 for M = 1..16 against
-//               each schedule's closed form
+//               each schedule's closed form (bubble-wide: the same with 4 times wider layers)
 //   memory      peak step memory per stage for GPipe, 1F1B, ZB-H1, interleaved (v = 2), each also
 //               with recomputation
 //   partition   the partitioner's predicted stage times against measured ones (zoo resnet)
@@ -47,11 +47,11 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-/// A chain of 8 equal blocks (Linear 256x256 + Tanh): equal stages for any K dividing 8.
-std::shared_ptr<nn::Sequential> chain() {
+/// A chain of 8 equal blocks (Linear width x width + Tanh): equal stages for any K dividing 8.
+std::shared_ptr<nn::Sequential> chain(int64_t width = 256) {
   manual_seed(3);
   auto m = std::make_shared<nn::Sequential>();
-  for (int i = 0; i < 8; ++i) m->add(std::make_shared<nn::Linear>(256, 256)).add(std::make_shared<nn::Tanh>());
+  for (int i = 0; i < 8; ++i) m->add(std::make_shared<nn::Linear>(width, width)).add(std::make_shared<nn::Tanh>());
   return m;
 }
 
@@ -65,9 +65,11 @@ std::shared_ptr<nn::Sequential> even_stage(const nn::Sequential& m, int s, int k
 
 // Every schedule on equal stages: 1F1B's and GPipe's bubble is (K-1)/(M+K-1) of the step, the
 // interleaved schedule's (V = 2 chunks of 4 layers per rank) (K-1)/(VM+K-1), ZB-H1's (K-1)/(3M+K-1)
-// when forward, input gradient and weight gradient cost alike (a Linear's three products).
-void bubble(int k, int s) {
-  auto model = chain();
+// when forward, input gradient and weight gradient cost alike (a Linear's three products). width
+// 1024 ("bubble-wide") makes each action cost some 16 times more than at 256, so that the fixed
+// latency of a transfer is a small share of it.
+void bubble(int k, int s, int64_t width) {
+  auto model = chain(width);
   const int v = 2;
   for (const std::string name : {"GPipe", "1F1B", "interleaved", "ZB-H1"}) {
     for (int m : {1, 2, 4, 8, 16}) {
@@ -82,7 +84,7 @@ void bubble(int k, int s) {
                              : name == "ZB-H1"     ? (k - 1.0) / (3.0 * m + k - 1.0)
                                                    : (k - 1.0) / (m + k - 1.0);
       Generator g(1);
-      Tensor x = randn({128 * m, 256}, kFloat32, &g), y = zeros({128 * m, 256});
+      Tensor x = randn({128 * m, width}, kFloat32, &g), y = zeros({128 * m, width});
       std::vector<double> measured;
       for (int step = 0; step < 7; ++step) {
         model->zero_grad();
@@ -95,6 +97,7 @@ void bubble(int k, int s) {
                             name + ", K = " + std::to_string(k) + ", M = 4 (8 x Linear 256 + Tanh)");
       }
       emit(kv("kind", "bubble") + ", " + kv("schedule", name) + ", " + kv("K", k) + ", " + kv("M", m) + ", " +
+           kv("width", static_cast<double>(width)) + ", " +
            kv("measured", median(measured)) + ", " + kv("formula", formula) + ", " +
            kv("simulated", validate(sched, StepCosts{}).bubble_fraction));
     }
@@ -237,12 +240,13 @@ int main(int argc, char** argv) {
   const auto& info = init();
   g_rank = info.rank;
   const int k = info.size, s = info.rank;
-  if (mode == "bubble") bubble(k, s);
+  if (mode == "bubble") bubble(k, s, 256);
+  else if (mode == "bubble-wide") bubble(k, s, 1024);
   else if (mode == "memory") memory(k, s);
   else if (mode == "partition") partition_check(k, s);
   else if (mode == "throughput") throughput(k, s);
   else {
-    if (g_rank == 0) std::fprintf(stderr, "usage: mpiexec -n K braid-pipeline-bench bubble|memory|partition|throughput\n");
+    if (g_rank == 0) std::fprintf(stderr, "usage: mpiexec -n K braid-pipeline-bench bubble|bubble-wide|memory|partition|throughput\n");
     return 2;
   }
   finalize();

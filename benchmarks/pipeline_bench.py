@@ -4,6 +4,7 @@ benchmarks/README.md records (bubble against GPipe's formula, peak memory, parti
 against measured, throughput against data parallelism), and writes the Gantt charts.
 
     python3 benchmarks/pipeline_bench.py --build-dir build [--ranks 2] [--gantt-dir benchmarks]
+    python3 benchmarks/pipeline_bench.py --build-dir build --ranks 2 --bubble-only --wide   # 1024-wide stages
 """
 import argparse
 import json
@@ -26,6 +27,8 @@ def main():
     ap.add_argument("--build-dir", default="build")
     ap.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
     ap.add_argument("--gantt-dir", default="")
+    ap.add_argument("--wide", action="store_true", help="the bubble table on 1024-wide layers (bubble-wide)")
+    ap.add_argument("--bubble-only", action="store_true", help="only the bubble table")
     args = ap.parse_args()
     subprocess.run(["ninja", "-C", args.build_dir, "benchmarks/braid-pipeline-bench"], check=True,
                    stdout=subprocess.DEVNULL)
@@ -37,9 +40,12 @@ def main():
     print("| K | M | schedule | measured | formula | simulated | measured − formula (points) |")
     print("|---:|---:|---|---:|---:|---:|---:|")
     for k in args.ranks:
-        for r in run(args.build_dir, k, "bubble", args.gantt_dir):
+        for r in run(args.build_dir, k, "bubble-wide" if args.wide else "bubble", args.gantt_dir):
             print(f"| {k} | {r['M']} | {r['schedule']} | {r['measured']:.3f} | {r['formula']:.3f} | "
                   f"{r['simulated']:.3f} | {100 * (r['measured'] - r['formula']):+.1f} |")
+    if args.bubble_only:
+        print(f"\n1-minute load average at the end: {os.getloadavg()[0]:.2f}")
+        return
     print("\n**Peak memory of a step** (M = 8 micro-batches of 64 rows, 8 × Linear 256 + Tanh): "
           "tensor storage alive at the step's high point, less what was alive at its start.\n")
     print("| K | schedule | recompute | stage 0 MB | largest stage MB |")
