@@ -22,6 +22,7 @@
 #include "braid/optim.h"
 #include "braid/onnx/export.h"
 #include "compress.h"
+#include "replicas.h"
 #include "models.h"
 #include "plot.h"
 #include "train_gpt.h"
@@ -263,10 +264,7 @@ int run(int argc, char** argv) {
   const zoo::Compression compression = zoo::parse_compression(args.compress, train_loader.num_batches());
   distributed::DataParallelOptions dp;
   dp.bucket_cap_mb = args.bucket_mb;
-  dp.wire_dtype = compression.wire;
   dp.autotune = args.autotune_buckets != 0;
-  distributed::DistributedDataParallel ddp(model, distributed::world(), dp);
-  if (compression.hook) ddp.register_comm_hook(compression.hook);
   BRAID_CHECK(!compression.momentum_in_hook || args.optimizer == "sgd", "braid-train: --compress ", args.compress,
               " keeps SGD's momentum in the hook (DGC's momentum correction); use --optimizer sgd");
   int slow_rank = -1, slow_ms = 0;
@@ -275,19 +273,20 @@ int run(int argc, char** argv) {
     BRAID_CHECK(colon != std::string::npos, "braid-train: --slow-rank takes RANK:MILLISECONDS, got '", args.slow_rank, "'");
     slow_rank = std::stoi(args.slow_rank.substr(0, colon)), slow_ms = std::stoi(args.slow_rank.substr(colon + 1));
   }
-  std::unique_ptr<optim::Optimizer> opt;
-  if (args.optimizer == "adam") {
-    optim::AdamOptions o;
-    o.lr = args.lr;
-    opt = std::make_unique<optim::Adam>(model->parameters(), o);
-  } else {
+  // The optimizer of the whole model, or of this rank's shard at --zero-stage 1 to 3.
+  const distributed::OptimizerFactory make_optimizer =
+      [&](const std::vector<Tensor>& params) -> std::shared_ptr<optim::Optimizer> {
+    if (args.optimizer == "adam") return std::make_shared<optim::Adam>(params, optim::AdamOptions{.lr = args.lr});
     optim::SGDOptions o;
     o.lr = args.lr;
     o.momentum = compression.momentum_in_hook ? 0.0 : 0.9;
     o.nesterov = !compression.momentum_in_hook;
     o.weight_decay = 5e-4;
-    opt = std::make_unique<optim::SGD>(model->parameters(), o);
-  }
+    return std::make_shared<optim::SGD>(params, o);
+  };
+  zoo::Replicas replicas(model, static_cast<int>(args.zero_stage), distributed::world(), dp, compression,
+                         make_optimizer);
+  optim::Optimizer* opt = &replicas.optimizer();
   const int64_t steps_per_epoch = train_loader.num_batches(), total_steps = steps_per_epoch * args.epochs;
   optim::CosineWithWarmup schedule(*opt, std::min<int64_t>(200, total_steps / 10), total_steps, args.lr * 0.01);
 
@@ -301,11 +300,10 @@ int run(int argc, char** argv) {
   // Everything a resumed run needs to continue bitwise as if it had not stopped: the loader's
   // position is (epoch, global batch), which means the same samples at any world size (Note
   // [Sharding rule] in braid/data/loader.h).
+  // Collective (a sharded run joins its shards: Note [Checkpoints of a sharded run]); rank 0 writes.
   auto write_checkpoint = [&] {
+    Checkpoint ck = replicas.model_state(args.out + "/checkpoint.shards");
     if (!lead) return;
-    Checkpoint ck;
-    store_state(ck, "model.", *model);
-    store_state(ck, "optim.", *opt);
     store_state(ck, "sched.", schedule);
     store_state(ck, "rng.", default_generator());
     store_state(ck, "loader.", train_loader);
@@ -315,8 +313,7 @@ int run(int argc, char** argv) {
   };
   if (!args.resume.empty()) {
     Checkpoint ck = load_checkpoint(args.resume, device);
-    restore_state(ck, "model.", *model);
-    restore_state(ck, "optim.", *opt);
+    replicas.restore(ck);
     restore_state(ck, "sched.", schedule);
     restore_state(ck, "rng.", default_generator());
     restore_state(ck, "loader.", train_loader);
@@ -372,18 +369,18 @@ int run(int argc, char** argv) {
       {
         // Mixed precision covers the forward pass only; backward runs in float32 (Note [Autocast]).
         autocast amp(amp_dtype, args.amp != "off");
-        logits = ddp(b.input);
+        logits = replicas.forward(b.input);
         loss = nn::cross_entropy(logits, b.target);
       }
-      opt->zero_grad();
+      replicas.zero_grad();
       scaler.scale(loss).backward();
-      scaler.step(*opt);
+      replicas.step(scaler);
       scaler.update();
       schedule.step();
       if (world.rank == slow_rank) std::this_thread::sleep_for(std::chrono::milliseconds(slow_ms));
-      if (lead && !autotune_reported && !ddp.autotune_report().empty()) {
+      if (lead && !autotune_reported && !replicas.autotune_report().empty()) {
         autotune_reported = true;
-        std::printf("\nbraid-train: bucket autotune:\n%s\n", ddp.autotune_report().c_str());
+        std::printf("\nbraid-train: bucket autotune:\n%s\n", replicas.autotune_report().c_str());
       }
       ++step;
       const double l = loss.item();
@@ -436,6 +433,7 @@ int run(int argc, char** argv) {
     if (bar) bar->finish({{"loss", tl}, {"acc", ta}});
     EvalResult ev = evaluate(*model, test_loader);
     final_accuracy = ev.accuracy;
+    write_checkpoint();  // collective
     if (!lead) continue;
     std::printf("epoch %lld: train loss %.4f acc %.4f | test loss %.4f acc %.4f\n", static_cast<long long>(epoch + 1),
                 tl, ta, ev.loss, ev.accuracy);
@@ -447,13 +445,12 @@ int run(int argc, char** argv) {
     test_loss.x.push_back(e), test_loss.y.push_back(ev.loss);
     train_acc.x.push_back(e), train_acc.y.push_back(ta);
     test_acc.x.push_back(e), test_acc.y.push_back(ev.accuracy);
-
-    write_checkpoint();
   }
   // What the collectives carried on the world's group, per training step of this invocation (each
   // rank's buffers: all-reduce input, all-gather output; benchmarks/README.md's tables read it).
   const distributed::Traffic traffic = distributed::world()->traffic();
   const int64_t steps_run = std::max<int64_t>(step - first_step, 1);
+  replicas.finish();  // stage 3 gathers the parameters back into the model (for the export)
   if (!lead) return 0;
   if (world.size > 1)
     std::printf("communication: %.1f KB per step per rank in collectives (%.1f KB all-reduce, %.1f KB all-gather) over "

@@ -74,6 +74,30 @@ def test_a_run_stopped_at_2_ranks_resumes_at_1_2_and_4(braid_py, tmp_path):
     assert rel_diff(w, reference) > 1e-3, "skipping a batch went unnoticed at this tolerance"
 
 
+def test_a_sharded_run_resumes_at_other_world_sizes_and_stages(braid_py, tmp_path):
+    """--zero-stage: each rank writes its shard and rank 0 joins them into checkpoint.braid, in the
+    unsharded format (Note [Checkpoints of a sharded run]), so a ZeRO stage 2 run stopped at step 10
+    of 32 at 2 ranks resumes at 1 rank without sharding, at 2 ranks at stage 3 and at 4 ranks at
+    stage 1, each ending with the uninterrupted one-process run's weights, as the unsharded resume
+    does (the same tolerance)."""
+    train(tmp_path / "one", 1)
+    _, reference = weights(braid_py, tmp_path / "one" / "checkpoint.braid")
+    stopped = tmp_path / "stopped"
+    out = train(stopped, 2, "--stop-at-step", "10", "--zero-stage", "2")
+    assert "stopped after step 10" in out, out
+    ck, _ = weights(braid_py, stopped / "checkpoint.braid")
+    assert (ck.integers["step"], ck.integers["loader.batch"]) == (10, 10)
+    assert any(k.startswith("optim.state.") for k in ck.tensors), sorted(ck.tensors)[:10]  # Adam's, joined
+    for ranks, stage in ((1, 0), (2, 3), (4, 1)):
+        run = tmp_path / f"resumed-{ranks}-zero{stage}"
+        shutil.copytree(stopped, run)
+        out = train(run, ranks, "--resume", str(run / "checkpoint.braid"), "--zero-stage", str(stage))
+        assert "at step 10 (epoch 1, batch 10 of 16)" in out, out
+        ck, w = weights(braid_py, run / "checkpoint.braid")
+        assert ck.integers["step"] == 32, ck.integers
+        assert rel_diff(w, reference) < 1e-4, f"{ranks} ranks, stage {stage}: weights differ by {rel_diff(w, reference)}"
+
+
 def merged_stage_weights(braid, folder):
     """The whole model's weights from a pipelined run's per-stage checkpoints."""
     import glob

@@ -288,6 +288,25 @@ def test_preempted_pipeline_job_requeues_and_resumes_bitwise(slurm, tmp_path, jo
         assert (out / name).read_bytes() == (ref_out / name).read_bytes(), f"stage {s}'s checkpoint differs"
 
 
+def test_preempted_sharded_job_requeues_and_resumes_bitwise(slurm, tmp_path, job_env):
+    """ZeRO stage 2 under Slurm: the warning stops every rank after the same step, each writes its
+    shard, rank 0 joins them into checkpoint.braid (Note [Checkpoints of a sharded run]), and the
+    requeued job resumes from it to the uninterrupted sharded run's bits."""
+    args = [*PREEMPTIBLE, "--zero-stage", "2"]
+    ref_jid, ref_out = submit_train(slurm, tmp_path, job_env, "zeroref", *args)
+    [rec] = slurm.wait(ref_jid, 400)
+    expect_completed(rec)
+    jid, out = submit_train(slurm, tmp_path, holding(job_env, HOLD), "zeropre", *args)
+    wait_for_text(slurm, jid, hold_line(HOLD), 120)
+    slurm.signal(jid, "USR1", batch_only=True)
+    [rec] = slurm.wait(jid, 600)
+    text = expect_completed(rec)
+    assert int(rec["Restarts"]) == 1, text
+    assert re.search(rf"SIGUSR1 caught at step {HOLD} ", text) and "resumes from" in text, text
+    assert (out / "checkpoint.braid").read_bytes() == (ref_out / "checkpoint.braid").read_bytes(), \
+        "the requeued sharded job's checkpoint differs from the uninterrupted run's"
+
+
 PY_PREEMPTIBLE = ["--limit", "4096", "--epochs", "3", "--seed", "3", "--auto-resume"]
 
 
