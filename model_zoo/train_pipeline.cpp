@@ -205,9 +205,30 @@ int train_pipeline(const PipelineRun& r) {
   if (!merged.empty()) restore_repartitioned(merged, *seq, make_opt, *stage, opt.get());  // before DDP's broadcast
 
   std::unique_ptr<DistributedDataParallel> ddp;
-  if (d > 1) ddp = std::make_unique<DistributedDataParallel>(stage, grid.data);
+  std::unique_ptr<ShardedDataParallel> sdp;  // --zero-stage 1 or 2 across the replicas
   PipelineOptions po;
-  po.data_parallel = ddp.get();
+  if (r.zero_stage > 0) {
+    BRAID_CHECK(r.zero_stage <= 2, "braid-train: --zero-stage 3 does not run with --pipeline-stages (it frees the "
+                "parameters that a stage's micro-batches accumulate into); use --zero-stage 1 or 2");
+    BRAID_CHECK_T(NotImplementedError, r.schedule == "1f1b" || r.schedule == "gpipe", "braid-train: --zero-stage with ",
+                  "--schedule ", r.schedule, " is not supported yet; use 1f1b or gpipe");
+    BRAID_CHECK(opt != nullptr, "braid-train: stage ", grid.stage, " holds no parameters, so --zero-stage has nothing ",
+                "to shard there; cut the model differently or run without --zero-stage");
+    // The stage as it stands (fresh, or restored with another stage count) moves into the shards.
+    Checkpoint start;
+    store_state(start, "model.", *stage);
+    store_state(start, "optim.", *opt);
+    opt.reset();
+    sdp = std::make_unique<ShardedDataParallel>(
+        stage, [&](const std::vector<Tensor>& params) { return std::shared_ptr<optim::Optimizer>(make_opt(params)); },
+        grid.data, ShardedOptions{.stage = static_cast<int>(r.zero_stage)});
+    sdp->load_full(start);
+    po.sharded = sdp.get();
+  } else if (d > 1) {
+    ddp = std::make_unique<DistributedDataParallel>(stage, grid.data);
+    po.data_parallel = ddp.get();
+  }
+  optim::Optimizer* step_opt = sdp ? &sdp->optimizer() : opt.get();
   PipelineStage pipe(chunk_modules[0], grid.pipeline, po);
   for (int c = 1; c < v; ++c) pipe.add_chunk(chunk_modules[static_cast<size_t>(c)]);
 
@@ -231,12 +252,16 @@ int train_pipeline(const PipelineRun& r) {
 
   const int64_t steps_per_epoch = train_loader.num_batches(), total = steps_per_epoch * r.epochs;
   std::unique_ptr<optim::CosineWithWarmup> schedule;
-  if (opt)
-    schedule = std::make_unique<optim::CosineWithWarmup>(*opt, std::min<int64_t>(200, total / 10), total, r.lr * 0.01);
+  if (step_opt)
+    schedule = std::make_unique<optim::CosineWithWarmup>(*step_opt, std::min<int64_t>(200, total / 10), total, r.lr * 0.01);
   int64_t step = 0;
   if (resumed) {
-    restore_state(*resumed, "model.", *stage);
-    if (opt) restore_state(*resumed, "optim.", *opt);
+    if (sdp) {
+      sdp->load_full(*resumed);
+    } else {
+      restore_state(*resumed, "model.", *stage);
+      if (opt) restore_state(*resumed, "optim.", *opt);
+    }
     if (schedule) restore_state(*resumed, "sched.", *schedule);
     restore_state(*resumed, "rng.", default_generator());
     restore_state(*resumed, "loader.", train_loader);
@@ -255,12 +280,21 @@ int train_pipeline(const PipelineRun& r) {
   Series train_loss{"train loss", {}, {}, "#1f77b4"}, test_loss{"test loss", {}, {}, "#d62728"};
   Series test_acc{"test accuracy", {}, {}, "#d62728"};
   double final_accuracy = 0;
-  // The first replica's stages write one file each (all at the same step).
+  // The first replica's stages write one file each (all at the same step). With --zero-stage every
+  // replica writes its shard of the stage and the first joins them (Note [Checkpoints of a sharded
+  // run] in replicas.cpp), so the file is the same either way.
+  const std::string stage_file = r.out + "/checkpoint.stage" + std::to_string(grid.stage) + ".braid";
   auto write_checkpoint = [&] {
-    if (grid.replica != 0) return;
     Checkpoint ck;
-    store_state(ck, "model.", *stage);
-    if (opt) store_state(ck, "optim.", *opt);
+    if (sdp) {
+      save_sharded_checkpoint(stage_file + ".shards", sdp->state_shard(), grid.data);
+      if (grid.replica != 0) return;
+      ck = ShardedDataParallel::unshard(load_sharded_checkpoint(stage_file + ".shards"));
+    } else {
+      if (grid.replica != 0) return;
+      store_state(ck, "model.", *stage);
+      if (opt) store_state(ck, "optim.", *opt);
+    }
     if (schedule) store_state(ck, "sched.", *schedule);
     store_state(ck, "rng.", default_generator());
     store_state(ck, "loader.", train_loader);
@@ -269,7 +303,7 @@ int train_pipeline(const PipelineRun& r) {
     ck.integers["pipeline.chunks"] = v;
     ck.integers["pipeline.stage"] = grid.stage;
     ck.integers["step"] = step;
-    save_checkpoint(r.out + "/checkpoint.stage" + std::to_string(grid.stage) + ".braid", ck);
+    save_checkpoint(stage_file, ck);
   };
   stage->train();  // preemption signals are caught from the start of run() (train.cpp)
   const int64_t stop_epoch = r.stop_after > 0 ? train_loader.epoch() + r.stop_after : r.epochs;
@@ -282,14 +316,16 @@ int train_pipeline(const PipelineRun& r) {
     int64_t window = 0;
     data::Batch b;
     while (train_loader.next(b)) {
-      if (opt) opt->zero_grad();
+      if (sdp) sdp->zero_grad();
+      else if (opt) opt->zero_grad();
       double l;
       {
         // Forward passes run in bfloat16 products; the schedule's backward passes stay float32.
         autocast amp(kBFloat16, r.amp == "bf16");
         l = pipe.train_step(sched, b.input, b.target, cross_entropy_loss);
       }
-      if (opt) opt->step();
+      if (sdp) sdp->step();
+      else if (opt) opt->step();
       if (schedule) schedule->step();
       ++step;
       local += l;

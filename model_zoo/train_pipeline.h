@@ -25,6 +25,7 @@ struct PipelineRun {
   int64_t chunks = 2;
   int64_t stop_after = 0;  ///< epochs to run in this invocation (0: to the end)
   int64_t stop_at_step = 0;  ///< write the stage checkpoints after this global step and exit, as on preemption
+  int64_t zero_stage = 0;    ///< ShardedDataParallel (1 or 2) across the replicas instead of DDP
   double lr = 2e-3;
   uint64_t seed = 0;
   /// This rank's device, and "off", "bf16" or "fp16" for mixed precision.
