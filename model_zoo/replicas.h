@@ -14,12 +14,21 @@
 
 namespace braid::zoo {
 
+struct ReplicaOptions {
+  /// 0: DistributedDataParallel with data_parallel and compression; 1 to 3: ShardedDataParallel.
+  int zero_stage = 0;
+  distributed::DataParallelOptions data_parallel;
+  Compression compression;
+  /// --local-sgd H: each rank steps its own optimizer and LocalSGD averages every H steps (0: the
+  /// automatic period); -1: off.
+  int64_t local_sgd = -1;
+  distributed::LocalSGDOptions local;
+};
+
 class Replicas {
  public:
-  /// Collective over group. zero_stage 0 uses options and compression; 1 to 3 shard (buckets of
-  /// options.bucket_cap_mb), and refuse a compression hook.
-  Replicas(std::shared_ptr<nn::Module> model, int zero_stage, distributed::ProcessGroupPtr group,
-           const distributed::DataParallelOptions& options, const Compression& compression,
+  /// Collective over group. Sharding and local SGD refuse a compression hook.
+  Replicas(std::shared_ptr<nn::Module> model, distributed::ProcessGroupPtr group, const ReplicaOptions& options,
            const distributed::OptimizerFactory& make_optimizer);
   ~Replicas();
 
@@ -30,12 +39,16 @@ class Replicas {
   void step(optim::GradScaler& scaler);
   optim::Optimizer& optimizer() { return *optimizer_; }
   int zero_stage() const { return zero_stage_; }
+  /// What travels between the replicas, in a line.
+  std::string describe() const;
   /// The bucket autotune's report (empty while it runs, and for sharded runs).
   std::string autotune_report() const;
 
   /// The model's and optimizer's state under "model." and "optim." as store_state writes them for
   /// an unsharded model: on every rank at stage 0; at stages 1 to 3 every rank writes its shard to
-  /// shard_path (save_sharded_checkpoint) and rank 0 alone returns them joined. Collective.
+  /// shard_path (save_sharded_checkpoint) and rank 0 alone returns them joined. With local SGD the
+  /// parameters are the last synchronised ones and LocalSGD's state is under "localsgd."
+  /// (Note [Local SGD checkpoints]). Collective.
   Checkpoint model_state(const std::string& shard_path);
   /// Loads model_state()'s format (from any stage and world size).
   void restore(const Checkpoint& ckpt);
@@ -48,6 +61,7 @@ class Replicas {
   distributed::ProcessGroupPtr group_;
   std::unique_ptr<distributed::DistributedDataParallel> ddp_;
   std::unique_ptr<distributed::ShardedDataParallel> sdp_;
+  std::unique_ptr<distributed::LocalSGD> local_;
   std::shared_ptr<optim::Optimizer> optimizer_;
 };
 

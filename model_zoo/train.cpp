@@ -45,6 +45,10 @@ struct Args {
   // which makes rank R sleep MS milliseconds per step (a slower machine, for the benchmarks).
   std::string compress = "none", slow_rank;
   int64_t autotune_buckets = 0;
+  // --local-sgd H (LocalSGD; -1 off, 0 automatic) with its outer optimizer.
+  int64_t local_sgd = -1;
+  std::string outer = "sgd";
+  double outer_lr = 1.0;
   int64_t stop_after = 0;  // epochs to run in this invocation (0: to the end)
   int64_t stop_at_step = 0;  // checkpoint after this global step and exit, as on preemption (0: never)
   double lr = 0;  // 0: the optimizer's default below
@@ -73,6 +77,8 @@ void usage() {
       "                   [--context N] [--dtype float32|float64] [--sample N (characters printed at the end)]\n"
       "                   [--compress none|fp16|bf16|topk:RATIO|dgc:RATIO|powersgd:RANK (gradients on the wire)]\n"
       "                   [--autotune-buckets 0|1 (try bucket caps over the first steps, keep the fastest)]\n"
+      "                   [--local-sgd H (average the replicas' parameters every H steps; 0: automatic)]\n"
+      "                   [--outer sgd|nesterov (local SGD's outer step; nesterov is DiLoCo's)] [--outer-lr X]\n"
       "                   [--zero-stage 0|1|2|3 (shard the optimizer state, gradients, parameters over the\n"
       "                    replicas: ZeRO; 1 or 2 with --pipeline-stages)]\n"
       "                   [--slow-rank R:MS (rank R sleeps MS ms per step: a slower machine, for benchmarks)]\n"
@@ -88,14 +94,15 @@ Args parse(int argc, char** argv) {
                                              {"--optimizer", &a.optimizer}, {"--resume", &a.resume},
                                              {"--export-onnx", &a.export_onnx}, {"--device", &a.device},
                                              {"--amp", &a.amp}, {"--schedule", &a.schedule}, {"--dtype", &a.dtype},
-                                             {"--compress", &a.compress}, {"--slow-rank", &a.slow_rank}};
+                                             {"--compress", &a.compress}, {"--slow-rank", &a.slow_rank},
+                                             {"--outer", &a.outer}};
   std::map<std::string, int64_t*> ints{{"--epochs", &a.epochs}, {"--batch-size", &a.batch_size},
                                       {"--limit", &a.limit}, {"--threads", &a.threads}, {"--sync-bn", &a.sync_bn},
                                       {"--pipeline-stages", &a.pipeline_stages}, {"--micro-batches", &a.micro_batches},
                                       {"--chunks", &a.chunks}, {"--tensor-parallel", &a.tensor_parallel},
                                       {"--zero-stage", &a.zero_stage}, {"--context", &a.context}, {"--layers", &a.layers},
                                       {"--heads", &a.heads}, {"--embed", &a.embed}, {"--sample", &a.sample},
-                                      {"--autotune-buckets", &a.autotune_buckets},
+                                      {"--autotune-buckets", &a.autotune_buckets}, {"--local-sgd", &a.local_sgd},
                                       {"--stop-after", &a.stop_after}, {"--stop-at-step", &a.stop_at_step}};
   for (int i = 1; i < argc; ++i) {
     std::string k = argv[i];
@@ -113,6 +120,7 @@ Args parse(int argc, char** argv) {
     else if (ints.count(k)) *ints[k] = std::stoll(v);
     else if (k == "--lr") a.lr = std::stod(v);
     else if (k == "--bucket-mb") a.bucket_mb = std::stod(v);
+    else if (k == "--outer-lr") a.outer_lr = std::stod(v);
     else if (k == "--seed") a.seed = std::stoull(v);
     else throw ValueError("braid-train: unknown option '" + k + "' (see --help)");
   }
@@ -286,8 +294,14 @@ int run(int argc, char** argv) {
     o.weight_decay = 5e-4;
     return std::make_shared<optim::SGD>(params, o);
   };
-  zoo::Replicas replicas(model, static_cast<int>(args.zero_stage), distributed::world(), dp, compression,
-                         make_optimizer);
+  zoo::ReplicaOptions ro;
+  ro.zero_stage = static_cast<int>(args.zero_stage);
+  ro.data_parallel = dp;
+  ro.compression = compression;
+  ro.local_sgd = args.local_sgd;
+  ro.local.outer = args.outer;
+  ro.local.outer_lr = args.outer_lr;
+  zoo::Replicas replicas(model, distributed::world(), ro, make_optimizer);
   optim::Optimizer* opt = &replicas.optimizer();
   const int64_t steps_per_epoch = train_loader.num_batches(), total_steps = steps_per_epoch * args.epochs;
   optim::CosineWithWarmup schedule(*opt, std::min<int64_t>(200, total_steps / 10), total_steps, args.lr * 0.01);
@@ -338,7 +352,7 @@ int run(int argc, char** argv) {
                 args.sync_bn ? ", SyncBatchNorm" : "", device.str().c_str(),
                 args.amp == "off" ? "" : (", mixed precision " + args.amp).c_str(), distributed::rank_table().c_str());
     if (world.size > 1)
-      std::printf("braid-train: gradients: %s; buckets of %s\n", compression.description.c_str(),
+      std::printf("braid-train: between the replicas: %s; buckets of %s\n", replicas.describe().c_str(),
                   dp.autotune ? "1 to 64 MB, autotuned over the first steps" : detail::cat(args.bucket_mb, " MB").c_str());
     std::fflush(stdout);
   }

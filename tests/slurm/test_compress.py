@@ -1,7 +1,10 @@
-"""braid-train --compress under mpiexec -n 2 (DistributedDataParallel's communication hooks,
-braid/distributed/comm_hooks.h): top-K of every entry trains to the all-reduce's weights bit for bit,
-top-K of 1% sends what its formula says (k values and k int32 indices from each rank, gathered),
-and a spec it cannot read is refused with the forms it takes. Checkpoints are read with braid's
+"""braid-train --compress and --local-sgd under mpiexec -n 2 (DistributedDataParallel's communication
+hooks, braid/distributed/comm_hooks.h; LocalSGD, local_sgd.h): top-K of every entry trains to the
+all-reduce's weights bit for bit, top-K of 1% sends what its formula says (k values and k int32
+indices from each rank, gathered), and a spec it cannot read is refused with the forms it takes;
+local SGD with H = 1 and outer SGD at rate 1 trains as data parallelism does (to rounding: SGD's
+update is linear in the gradient), with H = 4 sends a quarter of the bytes, and its checkpoint holds
+the last synchronised parameters. Checkpoints are read with braid's
 Python module; runs through mpiexec, so it needs no Slurm."""
 
 import os
@@ -33,7 +36,7 @@ def weights(braid, folder):
 def test_topk_of_every_entry_is_the_all_reduce_bit_for_bit(braid_py, tmp_path):
     train(tmp_path / "plain")
     log = train(tmp_path / "topk", "--compress", "topk:1").stdout
-    assert "gradients: top-k (ratio 1)" in log, log
+    assert "between the replicas: top-k (ratio 1)" in log, log
     plain, topk = weights(braid_py, tmp_path / "plain"), weights(braid_py, tmp_path / "topk")
     assert plain.keys() == topk.keys()
     for k in plain:
@@ -60,3 +63,26 @@ def test_a_bad_spec_is_refused_naming_the_forms(tmp_path):
     assert "--compress 'topk:2' is not one of none, fp16, bf16, topk:RATIO, dgc:RATIO" in r.stdout + r.stderr
     r = train(tmp_path / "bad2", "--compress", "dgc:0.01", ok=False)
     assert "use --optimizer sgd" in r.stdout + r.stderr
+
+
+def test_local_sgd_averages_every_h_steps_and_checkpoints_the_last_sync(braid_py, tmp_path):
+    sgd = ["--optimizer", "sgd"]
+    train(tmp_path / "ddp", *sgd)
+    log = train(tmp_path / "h1", *sgd, "--local-sgd", "1", "--outer", "sgd", "--outer-lr", "1").stdout
+    assert "local SGD: parameters averaged every 1 steps (outer sgd, rate 1)" in log, log
+    ddp, h1 = weights(braid_py, tmp_path / "ddp"), weights(braid_py, tmp_path / "h1")
+    for k in ddp:
+        np.testing.assert_allclose(h1[k], ddp[k], rtol=0, atol=1e-5 * np.abs(ddp[k]).max(), err_msg=k)
+    log = train(tmp_path / "h4", *sgd, "--local-sgd", "4").stdout
+    m = re.search(r"\(([\d.]+) KB all-reduce", log)
+    assert float(m.group(1)) == round(235146 * 4 / 4 / 1024, 1), log
+    # Stopped at step 10 (H = 4: the last synchronisation after step 8), the checkpoint's parameters
+    # are step 8's synchronised ones, which a run stopped at step 8 also writes.
+    train(tmp_path / "at8", *sgd, "--local-sgd", "4", "--stop-at-step", "8")
+    train(tmp_path / "at10", *sgd, "--local-sgd", "4", "--stop-at-step", "10")
+    at8, at10 = weights(braid_py, tmp_path / "at8"), weights(braid_py, tmp_path / "at10")
+    for k in at8:
+        if k.startswith("model."):
+            np.testing.assert_array_equal(at10[k], at8[k], err_msg=k)
+    ck = braid_py.checkpoint.load(str(tmp_path / "at10" / "checkpoint.braid"))
+    assert (ck.integers["localsgd.syncs"], ck.integers["step"]) == (2, 10)

@@ -44,6 +44,7 @@ class LocalSGD {
   /// all-reduce of the parameters' deltas per dtype, and of the buffers) and returns true.
   bool step();
   int64_t period() const { return period_; }
+  const LocalSGDOptions& options() const { return options_; }
   /// Local steps since the last synchronisation, and synchronisations so far.
   int64_t local_steps() const { return local_steps_; }
   int64_t syncs() const { return syncs_; }
