@@ -291,6 +291,7 @@ void DistributedDataParallel::on_grad_ready(size_t k) {
     next_launch_ = 0;
     first_launch_time_ = now_seconds();
     queue_backward_callback([this] { finish_backward(); });
+    if (join_) active_ranks_ = join_->count_active(true);  // before any bucket: Note [Join]
   }
   if (ready_[k]) return;
   ready_[k] = true;
@@ -323,6 +324,23 @@ void DistributedDataParallel::finish_buckets() {
     if (!b->launched) continue;
     b->launched = false;
     hook_->finish(group_, b->grad);
+  }
+}
+
+// A rank that has finished its data under a Join runs a step's collectives with zero gradients
+// (Note [Join] in join.cpp).
+void DistributedDataParallel::shadow_backward() {
+  NoGradGuard no_grad;
+  for (auto& b : buckets_) {
+    b->flat.zero_();
+    b->grad.step = steps_;
+    b->launched = true;
+    hook_->launch(group_, b->grad);
+  }
+  finish_buckets();
+  if (options_.find_unused_parameters) {
+    Tensor used = zeros({static_cast<int64_t>(params_.size())}, kFloat32);
+    group_->all_reduce(used, ReduceOp::Max);
   }
 }
 
@@ -375,6 +393,9 @@ void DistributedDataParallel::finish_backward() {
     stats_.buckets += 1;
     stats_.bytes += b->numel * dtype_size(b->dtype);
   }
+  if (join_ && !join_->options().divide_by_initial_world_size && active_ranks_ < group_->size())
+    for (const Tensor& p : params_)
+      if (p.grad().defined()) Tensor(p.grad()).mul_(static_cast<double>(group_->size()) / active_ranks_);
   stats_.backward_seconds = t0 - first_launch_time_;
   stats_.exposed_seconds = t1 - t0;
   autotune_step(t1 - first_launch_time_);

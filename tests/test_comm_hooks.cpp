@@ -6,6 +6,7 @@
 // traffic against their formulas, their checkpoints, and the errors. The hierarchical all-reduce
 // (braid/distributed/hierarchical.h) at 4 ranks as 2 nodes x 2: the layout, the flat all-reduce's
 // bits on integer-valued data, 1/L of the bytes across nodes by the counters, and DDP over it.
+// Join (uneven inputs) against PyTorch's definition computed here step by step on one process.
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -377,6 +378,77 @@ TEST_F(Autotune, EveryRankKeepsTheSameCapAndTrainsAsWithoutIt) {
   auto m = mlp(1);
   DistributedDataParallel ddp(m, world(), {.autotune = true});
   EXPECT_THROW(ddp.register_comm_hook(std::make_shared<TopKHook>()), ValueError);
+}
+
+class UnevenInputs : public DistTest {};
+
+namespace {
+/// Batches per rank: different on every rank, so that ranks finish at different steps.
+int64_t batches_of(int rank) {
+  static const int64_t counts[] = {5, 3, 2, 5};
+  return N() == 1 ? 4 : counts[rank % 4];
+}
+std::pair<Tensor, Tensor> uneven_batch(int64_t step, int rank) {
+  Generator g(1000 + 100 * static_cast<uint64_t>(rank) + static_cast<uint64_t>(step));
+  return {randn({4, 3}, kFloat64, &g), randn({4, 2}, kFloat64, &g)};
+}
+std::shared_ptr<nn::Linear> uneven_model() {
+  manual_seed(21);
+  auto m = std::make_shared<nn::Linear>(3, 2);
+  m->to(kFloat64);
+  return m;
+}
+}  // namespace
+
+TEST_F(UnevenInputs, JoinGivesPyTorchsResultAndEveryRankEndsAlike) {
+  for (bool initial : {true, false}) {
+    SCOPED_TRACE(initial ? "divide by the initial world size" : "divide by the ranks still training");
+    // PyTorch's definition, step by step on one process: at step t the ranks with more than t
+    // batches contribute their gradients, divided by N (or by how many they are); SGD, rate 0.1.
+    auto ref = uneven_model();
+    int64_t longest = 0;
+    for (int r = 0; r < N(); ++r) longest = std::max(longest, batches_of(r));
+    for (int64_t t = 0; t < longest; ++t) {
+      std::vector<Tensor> sum;
+      int active = 0;
+      for (int r = 0; r < N(); ++r) {
+        if (t >= batches_of(r)) continue;
+        ++active;
+        auto [x, y] = uneven_batch(t, r);
+        ref->zero_grad();
+        nn::mse_loss(ref->forward(x), y).backward();
+        const auto ps = ref->parameters();
+        for (size_t i = 0; i < ps.size(); ++i) {
+          if (sum.size() <= i) sum.push_back(ps[i].grad().clone());
+          else sum[i] = sum[i] + ps[i].grad();
+        }
+      }
+      NoGradGuard no_grad;
+      const auto ps = ref->parameters();
+      for (size_t i = 0; i < ps.size(); ++i) Tensor(ps[i]).add_(sum[i] * (1.0 / (initial ? N() : active)), -0.1);
+    }
+    auto m = uneven_model();
+    DistributedDataParallel ddp(m, world());
+    optim::SGD opt(m->parameters(), {.lr = 0.1});
+    Join join(ddp, {.divide_by_initial_world_size = initial});
+    for (int64_t t = 0; t < batches_of(R()); ++t) {
+      auto [x, y] = uneven_batch(t, R());
+      opt.zero_grad();
+      nn::mse_loss(ddp(x), y).backward();
+      opt.step();
+    }
+    join.finish();
+    EXPECT_EQ(join.shadowed_steps(), longest - batches_of(R()));
+    const auto want = ref->parameters(), got = m->parameters();
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_LE(amax(abs(got[i] - want[i])).item(), 1e-12) << i;
+      Tensor all = world()->all_gather(got[i].to(Device::cpu()));
+      for (int r = 1; r < N(); ++r) EXPECT_EQ(amax(abs(all.select(0, r) - all.select(0, 0))).item(), 0.0);
+    }
+  }
+  auto m = uneven_model();
+  DistributedDataParallel tuned(m, world(), {.autotune = true});
+  EXPECT_THROW(Join(tuned, JoinOptions{}), ValueError);
 }
 
 int main(int argc, char** argv) { return braid::testing::mpi_test_main(argc, argv); }

@@ -53,7 +53,7 @@ inline braid::distributed::PipeLoss pipe_loss(PyObject* callable) {
   $1 = &temp;
 }
 
-BRAID_KEYWORD_OPTIONS(braid::distributed::InitOptions) BRAID_KEYWORD_OPTIONS(braid::distributed::DataParallelOptions)
+BRAID_KEYWORD_OPTIONS(braid::distributed::InitOptions) BRAID_KEYWORD_OPTIONS(braid::distributed::DataParallelOptions) BRAID_KEYWORD_OPTIONS(braid::distributed::LocalSGDOptions) BRAID_KEYWORD_OPTIONS(braid::distributed::JoinOptions)
 BRAID_KEYWORD_OPTIONS(braid::distributed::PipelineOptions) BRAID_KEYWORD_OPTIONS(braid::distributed::TopKOptions) BRAID_KEYWORD_OPTIONS(braid::distributed::PowerSGDOptions)
 
 // Note [Python objects that C++ holds] (braid.swg): the module that a DistributedDataParallel or a
@@ -90,6 +90,7 @@ inline std::shared_ptr<braid::nn::Module> holding(std::shared_ptr<braid::nn::Mod
 %include "braid/distributed/process_group.h"
 %include "braid/distributed/comm_hooks.h"
 %include "braid/distributed/data_parallel.h"
+%include "braid/distributed/local_sgd.h"
 %include "braid/distributed/schedule.h"
 %include "braid/distributed/partition.h"
 %include "braid/distributed/pipeline.h"

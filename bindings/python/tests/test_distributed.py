@@ -269,3 +269,34 @@ def test_comm_hooks_from_python():
         everyone = dist.all_gather(braid.from_numpy(v)).numpy()
         assert (everyone == everyone[0]).all(), k
     assert dist.PowerSGDHook(rank=2).name() == "PowerSGD (rank 2, error feedback)"
+
+
+def test_join_and_local_sgd_from_python():
+    """Uneven shards under Join end with every rank alike; LocalSGD every 2 steps leaves the ranks alike."""
+    dist = braid.distributed
+    braid.manual_seed(8)
+    model = MLP([6, 10, 3])
+    ddp = dist.DistributedDataParallel(model)
+    opt = optim.SGD(model.parameters(), lr=0.1)
+    join = dist.Join(ddp)
+    mine = batches(RANK + 1, 4, 6, 3, seed=30 + RANK)  # rank r has r + 1 batches
+    for x, y in mine:
+        opt.zero_grad()
+        nn.functional.cross_entropy(ddp(braid.from_numpy(x)), braid.from_numpy(y)).backward()
+        opt.step()
+    join.finish()
+    assert join.shadowed_steps() == SIZE - 1 - RANK
+    braid.manual_seed(9)
+    local = MLP([6, 10, 3])
+    ls = dist.LocalSGD(local, None, period=2, outer="nesterov", outer_lr=0.7)
+    opt = optim.SGD(local.parameters(), lr=0.1)
+    for x, y in batches(4, 4, 6, 3, seed=50 + RANK):
+        opt.zero_grad()
+        nn.functional.cross_entropy(local(braid.from_numpy(x)), braid.from_numpy(y)).backward()
+        opt.step()
+        ls.step()
+    assert ls.syncs() == 2
+    for m in (model, local):
+        for k, v in m.state_dict().items():
+            everyone = dist.all_gather(v).numpy()
+            assert (everyone == everyone[0]).all(), k

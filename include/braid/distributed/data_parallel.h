@@ -52,6 +52,8 @@ struct DataParallelStats {
   int64_t bytes = 0;
 };
 
+class Join;
+
 class DistributedDataParallel {
  public:
   /// Broadcasts module's parameters (and buffers) from rank 0 after checking that every rank built
@@ -101,7 +103,9 @@ class DistributedDataParallel {
   const DataParallelStats& last_stats() const { return stats_; }
 
  private:
+  friend class Join;
   struct Bucket;
+  void shadow_backward();
   void on_grad_ready(size_t param);
   void launch_ready_buckets();
   void launch(size_t bucket);
@@ -124,6 +128,8 @@ class DistributedDataParallel {
   DataParallelStats stats_;
   CommHookPtr hook_;
   int64_t steps_ = 0;
+  Join* join_ = nullptr;  // while a Join is attached: each pass first counts the ranks still training
+  int active_ranks_ = 0;
   double cap_mb_ = 25;
   // The autotune: which cap is being timed, and the times so far per cap.
   size_t tuning_ = 0;
@@ -131,6 +137,45 @@ class DistributedDataParallel {
   std::string autotune_report_;
   void make_buckets(double cap_mb);
   void autotune_step(double seconds);
+};
+
+struct JoinOptions {
+  /// Average each gradient over the ranks the job started with, the finished ones adding zeros
+  /// (PyTorch's default); false: over the ranks still training.
+  bool divide_by_initial_world_size = true;
+};
+
+/// Uneven inputs, as PyTorch's Join with DistributedDataParallel's join hook: ranks whose shards
+/// hold different numbers of batches each run their own loop, and a rank that runs out calls
+/// finish(), where it takes part in the others' gradient all-reduces with zeros (it "shadows" them)
+/// until every rank is done; then every rank takes the parameters and buffers of the rank that
+/// trained the most steps (the last to finish), so all end alike. While a Join is attached, every
+/// backward first all-reduces how many ranks are still training: one small all-reduce per step.
+///
+///   Join join(ddp);
+///   for (auto& [x, y] : my_batches) { ...forward, backward, step... }
+///   join.finish();
+class Join {
+ public:
+  /// Attaches to ddp (not with autotune, whose timing all-reduces a finished rank could not match).
+  explicit Join(DistributedDataParallel& ddp, const JoinOptions& options = {});
+  /// Detaches. Call finish() first: a rank that leaves without it leaves the others waiting.
+  ~Join();
+  Join(const Join&) = delete;
+  Join& operator=(const Join&) = delete;
+  /// Shadows the other ranks' steps until all have finished, then syncs the final model. Collective.
+  void finish();
+  /// Steps this rank shadowed in finish().
+  int64_t shadowed_steps() const { return shadowed_; }
+  const JoinOptions& options() const { return options_; }
+
+ private:
+  friend class DistributedDataParallel;
+  int count_active(bool active);
+  DistributedDataParallel& ddp_;
+  JoinOptions options_;
+  int64_t shadowed_ = 0;
+  bool finished_ = false;
 };
 
 /// BatchNorm whose batch statistics are those of the whole global batch: the per-rank sums are

@@ -57,9 +57,9 @@ class LocalSGD {
   // preempted and requeued job continues from its last synchronisation.
   /// Writes the state under prefix: tensors prefix + "anchor.<name>", prefix + "momentum.<name>",
   /// integers prefix + "period", "syncs".
-  void store(Checkpoint& ckpt, const std::string& prefix) const;
+  void store(braid::Checkpoint& ckpt, const std::string& prefix) const;
   /// Restores it and sets the module's parameters to the anchor.
-  void restore(const Checkpoint& ckpt, const std::string& prefix);
+  void restore(const braid::Checkpoint& ckpt, const std::string& prefix);
 
  private:
   void synchronise();
