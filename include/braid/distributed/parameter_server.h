@@ -1,0 +1,90 @@
+// Parameter-server training (TensorFlow's ParameterServerStrategy, stale-synchronous parallel):
+// the first `servers` ranks of a group hold the model's variables, each its share, and step the
+// optimizer on them; the other ranks are workers that compute gradients on their shards of the
+// data, push them to the servers and pull the variables back. Synchronously (every worker's
+// gradient of a step, averaged), asynchronously (each gradient applied as it arrives), or with
+// bounded staleness s: a worker never continues with variables that lack any worker's updates from
+// more than s of its steps ago.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "braid/distributed/process_group.h"
+#include "braid/distributed/sharded.h"
+#include "braid/nn/module.h"
+
+namespace braid::distributed {
+
+enum class Placement {
+  RoundRobin,  ///< variable i on server i mod S, in the model's order
+  Greedy,      ///< largest first, each onto the least loaded server (GreedyLoadBalancingStrategy), or
+               ///< round robin where that happens to balance better
+};
+
+/// The server of each variable (sizes in bytes) among servers.
+std::vector<int> place_variables(const std::vector<int64_t>& bytes, int servers, Placement placement);
+/// The most bytes any server holds under a placement.
+int64_t max_load(const std::vector<int64_t>& bytes, const std::vector<int>& server_of, int servers);
+
+struct ParameterServerOptions {
+  int servers = 1;
+  Placement placement = Placement::Greedy;
+  /// 0: synchronous; s > 0: bounded staleness s (stale-synchronous parallel); -1: asynchronous.
+  int staleness = 0;
+};
+
+/// What a worker saw when it pulled: its clock (steps pushed) and the slowest worker's clock on the
+/// server that answered, for checking the staleness bound.
+struct PullRecord {
+  int64_t clock = 0, slowest = 0;
+};
+
+class ParameterServer {
+ public:
+  /// Collective over group: checks that every rank built the same model and starts every rank from
+  /// rank 0's values; servers make their variables' optimizer with make_optimizer. The group needs
+  /// at least servers + 1 ranks.
+  ParameterServer(std::shared_ptr<nn::Module> module, const OptimizerFactory& make_optimizer,
+                  ProcessGroupPtr group = nullptr, const ParameterServerOptions& options = {});
+  ~ParameterServer();
+  ParameterServer(const ParameterServer&) = delete;
+  ParameterServer& operator=(const ParameterServer&) = delete;
+
+  bool is_server() const { return rank_ < options_.servers; }
+  int servers() const { return options_.servers; }
+  int workers() const { return size_ - options_.servers; }
+  /// This worker's index among the workers (0 .. workers - 1); -1 on a server.
+  int worker_index() const { return is_server() ? -1 : rank_ - options_.servers; }
+  /// Each variable's server.
+  const std::vector<int>& placement() const { return server_of_; }
+
+  /// Worker: after backward, sends every parameter's gradient to its server and waits for the
+  /// variables back (Note [Parameter-server protocol]); then the model holds them.
+  void push_pull();
+  /// Worker: done training; receives the servers' final variables.
+  void finish();
+  /// Server: answers the workers until every one has finished. The module then holds this
+  /// server's variables at their final values (the others stay as they were).
+  void serve();
+  /// Worker: every pull's clocks, in order.
+  const std::vector<PullRecord>& pulls() const { return pulls_; }
+
+ private:
+  struct ServerState;
+  void send_header(int to, int64_t a, int64_t b, int tag);
+  std::shared_ptr<nn::Module> module_;
+  ProcessGroupPtr group_;
+  ParameterServerOptions options_;
+  int rank_ = 0, size_ = 1;
+  std::vector<Tensor> params_;
+  std::vector<int> server_of_;
+  std::vector<std::vector<size_t>> vars_of_;  // per server: its variables, in the model's order
+  int64_t clock_ = 0;
+  std::vector<PullRecord> pulls_;
+  std::unique_ptr<ServerState> server_;
+};
+
+}  // namespace braid::distributed

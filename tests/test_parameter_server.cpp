@@ -1,0 +1,176 @@
+// Parameter-server training (braid/distributed/parameter_server.h), run plainly and under
+// `mpiexec -n 2` and `-n 4` (1 server and 1 or 3 workers; 2 servers and 2 workers): placement by
+// its rules; the synchronous mode against synchronous data parallelism written out here (the
+// workers' gradients added in worker order, averaged, one optimizer step), bit for bit; the
+// staleness bound from every pull's clocks with one worker delayed; asynchronous training ending
+// with every worker holding the servers' variables; errors.
+#include <chrono>
+#include <thread>
+
+#include "braid/autograd.h"
+#include "braid/distributed.h"
+#include "braid/nn/nn.h"
+#include "braid/optim.h"
+#include "braid/random.h"
+#include "mpi_test_main.h"
+
+using namespace braid;
+using namespace braid::distributed;
+using braid::testing::DistTest;
+using braid::testing::N;
+using braid::testing::R;
+
+namespace {
+
+class ParameterServers : public DistTest {};
+
+std::shared_ptr<nn::Sequential> mlp() {
+  manual_seed(12);
+  auto m = std::make_shared<nn::Sequential>();
+  m->add(std::make_shared<nn::Linear>(5, 8)).add(std::make_shared<nn::Tanh>()).add(std::make_shared<nn::Linear>(8, 3));
+  m->to(kFloat64);
+  return m;
+}
+
+std::pair<Tensor, Tensor> batch(int step, int64_t rows) {
+  Generator g(500 + static_cast<uint64_t>(step));
+  return {randn({rows, 5}, kFloat64, &g), randint(0, 3, {rows}, kInt64, &g)};
+}
+
+OptimizerFactory sgd() {
+  return [](const std::vector<Tensor>& p) {
+    return std::make_shared<optim::SGD>(p, optim::SGDOptions{.lr = 0.1, .momentum = 0.9});
+  };
+}
+
+/// Trains steps steps; worker w takes rows [4 w, 4 w + 4) of each step's batch. Returns the model.
+std::shared_ptr<nn::Sequential> run(const ParameterServerOptions& o, int steps, std::vector<PullRecord>* pulls = nullptr,
+                                    int delayed_worker = -1) {
+  auto m = mlp();
+  ParameterServer ps(m, sgd(), world(), o);
+  if (ps.is_server()) {
+    ps.serve();
+    return m;
+  }
+  const int w = ps.worker_index();
+  for (int s = 0; s < steps; ++s) {
+    auto [x, y] = batch(s, 4 * ps.workers());
+    m->zero_grad();
+    nn::cross_entropy(m->forward(x.narrow(0, 4 * w, 4)), y.narrow(0, 4 * w, 4)).backward();
+    if (w == delayed_worker) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    ps.push_pull();
+  }
+  ps.finish();
+  if (pulls) *pulls = ps.pulls();
+  return m;
+}
+
+/// Every worker's parameters equal, and equal to the server that holds each (bitwise).
+void expect_workers_hold_the_servers_variables(const nn::Module& m, const ParameterServerOptions& o) {
+  auto probe = mlp();
+  ParameterServer layout(probe, sgd(), world(), o);  // the same placement, to know who holds what
+  const auto params = m.parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    Tensor all = world()->all_gather(params[i].to(Device::cpu()));
+    const int holder = layout.placement()[i];
+    for (int r = o.servers; r < N(); ++r)
+      EXPECT_EQ(amax(abs(all.select(0, r) - all.select(0, holder))).item(), 0.0) << "parameter " << i << " rank " << r;
+  }
+}
+
+}  // namespace
+
+TEST_F(ParameterServers, GreedyPlacementIsNeverWorseThanRoundRobin) {
+  const std::vector<int64_t> skewed{100, 1, 1, 1, 1, 1, 1, 1, 90, 80};
+  const auto rr = place_variables(skewed, 2, Placement::RoundRobin), greedy = place_variables(skewed, 2, Placement::Greedy);
+  EXPECT_EQ(rr, (std::vector<int>{0, 1, 0, 1, 0, 1, 0, 1, 0, 1}));
+  EXPECT_EQ(max_load(skewed, rr, 2), 193);      // 100 + 1 + 1 + 1 + 90
+  EXPECT_EQ(max_load(skewed, greedy, 2), 170);  // 90 + 80 against 100 and the seven 1s
+  EXPECT_EQ(greedy[0], 0);
+  EXPECT_EQ(greedy[8], 1);
+  EXPECT_EQ(greedy[9], 1);
+  Generator g(3);
+  for (int trial = 0; trial < 200; ++trial) {
+    const auto v = randint(1, 1000, {17}, kInt64, &g).to(Device::cpu()).to_vector<int64_t>();
+    for (int s : {2, 3, 5})
+      EXPECT_LE(max_load(v, place_variables(v, s, Placement::Greedy), s),
+                max_load(v, place_variables(v, s, Placement::RoundRobin), s));
+  }
+}
+
+TEST_F(ParameterServers, SynchronousIsDataParallelBitForBit) {
+  if (N() < 2) GTEST_SKIP() << "needs a server and a worker";
+  for (int servers : {1, N() == 4 ? 2 : 1}) {
+    SCOPED_TRACE(detail::cat(servers, " servers"));
+    const ParameterServerOptions o{.servers = servers, .staleness = 0};
+    const int W = N() - servers;
+    auto m = run(o, 4);
+    // Synchronous data parallelism on one process: each worker's gradient on its rows, added in
+    // worker order, times 1 / W, and one SGD step.
+    auto ref = mlp();
+    optim::SGD opt(ref->parameters(), {.lr = 0.1, .momentum = 0.9});
+    for (int s = 0; s < 4; ++s) {
+      auto [x, y] = batch(s, 4 * W);
+      std::vector<Tensor> sum;
+      for (int w = 0; w < W; ++w) {
+        ref->zero_grad();
+        nn::cross_entropy(ref->forward(x.narrow(0, 4 * w, 4)), y.narrow(0, 4 * w, 4)).backward();
+        const auto ps = ref->parameters();
+        for (size_t i = 0; i < ps.size(); ++i) {
+          Tensor g = ps[i].grad().reshape({ps[i].numel()}).clone();
+          if (sum.size() <= i) sum.push_back(g);
+          else sum[i] = sum[i] + g;
+        }
+      }
+      const auto ps = ref->parameters();
+      for (size_t i = 0; i < ps.size(); ++i) Tensor(ps[i]).set_grad((sum[i] * (1.0 / W)).view(ps[i].shape()));
+      opt.step();
+    }
+    if (R() >= servers) {
+      const auto got = m->parameters(), want = ref->parameters();
+      for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(amax(abs(got[i] - want[i])).item(), 0.0) << i;
+    }
+    expect_workers_hold_the_servers_variables(*m, o);
+  }
+}
+
+TEST_F(ParameterServers, NoWorkerReadsVariablesMoreThanStalenessStepsOld) {
+  if (N() < 3) GTEST_SKIP() << "needs two workers";
+  for (int staleness : {1, 2}) {
+    SCOPED_TRACE(detail::cat("staleness ", staleness));
+    const ParameterServerOptions o{.servers = 1, .staleness = staleness};
+    std::vector<PullRecord> pulls;
+    auto m = run(o, 12, &pulls, /*delayed_worker=*/0);
+    if (R() >= 1) {
+      ASSERT_EQ(pulls.size(), 12u);
+      for (const PullRecord& p : pulls) EXPECT_LE(p.clock - p.slowest, staleness) << "clock " << p.clock;
+    }
+    expect_workers_hold_the_servers_variables(*m, o);
+  }
+}
+
+TEST_F(ParameterServers, AsynchronousTrainingEndsWithEveryWorkerHoldingTheServersVariables) {
+  if (N() < 2) GTEST_SKIP() << "needs a server and a worker";
+  const ParameterServerOptions o{.servers = N() == 4 ? 2 : 1, .placement = Placement::RoundRobin, .staleness = -1};
+  auto m = run(o, 6, nullptr, 0);
+  expect_workers_hold_the_servers_variables(*m, o);
+}
+
+TEST_F(ParameterServers, BadOptionsAreRefusedNamingThem) {
+  auto m = mlp();
+  try {
+    ParameterServer ps(m, sgd(), world(), {.servers = N()});
+    ADD_FAILURE() << "no worker left, accepted";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find(std::to_string(N()) + " servers in a group of " + std::to_string(N()) +
+                                         " ranks leave no worker"),
+              std::string::npos)
+        << e.what();
+  }
+  if (N() >= 2) {
+    EXPECT_THROW(ParameterServer(m, sgd(), world(), {.servers = 1, .staleness = -2}), ValueError);
+  }
+  EXPECT_THROW(place_variables({1, 2}, 0, Placement::Greedy), ValueError);
+}
+
+int main(int argc, char** argv) { return braid::testing::mpi_test_main(argc, argv); }
