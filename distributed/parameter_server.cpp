@@ -101,6 +101,8 @@ ParameterServer::ParameterServer(std::shared_ptr<nn::Module> module, const Optim
 
 ParameterServer::~ParameterServer() = default;
 
+optim::Optimizer* ParameterServer::server_optimizer() { return server_ ? server_->optimizer.get() : nullptr; }
+
 void ParameterServer::send_header(int to, int64_t a, int64_t b, int tag) {
   group_->send(tensor(std::vector<int64_t>{a, b}, {2}, Device::cpu()), to, tag);
 }
@@ -205,6 +207,7 @@ void ParameterServer::serve() {
     }
     st.optimizer->step();
     ++st.version;
+    if (on_step_) on_step_(*st.optimizer);
   };
   for (int w = 0; w < W; ++w) post(w);
   auto all_done = [&] { return std::all_of(done.begin(), done.end(), [](bool d) { return d; }); };

@@ -26,6 +26,7 @@
 #include "models.h"
 #include "plot.h"
 #include "train_gpt.h"
+#include "train_ps.h"
 #include "train_pipeline.h"
 
 using namespace braid;
@@ -47,6 +48,7 @@ struct Args {
   int64_t autotune_buckets = 0;
   // --local-sgd H (LocalSGD; -1 off, 0 automatic) with its outer optimizer.
   int64_t local_sgd = -1;
+  int64_t ps = 0, staleness = 0;  // --ps S servers (train_ps.h), --staleness s
   std::string outer = "sgd";
   double outer_lr = 1.0;
   int64_t stop_after = 0;  // epochs to run in this invocation (0: to the end)
@@ -78,6 +80,8 @@ void usage() {
       "                   [--compress none|fp16|bf16|topk:RATIO|dgc:RATIO|powersgd:RANK (gradients on the wire)]\n"
       "                   [--autotune-buckets 0|1 (try bucket caps over the first steps, keep the fastest)]\n"
       "                   [--local-sgd H (average the replicas' parameters every H steps; 0: automatic)]\n"
+      "                   [--ps S (S parameter servers, the other ranks train) [--staleness s (0 synchronous,\n"
+      "                    s > 0 bounded, -1 asynchronous)]]\n"
       "                   [--outer sgd|nesterov (local SGD's outer step; nesterov is DiLoCo's)] [--outer-lr X]\n"
       "                   [--zero-stage 0|1|2|3 (shard the optimizer state, gradients, parameters over the\n"
       "                    replicas: ZeRO; 1 or 2 with --pipeline-stages)]\n"
@@ -103,6 +107,7 @@ Args parse(int argc, char** argv) {
                                       {"--zero-stage", &a.zero_stage}, {"--context", &a.context}, {"--layers", &a.layers},
                                       {"--heads", &a.heads}, {"--embed", &a.embed}, {"--sample", &a.sample},
                                       {"--autotune-buckets", &a.autotune_buckets}, {"--local-sgd", &a.local_sgd},
+                                      {"--ps", &a.ps}, {"--staleness", &a.staleness},
                                       {"--stop-after", &a.stop_after}, {"--stop-at-step", &a.stop_at_step}};
   for (int i = 1; i < argc; ++i) {
     std::string k = argv[i];
@@ -218,7 +223,7 @@ int run(int argc, char** argv) {
   const Device device = pick_device(args.device, world.local_rank);
   if (args.model == "gpt") return train_gpt(args, device);
   // (In pipeline mode the batch divides over the replicas and micro-batches instead: train_pipeline.)
-  BRAID_CHECK(args.pipeline_stages > 1 || args.batch_size % world.size == 0, "braid-train: --batch-size ",
+  BRAID_CHECK(args.pipeline_stages > 1 || args.ps > 0 || args.batch_size % world.size == 0, "braid-train: --batch-size ",
               args.batch_size, " (the global batch) must divide evenly over the ", world.size, " ranks");
   manual_seed(args.seed);
   if (lead) {
@@ -231,6 +236,24 @@ int run(int argc, char** argv) {
   auto test_set = data::load_mnist(args.data, false);
   // Fashion-MNIST's pixel mean and standard deviation over the training set.
   auto normalize = std::make_shared<data::Normalize>(std::vector<double>{0.2860}, std::vector<double>{0.3530});
+  int slow_rank = -1, slow_ms = 0;
+  if (!args.slow_rank.empty()) {
+    const size_t colon = args.slow_rank.find(':');
+    BRAID_CHECK(colon != std::string::npos, "braid-train: --slow-rank takes RANK:MILLISECONDS, got '", args.slow_rank, "'");
+    slow_rank = std::stoi(args.slow_rank.substr(0, colon)), slow_ms = std::stoi(args.slow_rank.substr(colon + 1));
+  }
+  if (args.ps > 0) {
+    BRAID_CHECK_T(NotImplementedError, args.pipeline_stages == 1 && args.resume.empty() && args.stop_at_step == 0 &&
+                      args.amp == "off" && args.zero_stage == 0 && args.local_sgd < 0,
+                  "braid-train: --ps does not run with --pipeline-stages, --resume, --stop-at-step, --amp, --zero-stage ",
+                  "or --local-sgd yet");
+    zoo::PsRun r;
+    r.model = args.model, r.optimizer = args.optimizer, r.out = args.out, r.epochs = args.epochs;
+    r.batch_size = args.batch_size, r.servers = args.ps, r.staleness = args.staleness, r.lr = args.lr, r.seed = args.seed;
+    r.slow_rank = slow_rank, r.slow_ms = slow_ms, r.device = device;
+    r.train_set = train_set, r.test_set = test_set, r.normalize = normalize;
+    return zoo::train_ps(r);
+  }
   if (args.pipeline_stages > 1) {
     BRAID_CHECK(args.amp != "fp16", "braid-train: --amp fp16 needs loss scaling, which pipeline mode does not do yet; ",
                 "use --amp bf16 (no scaling needed) with --pipeline-stages");
@@ -277,12 +300,6 @@ int run(int argc, char** argv) {
   dp.autotune = args.autotune_buckets != 0;
   BRAID_CHECK(!compression.momentum_in_hook || args.optimizer == "sgd", "braid-train: --compress ", args.compress,
               " keeps SGD's momentum in the hook (DGC's momentum correction); use --optimizer sgd");
-  int slow_rank = -1, slow_ms = 0;
-  if (!args.slow_rank.empty()) {
-    const size_t colon = args.slow_rank.find(':');
-    BRAID_CHECK(colon != std::string::npos, "braid-train: --slow-rank takes RANK:MILLISECONDS, got '", args.slow_rank, "'");
-    slow_rank = std::stoi(args.slow_rank.substr(0, colon)), slow_ms = std::stoi(args.slow_rank.substr(colon + 1));
-  }
   // The optimizer of the whole model, or of this rank's shard at --zero-stage 1 to 3.
   const distributed::OptimizerFactory make_optimizer =
       [&](const std::vector<Tensor>& params) -> std::shared_ptr<optim::Optimizer> {

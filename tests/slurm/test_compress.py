@@ -86,3 +86,24 @@ def test_local_sgd_averages_every_h_steps_and_checkpoints_the_last_sync(braid_py
             np.testing.assert_array_equal(at10[k], at8[k], err_msg=k)
     ck = braid_py.checkpoint.load(str(tmp_path / "at10" / "checkpoint.braid"))
     assert (ck.integers["localsgd.syncs"], ck.integers["step"]) == (2, 10)
+
+
+def test_a_synchronous_parameter_server_trains_as_data_parallelism(braid_py, tmp_path):
+    """--ps 1 at 3 ranks: one server and two workers, each on its half of every global batch; the
+    server adds the two gradients, halves them and steps Adam, as the all-reduce's average does for
+    two ranks, so the final weights are DDP's at 2 ranks bit for bit. --staleness 2 with rank 1
+    slowed ends too, with every worker on the servers' variables (the C++ tests check the bound)."""
+    train(tmp_path / "ddp")
+    cmd = ["mpiexec", "-n", "3", TRAIN, *ARGS, "--out", str(tmp_path / "ps"), "--ps", "1"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, OMP_NUM_THREADS="1", BRAID_NUM_THREADS="1", BRAID_TIMEOUT="120"))
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "1 server and 2 workers, synchronous" in r.stdout, r.stdout
+    ddp, ps = weights(braid_py, tmp_path / "ddp"), weights(braid_py, tmp_path / "ps")
+    assert ddp.keys() == ps.keys()
+    for k in ddp:
+        np.testing.assert_array_equal(ps[k], ddp[k], err_msg=k)
+    cmd = cmd[:cmd.index("--out") + 1] + [str(tmp_path / "ssp"), "--ps", "1", "--staleness", "2", "--slow-rank", "1:5"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, OMP_NUM_THREADS="1", BRAID_NUM_THREADS="1", BRAID_TIMEOUT="120"))
+    assert r.returncode == 0 and "staleness 2" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]

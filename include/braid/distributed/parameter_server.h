@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -71,6 +72,10 @@ class ParameterServer {
   void serve();
   /// Worker: every pull's clocks, in order.
   const std::vector<PullRecord>& pulls() const { return pulls_; }
+  /// Server: called after each optimizer step with its optimizer (a learning-rate schedule steps
+  /// there). Its optimizer, or null on a worker or a server without variables.
+  void on_server_step(std::function<void(optim::Optimizer&)> fn) { on_step_ = std::move(fn); }
+  optim::Optimizer* server_optimizer();
 
  private:
   struct ServerState;
@@ -85,6 +90,7 @@ class ParameterServer {
   int64_t clock_ = 0;
   std::vector<PullRecord> pulls_;
   std::unique_ptr<ServerState> server_;
+  std::function<void(optim::Optimizer&)> on_step_;
 };
 
 }  // namespace braid::distributed

@@ -1,0 +1,144 @@
+// braid-train --ps S: see train_ps.h. The workers' metrics reduce over a group of the workers alone,
+// since the servers are in ParameterServer::serve() until every worker has finished.
+#include "train_ps.h"
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "braid/checkpoint.h"
+#include "braid/data/progress.h"
+#include "braid/distributed.h"
+#include "braid/nn/loss.h"
+#include "braid/ops.h"
+#include "braid/optim.h"
+#include "braid/random.h"
+#include "models.h"
+
+namespace braid::zoo {
+
+int train_ps(const PsRun& r) {
+  using namespace distributed;
+  const auto& w = world_info();
+  BRAID_CHECK(r.servers >= 1 && r.servers < w.size, "braid-train: --ps ", r.servers, " servers of ", w.size,
+              " ranks leave no worker; launch more ranks");
+  const int workers = w.size - static_cast<int>(r.servers);
+  BRAID_CHECK(r.batch_size % workers == 0, "braid-train: --batch-size ", r.batch_size, " must divide over the ",
+              workers, " workers");
+  manual_seed(r.seed);
+  nn::ModulePtr model = make_model(r.model, 1, 10);
+  model->to(r.device);
+  const OptimizerFactory make_optimizer = [&](const std::vector<Tensor>& p) -> std::shared_ptr<optim::Optimizer> {
+    if (r.optimizer == "adam") return std::make_shared<optim::Adam>(p, optim::AdamOptions{.lr = r.lr});
+    return std::make_shared<optim::SGD>(
+        p, optim::SGDOptions{.lr = r.lr, .momentum = 0.9, .weight_decay = 5e-4, .nesterov = true});
+  };
+  ParameterServer ps(model, make_optimizer, world(),
+                     {.servers = static_cast<int>(r.servers), .staleness = static_cast<int>(r.staleness)});
+  ProcessGroupPtr crew = world()->split(ps.is_server() ? -1 : 0, w.rank);  // the workers
+  if (ps.is_server()) {
+    // data-parallel mode's schedule, over the server's updates: one per step when synchronous, one
+    // per worker's push otherwise.
+    const int64_t per_epoch = r.train_set->size() / r.batch_size;
+    const int64_t total = per_epoch * r.epochs * (r.staleness == 0 ? 1 : workers);
+    std::unique_ptr<optim::CosineWithWarmup> schedule;
+    if (optim::Optimizer* opt = ps.server_optimizer())
+      schedule = std::make_unique<optim::CosineWithWarmup>(*opt, std::min<int64_t>(200, total / 10), total, r.lr * 0.01);
+    ps.on_server_step([&](optim::Optimizer&) {
+      if (schedule) schedule->step();
+    });
+    ps.serve();
+    return 0;
+  }
+  const int me = ps.worker_index();
+  const bool lead = me == 0;
+  if (lead) {
+    std::error_code ec;
+    std::filesystem::create_directories(r.out, ec);
+    BRAID_CHECK(!ec, "braid-train: cannot create the output folder '", r.out, "': ", ec.message());
+    std::printf("braid-train: model %s (%lld parameters), parameter servers: %lld server%s and %d workers, %s, %s lr "
+                "%g, batch %lld, %lld epochs\n",
+                r.model.c_str(), static_cast<long long>(model->num_parameters()), static_cast<long long>(r.servers),
+                r.servers == 1 ? "" : "s", workers,
+                r.staleness == 0 ? "synchronous" : r.staleness < 0 ? "asynchronous"
+                                                                    : ("staleness " + std::to_string(r.staleness)).c_str(),
+                r.optimizer.c_str(), r.lr, static_cast<long long>(r.batch_size), static_cast<long long>(r.epochs));
+    std::fflush(stdout);
+  }
+  data::DataLoaderOptions lo;
+  lo.batch_size = r.batch_size / workers;
+  lo.shuffle = true, lo.drop_last = true, lo.seed = r.seed;
+  lo.transforms = {r.normalize};
+  lo.num_shards = workers, lo.shard = me, lo.device = r.device;
+  data::DataLoader train_loader(r.train_set, lo);
+  data::DataLoaderOptions to = lo;
+  to.batch_size = 500, to.shuffle = false, to.drop_last = false;
+  data::DataLoader test_loader(r.test_set, to);
+  auto over_crew = [&](std::vector<double> v) {
+    Tensor t = tensor(v, {static_cast<int64_t>(v.size())}, Device::cpu());
+    crew->all_reduce(t);
+    return t.to_vector<double>();
+  };
+  std::ofstream log;
+  if (lead) log.open(r.out + "/log.csv"), log << "step,epoch,train_loss,test_loss,test_accuracy,seconds\n";
+  const auto start = std::chrono::steady_clock::now();
+  int64_t step = 0;
+  double final_accuracy = 0;
+  model->train();
+  for (int64_t epoch = 0; epoch < r.epochs; ++epoch) {
+    std::unique_ptr<data::ProgressBar> bar;
+    if (lead) bar = std::make_unique<data::ProgressBar>(detail::cat("epoch ", epoch + 1, "/", r.epochs),
+                                                        train_loader.num_batches(), "img/s");
+    double loss_sum = 0, seen = 0;
+    data::Batch b;
+    while (train_loader.next(b)) {
+      model->zero_grad();
+      Tensor loss = nn::cross_entropy(model->forward(b.input), b.target);
+      loss.backward();
+      if (w.rank == r.slow_rank) std::this_thread::sleep_for(std::chrono::milliseconds(r.slow_ms));
+      ps.push_pull();
+      ++step;
+      loss_sum += loss.item() * static_cast<double>(b.input.size(0)), seen += static_cast<double>(b.input.size(0));
+      if (bar && (b.index + 1) % 20 == 0) bar->update(b.index + 1, (b.index + 1) * r.batch_size, {{"loss", loss_sum / seen}});
+    }
+    if (bar) bar->finish({{"loss", loss_sum / std::max(seen, 1.0)}});
+    NoGradGuard no_grad;
+    model->eval();
+    double tl = 0, correct = 0, n = 0;
+    while (test_loader.next(b)) {
+      if (b.input.size(0) == 0) continue;
+      Tensor logits = model->forward(b.input);
+      tl += nn::cross_entropy(logits, b.target, Tensor(), -100, "sum").item();
+      correct += sum(eq(argmax(logits, 1), b.target)).item();
+      n += static_cast<double>(b.input.size(0));
+    }
+    model->train();
+    const auto t = over_crew({loss_sum, seen, tl, correct, n});
+    final_accuracy = t[3] / t[4];
+    if (!lead) continue;
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::printf("epoch %lld: train loss %.4f | test loss %.4f acc %.4f (%.1f s)\n", static_cast<long long>(epoch + 1),
+                t[0] / t[1], t[2] / t[4], final_accuracy, secs);
+    log << step << "," << epoch + 1 << "," << t[0] / t[1] << "," << t[2] / t[4] << "," << final_accuracy << "," << secs
+        << "\n";
+    log.flush();
+  }
+  ps.finish();  // every worker now holds the servers' final variables
+  if (lead) {
+    Checkpoint ck;
+    store_state(ck, "model.", *model);
+    ck.integers["step"] = step;
+    save_checkpoint(r.out + "/checkpoint.braid", ck);
+  }
+  const Traffic traffic = world()->traffic();
+  if (lead)
+    std::printf("communication: %.1f KB per step per worker pushed and pulled (point-to-point); final test accuracy "
+                "%.4f\n",
+                static_cast<double>(traffic.send.bytes + traffic.recv.bytes) / 1024.0 / static_cast<double>(step),
+                final_accuracy);
+  return 0;
+}
+
+}  // namespace braid::zoo

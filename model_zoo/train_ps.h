@@ -1,0 +1,29 @@
+// braid-train --ps S: parameter-server training (braid/distributed/parameter_server.h) of the zoo's
+// image models: ranks 0 .. S-1 serve the variables, the others train on their shards of each global
+// batch and push gradients after every step; --staleness s (0 synchronous, -1 asynchronous).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "braid/data.h"
+
+namespace braid::zoo {
+
+struct PsRun {
+  std::string model = "cnn", optimizer = "adam", out;
+  int64_t epochs = 3, batch_size = 64, servers = 1, staleness = 0;
+  double lr = 2e-3;
+  uint64_t seed = 0;
+  int slow_rank = -1, slow_ms = 0;  ///< --slow-rank: this rank sleeps slow_ms per step
+  Device device = Device::cpu();
+  std::shared_ptr<data::TensorDataset> train_set, test_set;
+  std::shared_ptr<const data::Transform> normalize;
+};
+
+/// Trains, evaluates on the workers after every epoch (log.csv with the seconds since the start),
+/// prints the pushes' and pulls' bytes per step, and the first worker writes the final model to
+/// checkpoint.braid ("model." entries). Returns the exit code. Collective.
+int train_ps(const PsRun& run);
+
+}  // namespace braid::zoo
