@@ -5,7 +5,9 @@
 // number of steps it has pushed, or -1 when it has finished) and one flat buffer of the gradients of
 // a server's variables, in the model's order; the answer is a header (the server's version and the
 // slowest worker's clock) and the variables, flat. A worker pushes to every server before it waits
-// for any answer, so servers never wait on each other.
+// for any answer, and posts the receives of every server's answer first, so that a server's blocking
+// send of an answer never waits on this worker being busy with another server (which, with a bound
+// on staleness, could wait on that server's answer to the worker the first server is serving).
 // - Synchronous (staleness 0): the server takes the workers' pushes of a step in worker order, adds
 //   them in that order, multiplies by 1 / (workers that pushed), steps the optimizer once and answers
 //   them all: the step of synchronous data parallelism on the same shards, bit for bit with a
@@ -107,10 +109,44 @@ void ParameterServer::send_header(int to, int64_t a, int64_t b, int tag) {
   group_->send(tensor(std::vector<int64_t>{a, b}, {2}, Device::cpu()), to, tag);
 }
 
+// Posts the receives of every server's answer before anything is sent, so that a server's answer
+// never waits for this worker to finish with another server (Note [Parameter-server protocol]).
+struct ParameterServer::Pulls {
+  std::vector<Tensor> headers, flats;
+  std::vector<WorkPtr> works;
+};
+
+ParameterServer::Pulls ParameterServer::post_pulls() {
+  Pulls p;
+  for (int s = 0; s < options_.servers; ++s) {
+    p.headers.push_back(zeros({2}, kInt64, Device::cpu()));
+    p.works.push_back(group_->irecv(p.headers.back(), s, kPullHeader));
+    int64_t n = 0;
+    for (size_t i : vars_of_[static_cast<size_t>(s)]) n += params_[i].numel();
+    p.flats.push_back(n > 0 ? empty({n}, params_[0].dtype(), params_[0].device()) : Tensor());
+    if (n > 0) p.works.push_back(group_->irecv(p.flats.back(), s, kPullData));
+  }
+  return p;
+}
+
+void ParameterServer::take_pulls(Pulls& p, bool record) {
+  for (auto& w : p.works) w->wait();
+  for (int s = 0; s < options_.servers; ++s) {
+    const auto h = p.headers[static_cast<size_t>(s)].to_vector<int64_t>();
+    if (record) pulls_.push_back({clock_, h[1], h[0], s});
+    int64_t at = 0;
+    for (size_t i : vars_of_[static_cast<size_t>(s)]) {
+      Tensor(params_[i]).copy_(p.flats[static_cast<size_t>(s)].narrow(0, at, params_[i].numel()).view(params_[i].shape()));
+      at += params_[i].numel();
+    }
+  }
+}
+
 void ParameterServer::push_pull() {
   BRAID_CHECK(!is_server(), "ParameterServer::push_pull: rank ", rank_, " is a server; call serve() there");
   NoGradGuard no_grad;
   ++clock_;
+  Pulls pulls = post_pulls();
   std::vector<WorkPtr> sends;
   std::vector<Tensor> keep;
   for (int s = 0; s < options_.servers; ++s) {
@@ -128,43 +164,16 @@ void ParameterServer::push_pull() {
     sends.push_back(group_->isend(flat, s, kPushData));
     keep.push_back(flat);
   }
-  for (int s = 0; s < options_.servers; ++s) {
-    Tensor header = zeros({2}, kInt64, Device::cpu());
-    group_->recv(header, s, kPullHeader);
-    const auto h = header.to_vector<int64_t>();
-    pulls_.push_back({clock_, h[1]});
-    if (vars_of_[static_cast<size_t>(s)].empty()) continue;
-    int64_t n = 0;
-    for (size_t i : vars_of_[static_cast<size_t>(s)]) n += params_[i].numel();
-    Tensor flat = empty({n}, params_[0].dtype(), params_[0].device());
-    group_->recv(flat, s, kPullData);
-    int64_t at = 0;
-    for (size_t i : vars_of_[static_cast<size_t>(s)]) {
-      Tensor(params_[i]).copy_(flat.narrow(0, at, params_[i].numel()).view(params_[i].shape()));
-      at += params_[i].numel();
-    }
-  }
+  take_pulls(pulls, true);
   for (auto& w : sends) w->wait();
 }
 
 void ParameterServer::finish() {
   BRAID_CHECK(!is_server(), "ParameterServer::finish: rank ", rank_, " is a server");
-  for (int s = 0; s < options_.servers; ++s) send_header(s, -1, 0, kPushHeader);
   NoGradGuard no_grad;
-  for (int s = 0; s < options_.servers; ++s) {
-    Tensor header = zeros({2}, kInt64, Device::cpu());
-    group_->recv(header, s, kPullHeader);
-    if (vars_of_[static_cast<size_t>(s)].empty()) continue;
-    int64_t n = 0;
-    for (size_t i : vars_of_[static_cast<size_t>(s)]) n += params_[i].numel();
-    Tensor flat = empty({n}, params_[0].dtype(), params_[0].device());
-    group_->recv(flat, s, kPullData);
-    int64_t at = 0;
-    for (size_t i : vars_of_[static_cast<size_t>(s)]) {
-      Tensor(params_[i]).copy_(flat.narrow(0, at, params_[i].numel()).view(params_[i].shape()));
-      at += params_[i].numel();
-    }
-  }
+  Pulls pulls = post_pulls();
+  for (int s = 0; s < options_.servers; ++s) send_header(s, -1, 0, kPushHeader);
+  take_pulls(pulls, false);
 }
 
 void ParameterServer::serve() {

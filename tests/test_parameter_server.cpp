@@ -24,10 +24,10 @@ namespace {
 
 class ParameterServers : public DistTest {};
 
-std::shared_ptr<nn::Sequential> mlp() {
+std::shared_ptr<nn::Sequential> mlp(int64_t hidden = 8) {
   manual_seed(12);
   auto m = std::make_shared<nn::Sequential>();
-  m->add(std::make_shared<nn::Linear>(5, 8)).add(std::make_shared<nn::Tanh>()).add(std::make_shared<nn::Linear>(8, 3));
+  m->add(std::make_shared<nn::Linear>(5, hidden)).add(std::make_shared<nn::Tanh>()).add(std::make_shared<nn::Linear>(hidden, 3));
   m->to(kFloat64);
   return m;
 }
@@ -45,8 +45,8 @@ OptimizerFactory sgd() {
 
 /// Trains steps steps; worker w takes rows [4 w, 4 w + 4) of each step's batch. Returns the model.
 std::shared_ptr<nn::Sequential> run(const ParameterServerOptions& o, int steps, std::vector<PullRecord>* pulls = nullptr,
-                                    int delayed_worker = -1) {
-  auto m = mlp();
+                                    int delayed_worker = -1, int64_t hidden = 8) {
+  auto m = mlp(hidden);
   ParameterServer ps(m, sgd(), world(), o);
   if (ps.is_server()) {
     ps.serve();
@@ -66,8 +66,9 @@ std::shared_ptr<nn::Sequential> run(const ParameterServerOptions& o, int steps, 
 }
 
 /// Every worker's parameters equal, and equal to the server that holds each (bitwise).
-void expect_workers_hold_the_servers_variables(const nn::Module& m, const ParameterServerOptions& o) {
-  auto probe = mlp();
+void expect_workers_hold_the_servers_variables(const nn::Module& m, const ParameterServerOptions& o,
+                                              int64_t hidden = 8) {
+  auto probe = mlp(hidden);
   ParameterServer layout(probe, sgd(), world(), o);  // the same placement, to know who holds what
   const auto params = m.parameters();
   for (size_t i = 0; i < params.size(); ++i) {
@@ -136,16 +137,28 @@ TEST_F(ParameterServers, SynchronousIsDataParallelBitForBit) {
 
 TEST_F(ParameterServers, NoWorkerReadsVariablesMoreThanStalenessStepsOld) {
   if (N() < 3) GTEST_SKIP() << "needs two workers";
-  for (int staleness : {1, 2}) {
-    SCOPED_TRACE(detail::cat("staleness ", staleness));
-    const ParameterServerOptions o{.servers = 1, .staleness = staleness};
-    std::vector<PullRecord> pulls;
-    auto m = run(o, 12, &pulls, /*delayed_worker=*/0);
-    if (R() >= 1) {
-      ASSERT_EQ(pulls.size(), 12u);
-      for (const PullRecord& p : pulls) EXPECT_LE(p.clock - p.slowest, staleness) << "clock " << p.clock;
+  // 1 server; and at 4 ranks 2 servers of variables too large to be sent eagerly (a hidden layer of
+  // 4096: 160 KB and 128 KB), where an answer's send waits for the worker's receive.
+  std::vector<std::pair<int, int64_t>> layouts{{1, 8}};
+  if (N() == 4) layouts.emplace_back(2, 4096);
+  for (const auto& [servers, hidden] : layouts) {
+    for (int staleness : {1, 2}) {
+      SCOPED_TRACE(detail::cat("staleness ", staleness, ", ", servers, " servers, hidden ", hidden));
+      const ParameterServerOptions o{.servers = servers, .staleness = staleness};
+      const int W = N() - servers;
+      std::vector<PullRecord> pulls;
+      auto m = run(o, 12, &pulls, /*delayed_worker=*/0, hidden);
+      if (R() >= servers) {
+        ASSERT_EQ(pulls.size(), 12u * static_cast<size_t>(servers));
+        for (const PullRecord& p : pulls) {
+          // SSP: a worker at clock c continues only once the slowest has pushed c - s steps, and the
+          // variables it reads hold at least every worker's first c - s gradients (one version each).
+          EXPECT_LE(p.clock - p.slowest, staleness) << "clock " << p.clock << " server " << p.server;
+          EXPECT_GE(p.version, W * std::max<int64_t>(0, p.clock - staleness)) << "clock " << p.clock;
+        }
+      }
+      expect_workers_hold_the_servers_variables(*m, o, hidden);
     }
-    expect_workers_hold_the_servers_variables(*m, o);
   }
 }
 

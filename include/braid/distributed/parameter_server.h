@@ -37,10 +37,12 @@ struct ParameterServerOptions {
   int staleness = 0;
 };
 
-/// What a worker saw when it pulled: its clock (steps pushed) and the slowest worker's clock on the
-/// server that answered, for checking the staleness bound.
+/// What a worker saw when it pulled from one server: its clock (steps pushed), the slowest worker's
+/// clock on that server when it answered, for checking the staleness bound, and the server's version
+/// (optimizer steps taken: one per round when synchronous, one per push otherwise).
 struct PullRecord {
-  int64_t clock = 0, slowest = 0;
+  int64_t clock = 0, slowest = 0, version = 0;
+  int server = 0;
 };
 
 class ParameterServer {
@@ -70,7 +72,7 @@ class ParameterServer {
   /// Server: answers the workers until every one has finished. The module then holds this
   /// server's variables at their final values (the others stay as they were).
   void serve();
-  /// Worker: every pull's clocks, in order.
+  /// Worker: every pull's record, one per server per step, in order.
   const std::vector<PullRecord>& pulls() const { return pulls_; }
   /// Server: called after each optimizer step with its optimizer (a learning-rate schedule steps
   /// there). Its optimizer, or null on a worker or a server without variables.
@@ -79,6 +81,9 @@ class ParameterServer {
 
  private:
   struct ServerState;
+  struct Pulls;
+  Pulls post_pulls();
+  void take_pulls(Pulls& p, bool record);
   void send_header(int to, int64_t a, int64_t b, int tag);
   std::shared_ptr<nn::Module> module_;
   ProcessGroupPtr group_;
