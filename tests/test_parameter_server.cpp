@@ -1,9 +1,10 @@
 // Parameter-server training (braid/distributed/parameter_server.h), run plainly and under
 // `mpiexec -n 2` and `-n 4` (1 server and 1 or 3 workers; 2 servers and 2 workers): placement by
-// its rules; the synchronous mode against synchronous data parallelism written out here (the
-// workers' gradients added in worker order, averaged, one optimizer step), bit for bit; the
-// staleness bound from every pull's clocks with one worker delayed; asynchronous training ending
-// with every worker holding the servers' variables; errors.
+// its rules; the synchronous mode bit for bit against synchronous data parallelism written out here
+// (the workers' gradients added in worker order, averaged, one optimizer step) and against
+// DistributedDataParallel itself with one and two workers; the staleness bound from every pull's
+// clocks and versions with one worker delayed, also with 2 servers of variables too large to send
+// eagerly; asynchronous training ending with every worker holding the servers' variables; errors.
 #include <chrono>
 #include <thread>
 
@@ -132,6 +133,34 @@ TEST_F(ParameterServers, SynchronousIsDataParallelBitForBit) {
       for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(amax(abs(got[i] - want[i])).item(), 0.0) << i;
     }
     expect_workers_hold_the_servers_variables(*m, o);
+  }
+}
+
+TEST_F(ParameterServers, SynchronousIsDistributedDataParallelBitForBit) {
+  if (N() < 2) GTEST_SKIP() << "needs a server and a worker";
+  // DistributedDataParallel itself over the workers (a split of the world) on the same shards: with
+  // one or two workers its average is the PS's bit for bit whatever the order of its additions
+  // (a + b = b + a, and halving is exact), so this needs no written-out reference.
+  std::vector<int> layouts{N() - 1};
+  if (N() >= 3) layouts.push_back(N() - 2);
+  for (int servers : layouts) {
+    const int W = N() - servers;
+    SCOPED_TRACE(detail::cat(servers, " servers, ", W, " workers"));
+    auto m = run({.servers = servers, .staleness = 0}, 4);
+    auto workers = world()->split(R() >= servers ? 0 : -1, R());
+    if (!workers) continue;
+    auto ref = mlp();
+    DistributedDataParallel ddp(ref, workers, {.deterministic = true});
+    optim::SGD opt(ref->parameters(), {.lr = 0.1, .momentum = 0.9});
+    const int w = workers->rank();
+    for (int s = 0; s < 4; ++s) {
+      auto [x, y] = batch(s, 4 * W);
+      ref->zero_grad();
+      nn::cross_entropy(ref->forward(x.narrow(0, 4 * w, 4)), y.narrow(0, 4 * w, 4)).backward();
+      opt.step();
+    }
+    const auto got = m->parameters(), want = ref->parameters();
+    for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(amax(abs(got[i] - want[i])).item(), 0.0) << i;
   }
 }
 
