@@ -5,9 +5,11 @@
 // number of steps it has pushed, or -1 when it has finished) and one flat buffer of the gradients of
 // a server's variables, in the model's order; the answer is a header (the server's version and the
 // slowest worker's clock) and the variables, flat. A worker pushes to every server before it waits
-// for any answer, and posts the receives of every server's answer first, so that a server's blocking
-// send of an answer never waits on this worker being busy with another server (which, with a bound
-// on staleness, could wait on that server's answer to the worker the first server is serving).
+// for any answer, and posts the receives of every server's answer first, so that an answer too
+// large to be sent eagerly is taken while the worker still waits on another server, instead of
+// holding that server in its send until the worker gets to it. (Receiving from one server after
+// the other does not deadlock either: every server sees the same pushes, so when one server may
+// answer a worker, the others may too.)
 // - Synchronous (staleness 0): the server takes the workers' pushes of a step in worker order, adds
 //   them in that order, multiplies by 1 / (workers that pushed), steps the optimizer once and answers
 //   them all: the step of synchronous data parallelism on the same shards, bit for bit with a
