@@ -14,6 +14,14 @@
 // (one all-reduce of max, so that every rank picks the same H and no rank waits at a collective
 // the others skip) set H to the least period whose synchronisation takes at most max_comm_fraction
 // of the time: sync / (H step + sync) <= f, i.e. H >= sync (1 - f) / (f step).
+//
+// Note [One all-reduce per sync]
+// A synchronisation moves the parameters' deltas and the floating-point buffers (BatchNorm's running
+// statistics, averaged rather than kept per rank) in one flat buffer per dtype and device, so that
+// the group's counter shows one all-reduce of Psi elements per sync for a model of one dtype: H
+// times fewer calls and bytes than data parallelism's per-step buckets. The automatic period adds
+// one all-reduce of two numbers per sync (the slowest rank's times); a fixed period adds nothing.
+// Integer buffers (BatchNorm's batch counter) advance alike on every rank and are left alone.
 #include "braid/distributed/local_sgd.h"
 
 #include <chrono>
@@ -93,12 +101,23 @@ bool LocalSGD::step() {
   return true;
 }
 
+bool LocalSGD::sync_now() {
+  if (local_steps_ == 0) return false;  // the same on every rank: they step together
+  synchronise();
+  last_time_ = 0;  // what follows (evaluation, a checkpoint) is not a local step
+  return true;
+}
+
 void LocalSGD::synchronise() {
   NoGradGuard no_grad;
   const double t0 = now_seconds();
-  std::vector<Tensor> deltas;
+  std::vector<Tensor> deltas, averaged;
   for (size_t i = 0; i < params_.size(); ++i) deltas.push_back(anchor_[i] - params_[i].detach());
-  average_in_place(deltas, *group_);
+  averaged = deltas;
+  if (options_.average_buffers)  // in the same flat buffers: one all-reduce per dtype (Note [One all-reduce per sync])
+    for (const auto& [name, b] : module_->named_buffers())
+      if (is_floating(b.dtype())) averaged.push_back(b);
+  average_in_place(averaged, *group_);
   for (size_t i = 0; i < params_.size(); ++i) {
     if (momentum_.empty()) {
       anchor_[i].add_(deltas[i], -options_.outer_lr);
@@ -107,12 +126,6 @@ void LocalSGD::synchronise() {
       anchor_[i].add_(deltas[i] + momentum_[i] * options_.outer_momentum, -options_.outer_lr);
     }
     params_[i].detach().copy_(anchor_[i]);
-  }
-  if (options_.average_buffers) {
-    std::vector<Tensor> buffers;
-    for (const auto& [name, b] : module_->named_buffers())
-      if (is_floating(b.dtype())) buffers.push_back(b);
-    if (!buffers.empty()) average_in_place(buffers, *group_);
   }
   sync_seconds_ = now_seconds() - t0;
   ++syncs_;
@@ -134,9 +147,13 @@ void LocalSGD::store(Checkpoint& ckpt, const std::string& prefix) const {
   }
   ckpt.integers[prefix + "period"] = period_;
   ckpt.integers[prefix + "syncs"] = syncs_;
+  ckpt.integers[prefix + "local_steps"] = local_steps_;
+  ckpt.integers[prefix + "intervals"] = intervals_;
+  ckpt.scalars[prefix + "step_seconds"] = step_seconds_;
+  ckpt.scalars[prefix + "sync_seconds"] = sync_seconds_;
 }
 
-void LocalSGD::restore(const Checkpoint& ckpt, const std::string& prefix) {
+void LocalSGD::restore(const Checkpoint& ckpt, const std::string& prefix, LocalSGDResume resume) {
   // Every entry is checked before anything changes.
   for (size_t i = 0; i < names_.size(); ++i) {
     for (const char* kind : {"anchor.", "momentum."}) {
@@ -148,18 +165,49 @@ void LocalSGD::restore(const Checkpoint& ckpt, const std::string& prefix) {
                   " has shape ", shape_str(it->second.shape()), ", the parameter ", shape_str(params_[i].shape()));
     }
   }
-  BRAID_CHECK(ckpt.integers.count(prefix + "period") && ckpt.integers.count(prefix + "syncs"), "LocalSGD::restore: ",
-              ckpt.source, " has no '", prefix, "period' or '", prefix, "syncs'");
+  BRAID_CHECK(ckpt.integers.count(prefix + "period") && ckpt.integers.count(prefix + "syncs"),
+              "LocalSGD::restore: ", ckpt.source, " has no '", prefix, "period' or '", prefix, "syncs'");
+  const bool exact = resume == LocalSGDResume::Exact;
+  int64_t local_steps = 0;
+  if (exact) {
+    for (const char* key : {"local_steps", "intervals"})
+      BRAID_CHECK(ckpt.integers.count(prefix + key), "LocalSGD::restore: an exact resume needs '", prefix, key,
+                  "', which ", ckpt.source, " does not have (written before it was stored)");
+    for (const char* key : {"step_seconds", "sync_seconds"})
+      BRAID_CHECK(ckpt.scalars.count(prefix + key), "LocalSGD::restore: an exact resume needs '", prefix, key,
+                  "', which ", ckpt.source, " does not have");
+    local_steps = ckpt.integers.at(prefix + "local_steps");
+    const int64_t period = ckpt.integers.at(prefix + "period");
+    BRAID_CHECK(period >= 1 && local_steps >= 0 && local_steps < period, "LocalSGD::restore: ", ckpt.source,
+                " has local_steps ", local_steps, " and period ", period, "; expected 0 <= local_steps < period");
+    // Ranks that disagree on when to synchronise would hang at the next sync: compare before changing.
+    std::vector<double> v{static_cast<double>(period), static_cast<double>(local_steps), -static_cast<double>(period),
+                          -static_cast<double>(local_steps)};
+    Tensor t = tensor(v, {4}, Device::cpu());
+    group_->all_reduce(t, ReduceOp::Max);
+    const auto m = t.to_vector<double>();
+    BRAID_CHECK(m[0] == -m[2] && m[1] == -m[3], "LocalSGD::restore: the ranks' checkpoints disagree on the period (",
+                -m[2], " to ", m[0], ") or the local steps since the last sync (", -m[3], " to ", m[1], "), so they ",
+                "would not synchronise together; rank ", group_->rank(), "'s ", ckpt.source, " has ", period, " and ",
+                local_steps);
+  }
   NoGradGuard no_grad;
   for (size_t i = 0; i < names_.size(); ++i) {
     anchor_[i].copy_(ckpt.tensors.at(prefix + "anchor." + names_[i]));
     if (!momentum_.empty()) momentum_[i].copy_(ckpt.tensors.at(prefix + "momentum." + names_[i]));
-    params_[i].detach().copy_(anchor_[i]);
+    if (!exact) params_[i].detach().copy_(anchor_[i]);
   }
   period_ = ckpt.integers.at(prefix + "period");
   syncs_ = ckpt.integers.at(prefix + "syncs");
-  local_steps_ = 0;
-  step_seconds_ = 0, last_time_ = 0, intervals_ = 0;
+  local_steps_ = local_steps;
+  last_time_ = 0;  // another process's clock: the first interval after a restart is not measured
+  if (exact) {
+    intervals_ = ckpt.integers.at(prefix + "intervals");
+    step_seconds_ = ckpt.scalars.at(prefix + "step_seconds");
+    sync_seconds_ = ckpt.scalars.at(prefix + "sync_seconds");
+  } else {
+    step_seconds_ = 0, intervals_ = 0;
+  }
 }
 
 }  // namespace braid::distributed

@@ -77,6 +77,10 @@ void Replicas::step(optim::GradScaler& scaler) {
   sdp_->step();
 }
 
+void Replicas::sync_now() {
+  if (local_) local_->sync_now();
+}
+
 std::string Replicas::autotune_report() const { return ddp_ ? ddp_->autotune_report() : std::string(); }
 
 Checkpoint Replicas::model_state(const std::string& shard_path) {
@@ -86,8 +90,9 @@ Checkpoint Replicas::model_state(const std::string& shard_path) {
     store_state(ck, "optim.", *optimizer_);
     if (local_) {
       local_->store(ck, "localsgd.");
-      const auto params = model_->named_parameters();
-      for (size_t i = 0; i < params.size(); ++i) ck.tensors["model." + params[i].first] = local_->anchor()[i].clone();
+      // The parameters LocalSGD averages, by name (frozen ones are not among them).
+      for (size_t i = 0; i < local_->names().size(); ++i)
+        ck.tensors["model." + local_->names()[i]] = local_->anchor()[i].clone();
     }
     return ck;
   }

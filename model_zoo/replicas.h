@@ -37,6 +37,9 @@ class Replicas {
   /// The optimizer's step through scaler (a disabled scaler is the plain step); sharded runs step
   /// their shard and all-gather (no loss scaling there).
   void step(optim::GradScaler& scaler);
+  /// Local SGD: averages the replicas now if they stepped since the last sync (collective), so that
+  /// what is evaluated, checkpointed and exported is the averaged model; nothing otherwise.
+  void sync_now();
   optim::Optimizer& optimizer() { return *optimizer_; }
   int zero_stage() const { return zero_stage_; }
   /// What travels between the replicas, in a line.

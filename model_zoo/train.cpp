@@ -464,6 +464,7 @@ int run(int argc, char** argv) {
     const double tl = job_loss / std::max(job_seen, 1.0);
     const double ta = job_correct / std::max(job_seen, 1.0);
     if (bar) bar->finish({{"loss", tl}, {"acc", ta}});
+    replicas.sync_now();  // --local-sgd: evaluate, save and export the averaged model
     EvalResult ev = evaluate(*model, test_loader);
     final_accuracy = ev.accuracy;
     write_checkpoint();  // collective

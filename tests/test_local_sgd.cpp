@@ -2,7 +2,8 @@
 // `-n 4`: H = 1 with outer SGD at rate 1 against DistributedDataParallel (bit for bit on exact
 // dyadic data, to rounding otherwise: Note [Local SGD equals data parallelism at H = 1]); the
 // all-reduces H times fewer by the group's counter; the outer Nesterov step against its formula
-// written out here; checkpoints; the automatic period's rule on numbers and the ranks' agreement.
+// written out here; checkpoints (the last sync, or exactly mid-period from per-rank files); the
+// automatic period's rule on numbers and the ranks' agreement.
 #include <cmath>
 
 #include "braid/autograd.h"
@@ -107,12 +108,70 @@ TEST_F(LocalSgd, AllReducesFallHTimesAndRanksAgreeAfterEachSync) {
   const LocalSGDOptions four{.period = 4};
   const auto params = train_mlp(&four, 8, &local);
   const int64_t psi = 6 * 16 + 16 + 16 * 3 + 3;
-  EXPECT_EQ(ddp.all_reduce.elements, 8 * psi);  // one bucket of every parameter per step
-  EXPECT_EQ(local.all_reduce.calls, 2);         // steps 4 and 8
+  EXPECT_EQ(ddp.all_reduce.calls, 8);  // one bucket of every parameter per step
+  EXPECT_EQ(ddp.all_reduce.elements, 8 * psi);
+  EXPECT_EQ(local.all_reduce.calls, 2);  // steps 4 and 8: one flat float64 buffer each
   EXPECT_EQ(local.all_reduce.elements, 2 * psi);
+  EXPECT_EQ(local.all_reduce.bytes, 2 * psi * 8);
+  EXPECT_EQ(4 * local.all_reduce.bytes, ddp.all_reduce.bytes);  // H = 4 times fewer
   for (const Tensor& p : params) {
     Tensor all = world()->all_gather(p.to(Device::cpu()));
     for (int r = 1; r < N(); ++r) EXPECT_EQ(amax(abs(all.select(0, r) - all.select(0, 0))).item(), 0.0);
+  }
+}
+
+TEST_F(LocalSgd, BatchNormStatisticsTravelInTheSameAllReduceAndEndAlike) {
+  manual_seed(5);
+  auto m = std::make_shared<nn::Sequential>();
+  m->add(std::make_shared<nn::Linear>(6, 5))
+      .add(std::make_shared<nn::BatchNorm1d>(5))
+      .add(std::make_shared<nn::Linear>(5, 3));
+  m->to(kFloat64);
+  LocalSGD ls(m, world(), {.period = 3});
+  optim::SGD opt(m->parameters(), {.lr = 0.1});
+  world()->reset_traffic();
+  for (int s = 0; s < 6; ++s) {
+    Generator g(90 + static_cast<uint64_t>(s) + 7 * static_cast<uint64_t>(R()));  // each rank its own data
+    opt.zero_grad();
+    nn::cross_entropy(m->forward(randn({8, 6}, kFloat64, &g)), randint(0, 3, {8}, kInt64, &g)).backward();
+    opt.step();
+    ls.step();
+  }
+  const Traffic t = world()->traffic();
+  const int64_t psi = 6 * 5 + 5 + 2 * 5 + 5 * 3 + 3, stats = 2 * 5;  // parameters; running mean and var
+  EXPECT_EQ(t.all_reduce.calls, 2);
+  EXPECT_EQ(t.all_reduce.elements, 2 * (psi + stats));
+  for (const auto& [name, b] : m->named_buffers()) {
+    if (!is_floating(b.dtype())) continue;
+    Tensor all = world()->all_gather(b.to(Device::cpu()));
+    for (int r = 1; r < N(); ++r) EXPECT_EQ(amax(abs(all.select(0, r) - all.select(0, 0))).item(), 0.0) << name;
+  }
+}
+
+TEST_F(LocalSgd, SyncNowAveragesMidPeriodOnlyWhenTheRanksStepped) {
+  const LocalSGDOptions four{.period = 4};
+  auto m = mlp();
+  LocalSGD ls(m, world(), four);
+  optim::SGD opt(m->parameters(), {.lr = 0.1});
+  world()->reset_traffic();
+  for (int s = 0; s < 6; ++s) {
+    Generator g(70 + static_cast<uint64_t>(s) + 5 * static_cast<uint64_t>(R()));
+    opt.zero_grad();
+    nn::cross_entropy(m->forward(randn({8, 6}, kFloat64, &g)), randint(0, 3, {8}, kInt64, &g)).backward();
+    opt.step();
+    ls.step();
+  }
+  EXPECT_EQ(ls.local_steps(), 2);
+  EXPECT_TRUE(ls.sync_now());  // 2 steps after the sync at 4
+  EXPECT_FALSE(ls.sync_now());  // nothing since
+  EXPECT_EQ(ls.syncs(), 2);
+  EXPECT_EQ(ls.local_steps(), 0);
+  EXPECT_EQ(world()->traffic().all_reduce.calls, 2);
+  const auto params = m->parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    EXPECT_EQ(amax(abs(params[i] - ls.anchor()[i])).item(), 0.0) << i;
+    Tensor all = world()->all_gather(params[i].to(Device::cpu()));
+    for (int r = 1; r < N(); ++r) EXPECT_EQ(amax(abs(all.select(0, r) - all.select(0, 0))).item(), 0.0) << i;
   }
 }
 
@@ -179,6 +238,64 @@ TEST_F(LocalSgd, ACheckpointAtASyncContinuesBitwiseAndRestoresTheAnchor) {
     EXPECT_EQ(amax(abs(m->parameters()[i] - ck.tensors.at("ls.anchor." + m->named_parameters()[i].first))).item(), 0.0);
   Checkpoint bad;
   EXPECT_THROW(ls.restore(bad, "ls."), ValueError);
+}
+
+TEST_F(LocalSgd, AnExactResumeMidPeriodOrAtASyncContinuesBitwise) {
+  // Every rank keeps its own checkpoint (its parameters, its inner AdamW's state and LocalSGD's), as a
+  // job that writes a file per rank would; a restore of that continues as if never stopped.
+  const LocalSGDOptions o{.period = 4, .outer = "nesterov", .outer_lr = 0.7};
+  auto run = [&](int steps, int stop, Checkpoint* save, const Checkpoint* start) {
+    auto m = mlp();
+    LocalSGD ls(m, world(), o);
+    optim::AdamW opt(m->parameters(), {.lr = 0.01});
+    int first = 0;
+    if (start) {
+      restore_state(*start, "model.", *m);
+      restore_state(*start, "optim.", opt);
+      ls.restore(*start, "ls.", LocalSGDResume::Exact);
+      first = stop;
+    }
+    for (int s = first; s < steps; ++s) {
+      Generator g(80 + static_cast<uint64_t>(s));
+      Tensor x = randn({8 * N(), 6}, kFloat64, &g), y = randint(0, 3, {8 * N()}, kInt64, &g);
+      opt.zero_grad();
+      nn::cross_entropy(m->forward(x.narrow(0, 8 * R(), 8)), y.narrow(0, 8 * R(), 8)).backward();
+      opt.step();
+      ls.step();
+      if (save && s + 1 == stop) {
+        store_state(*save, "model.", *m);
+        store_state(*save, "optim.", opt);
+        ls.store(*save, "ls.");
+      }
+    }
+    return m->parameters();
+  };
+  const auto whole = run(12, 0, nullptr, nullptr);
+  for (int stop : {6, 8}) {  // 2 local steps after the sync at 4; the sync at 8
+    Checkpoint ck;
+    (void)run(stop, stop, &ck, nullptr);
+    EXPECT_EQ(ck.integers.at("ls.local_steps"), stop % 4);
+    EXPECT_EQ(ck.integers.at("ls.syncs"), stop / 4);
+    const auto resumed = run(12, stop, nullptr, &ck);
+    for (size_t i = 0; i < whole.size(); ++i)
+      EXPECT_EQ(amax(abs(whole[i] - resumed[i])).item(), 0.0) << "stopped after " << stop << ", parameter " << i;
+    if (N() > 1) {  // the last rank's file a step further on: the ranks would not sync together
+      Checkpoint skewed = ck;
+      if (R() == N() - 1) skewed.integers["ls.local_steps"] = stop % 4 + 1;
+      auto m = mlp();
+      LocalSGD ls(m, world(), o);
+      EXPECT_THROW(ls.restore(skewed, "ls.", LocalSGDResume::Exact), ValueError);
+    }
+  }
+  Checkpoint old;  // a checkpoint without the counter resumes from its last sync only
+  {
+    auto m = mlp();
+    LocalSGD ls(m, world(), o);
+    ls.store(old, "ls.");
+    old.integers.erase("ls.local_steps");
+    EXPECT_THROW(ls.restore(old, "ls.", LocalSGDResume::Exact), ValueError);
+    EXPECT_NO_THROW(ls.restore(old, "ls."));
+  }
 }
 
 TEST_F(LocalSgd, TheAutomaticPeriodKeepsCommunicationUnderItsShareAndRanksAgree) {

@@ -3,8 +3,8 @@ hooks, braid/distributed/comm_hooks.h; LocalSGD, local_sgd.h): top-K of every en
 all-reduce's weights bit for bit, top-K of 1% sends what its formula says (k values and k int32
 indices from each rank, gathered), and a spec it cannot read is refused with the forms it takes;
 local SGD with H = 1 and outer SGD at rate 1 trains as data parallelism does (to rounding: SGD's
-update is linear in the gradient), with H = 4 sends a quarter of the bytes, and its checkpoint holds
-the last synchronised parameters. Checkpoints are read with braid's
+update is linear in the gradient), with H = 4 sends a quarter of the bytes, its checkpoint holds
+the last synchronised parameters, and an epoch ends with a sync. Checkpoints are read with braid's
 Python module; runs through mpiexec, so it needs no Slurm."""
 
 import os
@@ -86,6 +86,11 @@ def test_local_sgd_averages_every_h_steps_and_checkpoints_the_last_sync(braid_py
             np.testing.assert_array_equal(at10[k], at8[k], err_msg=k)
     ck = braid_py.checkpoint.load(str(tmp_path / "at10" / "checkpoint.braid"))
     assert (ck.integers["localsgd.syncs"], ck.integers["step"]) == (2, 10)
+    # H = 5 over the epoch's 16 steps: syncs after steps 5, 10 and 15, and one at the epoch's end so
+    # that the evaluated and saved model is the average (the checkpoint's parameters its anchor).
+    train(tmp_path / "h5", *sgd, "--local-sgd", "5")
+    ck = braid_py.checkpoint.load(str(tmp_path / "h5" / "checkpoint.braid"))
+    assert (ck.integers["localsgd.syncs"], ck.integers["localsgd.local_steps"]) == (4, 0)
 
 
 def test_a_synchronous_parameter_server_trains_as_data_parallelism(braid_py, tmp_path):

@@ -272,7 +272,7 @@ def test_comm_hooks_from_python():
 
 
 def test_join_and_local_sgd_from_python():
-    """Uneven shards under Join end with every rank alike; LocalSGD every 2 steps leaves the ranks alike."""
+    """Uneven shards under Join end with every rank alike; so do LocalSGD every 2 steps and sync_now()."""
     dist = braid.distributed
     braid.manual_seed(8)
     model = MLP([6, 10, 3])
@@ -290,12 +290,14 @@ def test_join_and_local_sgd_from_python():
     local = MLP([6, 10, 3])
     ls = dist.LocalSGD(local, None, period=2, outer="nesterov", outer_lr=0.7)
     opt = optim.SGD(local.parameters(), lr=0.1)
-    for x, y in batches(4, 4, 6, 3, seed=50 + RANK):
+    for x, y in batches(5, 4, 6, 3, seed=50 + RANK):
         opt.zero_grad()
         nn.functional.cross_entropy(local(braid.from_numpy(x)), braid.from_numpy(y)).backward()
         opt.step()
         ls.step()
-    assert ls.syncs() == 2
+    assert (ls.syncs(), ls.local_steps()) == (2, 1)
+    assert ls.sync_now() and not ls.sync_now()  # the fifth step averaged now, then nothing to average
+    assert ls.syncs() == 3
     for m in (model, local):
         for k, v in m.state_dict().items():
             everyone = dist.all_gather(v).numpy()

@@ -34,6 +34,17 @@ struct LocalSGDOptions {
 /// max_period (1 when nothing was measured yet).
 int64_t choose_period(double step_seconds, double sync_seconds, double fraction, int64_t max_period);
 
+/// What LocalSGD::restore puts back (Note [Local SGD checkpoints]).
+enum class LocalSGDResume {
+  /// The last synchronisation: the parameters become the anchor and the period starts afresh. What a
+  /// requeued job does, from the one checkpoint that rank 0 wrote.
+  LastSync,
+  /// Exactly where store() was called, mid-period too: the module's parameters are left as the
+  /// caller restored them (this rank's own, from this rank's own checkpoint, with its optimizer's
+  /// state), and the local step counter and the automatic period's measurements come back.
+  Exact,
+};
+
 class LocalSGD {
  public:
   /// Checks that every rank built the same model and broadcasts rank 0's parameters and buffers,
@@ -43,6 +54,10 @@ class LocalSGD {
   /// Call after each local optimizer step. Every period-th call synchronises (collective: one
   /// all-reduce of the parameters' deltas per dtype, and of the buffers) and returns true.
   bool step();
+  /// Synchronises now when a local step was taken since the last synchronisation, and returns
+  /// whether it did: collective, every rank calls it at the same point, e.g. at an epoch's end so
+  /// that evaluation, the checkpoint and an export see the averaged model, not this rank's copy.
+  bool sync_now();
   int64_t period() const { return period_; }
   const LocalSGDOptions& options() const { return options_; }
   /// Local steps since the last synchronisation, and synchronisations so far.
@@ -51,15 +66,25 @@ class LocalSGD {
   /// The last synchronised parameters, by name.
   const std::vector<Tensor>& anchor() const { return anchor_; }
 
+  /// The names of the parameters it averages (those that require gradients), in anchor()'s order.
+  const std::vector<std::string>& names() const { return names_; }
+
   // Note [Local SGD checkpoints]: what a restart needs is the last synchronised state, which is the
   // same on every rank: the anchor, the outer momentum, the period and the counters. A restart
-  // resumes from the anchor (the local steps after it are not kept: each rank's are its own), so a
-  // preempted and requeued job continues from its last synchronisation.
+  // resumes from the anchor by default (LocalSGDResume::LastSync: the local steps after it are each
+  // rank's own, and one file from rank 0 cannot hold them), so a preempted and requeued job
+  // continues from its last synchronisation. A program that keeps one checkpoint per rank (its
+  // parameters and inner optimizer) can continue exactly instead (LocalSGDResume::Exact), mid-period
+  // too; the local step counter is then the same on every rank, which restore checks, since ranks
+  // that disagree on when to synchronise would wait for each other forever.
   /// Writes the state under prefix: tensors prefix + "anchor.<name>", prefix + "momentum.<name>",
-  /// integers prefix + "period", "syncs".
+  /// integers prefix + "period", "syncs", "local_steps", "intervals", scalars prefix +
+  /// "step_seconds", "sync_seconds" (the automatic period's measurements).
   void store(braid::Checkpoint& ckpt, const std::string& prefix) const;
-  /// Restores it and sets the module's parameters to the anchor.
-  void restore(const braid::Checkpoint& ckpt, const std::string& prefix);
+  /// Restores it (every entry checked first, naming the checkpoint and the key); LastSync sets the
+  /// module's parameters to the anchor. Exact is collective over the group (one small all-reduce).
+  void restore(const braid::Checkpoint& ckpt, const std::string& prefix,
+               LocalSGDResume resume = LocalSGDResume::LastSync);
 
  private:
   void synchronise();
