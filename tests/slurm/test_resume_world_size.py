@@ -176,6 +176,20 @@ def test_a_stage_3_run_resumes_from_its_shards_alone(braid_py, tmp_path):
     assert rel_diff(w, reference) < 1e-4, f"stage 0 -> 3: weights differ by {rel_diff(w, reference)}"
 
 
+
+def test_stage_3_exports_the_gathered_model_and_refuses_fp16(tmp_path):
+    """At stage 3 each unit's parameters are freed outside its forward; at the end braid-train gathers
+    them back (Replicas::finish) before --export-onnx, so the ONNX file is the one DistributedDataParallel
+    writes at the same world size, byte for byte (reduce-scatter and all-reduce sum 2 ranks' gradients
+    alike). --amp fp16 (loss scaling) is refused up front with sharding."""
+    for name, extra in (("ddp", []), ("zero3", ["--zero-stage", "3"])):
+        train(tmp_path / name, 2, "--epochs", "1", "--export-onnx", str(tmp_path / f"{name}.onnx"), *extra)
+    assert (tmp_path / "zero3.onnx").read_bytes() == (tmp_path / "ddp.onnx").read_bytes()
+    r = subprocess.run([TRAIN, *ARGS, "--out", str(tmp_path / "fp16"), "--zero-stage", "2", "--amp", "fp16"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "--amp fp16 needs loss scaling" in r.stderr, r.stderr
+    assert not (tmp_path / "fp16").exists(), "refused before any work"
+
 def merged_stage_weights(braid, folder):
     """The whole model's weights from a pipelined run's per-stage checkpoints."""
     import glob
