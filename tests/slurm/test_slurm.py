@@ -9,8 +9,8 @@ model_zoo/slurm submitted with sbatch, data-parallel through srun and MPICH's PM
   sends) and SIGTERM to every task (what Slurm sends before it kills a job) each make the ranks
   checkpoint and exit with code 75, the script requeues the job, and the requeued job ends with a
   checkpoint byte for byte equal to an uninterrupted run's;
-- the same for a 2-stage pipelined braid-train, for the Python training script and for the CNN
-  fine-tuning script under python.sbatch;
+- the same for a 2-stage pipelined braid-train, for braid-train at --zero-stage 2 and 3, for the
+  Python training script and for the CNN fine-tuning script under python.sbatch;
 - a warning while the ranks are still starting, and Slurm's own time-limit warning (requeued at
   least twice);
 - a job array (the learning-rate sweep) writes one results row per task.
