@@ -8,11 +8,88 @@
 // (atomic, generations), and rank 0 reads the shards back and joins them with unshard(). Rank 0
 // then holds the whole model and optimizer state for a moment, which the zoo's models afford; a
 // model that does not fit one rank keeps save_sharded_checkpoint's files and never joins them.
+//
+// Note [Resuming from a sharded run]
+// Every rank's shard file also carries the run's state (step, schedule, RNG, loader position and
+// --zero-stage; unshard() keeps the first shard's), so the shards alone resume the run: --resume
+// takes their manifest (checkpoint.shards) as it takes checkpoint.braid, joining the rank files of
+// any number of ranks on every rank. They matter when a job dies between the two writes: the
+// shards are then a step ahead of checkpoint.braid, and a --resume of the output folder (what
+// model_zoo/slurm/train.sbatch passes) takes whichever of the two is at the later step. An
+// unsharded run's checkpoint.braid is the newest state of its folder, so after writing it rank 0
+// removes a sharded run's manifest and files left there (remove_stale_shards), and a folder never
+// holds shards newer than its run.
 #include "replicas.h"
+
+#include <filesystem>
 
 namespace braid::zoo {
 
 using namespace distributed;
+namespace fs = std::filesystem;
+
+namespace {
+
+void merge_into(Checkpoint& ck, const Checkpoint& run) {
+  for (const auto& [k, t] : run.tensors) ck.tensors[k] = t;
+  for (const auto& [k, v] : run.scalars) ck.scalars[k] = v;
+  for (const auto& [k, v] : run.integers) ck.integers[k] = v;
+  for (const auto& [k, v] : run.strings) ck.strings[k] = v;
+}
+
+bool is_manifest(const Checkpoint& c) {
+  return c.tensors.empty() && c.integers.count("generation") && c.integers.count("ranks") && c.strings.count("file.0");
+}
+
+/// A checkpoint file, or a sharded run's manifest with its rank files joined.
+Checkpoint read_run_checkpoint(const std::string& path, Device device) {
+  Checkpoint c = load_checkpoint(path, device);
+  if (!is_manifest(c)) return c;
+  std::vector<Checkpoint> shards = load_sharded_checkpoint(path);
+  BRAID_CHECK(shards[0].integers.count("step"), "braid-train: --resume ", path, ": these shards carry no run state ",
+              "(step, loader position), as an older braid-train wrote them; resume from checkpoint.braid");
+  Checkpoint full = ShardedDataParallel::unshard(shards);
+  for (auto& [k, t] : full.tensors) t = t.to(device);
+  full.source = path;
+  return full;
+}
+
+}  // namespace
+
+Checkpoint load_run_checkpoint(const std::string& path, Device device, std::string* used) {
+  std::string chosen = path;
+  if (fs::is_directory(path)) {
+    const std::string plain = (fs::path(path) / "checkpoint.braid").string();
+    const std::string sharded = (fs::path(path) / "checkpoint.shards").string();
+    const bool has_plain = fs::exists(plain), has_sharded = fs::exists(sharded);
+    BRAID_CHECK(has_plain || has_sharded, "braid-train: --resume ", path, ": the folder holds no checkpoint.braid and ",
+                "no checkpoint.shards (a sharded run's manifest)");
+    chosen = has_plain ? plain : sharded;
+    if (has_plain && has_sharded) {
+      Checkpoint a = read_run_checkpoint(plain, device), b = read_run_checkpoint(sharded, device);
+      const bool newer = b.integer("step") > a.integer("step");  // Note [Resuming from a sharded run]
+      if (used) *used = newer ? sharded : plain;
+      return newer ? b : a;
+    }
+  }
+  if (used) *used = chosen;
+  return read_run_checkpoint(chosen, device);
+}
+
+void remove_stale_shards(const std::string& folder) {
+  const fs::path manifest = fs::path(folder) / "checkpoint.shards";
+  std::error_code ec;
+  if (!fs::exists(manifest, ec)) return;
+  Checkpoint m;
+  try {
+    m = load_checkpoint(manifest.string());
+  } catch (const Error&) {
+    return;  // not a manifest that braid-train wrote: left alone
+  }
+  if (!is_manifest(m)) return;
+  fs::remove(manifest, ec);  // first, so that no manifest names a removed file
+  for (int64_t r = 0; r < m.integer("ranks"); ++r) fs::remove(fs::path(folder) / m.string("file." + std::to_string(r)), ec);
+}
 
 Replicas::Replicas(std::shared_ptr<nn::Module> model, ProcessGroupPtr group, const ReplicaOptions& options,
                    const OptimizerFactory& make_optimizer)
@@ -83,7 +160,7 @@ void Replicas::sync_now() {
 
 std::string Replicas::autotune_report() const { return ddp_ ? ddp_->autotune_report() : std::string(); }
 
-Checkpoint Replicas::model_state(const std::string& shard_path) {
+Checkpoint Replicas::model_state(const std::string& shard_path, const Checkpoint& run) {
   Checkpoint ck;
   if (!sdp_) {
     store_state(ck, "model.", *model_);
@@ -94,9 +171,12 @@ Checkpoint Replicas::model_state(const std::string& shard_path) {
       for (size_t i = 0; i < local_->names().size(); ++i)
         ck.tensors["model." + local_->names()[i]] = local_->anchor()[i].clone();
     }
+    merge_into(ck, run);
     return ck;
   }
-  save_sharded_checkpoint(shard_path, sdp_->state_shard(), group_);
+  Checkpoint mine = sdp_->state_shard();
+  merge_into(mine, run);  // Note [Resuming from a sharded run]
+  save_sharded_checkpoint(shard_path, mine, group_);
   if (group_->rank() != 0) return ck;
   return ShardedDataParallel::unshard(load_sharded_checkpoint(shard_path));
 }

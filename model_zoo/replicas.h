@@ -51,8 +51,10 @@ class Replicas {
   /// an unsharded model: on every rank at stage 0; at stages 1 to 3 every rank writes its shard to
   /// shard_path (save_sharded_checkpoint) and rank 0 alone returns them joined. With local SGD the
   /// parameters are the last synchronised ones and LocalSGD's state is under "localsgd."
-  /// (Note [Local SGD checkpoints]). Collective.
-  Checkpoint model_state(const std::string& shard_path);
+  /// (Note [Local SGD checkpoints]). run (the run's step, schedule, RNG and loader position) goes
+  /// into every rank's shard file, so that the shards alone resume the run, and into the result.
+  /// Collective.
+  Checkpoint model_state(const std::string& shard_path, const Checkpoint& run = {});
   /// Loads model_state()'s format (from any stage and world size).
   void restore(const Checkpoint& ckpt);
   /// Stage 3: gathers the parameters back into the model for good (collective); a no-op otherwise.
@@ -67,5 +69,13 @@ class Replicas {
   std::unique_ptr<distributed::LocalSGD> local_;
   std::shared_ptr<optim::Optimizer> optimizer_;
 };
+
+/// What --resume reads (Note [Resuming from a sharded run] in replicas.cpp): a checkpoint file
+/// (checkpoint.braid, of any stage), a sharded run's manifest (checkpoint.shards; its rank files are
+/// joined), or an output folder, where the newer of the two by step is taken. used: the file read.
+Checkpoint load_run_checkpoint(const std::string& path, Device device, std::string* used = nullptr);
+/// After an unsharded run has written checkpoint.braid in folder: removes a sharded run's manifest
+/// and rank files left there, which would otherwise compete with it on a folder --resume.
+void remove_stale_shards(const std::string& folder);
 
 }  // namespace braid::zoo

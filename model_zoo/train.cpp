@@ -84,12 +84,15 @@ void usage() {
       "                    s > 0 bounded, -1 asynchronous)]]\n"
       "                   [--outer sgd|nesterov (local SGD's outer step; nesterov is DiLoCo's)] [--outer-lr X]\n"
       "                   [--zero-stage 0|1|2|3 (shard the optimizer state, gradients, parameters over the\n"
-      "                    replicas: ZeRO; 1 or 2 with --pipeline-stages)]\n"
+      "                    replicas: ZeRO; 1 or 2 with --pipeline-stages; no --amp fp16)]\n"
       "                   [--slow-rank R:MS (rank R sleeps MS ms per step: a slower machine, for benchmarks)]\n"
       "--batch-size is the global batch; under mpiexec -n N each rank takes batch-size / N of it.\n"
       "On SIGUSR1 or SIGTERM (Slurm's warnings before it stops a job) every rank finishes the step it is\n"
       "in, the checkpoint is written, and braid-train exits with code 75, which model_zoo/slurm's job\n"
-      "scripts turn into a requeue; --resume with that checkpoint continues mid-epoch, at any world size.\n");
+      "scripts turn into a requeue; --resume with that checkpoint continues mid-epoch, at any world size.\n"
+      "--resume takes checkpoint.braid (of any --zero-stage), a sharded run's checkpoint.shards (every rank's\n"
+      "shard and the run's state, joined at any world size and stage) or the --out folder (the later of the\n"
+      "two; in pipeline mode the folder of checkpoint.stage<s>.braid).\n");
 }
 
 Args parse(int argc, char** argv) {
@@ -139,6 +142,9 @@ Args parse(int argc, char** argv) {
               " is for pipeline mode; add --pipeline-stages K");
   BRAID_CHECK(a.export_onnx.empty() || a.pipeline_stages == 1,
               "braid-train: --export-onnx is for data-parallel runs (with --pipeline-stages each rank holds one stage)");
+  BRAID_CHECK(a.amp != "fp16" || a.zero_stage == 0 || a.pipeline_stages > 1, "braid-train: --amp fp16 needs loss ",
+              "scaling, whose overflow check would see only this rank's shard at --zero-stage ", a.zero_stage,
+              "; use --amp bf16 (no scaling needed) or --zero-stage 0");
   BRAID_CHECK(a.export_onnx.empty() || a.sync_bn == 0,
               "braid-train: --export-onnx does not export SyncBatchNorm yet; train without --sync-bn 1");
   return a;
@@ -318,6 +324,7 @@ int run(int argc, char** argv) {
   ro.local_sgd = args.local_sgd;
   ro.local.outer = args.outer;
   ro.local.outer_lr = args.outer_lr;
+  const int64_t num_parameters = model->num_parameters();  // (stage 3 frees the units' parameters)
   zoo::Replicas replicas(model, distributed::world(), ro, make_optimizer);
   optim::Optimizer* opt = &replicas.optimizer();
   const int64_t steps_per_epoch = train_loader.num_batches(), total_steps = steps_per_epoch * args.epochs;
@@ -333,19 +340,25 @@ int run(int argc, char** argv) {
   // Everything a resumed run needs to continue bitwise as if it had not stopped: the loader's
   // position is (epoch, global batch), which means the same samples at any world size (Note
   // [Sharding rule] in braid/data/loader.h).
-  // Collective (a sharded run joins its shards: Note [Checkpoints of a sharded run]); rank 0 writes.
+  // Collective (a sharded run's ranks write their shards, with the run's state, and rank 0 joins
+  // them: Notes [Checkpoints of a sharded run], [Resuming from a sharded run]); rank 0 writes.
   auto write_checkpoint = [&] {
-    Checkpoint ck = replicas.model_state(args.out + "/checkpoint.shards");
+    Checkpoint run;
+    store_state(run, "sched.", schedule);
+    store_state(run, "rng.", default_generator());
+    store_state(run, "loader.", train_loader);
+    if (scaler.is_enabled()) store_state(run, "scaler.", scaler);
+    run.integers["step"] = step;
+    run.integers["zero_stage"] = args.zero_stage;
+    Checkpoint ck = replicas.model_state(args.out + "/checkpoint.shards", run);
     if (!lead) return;
-    store_state(ck, "sched.", schedule);
-    store_state(ck, "rng.", default_generator());
-    store_state(ck, "loader.", train_loader);
-    if (scaler.is_enabled()) store_state(ck, "scaler.", scaler);
-    ck.integers["step"] = step;
     save_checkpoint(ckpt_path, ck);
+    if (replicas.zero_stage() == 0) zoo::remove_stale_shards(args.out);
   };
   if (!args.resume.empty()) {
-    Checkpoint ck = load_checkpoint(args.resume, device);
+    // checkpoint.braid of any stage, a sharded run's checkpoint.shards, or the folder of either.
+    std::string from;
+    Checkpoint ck = zoo::load_run_checkpoint(args.resume, device, &from);
     replicas.restore(ck);
     restore_state(ck, "sched.", schedule);
     restore_state(ck, "rng.", default_generator());
@@ -353,7 +366,7 @@ int run(int argc, char** argv) {
     if (scaler.is_enabled()) restore_state(ck, "scaler.", scaler);
     step = ck.integer("step");
     if (lead)
-      std::printf("resumed from %s at step %lld (epoch %lld, batch %lld of %lld)\n", args.resume.c_str(),
+      std::printf("resumed from %s at step %lld (epoch %lld, batch %lld of %lld)\n", from.c_str(),
                   static_cast<long long>(step), static_cast<long long>(train_loader.epoch() + 1),
                   static_cast<long long>(train_loader.batch()), static_cast<long long>(steps_per_epoch));
   }
@@ -361,7 +374,7 @@ int run(int argc, char** argv) {
   if (lead) {
     std::printf("braid-train: model %s (%lld parameters), %s lr %g, batch %lld, %lld epochs, %lld train / %lld test "
                 "images, %d threads per rank\n",
-                args.model.c_str(), static_cast<long long>(model->num_parameters()), args.optimizer.c_str(), args.lr,
+                args.model.c_str(), static_cast<long long>(num_parameters), args.optimizer.c_str(), args.lr,
                 static_cast<long long>(args.batch_size), static_cast<long long>(args.epochs),
                 static_cast<long long>(train_set->size()), static_cast<long long>(test_set->size()), get_num_threads());
     std::printf("braid-train: %d rank%s (launcher: %s), %lld images per rank per step%s, on %s%s; %s\n", world.size,

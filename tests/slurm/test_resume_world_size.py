@@ -98,6 +98,98 @@ def test_a_sharded_run_resumes_at_other_world_sizes_and_stages(braid_py, tmp_pat
         assert rel_diff(w, reference) < 1e-4, f"{ranks} ranks, stage {stage}: weights differ by {rel_diff(w, reference)}"
 
 
+def joined_shards(braid, manifest):
+    """The whole model's parameters joined in Python from a sharded run's rank files (each holds, per
+    parameter, its piece of the flattened tensor at "model.<name>.offset", and the shape), and the
+    rank files themselves: independent of ShardedDataParallel::unshard."""
+    import numpy as np
+    m = braid.checkpoint.load(str(manifest))
+    files = [braid.checkpoint.load(str(manifest.parent / m.strings[f"file.{r}"])) for r in range(m.integers["ranks"])]
+    flat, shapes, covered = {}, {}, {}
+    for ck in files:
+        for k, t in ck.tensors.items():
+            if not k.startswith("model.") or k.endswith(".shape"):
+                continue
+            shape = tuple(int(d) for d in ck.tensors[k + ".shape"].numpy())
+            piece, off = t.numpy().reshape(-1), ck.integers[k + ".offset"]
+            flat.setdefault(k, np.zeros(int(np.prod(shape)), piece.dtype))[off:off + piece.size] = piece
+            shapes[k], covered[k] = shape, covered.get(k, 0) + piece.size
+    assert all(covered[k] == flat[k].size for k in flat), covered
+    return {k: v.reshape(shapes[k]) for k, v in flat.items()}, files
+
+
+def test_a_stage_3_run_resumes_from_its_shards_alone(braid_py, tmp_path):
+    """Note [Resuming from a sharded run]: every rank's shard file carries the run's state, so a ZeRO
+    stage 3 run stopped at step 10 of 32 at 2 ranks resumes from its checkpoint.shards alone
+    (checkpoint.braid deleted) at 1 rank unsharded, 2 ranks at stage 2 and 4 ranks at stage 3, each
+    ending with the uninterrupted one-process run's weights; a folder --resume whose checkpoint.braid
+    is a step behind the shards (a job killed between the two writes) takes the shards; a stage-0
+    run's checkpoint resumes at stage 3. Uninterrupted, stage 3 at 2 ranks ends with the one-process
+    weights and evaluates (units gathered under no_grad) to its test loss and accuracy."""
+    import csv
+    train(tmp_path / "one", 1)
+    _, reference = weights(braid_py, tmp_path / "one" / "checkpoint.braid")
+    train(tmp_path / "whole", 2, "--zero-stage", "3")
+    _, w = weights(braid_py, tmp_path / "whole" / "checkpoint.braid")
+    assert rel_diff(w, reference) < 1e-4, f"stage 3 uninterrupted: weights differ by {rel_diff(w, reference)}"
+    logs = [list(csv.DictReader(open(tmp_path / run / "log.csv"))) for run in ("one", "whole")]
+    assert len(logs[0]) == len(logs[1]) == 2, logs
+    for a, b in zip(*logs):
+        assert abs(float(a["test_loss"]) - float(b["test_loss"])) < 1e-4 * float(a["test_loss"]), (a, b)
+        assert abs(float(a["test_accuracy"]) - float(b["test_accuracy"])) <= 2e-4, (a, b)  # 2 of 10,000 images
+
+    stopped = tmp_path / "stopped"
+    out = train(stopped, 2, "--stop-at-step", "10", "--zero-stage", "3")
+    assert "stopped after step 10" in out, out
+    joined, files = joined_shards(braid_py, stopped / "checkpoint.shards")
+    for ck in files:
+        assert (ck.integers["step"], ck.integers["loader.batch"], ck.integers["zero_stage"]) == (10, 10, 3)
+    _, plain = weights(braid_py, stopped / "checkpoint.braid")
+    assert set(joined) == set(plain) and all((joined[k] == plain[k]).all() for k in plain)
+    for ranks, stage in ((1, 0), (2, 2), (4, 3)):
+        run = tmp_path / f"shards-{ranks}-zero{stage}"
+        shutil.copytree(stopped, run)
+        os.remove(run / "checkpoint.braid")
+        out = train(run, ranks, "--resume", str(run / "checkpoint.shards"), "--zero-stage", str(stage))
+        assert f"resumed from {run / 'checkpoint.shards'} at step 10 (epoch 1, batch 10 of 16)" in out, out
+        ck, w = weights(braid_py, run / "checkpoint.braid")
+        assert ck.integers["step"] == 32, ck.integers
+        assert rel_diff(w, reference) < 1e-4, f"{ranks} ranks, stage {stage}: weights differ by {rel_diff(w, reference)}"
+        # The unsharded run's checkpoint.braid supersedes the shards, which it removes.
+        assert (stage == 0) == (not list(run.glob("checkpoint.shards*"))), sorted(os.listdir(run))
+
+    behind = tmp_path / "behind"
+    train(behind, 2, "--stop-at-step", "9", "--zero-stage", "3")
+    run = tmp_path / "killed-between-writes"
+    shutil.copytree(stopped, run)
+    shutil.copy(behind / "checkpoint.braid", run / "checkpoint.braid")
+    out = train(run, 2, "--resume", str(run), "--zero-stage", "3")
+    assert f"resumed from {run / 'checkpoint.shards'} at step 10 " in out, out
+    _, w = weights(braid_py, run / "checkpoint.braid")
+    assert rel_diff(w, reference) < 1e-4, f"folder resume: weights differ by {rel_diff(w, reference)}"
+
+    plain_run = tmp_path / "plain"
+    train(plain_run, 2, "--stop-at-step", "10")
+    out = train(plain_run, 4, "--resume", str(plain_run), "--zero-stage", "3")
+    assert f"resumed from {plain_run / 'checkpoint.braid'} at step 10 " in out, out
+    _, w = weights(braid_py, plain_run / "checkpoint.braid")
+    assert rel_diff(w, reference) < 1e-4, f"stage 0 -> 3: weights differ by {rel_diff(w, reference)}"
+
+
+
+def test_stage_3_exports_the_gathered_model_and_refuses_fp16(tmp_path):
+    """At stage 3 each unit's parameters are freed outside its forward; at the end braid-train gathers
+    them back (Replicas::finish) before --export-onnx, so the ONNX file is the one DistributedDataParallel
+    writes at the same world size, byte for byte (reduce-scatter and all-reduce sum 2 ranks' gradients
+    alike). --amp fp16 (loss scaling) is refused up front with sharding."""
+    for name, extra in (("ddp", []), ("zero3", ["--zero-stage", "3"])):
+        train(tmp_path / name, 2, "--epochs", "1", "--export-onnx", str(tmp_path / f"{name}.onnx"), *extra)
+    assert (tmp_path / "zero3.onnx").read_bytes() == (tmp_path / "ddp.onnx").read_bytes()
+    r = subprocess.run([TRAIN, *ARGS, "--out", str(tmp_path / "fp16"), "--zero-stage", "2", "--amp", "fp16"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "--amp fp16 needs loss scaling" in r.stderr, r.stderr
+    assert not (tmp_path / "fp16").exists(), "refused before any work"
+
 def merged_stage_weights(braid, folder):
     """The whole model's weights from a pipelined run's per-stage checkpoints."""
     import glob
@@ -181,3 +273,35 @@ def test_a_sharded_pipeline_grid_stops_and_resumes_bitwise(braid_py, tmp_path):
             assert not differ, f"resumed at stage 1: {differ} differ"
         else:
             assert rel_diff(weights, reference) < 1e-4, f"resumed on one replica: {rel_diff(weights, reference)}"
+
+
+def test_a_stage_1_pipeline_grid_resumes_with_another_stage_count(braid_py, tmp_path):
+    """--zero-stage 1 on a 2 x 2 grid (2 replicas of 2 stages) stopped at step 10 of 32: its joined
+    stage files resume on 1 replica of 4 stages (merged and cut again, Note [Resuming with another
+    stage count]) and on the same grid at stage 1, ending with the uninterrupted unsharded 2 x 2 run's
+    weights, to float32 reassociation and bit for bit."""
+    common = ["--model", "mlp", "--limit", "1024", "--epochs", "2", "--batch-size", "64", "--micro-batches", "4",
+              "--threads", "1"]
+
+    def pipe(out, stages, *extra):
+        cmd = ["mpiexec", "-n", "4", TRAIN, *common, "--pipeline-stages", str(stages), "--out", str(out), *extra]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                           env=dict(os.environ, OMP_NUM_THREADS="1", BRAID_NUM_THREADS="1"))
+        assert r.returncode == 0, f"{' '.join(cmd)}: exit {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}"
+        return r.stdout
+
+    pipe(tmp_path / "ddp", 2)
+    reference, _ = merged_stage_weights(braid_py, tmp_path / "ddp")
+    for stages, extra in ((4, []), (2, ["--zero-stage", "1"])):
+        run = tmp_path / f"resumed-{stages}"
+        out = pipe(run, 2, "--zero-stage", "1", "--stop-at-step", "10")
+        assert "stopped after step 10 (--stop-at-step; epoch 1, batch 10 of 16)" in out, out
+        out = pipe(run, stages, "--resume", str(run), *extra)
+        weights, saved = merged_stage_weights(braid_py, run)
+        assert saved == stages and set(weights) == set(reference)
+        if stages == 2:
+            differ = sorted(k for k in reference if not (weights[k] == reference[k]).all())
+            assert not differ, f"resumed at stage 1: {differ} differ"
+        else:
+            assert "resuming the 2-stage run" in out and "with 4 stages" in out, out
+            assert rel_diff(weights, reference) < 1e-4, f"resumed on 1 x 4: {rel_diff(weights, reference)}"

@@ -9,8 +9,8 @@ model_zoo/slurm submitted with sbatch, data-parallel through srun and MPICH's PM
   sends) and SIGTERM to every task (what Slurm sends before it kills a job) each make the ranks
   checkpoint and exit with code 75, the script requeues the job, and the requeued job ends with a
   checkpoint byte for byte equal to an uninterrupted run's;
-- the same for a 2-stage pipelined braid-train, for the Python training script and for the CNN
-  fine-tuning script under python.sbatch;
+- the same for a 2-stage pipelined braid-train, for braid-train at --zero-stage 2 and 3, for the
+  Python training script and for the CNN fine-tuning script under python.sbatch;
 - a warning while the ranks are still starting, and Slurm's own time-limit warning (requeued at
   least twice);
 - a job array (the learning-rate sweep) writes one results row per task.
@@ -288,11 +288,14 @@ def test_preempted_pipeline_job_requeues_and_resumes_bitwise(slurm, tmp_path, jo
         assert (out / name).read_bytes() == (ref_out / name).read_bytes(), f"stage {s}'s checkpoint differs"
 
 
-def test_preempted_sharded_job_requeues_and_resumes_bitwise(slurm, tmp_path, job_env):
-    """ZeRO stage 2 under Slurm: the warning stops every rank after the same step, each writes its
-    shard, rank 0 joins them into checkpoint.braid (Note [Checkpoints of a sharded run]), and the
-    requeued job resumes from it to the uninterrupted sharded run's bits."""
-    args = [*PREEMPTIBLE, "--zero-stage", "2"]
+@pytest.mark.parametrize("stage", [2, 3])
+def test_preempted_sharded_job_requeues_and_resumes_bitwise(slurm, tmp_path, job_env, stage):
+    """ZeRO stages 2 and 3 under Slurm: the warning stops every rank after the same step, each writes
+    its shard with the run's state, rank 0 joins them into checkpoint.braid (Note [Checkpoints of a
+    sharded run]), and the requeued job, resumed from the folder, takes checkpoint.braid (the shards
+    are at the same step: Note [Resuming from a sharded run]) and ends with the uninterrupted sharded
+    run's bits."""
+    args = [*PREEMPTIBLE, "--zero-stage", str(stage)]
     ref_jid, ref_out = submit_train(slurm, tmp_path, job_env, "zeroref", *args)
     [rec] = slurm.wait(ref_jid, 400)
     expect_completed(rec)
@@ -302,7 +305,8 @@ def test_preempted_sharded_job_requeues_and_resumes_bitwise(slurm, tmp_path, job
     [rec] = slurm.wait(jid, 600)
     text = expect_completed(rec)
     assert int(rec["Restarts"]) == 1, text
-    assert re.search(rf"SIGUSR1 caught at step {HOLD} ", text) and "resumes from" in text, text
+    assert re.search(rf"SIGUSR1 caught at step {HOLD} ", text) and f"resumes from {out}\n" in text, text
+    assert f"resumed from {out / 'checkpoint.braid'} at step {HOLD} " in text, text
     assert (out / "checkpoint.braid").read_bytes() == (ref_out / "checkpoint.braid").read_bytes(), \
         "the requeued sharded job's checkpoint differs from the uninterrupted run's"
 
