@@ -3,6 +3,7 @@
 // "how far have you got on group g?" when a collective times out.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <mutex>
@@ -21,17 +22,32 @@ struct Settings {
 };
 Settings& settings();
 
+/// A collective as numbers, {op, dtype, numel, arg} (the group's own codes; op 0: none), so that
+/// peers can compare calls and the control thread can describe one without allocating.
+using CallSig = std::array<int64_t, 4>;
+
 /// Progress of one group on this rank, readable by the control thread.
 struct GroupProgress {
   uint64_t id = 0;
   std::string name;
   std::atomic<int64_t> called{0};     // collectives the program has called (the newest's number)
   std::atomic<int64_t> completed{0};  // collectives finished
+  std::string (*describe)(const CallSig&) = nullptr;  // "all_reduce(sum, 10 float32)"
+  std::mutex mu;                                       // guards called's update and the fields below
+  CallSig latest{};                                    // the call numbered called
+  CallSig running{};                                   // the call being executed now (op 0: none)
+  int64_t running_seq = 0;
 };
 void register_group(GroupProgress* g);
 void unregister_group(GroupProgress* g);
-/// (called, completed) of group id on this rank; (-1, -1) when this rank has no such group.
-std::pair<int64_t, int64_t> group_progress(uint64_t id);
+
+/// What this rank says about group id when a peer asks.
+struct ProgressReport {
+  int64_t called = -1, completed = -1;  // -1: this rank has no such group
+  CallSig latest{};                     // its call number called
+  std::string now;                      // the collectives it is executing, on any group ("" if none)
+};
+ProgressReport group_progress(uint64_t id);
 
 /// 64-bit FNV-1a, for group ids and model fingerprints.
 uint64_t fnv1a(const void* data, size_t n, uint64_t h = 1469598103934665603ull);

@@ -7,8 +7,10 @@
 // bucket all-reduces of that step with zero gradients (through the same hook, in the same bucket
 // order, and find_unused_parameters' all-reduce when it is on), so the training ranks' collectives
 // always have every rank. When it is zero, every rank has finished: the ranks agree (one all-gather
-// of their step counts) on the rank that ran the most steps, the lowest of equals, and take its
-// parameters and buffers. A finished rank does not step its optimizer, as in PyTorch.
+// of their step counts) on the rank that ran the most steps, the highest of equals (PyTorch's
+// _sync_final_model: an all-reduce MAX over the ranks of the last joiners), and take its parameters
+// and buffers. A finished rank does not step its optimizer, as in PyTorch: its optimizer state
+// (momentum) stays that of its last step; the parameters it ends with are the broadcast ones.
 #include <algorithm>
 
 #include "braid/autograd.h"
@@ -44,7 +46,7 @@ void Join::finish() {
   ProcessGroup& g = *ddp_.group_;
   const auto steps = g.all_gather(full({1}, static_cast<double>(ddp_.steps_), kInt64, Device::cpu())).reshape({-1});
   const auto counts = steps.to_vector<int64_t>();
-  const int root = static_cast<int>(std::max_element(counts.begin(), counts.end()) - counts.begin());
+  const int root = static_cast<int>(counts.rend() - std::max_element(counts.rbegin(), counts.rend()) - 1);
   NoGradGuard no_grad;
   for (const auto& [name, p] : ddp_.module_->named_parameters()) g.broadcast(p, root);
   for (const auto& [name, b] : ddp_.module_->named_buffers()) g.broadcast(b, root);

@@ -43,20 +43,26 @@ const char* op_name(int64_t code) {
   return "?";
 }
 
-/// What a collective call is, as the debug mode compares it across ranks.
+/// "all_reduce(sum, 10 float32)", "broadcast(root 0, 3 float32)", "barrier()".
+std::string describe_call(const CallSig& c) {
+  const auto [op, dtype, numel, arg] = c;
+  std::ostringstream os;
+  os << op_name(op) << "(";
+  if (op == kAllReduce || op == kReduceScatter) os << reduce_op_name(static_cast<ReduceOp>(arg)) << ", ";
+  if (op == kBroadcast) os << "root " << arg << ", ";
+  if (op == kSplit) os << "color " << arg;
+  if (dtype >= 0) os << numel << " " << dtype_name(static_cast<DType>(dtype));
+  os << ")";
+  return os.str();
+}
+
+/// What a collective call is, as the debug mode compares it across ranks (Note [Collective
+/// fingerprints]).
 struct Signature {
   int64_t seq = 0, op = 0, dtype = -1, numel = 0, arg = 0;
   bool operator==(const Signature&) const = default;
-  std::string str() const {
-    std::ostringstream os;
-    os << op_name(op) << "(";
-    if (op == kAllReduce || op == kReduceScatter) os << reduce_op_name(static_cast<ReduceOp>(arg)) << ", ";
-    if (op == kBroadcast) os << "root " << arg << ", ";
-    if (op == kSplit) os << "color " << arg;
-    if (dtype >= 0) os << numel << " " << dtype_name(static_cast<DType>(dtype));
-    os << ")";
-    return os.str();
-  }
+  CallSig call() const { return {op, dtype, numel, arg}; }
+  std::string str() const { return describe_call(call()); }
 };
 
 /// Yields for a short while, as a collective often completes within microseconds: sleeping on a
@@ -149,6 +155,7 @@ class MpiGroup : public ProcessGroup {
     MPI_Group_free(&wg);
     progress_.id = id;
     progress_.name = name_;
+    progress_.describe = describe_call;
     register_group(&progress_);
     worker_ = std::thread([this] { work_loop(); });
     std::lock_guard<std::mutex> lock(g_groups_mu);
@@ -324,7 +331,11 @@ class MpiGroup : public ProcessGroup {
       std::lock_guard<std::mutex> lock(mu_);
       BRAID_CHECK_T(DistributedError, !stop_, "braid: group '", name_, "' has been shut down (finalize() was called)");
       task.sig.seq = ++called_;
-      progress_.called = task.sig.seq;
+      {
+        std::lock_guard<std::mutex> progress_lock(progress_.mu);
+        progress_.called = task.sig.seq;
+        progress_.latest = task.sig.call();
+      }
       if (!(caller_waits && queue_.empty() && !worker_busy_ && !inline_busy_)) {
         queue_.push_back(std::move(task));
         queued_.fetch_add(1);
@@ -350,17 +361,27 @@ class MpiGroup : public ProcessGroup {
         throw DistributedError(::braid::detail::cat(where(), ": ", task.sig.str(), " #", task.sig.seq,
                                                     " was not run because an earlier collective on this group "
                                                     "failed: ", failed_));
+      set_running(task.sig);
       if (settings().debug) check_same_call(task.sig);
       NoGradGuard no_grad;
       task.run(task.sig);
       progress_.completed = task.sig.seq;
+      set_running(Signature{});
       task.work->finish(nullptr);
     } catch (const DistributedError& e) {
+      set_running(Signature{});
       if (failed_.empty()) failed_ = e.what();
       task.work->finish(std::current_exception());
     } catch (...) {
+      set_running(Signature{});
       task.work->finish(std::current_exception());
     }
+  }
+
+  void set_running(const Signature& sig) {
+    std::lock_guard<std::mutex> lock(progress_.mu);
+    progress_.running = sig.call();
+    progress_.running_seq = sig.seq;
   }
 
   void work_loop() {
@@ -387,14 +408,19 @@ class MpiGroup : public ProcessGroup {
         [&] {
           return ::braid::detail::cat(where(), ": ", sig.str(), " #", sig.seq, " did not complete within ",
                                       settings().timeout_seconds, " s; ",
-                                      who_did_not_arrive(progress_.id, sig.seq, world_ranks_),
+                                      who_did_not_arrive(progress_.id, sig.seq, sig.call(), world_ranks_, describe_call),
                                       ". (BRAID_TIMEOUT sets the limit.)");
         },
         op_name(sig.op));
   }
 
-  // Debug mode: the ranks exchange what they are about to call; any difference is reported by
-  // every rank instead of hanging in mismatched collectives.
+  // Note [Collective fingerprints]
+  // Debug mode: before each collective the ranks all-gather what they are about to call (op, dtype,
+  // element count, reduce op or root, and the call's number on this group); any difference is
+  // reported by every rank, naming each rank's call, instead of hanging or mixing up buffers. A
+  // rank that skipped a collective is caught at its next one, whose number then pairs with the
+  // others' skipped call. Without debug mode, a timeout asks the late ranks what they are doing
+  // (Note [What a late rank is doing] in mpi_runtime.cpp).
   void check_same_call(const Signature& mine) {
     std::vector<Signature> all(static_cast<size_t>(size_));
     std::vector<MPI_Request> req(1);
@@ -406,11 +432,12 @@ class MpiGroup : public ProcessGroup {
     for (const Signature& s : all) same = same && s == all[0];
     if (same) return;
     std::ostringstream os;
-    os << where() << ": ranks called different collectives (debug mode): ";
+    os << where() << ": collective mismatch on group '" << name_ << "' at call #" << mine.seq
+       << " (BRAID_DISTRIBUTED_DEBUG): ";
     for (int r = 0; r < size_; ++r) {
       const Signature& s = all[static_cast<size_t>(r)];
-      os << (r ? "; " : "") << "rank " << world_ranks_[static_cast<size_t>(r)] << " called " << s.str() << " as #"
-         << s.seq;
+      os << (r ? ", " : "") << "rank " << world_ranks_[static_cast<size_t>(r)] << " " << s.str();
+      if (s.seq != mine.seq) os << " as #" << s.seq;
     }
     throw DistributedError(os.str());
   }

@@ -92,6 +92,13 @@ namespace {
 constexpr int kQueryTag = 7001;
 constexpr int kReplyTag = 7002;
 
+/// A rank's answer to "how far have you got on group g?" (every rank runs the same binary).
+struct ProgressReply {
+  int64_t called, completed;
+  CallSig latest;
+  char now[448];  // the collectives it is executing, on any group
+};
+
 MPI_Comm g_control = MPI_COMM_NULL;
 std::thread g_control_thread;
 std::thread g_monitor_thread;
@@ -122,9 +129,13 @@ void control_loop() {
     }
     int64_t q[2];
     MPI_Recv(q, 2, MPI_INT64_T, st.MPI_SOURCE, kQueryTag, g_control, MPI_STATUS_IGNORE);
-    auto [called, completed] = group_progress(static_cast<uint64_t>(q[0]));
-    int64_t reply[4] = {q[0], q[1], called, completed};
-    MPI_Send(reply, 4, MPI_INT64_T, st.MPI_SOURCE, kReplyTag, g_control);
+    const ProgressReport p = group_progress(static_cast<uint64_t>(q[0]));
+    ProgressReply reply{};
+    reply.called = p.called;
+    reply.completed = p.completed;
+    reply.latest = p.latest;
+    std::snprintf(reply.now, sizeof reply.now, "%s", p.now.c_str());
+    MPI_Send(&reply, sizeof reply, MPI_BYTE, st.MPI_SOURCE, kReplyTag, g_control);
   }
 }
 
@@ -339,12 +350,13 @@ void mpi_abort(const std::string& message, int code) {
   std::_Exit(code);
 }
 
-std::string who_did_not_arrive(uint64_t group_id, int64_t seq, const std::vector<int>& world_ranks) {
+std::string who_did_not_arrive(uint64_t group_id, int64_t seq, const CallSig& mine, const std::vector<int>& world_ranks,
+                               std::string (*describe)(const CallSig&)) {
   std::lock_guard<std::mutex> lock(g_ask_mu);
   struct Ask {
     int world_rank;
     int64_t query[2];
-    int64_t reply[4];
+    ProgressReply reply;
     MPI_Request send = MPI_REQUEST_NULL, recv = MPI_REQUEST_NULL;
     bool answered = false;
   };
@@ -358,7 +370,7 @@ std::string who_did_not_arrive(uint64_t group_id, int64_t seq, const std::vector
     a.query[1] = seq;
   }
   for (Ask& a : asks) {
-    MPI_Irecv(a.reply, 4, MPI_INT64_T, a.world_rank, kReplyTag, g_control, &a.recv);
+    MPI_Irecv(&a.reply, sizeof a.reply, MPI_BYTE, a.world_rank, kReplyTag, g_control, &a.recv);
     MPI_Isend(a.query, 2, MPI_INT64_T, a.world_rank, kQueryTag, g_control, &a.send);
   }
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
@@ -375,22 +387,39 @@ std::string who_did_not_arrive(uint64_t group_id, int64_t seq, const std::vector
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
-  std::ostringstream late;
-  int n_late = 0;
+  // Note [What a late rank is doing]
+  // A rank behind on this group is named with its latest call here (and whether that call has
+  // finished) and with whatever collective it is executing now on any group, so a deadlock across
+  // groups or a rank stuck in its own code shows as such. A rank at the same call number but in a
+  // different collective (one rank skipped a call, or called another) is named with its call: MPI
+  // may hang on such a pairing, and this is then the only report (BRAID_DISTRIBUTED_DEBUG=1 catches
+  // it at the call itself).
+  std::ostringstream late, other;
+  int n_late = 0, n_other = 0;
   for (Ask& a : asks) {
+    const ProgressReply& r = a.reply;
     if (!a.answered) {
       MPI_Cancel(&a.recv);
       MPI_Request_free(&a.recv);
       late << (n_late++ ? ", " : "") << a.world_rank << " (no answer: dead or hung)";
-    } else if (a.reply[2] < 0) {
+    } else if (r.called < 0) {
       late << (n_late++ ? ", " : "") << a.world_rank << " (has not created this group)";
-    } else if (a.reply[2] < seq) {
-      late << (n_late++ ? ", " : "") << a.world_rank << " (its latest call on this group is #" << a.reply[2] << ")";
+    } else if (r.called < seq) {
+      late << (n_late++ ? ", " : "") << a.world_rank << " (its latest call on this group is #" << r.called;
+      if (r.called > 0) late << " " << describe(r.latest) << (r.completed >= r.called ? ", finished" : ", unfinished");
+      late << "; now " << (r.now[0] ? std::string("in ") + r.now : std::string("in no collective")) << ")";
+    } else if (r.called == seq && r.latest != mine) {
+      other << (n_other++ ? ", " : "") << a.world_rank << " called " << describe(r.latest) << " as #" << seq;
     }
     if (a.send != MPI_REQUEST_NULL) MPI_Request_free(&a.send);
   }
-  if (n_late == 0) return "every rank has called it, so the transfer itself is stuck";
-  return "ranks that did not arrive: " + late.str();
+  std::string out;
+  if (n_late > 0) out = "ranks that did not arrive: " + late.str();
+  if (n_other > 0)
+    out += ::braid::detail::cat(out.empty() ? "" : "; ", "ranks in a different collective: ", other.str(),
+                                " (BRAID_DISTRIBUTED_DEBUG=1 reports a mismatch at the call)");
+  if (out.empty()) return "every rank has called it, so the transfer itself is stuck";
+  return out;
 }
 
 #endif  // BRAID_DISTRIBUTED_MPI

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "braid/distributed/process_group.h"
+#include "distributed/internal.h"
 
 namespace braid::distributed::detail {
 
@@ -24,8 +25,10 @@ void mpi_stop();
 [[noreturn]] void mpi_abort(const std::string& message, int code);
 
 /// Asks the members of a group (given by their world ranks) how far they have got on it, waiting at
-/// most a few seconds; returns a sentence naming the ranks that have not called collective seq.
-std::string who_did_not_arrive(uint64_t group_id, int64_t seq, const std::vector<int>& world_ranks);
+/// most a few seconds; returns a sentence naming the ranks that have not called collective seq (with
+/// their latest call and what they are executing now) and those whose call seq differs from mine.
+std::string who_did_not_arrive(uint64_t group_id, int64_t seq, const CallSig& mine, const std::vector<int>& world_ranks,
+                               std::string (*describe)(const CallSig&));
 #endif
 
 }  // namespace braid::distributed::detail

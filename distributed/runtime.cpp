@@ -36,11 +36,21 @@ void unregister_group(GroupProgress* g) {
   std::erase(g_registry, g);
 }
 
-std::pair<int64_t, int64_t> group_progress(uint64_t id) {
+ProgressReport group_progress(uint64_t id) {
   std::lock_guard<std::mutex> lock(g_registry_mu);
-  for (GroupProgress* g : g_registry)
-    if (g->id == id) return {g->called.load(), g->completed.load()};
-  return {-1, -1};
+  ProgressReport r;
+  for (GroupProgress* g : g_registry) {
+    std::lock_guard<std::mutex> g_lock(g->mu);
+    if (g->id == id) {
+      r.called = g->called.load();
+      r.completed = g->completed.load();
+      r.latest = g->latest;
+    }
+    if (g->running[0] != 0 && g->describe)
+      r.now += ::braid::detail::cat(r.now.empty() ? "" : "; ", "#", g->running_seq, " ", g->describe(g->running),
+                                    " on group '", g->name, "'");
+  }
+  return r;
 }
 
 uint64_t fnv1a(const void* data, size_t n, uint64_t h) {

@@ -1,6 +1,10 @@
 // A data-parallel training job that fails on purpose, for tests/test_distributed_faults.cpp:
-//   dist_fault <scenario>   with scenario throw | sigkill | sigterm | hang | mismatch | launch
+//   dist_fault <scenario>   with scenario throw | sigkill | sigterm | hang | mismatch | mismatch-plain |
+//                           mismatch-size | skip | deadlock | launch
 // The last rank fails at step 3 of 50; the other ranks must end promptly with a message naming it.
+// mismatch, mismatch-size and skip turn the debug mode on (the last rank calls another collective,
+// one of another size, or none before its next bucket all-reduce); mismatch-plain is mismatch without
+// it, and deadlock has the last rank call two collectives on two groups in the other order.
 //   dist_fault pipeline-throw | pipeline-sigkill
 // A pipeline with one stage per rank (1F1B, 4 micro-batches): stage 1 fails in the forward of
 // micro-batch 2 at step 3, while its neighbours wait on it for activations and gradients.
@@ -85,6 +89,7 @@ int main(int argc, char** argv) {
   auto model = std::make_shared<nn::Sequential>();
   model->add(std::make_shared<nn::Linear>(8, 16)).add(std::make_shared<nn::ReLU>()).add(std::make_shared<nn::Linear>(16, 2));
   distributed::DistributedDataParallel ddp(model);
+  auto sub = scenario == "deadlock" ? world->split(0, rank) : nullptr;
   optim::SGD opt(model->parameters(), {.lr = 0.1});
   Generator gen(rank);
   for (int step = 0; step < 50; ++step) {
@@ -93,13 +98,28 @@ int main(int argc, char** argv) {
       if (scenario == "sigkill") std::raise(SIGKILL);
       if (scenario == "sigterm") std::raise(SIGTERM);
       if (scenario == "hang") std::this_thread::sleep_for(std::chrono::hours(1));
-      if (scenario == "mismatch") {
-        distributed::set_debug(true);
+      if (scenario == "mismatch" || scenario == "mismatch-plain") {
+        distributed::set_debug(scenario == "mismatch");
         world->broadcast(zeros({3}), 0);
       }
     }
-    if (step == 3 && scenario == "mismatch" && rank != last) {
+    if (step == 3 && scenario == "mismatch-size") {
       distributed::set_debug(true);
+      Tensor t = zeros({rank == last ? 12 : 10});
+      world->all_reduce(t);
+    }
+    if (step == 3 && scenario == "skip") {
+      distributed::set_debug(true);
+      Tensor t = zeros({10});
+      if (rank != last) world->all_reduce(t);
+    }
+    if (step == 3 && scenario == "deadlock") {
+      Tensor a = zeros({10}), b = zeros({12});
+      if (rank != last) world->all_reduce(a), sub->all_reduce(b);
+      else sub->all_reduce(b), world->all_reduce(a);
+    }
+    if (step == 3 && (scenario == "mismatch" || scenario == "mismatch-plain") && rank != last) {
+      distributed::set_debug(scenario == "mismatch");
       Tensor t = zeros({10});
       world->all_reduce(t);
     }

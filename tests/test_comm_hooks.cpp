@@ -401,11 +401,15 @@ std::shared_ptr<nn::Linear> uneven_model() {
 }  // namespace
 
 TEST_F(UnevenInputs, JoinGivesPyTorchsResultAndEveryRankEndsAlike) {
-  for (bool initial : {true, false}) {
+  for (auto [initial, momentum] : {std::pair{true, 0.0}, std::pair{false, 0.0}, std::pair{true, 0.9}}) {
     SCOPED_TRACE(initial ? "divide by the initial world size" : "divide by the ranks still training");
+    SCOPED_TRACE(momentum);
     // PyTorch's definition, step by step on one process: at step t the ranks with more than t
-    // batches contribute their gradients, divided by N (or by how many they are); SGD, rate 0.1.
+    // batches contribute their gradients, divided by N (or by how many they are); SGD, rate 0.1,
+    // with momentum b = g, then b = momentum * b + g (a finished rank does not step its optimizer,
+    // so its momentum is stale; the final model comes from a rank that stepped every time).
     auto ref = uneven_model();
+    std::vector<Tensor> buf;
     int64_t longest = 0;
     for (int r = 0; r < N(); ++r) longest = std::max(longest, batches_of(r));
     for (int64_t t = 0; t < longest; ++t) {
@@ -425,11 +429,16 @@ TEST_F(UnevenInputs, JoinGivesPyTorchsResultAndEveryRankEndsAlike) {
       }
       NoGradGuard no_grad;
       const auto ps = ref->parameters();
-      for (size_t i = 0; i < ps.size(); ++i) Tensor(ps[i]).add_(sum[i] * (1.0 / (initial ? N() : active)), -0.1);
+      for (size_t i = 0; i < ps.size(); ++i) {
+        Tensor g = sum[i] * (1.0 / (initial ? N() : active));
+        if (buf.size() <= i) buf.push_back(g);
+        else buf[i] = buf[i] * momentum + g;
+        Tensor(ps[i]).add_(momentum > 0 ? buf[i] : g, -0.1);
+      }
     }
     auto m = uneven_model();
     DistributedDataParallel ddp(m, world());
-    optim::SGD opt(m->parameters(), {.lr = 0.1});
+    optim::SGD opt(m->parameters(), {.lr = 0.1, .momentum = momentum});
     Join join(ddp, {.divide_by_initial_world_size = initial});
     for (int64_t t = 0; t < batches_of(R()); ++t) {
       auto [x, y] = uneven_batch(t, R());

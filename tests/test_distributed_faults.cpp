@@ -93,6 +93,21 @@ TEST_P(Faults, HungRankIsReportedByTheWatchdog) {
   // Under load another rank may also be late; the hung one must be among those named.
   EXPECT_TRUE(contains(o.output, "ranks that did not arrive: ")) << o.output;
   EXPECT_TRUE(contains(o.output, std::to_string(np - 1) + " (its latest call on this group is #")) << o.output;
+  // Its latest bucket all-reduce finished, and it is in no collective (it sleeps in its own code).
+  EXPECT_TRUE(contains(o.output, "finished; now in no collective)")) << o.output;
+}
+
+TEST_P(Faults, DeadlockAcrossGroupsNamesWhatEachRankIsIn) {
+  // No debug mode: the last rank calls the split group's all-reduce before the world's, the others
+  // the other way round. Whichever rank reports first names the other side and the op it is in.
+  const int np = GetParam();
+  Outcome o = run(job(np, "deadlock", "BRAID_TIMEOUT=5"));
+  EXPECT_NE(o.status, 0) << o.output;
+  EXPECT_LT(o.seconds, 60.0) << o.output;
+  EXPECT_TRUE(contains(o.output, "did not complete within 5 s; ranks that did not arrive: ")) << o.output;
+  EXPECT_TRUE(contains(o.output, " all_reduce(sum, 12 float32) on group 'world/split(color=0)')") ||
+              contains(o.output, " all_reduce(sum, 10 float32) on group 'world')"))
+      << o.output;
 }
 
 TEST_P(Faults, MismatchedCollectivesAreAnErrorInDebugMode) {
@@ -100,10 +115,46 @@ TEST_P(Faults, MismatchedCollectivesAreAnErrorInDebugMode) {
   Outcome o = run(job(np, "mismatch", "BRAID_TIMEOUT=30"));
   EXPECT_NE(o.status, 0) << o.output;
   EXPECT_LT(o.seconds, 60.0) << o.output;
-  EXPECT_TRUE(contains(o.output, "ranks called different collectives")) << o.output;
-  EXPECT_TRUE(contains(o.output, "rank " + std::to_string(np - 1) + " called broadcast(root 0, 3 float32)"))
+  EXPECT_TRUE(contains(o.output, "collective mismatch on group 'world' at call #")) << o.output;
+  EXPECT_TRUE(contains(o.output, "rank " + std::to_string(np - 1) + " broadcast(root 0, 3 float32)")) << o.output;
+  EXPECT_TRUE(contains(o.output, ": rank 0 all_reduce(sum, 10 float32), rank 1 ")) << o.output;
+}
+
+TEST_P(Faults, MismatchedCollectivesAreNamedAtTheTimeoutWithoutDebugMode) {
+  // The all-reduce of 10 floats on 2 or 4 ranks runs recursive doubling on point-to-point messages,
+  // which the broadcast never matches: both sides wait until the timeout, which names the ranks in
+  // the other collective (either side may report first).
+  const int np = GetParam();
+  Outcome o = run(job(np, "mismatch-plain", "BRAID_TIMEOUT=5"));
+  EXPECT_NE(o.status, 0) << o.output;
+  EXPECT_LT(o.seconds, 60.0) << o.output;
+  EXPECT_TRUE(contains(o.output, "did not complete within 5 s; ranks in a different collective: ")) << o.output;
+  EXPECT_TRUE(contains(o.output, std::to_string(np - 1) + " called broadcast(root 0, 3 float32) as #") ||
+              contains(o.output, "0 called all_reduce(sum, 10 float32) as #"))
       << o.output;
-  EXPECT_TRUE(contains(o.output, "rank 0 called all_reduce(sum, 10 float32)")) << o.output;
+}
+
+TEST_P(Faults, MismatchedSizesAreAnErrorInDebugMode) {
+  const int np = GetParam();
+  Outcome o = run(job(np, "mismatch-size", "BRAID_TIMEOUT=30"));
+  EXPECT_NE(o.status, 0) << o.output;
+  EXPECT_LT(o.seconds, 60.0) << o.output;
+  EXPECT_TRUE(contains(o.output, "collective mismatch on group 'world' at call #")) << o.output;
+  EXPECT_TRUE(contains(o.output, "rank 0 all_reduce(sum, 10 float32)")) << o.output;
+  EXPECT_TRUE(contains(o.output, "rank " + std::to_string(np - 1) + " all_reduce(sum, 12 float32)")) << o.output;
+}
+
+TEST_P(Faults, SkippedCollectiveIsReportedAtTheNextOneInDebugMode) {
+  // The last rank skips an all-reduce; its next call, the first bucket all-reduce of backward, takes
+  // the skipped call's number and is reported against it.
+  const int np = GetParam();
+  Outcome o = run(job(np, "skip", "BRAID_TIMEOUT=30"));
+  EXPECT_NE(o.status, 0) << o.output;
+  EXPECT_LT(o.seconds, 60.0) << o.output;
+  EXPECT_TRUE(contains(o.output, "collective mismatch on group 'world' at call #")) << o.output;
+  EXPECT_TRUE(contains(o.output, "rank 0 all_reduce(sum, 10 float32)")) << o.output;
+  EXPECT_TRUE(contains(o.output, "rank " + std::to_string(np - 1) + " all_reduce(")) << o.output;
+  EXPECT_FALSE(contains(o.output, "rank " + std::to_string(np - 1) + " all_reduce(sum, 10 float32)")) << o.output;
 }
 
 TEST_P(Faults, PipelineStageThatThrowsEndsTheJobNamingIt) {
