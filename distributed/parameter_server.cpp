@@ -20,10 +20,32 @@
 //   still training: that answer waits until the slowest catches up, which is what blocks a fast
 //   worker (stale-synchronous parallel). A worker that has finished no longer holds the others back.
 // When every worker has finished, each gets the final variables.
+//
+// Note [Claimed batches]
+// With a slow worker, static shards make every mode but the asynchronous one wait for it: under
+// bounded staleness a fast worker may run s steps ahead of the slowest and no further, so over an
+// epoch of equal shards it waits as long as synchronous training does. With dynamic batches
+// (TensorFlow's coordinator hands steps to whichever worker is free) the batches are numbered
+// 0 .. T - 1 and server 0 hands out the next number to each worker that asks; batches
+// [r W, (r + 1) W) form round r (W workers; the last round may be shorter). Every server keeps the
+// gradients of a round in slots by batch number and, once a round is complete and every earlier
+// round applied, adds the slots in batch order, multiplies by 1 / (the round's batches) and steps:
+// version v means rounds 0 .. v - 1 applied. A worker that claimed a batch of round r gets the
+// variables once version >= r - s, so it never computes on variables more than s rounds old; at
+// s = 0 every batch of round r sees exactly the variables after round r - 1, which is synchronous
+// data parallelism over the batch order (round r = step r, batch r W + i on rank i) bit for bit, and
+// still no faster than the slowest worker's batch in each round. At s > 0 the slow worker's batch
+// holds back only the rounds within s of it: the others take the batches it would have taken, and
+// the rounds it is not part of complete without it. Asynchronous (-1): each gradient is applied as
+// it arrives, scaled by 1 / W, and every claim is answered at once. A worker's messages to a server
+// are headers {kind, batch}: a push of a batch's gradient (data follows), a claim (server 0: it
+// answers with the number on its own tag, then the variables as a pull) or a pull of a claimed
+// batch (the other servers), and -1 when the worker has finished.
 #include "braid/distributed/parameter_server.h"
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <numeric>
 #include <thread>
 
@@ -34,7 +56,8 @@
 namespace braid::distributed {
 
 namespace {
-constexpr int kPushHeader = 7101, kPushData = 7102, kPullHeader = 7103, kPullData = 7104;
+constexpr int kPushHeader = 7101, kPushData = 7102, kPullHeader = 7103, kPullData = 7104, kClaimed = 7105;
+constexpr int64_t kPush = 1, kClaim = 2, kPull = 3;  // header kinds with dynamic batches
 }
 
 std::vector<int> place_variables(const std::vector<int64_t>& bytes, int servers, Placement placement) {
@@ -69,6 +92,19 @@ struct ParameterServer::ServerState {
   std::shared_ptr<optim::Optimizer> optimizer;
   std::vector<Tensor> vars;  // this server's variables
   int64_t numel = 0, version = 0;
+  // serve()'s per-worker bookkeeping: push clocks, finished, owed an answer, the posted header.
+  std::vector<int64_t> clock;
+  std::vector<bool> done, owed;
+  std::vector<Tensor> headers;
+  std::vector<WorkPtr> posted;
+  bool all_done() const { return std::all_of(done.begin(), done.end(), [](bool d) { return d; }); }
+  bool any_owed() const { return std::any_of(owed.begin(), owed.end(), [](bool o) { return o; }); }
+  int64_t slowest() const {
+    int64_t m = INT64_MAX;
+    for (size_t w = 0; w < clock.size(); ++w)
+      if (!done[w]) m = std::min(m, clock[w]);
+    return m == INT64_MAX ? *std::max_element(clock.begin(), clock.end()) : m;
+  }
 };
 
 ParameterServer::ParameterServer(std::shared_ptr<nn::Module> module, const OptimizerFactory& make_optimizer,
@@ -135,7 +171,8 @@ void ParameterServer::take_pulls(Pulls& p, bool record) {
   for (auto& w : p.works) w->wait();
   for (int s = 0; s < options_.servers; ++s) {
     const auto h = p.headers[static_cast<size_t>(s)].to_vector<int64_t>();
-    if (record) pulls_.push_back({clock_, h[1], h[0], s});
+    if (record && options_.dynamic_batches > 0) pulls_.push_back({held_ / workers(), h[0], h[0], s, held_});
+    else if (record) pulls_.push_back({clock_, h[1], h[0], s});
     int64_t at = 0;
     for (size_t i : vars_of_[static_cast<size_t>(s)]) {
       Tensor(params_[i]).copy_(p.flats[static_cast<size_t>(s)].narrow(0, at, params_[i].numel()).view(params_[i].shape()));
@@ -144,13 +181,8 @@ void ParameterServer::take_pulls(Pulls& p, bool record) {
   }
 }
 
-void ParameterServer::push_pull() {
-  BRAID_CHECK(!is_server(), "ParameterServer::push_pull: rank ", rank_, " is a server; call serve() there");
-  NoGradGuard no_grad;
-  ++clock_;
-  Pulls pulls = post_pulls();
-  std::vector<WorkPtr> sends;
-  std::vector<Tensor> keep;
+// Sends every server the header {a, b} and the gradients of its variables, flat.
+void ParameterServer::push_gradients(int64_t a, int64_t b, std::vector<WorkPtr>& sends, std::vector<Tensor>& keep) {
   for (int s = 0; s < options_.servers; ++s) {
     std::vector<Tensor> grads;
     for (size_t i : vars_of_[static_cast<size_t>(s)]) {
@@ -158,7 +190,7 @@ void ParameterServer::push_pull() {
       grads.push_back(g.defined() ? g.reshape({g.numel()}) : zeros({params_[i].numel()}, params_[i].dtype(),
                                                                   params_[i].device()));
     }
-    Tensor header = tensor(std::vector<int64_t>{clock_, 0}, {2}, Device::cpu());
+    Tensor header = tensor(std::vector<int64_t>{a, b}, {2}, Device::cpu());
     sends.push_back(group_->isend(header, s, kPushHeader));
     keep.push_back(header);
     if (grads.empty()) continue;
@@ -166,12 +198,50 @@ void ParameterServer::push_pull() {
     sends.push_back(group_->isend(flat, s, kPushData));
     keep.push_back(flat);
   }
+}
+
+void ParameterServer::push_pull() {
+  BRAID_CHECK(!is_server(), "ParameterServer::push_pull: rank ", rank_, " is a server; call serve() there");
+  BRAID_CHECK(options_.dynamic_batches == 0,
+              "ParameterServer::push_pull: with dynamic batches a worker calls next_batch() instead (rank ", rank_, ")");
+  NoGradGuard no_grad;
+  ++clock_;
+  Pulls pulls = post_pulls();
+  std::vector<WorkPtr> sends;
+  std::vector<Tensor> keep;
+  push_gradients(clock_, 0, sends, keep);
   take_pulls(pulls, true);
   for (auto& w : sends) w->wait();
 }
 
+int64_t ParameterServer::next_batch() {
+  BRAID_CHECK(!is_server(), "ParameterServer::next_batch: rank ", rank_, " is a server; call serve() there");
+  BRAID_CHECK(options_.dynamic_batches > 0,
+              "ParameterServer::next_batch: needs dynamic_batches > 0; with shards call push_pull() (rank ", rank_, ")");
+  NoGradGuard no_grad;
+  std::vector<WorkPtr> sends;
+  std::vector<Tensor> keep;
+  if (held_ >= 0) push_gradients(kPush, held_, sends, keep), ++clock_;
+  Tensor claimed = zeros({2}, kInt64, Device::cpu());
+  WorkPtr got = group_->irecv(claimed, 0, kClaimed);
+  send_header(0, kClaim, -1, kPushHeader);
+  got->wait();
+  held_ = claimed.to_vector<int64_t>()[0];
+  if (held_ >= 0) {
+    // Server 0 answers the claim with the variables as soon as they are fresh enough; the others
+    // are told the batch.
+    Pulls pulls = post_pulls();
+    for (int s = 1; s < options_.servers; ++s) send_header(s, kPull, held_, kPushHeader);
+    take_pulls(pulls, true);
+  }
+  for (auto& w : sends) w->wait();
+  return held_;
+}
+
 void ParameterServer::finish() {
   BRAID_CHECK(!is_server(), "ParameterServer::finish: rank ", rank_, " is a server");
+  BRAID_CHECK(options_.dynamic_batches == 0 || held_ < 0, "ParameterServer::finish: rank ", rank_, " still holds batch ",
+              held_, "; call next_batch() until it returns -1");
   NoGradGuard no_grad;
   Pulls pulls = post_pulls();
   for (int s = 0; s < options_.servers; ++s) send_header(s, -1, 0, kPushHeader);
@@ -182,97 +252,165 @@ void ParameterServer::serve() {
   BRAID_CHECK(is_server(), "ParameterServer::serve: rank ", rank_, " is a worker; call push_pull() there");
   NoGradGuard no_grad;
   ServerState& st = *server_;
-  const int W = workers(), S = options_.servers;
-  std::vector<int64_t> clock(static_cast<size_t>(W), 0);
-  std::vector<bool> done(static_cast<size_t>(W), false), owed(static_cast<size_t>(W), false);
-  std::vector<Tensor> headers(static_cast<size_t>(W));
-  std::vector<WorkPtr> posted(static_cast<size_t>(W));
-  auto post = [&](int w) {
-    headers[static_cast<size_t>(w)] = zeros({2}, kInt64, Device::cpu());
-    posted[static_cast<size_t>(w)] = group_->irecv(headers[static_cast<size_t>(w)], S + w, kPushHeader);
-  };
-  auto receive_gradient = [&](int w) {
-    Tensor flat = empty({st.numel}, params_[0].dtype(), params_[0].device());
-    if (st.numel > 0) group_->recv(flat, S + w, kPushData);
-    return flat;
-  };
-  auto slowest = [&] {
-    int64_t m = INT64_MAX;
-    for (int w = 0; w < W; ++w)
-      if (!done[static_cast<size_t>(w)]) m = std::min(m, clock[static_cast<size_t>(w)]);
-    return m == INT64_MAX ? *std::max_element(clock.begin(), clock.end()) : m;
-  };
-  auto answer = [&](int w) {
-    send_header(S + w, st.version, slowest(), kPullHeader);
-    if (st.numel == 0) return;
-    std::vector<Tensor> flat;
-    for (const Tensor& v : st.vars) flat.push_back(v.reshape({v.numel()}));
-    group_->send(concat(flat, 0).contiguous(), S + w, kPullData);
-  };
-  auto step_with = [&](const Tensor& grad) {
-    if (st.numel == 0) return;
-    int64_t at = 0;
-    for (Tensor v : st.vars) {
-      v.set_grad(grad.narrow(0, at, v.numel()).view(v.shape()).clone());
-      at += v.numel();
-    }
-    st.optimizer->step();
-    ++st.version;
-    if (on_step_) on_step_(*st.optimizer);
-  };
-  for (int w = 0; w < W; ++w) post(w);
-  auto all_done = [&] { return std::all_of(done.begin(), done.end(), [](bool d) { return d; }); };
-  if (options_.staleness == 0) {
+  const int W = workers();
+  st.clock.assign(static_cast<size_t>(W), 0);
+  st.done.assign(static_cast<size_t>(W), false), st.owed.assign(static_cast<size_t>(W), false);
+  st.headers.assign(static_cast<size_t>(W), Tensor()), st.posted.assign(static_cast<size_t>(W), nullptr);
+  for (int w = 0; w < W; ++w) post_header(w);
+  if (options_.dynamic_batches > 0) serve_claims();
+  else if (options_.staleness == 0) {
     // Rounds: each worker still training pushes once; the sum in worker order, averaged, one step.
-    while (!all_done()) {
+    while (!st.all_done()) {
       Tensor sum;
       int pushed = 0;
       std::vector<int> contributors;
       for (int w = 0; w < W; ++w) {
-        if (done[static_cast<size_t>(w)]) continue;
-        posted[static_cast<size_t>(w)]->wait();
-        if (headers[static_cast<size_t>(w)].to_vector<int64_t>()[0] < 0) {
-          done[static_cast<size_t>(w)] = true;
+        if (st.done[static_cast<size_t>(w)]) continue;
+        st.posted[static_cast<size_t>(w)]->wait();
+        if (header_of(w)[0] < 0) {
+          st.done[static_cast<size_t>(w)] = true;
           continue;
         }
         Tensor g = receive_gradient(w);
         sum = sum.defined() ? sum + g : g;
-        ++pushed, ++clock[static_cast<size_t>(w)];
+        ++pushed, ++st.clock[static_cast<size_t>(w)];
         contributors.push_back(w);
-        post(w);
+        post_header(w);
       }
       if (pushed == 0) break;
       step_with(sum * (1.0 / pushed));
-      for (int w : contributors) answer(w);
+      for (int w : contributors) answer(w, st.version, st.slowest());
     }
   } else {
-    while (!all_done() || std::any_of(owed.begin(), owed.end(), [](bool o) { return o; })) {
+    while (!st.all_done() || st.any_owed()) {
       bool progressed = false;
       for (int w = 0; w < W; ++w) {
-        if (done[static_cast<size_t>(w)] || !posted[static_cast<size_t>(w)]->is_completed()) continue;
-        posted[static_cast<size_t>(w)]->wait();
+        if (st.done[static_cast<size_t>(w)] || !st.posted[static_cast<size_t>(w)]->is_completed()) continue;
+        st.posted[static_cast<size_t>(w)]->wait();
         progressed = true;
-        if (headers[static_cast<size_t>(w)].to_vector<int64_t>()[0] < 0) {
-          done[static_cast<size_t>(w)] = true;
+        if (header_of(w)[0] < 0) {
+          st.done[static_cast<size_t>(w)] = true;
           continue;
         }
         step_with(receive_gradient(w) * (1.0 / W));
-        ++clock[static_cast<size_t>(w)];
-        owed[static_cast<size_t>(w)] = true;
-        post(w);
+        ++st.clock[static_cast<size_t>(w)];
+        st.owed[static_cast<size_t>(w)] = true;
+        post_header(w);
       }
       // Answer every worker that is at most `staleness` steps ahead of the slowest still training.
       for (int w = 0; w < W; ++w) {
-        if (!owed[static_cast<size_t>(w)]) continue;
-        if (options_.staleness > 0 && clock[static_cast<size_t>(w)] - slowest() > options_.staleness) continue;
-        answer(w);
-        owed[static_cast<size_t>(w)] = false;
+        if (!st.owed[static_cast<size_t>(w)]) continue;
+        if (options_.staleness > 0 && st.clock[static_cast<size_t>(w)] - st.slowest() > options_.staleness) continue;
+        answer(w, st.version, st.slowest());
+        st.owed[static_cast<size_t>(w)] = false;
         progressed = true;
       }
       if (!progressed) std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
   }
-  for (int w = 0; w < W; ++w) answer(w);  // the final variables, to every worker in finish()
+  for (int w = 0; w < W; ++w) answer(w, st.version, st.slowest());  // the final variables, to every worker in finish()
+}
+
+// Note [Claimed batches]: the server's side.
+void ParameterServer::serve_claims() {
+  ServerState& st = *server_;
+  const int W = workers();
+  const int64_t T = options_.dynamic_batches;
+  int64_t next = 0;                               // server 0: the next batch to hand out
+  std::map<int64_t, std::vector<Tensor>> rounds;  // gradients of rounds not yet applied, by batch slot
+  std::vector<int64_t> wants(static_cast<size_t>(W), -1);  // the batch a worker waits on variables for
+  auto size_of = [&](int64_t r) { return std::min<int64_t>(W, T - r * W); };
+  auto complete = [&](int64_t r) {
+    auto it = rounds.find(r);
+    if (it == rounds.end()) return false;
+    return std::count_if(it->second.begin(), it->second.end(), [](const Tensor& g) { return g.defined(); }) == size_of(r);
+  };
+  while (!st.all_done() || std::any_of(wants.begin(), wants.end(), [](int64_t b) { return b >= 0; })) {
+    bool progressed = false;
+    for (int w = 0; w < W; ++w) {
+      if (st.done[static_cast<size_t>(w)] || !st.posted[static_cast<size_t>(w)]->is_completed()) continue;
+      st.posted[static_cast<size_t>(w)]->wait();
+      progressed = true;
+      const auto h = header_of(w);
+      if (h[0] < 0) {
+        st.done[static_cast<size_t>(w)] = true;
+        continue;
+      }
+      if (h[0] == kPush) {
+        BRAID_CHECK(h[1] >= 0 && h[1] < T && (options_.staleness < 0 || h[1] >= st.version * W), "ParameterServer: worker ", w, " pushed batch ", h[1],
+                    ", outside the rounds still open (", st.version, " applied of ", T, " batches)");
+        Tensor g = receive_gradient(w);
+        ++st.clock[static_cast<size_t>(w)];
+        if (options_.staleness < 0) {
+          step_with(g * (1.0 / W));
+        } else {
+          auto& slots = rounds[h[1] / W];
+          slots.resize(static_cast<size_t>(W));
+          slots[static_cast<size_t>(h[1] % W)] = g;
+          for (; complete(st.version); rounds.erase(st.version - 1)) {
+            const auto& done = rounds[st.version];
+            Tensor sum = done[0];
+            for (int64_t i = 1; i < size_of(st.version); ++i) sum = sum + done[static_cast<size_t>(i)];
+            step_with(sum * (1.0 / static_cast<double>(size_of(st.version))));
+          }
+        }
+      } else if (h[0] == kClaim) {
+        const int64_t b = next < T ? next++ : -1;
+        group_->send(tensor(std::vector<int64_t>{b, 0}, {2}, Device::cpu()), options_.servers + w, kClaimed);
+        wants[static_cast<size_t>(w)] = b;
+      } else {
+        wants[static_cast<size_t>(w)] = h[1];
+      }
+      post_header(w);
+    }
+    for (int w = 0; w < W; ++w) {
+      const int64_t b = wants[static_cast<size_t>(w)];
+      if (b < 0 || (options_.staleness >= 0 && b / W - options_.staleness > st.version)) continue;
+      answer(w, st.version, b);
+      wants[static_cast<size_t>(w)] = -1;
+      progressed = true;
+    }
+    if (!progressed) std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+  BRAID_CHECK(rounds.empty() || options_.staleness < 0, "ParameterServer: the workers finished with ", rounds.size(),
+              " round(s) incomplete, from round ", rounds.begin()->first, " (every worker must call next_batch() until -1)");
+}
+
+std::vector<int64_t> ParameterServer::header_of(int w) const {
+  return server_->headers[static_cast<size_t>(w)].to_vector<int64_t>();
+}
+
+void ParameterServer::post_header(int w) {
+  server_->headers[static_cast<size_t>(w)] = zeros({2}, kInt64, Device::cpu());
+  server_->posted[static_cast<size_t>(w)] =
+      group_->irecv(server_->headers[static_cast<size_t>(w)], options_.servers + w, kPushHeader);
+}
+
+Tensor ParameterServer::receive_gradient(int w) {
+  Tensor flat = empty({server_->numel}, params_[0].dtype(), params_[0].device());
+  if (server_->numel > 0) group_->recv(flat, options_.servers + w, kPushData);
+  return flat;
+}
+
+void ParameterServer::answer(int w, int64_t a, int64_t b) {
+  send_header(options_.servers + w, a, b, kPullHeader);
+  if (server_->numel == 0) return;
+  std::vector<Tensor> flat;
+  for (const Tensor& v : server_->vars) flat.push_back(v.reshape({v.numel()}));
+  group_->send(concat(flat, 0).contiguous(), options_.servers + w, kPullData);
+}
+
+void ParameterServer::step_with(const Tensor& grad) {
+  ServerState& st = *server_;
+  ++st.version;
+  if (st.numel == 0) return;
+  int64_t at = 0;
+  for (Tensor v : st.vars) {
+    v.set_grad(grad.narrow(0, at, v.numel()).view(v.shape()).clone());
+    at += v.numel();
+  }
+  st.optimizer->step();
+  if (on_step_) on_step_(*st.optimizer);
 }
 
 }  // namespace braid::distributed

@@ -4,7 +4,9 @@
 // (the workers' gradients added in worker order, averaged, one optimizer step) and against
 // DistributedDataParallel itself with one and two workers; the staleness bound from every pull's
 // clocks and versions with one worker delayed, also with 2 servers of variables too large to send
-// eagerly; asynchronous training ending with every worker holding the servers' variables; errors.
+// eagerly; asynchronous training ending with every worker holding the servers' variables; dynamic
+// batches: every batch computed once, staleness 0 bit for bit against data parallelism over the
+// batch order, the bound in rounds from every pull; errors.
 #include <chrono>
 #include <thread>
 
@@ -200,6 +202,109 @@ TEST_F(ParameterServers, AsynchronousTrainingEndsWithEveryWorkerHoldingTheServer
   expect_workers_hold_the_servers_variables(*m, o);
 }
 
+/// Dynamic batches: trains the batches 0 .. T - 1 (batch b: batch(100 + b, 4)) as the servers hand
+/// them out; returns the model and, through claimed, the batches this worker computed.
+std::shared_ptr<nn::Sequential> run_claims(const ParameterServerOptions& o, std::vector<int64_t>* claimed,
+                                           std::vector<PullRecord>* pulls = nullptr, int delayed_worker = -1) {
+  auto m = mlp();
+  ParameterServer ps(m, sgd(), world(), o);
+  if (ps.is_server()) {
+    ps.serve();
+    return m;
+  }
+  for (int64_t b; (b = ps.next_batch()) >= 0;) {
+    claimed->push_back(b);
+    auto [x, y] = batch(100 + static_cast<int>(b), 4);
+    m->zero_grad();
+    nn::cross_entropy(m->forward(x), y).backward();
+    // As in run(): makes a lag likely; the assertions hold at any speed.
+    if (ps.worker_index() == delayed_worker) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ps.finish();
+  if (pulls) *pulls = ps.pulls();
+  return m;
+}
+
+/// Every batch 0 .. T - 1 was computed by exactly one worker.
+void expect_every_batch_once(const std::vector<int64_t>& mine, int servers, int64_t T) {
+  Tensor count = zeros({T}, kFloat64, Device::cpu());
+  for (int64_t b : mine) count.narrow(0, b, 1).fill_(count.narrow(0, b, 1).item() + 1);
+  world()->all_reduce(count);
+  EXPECT_EQ(amax(abs(count - ones({T}, kFloat64, Device::cpu()))).item(), 0.0) << "servers " << servers;
+}
+
+TEST_F(ParameterServers, DynamicBatchesAtStalenessZeroAreDataParallelOverTheBatchOrderBitForBit) {
+  if (N() < 2) GTEST_SKIP() << "needs a server and a worker";
+  for (int servers : {1, N() == 4 ? 2 : 1}) {
+    const int W = N() - servers;
+    const int64_t T = 3 * W + 1;  // the last round has one batch
+    SCOPED_TRACE(detail::cat(servers, " servers, ", W, " workers, ", T, " batches"));
+    const ParameterServerOptions o{.servers = servers, .staleness = 0, .dynamic_batches = T};
+    std::vector<int64_t> mine;
+    std::vector<PullRecord> pulls;
+    auto m = run_claims(o, &mine, &pulls);
+    expect_every_batch_once(mine, servers, T);
+    // Synchronous data parallelism over the batch order: step r averages batches r W .. r W + W - 1,
+    // added in that order.
+    auto ref = mlp();
+    optim::SGD opt(ref->parameters(), {.lr = 0.1, .momentum = 0.9});
+    for (int64_t r = 0; r * W < T; ++r) {
+      const int64_t n = std::min<int64_t>(W, T - r * W);
+      std::vector<Tensor> sum;
+      for (int64_t b = r * W; b < r * W + n; ++b) {
+        auto [x, y] = batch(100 + static_cast<int>(b), 4);
+        ref->zero_grad();
+        nn::cross_entropy(ref->forward(x), y).backward();
+        const auto ps = ref->parameters();
+        for (size_t i = 0; i < ps.size(); ++i) {
+          Tensor g = ps[i].grad().reshape({ps[i].numel()}).clone();
+          if (sum.size() <= i) sum.push_back(g);
+          else sum[i] = sum[i] + g;
+        }
+      }
+      const auto ps = ref->parameters();
+      for (size_t i = 0; i < ps.size(); ++i)
+        Tensor(ps[i]).set_grad((sum[i] * (1.0 / static_cast<double>(n))).view(ps[i].shape()));
+      opt.step();
+    }
+    if (R() >= servers) {
+      const auto got = m->parameters(), want = ref->parameters();
+      for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(amax(abs(got[i] - want[i])).item(), 0.0) << i;
+      // Every batch of round r was computed on the variables after round r - 1 exactly.
+      for (const PullRecord& p : pulls) EXPECT_EQ(p.version, p.batch / W) << "batch " << p.batch << " server " << p.server;
+    }
+    expect_workers_hold_the_servers_variables(*m, o);
+  }
+}
+
+TEST_F(ParameterServers, DynamicBatchesNeverComputeOnVariablesMoreThanStalenessRoundsOld) {
+  if (N() < 3) GTEST_SKIP() << "needs two workers";
+  for (int servers : {1, N() == 4 ? 2 : 1}) {
+    for (int staleness : {1, 2, -1}) {
+      const int W = N() - servers;
+      const int64_t T = 8 * W + 1;
+      SCOPED_TRACE(detail::cat("staleness ", staleness, ", ", servers, " servers, ", T, " batches"));
+      const ParameterServerOptions o{.servers = servers, .staleness = staleness, .dynamic_batches = T};
+      std::vector<int64_t> mine;
+      std::vector<PullRecord> pulls;
+      auto m = run_claims(o, &mine, &pulls, /*delayed_worker=*/0);
+      expect_every_batch_once(mine, servers, T);
+      if (R() >= servers) {
+        ASSERT_EQ(pulls.size(), mine.size() * static_cast<size_t>(servers));
+        for (size_t i = 0; i < pulls.size(); ++i) {
+          const PullRecord& p = pulls[i];
+          EXPECT_EQ(p.batch, mine[i / static_cast<size_t>(servers)]);
+          EXPECT_EQ(p.clock, p.batch / W);
+          if (staleness >= 0) {
+            EXPECT_LE(p.clock - p.version, staleness) << "batch " << p.batch << " server " << p.server;
+          }
+        }
+      }
+      expect_workers_hold_the_servers_variables(*m, o);
+    }
+  }
+}
+
 TEST_F(ParameterServers, BadOptionsAreRefusedNamingThem) {
   auto m = mlp();
   try {
@@ -215,6 +320,23 @@ TEST_F(ParameterServers, BadOptionsAreRefusedNamingThem) {
     EXPECT_THROW(ParameterServer(m, sgd(), world(), {.servers = 1, .staleness = -2}), ValueError);
   }
   EXPECT_THROW(place_variables({1, 2}, 0, Placement::Greedy), ValueError);
+  if (N() >= 2) {
+    // The two ways of working are not mixed: next_batch() needs dynamic batches, push_pull() shards.
+    ParameterServer shards(m, sgd(), world(), {.servers = 1});
+    if (shards.is_server()) shards.serve();
+    else {
+      EXPECT_THROW(shards.next_batch(), ValueError);
+      shards.finish();
+    }
+    auto m2 = mlp();
+    ParameterServer claims(m2, sgd(), world(), {.servers = 1, .dynamic_batches = 1});
+    if (claims.is_server()) claims.serve();
+    else {
+      EXPECT_THROW(claims.push_pull(), ValueError);
+      while (claims.next_batch() >= 0) m2->zero_grad();
+      claims.finish();
+    }
+  }
 }
 
 int main(int argc, char** argv) { return braid::testing::mpi_test_main(argc, argv); }

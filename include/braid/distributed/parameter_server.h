@@ -4,7 +4,8 @@
 // data, push them to the servers and pull the variables back. Synchronously (every worker's
 // gradient of a step, averaged), asynchronously (each gradient applied as it arrives), or with
 // bounded staleness s: a worker never continues with variables that lack any worker's updates from
-// more than s of its steps ago.
+// more than s of its steps ago. With dynamic batches the workers claim numbered batches from the
+// servers instead of training on shards, so a fast worker takes more of them than a slow one.
 #pragma once
 
 #include <cstdint>
@@ -35,14 +36,21 @@ struct ParameterServerOptions {
   Placement placement = Placement::Greedy;
   /// 0: synchronous; s > 0: bounded staleness s (stale-synchronous parallel); -1: asynchronous.
   int staleness = 0;
+  /// > 0: the batches 0 .. dynamic_batches - 1 go, in order, to whichever worker asks for one
+  /// (next_batch()); each `workers` consecutive batches form a round, one update of their average,
+  /// and staleness counts rounds (Note [Claimed batches]). 0: each worker trains on its own shard
+  /// and calls push_pull().
+  int64_t dynamic_batches = 0;
 };
 
 /// What a worker saw when it pulled from one server: its clock (steps pushed), the slowest worker's
 /// clock on that server when it answered, for checking the staleness bound, and the server's version
-/// (optimizer steps taken: one per round when synchronous, one per push otherwise).
+/// (optimizer steps taken: one per round when synchronous, one per push otherwise). With dynamic
+/// batches: the batch claimed, its round as the clock, and the rounds applied as slowest and version.
 struct PullRecord {
   int64_t clock = 0, slowest = 0, version = 0;
   int server = 0;
+  int64_t batch = -1;
 };
 
 class ParameterServer {
@@ -67,6 +75,11 @@ class ParameterServer {
   /// Worker: after backward, sends every parameter's gradient to its server and waits for the
   /// variables back (Note [Parameter-server protocol]); then the model holds them.
   void push_pull();
+  /// Worker, with dynamic batches: pushes the gradient of the batch it holds (none at the first
+  /// call), claims the next batch and waits for variables at most `staleness` rounds behind that
+  /// batch's round (any age when asynchronous). Returns the batch's number, or -1 once every batch
+  /// has been handed out; then call finish().
+  int64_t next_batch();
   /// Worker: done training; receives the servers' final variables.
   void finish();
   /// Server: answers the workers until every one has finished. The module then holds this
@@ -85,6 +98,13 @@ class ParameterServer {
   Pulls post_pulls();
   void take_pulls(Pulls& p, bool record);
   void send_header(int to, int64_t a, int64_t b, int tag);
+  void push_gradients(int64_t a, int64_t b, std::vector<WorkPtr>& sends, std::vector<Tensor>& keep);
+  void serve_claims();
+  std::vector<int64_t> header_of(int w) const;
+  void post_header(int w);
+  Tensor receive_gradient(int w);
+  void answer(int w, int64_t a, int64_t b);
+  void step_with(const Tensor& grad);
   std::shared_ptr<nn::Module> module_;
   ProcessGroupPtr group_;
   ParameterServerOptions options_;
@@ -92,7 +112,7 @@ class ParameterServer {
   std::vector<Tensor> params_;
   std::vector<int> server_of_;
   std::vector<std::vector<size_t>> vars_of_;  // per server: its variables, in the model's order
-  int64_t clock_ = 0;
+  int64_t clock_ = 0, held_ = -1;
   std::vector<PullRecord> pulls_;
   std::unique_ptr<ServerState> server_;
   std::function<void(optim::Optimizer&)> on_step_;
