@@ -22,10 +22,13 @@ import time
 
 METHODS = [
     ("DDP (all-reduce)", []),
-    # One server and 3 workers: the global batch 63, 21 per worker (64 does not divide by 3).
-    ("parameter server, synchronous", ["--ps", "1", "--staleness", "0", "--batch-size", "63"]),
-    ("parameter server, staleness 2", ["--ps", "1", "--staleness", "2", "--batch-size", "63"]),
-    ("parameter server, asynchronous", ["--ps", "1", "--staleness", "-1", "--batch-size", "63"]),
+    # One server: the global batch is 64 rounded down to a multiple of the workers (63 for 3).
+    ("parameter server, synchronous", ["--ps", "1", "--staleness", "0"]),
+    ("parameter server, staleness 2", ["--ps", "1", "--staleness", "2"]),
+    ("parameter server, asynchronous", ["--ps", "1", "--staleness", "-1"]),
+    # Workers claim micro-batches from the server (Note [Claimed batches]): a slow one takes fewer.
+    ("parameter server, staleness 2, dynamic batches",
+     ["--ps", "1", "--staleness", "2", "--dynamic-batches", "1"]),
     ("local SGD, H = 10 (Nesterov outer)", ["--local-sgd", "10", "--outer", "nesterov", "--outer-lr", "0.7"]),
     ("local SGD, H = 50 (Nesterov outer)", ["--local-sgd", "50", "--outer", "nesterov", "--outer-lr", "0.7"]),
     ("DGC top-0.1% (SGD)", ["--compress", "dgc:0.001", "--optimizer", "sgd"]),
@@ -65,7 +68,7 @@ def main():
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--slow-ms", type=int, default=40)
     ap.add_argument("--target", type=float, default=0.9)
-    ap.add_argument("--only", default="")
+    ap.add_argument("--only", default="", help="comma-separated names (or parts of names) of methods to run")
     args = ap.parse_args()
     subprocess.run(["ninja", "-C", args.build_dir, "model_zoo/braid-train"], check=True, stdout=subprocess.DEVNULL)
     common = ["--epochs", str(args.epochs)] + (["--limit", str(args.limit)] if args.limit else [])
@@ -78,6 +81,8 @@ def main():
         for name, extra in METHODS:
             if wanted and not any(w in name for w in wanted):
                 continue
+            if "--ps" in extra:
+                extra = extra + ["--batch-size", str(64 // (args.ranks - 1) * (args.ranks - 1))]
             for slow in (False, True):
                 out = os.path.join(tmp, f"{len(os.listdir(tmp))}")
                 flags = common + extra + (["--slow-rank", f"{args.ranks - 1}:{args.slow_ms}"] if slow else [])

@@ -139,6 +139,13 @@ ParameterServer::ParameterServer(std::shared_ptr<nn::Module> module, const Optim
   if (!server_->vars.empty()) server_->optimizer = make_optimizer(server_->vars);
 }
 
+ParameterServer::ParameterServer(std::shared_ptr<nn::Module> module, std::shared_ptr<optim::Optimizer> optimizer,
+                                 ProcessGroupPtr group, const ParameterServerOptions& options)
+    : ParameterServer(std::move(module), [&](const std::vector<Tensor>&) { return optimizer; }, std::move(group),
+                      options) {
+  BRAID_CHECK(optimizer != nullptr, "ParameterServer: the optimizer is null");
+}
+
 ParameterServer::~ParameterServer() = default;
 
 optim::Optimizer* ParameterServer::server_optimizer() { return server_ ? server_->optimizer.get() : nullptr; }

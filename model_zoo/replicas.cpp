@@ -21,6 +21,7 @@
 // holds shards newer than its run.
 #include "replicas.h"
 
+#include <cstdio>
 #include <filesystem>
 
 namespace braid::zoo {
@@ -111,7 +112,7 @@ Replicas::Replicas(std::shared_ptr<nn::Module> model, ProcessGroupPtr group, con
     DataParallelOptions o = options.data_parallel;
     o.wire_dtype = compression.wire;
     ddp_ = std::make_unique<DistributedDataParallel>(model_, group_, o);
-    if (compression.hook) ddp_->register_comm_hook(compression.hook);
+    if (compression.hook) ddp_->register_comm_hook(compression.hook), hooked_ = true;
     optimizer_ = make_optimizer(model_->parameters());
     return;
   }
@@ -160,8 +161,29 @@ void Replicas::sync_now() {
 
 std::string Replicas::autotune_report() const { return ddp_ ? ddp_->autotune_report() : std::string(); }
 
+// Note [Hook state in checkpoints]
+// A compression hook's state (top-K's residual and DGC's velocity, PowerSGD's error and Q) is each
+// rank's own, so rank 0's checkpoint cannot hold it: every rank writes its own next to the
+// checkpoint, checkpoint.hook.rank<r>.braid (atomically, as every checkpoint), with the step and
+// the world size. A resume at the same world size whose files carry the checkpoint's step restores
+// them, and continues bit for bit; otherwise (other world size, a file missing or a step apart,
+// as after a crash between the writes) error feedback starts from zero, and rank 0 says why. The
+// hooks' step counter (DGC's warm-up, PowerSGD's start) continues from the checkpoint's step.
+namespace {
+std::string hook_file(const std::filesystem::path& folder, int rank) {
+  return (folder / detail::cat("checkpoint.hook.rank", rank, ".braid")).string();
+}
+}  // namespace
+
 Checkpoint Replicas::model_state(const std::string& shard_path, const Checkpoint& run) {
   Checkpoint ck;
+  if (hooked_) {
+    Checkpoint mine;
+    ddp_->comm_hook().store(mine, "hook.");
+    mine.integers["step"] = run.integers.count("step") ? run.integers.at("step") : ddp_->steps();
+    mine.integers["ranks"] = group_->size();
+    save_checkpoint(hook_file(std::filesystem::path(shard_path).parent_path(), group_->rank()), mine);
+  }
   if (!sdp_) {
     store_state(ck, "model.", *model_);
     store_state(ck, "optim.", *optimizer_);
@@ -185,6 +207,32 @@ void Replicas::restore(const Checkpoint& ckpt) {
   if (sdp_) return sdp_->load_full(ckpt);
   restore_state(ckpt, "model.", *model_);
   restore_state(ckpt, "optim.", *optimizer_);
+  if (hooked_ && ckpt.integers.count("step")) {  // Note [Hook state in checkpoints]
+    const int64_t step = ckpt.integers.at("step");
+    ddp_->set_steps(step);
+    const std::string path = hook_file(std::filesystem::path(ckpt.source).parent_path(), group_->rank());
+    std::string why;
+    if (!std::filesystem::exists(path)) why = detail::cat("no ", path);
+    else {
+      Checkpoint mine = load_checkpoint(path);
+      if (mine.integer("ranks") != group_->size())
+        why = detail::cat("it was written by ", mine.integer("ranks"), " ranks, this run has ", group_->size());
+      else if (mine.integer("step") != step)
+        why = detail::cat(path, " is of step ", mine.integer("step"), ", the checkpoint of step ", step);
+      else ddp_->comm_hook().restore(mine, "hook.");
+    }
+    // Every rank decides alike except for a missing or stale file of its own; any rank's reason
+    // makes every rank start from zero, so that the ranks' states stay consistent.
+    Tensor bad = full({1}, why.empty() ? 0.0 : 1.0, kFloat64, Device::cpu());
+    group_->all_reduce(bad, ReduceOp::Max);
+    if (bad.item() > 0) {
+      Checkpoint none;
+      ddp_->comm_hook().restore(none, "hook.");
+      if (group_->rank() == 0)
+        std::printf("braid-train: %s's error feedback starts from zero: %s\n", ddp_->comm_hook().name().c_str(),
+                    why.empty() ? "another rank's hook state is missing or of another step" : why.c_str());
+    }
+  }
   if (!local_) return;
   if (ckpt.integers.count("localsgd.period")) return local_->restore(ckpt, "localsgd.");
   // A checkpoint of another kind of run: its parameters become the synchronised ones.

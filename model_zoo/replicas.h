@@ -63,6 +63,7 @@ class Replicas {
  private:
   std::shared_ptr<nn::Module> model_;
   int zero_stage_;
+  bool hooked_ = false;  // a compression hook whose state each rank checkpoints itself
   distributed::ProcessGroupPtr group_;
   std::unique_ptr<distributed::DistributedDataParallel> ddp_;
   std::unique_ptr<distributed::ShardedDataParallel> sdp_;

@@ -48,7 +48,7 @@ struct Args {
   int64_t autotune_buckets = 0;
   // --local-sgd H (LocalSGD; -1 off, 0 automatic) with its outer optimizer.
   int64_t local_sgd = -1;
-  int64_t ps = 0, staleness = 0;  // --ps S servers (train_ps.h), --staleness s
+  int64_t ps = 0, staleness = 0, dynamic_batches = 0;  // --ps S servers (train_ps.h), --staleness s
   std::string outer = "sgd";
   double outer_lr = 1.0;
   int64_t stop_after = 0;  // epochs to run in this invocation (0: to the end)
@@ -81,7 +81,8 @@ void usage() {
       "                   [--autotune-buckets 0|1 (try bucket caps over the first steps, keep the fastest)]\n"
       "                   [--local-sgd H (average the replicas' parameters every H steps; 0: automatic)]\n"
       "                   [--ps S (S parameter servers, the other ranks train) [--staleness s (0 synchronous,\n"
-      "                    s > 0 bounded, -1 asynchronous)]]\n"
+      "                    s > 0 bounded, -1 asynchronous)] [--dynamic-batches 0|1 (workers claim batches from the\n"
+      "                    servers, a slow one takes fewer; staleness then counts rounds)]]\n"
       "                   [--outer sgd|nesterov (local SGD's outer step; nesterov is DiLoCo's)] [--outer-lr X]\n"
       "                   [--zero-stage 0|1|2|3 (shard the optimizer state, gradients, parameters over the\n"
       "                    replicas: ZeRO; 1 or 2 with --pipeline-stages; no --amp fp16)]\n"
@@ -110,7 +111,7 @@ Args parse(int argc, char** argv) {
                                       {"--zero-stage", &a.zero_stage}, {"--context", &a.context}, {"--layers", &a.layers},
                                       {"--heads", &a.heads}, {"--embed", &a.embed}, {"--sample", &a.sample},
                                       {"--autotune-buckets", &a.autotune_buckets}, {"--local-sgd", &a.local_sgd},
-                                      {"--ps", &a.ps}, {"--staleness", &a.staleness},
+                                      {"--ps", &a.ps}, {"--staleness", &a.staleness}, {"--dynamic-batches", &a.dynamic_batches},
                                       {"--stop-after", &a.stop_after}, {"--stop-at-step", &a.stop_at_step}};
   for (int i = 1; i < argc; ++i) {
     std::string k = argv[i];
@@ -248,6 +249,8 @@ int run(int argc, char** argv) {
     BRAID_CHECK(colon != std::string::npos, "braid-train: --slow-rank takes RANK:MILLISECONDS, got '", args.slow_rank, "'");
     slow_rank = std::stoi(args.slow_rank.substr(0, colon)), slow_ms = std::stoi(args.slow_rank.substr(colon + 1));
   }
+  BRAID_CHECK(args.dynamic_batches == 0 || args.ps > 0, "braid-train: --dynamic-batches hands out the batches of ",
+              "parameter-server training; add --ps S");
   if (args.ps > 0) {
     BRAID_CHECK_T(NotImplementedError, args.pipeline_stages == 1 && args.resume.empty() && args.stop_at_step == 0 &&
                       args.amp == "off" && args.zero_stage == 0 && args.local_sgd < 0,
@@ -256,7 +259,7 @@ int run(int argc, char** argv) {
     zoo::PsRun r;
     r.model = args.model, r.optimizer = args.optimizer, r.out = args.out, r.epochs = args.epochs;
     r.batch_size = args.batch_size, r.servers = args.ps, r.staleness = args.staleness, r.lr = args.lr, r.seed = args.seed;
-    r.slow_rank = slow_rank, r.slow_ms = slow_ms, r.device = device;
+    r.slow_rank = slow_rank, r.slow_ms = slow_ms, r.device = device, r.dynamic = args.dynamic_batches != 0;
     r.train_set = train_set, r.test_set = test_set, r.normalize = normalize;
     return zoo::train_ps(r);
   }

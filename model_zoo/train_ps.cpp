@@ -35,14 +35,19 @@ int train_ps(const PsRun& r) {
     return std::make_shared<optim::SGD>(
         p, optim::SGDOptions{.lr = r.lr, .momentum = 0.9, .weight_decay = 5e-4, .nesterov = true});
   };
+  // With dynamic batches the workers take micro-batches of batch_size / workers, in one order.
+  const int64_t micro_batches = r.train_set->size() / (r.batch_size / workers) * r.epochs;
   ParameterServer ps(model, make_optimizer, world(),
-                     {.servers = static_cast<int>(r.servers), .staleness = static_cast<int>(r.staleness)});
+                     {.servers = static_cast<int>(r.servers), .staleness = static_cast<int>(r.staleness),
+                      .dynamic_batches = r.dynamic ? micro_batches : 0});
   ProcessGroupPtr crew = world()->split(ps.is_server() ? -1 : 0, w.rank);  // the workers
   if (ps.is_server()) {
     // data-parallel mode's schedule, over the server's updates: one per step when synchronous, one
     // per worker's push otherwise.
-    const int64_t per_epoch = r.train_set->size() / r.batch_size;
-    const int64_t total = per_epoch * r.epochs * (r.staleness == 0 ? 1 : workers);
+    const int64_t total = r.staleness < 0   ? (r.dynamic ? micro_batches : r.train_set->size() / r.batch_size * r.epochs * workers)
+                          : r.dynamic       ? (micro_batches + workers - 1) / workers
+                          : r.staleness == 0 ? r.train_set->size() / r.batch_size * r.epochs
+                                             : r.train_set->size() / r.batch_size * r.epochs * workers;
     std::unique_ptr<optim::CosineWithWarmup> schedule;
     if (optim::Optimizer* opt = ps.server_optimizer())
       schedule = std::make_unique<optim::CosineWithWarmup>(*opt, std::min<int64_t>(200, total / 10), total, r.lr * 0.01);
@@ -58,12 +63,13 @@ int train_ps(const PsRun& r) {
     std::error_code ec;
     std::filesystem::create_directories(r.out, ec);
     BRAID_CHECK(!ec, "braid-train: cannot create the output folder '", r.out, "': ", ec.message());
-    std::printf("braid-train: model %s (%lld parameters), parameter servers: %lld server%s and %d workers, %s, %s lr "
+    std::printf("braid-train: model %s (%lld parameters), parameter servers: %lld server%s and %d workers, %s%s, %s lr "
                 "%g, batch %lld, %lld epochs\n",
                 r.model.c_str(), static_cast<long long>(model->num_parameters()), static_cast<long long>(r.servers),
                 r.servers == 1 ? "" : "s", workers,
                 r.staleness == 0 ? "synchronous" : r.staleness < 0 ? "asynchronous"
                                                                     : ("staleness " + std::to_string(r.staleness)).c_str(),
+                r.dynamic ? ", dynamic batches" : "",
                 r.optimizer.c_str(), r.lr, static_cast<long long>(r.batch_size), static_cast<long long>(r.epochs));
     std::fflush(stdout);
   }
@@ -71,12 +77,13 @@ int train_ps(const PsRun& r) {
   lo.batch_size = r.batch_size / workers;
   lo.shuffle = true, lo.drop_last = true, lo.seed = r.seed;
   lo.transforms = {r.normalize};
-  lo.num_shards = workers, lo.shard = me, lo.device = r.device;
+  lo.num_shards = r.dynamic ? 1 : workers, lo.shard = r.dynamic ? 0 : me, lo.device = r.device;
   data::DataLoader train_loader(r.train_set, lo);
   data::DataLoaderOptions to = lo;
-  to.batch_size = 500, to.shuffle = false, to.drop_last = false;
+  to.batch_size = 500, to.shuffle = false, to.drop_last = false, to.num_shards = r.dynamic ? 1 : workers;
   data::DataLoader test_loader(r.test_set, to);
   auto over_crew = [&](std::vector<double> v) {
+    if (r.dynamic) return v;  // with dynamic batches the first worker evaluates alone (train_ps.h)
     Tensor t = tensor(v, {static_cast<int64_t>(v.size())}, Device::cpu());
     crew->all_reduce(t);
     return t.to_vector<double>();
@@ -84,29 +91,14 @@ int train_ps(const PsRun& r) {
   std::ofstream log;
   if (lead) log.open(r.out + "/log.csv"), log << "step,epoch,train_loss,test_loss,test_accuracy,seconds\n";
   const auto start = std::chrono::steady_clock::now();
-  int64_t step = 0;
-  double final_accuracy = 0;
-  model->train();
-  for (int64_t epoch = 0; epoch < r.epochs; ++epoch) {
-    std::unique_ptr<data::ProgressBar> bar;
-    if (lead) bar = std::make_unique<data::ProgressBar>(detail::cat("epoch ", epoch + 1, "/", r.epochs),
-                                                        train_loader.num_batches(), "img/s");
-    double loss_sum = 0, seen = 0;
-    data::Batch b;
-    while (train_loader.next(b)) {
-      model->zero_grad();
-      Tensor loss = nn::cross_entropy(model->forward(b.input), b.target);
-      loss.backward();
-      if (w.rank == r.slow_rank) std::this_thread::sleep_for(std::chrono::milliseconds(r.slow_ms));
-      ps.push_pull();
-      ++step;
-      loss_sum += loss.item() * static_cast<double>(b.input.size(0)), seen += static_cast<double>(b.input.size(0));
-      if (bar && (b.index + 1) % 20 == 0) bar->update(b.index + 1, (b.index + 1) * r.batch_size, {{"loss", loss_sum / seen}});
-    }
-    if (bar) bar->finish({{"loss", loss_sum / std::max(seen, 1.0)}});
+  int64_t step = 0, mine = 0;  // steps (rounds with dynamic batches); this worker's batches
+  double final_accuracy = 0, loss_sum = 0, seen = 0;
+  // The test set's loss and accuracy with the variables this worker holds, and the epoch's line.
+  auto end_epoch = [&](int64_t epoch) {
     NoGradGuard no_grad;
     model->eval();
     double tl = 0, correct = 0, n = 0;
+    data::Batch b;
     while (test_loader.next(b)) {
       if (b.input.size(0) == 0) continue;
       Tensor logits = model->forward(b.input);
@@ -116,16 +108,67 @@ int train_ps(const PsRun& r) {
     }
     model->train();
     const auto t = over_crew({loss_sum, seen, tl, correct, n});
+    loss_sum = seen = 0;
     final_accuracy = t[3] / t[4];
-    if (!lead) continue;
+    if (!lead) return;
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     std::printf("epoch %lld: train loss %.4f | test loss %.4f acc %.4f (%.1f s)\n", static_cast<long long>(epoch + 1),
-                t[0] / t[1], t[2] / t[4], final_accuracy, secs);
-    log << step << "," << epoch + 1 << "," << t[0] / t[1] << "," << t[2] / t[4] << "," << final_accuracy << "," << secs
-        << "\n";
+                t[0] / std::max(t[1], 1.0), t[2] / t[4], final_accuracy, secs);
+    log << step << "," << epoch + 1 << "," << t[0] / std::max(t[1], 1.0) << "," << t[2] / t[4] << "," << final_accuracy
+        << "," << secs << "\n";
     log.flush();
+  };
+  auto train_on = [&](const data::Batch& b) {
+    model->zero_grad();
+    Tensor loss = nn::cross_entropy(model->forward(b.input), b.target);
+    loss.backward();
+    if (w.rank == r.slow_rank) std::this_thread::sleep_for(std::chrono::milliseconds(r.slow_ms));
+    ++mine;
+    loss_sum += loss.item() * static_cast<double>(b.input.size(0)), seen += static_cast<double>(b.input.size(0));
+  };
+  model->train();
+  const int64_t per_epoch = train_loader.num_batches();
+  std::unique_ptr<data::ProgressBar> bar;
+  auto start_bar = [&](int64_t epoch, int64_t batches) {
+    if (lead) bar = std::make_unique<data::ProgressBar>(detail::cat("epoch ", epoch + 1, "/", r.epochs), batches, "img/s");
+  };
+  if (r.dynamic) {
+    // Note [Claimed batches]: batch b is batch b % per_epoch of epoch b / per_epoch; the first worker
+    // evaluates whenever its next batch starts a later epoch, on the variables it then holds.
+    int64_t epoch = 0;
+    start_bar(0, per_epoch);
+    data::Batch b;
+    for (int64_t claimed; (claimed = ps.next_batch()) >= 0;) {
+      step = claimed / workers;
+      if (claimed / per_epoch > epoch) {
+        if (lead) bar->finish({{"loss", loss_sum / std::max(seen, 1.0)}}), end_epoch(epoch);
+        start_bar(++epoch, per_epoch);
+      }
+      train_loader.seek(claimed / per_epoch, claimed % per_epoch);
+      BRAID_CHECK(train_loader.next(b), "braid-train: batch ", claimed, " is past the training set's end");
+      train_on(b);
+      if (bar && mine % 20 == 0)
+        bar->update(claimed % per_epoch + 1, (claimed % per_epoch + 1) * lo.batch_size, {{"loss", loss_sum / seen}});
+    }
+  }
+  for (int64_t epoch = 0; epoch < r.epochs && !r.dynamic; ++epoch) {
+    start_bar(epoch, train_loader.num_batches());
+    data::Batch b;
+    while (train_loader.next(b)) {
+      train_on(b);
+      ps.push_pull();
+      ++step;
+      if (bar && (b.index + 1) % 20 == 0) bar->update(b.index + 1, (b.index + 1) * r.batch_size, {{"loss", loss_sum / seen}});
+    }
+    if (bar) bar->finish({{"loss", loss_sum / std::max(seen, 1.0)}});
+    end_epoch(epoch);
   }
   ps.finish();  // every worker now holds the servers' final variables
+  if (r.dynamic && lead) {
+    step = (per_epoch * r.epochs + workers - 1) / workers;
+    bar->finish({{"loss", loss_sum / std::max(seen, 1.0)}});
+    end_epoch(r.epochs - 1);
+  }
   if (lead) {
     Checkpoint ck;
     store_state(ck, "model.", *model);
@@ -136,7 +179,7 @@ int train_ps(const PsRun& r) {
   if (lead)
     std::printf("communication: %.1f KB per step per worker pushed and pulled (point-to-point); final test accuracy "
                 "%.4f\n",
-                static_cast<double>(traffic.send.bytes + traffic.recv.bytes) / 1024.0 / static_cast<double>(step),
+                static_cast<double>(traffic.send.bytes + traffic.recv.bytes) / 1024.0 / static_cast<double>(std::max<int64_t>(mine, 1)),
                 final_accuracy);
   return 0;
 }

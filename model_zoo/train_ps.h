@@ -1,6 +1,9 @@
 // braid-train --ps S: parameter-server training (braid/distributed/parameter_server.h) of the zoo's
 // image models: ranks 0 .. S-1 serve the variables, the others train on their shards of each global
 // batch and push gradients after every step; --staleness s (0 synchronous, -1 asynchronous).
+// --dynamic-batches 1: the workers claim micro-batches (batch / workers) of one order from the
+// servers instead (Note [Claimed batches]), so a slow worker takes fewer; the first worker then
+// evaluates alone, when its next batch starts a later epoch.
 #pragma once
 
 #include <memory>
@@ -16,6 +19,7 @@ struct PsRun {
   double lr = 2e-3;
   uint64_t seed = 0;
   int slow_rank = -1, slow_ms = 0;  ///< --slow-rank: this rank sleeps slow_ms per step
+  bool dynamic = false;             ///< --dynamic-batches
   Device device = Device::cpu();
   std::shared_ptr<data::TensorDataset> train_set, test_set;
   std::shared_ptr<const data::Transform> normalize;

@@ -2,13 +2,14 @@
 hooks, braid/distributed/comm_hooks.h; LocalSGD, local_sgd.h): top-K of every entry trains to the
 all-reduce's weights bit for bit, top-K of 1% sends what its formula says (k values and k int32
 indices from each rank, gathered), and a spec it cannot read is refused with the forms it takes;
-local SGD with H = 1 and outer SGD at rate 1 trains as data parallelism does (to rounding: SGD's
+--ps 1 with --dynamic-batches at staleness 0 trains as DDP too; local SGD with H = 1 and outer SGD at rate 1 trains as data parallelism does (to rounding: SGD's
 update is linear in the gradient), with H = 4 sends a quarter of the bytes, its checkpoint holds
 the last synchronised parameters, and an epoch ends with a sync. Checkpoints are read with braid's
 Python module; runs through mpiexec, so it needs no Slurm."""
 
 import os
 import re
+import shutil
 import subprocess
 
 import numpy as np
@@ -112,3 +113,53 @@ def test_a_synchronous_parameter_server_trains_as_data_parallelism(braid_py, tmp
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
                        env=dict(os.environ, OMP_NUM_THREADS="1", BRAID_NUM_THREADS="1", BRAID_TIMEOUT="120"))
     assert r.returncode == 0 and "staleness 2" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+
+
+def test_dynamic_batches_at_staleness_0_train_as_data_parallelism(braid_py, tmp_path):
+    """--ps 1 --dynamic-batches 1 at 3 ranks: the two workers claim the micro-batches of one order
+    (Note [Claimed batches]); round r is micro-batches 2r and 2r + 1, the halves of global batch r
+    that DDP's two ranks take, added in that order, so the weights are DDP's at 2 ranks bit for bit
+    whichever worker computed which. With staleness 2 and rank 1 slowed the run ends as well."""
+    train(tmp_path / "ddp")
+    env = dict(os.environ, OMP_NUM_THREADS="1", BRAID_NUM_THREADS="1", BRAID_TIMEOUT="120")
+    for name, extra in (("claims", []), ("claims2", ["--staleness", "2", "--slow-rank", "1:5"])):
+        cmd = ["mpiexec", "-n", "3", TRAIN, *ARGS, "--out", str(tmp_path / name), "--ps", "1", "--dynamic-batches", "1",
+               *extra]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        assert "1 server and 2 workers, " + ("staleness 2" if extra else "synchronous") + ", dynamic batches" in r.stdout
+    ddp, claims = weights(braid_py, tmp_path / "ddp"), weights(braid_py, tmp_path / "claims")
+    assert ddp.keys() == claims.keys()
+    for k in ddp:
+        np.testing.assert_array_equal(claims[k], ddp[k], err_msg=k)
+    log = (tmp_path / "claims2" / "log.csv").read_text().splitlines()
+    assert log[-1].split(",")[:2] == ["16", "1"], log  # 1024 / 64 rounds, one epoch
+    r = subprocess.run([TRAIN, *ARGS, "--out", str(tmp_path / "x"), "--dynamic-batches", "1"], capture_output=True,
+                       text=True, timeout=60, env=env)
+    assert r.returncode != 0 and "--dynamic-batches hands out the batches of parameter-server training; add --ps S" \
+        in r.stderr, r.stderr
+
+
+def test_a_compressed_run_resumes_with_its_error_feedback_bit_for_bit(braid_py, tmp_path):
+    """Note [Hook state in checkpoints]: each rank writes its hook's state (DGC's residual and
+    velocity, PowerSGD's error and Q) next to the checkpoint; a run stopped at step 6 and resumed
+    ends with the uninterrupted run's weights bit for bit, warm-up included. Without those files the
+    resume says that error feedback starts from zero, and the weights then differ."""
+    for spec, extra in (("dgc:0.01", ["--optimizer", "sgd"]), ("powersgd:2", [])):
+        name = spec.replace(":", "_")
+        train(tmp_path / f"{name}-full", "--compress", spec, *extra)
+        stopped = tmp_path / f"{name}-stopped"
+        train(stopped, "--compress", spec, *extra, "--stop-at-step", "6")
+        assert sorted(p.name for p in stopped.glob("checkpoint.hook.rank*.braid")) == [
+            "checkpoint.hook.rank0.braid", "checkpoint.hook.rank1.braid"]
+        for lose in (False, True):
+            run = tmp_path / f"{name}-resumed-{lose}"
+            shutil.copytree(stopped, run)
+            if lose:
+                for p in run.glob("checkpoint.hook.rank*.braid"):
+                    p.unlink()
+            out = train(run, "--compress", spec, *extra, "--resume", str(run / "checkpoint.braid")).stdout
+            assert ("error feedback starts from zero: no " in out) == lose, out
+            full, resumed = weights(braid_py, tmp_path / f"{name}-full"), weights(braid_py, run)
+            same = all(np.array_equal(full[k], resumed[k]) for k in full)
+            assert same != lose, f"{spec}: resumed {'without' if lose else 'with'} the hook files"

@@ -55,6 +55,7 @@ inline braid::distributed::PipeLoss pipe_loss(PyObject* callable) {
 
 BRAID_KEYWORD_OPTIONS(braid::distributed::InitOptions) BRAID_KEYWORD_OPTIONS(braid::distributed::DataParallelOptions) BRAID_KEYWORD_OPTIONS(braid::distributed::LocalSGDOptions) BRAID_KEYWORD_OPTIONS(braid::distributed::JoinOptions)
 BRAID_KEYWORD_OPTIONS(braid::distributed::PipelineOptions) BRAID_KEYWORD_OPTIONS(braid::distributed::TopKOptions) BRAID_KEYWORD_OPTIONS(braid::distributed::PowerSGDOptions)
+BRAID_KEYWORD_OPTIONS(braid::distributed::ParameterServerOptions)
 
 // Note [Python objects that C++ holds] (braid.swg): the module that a DistributedDataParallel or a
 // PipelineStage holds keeps its Python object alive until the C++ object is destroyed, which is
@@ -91,6 +92,11 @@ inline std::shared_ptr<braid::nn::Module> holding(std::shared_ptr<braid::nn::Mod
 %include "braid/distributed/comm_hooks.h"
 %include "braid/distributed/data_parallel.h"
 %include "braid/distributed/local_sgd.h"
+// Python passes one optimizer over the module's parameters (the second constructor).
+%ignore braid::distributed::ParameterServer::ParameterServer(std::shared_ptr<nn::Module>, const OptimizerFactory&, ProcessGroupPtr, const ParameterServerOptions&);
+%ignore braid::distributed::ParameterServer::on_server_step; %ignore braid::distributed::ParameterServer::server_optimizer;
+%template(PullRecordVector) std::vector<braid::distributed::PullRecord>; %template(IntVector) std::vector<int>;
+%include "braid/distributed/parameter_server.h"
 %include "braid/distributed/schedule.h"
 %include "braid/distributed/partition.h"
 %include "braid/distributed/pipeline.h"

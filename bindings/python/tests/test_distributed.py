@@ -302,3 +302,40 @@ def test_join_and_local_sgd_from_python():
         for k, v in m.state_dict().items():
             everyone = dist.all_gather(v).numpy()
             assert (everyone == everyone[0]).all(), k
+
+
+def test_parameter_server_with_dynamic_batches_from_python():
+    """One server, the other ranks claim batches (ps.next_batch()); at staleness 0 each round of W
+    batches is one SGD step on their average, as written out here, and every rank ends alike."""
+    if SIZE < 2:
+        pytest.skip("needs a server and a worker")
+    dist = braid.distributed
+    W, T = SIZE - 1, 2 * (SIZE - 1) + 1  # the last round has one batch
+    data = batches(T, 4, 6, 3, seed=70)
+    braid.manual_seed(10)
+    model = MLP([6, 10, 3])
+    ps = dist.ParameterServer(model, optim.SGD(model.parameters(), lr=0.1), None, servers=1, dynamic_batches=T)
+    assert ps.is_server() == (RANK == 0) and ps.workers() == W
+    if ps.is_server():
+        ps.serve()
+    else:
+        while (b := ps.next_batch()) >= 0:
+            x, y = data[b]
+            model.zero_grad()
+            nn.functional.cross_entropy(model(braid.from_numpy(x)), braid.from_numpy(y)).backward()
+        ps.finish()
+        assert all(p.version == p.batch // W for p in ps.pulls())
+    braid.manual_seed(10)
+    ref = MLP([6, 10, 3])
+    opt = optim.SGD(ref.parameters(), lr=0.1)
+    for r in range(0, T, W):
+        opt.zero_grad()
+        for x, y in data[r:r + W]:
+            n = min(W, T - r)
+            (nn.functional.cross_entropy(ref(braid.from_numpy(x)), braid.from_numpy(y)) * (1.0 / n)).backward()
+        opt.step()
+    want = {k: v.numpy().copy() for k, v in ref.state_dict().items()}
+    for k, v in model.state_dict().items():
+        everyone = dist.all_gather(v).numpy()
+        assert (everyone == everyone[0]).all(), k
+        np.testing.assert_allclose(v.numpy(), want[k], rtol=1e-5, atol=1e-6, err_msg=k)

@@ -93,6 +93,8 @@ class DistributedDataParallel {
   CommHook& comm_hook() { return *hook_; }
   /// Synchronised backward passes so far (GradBucket::step of the next one).
   int64_t steps() const { return steps_; }
+  /// A resumed run's count, so that a hook's schedule (warm-up, start step) continues from it.
+  void set_steps(int64_t steps) { steps_ = steps; }
   /// The bucket cap in use (options' bucket_cap_mb, or the autotune's choice once it has made it).
   double bucket_cap_mb() const { return cap_mb_; }
   /// Empty until the autotune has chosen; then a line per cap tried and the choice.

@@ -60,6 +60,10 @@ class ParameterServer {
   /// at least servers + 1 ranks.
   ParameterServer(std::shared_ptr<nn::Module> module, const OptimizerFactory& make_optimizer,
                   ProcessGroupPtr group = nullptr, const ParameterServerOptions& options = {});
+  /// The same with one optimizer over the module's parameters (as Python builds it): a server
+  /// steps it with gradients on its own variables alone.
+  ParameterServer(std::shared_ptr<nn::Module> module, std::shared_ptr<braid::optim::Optimizer> optimizer,
+                  ProcessGroupPtr group = nullptr, const ParameterServerOptions& options = {});
   ~ParameterServer();
   ParameterServer(const ParameterServer&) = delete;
   ParameterServer& operator=(const ParameterServer&) = delete;
