@@ -142,14 +142,15 @@ def test_dynamic_batches_at_staleness_0_train_as_data_parallelism(braid_py, tmp_
 
 def test_a_compressed_run_resumes_with_its_error_feedback_bit_for_bit(braid_py, tmp_path):
     """Note [Hook state in checkpoints]: each rank writes its hook's state (DGC's residual and
-    velocity, PowerSGD's error and Q) next to the checkpoint; a run stopped at step 6 and resumed
-    ends with the uninterrupted run's weights bit for bit, warm-up included. Without those files the
-    resume says that error feedback starts from zero, and the weights then differ."""
-    for spec, extra in (("dgc:0.01", ["--optimizer", "sgd"]), ("powersgd:2", [])):
+    velocity, PowerSGD's error and Q) next to the checkpoint. Two epochs of 16 steps (the hooks
+    compress from step 16, after the first epoch's warm-up); a run stopped at step 20 and resumed
+    ends with the uninterrupted run's weights bit for bit. Without those files the resume says that
+    error feedback starts from zero, and the weights then differ."""
+    for spec, extra in (("dgc:0.01", ["--optimizer", "sgd", "--epochs", "2"]), ("powersgd:2", ["--epochs", "2"])):
         name = spec.replace(":", "_")
         train(tmp_path / f"{name}-full", "--compress", spec, *extra)
         stopped = tmp_path / f"{name}-stopped"
-        train(stopped, "--compress", spec, *extra, "--stop-at-step", "6")
+        train(stopped, "--compress", spec, *extra, "--stop-at-step", "20")
         assert sorted(p.name for p in stopped.glob("checkpoint.hook.rank*.braid")) == [
             "checkpoint.hook.rank0.braid", "checkpoint.hook.rank1.braid"]
         for lose in (False, True):
