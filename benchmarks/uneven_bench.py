@@ -57,7 +57,7 @@ def summarise(out_dir, stdout, wall, ranks, target):
     m = re.search(r"communication: ([\d.]+) KB per step", stdout)
     reached = [float(r["seconds"]) for r in rows if float(r["test_accuracy"]) >= target]
     return {"kb": float(m.group(1)) if m else float("nan"), "steps_per_s": steps * trainers / wall,
-            "to_target": reached[0] if reached else None, "final": float(rows[-1]["test_accuracy"]), "wall": wall}
+            "to_target": reached[0] if reached else None, "final": float(rows[-1]["test_accuracy"]), "loss": float(rows[-1]["test_loss"]), "wall": wall}
 
 
 def main():
@@ -75,8 +75,8 @@ def main():
     wanted = [m.strip() for m in args.only.split(",") if m.strip()]
     print(f"1-minute load average at start: {os.getloadavg()[0]:.2f}\n")
     print(f"| method | rank {args.ranks - 1} slowed {args.slow_ms} ms/step | KB per step and rank | steps/s (all ranks) "
-          f"| time to {args.target:.0%} test accuracy | final test accuracy | wall s |")
-    print("|---|---|---:|---:|---:|---:|---:|")
+          f"| time to {args.target:.0%} test accuracy | final test accuracy | final test loss | wall s |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
     with tempfile.TemporaryDirectory() as tmp:
         for name, extra in METHODS:
             if wanted and not any(w in name for w in wanted):
@@ -90,7 +90,7 @@ def main():
                 s = summarise(out, stdout, wall, args.ranks, args.target)
                 reach = f"{s['to_target']:.0f} s" if s["to_target"] is not None else "not reached"
                 print(f"| {name} | {'yes' if slow else 'no'} | {s['kb']:.1f} | {s['steps_per_s']:.1f} | {reach} | "
-                      f"{s['final']:.4f} | {s['wall']:.0f} |", flush=True)
+                      f"{s['final']:.4f} | {s['loss']:.4f} | {s['wall']:.0f} |", flush=True)
     print(f"\n1-minute load average at the end: {os.getloadavg()[0]:.2f}")
 
 
