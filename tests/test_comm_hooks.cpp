@@ -460,4 +460,55 @@ TEST_F(UnevenInputs, JoinGivesPyTorchsResultAndEveryRankEndsAlike) {
   EXPECT_THROW(Join(tuned, JoinOptions{}), ValueError);
 }
 
+TEST_F(UnevenInputs, JoinWithGradientAccumulationUnderNoSync) {
+  // Each step accumulates two micro-batches, the first under NoSync (no communication), the second
+  // synchronised. A finished rank shadows only the synchronised backward passes (Note [Join]), so
+  // the definition is the one above with each rank's gradient the sum of its two micro-batches'.
+  auto ref = uneven_model();
+  int64_t longest = 0;
+  for (int r = 0; r < N(); ++r) longest = std::max(longest, batches_of(r));
+  for (int64_t t = 0; t < longest; ++t) {
+    std::vector<Tensor> sum;
+    for (int r = 0; r < N(); ++r) {
+      if (t >= batches_of(r)) continue;
+      ref->zero_grad();
+      for (int64_t k : {2 * t, 2 * t + 1}) {
+        auto [x, y] = uneven_batch(k, r);
+        nn::mse_loss(ref->forward(x), y).backward();
+      }
+      const auto ps = ref->parameters();
+      for (size_t i = 0; i < ps.size(); ++i) {
+        if (sum.size() <= i) sum.push_back(ps[i].grad().clone());
+        else sum[i] = sum[i] + ps[i].grad();
+      }
+    }
+    NoGradGuard no_grad;
+    const auto ps = ref->parameters();
+    for (size_t i = 0; i < ps.size(); ++i) Tensor(ps[i]).add_(sum[i] * (1.0 / N()), -0.1);
+  }
+  auto m = uneven_model();
+  DistributedDataParallel ddp(m, world());
+  optim::SGD opt(m->parameters(), {.lr = 0.1});
+  Join join(ddp);
+  for (int64_t t = 0; t < batches_of(R()); ++t) {
+    opt.zero_grad();
+    {
+      DistributedDataParallel::NoSync accumulate(ddp);
+      auto [x, y] = uneven_batch(2 * t, R());
+      nn::mse_loss(ddp(x), y).backward();
+    }
+    auto [x, y] = uneven_batch(2 * t + 1, R());
+    nn::mse_loss(ddp(x), y).backward();
+    opt.step();
+  }
+  join.finish();
+  EXPECT_EQ(join.shadowed_steps(), longest - batches_of(R()));
+  const auto want = ref->parameters(), got = m->parameters();
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_LE(amax(abs(got[i] - want[i])).item(), 1e-12) << i;
+    Tensor all = world()->all_gather(got[i].to(Device::cpu()));
+    for (int r = 1; r < N(); ++r) EXPECT_EQ(amax(abs(all.select(0, r) - all.select(0, 0))).item(), 0.0);
+  }
+}
+
 int main(int argc, char** argv) { return braid::testing::mpi_test_main(argc, argv); }
