@@ -55,8 +55,9 @@ def summarise(out_dir, stdout, wall, ranks, target):
     ps = re.search(r"(\d+) server\w* and (\d+) workers", stdout)
     trainers = int(ps.group(2)) if ps else ranks
     m = re.search(r"communication: ([\d.]+) KB per step", stdout)
+    warm = re.search(r"after the hook's warm-up \(steps [\d]+ to [\d]+\): ([\d.]+) KB per step", stdout)
     reached = [float(r["seconds"]) for r in rows if float(r["test_accuracy"]) >= target]
-    return {"kb": float(m.group(1)) if m else float("nan"), "steps_per_s": steps * trainers / wall,
+    return {"kb": float(m.group(1)) if m else float("nan"), "kb_warm": float(warm.group(1)) if warm else None, "steps_per_s": steps * trainers / wall,
             "to_target": reached[0] if reached else None, "final": float(rows[-1]["test_accuracy"]), "loss": float(rows[-1]["test_loss"]), "wall": wall}
 
 
@@ -88,8 +89,9 @@ def main():
                 flags = common + extra + (["--slow-rank", f"{args.ranks - 1}:{args.slow_ms}"] if slow else [])
                 stdout, wall = run(args.build_dir, args.ranks, flags, out)
                 s = summarise(out, stdout, wall, args.ranks, args.target)
+                warm = f" ({s['kb_warm']:.1f} after warm-up)" if s["kb_warm"] is not None else ""
                 reach = f"{s['to_target']:.0f} s" if s["to_target"] is not None else "not reached"
-                print(f"| {name} | {'yes' if slow else 'no'} | {s['kb']:.1f} | {s['steps_per_s']:.1f} | {reach} | "
+                print(f"| {name} | {'yes' if slow else 'no'} | {s['kb']:.1f}{warm} | {s['steps_per_s']:.1f} | {reach} | "
                       f"{s['final']:.4f} | {s['loss']:.4f} | {s['wall']:.0f} |", flush=True)
     print(f"\n1-minute load average at the end: {os.getloadavg()[0]:.2f}")
 

@@ -396,6 +396,8 @@ int run(int argc, char** argv) {
   const auto started = std::chrono::steady_clock::now();
   const int64_t first_step = step;
   distributed::world()->reset_traffic();
+  distributed::Traffic warm;  // the counters when the compression hook's warm-up ended
+  int64_t warm_step = 0;
   bool autotune_reported = false;
   zoo::Series train_loss{"train loss", {}, {}, "#1f77b4"}, test_loss{"test loss", {}, {}, "#d62728"};
   zoo::Series train_acc{"train accuracy", {}, {}, "#1f77b4"}, test_acc{"test accuracy", {}, {}, "#d62728"};
@@ -432,6 +434,8 @@ int run(int argc, char** argv) {
         std::printf("\nbraid-train: bucket autotune:\n%s\n", replicas.autotune_report().c_str());
       }
       ++step;
+      // The hooks compress from the end of the first epoch (parse_compression's warm-up).
+      if (compression.hook && step == train_loader.num_batches()) warm = distributed::world()->traffic(), warm_step = step;
       const double l = loss.item();
       const double n = static_cast<double>(b.input.size(0));
       loss_sum += l * n;
@@ -510,6 +514,14 @@ int run(int argc, char** argv) {
                 static_cast<double>(traffic.all_reduce.bytes) / 1024.0 / static_cast<double>(steps_run),
                 static_cast<double>(traffic.all_gather.bytes) / 1024.0 / static_cast<double>(steps_run),
                 static_cast<long long>(steps_run));
+  if (world.size > 1 && warm_step > first_step && step > warm_step) {
+    const auto bytes = [](const distributed::Traffic& t) {
+      return static_cast<double>(t.all_reduce.bytes + t.all_gather.bytes + t.broadcast.bytes + t.reduce_scatter.bytes);
+    };
+    std::printf("communication after the hook's warm-up (steps %lld to %lld): %.1f KB per step per rank\n",
+                static_cast<long long>(warm_step + 1), static_cast<long long>(step),
+                (bytes(traffic) - bytes(warm)) / 1024.0 / static_cast<double>(step - warm_step));
+  }
   if (!args.export_onnx.empty()) {
     // The trained model for (N, 1, 28, 28) images already normalised as above; N is symbolic.
     onnx::export_onnx(*model, zeros({1, 1, 28, 28}, kFloat32, device), args.export_onnx);
