@@ -36,7 +36,7 @@ globals().update({_n: getattr(_dist, _n) for _n in (
     "SyncBatchNorm", "convert_sync_batchnorm", "gpipe_schedule", "one_f_one_b_schedule", "interleaved_schedule",
     "zb_h1_schedule", "make_schedule", "validate", "StepCosts", "PipelineOptions", "make_grid", "partition",
     "profile_layers", "stage_layers", "GridShape", "TopKHook", "PowerSGDHook", "allreduce_hook", "Join", "LocalSGD",
-    "ParameterServer", "place_variables")})
+    "ParameterServer", "place_variables", "HierarchicalOptions", "node_layout", "make_hierarchical_group")})
 
 _previous_excepthook = sys.excepthook
 

@@ -17,6 +17,7 @@
 
 %shared_ptr(braid::distributed::ProcessGroup) %shared_ptr(braid::distributed::Work) %shared_ptr(braid::distributed::SyncBatchNorm)
 %shared_ptr(braid::distributed::CommHook) %shared_ptr(braid::distributed::TopKHook) %shared_ptr(braid::distributed::PowerSGDHook)
+%shared_ptr(braid::distributed::HierarchicalGroup)
 
 // The loss of a pipeline's last stage: a Python callable (output, target) -> Tensor.
 %{
@@ -55,7 +56,7 @@ inline braid::distributed::PipeLoss pipe_loss(PyObject* callable) {
 
 BRAID_KEYWORD_OPTIONS(braid::distributed::InitOptions) BRAID_KEYWORD_OPTIONS(braid::distributed::DataParallelOptions) BRAID_KEYWORD_OPTIONS(braid::distributed::LocalSGDOptions) BRAID_KEYWORD_OPTIONS(braid::distributed::JoinOptions)
 BRAID_KEYWORD_OPTIONS(braid::distributed::PipelineOptions) BRAID_KEYWORD_OPTIONS(braid::distributed::TopKOptions) BRAID_KEYWORD_OPTIONS(braid::distributed::PowerSGDOptions)
-BRAID_KEYWORD_OPTIONS(braid::distributed::ParameterServerOptions)
+BRAID_KEYWORD_OPTIONS(braid::distributed::ParameterServerOptions) BRAID_KEYWORD_OPTIONS(braid::distributed::HierarchicalOptions)
 
 // Note [Python objects that C++ holds] (braid.swg): the module that a DistributedDataParallel or a
 // PipelineStage holds keeps its Python object alive until the C++ object is destroyed, which is
@@ -90,6 +91,8 @@ inline std::shared_ptr<braid::nn::Module> holding(std::shared_ptr<braid::nn::Mod
 
 %include "braid/distributed/process_group.h"
 %include "braid/distributed/comm_hooks.h"
+%ignore braid::distributed::HierarchicalGroup::HierarchicalGroup;  // make_hierarchical_group builds one
+%include "braid/distributed/hierarchical.h"
 %include "braid/distributed/data_parallel.h"
 %include "braid/distributed/local_sgd.h"
 // Python passes one optimizer over the module's parameters (the second constructor).

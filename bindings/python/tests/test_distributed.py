@@ -339,3 +339,21 @@ def test_parameter_server_with_dynamic_batches_from_python():
         everyone = dist.all_gather(v).numpy()
         assert (everyone == everyone[0]).all(), k
         np.testing.assert_allclose(v.numpy(), want[k], rtol=1e-5, atol=1e-6, err_msg=k)
+
+
+def test_hierarchical_all_reduce_from_python():
+    """Two nodes of two ranks (ranks_per_node overrides the hosts): integer data sums to the flat
+    all-reduce's values, and each rank sends half the elements across nodes (the inter group's counter)."""
+    dist = braid.distributed
+    opts = dict(ranks_per_node=2, min_bytes=0)
+    layout = dist.node_layout(dist.world(), **opts)
+    if SIZE != 4:
+        assert not layout.hierarchical() and dist.make_hierarchical_group(dist.world(), **opts) is None
+        return
+    assert (layout.nodes, layout.ranks_per_node, layout.node, layout.local_rank) == (2, 2, RANK // 2, RANK % 2)
+    group = dist.make_hierarchical_group(dist.world(), **opts)
+    group.inter().reset_traffic()
+    x = braid.from_numpy(np.arange(1000, dtype=np.float32) * (RANK + 1))
+    group.all_reduce(x)
+    np.testing.assert_array_equal(x.numpy(), np.arange(1000, dtype=np.float32) * 10)
+    assert group.inter().traffic().all_reduce.elements == 500
