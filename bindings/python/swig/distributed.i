@@ -16,8 +16,7 @@
 %import "nn.i"
 
 %shared_ptr(braid::distributed::ProcessGroup) %shared_ptr(braid::distributed::Work) %shared_ptr(braid::distributed::SyncBatchNorm)
-%shared_ptr(braid::distributed::CommHook) %shared_ptr(braid::distributed::TopKHook) %shared_ptr(braid::distributed::PowerSGDHook)
-%shared_ptr(braid::distributed::HierarchicalGroup)
+%shared_ptr(braid::distributed::CommHook) %shared_ptr(braid::distributed::TopKHook) %shared_ptr(braid::distributed::PowerSGDHook) %shared_ptr(braid::distributed::HierarchicalGroup)
 
 // The loss of a pipeline's last stage: a Python callable (output, target) -> Tensor.
 %{
@@ -55,8 +54,7 @@ inline braid::distributed::PipeLoss pipe_loss(PyObject* callable) {
 }
 
 BRAID_KEYWORD_OPTIONS(braid::distributed::InitOptions) BRAID_KEYWORD_OPTIONS(braid::distributed::DataParallelOptions) BRAID_KEYWORD_OPTIONS(braid::distributed::LocalSGDOptions) BRAID_KEYWORD_OPTIONS(braid::distributed::JoinOptions)
-BRAID_KEYWORD_OPTIONS(braid::distributed::PipelineOptions) BRAID_KEYWORD_OPTIONS(braid::distributed::TopKOptions) BRAID_KEYWORD_OPTIONS(braid::distributed::PowerSGDOptions)
-BRAID_KEYWORD_OPTIONS(braid::distributed::ParameterServerOptions) BRAID_KEYWORD_OPTIONS(braid::distributed::HierarchicalOptions)
+BRAID_KEYWORD_OPTIONS(braid::distributed::PipelineOptions) BRAID_KEYWORD_OPTIONS(braid::distributed::TopKOptions) BRAID_KEYWORD_OPTIONS(braid::distributed::PowerSGDOptions) BRAID_KEYWORD_OPTIONS(braid::distributed::ParameterServerOptions) BRAID_KEYWORD_OPTIONS(braid::distributed::HierarchicalOptions)
 
 // Note [Python objects that C++ holds] (braid.swg): the module that a DistributedDataParallel or a
 // PipelineStage holds keeps its Python object alive until the C++ object is destroyed, which is
@@ -85,24 +83,17 @@ inline std::shared_ptr<braid::nn::Module> holding(std::shared_ptr<braid::nn::Mod
 %ignore braid::distributed::PipelineOptions::sharded;  // no Python ShardedDataParallel yet
 %ignore braid::distributed::PipelineStage::Incoming; %ignore braid::distributed::PipelineStage::operator();
 
-%template(PipeActionVector) std::vector<braid::distributed::PipeAction>;
-%template(LayerProfileVector) std::vector<braid::distributed::LayerProfile>;
+%template(PipeActionVector) std::vector<braid::distributed::PipeAction>; %template(LayerProfileVector) std::vector<braid::distributed::LayerProfile>;
 %template(StringVectors) std::vector<std::vector<std::string>>;  // bucket_names(): a tuple of tuples
 
 %include "braid/distributed/process_group.h"
 %include "braid/distributed/comm_hooks.h"
-%ignore braid::distributed::HierarchicalGroup::HierarchicalGroup;  // make_hierarchical_group builds one
-%include "braid/distributed/hierarchical.h"
+%ignore braid::distributed::HierarchicalGroup::HierarchicalGroup; %include "braid/distributed/hierarchical.h"
 %include "braid/distributed/data_parallel.h"
 %include "braid/distributed/local_sgd.h"
-// Python passes one optimizer over the module's parameters (the second constructor).
-%ignore braid::distributed::ParameterServer::ParameterServer(std::shared_ptr<nn::Module>, const OptimizerFactory&, ProcessGroupPtr, const ParameterServerOptions&);
-%ignore braid::distributed::ParameterServer::on_server_step; %ignore braid::distributed::ParameterServer::server_optimizer;
-%template(PullRecordVector) std::vector<braid::distributed::PullRecord>; %template(IntVector) std::vector<int>;
-%include "braid/distributed/parameter_server.h"
-%include "braid/distributed/schedule.h"
-%include "braid/distributed/partition.h"
-%include "braid/distributed/pipeline.h"
+%ignore braid::distributed::ParameterServer::ParameterServer(std::shared_ptr<nn::Module>, const OptimizerFactory&, ProcessGroupPtr, const ParameterServerOptions&); %ignore braid::distributed::ParameterServer::on_server_step; %ignore braid::distributed::ParameterServer::server_optimizer;
+%template(PullRecordVector) std::vector<braid::distributed::PullRecord>; %template(IntVector) std::vector<int>; %include "braid/distributed/parameter_server.h"
+%include "braid/distributed/schedule.h" %include "braid/distributed/partition.h" %include "braid/distributed/pipeline.h"
 // Python picks signals with the signal module if it wants others; the default pair is what Slurm sends.
 %ignore braid::distributed::catch_preemption_signals(const std::vector<int>&);
 %include "braid/distributed/preemption.h"
