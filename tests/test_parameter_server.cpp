@@ -46,6 +46,8 @@ OptimizerFactory sgd() {
   };
 }
 
+constexpr int kToken = 7300;  // the other workers' word to the delayed one
+
 /// Trains steps steps; worker w takes rows [4 w, 4 w + 4) of each step's batch. Returns the model.
 std::shared_ptr<nn::Sequential> run(const ParameterServerOptions& o, int steps, std::vector<PullRecord>* pulls = nullptr,
                                     int delayed_worker = -1, int64_t hidden = 8) {
@@ -60,10 +62,19 @@ std::shared_ptr<nn::Sequential> run(const ParameterServerOptions& o, int steps, 
     auto [x, y] = batch(s, 4 * ps.workers());
     m->zero_grad();
     nn::cross_entropy(m->forward(x.narrow(0, 4 * w, 4)), y.narrow(0, 4 * w, 4)).backward();
-    // Makes the delayed worker likely to lag, so that the bound is exercised; what the tests assert
-    // (the bound, the final variables) holds at any speed, so no result depends on the machine's.
-    if (w == delayed_worker) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    // The delayed worker pushes its first gradient only once every other worker has pushed s and
+    // read back (they tell it): they then stand s steps ahead of it, and their next pull must wait
+    // for it, so the bound is reached on every machine (an event, not a sleep).
+    const bool bounded = delayed_worker >= 0 && o.staleness > 0;
+    if (bounded && w == delayed_worker && s == 0) {
+      for (int other = 0; other < ps.workers(); ++other) {
+        Tensor token = zeros({1}, kFloat64, Device::cpu());
+        if (other != w) world()->recv(token, o.servers + other, kToken);
+      }
+    }
     ps.push_pull();
+    if (bounded && w != delayed_worker && s + 1 == o.staleness)
+      world()->send(zeros({1}, kFloat64, Device::cpu()), o.servers + delayed_worker, kToken);
   }
   ps.finish();
   if (pulls) *pulls = ps.pulls();
@@ -189,6 +200,15 @@ TEST_F(ParameterServers, NoWorkerReadsVariablesMoreThanStalenessStepsOld) {
           EXPECT_LE(p.clock - p.slowest, staleness) << "clock " << p.clock << " server " << p.server;
           EXPECT_GE(p.version, W * std::max<int64_t>(0, p.clock - staleness)) << "clock " << p.clock;
         }
+        // And the bound is reached: before the delayed worker's first push, every other worker read
+        // at clock s with the slowest at 0, s steps ahead; its next pull had to wait (the bound).
+        if (R() != servers) {
+          for (int k = 0; k < servers; ++k) {
+            const PullRecord& p = pulls[static_cast<size_t>((staleness - 1) * servers + k)];
+            EXPECT_EQ(p.clock, staleness);
+            EXPECT_EQ(p.slowest, 0) << "server " << k;
+          }
+        }
       }
       expect_workers_hold_the_servers_variables(*m, o, hidden);
     }
@@ -198,7 +218,7 @@ TEST_F(ParameterServers, NoWorkerReadsVariablesMoreThanStalenessStepsOld) {
 TEST_F(ParameterServers, AsynchronousTrainingEndsWithEveryWorkerHoldingTheServersVariables) {
   if (N() < 2) GTEST_SKIP() << "needs a server and a worker";
   const ParameterServerOptions o{.servers = N() == 4 ? 2 : 1, .placement = Placement::RoundRobin, .staleness = -1};
-  auto m = run(o, 6, nullptr, 0);
+  auto m = run(o, 6);
   expect_workers_hold_the_servers_variables(*m, o);
 }
 
