@@ -221,7 +221,7 @@ void ParameterServer::push_pull() {
   for (auto& w : sends) w->wait();
 }
 
-int64_t ParameterServer::next_batch() {
+int64_t ParameterServer::next_batch(bool stop) {
   BRAID_CHECK(!is_server(), "ParameterServer::next_batch: rank ", rank_, " is a server; call serve() there");
   BRAID_CHECK(options_.dynamic_batches > 0,
               "ParameterServer::next_batch: needs dynamic_batches > 0; with shards call push_pull() (rank ", rank_, ")");
@@ -231,9 +231,10 @@ int64_t ParameterServer::next_batch() {
   if (held_ >= 0) push_gradients(kPush, held_, sends, keep), ++clock_;
   Tensor claimed = zeros({2}, kInt64, Device::cpu());
   WorkPtr got = group_->irecv(claimed, 0, kClaimed);
-  send_header(0, kClaim, -1, kPushHeader);
+  send_header(0, kClaim, stop ? 1 : 0, kPushHeader);
   got->wait();
   held_ = claimed.to_vector<int64_t>()[0];
+  if (held_ < 0) handed_out_ = claimed.to_vector<int64_t>()[1];
   if (held_ >= 0) {
     // Server 0 answers the claim with the variables as soon as they are fresh enough; the others
     // are told the batch.
@@ -322,8 +323,12 @@ void ParameterServer::serve() {
 void ParameterServer::serve_claims() {
   ServerState& st = *server_;
   const int W = workers();
-  const int64_t T = options_.dynamic_batches;
-  int64_t next = 0;                               // server 0: the next batch to hand out
+  int64_t T = options_.dynamic_batches;
+  BRAID_CHECK(options_.first_batch >= 0 && options_.first_batch % W == 0 && options_.first_batch <= T,
+              "ParameterServer: first_batch ", options_.first_batch, " must be a whole number of rounds of ", W,
+              " batches within the ", T, " batches");
+  int64_t next = options_.first_batch;  // server 0: the next batch to hand out
+  st.version = options_.first_batch / W;
   std::map<int64_t, std::vector<Tensor>> rounds;  // gradients of rounds not yet applied, by batch slot
   std::vector<int64_t> wants(static_cast<size_t>(W), -1);  // the batch a worker waits on variables for
   auto size_of = [&](int64_t r) { return std::min<int64_t>(W, T - r * W); };
@@ -362,8 +367,9 @@ void ParameterServer::serve_claims() {
           }
         }
       } else if (h[0] == kClaim) {
+        if (h[1] == 1) T = std::min(T, (next + W - 1) / W * W);  // a stop: finish the round begun
         const int64_t b = next < T ? next++ : -1;
-        group_->send(tensor(std::vector<int64_t>{b, 0}, {2}, Device::cpu()), options_.servers + w, kClaimed);
+        group_->send(tensor(std::vector<int64_t>{b, T}, {2}, Device::cpu()), options_.servers + w, kClaimed);
         wants[static_cast<size_t>(w)] = b;
       } else {
         wants[static_cast<size_t>(w)] = h[1];

@@ -252,14 +252,15 @@ int run(int argc, char** argv) {
   BRAID_CHECK(args.dynamic_batches == 0 || args.ps > 0, "braid-train: --dynamic-batches hands out the batches of ",
               "parameter-server training; add --ps S");
   if (args.ps > 0) {
-    BRAID_CHECK_T(NotImplementedError, args.pipeline_stages == 1 && args.resume.empty() && args.stop_at_step == 0 &&
-                      args.amp == "off" && args.zero_stage == 0 && args.local_sgd < 0,
-                  "braid-train: --ps does not run with --pipeline-stages, --resume, --stop-at-step, --amp, --zero-stage ",
-                  "or --local-sgd yet");
+    BRAID_CHECK_T(NotImplementedError, args.pipeline_stages == 1 && args.amp == "off" && args.zero_stage == 0 &&
+                      args.local_sgd < 0 && args.stop_after == 0 && args.compress == "none",
+                  "braid-train: --ps does not run with --pipeline-stages, --amp, --zero-stage, --local-sgd, --stop-after ",
+                  "or --compress");
     zoo::PsRun r;
     r.model = args.model, r.optimizer = args.optimizer, r.out = args.out, r.epochs = args.epochs;
     r.batch_size = args.batch_size, r.servers = args.ps, r.staleness = args.staleness, r.lr = args.lr, r.seed = args.seed;
     r.slow_rank = slow_rank, r.slow_ms = slow_ms, r.device = device, r.dynamic = args.dynamic_batches != 0;
+    r.stop_at_step = args.stop_at_step, r.resume = args.resume;
     r.train_set = train_set, r.test_set = test_set, r.normalize = normalize;
     return zoo::train_ps(r);
   }

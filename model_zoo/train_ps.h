@@ -20,14 +20,18 @@ struct PsRun {
   uint64_t seed = 0;
   int slow_rank = -1, slow_ms = 0;  ///< --slow-rank: this rank sleeps slow_ms per step
   bool dynamic = false;             ///< --dynamic-batches
+  int64_t stop_at_step = 0;         ///< --stop-at-step
+  std::string resume;               ///< --resume: checkpoint.braid of a parameter-server run, or its folder
   Device device = Device::cpu();
   std::shared_ptr<data::TensorDataset> train_set, test_set;
   std::shared_ptr<const data::Transform> normalize;
 };
 
 /// Trains, evaluates on the workers after every epoch (log.csv with the seconds since the start),
-/// prints the pushes' and pulls' bytes per step, and the first worker writes the final model to
-/// checkpoint.braid ("model." entries). Returns the exit code. Collective.
+/// prints the pushes' and pulls' bytes per step, and writes the checkpoint (Note [Parameter-server
+/// checkpoints]: the first worker's checkpoint.braid with the model's "model." entries, and each
+/// server's checkpoint.ps<rank>.step<N>.braid). Stops on a preemption signal or --stop-at-step and
+/// resumes with --resume. Returns the exit code (kRequeueExitCode after a signal). Collective.
 int train_ps(const PsRun& run);
 
 }  // namespace braid::zoo

@@ -169,3 +169,34 @@ def test_a_compressed_run_resumes_with_its_error_feedback_bit_for_bit(braid_py, 
             full, resumed = weights(braid_py, tmp_path / f"{name}-full"), weights(braid_py, run)
             same = all(np.array_equal(full[k], resumed[k]) for k in full)
             assert same != lose, f"{spec}: resumed {'without' if lose else 'with'} the hook files"
+
+
+def test_a_parameter_server_run_stops_and_resumes_bit_for_bit(braid_py, tmp_path):
+    """Note [Parameter-server checkpoints], at 3 ranks over two epochs of 16 steps: on static shards
+    (synchronous) and with dynamic batches (staleness 0), a run stopped at step 10 writes the
+    servers' file of step 10 and checkpoint.braid, and resumed from the folder ends with the
+    uninterrupted run's weights bit for bit; a checkpoint of another layout is refused by name."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", BRAID_NUM_THREADS="1", BRAID_TIMEOUT="120")
+
+    def ps(out, *extra, ranks=3):
+        cmd = ["mpiexec", "-n", str(ranks), TRAIN, *ARGS, "--epochs", "2", "--out", str(out), "--ps", "1", *extra]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+
+    for mode in ([], ["--dynamic-batches", "1"]):
+        name = "dynamic" if mode else "static"
+        r = ps(tmp_path / f"{name}-full", *mode)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        run = tmp_path / f"{name}-stopped"
+        r = ps(run, *mode, "--stop-at-step", "10")
+        assert r.returncode == 0 and "stopped after step 10 (--stop-at-step)" in r.stdout, r.stdout + r.stderr[-2000:]
+        assert sorted(p.name for p in run.iterdir()) == ["checkpoint.braid", "checkpoint.ps0.step10.braid", "log.csv"]
+        r = ps(run, *mode, "--resume", str(run))
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        assert sorted(p.name for p in run.glob("checkpoint.ps*")) == ["checkpoint.ps0.step32.braid"]
+        full, resumed = weights(braid_py, tmp_path / f"{name}-full"), weights(braid_py, run)
+        assert full.keys() == resumed.keys()
+        for k in full:
+            np.testing.assert_array_equal(resumed[k], full[k], err_msg=f"{name} {k}")
+    r = ps(tmp_path / "other", "--ps", "2", "--resume", str(tmp_path / "static-stopped"))
+    assert r.returncode != 0 and "is not a checkpoint of parameter-server training with 2 server(s), 1 workers" in \
+        r.stderr, r.stderr[-2000:]

@@ -92,7 +92,7 @@ inline std::shared_ptr<braid::nn::Module> holding(std::shared_ptr<braid::nn::Mod
 %include "braid/distributed/data_parallel.h"
 %include "braid/distributed/local_sgd.h"
 %ignore braid::distributed::ParameterServer::ParameterServer(std::shared_ptr<nn::Module>, const OptimizerFactory&, ProcessGroupPtr, const ParameterServerOptions&); %ignore braid::distributed::ParameterServer::on_server_step; %ignore braid::distributed::ParameterServer::server_optimizer;
-%template(PullRecordVector) std::vector<braid::distributed::PullRecord>; %template(IntVector) std::vector<int>; %include "braid/distributed/parameter_server.h"
+%template(PullRecordVector) std::vector<braid::distributed::PullRecord>; %include "braid/distributed/parameter_server.h"
 %include "braid/distributed/schedule.h" %include "braid/distributed/partition.h" %include "braid/distributed/pipeline.h"
 // Python picks signals with the signal module if it wants others; the default pair is what Slurm sends.
 %ignore braid::distributed::catch_preemption_signals(const std::vector<int>&);

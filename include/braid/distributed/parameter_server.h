@@ -41,6 +41,9 @@ struct ParameterServerOptions {
   /// and staleness counts rounds (Note [Claimed batches]). 0: each worker trains on its own shard
   /// and calls push_pull().
   int64_t dynamic_batches = 0;
+  /// With dynamic batches, a resumed run: batches 0 .. first_batch - 1 were trained (a multiple of
+  /// the workers, i.e. whole rounds); the servers start at that round and hand out the rest.
+  int64_t first_batch = 0;
 };
 
 /// What a worker saw when it pulled from one server: its clock (steps pushed), the slowest worker's
@@ -82,8 +85,13 @@ class ParameterServer {
   /// Worker, with dynamic batches: pushes the gradient of the batch it holds (none at the first
   /// call), claims the next batch and waits for variables at most `staleness` rounds behind that
   /// batch's round (any age when asynchronous). Returns the batch's number, or -1 once every batch
-  /// has been handed out; then call finish().
-  int64_t next_batch();
+  /// has been handed out; then call finish(). stop (a preemption, seen by this worker alone): asks
+  /// server 0 to hand out nothing past the round of the batches given so far, so that the run ends
+  /// at a round's end on every worker.
+  int64_t next_batch(bool stop = false);
+  /// With dynamic batches: the batches handed out, once next_batch() has returned -1 (a whole
+  /// number of rounds; fewer than dynamic_batches after a stop).
+  int64_t handed_out() const { return handed_out_; }
   /// Worker: done training; receives the servers' final variables.
   void finish();
   /// Server: answers the workers until every one has finished. The module then holds this
@@ -116,7 +124,7 @@ class ParameterServer {
   std::vector<Tensor> params_;
   std::vector<int> server_of_;
   std::vector<std::vector<size_t>> vars_of_;  // per server: its variables, in the model's order
-  int64_t clock_ = 0, held_ = -1;
+  int64_t clock_ = 0, held_ = -1, handed_out_ = -1;
   std::vector<PullRecord> pulls_;
   std::unique_ptr<ServerState> server_;
   std::function<void(optim::Optimizer&)> on_step_;
