@@ -69,9 +69,11 @@ def main():
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--slow-ms", type=int, default=40)
     ap.add_argument("--target", type=float, default=0.9)
+    ap.add_argument("--no-build", action="store_true", help="run the build folder's braid-train as it is (a copy)")
     ap.add_argument("--only", default="", help="comma-separated names (or parts of names) of methods to run")
     args = ap.parse_args()
-    subprocess.run(["ninja", "-C", args.build_dir, "model_zoo/braid-train"], check=True, stdout=subprocess.DEVNULL)
+    if not args.no_build:
+        subprocess.run(["ninja", "-C", args.build_dir, "model_zoo/braid-train"], check=True, stdout=subprocess.DEVNULL)
     common = ["--epochs", str(args.epochs)] + (["--limit", str(args.limit)] if args.limit else [])
     wanted = [m.strip() for m in args.only.split(",") if m.strip()]
     print(f"1-minute load average at start: {os.getloadavg()[0]:.2f}\n")
