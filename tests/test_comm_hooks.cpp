@@ -398,44 +398,59 @@ std::shared_ptr<nn::Linear> uneven_model() {
   m->to(kFloat64);
   return m;
 }
+/// PyTorch's definition, step by step on one process: at step t the ranks with more than t batches
+/// contribute their gradients (each the sum over its `micro` batches micro t .. micro t + micro - 1),
+/// divided by N (or by how many they are); SGD, rate 0.1, with momentum b = g, then
+/// b = momentum * b + g (a finished rank does not step its optimizer, so its momentum is stale; the
+/// final model comes from a rank that stepped every time). Returns the steps of the longest rank.
+int64_t join_reference(nn::Module& ref, int64_t micro, bool initial, double momentum) {
+  std::vector<Tensor> buf;
+  int64_t longest = 0;
+  for (int r = 0; r < N(); ++r) longest = std::max(longest, batches_of(r));
+  for (int64_t t = 0; t < longest; ++t) {
+    std::vector<Tensor> sum;
+    int active = 0;
+    for (int r = 0; r < N(); ++r) {
+      if (t >= batches_of(r)) continue;
+      ++active;
+      ref.zero_grad();
+      for (int64_t k = micro * t; k < micro * t + micro; ++k) {
+        auto [x, y] = uneven_batch(k, r);
+        nn::mse_loss(ref.forward(x), y).backward();
+      }
+      const auto ps = ref.parameters();
+      for (size_t i = 0; i < ps.size(); ++i) {
+        if (sum.size() <= i) sum.push_back(ps[i].grad().clone());
+        else sum[i] = sum[i] + ps[i].grad();
+      }
+    }
+    NoGradGuard no_grad;
+    const auto ps = ref.parameters();
+    for (size_t i = 0; i < ps.size(); ++i) {
+      Tensor g = sum[i] * (1.0 / (initial ? N() : active));
+      if (buf.size() <= i) buf.push_back(g);
+      else buf[i] = buf[i] * momentum + g;
+      Tensor(ps[i]).add_(momentum > 0 ? buf[i] : g, -0.1);
+    }
+  }
+  return longest;
+}
+/// Every rank's parameters equal want (to 1e-12), and each other's bit for bit.
+void expect_joined(const std::vector<Tensor>& got, const std::vector<Tensor>& want) {
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_LE(amax(abs(got[i] - want[i])).item(), 1e-12) << i;
+    Tensor all = world()->all_gather(got[i].to(Device::cpu()));
+    for (int r = 1; r < N(); ++r) EXPECT_EQ(amax(abs(all.select(0, r) - all.select(0, 0))).item(), 0.0);
+  }
+}
 }  // namespace
 
 TEST_F(UnevenInputs, JoinGivesPyTorchsResultAndEveryRankEndsAlike) {
   for (auto [initial, momentum] : {std::pair{true, 0.0}, std::pair{false, 0.0}, std::pair{true, 0.9}}) {
     SCOPED_TRACE(initial ? "divide by the initial world size" : "divide by the ranks still training");
     SCOPED_TRACE(momentum);
-    // PyTorch's definition, step by step on one process: at step t the ranks with more than t
-    // batches contribute their gradients, divided by N (or by how many they are); SGD, rate 0.1,
-    // with momentum b = g, then b = momentum * b + g (a finished rank does not step its optimizer,
-    // so its momentum is stale; the final model comes from a rank that stepped every time).
     auto ref = uneven_model();
-    std::vector<Tensor> buf;
-    int64_t longest = 0;
-    for (int r = 0; r < N(); ++r) longest = std::max(longest, batches_of(r));
-    for (int64_t t = 0; t < longest; ++t) {
-      std::vector<Tensor> sum;
-      int active = 0;
-      for (int r = 0; r < N(); ++r) {
-        if (t >= batches_of(r)) continue;
-        ++active;
-        auto [x, y] = uneven_batch(t, r);
-        ref->zero_grad();
-        nn::mse_loss(ref->forward(x), y).backward();
-        const auto ps = ref->parameters();
-        for (size_t i = 0; i < ps.size(); ++i) {
-          if (sum.size() <= i) sum.push_back(ps[i].grad().clone());
-          else sum[i] = sum[i] + ps[i].grad();
-        }
-      }
-      NoGradGuard no_grad;
-      const auto ps = ref->parameters();
-      for (size_t i = 0; i < ps.size(); ++i) {
-        Tensor g = sum[i] * (1.0 / (initial ? N() : active));
-        if (buf.size() <= i) buf.push_back(g);
-        else buf[i] = buf[i] * momentum + g;
-        Tensor(ps[i]).add_(momentum > 0 ? buf[i] : g, -0.1);
-      }
-    }
+    const int64_t longest = join_reference(*ref, 1, initial, momentum);
     auto m = uneven_model();
     DistributedDataParallel ddp(m, world());
     optim::SGD opt(m->parameters(), {.lr = 0.1, .momentum = momentum});
@@ -448,12 +463,7 @@ TEST_F(UnevenInputs, JoinGivesPyTorchsResultAndEveryRankEndsAlike) {
     }
     join.finish();
     EXPECT_EQ(join.shadowed_steps(), longest - batches_of(R()));
-    const auto want = ref->parameters(), got = m->parameters();
-    for (size_t i = 0; i < want.size(); ++i) {
-      EXPECT_LE(amax(abs(got[i] - want[i])).item(), 1e-12) << i;
-      Tensor all = world()->all_gather(got[i].to(Device::cpu()));
-      for (int r = 1; r < N(); ++r) EXPECT_EQ(amax(abs(all.select(0, r) - all.select(0, 0))).item(), 0.0);
-    }
+    expect_joined(m->parameters(), ref->parameters());
   }
   auto m = uneven_model();
   DistributedDataParallel tuned(m, world(), {.autotune = true});
@@ -465,27 +475,7 @@ TEST_F(UnevenInputs, JoinWithGradientAccumulationUnderNoSync) {
   // synchronised. A finished rank shadows only the synchronised backward passes (Note [Join]), so
   // the definition is the one above with each rank's gradient the sum of its two micro-batches'.
   auto ref = uneven_model();
-  int64_t longest = 0;
-  for (int r = 0; r < N(); ++r) longest = std::max(longest, batches_of(r));
-  for (int64_t t = 0; t < longest; ++t) {
-    std::vector<Tensor> sum;
-    for (int r = 0; r < N(); ++r) {
-      if (t >= batches_of(r)) continue;
-      ref->zero_grad();
-      for (int64_t k : {2 * t, 2 * t + 1}) {
-        auto [x, y] = uneven_batch(k, r);
-        nn::mse_loss(ref->forward(x), y).backward();
-      }
-      const auto ps = ref->parameters();
-      for (size_t i = 0; i < ps.size(); ++i) {
-        if (sum.size() <= i) sum.push_back(ps[i].grad().clone());
-        else sum[i] = sum[i] + ps[i].grad();
-      }
-    }
-    NoGradGuard no_grad;
-    const auto ps = ref->parameters();
-    for (size_t i = 0; i < ps.size(); ++i) Tensor(ps[i]).add_(sum[i] * (1.0 / N()), -0.1);
-  }
+  const int64_t longest = join_reference(*ref, 2, true, 0.0);
   auto m = uneven_model();
   DistributedDataParallel ddp(m, world());
   optim::SGD opt(m->parameters(), {.lr = 0.1});
@@ -503,12 +493,7 @@ TEST_F(UnevenInputs, JoinWithGradientAccumulationUnderNoSync) {
   }
   join.finish();
   EXPECT_EQ(join.shadowed_steps(), longest - batches_of(R()));
-  const auto want = ref->parameters(), got = m->parameters();
-  for (size_t i = 0; i < want.size(); ++i) {
-    EXPECT_LE(amax(abs(got[i] - want[i])).item(), 1e-12) << i;
-    Tensor all = world()->all_gather(got[i].to(Device::cpu()));
-    for (int r = 1; r < N(); ++r) EXPECT_EQ(amax(abs(all.select(0, r) - all.select(0, 0))).item(), 0.0);
-  }
+  expect_joined(m->parameters(), ref->parameters());
 }
 
 int main(int argc, char** argv) { return braid::testing::mpi_test_main(argc, argv); }

@@ -46,6 +46,25 @@ OptimizerFactory sgd() {
   };
 }
 
+/// Synchronous data parallelism written out: each batch's gradient, added in the order given, times
+/// 1 / (batches), and one optimizer step.
+void averaged_step(nn::Module& ref, optim::Optimizer& opt, const std::vector<std::pair<Tensor, Tensor>>& batches) {
+  std::vector<Tensor> sum;
+  const auto ps = ref.parameters();
+  for (const auto& [x, y] : batches) {
+    ref.zero_grad();
+    nn::cross_entropy(ref.forward(x), y).backward();
+    for (size_t i = 0; i < ps.size(); ++i) {
+      Tensor g = ps[i].grad().reshape({ps[i].numel()}).clone();
+      if (sum.size() <= i) sum.push_back(g);
+      else sum[i] = sum[i] + g;
+    }
+  }
+  for (size_t i = 0; i < ps.size(); ++i)
+    Tensor(ps[i]).set_grad((sum[i] * (1.0 / static_cast<double>(batches.size()))).view(ps[i].shape()));
+  opt.step();
+}
+
 constexpr int kToken = 7300;  // the other workers' word to the delayed one
 
 /// Trains steps steps; worker w takes rows [4 w, 4 w + 4) of each step's batch. Returns the model.
@@ -128,20 +147,9 @@ TEST_F(ParameterServers, SynchronousIsDataParallelBitForBit) {
     optim::SGD opt(ref->parameters(), {.lr = 0.1, .momentum = 0.9});
     for (int s = 0; s < 4; ++s) {
       auto [x, y] = batch(s, 4 * W);
-      std::vector<Tensor> sum;
-      for (int w = 0; w < W; ++w) {
-        ref->zero_grad();
-        nn::cross_entropy(ref->forward(x.narrow(0, 4 * w, 4)), y.narrow(0, 4 * w, 4)).backward();
-        const auto ps = ref->parameters();
-        for (size_t i = 0; i < ps.size(); ++i) {
-          Tensor g = ps[i].grad().reshape({ps[i].numel()}).clone();
-          if (sum.size() <= i) sum.push_back(g);
-          else sum[i] = sum[i] + g;
-        }
-      }
-      const auto ps = ref->parameters();
-      for (size_t i = 0; i < ps.size(); ++i) Tensor(ps[i]).set_grad((sum[i] * (1.0 / W)).view(ps[i].shape()));
-      opt.step();
+      std::vector<std::pair<Tensor, Tensor>> rows;
+      for (int w = 0; w < W; ++w) rows.emplace_back(x.narrow(0, 4 * w, 4), y.narrow(0, 4 * w, 4));
+      averaged_step(*ref, opt, rows);
     }
     if (R() >= servers) {
       const auto got = m->parameters(), want = ref->parameters();
@@ -269,23 +277,9 @@ TEST_F(ParameterServers, DynamicBatchesAtStalenessZeroAreDataParallelOverTheBatc
     auto ref = mlp();
     optim::SGD opt(ref->parameters(), {.lr = 0.1, .momentum = 0.9});
     for (int64_t r = 0; r * W < T; ++r) {
-      const int64_t n = std::min<int64_t>(W, T - r * W);
-      std::vector<Tensor> sum;
-      for (int64_t b = r * W; b < r * W + n; ++b) {
-        auto [x, y] = batch(100 + static_cast<int>(b), 4);
-        ref->zero_grad();
-        nn::cross_entropy(ref->forward(x), y).backward();
-        const auto ps = ref->parameters();
-        for (size_t i = 0; i < ps.size(); ++i) {
-          Tensor g = ps[i].grad().reshape({ps[i].numel()}).clone();
-          if (sum.size() <= i) sum.push_back(g);
-          else sum[i] = sum[i] + g;
-        }
-      }
-      const auto ps = ref->parameters();
-      for (size_t i = 0; i < ps.size(); ++i)
-        Tensor(ps[i]).set_grad((sum[i] * (1.0 / static_cast<double>(n))).view(ps[i].shape()));
-      opt.step();
+      std::vector<std::pair<Tensor, Tensor>> round;
+      for (int64_t b = r * W; b < std::min<int64_t>(T, r * W + W); ++b) round.push_back(batch(100 + static_cast<int>(b), 4));
+      averaged_step(*ref, opt, round);
     }
     if (R() >= servers) {
       const auto got = m->parameters(), want = ref->parameters();
