@@ -31,6 +31,7 @@ METHODS = [
      ["--ps", "1", "--staleness", "2", "--dynamic-batches", "1"]),
     ("local SGD, H = 10 (Nesterov outer)", ["--local-sgd", "10", "--outer", "nesterov", "--outer-lr", "0.7"]),
     ("local SGD, H = 50 (Nesterov outer)", ["--local-sgd", "50", "--outer", "nesterov", "--outer-lr", "0.7"]),
+    ("DDP, SGD (DGC's baseline: DGC keeps SGD's momentum in its hook)", ["--optimizer", "sgd"]),
     ("DGC top-0.1% (SGD)", ["--compress", "dgc:0.001", "--optimizer", "sgd"]),
     ("PowerSGD rank 2", ["--compress", "powersgd:2"]),
 ]
