@@ -50,7 +50,7 @@ struct Args {
   int64_t local_sgd = -1;
   int64_t ps = 0, staleness = 0, dynamic_batches = 0;  // --ps S servers (train_ps.h), --staleness s
   std::string outer = "sgd";
-  double outer_lr = 1.0;
+  double outer_lr = 1.0, outer_momentum = 0.9;
   int64_t stop_after = 0;  // epochs to run in this invocation (0: to the end)
   int64_t stop_at_step = 0;  // checkpoint after this global step and exit, as on preemption (0: never)
   double lr = 0;  // 0: the optimizer's default below
@@ -84,6 +84,7 @@ void usage() {
       "                    s > 0 bounded, -1 asynchronous)] [--dynamic-batches 0|1 (workers claim batches from the\n"
       "                    servers, a slow one takes fewer; staleness then counts rounds)]]\n"
       "                   [--outer sgd|nesterov (local SGD's outer step; nesterov is DiLoCo's)] [--outer-lr X]\n"
+      "                   [--outer-momentum X (Nesterov's momentum, 0.9)]\n"
       "                   [--zero-stage 0|1|2|3 (shard the optimizer state, gradients, parameters over the\n"
       "                    replicas: ZeRO; 1 or 2 with --pipeline-stages; no --amp fp16)]\n"
       "                   [--slow-rank R:MS (rank R sleeps MS ms per step: a slower machine, for benchmarks)]\n"
@@ -130,6 +131,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--lr") a.lr = std::stod(v);
     else if (k == "--bucket-mb") a.bucket_mb = std::stod(v);
     else if (k == "--outer-lr") a.outer_lr = std::stod(v);
+    else if (k == "--outer-momentum") a.outer_momentum = std::stod(v);
     else if (k == "--seed") a.seed = std::stoull(v);
     else throw ValueError("braid-train: unknown option '" + k + "' (see --help)");
   }
@@ -328,6 +330,7 @@ int run(int argc, char** argv) {
   ro.local_sgd = args.local_sgd;
   ro.local.outer = args.outer;
   ro.local.outer_lr = args.outer_lr;
+  ro.local.outer_momentum = args.outer_momentum;
   const int64_t num_parameters = model->num_parameters();  // (stage 3 frees the units' parameters)
   zoo::Replicas replicas(model, distributed::world(), ro, make_optimizer);
   optim::Optimizer* opt = &replicas.optimizer();
