@@ -7,7 +7,6 @@
 // eagerly; asynchronous training ending with every worker holding the servers' variables; dynamic
 // batches: every batch computed once, staleness 0 bit for bit against data parallelism over the
 // batch order, the bound in rounds from every pull; errors.
-#include <chrono>
 #include <thread>
 
 #include "braid/autograd.h"
@@ -65,7 +64,7 @@ void averaged_step(nn::Module& ref, optim::Optimizer& opt, const std::vector<std
   opt.step();
 }
 
-constexpr int kToken = 7300;  // the other workers' word to the delayed one
+constexpr int kToken = 7300;  // the workers' word to each other about the delayed one
 
 /// Trains steps steps; worker w takes rows [4 w, 4 w + 4) of each step's batch. Returns the model.
 std::shared_ptr<nn::Sequential> run(const ParameterServerOptions& o, int steps, std::vector<PullRecord>* pulls = nullptr,
@@ -240,14 +239,44 @@ std::shared_ptr<nn::Sequential> run_claims(const ParameterServerOptions& o, std:
     ps.serve();
     return m;
   }
-  for (int64_t b; (b = ps.next_batch()) >= 0;) {
+  // With a delayed worker and a bound, events make the lag (no sleep): the delayed worker claims
+  // first (batch 0, round 0) and the others wait for its word; they then compute batches 1 .. K,
+  // K = (s + 1) W - 1, the last of round s, which need no variables newer than version 0, and tell
+  // it of each; only after all K does it push batch 0. So the batch K is computed exactly s rounds
+  // behind, and every later claim of theirs waits for the delayed worker: the bound binds.
+  const int W = ps.workers(), me = ps.worker_index();
+  const bool hold = delayed_worker >= 0 && o.staleness > 0;
+  const int64_t K = (o.staleness + 1) * W - 1;
+  const int late = o.servers + delayed_worker;
+  std::vector<Tensor> word(static_cast<size_t>(W));
+  std::vector<WorkPtr> posted(static_cast<size_t>(W));
+  auto listen = [&](int v) {
+    word[static_cast<size_t>(v)] = zeros({1}, kInt64, Device::cpu());
+    posted[static_cast<size_t>(v)] = world()->irecv(word[static_cast<size_t>(v)], o.servers + v, kToken);
+  };
+  auto say = [&](int64_t what, int to) { world()->send(full({1}, static_cast<double>(what), kInt64, Device::cpu()), to, kToken); };
+  if (hold && me != delayed_worker) {
+    Tensor go = zeros({1}, kInt64, Device::cpu());
+    world()->recv(go, late, kToken);
+  }
+  int64_t b = ps.next_batch();
+  if (hold && me == delayed_worker) {
+    for (int v = 0; v < W; ++v)
+      if (v != me) say(0, o.servers + v), listen(v);
+    for (int64_t heard = 0; heard < K; std::this_thread::yield())
+      for (int v = 0; v < W; ++v)
+        if (v != me && posted[static_cast<size_t>(v)]->is_completed()) posted[static_cast<size_t>(v)]->wait(), ++heard, listen(v);
+  }
+  for (; b >= 0; b = ps.next_batch()) {
     claimed->push_back(b);
     auto [x, y] = batch(100 + static_cast<int>(b), 4);
     m->zero_grad();
     nn::cross_entropy(m->forward(x), y).backward();
-    // As in run(): makes a lag likely; the assertions hold at any speed.
-    if (ps.worker_index() == delayed_worker) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (hold && me != delayed_worker && b <= K) say(b, late);
   }
+  if (hold && me != delayed_worker) say(-1, late);  // the end of its words
+  for (int v = 0; hold && me == delayed_worker && v < W; ++v)
+    if (v != me) posted[static_cast<size_t>(v)]->wait();  // each one's -1: every batch <= K was heard
   ps.finish();
   if (pulls) *pulls = ps.pulls();
   return m;
@@ -313,6 +342,13 @@ TEST_F(ParameterServers, DynamicBatchesNeverComputeOnVariablesMoreThanStalenessR
             EXPECT_LE(p.clock - p.version, staleness) << "batch " << p.batch << " server " << p.server;
           }
         }
+      }
+      if (staleness > 0) {
+        // The batch K = (s + 1) W - 1 was computed on version 0, s rounds behind (run_claims).
+        double at_bound = 0;
+        for (const PullRecord& p : pulls)
+          if (p.batch == (staleness + 1) * W - 1) at_bound += p.clock - p.version == staleness ? 1 : 0;
+        EXPECT_EQ(all_reduce(full({1}, at_bound, kFloat64, Device::cpu())).item(), servers);
       }
       expect_workers_hold_the_servers_variables(*m, o);
     }
