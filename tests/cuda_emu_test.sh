@@ -12,7 +12,7 @@ emu="$build/cuda_emu"
 mkdir -p "$emu"
 (
   flock 9
-  if [[ ! -x "$emu/$prog" || "$build/libbraid.so" -nt "$emu/libbraid.so" ||
+  if [[ ! -x "$emu/$prog" || "$build/libbraid.so" -nt "$emu/libbraid.so" || "$(dirname "$0")/cuda_parity.h" -nt "$emu/$prog" ||
     "$(dirname "$0")/$prog.cpp" -nt "$emu/$prog" ]]; then
     EMU_DIR="$emu" "$(dirname "$0")/../tools/cuda_emu/build.sh" "$build" >"$emu/build.log" 2>&1 ||
       { cat "$emu/build.log" >&2; exit 1; }

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Builds braid's CUDA backend against the host emulation and links a libbraid.so with it.
 #   tools/cuda_emu/build.sh [BUILD_DIR]   (default build-cuda: a tree configured with -Dcuda=enabled)
-# then run $EMU_DIR/test_cuda_backend (EMU_DIR defaults to /tmp/braid_cuda_emu), and, in a tree built
+# then run $EMU_DIR/test_cuda_backend and the other parity suites, tests/test_cuda_*.cpp (EMU_DIR defaults to /tmp/braid_cuda_emu), and, in a tree built
 # with NCCL, $EMU_DIR/test_nccl (a world of one).
 set -e
 here=$(cd "$(dirname "$0")" && pwd)
@@ -37,10 +37,16 @@ cmd=$(echo "$cmd" | sed -e 's#src/backend/cuda/libbraid_cuda.a.p/[a-z_]*\.\(cu\|
 objabs=""
 for o in "${objs[@]}"; do objabs="$objabs $emu/$o"; done
 (cd $build && eval "$cmd $objabs")
-# Compiled, then linked (ccache keeps compilations only).
-$CXX -std=c++20 -O1 -g -I$root/tests -I$root/src -I$root/include -I$build/include \
-  -c $root/tests/test_cuda_backend.cpp -o obj/test_cuda_backend.o
-g++ obj/test_cuda_backend.o -o $emu/test_cuda_backend -L$emu -lbraid -lgtest -lgtest_main -pthread -Wl,-rpath,$emu
+# Every CUDA parity suite (tests/test_cuda_*.cpp), compiled, then linked (ccache keeps compilations only).
+for t in $root/tests/test_cuda_*.cpp; do
+  b=$(basename $t .cpp)
+  $CXX -std=c++20 -O1 -g -I$root/tests -I$root/src -I$root/include -I$build/include -c $t -o obj/$b.o &
+done
+wait
+for t in $root/tests/test_cuda_*.cpp; do
+  b=$(basename $t .cpp)
+  g++ obj/$b.o -o $emu/$b -L$emu -lbraid -lgtest -lgtest_main -pthread -Wl,-rpath,$emu
+done
 if [[ -f src/nccl_group.cpp ]]; then
   $CXX -std=c++20 -O1 -g -I$emu/shim -I$root/tests -I$root/src -I$root/include -I$build/include \
     -c $root/tests/test_nccl.cpp -o obj/test_nccl.o

@@ -1,0 +1,164 @@
+// What the CUDA parity suites share (tests/test_cuda_*.cpp): operands made alike on any device in
+// several layouts, seeded values with the special ones, and the comparison of a result on cuda:0
+// with the CPU backend's under a per-dtype tolerance. Each suite's cases skip, with the reason,
+// where no GPU is present; CI runs them against the host emulation (tools/cuda_emu).
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "braid/braid.h"
+#include "core/internal.h"
+#include "error_of.h"
+
+namespace braid {
+namespace {
+
+using detail::BinaryOp;
+using detail::RandomKind;
+using detail::ReduceOp;
+using detail::UnaryOp;
+using detail::Window2d;
+
+const Device kCuda = Device::cuda(0);
+
+#define REQUIRE_CUDA()                                                                                   \
+  if (!device_available(kCuda))                                                                          \
+  GTEST_SKIP() << "no CUDA device: device_count(DeviceType::CUDA) is " << device_count(DeviceType::CUDA) \
+               << " (no GPU or no driver visible to this process)"
+
+detail::Backend& backend(Device d) { return detail::backend_for(d); }
+Tensor fresh(const Shape& shape, DType t, Device d) { return detail::new_tensor(shape, t, d); }
+
+const DType kComputeTypes[] = {kFloat32, kFloat64, kInt32, kInt64, kBool};
+const DType kAllTypes[] = {kFloat32, kFloat64, kInt32, kInt64, kBool, kFloat16, kBFloat16};
+const double kNaN = std::numeric_limits<double>::quiet_NaN(), kInf = std::numeric_limits<double>::infinity();
+
+// ---- operands: host values and a layout over them, made alike on any device ----
+
+struct Layout {
+  std::string name;
+  Shape shape, strides;
+  int64_t offset = 0;
+};
+
+// Shape (2, 3, 4) read four ways, plus the 0-d, empty and large cases.
+std::vector<Layout> layouts() {
+  return {{"contiguous", {2, 3, 4}, {12, 4, 1}, 0},
+          {"permuted", {2, 3, 4}, {1, 2, 6}, 0},   // a (4, 3, 2) tensor's transpose
+          {"sliced", {2, 3, 4}, {40, 8, 2}, 5},    // every other element of an offset window
+          {"broadcast", {2, 3, 4}, {0, 1, 0}, 0},  // stride 0: one value per row
+          {"0-d", {}, {}, 0},
+          {"empty", {2, 0, 4}, {0, 4, 1}, 0},
+          {"large", {257, 413}, {413, 1}, 0},
+          {"large-transposed", {257, 413}, {1, 257}, 0}};
+}
+
+int64_t base_numel(const Layout& l) {
+  int64_t end = l.offset + 1;
+  for (size_t d = 0; d < l.shape.size(); ++d) {
+    if (l.shape[d] == 0) return l.offset + 1;
+    end += (l.shape[d] - 1) * l.strides[d];
+  }
+  return end;
+}
+
+struct ValueRange {
+  double lo = -3, hi = 3;
+  bool specials = true;  // NaN, infinities, signed zeros, halves (floats); extremes (integers)
+  bool nonzero = false;  // no zeros (divisors)
+};
+
+// n values of dtype t, from a seeded generator: uniform in [lo, hi] (whole numbers for integers,
+// 0/1 for bool), every 7th a special value when asked.
+Tensor draw(int64_t n, DType t, uint32_t seed, const ValueRange& r) {
+  static const double kFloatSpecials[] = {kNaN, kInf, -kInf, 0.0, -0.0, 0.5, -0.5, 1.5, 2.5, -2.5, 1e-40, 1e30};
+  static const double kIntSpecials[] = {0, 1, -1, 2147483647, -2147483648.0, 7, -7};
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<double> u(r.lo, r.hi);
+  std::vector<double> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    double x = u(gen);
+    if (!is_floating(t)) x = std::round(x);
+    if (r.specials && i % 7 == 3) x = is_floating(t) ? kFloatSpecials[i / 7 % 12] : kIntSpecials[i / 7 % 7];
+    if (r.nonzero && x == 0) x = (i % 2) ? 1 : -1;
+    v[static_cast<size_t>(i)] = x;
+  }
+  return tensor(v, {n}, Device::cpu()).to(t);
+}
+
+struct Operand {
+  Tensor base;  // contiguous, on the CPU
+  Layout layout;
+  Tensor on(Device d) const {
+    return detail::as_strided(d.is_cpu() ? base : base.to(d), layout.shape, layout.strides, layout.offset);
+  }
+};
+
+Operand operand(const Layout& l, DType t, uint32_t seed, const ValueRange& r = {}) {
+  return {draw(base_numel(l), t, seed, r), l};
+}
+
+// ---- comparison ----
+
+struct Tol {
+  double rtol = 0, atol = 0;  // 0, 0: equal (NaN matches NaN, zeros' signs must agree)
+};
+
+// The tolerance of computed floating results: a few ulp of float32 / float64.
+Tol approx(DType t) { return t == kFloat64 ? Tol{1e-13, 1e-14} : Tol{3e-6, 1e-6}; }
+
+std::vector<double> values_of(const Tensor& t) {
+  const Tensor c = t.cpu();
+  return (c.dtype() == kFloat16 || c.dtype() == kBFloat16 ? c.to(kFloat32) : c).to_vector<double>();  // exact
+}
+
+void expect_match(const Tensor& got, const Tensor& want, Tol tol, const std::string& what) {
+  ASSERT_EQ(got.device(), kCuda) << what;
+  ASSERT_EQ(got.dtype(), want.dtype()) << what;
+  ASSERT_EQ(got.shape(), want.shape()) << what;
+  if (want.dtype() == kInt64) {  // exactly, beyond double's 53 bits
+    EXPECT_EQ(got.cpu().to_vector<int64_t>(), want.to_vector<int64_t>()) << what;
+    return;
+  }
+  const std::vector<double> g = values_of(got), w = values_of(want);
+  int reported = 0;
+  for (size_t i = 0; i < w.size() && reported < 5; ++i) {
+    const bool ok = (std::isnan(g[i]) && std::isnan(w[i])) ||
+                    (tol.rtol == 0 && tol.atol == 0
+                         ? g[i] == w[i] && std::signbit(g[i]) == std::signbit(w[i])
+                         : g[i] == w[i] || std::fabs(g[i] - w[i]) <= tol.atol + tol.rtol * std::fabs(w[i]));
+    if (!ok) {
+      ADD_FAILURE() << what << ": element " << i << " is " << g[i] << " on cuda, " << w[i] << " on the cpu";
+      ++reported;
+    }
+  }
+}
+
+// Runs make(device) -> result on the CPU and on cuda:0 and compares them; a TypeError on the CPU
+// (an unsupported dtype) must be a TypeError on CUDA too.
+void expect_parity(const std::string& what, Tol tol, const std::function<Tensor(Device)>& make) {
+  Tensor want;
+  try {
+    want = make(Device::cpu());
+  } catch (const TypeError&) {
+    EXPECT_THROW(make(kCuda), TypeError) << what << ": refused on the cpu, so on cuda too";
+    return;
+  }
+  expect_match(make(kCuda), want, tol, what);
+}
+
+std::string name(DType t, const Layout& l) { return dtype_name(t) + " " + l.name; }
+bool is_int(DType t) { return t == kInt32 || t == kInt64; }
+
+}  // namespace
+}  // namespace braid
