@@ -21,7 +21,7 @@
 #include "error_of.h"
 
 namespace braid {
-namespace {
+// Names at namespace scope, not in an anonymous namespace: a suite uses some of them, not all.
 
 using detail::BinaryOp;
 using detail::RandomKind;
@@ -160,5 +160,4 @@ void expect_parity(const std::string& what, Tol tol, const std::function<Tensor(
 std::string name(DType t, const Layout& l) { return dtype_name(t) + " " + l.name; }
 bool is_int(DType t) { return t == kInt32 || t == kInt64; }
 
-}  // namespace
 }  // namespace braid

@@ -56,6 +56,19 @@ class CudaBackend final : public Backend, public FusedKernels {
 
   // matmul.cpp
   void matmul(const Tensor& a, const Tensor& b, const Tensor& out) override;
+
+  // fused.cu: the fused kernels a training step runs (Note [Fused kernels])
+  bool channel_moments(const Tensor& x, const Tensor& mean, const Tensor& var) override;
+  bool channel_grad_sums(const Tensor& g, const Tensor& x, const Tensor& mean, const Tensor& sum_g,
+                         const Tensor& sum_gxc) override;
+  bool channel_affine(const Tensor& a, const Tensor& sa, const Tensor& shift, const Tensor& b, const Tensor& b_mean,
+                      const Tensor& sb, const Tensor& out) override;
+  bool adam_step(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const Tensor& max_v,
+                 const AdamStep& s) override;
+  bool softmax_rows(const Tensor& x, const Tensor& out) override;
+  bool layer_norm_rows(const Tensor& x, int64_t n, const Tensor& weight, const Tensor& bias, double eps,
+                       const Tensor& out, const Tensor& mean, const Tensor& inv) override;
+  bool max_pool2d_channels_last(const Tensor& x, const Window2d& win, const Tensor& out) override;
 };
 
 /// The process's one CUDA backend (its device_count is 0 where no driver or GPU is present).

@@ -1,0 +1,399 @@
+// The CUDA backend's fused kernels for training (Note [Fused kernels] in backend/backend.h): batch
+// normalisation's three per-channel passes, Adam's step, softmax and layer normalisation over rows,
+// and channels-last max pooling. Each computes its composite's function in one pass (two for the
+// statistics), with the composite's arithmetic where it is elementwise, so that a GPU step runs one
+// launch where the composite ran a dozen (the profile in benchmarks/README.md, "Devices against
+// PyTorch"). Sums accumulate in double, as the composite's reductions do; only their order differs
+// (a tree over a block's threads), so the results agree with the CPU's to rounding. Every entry
+// declines (returns false) what it does not take: other dtypes, non-contiguous operands.
+//
+// Note [Per-channel sums on the GPU]
+// channel_moments and channel_grad_sums reduce x (N, C, S) over N and S for each channel. One block
+// per channel leaves most of the GPU idle when C is small against the SM count (a ResNet stem: 64
+// channels of 64 x 112 x 112 values), so the (n, s) range of each channel is split over gridDim.y
+// blocks, each writing a partial double sum, and a second kernel adds a channel's partials in order
+// and finishes it. The variance needs the mean first: the moments are two such rounds, the mean's
+// and then the centred squares' (two-pass, as the composite: no cancellation when the mean is large
+// against the spread).
+#include <cstdint>
+
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/host.h"
+
+namespace braid::detail::cuda {
+namespace {
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// The sum of v over the block's threads (blockDim.x a power of two), returned to every thread;
+// lanes holds blockDim.x values.
+template <typename A>
+__device__ A block_sum(A v, A* lanes) {
+  lanes[threadIdx.x] = v;
+  __syncthreads();
+  for (unsigned w = blockDim.x / 2; w > 0; w >>= 1) {
+    if (threadIdx.x < w) lanes[threadIdx.x] = lanes[threadIdx.x] + lanes[threadIdx.x + w];
+    __syncthreads();
+  }
+  const A total = lanes[0];
+  __syncthreads();  // lanes may be reused at once
+  return total;
+}
+
+// ---- batch normalisation (x viewed as (N, C, S), contiguous) ----
+
+struct Ncs {
+  int64_t n, c, s;
+};
+
+// What one pass over a channel's values sums: x itself (Sum), the centred squares (Centred2), or g
+// and g * (x - mean) (GradSums, two sums).
+enum class ChannelPass { Sum, Centred2, GradSums };
+
+// partial[(y * 2 + k) * C + c] = sum k of block y's share of channel c (k = 1 for GradSums only).
+template <ChannelPass P, typename T>
+__global__ void __launch_bounds__(kThreads) channel_sums_block_kernel(const T* x, const T* g, const T* mean, Ncs d,
+                                                                      int64_t chunk, double* partial) {
+  __shared__ double lanes[kThreads];
+  const int64_t c = blockIdx.x, total = d.n * d.s;
+  const int64_t j0 = blockIdx.y * chunk, j1 = j0 + chunk < total ? j0 + chunk : total;
+  const T m = P == ChannelPass::Sum ? T(0) : mean[c];
+  double s0 = 0, s1 = 0;
+  for (int64_t j = j0 + threadIdx.x; j < j1; j += blockDim.x) {
+    const int64_t at = (j / d.s * d.c + c) * d.s + j % d.s;
+    if constexpr (P == ChannelPass::Sum) {
+      s0 += static_cast<double>(x[at]);
+    } else if constexpr (P == ChannelPass::Centred2) {
+      const T centred = x[at] - m;
+      s0 += static_cast<double>(centred * centred);
+    } else {
+      const T gi = g[at];
+      s0 += static_cast<double>(gi);
+      s1 += static_cast<double>(gi * (x[at] - m));
+    }
+  }
+  s0 = block_sum(s0, lanes);
+  if constexpr (P == ChannelPass::GradSums) s1 = block_sum(s1, lanes);
+  if (threadIdx.x == 0) {
+    partial[(blockIdx.y * 2) * d.c + c] = s0;
+    if constexpr (P == ChannelPass::GradSums) partial[(blockIdx.y * 2 + 1) * d.c + c] = s1;
+  }
+}
+
+// out0[c] (and out1[c] for GradSums) = the splits' partials added in order, divided by `count` for
+// the moments' means (count 0: the sums themselves).
+template <ChannelPass P, typename T>
+__global__ void __launch_bounds__(kThreads)
+    channel_finish_kernel(const double* partial, int64_t splits, int64_t channels, double count, T* out0, T* out1) {
+  for (int64_t c = global_index(); c < channels; c += grid_stride()) {
+    double s0 = 0, s1 = 0;
+    for (int64_t y = 0; y < splits; ++y) {
+      s0 += partial[(y * 2) * channels + c];
+      if constexpr (P == ChannelPass::GradSums) s1 += partial[(y * 2 + 1) * channels + c];
+    }
+    out0[c] = static_cast<T>(count > 0 ? s0 / count : s0);
+    if constexpr (P == ChannelPass::GradSums) out1[c] = static_cast<T>(s1);
+  }
+}
+
+// One round of Note [Per-channel sums on the GPU] into out0 (and out1).
+template <ChannelPass P, typename T>
+void channel_round(const T* x, const T* g, const T* mean, Ncs d, double count, T* out0, T* out1, int device,
+                   cudaStream_t stream, const char* op) {
+  const int64_t total = d.n * d.s;
+  const int threads = static_cast<int>(std::min<int64_t>(kThreads, std::max<int64_t>(32, [&] {
+    int64_t p = 1;
+    while (p < total) p *= 2;
+    return p;
+  }())));
+  // Enough blocks for a few per SM, each with at least 8 values per thread.
+  const int64_t want = std::max<int64_t>(1, ceil_div(4 * static_cast<int64_t>(sm_count(device)), d.c));
+  const int64_t splits_wanted = std::min({want, std::max<int64_t>(1, total / (threads * 8)), int64_t{65535}});
+  const int64_t chunk = ceil_div(std::max<int64_t>(total, 1), splits_wanted), splits = ceil_div(std::max<int64_t>(total, 1), chunk);
+  Scratch partial(device, splits * 2 * d.c * static_cast<int64_t>(sizeof(double)));
+  double* p = static_cast<double*>(partial.get());
+  channel_sums_block_kernel<P, T><<<dim3(static_cast<unsigned>(d.c), static_cast<unsigned>(splits)),
+                                    static_cast<unsigned>(threads), 0, stream>>>(x, g, mean, d, chunk, p);
+  check_launch(op, "channel_sums_block_kernel");
+  channel_finish_kernel<P, T><<<grid_for(d.c), kThreads, 0, stream>>>(p, splits, d.c, count, out0, out1);
+  check_launch(op, "channel_finish_kernel");
+}
+
+// out = (a * sa[c] + shift[c]) + (b - b_mean[c]) * sb[c], the last term only when b is given.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) channel_affine_kernel(const T* a, const T* sa, const T* shift, const T* b,
+                                                                  const T* b_mean, const T* sb, T* out, Ncs d) {
+  const int64_t total = d.n * d.c * d.s;
+  for (int64_t i = global_index(); i < total; i += grid_stride()) {
+    const int64_t c = i / d.s % d.c;
+    const T y = a[i] * sa[c] + shift[c];
+    out[i] = b != nullptr ? y + (b[i] - b_mean[c]) * sb[c] : y;
+  }
+}
+
+// ---- Adam ----
+
+__device__ inline float typed_sqrt(float x) { return sqrtf(x); }
+__device__ inline double typed_sqrt(double x) { return sqrt(x); }
+
+// One parameter's step, in the composite's operations and order (src/optim/adam.cpp).
+template <typename T, bool kAmsgrad>
+__global__ void __launch_bounds__(kThreads)
+    adam_kernel(T* p, const T* g, T* m, T* v, T* mv, int64_t n, AdamStep s) {
+  const T decay = static_cast<T>(s.decay), beta1 = static_cast<T>(s.beta1), beta2 = static_cast<T>(s.beta2);
+  const T one_minus_beta1 = static_cast<T>(1 - s.beta1), one_minus_beta2 = static_cast<T>(1 - s.beta2);
+  const T sqrt_bc2 = static_cast<T>(s.sqrt_bias_correction2), eps = static_cast<T>(s.eps);
+  const T neg_step = static_cast<T>(-s.step_size);
+  const bool decays = s.decay != 1;
+  for (int64_t i = global_index(); i < n; i += grid_stride()) {
+    const T pi = decays ? p[i] * decay : p[i];
+    const T gi = g[i];
+    const T mi = m[i] * beta1 + gi * one_minus_beta1;
+    const T vi = v[i] * beta2 + (gi * gi) * one_minus_beta2;
+    m[i] = mi;
+    v[i] = vi;
+    T si = vi;
+    if constexpr (kAmsgrad) {
+      const T a = mv[i];
+      si = (a > vi) || (a != a) ? a : vi;  // NaN wins, as the composite's maximum
+      mv[i] = si;
+    }
+    p[i] = pi + (mi / (typed_sqrt(si) / sqrt_bc2 + eps)) * neg_step;
+  }
+}
+
+// ---- rows: softmax and layer normalisation (float32, one block per row) ----
+
+// out = softmax of each row of n: m = the max (NaN when the row holds one), e = exp(x - m), out = e /
+// float(sum of e in double).
+__global__ void __launch_bounds__(kThreads) softmax_rows_block_kernel(const float* x, float* out, int64_t rows,
+                                                                      int64_t n) {
+  __shared__ float maxes[kThreads];
+  __shared__ double sums[kThreads];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float* xr = x + r * n;
+    float* yr = out + r * n;
+    float m = -__int_as_float(0x7f800000);
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+      const float v = xr[i];
+      m = m != m ? m : (v != v || v > m ? v : m);  // a NaN, once met, stays
+    }
+    maxes[threadIdx.x] = m;
+    __syncthreads();
+    for (unsigned w = blockDim.x / 2; w > 0; w >>= 1) {
+      if (threadIdx.x < w) {
+        const float a = maxes[threadIdx.x], b = maxes[threadIdx.x + w];
+        maxes[threadIdx.x] = a != a ? a : (b != b || b > a ? b : a);
+      }
+      __syncthreads();
+    }
+    m = maxes[0];
+    __syncthreads();
+    double s = 0;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+      const float e = expf(xr[i] - m);
+      yr[i] = e;
+      s += static_cast<double>(e);
+    }
+    const float total = static_cast<float>(block_sum(s, sums));
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = yr[i] / total;
+  }
+}
+
+// Layer normalisation of each row of n: m = float(mean in double), inv = 1 / sqrt(float(mean of the
+// float squares (x - m)^2, in double) + eps), out = (x - m) * inv (* w) (+ b), the composite's order.
+__global__ void __launch_bounds__(kThreads)
+    layer_norm_rows_block_kernel(const float* x, const float* w, const float* b, float eps, float* out, float* mean,
+                                 float* inv, int64_t rows, int64_t n) {
+  __shared__ double sums[kThreads];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float* xr = x + r * n;
+    float* yr = out + r * n;
+    double s = 0;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += static_cast<double>(xr[i]);
+    const float m = static_cast<float>(block_sum(s, sums) / static_cast<double>(n));
+    double q = 0;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+      const float d = xr[i] - m;
+      q += static_cast<double>(d * d);
+    }
+    const float var = static_cast<float>(block_sum(q, sums) / static_cast<double>(n));
+    const float k = 1.0f / sqrtf(var + eps);
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+      float y = (xr[i] - m) * k;
+      if (w != nullptr) y = y * w[i];
+      if (b != nullptr) y = y + b[i];
+      yr[i] = y;
+    }
+    if (threadIdx.x == 0) {
+      if (mean != nullptr) mean[r] = m;
+      if (inv != nullptr) inv[r] = k;
+    }
+  }
+}
+
+unsigned row_threads(int64_t n) {
+  int64_t p = 32;
+  while (p < n && p < kThreads) p *= 2;
+  return static_cast<unsigned>(p);
+}
+
+// ---- channels-last max pooling (values only) ----
+
+__device__ inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
+__device__ inline int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
+
+// out (N, oh, ow, C in memory) = the max of each window of x (N, h, w, C in memory), NaN winning,
+// padding excluded: one thread per output, channels innermost so that a warp reads neighbours.
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    max_pool_nhwc_kernel(const T* x, T* out, int64_t n, int64_t c, Window2d win) {
+  const int64_t total = n * win.oh * win.ow * c;
+  for (int64_t idx = global_index(); idx < total; idx += grid_stride()) {
+    const int64_t ch = idx % c, q = idx / c, ox = q % win.ow, oy = q / win.ow % win.oh, b = q / (win.ow * win.oh);
+    const T* src = x + b * win.h * win.w * c + ch;
+    const int64_t y0 = oy * win.sh - win.ph, x0 = ox * win.sw - win.pw;
+    const int64_t ilo = y0 >= 0 ? 0 : imin(win.kh, (-y0 + win.dh - 1) / win.dh);
+    const int64_t ihi = imax(ilo, y0 >= win.h ? 0 : imin(win.kh, (win.h - 1 - y0) / win.dh + 1));
+    const int64_t jlo = x0 >= 0 ? 0 : imin(win.kw, (-x0 + win.dw - 1) / win.dw);
+    const int64_t jhi = imax(jlo, x0 >= win.w ? 0 : imin(win.kw, (win.w - 1 - x0) / win.dw + 1));
+    T best = src[((y0 + ilo * win.dh) * win.w + x0 + jlo * win.dw) * c];
+    for (int64_t i = ilo; i < ihi; ++i)
+      for (int64_t j = jlo; j < jhi; ++j) {
+        const T v = src[((y0 + i * win.dh) * win.w + x0 + j * win.dw) * c];
+        if (v > best || v != v) best = v;
+      }
+    out[idx] = best;
+  }
+}
+
+// Whether every defined tensor is contiguous and of dtype.
+bool all_contiguous(DType dtype, std::initializer_list<const Tensor*> ts) {
+  for (const Tensor* t : ts)
+    if (t->defined() && (!t->is_contiguous() || t->dtype() != dtype)) return false;
+  return true;
+}
+
+template <typename F>
+bool floating(DType t, F&& f) {
+  if (t == kFloat32) return f(Tag<float>{}), true;
+  if (t == kFloat64) return f(Tag<double>{}), true;
+  return false;
+}
+
+template <typename T>
+T* at(const Tensor& t) {
+  return static_cast<T*>(ptr(t));
+}
+
+}  // namespace
+}  // namespace braid::detail::cuda
+
+namespace braid::detail {
+
+using cuda::at;
+
+bool CudaBackend::channel_moments(const Tensor& x, const Tensor& mean, const Tensor& var) {
+  if (x.dim() != 3 || !cuda::all_contiguous(x.dtype(), {&x, &mean, &var})) return false;
+  const cuda::Ncs d{x.size(0), x.size(1), x.size(2)};
+  if (d.n * d.s == 0) return false;  // the composite's NaN moments of nothing
+  if (d.c == 0) return true;
+  cuda::Launch l("channel_moments", x, {mean, var});
+  const double count = static_cast<double>(d.n * d.s);
+  return cuda::floating(x.dtype(), [&]<typename T>(cuda::Tag<T>) {
+    using P = cuda::ChannelPass;
+    cuda::channel_round<P::Sum, T>(at<T>(x), nullptr, nullptr, d, count, at<T>(mean), nullptr, l.device, l.stream,
+                                   "channel_moments");
+    cuda::channel_round<P::Centred2, T>(at<T>(x), nullptr, at<T>(mean), d, count, at<T>(var), nullptr, l.device,
+                                        l.stream, "channel_moments");
+  });
+}
+
+bool CudaBackend::channel_grad_sums(const Tensor& g, const Tensor& x, const Tensor& mean, const Tensor& sum_g,
+                                    const Tensor& sum_gxc) {
+  if (x.dim() != 3 || g.shape() != x.shape() || !cuda::all_contiguous(x.dtype(), {&g, &x, &mean, &sum_g, &sum_gxc}))
+    return false;
+  const cuda::Ncs d{x.size(0), x.size(1), x.size(2)};
+  if (d.c == 0) return true;
+  cuda::Launch l("channel_grad_sums", x, {g, mean, sum_g, sum_gxc});
+  return cuda::floating(x.dtype(), [&]<typename T>(cuda::Tag<T>) {
+    cuda::channel_round<cuda::ChannelPass::GradSums, T>(at<T>(x), at<T>(g), at<T>(mean), d, 0, at<T>(sum_g),
+                                                         at<T>(sum_gxc), l.device, l.stream, "channel_grad_sums");
+  });
+}
+
+bool CudaBackend::channel_affine(const Tensor& a, const Tensor& sa, const Tensor& shift, const Tensor& b,
+                                 const Tensor& b_mean, const Tensor& sb, const Tensor& out) {
+  if (a.dim() != 3 || out.shape() != a.shape() || (b.defined() && b.shape() != a.shape()) ||
+      !cuda::all_contiguous(a.dtype(), {&a, &sa, &shift, &b, &b_mean, &sb, &out}))
+    return false;
+  const cuda::Ncs d{a.size(0), a.size(1), a.size(2)};
+  const int64_t n = a.numel();
+  cuda::Launch l("channel_affine", a, {sa, shift, b, b_mean, sb, out});
+  return cuda::floating(a.dtype(), [&]<typename T>(cuda::Tag<T>) {
+    if (n == 0) return;
+    cuda::channel_affine_kernel<T><<<cuda::grid_for(n), cuda::kThreads, 0, l.stream>>>(
+        at<T>(a), at<T>(sa), at<T>(shift), at<T>(b), at<T>(b_mean), at<T>(sb), at<T>(out), d);
+    cuda::check_launch("channel_affine", "channel_affine_kernel");
+  });
+}
+
+bool CudaBackend::adam_step(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const Tensor& max_v,
+                            const AdamStep& s) {
+  for (const Tensor* t : {&g, &m, &v, &max_v})
+    if (t->defined() && t->shape() != p.shape()) return false;
+  if (!cuda::all_contiguous(p.dtype(), {&p, &g, &m, &v, &max_v})) return false;
+  const int64_t n = p.numel();
+  cuda::Launch l("adam_step", p, {g, m, v, max_v});
+  return cuda::floating(p.dtype(), [&]<typename T>(cuda::Tag<T>) {
+    if (n == 0) return;
+    if (max_v.defined())
+      cuda::adam_kernel<T, true><<<cuda::grid_for(n), cuda::kThreads, 0, l.stream>>>(
+          at<T>(p), at<T>(g), at<T>(m), at<T>(v), at<T>(max_v), n, s);
+    else
+      cuda::adam_kernel<T, false><<<cuda::grid_for(n), cuda::kThreads, 0, l.stream>>>(at<T>(p), at<T>(g), at<T>(m),
+                                                                                      at<T>(v), nullptr, n, s);
+    cuda::check_launch("adam_step", "adam_kernel");
+  });
+}
+
+bool CudaBackend::softmax_rows(const Tensor& x, const Tensor& out) {
+  if (x.dtype() != kFloat32 || out.dtype() != kFloat32 || !x.is_contiguous() || !out.is_contiguous() || x.dim() == 0)
+    return false;
+  const int64_t n = x.size(-1), rows = n == 0 ? 0 : x.numel() / n;
+  if (rows == 0) return true;
+  cuda::Launch l("softmax_rows", x, {out});
+  cuda::softmax_rows_block_kernel<<<static_cast<unsigned>(std::min(rows, cuda::kMaxBlocks)), cuda::row_threads(n), 0,
+                                    l.stream>>>(at<float>(x), at<float>(out), rows, n);
+  cuda::check_launch("softmax_rows", "softmax_rows_block_kernel");
+  return true;
+}
+
+bool CudaBackend::layer_norm_rows(const Tensor& x, int64_t n, const Tensor& weight, const Tensor& bias, double eps,
+                                  const Tensor& out, const Tensor& mean, const Tensor& inv) {
+  if (n <= 0 || !x.defined() || !cuda::all_contiguous(kFloat32, {&x, &weight, &bias, &out, &mean, &inv})) return false;
+  const int64_t rows = x.numel() / n;
+  if (rows == 0) return true;
+  cuda::Launch l("layer_norm_rows", x, {weight, bias, out, mean, inv});
+  cuda::layer_norm_rows_block_kernel<<<static_cast<unsigned>(std::min(rows, cuda::kMaxBlocks)), cuda::row_threads(n),
+                                       0, l.stream>>>(at<float>(x), at<float>(weight), at<float>(bias),
+                                                      static_cast<float>(eps), at<float>(out), at<float>(mean),
+                                                      at<float>(inv), rows, n);
+  cuda::check_launch("layer_norm_rows", "layer_norm_rows_block_kernel");
+  return true;
+}
+
+bool CudaBackend::max_pool2d_channels_last(const Tensor& x, const Window2d& win, const Tensor& out) {
+  if (x.dim() != 4 || !x.is_channels_last() || !out.is_channels_last() || out.dtype() != x.dtype()) return false;
+  const int64_t n = x.size(0), c = x.size(1), total = n * c * win.oh * win.ow;
+  cuda::Launch l("max_pool2d", x, {out});
+  return cuda::floating(x.dtype(), [&]<typename T>(cuda::Tag<T>) {
+    if (total == 0) return;
+    cuda::max_pool_nhwc_kernel<T><<<cuda::grid_for(total), cuda::kThreads, 0, l.stream>>>(at<T>(x), at<T>(out), n, c,
+                                                                                         win);
+    cuda::check_launch("max_pool2d", "max_pool_nhwc_kernel");
+  });
+}
+
+}  // namespace braid::detail

@@ -1,0 +1,205 @@
+// The CUDA backend's fused kernels for training (src/backend/cuda/fused.cu) against the CPU: each
+// entry called directly (it must take the case, returning true, and match the CPU's kernel, itself
+// held to its composite by tests/test_fused_values.cpp), then through the ops that call it
+// (BatchNorm forward and backward, Adam and AdamW with amsgrad, softmax, layer normalisation,
+// channels-last max pooling), with the entries' declines (dtypes, layouts) checked too.
+#include "braid/optim.h"
+#include "cuda_parity.h"
+
+namespace braid {
+namespace {
+
+using detail::Window2d;
+
+detail::FusedKernels& fused(Device d) { return backend(d).fused(); }
+
+// x of shape, dtype t, drawn from seed without the special values (or with them).
+Tensor values(const Shape& shape, DType t, uint32_t seed, Device d, bool specials = false, double lo = -3,
+              double hi = 3) {
+  int64_t n = 1;
+  for (int64_t s : shape) n *= s;
+  return draw(n, t, seed, {lo, hi, specials, false}).reshape(shape).to(d);
+}
+
+// Sums of about n values in double, compared with a float32 or float64 tolerance.
+Tol sums(DType t) { return t == kFloat64 ? Tol{1e-12, 1e-12} : Tol{2e-6, 2e-6}; }
+
+struct Ncs {
+  int64_t n, c, s;
+};
+// A single value, S = 1 (channels-last as (N * H * W, C, 1)), the split path (many values per
+// channel, few channels), and a small odd case.
+const Ncs kChannelShapes[] = {{1, 1, 1}, {37, 16, 1}, {2, 3, 5000}, {3, 7, 13}};
+
+TEST(CudaFused, BatchNormPassesMatchTheCpu) {
+  REQUIRE_CUDA();
+  for (DType t : {kFloat32, kFloat64})
+    for (const Ncs& d : kChannelShapes) {
+      const std::string what = dtype_name(t) + " (" + std::to_string(d.n) + ", " + std::to_string(d.c) + ", " +
+                               std::to_string(d.s) + ")";
+      // Values far from 0 against their spread: the two-pass variance must not cancel.
+      auto moments = [&](Device dev) {
+        Tensor x = values({d.n, d.c, d.s}, t, 11, dev, false, 100, 101);
+        Tensor m = detail::new_tensor({d.c}, t, dev), v = detail::new_tensor({d.c}, t, dev);
+        EXPECT_TRUE(fused(dev).channel_moments(x, m, v)) << what;
+        return concat({m, v});
+      };
+      expect_parity("channel_moments " + what, sums(t), moments);
+      auto grad_sums = [&](Device dev) {
+        Tensor x = values({d.n, d.c, d.s}, t, 12, dev), g = values({d.n, d.c, d.s}, t, 13, dev);
+        Tensor m = values({d.c}, t, 14, dev), sg = detail::new_tensor({d.c}, t, dev);
+        Tensor sgx = detail::new_tensor({d.c}, t, dev);
+        EXPECT_TRUE(fused(dev).channel_grad_sums(g, x, m, sg, sgx)) << what;
+        return concat({sg, sgx});
+      };
+      expect_parity("channel_grad_sums " + what, sums(t), grad_sums);
+      for (bool with_b : {false, true}) {
+        auto affine = [&](Device dev) {
+          Tensor a = values({d.n, d.c, d.s}, t, 15, dev, true), b = with_b ? values({d.n, d.c, d.s}, t, 16, dev) : Tensor();
+          Tensor sa = values({d.c}, t, 17, dev), shift = values({d.c}, t, 18, dev);
+          Tensor bm = with_b ? values({d.c}, t, 19, dev) : Tensor(), sb = with_b ? values({d.c}, t, 20, dev) : Tensor();
+          Tensor out = detail::new_tensor({d.n, d.c, d.s}, t, dev);
+          EXPECT_TRUE(fused(dev).channel_affine(a, sa, shift, b, bm, sb, out)) << what;
+          return out;
+        };
+        expect_parity("channel_affine " + what + (with_b ? " with b" : ""), Tol{}, affine);  // elementwise: bitwise
+      }
+    }
+}
+
+TEST(CudaFused, BatchNormTrainingStepMatchesTheCpu) {
+  REQUIRE_CUDA();
+  for (bool channels_last : {false, true}) {
+    auto step = [&](Device dev) {
+      Tensor x = values({4, 6, 5, 7}, kFloat32, 21, dev);
+      if (channels_last) x = x.permute({0, 2, 3, 1}).contiguous().permute({0, 3, 1, 2});
+      x.set_requires_grad(true);
+      Tensor w = values({6}, kFloat32, 22, dev).set_requires_grad(true), b = values({6}, kFloat32, 23, dev);
+      b.set_requires_grad(true);
+      std::vector<Tensor> r = batch_norm_training(x, w, b, 1e-5);
+      (r[0] * values({4, 6, 5, 7}, kFloat32, 24, dev)).sum().backward();
+      return concat({r[0].reshape({-1}), r[1], r[2], x.grad().reshape({-1}), w.grad(), b.grad()});
+    };
+    expect_parity(channels_last ? "batch_norm channels-last" : "batch_norm", Tol{2e-5, 2e-5}, step);
+  }
+}
+
+TEST(CudaFused, AdamStepMatchesTheCpuBitForBit) {
+  REQUIRE_CUDA();
+  for (DType t : {kFloat32, kFloat64})
+    for (bool amsgrad : {false, true}) {
+      const std::string what = dtype_name(t) + (amsgrad ? " amsgrad" : "");
+      auto entry = [&](Device dev) {
+        Tensor p = values({1000}, t, 31, dev), g = values({1000}, t, 32, dev), m = values({1000}, t, 33, dev);
+        Tensor v = values({1000}, t, 34, dev, false, 0, 2), mv = amsgrad ? values({1000}, t, 35, dev, false, 0, 2) : Tensor();
+        EXPECT_TRUE(fused(dev).adam_step(p, g, m, v, mv, {0.99, 0.9, 0.999, 0.01, 0.3, 1e-8})) << what;
+        return amsgrad ? concat({p, m, v, mv}) : concat({p, m, v});
+      };
+      expect_parity("adam_step " + what, Tol{}, entry);  // elementwise, the same operations: bitwise
+      for (bool decoupled : {false, true}) {
+        auto steps = [&](Device dev) {
+          Tensor p = values({7, 9}, t, 36, dev).set_requires_grad(true);
+          std::unique_ptr<optim::Optimizer> opt;
+          if (decoupled)
+            opt = std::make_unique<optim::AdamW>(std::vector<Tensor>{p},
+                                                 optim::AdamWOptions{0.01, {0.9, 0.999}, 1e-8, 0.1, amsgrad, false});
+          else
+            opt = std::make_unique<optim::Adam>(std::vector<Tensor>{p},
+                                                optim::AdamOptions{0.01, {0.9, 0.999}, 1e-8, 0.1, amsgrad, false});
+          for (uint32_t k = 0; k < 3; ++k) {
+            opt->zero_grad();
+            (p * p * values({7, 9}, t, 37 + k, dev)).sum().backward();
+            opt->step();
+          }
+          return p.detach();
+        };
+        expect_parity(std::string(decoupled ? "AdamW " : "Adam ") + what, Tol{}, steps);
+      }
+    }
+}
+
+TEST(CudaFused, SoftmaxRowsMatchTheCpu) {
+  REQUIRE_CUDA();
+  // One value, short rows, rows longer than a block, specials (NaN rows, infinities, -inf rows).
+  for (const Shape& shape : std::vector<Shape>{{1}, {5, 1}, {3, 7}, {2, 3, 1000}, {4, 300}})
+    for (bool specials : {false, true}) {
+      auto run = [&](Device dev) {
+        Tensor x = values(shape, kFloat32, 41, dev, specials, -20, 20);
+        Tensor out = detail::new_tensor(shape, kFloat32, dev);
+        EXPECT_TRUE(fused(dev).softmax_rows(x, out));
+        return out;
+      };
+      expect_parity("softmax_rows " + shape_str(shape) + (specials ? " with specials" : ""), Tol{3e-6, 1e-7}, run);
+    }
+  expect_parity("softmax op", Tol{3e-6, 1e-7}, [](Device dev) { return softmax(values({6, 50}, kFloat32, 42, dev)); });
+  // float64 is the composite's (the entry declines it)
+  Tensor x64 = values({2, 3}, kFloat64, 43, kCuda);
+  EXPECT_FALSE(fused(kCuda).softmax_rows(x64, detail::new_tensor({2, 3}, kFloat64, kCuda)));
+}
+
+TEST(CudaFused, LayerNormRowsMatchTheCpu) {
+  REQUIRE_CUDA();
+  for (int64_t n : {1, 7, 768, 1500})
+    for (int affine = 0; affine < 4; ++affine) {
+      const bool with_w = affine & 1, with_b = affine & 2;
+      auto run = [&](Device dev) {
+        Tensor x = values({5, n}, kFloat32, 51, dev, false, 10, 12);
+        Tensor w = with_w ? values({n}, kFloat32, 52, dev) : Tensor(), b = with_b ? values({n}, kFloat32, 53, dev) : Tensor();
+        Tensor out = detail::new_tensor({5, n}, kFloat32, dev);
+        Tensor mean = detail::new_tensor({5}, kFloat32, dev), inv = detail::new_tensor({5}, kFloat32, dev);
+        EXPECT_TRUE(fused(dev).layer_norm_rows(x, n, w, b, 1e-5, out, mean, inv));
+        return concat({out.reshape({-1}), mean, inv});
+      };
+      expect_parity("layer_norm_rows n " + std::to_string(n) + " affine " + std::to_string(affine), Tol{1e-5, 1e-5},
+                    run);
+    }
+  expect_parity("layer_norm op", Tol{1e-5, 1e-5}, [](Device dev) {
+    NoGradGuard no_grad;
+    return layer_norm(values({3, 4, 64}, kFloat32, 54, dev), 1, values({64}, kFloat32, 55, dev),
+                      values({64}, kFloat32, 56, dev));
+  });
+}
+
+TEST(CudaFused, ChannelsLastMaxPoolingMatchesTheCpu) {
+  REQUIRE_CUDA();
+  const std::vector<std::vector<int64_t>> geometries = {
+      // kernel, stride, padding, dilation
+      {3, 2, 1, 1}, {2, 2, 0, 1}, {3, 1, 1, 2}, {1, 1, 0, 1}};
+  for (DType t : {kFloat32, kFloat64})
+    for (const auto& g : geometries) {
+      auto run = [&](Device dev) {
+        NoGradGuard no_grad;
+        Tensor x = values({2, 9, 10, 3}, t, 61, dev, true).permute({0, 3, 1, 2});  // channels-last (2, 3, 9, 10)
+        EXPECT_TRUE(x.is_channels_last());
+        Tensor y = max_pool2d(x, {g[0], g[0]}, {g[1], g[1]}, {g[2], g[2]}, {g[3], g[3]});
+        return y.contiguous();
+      };
+      expect_parity("max_pool2d channels-last " + dtype_name(t) + " k" + std::to_string(g[0]) + " s" +
+                        std::to_string(g[1]) + " p" + std::to_string(g[2]) + " d" + std::to_string(g[3]),
+                    Tol{}, run);
+    }
+}
+
+TEST(CudaFused, EntriesDeclineWhatTheyDoNotTake) {
+  REQUIRE_CUDA();
+  Tensor x = values({2, 3, 4}, kFloat32, 71, kCuda);
+  Tensor m = detail::new_tensor({3}, kFloat32, kCuda), v = detail::new_tensor({3}, kFloat32, kCuda);
+  EXPECT_FALSE(fused(kCuda).channel_moments(x.permute({0, 2, 1}), m, v)) << "not contiguous";
+  EXPECT_FALSE(fused(kCuda).channel_moments(x.to(kBFloat16), m, v)) << "a storage dtype";
+  EXPECT_FALSE(fused(kCuda).channel_moments(values({2, 3, 0}, kFloat32, 72, kCuda), m, v)) << "empty: NaN moments";
+  Tensor p = values({8}, kFloat32, 73, kCuda);
+  EXPECT_FALSE(fused(kCuda).adam_step(p, values({8}, kFloat64, 74, kCuda), p.clone(), p.clone(), Tensor(),
+                                      {1, 0.9, 0.999, 0.1, 1, 1e-8}))
+      << "mixed dtypes";
+  // Max pooling takes channels-last operands only (the op hands it no other), and the dtypes it has.
+  const Window2d win{4, 4, 2, 2, 2, 2, 2, 2, 0, 0, 1, 1};
+  Tensor xl = values({1, 4, 4, 2}, kFloat32, 75, kCuda).permute({0, 3, 1, 2});
+  EXPECT_TRUE(fused(kCuda).max_pool2d_channels_last(xl, win, detail::new_channels_last({1, 2, 2, 2}, kFloat32, kCuda)));
+  EXPECT_FALSE(fused(kCuda).max_pool2d_channels_last(xl.contiguous(), win,
+                                                     detail::new_channels_last({1, 2, 2, 2}, kFloat32, kCuda)));
+  EXPECT_FALSE(fused(kCuda).max_pool2d_channels_last(xl.to(kInt32), win,
+                                                     detail::new_channels_last({1, 2, 2, 2}, kInt32, kCuda)));
+}
+
+}  // namespace
+}  // namespace braid
