@@ -133,6 +133,12 @@ std::vector<Case> cases() {
       {"pad_replicate", {{2, 3}}, [](V x) { return square(pad(x[0], {2, 1, 1, 0}, "replicate")); }},
       {"tril", {{3, 3}}, [](V x) { return tril(x[0]) * 2.0; }},
       {"triu", {{3, 4}}, [](V x) { return triu(x[0], 1) * 2.0; }},
+      // ---- layer normalisation: one node with a closed-form backward (Note [LayerNorm as one node]) ----
+      {"layer_norm_affine", {{3, 5}, {5}, {5}}, [](V x) { return layer_norm(x[0], 1, x[1], x[2], 1e-5); }},
+      {"layer_norm_two_axes", {{2, 3, 4}, {3, 4}}, [](V x) { return layer_norm(x[0], 2, x[1], Tensor(), 1e-3); }},
+      {"layer_norm_plain_far_from_zero", {{4, 6}}, [](V x) { return layer_norm(x[0] + 30.0, 1); }},
+      {"layer_norm_bias_only_strided", {{4, 3}, {4}},
+       [](V x) { return layer_norm(x[0].mT(), 1, Tensor(), x[1], 1e-5); }},
       // ---- batch normalisation: one node with a closed-form backward (Note [BatchNorm as one node]) ----
       {"batch_norm_4d", {{3, 2, 2, 3}, {2}, {2}},
        [](V x) { return batch_norm_training(x[0], x[1], x[2], 1e-5)[0]; }},

@@ -132,9 +132,41 @@ Tensor channel_affine(const Tensor& x, const Tensor& scale, const Tensor& shift)
   return x * scale.reshape(cs) + shift.reshape(cs);
 }
 
-// Layer normalisation: the composite of mean, var and broadcast arithmetic, which autograd
-// differentiates; in inference the backend's fused rows (Backend::layer_norm_rows) where it has
-// them. An active ONNX trace takes the composite, whose ops the exporter knows.
+// Note [LayerNorm as one node]
+// Layer normalisation over rows of n values: m = mean, inv = 1 / sqrt(biased var + eps), y = (x - m)
+// * inv (* w) (+ b). Its composite (mean, var and broadcast arithmetic) is the definition: the
+// backend's fused rows (Backend::layer_norm_rows) compute it in one pass, and where x, weight and
+// bias share a floating dtype and the parameters have the normalised shape, one node records it
+// with the closed-form backward, with x^ = (x - m) * inv and gx^ = g (* w):
+//   dx = inv * (gx^ - mean(gx^) - x^ * mean(gx^ x^)),  dw = sum over rows of g x^,  db = sum of g,
+// so a training step makes two row passes' worth of launches forward instead of the composite's
+// eight ops and their sixteen backward ones. The formula's ops are braid's own, so they run on any
+// device, and a float64 gradient check holds it to finite differences. An active ONNX trace takes
+// the composite, whose ops the exporter knows; so does anything else (other parameter shapes or
+// dtypes, an empty input).
+
+namespace {
+
+// The rows' statistics and y of x (rows of n) with the backend's fused rows where it has them, else
+// the composite, not recorded; m and inv in stat_shape.
+std::vector<Tensor> layer_norm_values(const Tensor& x, int64_t n, const std::vector<int64_t>& axes,
+                                      const Shape& stat_shape, const Tensor& weight, const Tensor& bias, double eps) {
+  NoGradGuard no_grad;
+  Tensor y = new_tensor(x.shape(), x.dtype(), x.device());
+  Tensor m = new_tensor(stat_shape, x.dtype(), x.device()), inv = new_tensor(stat_shape, x.dtype(), x.device());
+  auto flat = [](const Tensor& t) { return t.defined() ? contiguous(t.detach()) : t; };
+  if (backend_of(x).fused().layer_norm_rows(contiguous(x.detach()), n, flat(weight), flat(bias), eps, y, m, inv))
+    return {y, m, inv};
+  m = mean(x.detach(), axes, true);
+  inv = rsqrt(var(x.detach(), axes, 0, true) + eps);
+  y = (x.detach() - m) * inv;
+  if (weight.defined()) y = y * weight.detach();
+  if (bias.defined()) y = y + bias.detach();
+  return {y, m, inv};
+}
+
+}  // namespace
+
 std::vector<Tensor> layer_norm_with_stats(const Tensor& x, int64_t k, const Tensor& weight, const Tensor& bias,
                                           double eps) {
   BRAID_CHECK(x.defined(), "layer_norm: the input is undefined");
@@ -150,14 +182,26 @@ std::vector<Tensor> layer_norm_with_stats(const Tensor& x, int64_t k, const Tens
     axes.push_back(d);
     stat_shape[static_cast<size_t>(d)] = 1;
   }
-  auto exact = [&](const Tensor& t) { return !t.defined() || (t.shape() == trailing && t.device() == x.device()); };
-  if (!needs_grad(x) && !needs_grad(weight) && !needs_grad(bias) && active_trace() == nullptr && x.numel() > 0 &&
-      exact(weight) && exact(bias)) {
-    NoGradGuard no_grad;
-    Tensor y = new_tensor(x.shape(), x.dtype(), x.device());
-    Tensor m = new_tensor(stat_shape, x.dtype(), x.device()), inv = new_tensor(stat_shape, x.dtype(), x.device());
-    auto flat = [](const Tensor& t) { return t.defined() ? contiguous(t) : t; };
-    if (backend_of(x).fused().layer_norm_rows(contiguous(x), n, flat(weight), flat(bias), eps, y, m, inv)) return {y, m, inv};
+  auto exact = [&](const Tensor& t) {
+    return !t.defined() || (t.shape() == trailing && t.device() == x.device() && t.dtype() == x.dtype());
+  };
+  if (active_trace() == nullptr && x.numel() > 0 && is_floating(x.dtype()) && exact(weight) && exact(bias)) {
+    std::vector<Tensor> r = layer_norm_values(x, n, axes, stat_shape, weight, bias, eps);
+    if (!needs_grad(x) && !needs_grad(weight) && !needs_grad(bias)) return r;
+    const Tensor w = weight.defined() ? weight.detach() : Tensor(), xd = x.detach(), m = r[1], inv = r[2];
+    r[0] = record("layer_norm", r[0], {x, weight, bias}, [xd, m, inv, w, axes, n](const Tensor& g, Grads& grads) {
+      const Tensor xhat = (xd - m) * inv;
+      std::vector<int64_t> rows;  // the axes before the normalised ones
+      for (int64_t d = 0; d < xd.dim() - static_cast<int64_t>(axes.size()); ++d) rows.push_back(d);
+      if (grads.needs(1)) grads.set(1, rows.empty() ? g * xhat : sum(g * xhat, rows));
+      if (grads.needs(2)) grads.set(2, rows.empty() ? g : sum(g, rows));
+      if (grads.needs(0)) {
+        const Tensor gx = w.defined() ? g * w : g;
+        const double k = 1.0 / static_cast<double>(n);
+        grads.set(0, inv * (gx - sum(gx, axes, true) * k - xhat * (sum(gx * xhat, axes, true) * k)));
+      }
+    });
+    return r;
   }
   Tensor m = mean(x, axes, true);
   Tensor inv = rsqrt(var(x, axes, 0, true) + eps);
