@@ -118,6 +118,50 @@ TEST(CudaFused, AdamStepMatchesTheCpuBitForBit) {
     }
 }
 
+TEST(CudaFused, MultiTensorAdamMatchesTheCpuBitForBit) {
+  REQUIRE_CUDA();
+  // More parameters than one launch takes (Note [Multi-tensor Adam]), empty and one-element ones
+  // among them, so that the walk over the list crosses empty tensors and launch boundaries.
+  std::vector<int64_t> sizes;
+  for (int k = 0; k < 53; ++k) sizes.push_back(k % 7 == 0 ? 0 : k % 5 == 0 ? 1 : 37 * k % 300 + 1);
+  for (bool amsgrad : {false, true}) {
+    auto entry = [&](Device dev) {
+      std::vector<detail::AdamTensors> list;
+      std::vector<Tensor> out;
+      uint32_t seed = 80;
+      for (int64_t n : sizes) {
+        detail::AdamTensors t{values({n}, kFloat32, seed++, dev), values({n}, kFloat32, seed++, dev),
+                              values({n}, kFloat32, seed++, dev), values({n}, kFloat32, seed++, dev, false, 0, 2),
+                              amsgrad ? values({n}, kFloat32, seed++, dev, false, 0, 2) : Tensor()};
+        list.push_back(t);
+        for (const Tensor& u : {t.p, t.m, t.v, t.max_v})
+          if (u.defined()) out.push_back(u);
+      }
+      EXPECT_TRUE(fused(dev).adam_steps(list, {1, 0.9, 0.999, 0.02, 0.7, 1e-8}));
+      return concat(out);
+    };
+    expect_parity(std::string("adam_steps") + (amsgrad ? " amsgrad" : ""), Tol{}, entry);
+    // Through the optimizer, with a parameter that has no gradient on the second step, so that the
+    // steps' numbers differ and the run splits.
+    auto steps = [&](Device dev) {
+      std::vector<Tensor> params;
+      uint32_t seed = 300;
+      for (int64_t n : sizes) params.push_back(values({n}, kFloat64, seed++, dev).set_requires_grad(true));
+      optim::Adam opt(params, optim::AdamOptions{0.01, {0.9, 0.999}, 1e-8, 0.01, amsgrad, false});
+      for (int step = 0; step < 3; ++step) {
+        opt.zero_grad();
+        Tensor loss = zeros({}, kFloat64, dev);
+        for (size_t k = 0; k < params.size(); ++k)
+          if (!(step == 1 && k == 3)) loss = loss + (params[k] * params[k]).sum() * static_cast<double>(k + 1);
+        loss.backward();
+        opt.step();
+      }
+      return concat(params).detach();
+    };
+    expect_parity(std::string("Adam over 53 parameters") + (amsgrad ? " amsgrad" : ""), Tol{}, steps);
+  }
+}
+
 TEST(CudaFused, SoftmaxRowsMatchTheCpu) {
   REQUIRE_CUDA();
   // One value, short rows, rows longer than a block, specials (NaN rows, infinities, -inf rows).

@@ -126,6 +126,11 @@ struct AdamStep {
   double eps;
 };
 
+/// One parameter of a multi-tensor Adam step (FusedKernels::adam_steps): adam_step's operands.
+struct AdamTensors {
+  Tensor p, g, m, v, max_v;
+};
+
 /// A backend's event; each backend derives its own (the default's is a host timestamp).
 struct BackendEvent {
   virtual ~BackendEvent() = default;
@@ -240,6 +245,10 @@ class FusedKernels {
   /// sqrt_bias_correction2 + eps)) * -step_size. All contiguous, of one dtype and shape.
   virtual bool adam_step(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const Tensor& max_v,
                          const AdamStep& s);
+  /// adam_step on each entry of params in turn, all with the numbers s, in as few launches as the
+  /// backend can (PyTorch's fused multi-tensor Adam): every parameter is stepped (true) or none is
+  /// (false). The optimizer falls back to adam_step per parameter, then to the composite.
+  virtual bool adam_steps(const std::vector<AdamTensors>& params, const AdamStep& s);
   // Batch normalisation's passes over x viewed as (N, C, S), per channel c (src/ops/norm.cpp). All
   // contiguous and of one dtype.
   /// mean (C) and the biased variance var (C) of x over N and S.

@@ -117,6 +117,7 @@ bool FusedKernels::elementwise_chain(const Tensor&, const std::vector<ChainStep>
 bool FusedKernels::adam_step(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const AdamStep&) {
   return false;
 }
+bool FusedKernels::adam_steps(const std::vector<AdamTensors>&, const AdamStep&) { return false; }
 bool FusedKernels::channel_moments(const Tensor&, const Tensor&, const Tensor&) { return false; }
 bool FusedKernels::channel_grad_sums(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
   return false;

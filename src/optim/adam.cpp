@@ -56,55 +56,96 @@ void Adam::check_options(const ParamGroup& group, size_t index) const {
   check("weight_decay", group.get("weight_decay") >= 0, "a value >= 0");
 }
 
-void Adam::update(const ParamGroup& group, const Tensor& param, const Tensor& grad, ParamState& state) {
+namespace {
+
+// One parameter's step, worked out: its numbers and operands (g the effective gradient).
+struct Prepared {
+  braid::detail::AdamStep numbers;
+  braid::detail::AdamTensors t;
+};
+
+Prepared prepare(const ParamGroup& group, bool decoupled, const Tensor& param, const Tensor& grad, ParamState& state) {
   const double lr = group.get("lr"), beta1 = group.get("beta1"), beta2 = group.get("beta2"), eps = group.get("eps");
   const double weight_decay = group.get("weight_decay");
-  const bool amsgrad = group.get("amsgrad") != 0;
-  Tensor p = param;
   const double step = ++state.scalars["step"];
   Tensor& m = state_tensor(state, "exp_avg", param);
   Tensor& v = state_tensor(state, "exp_avg_sq", param);
+  const Tensor max_v = group.get("amsgrad") != 0 ? state_tensor(state, "max_exp_avg_sq", param) : Tensor();
+  const Tensor g = effective_grad(param, grad, decoupled ? 0.0 : weight_decay, group.get("maximize") != 0);
+  const double bias_correction1 = 1 - std::pow(beta1, step), bias_correction2 = 1 - std::pow(beta2, step);
+  return {{decoupled ? 1 - lr * weight_decay : 1.0, beta1, beta2, lr / bias_correction1, std::sqrt(bias_correction2), eps},
+          {param, g, m, v, max_v}};
+}
 
-  const double bias_correction1 = 1 - std::pow(beta1, step);
-  const double bias_correction2 = 1 - std::pow(beta2, step);
-  const double step_size = lr / bias_correction1;
-  // One pass over memory where the backend has the fused step (Note [Fused kernels]); the
-  // composite below is its definition.
-  {
-    Tensor g = effective_grad(param, grad, decoupled_ ? 0.0 : weight_decay, group.get("maximize") != 0);
-    const Tensor max_v = amsgrad ? state_tensor(state, "max_exp_avg_sq", param) : Tensor();
-    const braid::detail::AdamStep fused{decoupled_ ? 1 - lr * weight_decay : 1.0, beta1, beta2, step_size,
-                                        std::sqrt(bias_correction2), eps};
-    if (braid::detail::backend_for(p.device()).fused().adam_step(p, g, m, v, max_v, fused)) {
-      p.storage()->bump_version();  // Note [Storage versions]
-      return;
-    }
-  }
-
-  if (decoupled_) p.mul_(1 - lr * weight_decay);
-  Tensor g = effective_grad(param, grad, decoupled_ ? 0.0 : weight_decay, group.get("maximize") != 0);
-  Tensor tmp = scratch_like(param);
+// The step as ops: the definition of the fused kernels (Note [Fused kernels]).
+void composite(const Prepared& a) {
+  const braid::detail::AdamStep& s = a.numbers;
+  auto [p, g, m, v, max_v] = a.t;  // handles: the in-place ops change the tensors themselves
+  if (s.decay != 1) p.mul_(s.decay);
+  Tensor tmp = scratch_like(p);
   // m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g^2
-  m.mul_(beta1);
-  mul_into(tmp, g, 1 - beta1);
+  m.mul_(s.beta1);
+  mul_into(tmp, g, 1 - s.beta1);
   m.add_(tmp);
-  v.mul_(beta2);
+  v.mul_(s.beta2);
   mul_into(tmp, g, g);
-  mul_into(tmp, tmp, 1 - beta2);
+  mul_into(tmp, tmp, 1 - s.beta2);
   v.add_(tmp);
-
   Tensor second = v;
-  if (amsgrad) {
-    second = state_tensor(state, "max_exp_avg_sq", param);
-    max_into(second, second, v);
+  if (max_v.defined()) {
+    max_into(max_v, max_v, v);
+    second = max_v;
   }
   // p -= step_size * m / (sqrt(second) / sqrt(bias_correction2) + eps)
   sqrt_into(tmp, second);
-  div_into(tmp, tmp, std::sqrt(bias_correction2));
-  add_into(tmp, tmp, eps);
+  div_into(tmp, tmp, s.sqrt_bias_correction2);
+  add_into(tmp, tmp, s.eps);
   div_into(tmp, m, tmp);
-  mul_into(tmp, tmp, -step_size);
+  mul_into(tmp, tmp, -s.step_size);
   p.add_(tmp);
+}
+
+// One parameter: the backend's one-pass step where it has one, else the composite.
+void single(const Prepared& a) {
+  const auto& [p, g, m, v, max_v] = a.t;
+  if (braid::detail::backend_for(p.device()).fused().adam_step(p, g, m, v, max_v, a.numbers))
+    p.storage()->bump_version();  // Note [Storage versions]
+  else
+    composite(a);
+}
+
+bool same_numbers(const braid::detail::AdamStep& a, const braid::detail::AdamStep& b) {
+  return a.decay == b.decay && a.beta1 == b.beta1 && a.beta2 == b.beta2 && a.step_size == b.step_size &&
+         a.sqrt_bias_correction2 == b.sqrt_bias_correction2 && a.eps == b.eps;
+}
+
+}  // namespace
+
+void Adam::update(const ParamGroup& group, const Tensor& param, const Tensor& grad, ParamState& state) {
+  single(prepare(group, decoupled_, param, grad, state));
+}
+
+void Adam::update_group(const ParamGroup& group, const std::vector<ParamUpdate>& params) {
+  std::vector<Prepared> prepared;
+  prepared.reserve(params.size());
+  for (const ParamUpdate& u : params) prepared.push_back(prepare(group, decoupled_, u.param, u.grad, *u.state));
+  // Runs of neighbours that one multi-tensor launch can take: one device, dtype, amsgrad and step.
+  for (size_t i = 0; i < prepared.size();) {
+    const Tensor& p0 = prepared[i].t.p;
+    size_t j = i + 1;
+    while (j < prepared.size() && prepared[j].t.p.device() == p0.device() && prepared[j].t.p.dtype() == p0.dtype() &&
+           prepared[j].t.max_v.defined() == prepared[i].t.max_v.defined() &&
+           same_numbers(prepared[j].numbers, prepared[i].numbers))
+      ++j;
+    std::vector<braid::detail::AdamTensors> run;
+    for (size_t k = i; k < j; ++k) run.push_back(prepared[k].t);
+    if (j - i > 1 && braid::detail::backend_for(p0.device()).fused().adam_steps(run, prepared[i].numbers)) {
+      for (const auto& t : run) t.p.storage()->bump_version();  // Note [Storage versions]
+    } else {
+      for (size_t k = i; k < j; ++k) single(prepared[k]);
+    }
+    i = j;
+  }
 }
 
 }  // namespace braid::optim

@@ -96,14 +96,20 @@ const ParamState* Optimizer::state(const Tensor& param) const {
 void Optimizer::step() {
   NoGradGuard no_grad;
   for (const ParamGroup& group : groups_) {
+    std::vector<ParamUpdate> updates;
     for (const Tensor& p : group.params) {
       Tensor grad = p.grad();
       if (!grad.defined()) continue;
       BRAID_CHECK_T(TypeError, grad.dtype() == p.dtype(), name_, ".step: a parameter of dtype ", dtype_name(p.dtype()),
                     " (shape ", shape_str(p.shape()), ") has a gradient of dtype ", dtype_name(grad.dtype()));
-      update(group, p, grad, state_[p.impl_ptr().get()]);
+      updates.push_back({p, grad, &state_[p.impl_ptr().get()]});  // references into the map stay valid
     }
+    update_group(group, updates);
   }
+}
+
+void Optimizer::update_group(const ParamGroup& group, const std::vector<ParamUpdate>& params) {
+  for (const ParamUpdate& u : params) update(group, u.param, u.grad, *u.state);
 }
 
 void Optimizer::zero_grad(bool set_to_none) {

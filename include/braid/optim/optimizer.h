@@ -86,6 +86,14 @@ class Optimizer {
   virtual void check_options(const ParamGroup& group, size_t index) const = 0;
   /// One parameter's update; grad has param's shape and dtype; runs without autograd recording.
   virtual void update(const ParamGroup& group, const Tensor& param, const Tensor& grad, ParamState& state) = 0;
+  /// A parameter with its gradient and its state, as update_group takes them.
+  struct ParamUpdate {
+    Tensor param, grad;
+    ParamState* state;
+  };
+  /// The updates of a group's parameters that have gradients, in the group's order: update on each
+  /// by default; an optimizer with a multi-tensor kernel (Adam) steps them together.
+  virtual void update_group(const ParamGroup& group, const std::vector<ParamUpdate>& params);
   /// The state names a parameter may have, for load_state_dict's checks.
   virtual std::vector<std::string> state_tensor_names() const = 0;
   virtual std::vector<std::string> state_scalar_names() const { return {"step"}; }

@@ -63,6 +63,9 @@ class Adam : public Optimizer {
   Adam(std::string name, bool decoupled_weight_decay, const AdamOptions& defaults);
   void check_options(const ParamGroup& group, size_t index) const override;
   void update(const ParamGroup& group, const Tensor& param, const Tensor& grad, ParamState& state) override;
+  /// Runs of parameters on one device with one dtype and step go to the backend's multi-tensor
+  /// kernel where it has one (Note [Fused kernels]), the others one by one.
+  void update_group(const ParamGroup& group, const std::vector<ParamUpdate>& params) override;
   std::vector<std::string> state_tensor_names() const override { return {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"}; }
 
  private:

@@ -67,6 +67,7 @@ class CpuBackend final : public Backend, public FusedKernels {
   bool fake_quantize(const Tensor& x, double scale, int64_t zero, DType qtype, const Tensor& out) override;
   bool elementwise_chain(const Tensor& x, const std::vector<ChainStep>& steps, int64_t channels, int64_t inner,
                          const Tensor& out) override;
+  bool adam_steps(const std::vector<AdamTensors>& params, const AdamStep& s) override;
   bool adam_step(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const Tensor& max_v,
                  const AdamStep& s) override;
   // gate.cpp (Note [Channel gates as one op])

@@ -218,12 +218,25 @@ bool CpuBackend::channel_affine(const Tensor& a, const Tensor& sa, const Tensor&
   return true;
 }
 
+namespace {
+bool adam_fusable(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const Tensor& max_v) {
+  return fused_on() && p.is_contiguous() && contiguous_like(g, p) && contiguous_like(m, p) && contiguous_like(v, p) &&
+         (!max_v.defined() || contiguous_like(max_v, p)) && (p.dtype() == kFloat32 || p.dtype() == kFloat64);
+}
+}  // namespace
+
+// The CPU's multi-tensor step is its single-tensor kernel on each parameter (a loop costs no
+// launches here), after checking that it takes every one of them.
+bool CpuBackend::adam_steps(const std::vector<AdamTensors>& params, const AdamStep& s) {
+  for (const AdamTensors& t : params)
+    if (!adam_fusable(t.p, t.g, t.m, t.v, t.max_v)) return false;
+  for (const AdamTensors& t : params) adam_step(t.p, t.g, t.m, t.v, t.max_v, s);
+  return true;
+}
+
 bool CpuBackend::adam_step(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const Tensor& max_v,
                            const AdamStep& s) {
-  if (!fused_on() || !p.is_contiguous() || !contiguous_like(g, p) || !contiguous_like(m, p) || !contiguous_like(v, p) ||
-      (max_v.defined() && !contiguous_like(max_v, p)))
-    return false;
-  if (p.dtype() != kFloat32 && p.dtype() != kFloat64) return false;
+  if (!adam_fusable(p, g, m, v, max_v)) return false;
   dispatch_compute(p.dtype(), "adam_step", [&]<typename T>() {
     if constexpr (std::is_floating_point_v<T>) {
       if (max_v.defined())

@@ -65,6 +65,7 @@ class CudaBackend final : public Backend, public FusedKernels {
                       const Tensor& sb, const Tensor& out) override;
   bool adam_step(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const Tensor& max_v,
                  const AdamStep& s) override;
+  bool adam_steps(const std::vector<AdamTensors>& params, const AdamStep& s) override;
   bool softmax_rows(const Tensor& x, const Tensor& out) override;
   bool layer_norm_rows(const Tensor& x, int64_t n, const Tensor& weight, const Tensor& bias, double eps,
                        const Tensor& out, const Tensor& mean, const Tensor& inv) override;

@@ -137,29 +137,61 @@ __global__ void __launch_bounds__(kThreads) channel_affine_kernel(const T* a, co
 __device__ inline float typed_sqrt(float x) { return sqrtf(x); }
 __device__ inline double typed_sqrt(double x) { return sqrt(x); }
 
-// One parameter's step, in the composite's operations and order (src/optim/adam.cpp).
+// Element i of one parameter's step, in the composite's operations and order (src/optim/adam.cpp).
 template <typename T, bool kAmsgrad>
-__global__ void __launch_bounds__(kThreads)
-    adam_kernel(T* p, const T* g, T* m, T* v, T* mv, int64_t n, AdamStep s) {
-  const T decay = static_cast<T>(s.decay), beta1 = static_cast<T>(s.beta1), beta2 = static_cast<T>(s.beta2);
+__device__ inline void adam_element(T* p, const T* g, T* m, T* v, T* mv, int64_t i, const AdamStep& s) {
+  const T beta1 = static_cast<T>(s.beta1), beta2 = static_cast<T>(s.beta2);
   const T one_minus_beta1 = static_cast<T>(1 - s.beta1), one_minus_beta2 = static_cast<T>(1 - s.beta2);
-  const T sqrt_bc2 = static_cast<T>(s.sqrt_bias_correction2), eps = static_cast<T>(s.eps);
-  const T neg_step = static_cast<T>(-s.step_size);
-  const bool decays = s.decay != 1;
-  for (int64_t i = global_index(); i < n; i += grid_stride()) {
-    const T pi = decays ? p[i] * decay : p[i];
-    const T gi = g[i];
-    const T mi = m[i] * beta1 + gi * one_minus_beta1;
-    const T vi = v[i] * beta2 + (gi * gi) * one_minus_beta2;
-    m[i] = mi;
-    v[i] = vi;
-    T si = vi;
-    if constexpr (kAmsgrad) {
-      const T a = mv[i];
-      si = (a > vi) || (a != a) ? a : vi;  // NaN wins, as the composite's maximum
-      mv[i] = si;
-    }
-    p[i] = pi + (mi / (typed_sqrt(si) / sqrt_bc2 + eps)) * neg_step;
+  const T pi = s.decay != 1 ? p[i] * static_cast<T>(s.decay) : p[i];
+  const T gi = g[i];
+  const T mi = m[i] * beta1 + gi * one_minus_beta1;
+  const T vi = v[i] * beta2 + (gi * gi) * one_minus_beta2;
+  m[i] = mi;
+  v[i] = vi;
+  T si = vi;
+  if constexpr (kAmsgrad) {
+    const T a = mv[i];
+    si = (a > vi) || (a != a) ? a : vi;  // NaN wins, as the composite's maximum
+    mv[i] = si;
+  }
+  p[i] = pi + (mi / (typed_sqrt(si) / static_cast<T>(s.sqrt_bias_correction2) + static_cast<T>(s.eps))) *
+                  static_cast<T>(-s.step_size);
+}
+
+template <typename T, bool kAmsgrad>
+__global__ void __launch_bounds__(kThreads) adam_kernel(T* p, const T* g, T* m, T* v, T* mv, int64_t n, AdamStep s) {
+  for (int64_t i = global_index(); i < n; i += grid_stride()) adam_element<T, kAmsgrad>(p, g, m, v, mv, i, s);
+}
+
+// Note [Multi-tensor Adam]
+// A model's parameters are a few hundred tensors, many of them small (biases, norms' weights), and
+// a launch per tensor made the optimizer a few hundred launches a step. adam_steps passes the
+// pointers of up to kAdamList parameters by value in the kernel's arguments (1.2 KB, well inside the
+// 4 KB every GPU takes), with the prefix sums of their sizes; each thread walks the concatenated
+// elements with a grid-stride loop, moving on to the next parameter as its index passes the end of
+// one (indices only grow, so the walk is amortised constant). PyTorch's fused Adam packs its
+// tensor lists the same way.
+constexpr int kAdamList = 24;
+
+template <typename T>
+struct AdamList {
+  T* p[kAdamList];
+  const T* g[kAdamList];
+  T* m[kAdamList];
+  T* v[kAdamList];
+  T* mv[kAdamList];
+  int64_t end[kAdamList];  // the prefix sums of the parameters' sizes
+  int count;
+};
+
+template <typename T, bool kAmsgrad>
+__global__ void __launch_bounds__(kThreads) adam_list_kernel(AdamList<T> list, AdamStep s) {
+  const int64_t total = list.end[list.count - 1];
+  int k = 0;
+  for (int64_t i = global_index(); i < total; i += grid_stride()) {
+    while (i >= list.end[k]) ++k;
+    const int64_t j = i - (k == 0 ? 0 : list.end[k - 1]);
+    adam_element<T, kAmsgrad>(list.p[k], list.g[k], list.m[k], list.v[k], list.mv[k], j, s);
   }
 }
 
@@ -355,6 +387,46 @@ bool CudaBackend::adam_step(const Tensor& p, const Tensor& g, const Tensor& m, c
       cuda::adam_kernel<T, false><<<cuda::grid_for(n), cuda::kThreads, 0, l.stream>>>(at<T>(p), at<T>(g), at<T>(m),
                                                                                       at<T>(v), nullptr, n, s);
     cuda::check_launch("adam_step", "adam_kernel");
+  });
+}
+
+bool CudaBackend::adam_steps(const std::vector<AdamTensors>& params, const AdamStep& s) {
+  if (params.empty()) return true;
+  const Tensor& p0 = params[0].p;
+  const bool amsgrad = params[0].max_v.defined();
+  for (const AdamTensors& t : params) {
+    if (t.max_v.defined() != amsgrad) return false;
+    for (const Tensor* u : {&t.g, &t.m, &t.v, &t.max_v})
+      if (u->defined() && u->shape() != t.p.shape()) return false;
+    if (!cuda::all_contiguous(p0.dtype(), {&t.p, &t.g, &t.m, &t.v, &t.max_v})) return false;
+  }
+  if (p0.dtype() != kFloat32 && p0.dtype() != kFloat64) return false;
+  cuda::Launch l("adam_steps", p0, {});
+  for (const AdamTensors& t : params)
+    for (const Tensor* u : {&t.p, &t.g, &t.m, &t.v, &t.max_v})
+      BRAID_CHECK_T(TypeError, !u->defined() || u->device() == p0.device(), "adam_steps: operands on different devices (",
+                    u->device().str(), " and ", p0.device().str(), "); move them with .to(device) first");
+  return cuda::floating(p0.dtype(), [&]<typename T>(cuda::Tag<T>) {
+    for (size_t first = 0; first < params.size(); first += cuda::kAdamList) {
+      cuda::AdamList<T> list{};
+      int64_t total = 0;
+      for (size_t k = first; k < std::min(params.size(), first + cuda::kAdamList); ++k) {
+        const AdamTensors& t = params[k];
+        const int c = list.count++;
+        list.p[c] = at<T>(t.p);
+        list.g[c] = at<T>(t.g);
+        list.m[c] = at<T>(t.m);
+        list.v[c] = at<T>(t.v);
+        list.mv[c] = at<T>(t.max_v);
+        list.end[c] = total += t.p.numel();
+      }
+      if (total == 0) continue;
+      if (amsgrad)
+        cuda::adam_list_kernel<T, true><<<cuda::grid_for(total), cuda::kThreads, 0, l.stream>>>(list, s);
+      else
+        cuda::adam_list_kernel<T, false><<<cuda::grid_for(total), cuda::kThreads, 0, l.stream>>>(list, s);
+      cuda::check_launch("adam_steps", "adam_list_kernel");
+    }
   });
 }
 

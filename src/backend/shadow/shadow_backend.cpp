@@ -106,6 +106,7 @@ namespace braid::detail {
   X(quantize, (const Tensor& x, double scale, int64_t zero, const Tensor& out), (x, scale, zero, out))                 \
   X(adam_step, (const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const Tensor& max_v,               \
                 const AdamStep& s), (p, g, m, v, max_v, s))                                                            \
+  X(adam_steps, (const std::vector<AdamTensors>& params, const AdamStep& s), (params, s))                              \
   X(channel_moments, (const Tensor& x, const Tensor& mean, const Tensor& var), (x, mean, var))                         \
   X(channel_grad_sums, (const Tensor& g, const Tensor& x, const Tensor& mean, const Tensor& sum_g,                     \
                         const Tensor& sum_gxc), (g, x, mean, sum_g, sum_gxc))                                          \
@@ -137,6 +138,9 @@ struct Call {
 
   void find_anchor(const Tensor& t) {
     if (!anchor && t.defined()) anchor = &t;
+  }
+  void find_anchor(const std::vector<AdamTensors>& params) {
+    for (const AdamTensors& t : params) find_anchor(t.p);
   }
   template <typename A>
   void find_anchor(const A&) {}
@@ -173,8 +177,14 @@ struct Call {
     }
     return h;
   }
+  std::vector<AdamTensors> on_host(const std::vector<AdamTensors>& params) const {
+    std::vector<AdamTensors> h;
+    for (const AdamTensors& t : params) h.push_back({host(t.p), host(t.g), host(t.m), host(t.v), host(t.max_v)});
+    return h;
+  }
   template <typename A>
     requires(!std::is_same_v<std::remove_cvref_t<A>, Tensor> && !std::is_same_v<std::remove_cvref_t<A>, Epilogue> &&
+             !std::is_same_v<std::remove_cvref_t<A>, std::vector<AdamTensors>> &&
              !std::is_same_v<std::remove_cvref_t<A>, std::vector<FusedKernels::EpilogueStep>> &&
              !std::is_same_v<std::remove_cvref_t<A>, std::vector<ChainStep>>)
   A&& on_host(A&& a) const {  // numbers, enums, windows, axes, the out-parameters of dynamic_quantize
