@@ -3,7 +3,7 @@
 # (scripts/gpu_bundle.sh makes it here). Writes summary.txt and logs.tar.gz (every log below) under
 # $OUT (default: gpu-results/):
 #   nvidia-smi.txt       the device
-#   cuda_backend.txt     the backend parity suite (every primitive and dtype against the CPU backend)
+#   cuda_*.txt           the parity suites (every primitive, fused kernel and dtype against the CPU backend)
 #   suite-<name>.txt     the unit tests with every tensor on cuda:0 (BRAID_TEST_DEVICE=cuda)
 #   nccl.txt             the NCCL group at a world of one, and its watchdog (tests/test_nccl.cpp)
 #   suite-*-np2.txt      the distributed suites at 2 ranks sharing the GPU (CUDA tensors staged
@@ -12,6 +12,10 @@
 #                        parallel and pipeline runs at 2 ranks on the one GPU
 #   summary.txt          one line per step: passed / failed
 #   device_bench.md      GEMM, convolution, ResNet-50 and GPT-2-small steps against PyTorch
+#   profile-<suite>.md   a kernel profile (BRAID_CHECK_PROFILE=<suite>, or BRAID_CHECK_MODE=speed)
+#
+# BRAID_CHECK_MODE=speed runs only the parity suites, the benchmarks and the ResNet-50 profile (fits in
+# 8 minutes of device time).
 #
 # BRAID_CHECK_DEVICE=shadow runs the same steps on the shadow device: a dry run of the recipe on a
 # machine without a GPU (the CUDA parity suite then skips with its reason).
@@ -93,26 +97,70 @@ step() {  # step NAME LOG [--direct] CMD...: runs one program (--direct: not thr
 # BRAID_CHECK_PROFILE=resnet50|gpt2|conv|gemm: instead of the checks, the kernels of one step of that
 # device benchmark under Nsight Compute (each kernel's duration; ncu serialises them, so the sum is
 # device time without overlap), summed by kernel (benchmarks/ncu_summary.py) into profile.md.
-if [[ -n ${BRAID_CHECK_PROFILE:-} ]]; then
+profile() {  # profile SUITE
+  local ncu
   ncu=$(command -v ncu || find /opt /usr/local -name ncu -type f -perm -u+x 2>/dev/null | head -1)
-  [[ -n $ncu ]] || { note "FAIL profile: no ncu on this machine"; exit 1; }
-  step "ncu on braid-device-bench --suite $BRAID_CHECK_PROFILE" ncu.csv --direct "$ncu" --csv \
+  [[ -n $ncu ]] || { note "FAIL profile: no ncu on this machine"; return; }
+  step "ncu on braid-device-bench --suite $1" "ncu-$1.csv" --direct "$ncu" --csv \
     --metrics gpu__time_duration.sum --clock-control none --launch-count "${BRAID_CHECK_PROFILE_KERNELS:-2500}" \
-    --target-processes all "$work/run" "$work/bin/braid-device-bench" --device cuda \
-    --suite "$BRAID_CHECK_PROFILE" --repeats 1
-  python3 benchmarks/ncu_summary.py "$logs/ncu.csv" --steps "${BRAID_CHECK_PROFILE_STEPS:-1}" >"$out/profile.md" 2>&1
-  grep -h 'ms\b' "$logs/ncu.csv" | grep -v '^"' | tail -5 | tee -a "$summary"
-  head -30 "$out/profile.md"
+    --target-processes all "$work/run" "$work/bin/braid-device-bench" --device cuda --suite "$1" --repeats 1
+  python3 benchmarks/ncu_summary.py "$logs/ncu-$1.csv" --steps "${BRAID_CHECK_PROFILE_STEPS:-1}" >"$out/profile-$1.md" 2>&1
+  grep -h 'ms\b' "$logs/ncu-$1.csv" | grep -v '^"' | tail -5 | tee -a "$summary"
+  head -30 "$out/profile-$1.md"
   tar -C "$work" -czf "$out/logs.tar.gz" logs
+}
+
+# Benchmarks against PyTorch on the same GPU, in one run (benchmarks/device_bench.py). Python runs
+# with the machine's own libraries; only braid's program gets the carried ones, through a wrapper.
+device_benchmarks() {
+  local wrapper="$work/bin/braid-device-bench.sh"
+  printf '#!/usr/bin/env bash\nexec %q %q "$@"\n' "$work/run" "$work/bin/braid-device-bench" >"$wrapper"
+  chmod +x "$wrapper"
+  if [[ ! -x "$work/bin/braid-device-bench" ]]; then
+    note "SKIP device benchmarks: braid-device-bench is not in the bundle"
+  elif [[ $dev == cuda* ]] && python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
+    PYTHONUNBUFFERED=1 step "device benchmarks (device_bench.md)" device_bench.md --direct python3 benchmarks/device_bench.py \
+      --exe "$wrapper" --device cuda
+    cp "$logs/device_bench.md" "$out/" 2>/dev/null
+  else
+    note "SKIP device benchmarks: no GPU, or PyTorch with CUDA is not importable here"
+  fi
+}
+
+# The CUDA parity suites (tests/test_cuda_*.cpp: every primitive and fused kernel against the CPU).
+parity_suites() {
+  for t in cuda_backend cuda_fused cuda_conv cuda_matmul cuda_attention; do
+    step "$t" "$t.txt" "$work/bin/test_$t"
+  done
+}
+
+finish() {
+  tar -C "$work" -czf "$out/logs.tar.gz" logs
+  rm -rf "$work"
   grep -q '^FAIL' "$summary" && exit 1
   exit 0
+}
+
+if [[ -n ${BRAID_CHECK_PROFILE:-} ]]; then
+  profile "$BRAID_CHECK_PROFILE"
+  finish
+fi
+
+# BRAID_CHECK_MODE=speed: what the GPU speed work needs in 8 minutes of device time: the parity
+# suites of the kernels, the benchmarks against PyTorch in the same run, then the kernel profile of
+# one ResNet-50 step (profile-resnet50.md) while the budget lasts.
+if [[ ${BRAID_CHECK_MODE:-} == speed ]]; then
+  parity_suites
+  device_benchmarks
+  profile resnet50
+  finish
 fi
 
 # What only a GPU can show first: the NCCL group at a world of one (with its watchdog), the backend's
 # parity with the CPU, and two ranks sharing the GPU (DDP, SyncBatchNorm and pipeline equivalence with
 # device tensors, staged through MPI since NCCL refuses two ranks on one GPU).
 [[ -x "$work/bin/test_nccl" ]] && step "NCCL group, world of one" nccl.txt "$work/bin/test_nccl"
-step cuda_backend cuda_backend.txt "$work/bin/test_cuda_backend"
+parity_suites
 # The launcher passes the library path on to its ranks.
 mpirun=("$work/bin/mpiexec.hydra" -launcher fork -n 2)
 [[ -x "$work/bin/mpiexec.hydra" ]] || note "SKIP 2-rank checks: no mpiexec.hydra in the bundle"
@@ -153,21 +201,5 @@ if [[ " $suites " == *" differential "* && -x "$work/bin/test_differential" ]]; 
     step "differential on $dev" suite-differential.txt "$work/bin/test_differential"
 fi
 
-# Benchmarks against PyTorch on the same GPU, in one run (benchmarks/device_bench.py). Python runs
-# with the machine's own libraries; only braid's program gets the carried ones, through a wrapper.
-wrapper="$work/bin/braid-device-bench.sh"
-printf '#!/usr/bin/env bash\nexec %q %q "$@"\n' "$work/run" "$work/bin/braid-device-bench" >"$wrapper"
-chmod +x "$wrapper"
-if [[ ! -x "$work/bin/braid-device-bench" ]]; then
-  note "SKIP device benchmarks: braid-device-bench is not in the bundle"
-elif [[ $dev == cuda* ]] && python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
-  PYTHONUNBUFFERED=1 step "device benchmarks (device_bench.md)" device_bench.md --direct python3 benchmarks/device_bench.py \
-    --exe "$wrapper" --device cuda
-  cp "$logs/device_bench.md" "$out/" 2>/dev/null
-else
-  note "SKIP device benchmarks: no GPU, or PyTorch with CUDA is not importable here"
-fi
-tar -C "$work" -czf "$out/logs.tar.gz" logs
-rm -rf "$work"
-grep -q '^FAIL' "$summary" && exit 1
-exit 0
+device_benchmarks
+finish
