@@ -37,17 +37,28 @@ def sync(dev):
         torch.cuda.synchronize()
 
 
+class Ms(float):
+    """A median time per iteration in ms, with .host: the median time until the host had issued the
+    iteration, before the device synchronisation (close to the time itself: bound by the host)."""
+
+    def __new__(cls, ms, host):
+        m = super().__new__(cls, ms)
+        m.host = host
+        return m
+
+
 def median_ms(dev, body, repeats):
     for _ in range(3):
         body()
     sync(dev)
-    ms = []
+    ms, host = [], []
     for _ in range(repeats):
         t = time.perf_counter()
         body()
+        host.append(1000 * (time.perf_counter() - t))
         sync(dev)
         ms.append(1000 * (time.perf_counter() - t))
-    return statistics.median(ms)
+    return Ms(statistics.median(ms), statistics.median(host))
 
 
 def autocast(dev, on=True):
@@ -188,7 +199,7 @@ def braid_results(exe, device, suite, small, repeats, amp):
     if res.returncode != 0:
         sys.exit(f"{' '.join(cmd)} failed:\n{res.stderr}")
     rows = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
-    return {r["name"]: (r["ms"], r["flop"]) for r in rows}
+    return {r["name"]: (Ms(r["ms"], r.get("host_ms")), r["flop"]) for r in rows}
 
 
 def main():
@@ -224,7 +235,9 @@ def main():
         for key in sorted(set(ours) | set(theirs)):
             b, t = ours.get(key), theirs.get(key)
             row = {"workload": key, "braid_ms": b[0] if b else None, "torch_ms": t[0] if t else None,
-                   "braid_tflops": b[1] / b[0] / 1e9 if b else None, "torch_tflops": t[1] / t[0] / 1e9 if t else None}
+                   "braid_tflops": b[1] / b[0] / 1e9 if b else None, "torch_tflops": t[1] / t[0] / 1e9 if t else None,
+                   "braid_host_ms": getattr(b[0], "host", None) if b else None,
+                   "torch_host_ms": getattr(t[0], "host", None) if t else None}
             if key.startswith("gpt2") and b:
                 row["goal"] = f"MFU {100 * b[1] / b[0] / 1e9 / args.peak_tflops:.1f}% of {args.peak_tflops:g} TFLOP/s"
             rows.append(row)

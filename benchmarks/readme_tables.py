@@ -143,15 +143,21 @@ def device_bench(saved):
 
     def sig3(x):  # TFLOP/s to three significant figures
         return "n/a" if x is None else f"{x:.{max(0, 2 - len(str(int(x))) + 1)}f}" if x < 100 else f"{x:.0f}"
+    # The host's time to issue an iteration (device_bench.py's Ms.host), where the run measured it.
+    host = any(r.get("braid_host_ms") is not None for r in saved["rows"])
     rows = []
     for r in saved["rows"]:
         b, t, d = r.get("braid_ms"), r.get("torch_ms"), r.get("digits", 3)
         ratio = "n/a" if b is None or t is None else f"{r.get('ratio', b / t):.2f}"
-        rows.append([r["workload"], r.get("braid_text") or num(b, d), r.get("torch_text") or num(t, d),
-                     r.get("braid_tflops_text") or sig3(r.get("braid_tflops")),
-                     r.get("torch_tflops_text") or sig3(r.get("torch_tflops")), ratio, r.get("goal", "")])
-    return block(saved["meta"], table([f"workload ({saved['device']})", "braid ms", "PyTorch ms", "braid TFLOP/s",
-                                       "PyTorch TFLOP/s", "braid / PyTorch (time)", "goal"], "lrrrrrl", rows))
+        row = [r["workload"], r.get("braid_text") or num(b, d), r.get("torch_text") or num(t, d),
+               r.get("braid_tflops_text") or sig3(r.get("braid_tflops")),
+               r.get("torch_tflops_text") or sig3(r.get("torch_tflops")), ratio]
+        if host:
+            row.append(f"{num(r.get('braid_host_ms'), d)} / {num(r.get('torch_host_ms'), d)}")
+        rows.append(row + [r.get("goal", "")])
+    head = [f"workload ({saved['device']})", "braid ms", "PyTorch ms", "braid TFLOP/s", "PyTorch TFLOP/s",
+            "braid / PyTorch (time)"] + (["host ms to issue (braid / PyTorch)"] if host else []) + ["goal"]
+    return block(saved["meta"], table(head, "lrrrrr" + ("r" if host else "") + "l", rows))
 
 
 def emit(kind, saved, markdown):
