@@ -3,6 +3,7 @@
 // held to its composite by tests/test_fused_values.cpp), then through the ops that call it
 // (BatchNorm forward and backward, Adam and AdamW with amsgrad, softmax, layer normalisation,
 // channels-last max pooling), with the entries' declines (dtypes, layouts) checked too.
+#include "braid/nn/loss.h"
 #include "braid/optim.h"
 #include "cuda_parity.h"
 
@@ -176,6 +177,26 @@ TEST(CudaFused, SoftmaxRowsMatchTheCpu) {
       expect_parity("softmax_rows " + shape_str(shape) + (specials ? " with specials" : ""), Tol{3e-6, 1e-7}, run);
     }
   expect_parity("softmax op", Tol{3e-6, 1e-7}, [](Device dev) { return softmax(values({6, 50}, kFloat32, 42, dev)); });
+  for (const Shape& shape : std::vector<Shape>{{1}, {5, 1}, {3, 7}, {2, 3, 1000}})
+    for (bool specials : {false, true}) {
+      auto run = [&](Device dev) {
+        Tensor x = values(shape, kFloat32, 44, dev, specials, -20, 20), out = detail::new_tensor(shape, kFloat32, dev);
+        EXPECT_TRUE(fused(dev).log_softmax_rows(x, out));
+        Tensor g = values(shape, kFloat32, 45, dev), y = values(shape, kFloat32, 46, dev, false, -5, 0);
+        Tensor gx = detail::new_tensor(shape, kFloat32, dev);
+        EXPECT_TRUE(fused(dev).log_softmax_backward_rows(g, y, gx));
+        return concat({out.reshape({-1}), gx.reshape({-1})});
+      };
+      expect_parity("log_softmax rows " + shape_str(shape) + (specials ? " with specials" : ""), Tol{3e-6, 3e-6}, run);
+    }
+  // A language model's loss: cross-entropy over a vocabulary, forward and backward.
+  expect_parity("cross_entropy", Tol{3e-6, 1e-7}, [](Device dev) {
+    Tensor logits = values({6, 1000}, kFloat32, 47, dev).set_requires_grad(true);
+    Tensor target = tensor(std::vector<double>{3, 999, 0, 500, 7, 42}, {6}, dev).to(kInt64);
+    Tensor loss = nn::cross_entropy(logits, target);
+    loss.backward();
+    return concat({loss.reshape({1}), logits.grad().reshape({-1})});
+  });
   // float64 is the composite's (the entry declines it)
   Tensor x64 = values({2, 3}, kFloat64, 43, kCuda);
   EXPECT_FALSE(fused(kCuda).softmax_rows(x64, detail::new_tensor({2, 3}, kFloat64, kCuda)));

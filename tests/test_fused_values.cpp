@@ -195,6 +195,22 @@ TEST(FusedValues, NormalisationKernelsEqualTheirComposites) {
   Generator gen(8);
   const Tensor rows = special({6, 33}, 9);
   expect_definition("softmax", [&] { return softmax(rows, -1); }, 1e-6);
+  expect_definition("log_softmax", [&] { return log_softmax(rows, -1); }, 1e-6);
+  {  // log_softmax's gradient (Backend::log_softmax_backward_rows) on random rows
+    const Tensor x = randn({5, 40}, kFloat32, &gen) * 3.0, weights = randn({5, 40}, kFloat32, &gen);
+    auto grad = [&] {
+      Tensor xg = x.clone().set_requires_grad(true);
+      (log_softmax(xg, -1) * weights).sum().backward();
+      return xg.grad();
+    };
+    const Tensor fused = grad();
+    Tensor composite;
+    {
+      detail::CompositeOnly guard;
+      composite = grad();
+    }
+    expect_same("log_softmax's gradient", fused, composite, 1e-5);
+  }
   const Tensor w = randn({33}, kFloat32, &gen), b = randn({33}, kFloat32, &gen);
   expect_definition("layer_norm", [&] { return layer_norm(rows, 1, w, b, 1e-5); }, 1e-5);
   // Rows of finite values but for one special value each: the row's statistics stay finite where

@@ -213,6 +213,13 @@ class FusedKernels {
   /// out = softmax of x along its last axis, x contiguous (rows of x.size(-1)), with the composite's
   /// steps: m = max, e = exp(x - m), out = e / sum(e) (braid::softmax, forward only).
   virtual bool softmax_rows(const Tensor& x, const Tensor& out);
+  /// out = log_softmax of x along its last axis, x float32 and contiguous, with the composite's
+  /// steps: m = max (NaN when the row holds one), s = x - m, out = s - log(sum(exp(s))) (braid::
+  /// log_softmax's forward; a language model's cross-entropy over its vocabulary).
+  virtual bool log_softmax_rows(const Tensor& x, const Tensor& out);
+  /// gx = g - exp(y) * sum(g) along the last axis (log_softmax's gradient, y its output), all float32,
+  /// contiguous and of one shape, with the composite's steps.
+  virtual bool log_softmax_backward_rows(const Tensor& g, const Tensor& y, const Tensor& gx);
   /// Layer normalisation of the rows of x (x contiguous, rows of n = weight's or bias's numel or the
   /// caller's row length: out's trailing size), with the composite's steps: m = mean, inv =
   /// 1 / sqrt(biased var + eps), out = (x - m) * inv, then * weight and + bias where defined (each n

@@ -105,6 +105,8 @@ bool FusedKernels::channel_gate(const Tensor&, bool, const Tensor&, const Tensor
   return false;
 }
 bool FusedKernels::softmax_rows(const Tensor&, const Tensor&) { return false; }
+bool FusedKernels::log_softmax_rows(const Tensor&, const Tensor&) { return false; }
+bool FusedKernels::log_softmax_backward_rows(const Tensor&, const Tensor&, const Tensor&) { return false; }
 bool FusedKernels::layer_norm_rows(const Tensor&, int64_t, const Tensor&, const Tensor&, double, const Tensor&,
                               const Tensor&, const Tensor&) {
   return false;

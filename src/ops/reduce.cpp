@@ -202,14 +202,25 @@ Tensor log_softmax(const Tensor& x_in, int64_t axis) {
   Tensor x = float_input(x_in, "log_softmax");
   int64_t a = normalize_axis_or_scalar(axis, x.dim(), "log_softmax");
   Tensor y;
+  const bool rows = a == x.dim() - 1 && x.numel() > 0;  // along the last axis: the backend's fused rows
   {
     NoGradGuard no_grad;
-    Tensor shifted = x - stable_shift(x, {a}, false);
-    y = shifted - log(sum(exp(shifted), {a}, true));
+    if (rows) {  // Note [Fused kernels]
+      Tensor out = new_tensor(x.shape(), x.dtype(), x.device());
+      if (backend_of(x).fused().log_softmax_rows(contiguous(x), out)) y = out;
+    }
+    if (!y.defined()) {
+      Tensor shifted = x - stable_shift(x, {a}, false);
+      y = shifted - log(sum(exp(shifted), {a}, true));
+    }
   }
   traced("log_softmax", y, {x}, {{a}, {}});
   if (!needs_grad(x)) return y;
-  return record("log_softmax", y, {x}, [y = y.detach(), a](const Tensor& g, Grads& r) {
+  return record("log_softmax", y, {x}, [y = y.detach(), a, rows](const Tensor& g, Grads& r) {
+    if (rows) {
+      Tensor gx = new_tensor(y.shape(), y.dtype(), y.device());
+      if (backend_of(y).fused().log_softmax_backward_rows(contiguous(g), contiguous(y), gx)) return r.set(0, gx);
+    }
     r.set(0, g - exp(y) * sum(g, {a}, true));
   });
 }

@@ -17,7 +17,6 @@ ALLOWED = {
     "tests/test_data.cpp": 963,
     "tests/test_tensor.cpp": 897,
     "bindings/python/tests/test_tensor.py": 858,
-    "tests/test_cuda_backend.cpp": 707,
     "bindings/python/tests/test_nn.py": 662,
     "tests/test_amp.cpp": 650,
     "tests/test_conv.cpp": 647,

@@ -61,6 +61,8 @@ class CpuBackend final : public Backend, public FusedKernels {
   bool aminmax(const Tensor& x, const Tensor& lo, const Tensor& hi) override;
   bool dynamic_quantize(const Tensor& x, const Tensor& out, float& scale, int64_t& zero) override;
   bool softmax_rows(const Tensor& x, const Tensor& out) override;
+  bool log_softmax_rows(const Tensor& x, const Tensor& out) override;
+  bool log_softmax_backward_rows(const Tensor& g, const Tensor& y, const Tensor& gx) override;
   bool layer_norm_rows(const Tensor& x, int64_t n, const Tensor& weight, const Tensor& bias, double eps,
                        const Tensor& out, const Tensor& mean, const Tensor& inv) override;
   bool dequantize(const Tensor& x, double scale, int64_t zero, const Tensor& out) override;

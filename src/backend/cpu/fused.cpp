@@ -349,6 +349,48 @@ bool CpuBackend::softmax_rows(const Tensor& x, const Tensor& out) {
   return true;
 }
 
+// log_softmax rows: the max as softmax_row's, s = x - m, the sum of exp(s) in double, then s -
+// log(sum): three sweeps over a row that stays in cache where the composite makes six passes.
+BRAID_VECTOR_CLONES void log_softmax_row(const float* x, float* y, int64_t n) {
+  float m = -std::numeric_limits<float>::infinity();
+  int nan = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    m = x[i] > m ? x[i] : m;
+    nan |= x[i] != x[i];
+  }
+  if (nan) m = std::numeric_limits<float>::quiet_NaN();
+  for (int64_t i = 0; i < n; ++i) y[i] = exp_f32(x[i] - m);
+  const float lse = std::log(static_cast<float>(lane_sum(n, [y](int64_t i) { return static_cast<double>(y[i]); })));
+  for (int64_t i = 0; i < n; ++i) y[i] = (x[i] - m) - lse;
+}
+
+// log_softmax's gradient rows: the sum of g in double, then g - exp(y) * sum.
+BRAID_VECTOR_CLONES void log_softmax_backward_row(const float* g, const float* y, float* gx, int64_t n) {
+  const float s = static_cast<float>(lane_sum(n, [g](int64_t i) { return static_cast<double>(g[i]); }));
+  for (int64_t i = 0; i < n; ++i) gx[i] = g[i] - exp_f32(y[i]) * s;
+}
+
+bool CpuBackend::log_softmax_rows(const Tensor& x, const Tensor& out) {
+  if (!fused_on() || x.dtype() != kFloat32 || !x.is_contiguous() || x.dim() == 0 || x.numel() == 0) return false;
+  const int64_t n = x.size(-1), rows = x.numel() / n;
+  const float* px = x.data<float>();
+  float* py = out.data<float>();
+  const int nt = 8 * x.numel() > kParallelGrain && rows > 1 && !omp_in_parallel() ? get_num_threads() : 1;
+  parallel_for(nt, rows, [&](int64_t r) { log_softmax_row(px + r * n, py + r * n, n); });
+  return true;
+}
+
+bool CpuBackend::log_softmax_backward_rows(const Tensor& g, const Tensor& y, const Tensor& gx) {
+  auto f32 = [&](const Tensor& t) { return t.dtype() == kFloat32 && t.is_contiguous() && t.shape() == y.shape(); };
+  if (!fused_on() || y.dim() == 0 || y.numel() == 0 || !f32(g) || !f32(y) || !f32(gx)) return false;
+  const int64_t n = y.size(-1), rows = y.numel() / n;
+  const float *pg = g.data<float>(), *py = y.data<float>();
+  float* pgx = gx.data<float>();
+  const int nt = 4 * y.numel() > kParallelGrain && rows > 1 && !omp_in_parallel() ? get_num_threads() : 1;
+  parallel_for(nt, rows, [&](int64_t r) { log_softmax_backward_row(pg + r * n, py + r * n, pgx + r * n, n); });
+  return true;
+}
+
 // Layer normalisation rows (Note [Fused kernels]): the mean, then the biased variance as the
 // mean of the float squares (x - mean)^2, both summed in double as the composite's reductions do, and the affine in
 // float in the composite's order, (x - m) * inv * w + b; three sweeps over a row that stays in cache

@@ -67,6 +67,8 @@ class CudaBackend final : public Backend, public FusedKernels {
                  const AdamStep& s) override;
   bool adam_steps(const std::vector<AdamTensors>& params, const AdamStep& s) override;
   bool softmax_rows(const Tensor& x, const Tensor& out) override;
+  bool log_softmax_rows(const Tensor& x, const Tensor& out) override;
+  bool log_softmax_backward_rows(const Tensor& g, const Tensor& y, const Tensor& gx) override;
   bool layer_norm_rows(const Tensor& x, int64_t n, const Tensor& weight, const Tensor& bias, double eps,
                        const Tensor& out, const Tensor& mean, const Tensor& inv) override;
   bool max_pool2d_channels_last(const Tensor& x, const Window2d& win, const Tensor& out) override;

@@ -197,6 +197,27 @@ __global__ void __launch_bounds__(kThreads) adam_list_kernel(AdamList<T> list, A
 
 // ---- rows: softmax and layer normalisation (float32, one block per row) ----
 
+// The max of each row's values (NaN when the row holds one) into every thread, through lanes.
+__device__ inline float row_max(const float* xr, int64_t n, float* lanes) {
+  float m = -__int_as_float(0x7f800000);
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const float v = xr[i];
+    m = m != m ? m : (v != v || v > m ? v : m);  // a NaN, once met, stays
+  }
+  lanes[threadIdx.x] = m;
+  __syncthreads();
+  for (unsigned w = blockDim.x / 2; w > 0; w >>= 1) {
+    if (threadIdx.x < w) {
+      const float a = lanes[threadIdx.x], b = lanes[threadIdx.x + w];
+      lanes[threadIdx.x] = a != a ? a : (b != b || b > a ? b : a);
+    }
+    __syncthreads();
+  }
+  m = lanes[0];
+  __syncthreads();
+  return m;
+}
+
 // out = softmax of each row of n: m = the max (NaN when the row holds one), e = exp(x - m), out = e /
 // float(sum of e in double).
 __global__ void __launch_bounds__(kThreads) softmax_rows_block_kernel(const float* x, float* out, int64_t rows,
@@ -206,22 +227,7 @@ __global__ void __launch_bounds__(kThreads) softmax_rows_block_kernel(const floa
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const float* xr = x + r * n;
     float* yr = out + r * n;
-    float m = -__int_as_float(0x7f800000);
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-      const float v = xr[i];
-      m = m != m ? m : (v != v || v > m ? v : m);  // a NaN, once met, stays
-    }
-    maxes[threadIdx.x] = m;
-    __syncthreads();
-    for (unsigned w = blockDim.x / 2; w > 0; w >>= 1) {
-      if (threadIdx.x < w) {
-        const float a = maxes[threadIdx.x], b = maxes[threadIdx.x + w];
-        maxes[threadIdx.x] = a != a ? a : (b != b || b > a ? b : a);
-      }
-      __syncthreads();
-    }
-    m = maxes[0];
-    __syncthreads();
+    const float m = row_max(xr, n, maxes);
     double s = 0;
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
       const float e = expf(xr[i] - m);
@@ -230,6 +236,36 @@ __global__ void __launch_bounds__(kThreads) softmax_rows_block_kernel(const floa
     }
     const float total = static_cast<float>(block_sum(s, sums));
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = yr[i] / total;
+  }
+}
+
+// out = log_softmax of each row of n: m = row_max, s = x - m, out = s - log(float(sum of exp(s) in
+// double)).
+__global__ void __launch_bounds__(kThreads) log_softmax_rows_block_kernel(const float* x, float* out, int64_t rows,
+                                                                          int64_t n) {
+  __shared__ float maxes[kThreads];
+  __shared__ double sums[kThreads];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float* xr = x + r * n;
+    float* yr = out + r * n;
+    const float m = row_max(xr, n, maxes);
+    double s = 0;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += static_cast<double>(expf(xr[i] - m));
+    const float lse = logf(static_cast<float>(block_sum(s, sums)));
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = (xr[i] - m) - lse;
+  }
+}
+
+// gx = g - exp(y) * float(the row's sum of g in double).
+__global__ void __launch_bounds__(kThreads)
+    log_softmax_backward_rows_block_kernel(const float* g, const float* y, float* gx, int64_t rows, int64_t n) {
+  __shared__ double sums[kThreads];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float *gr = g + r * n, *yr = y + r * n;
+    double s = 0;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += static_cast<double>(gr[i]);
+    const float total = static_cast<float>(block_sum(s, sums));
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) gx[r * n + i] = gr[i] - expf(yr[i]) * total;
   }
 }
 
@@ -439,6 +475,31 @@ bool CudaBackend::softmax_rows(const Tensor& x, const Tensor& out) {
   cuda::softmax_rows_block_kernel<<<static_cast<unsigned>(std::min(rows, cuda::kMaxBlocks)), cuda::row_threads(n), 0,
                                     l.stream>>>(at<float>(x), at<float>(out), rows, n);
   cuda::check_launch("softmax_rows", "softmax_rows_block_kernel");
+  return true;
+}
+
+bool CudaBackend::log_softmax_rows(const Tensor& x, const Tensor& out) {
+  if (x.dtype() != kFloat32 || out.dtype() != kFloat32 || !x.is_contiguous() || !out.is_contiguous() || x.dim() == 0 ||
+      x.numel() == 0)
+    return false;
+  const int64_t n = x.size(-1), rows = x.numel() / n;
+  cuda::Launch l("log_softmax_rows", x, {out});
+  cuda::log_softmax_rows_block_kernel<<<static_cast<unsigned>(std::min(rows, cuda::kMaxBlocks)), cuda::row_threads(n),
+                                        0, l.stream>>>(at<float>(x), at<float>(out), rows, n);
+  cuda::check_launch("log_softmax_rows", "log_softmax_rows_block_kernel");
+  return true;
+}
+
+bool CudaBackend::log_softmax_backward_rows(const Tensor& g, const Tensor& y, const Tensor& gx) {
+  if (y.dim() == 0 || y.numel() == 0 || g.shape() != y.shape() || gx.shape() != y.shape() ||
+      !cuda::all_contiguous(kFloat32, {&g, &y, &gx}))
+    return false;
+  const int64_t n = y.size(-1), rows = y.numel() / n;
+  cuda::Launch l("log_softmax_backward_rows", y, {g, gx});
+  cuda::log_softmax_backward_rows_block_kernel<<<static_cast<unsigned>(std::min(rows, cuda::kMaxBlocks)),
+                                                 cuda::row_threads(n), 0, l.stream>>>(at<float>(g), at<float>(y),
+                                                                                      at<float>(gx), rows, n);
+  cuda::check_launch("log_softmax_backward_rows", "log_softmax_backward_rows_block_kernel");
   return true;
 }
 

@@ -93,6 +93,8 @@ namespace braid::detail {
   X(aminmax, (const Tensor& x, const Tensor& lo, const Tensor& hi), (x, lo, hi))                                       \
   X(dynamic_quantize, (const Tensor& x, const Tensor& out, float& scale, int64_t& zero), (x, out, scale, zero))        \
   X(softmax_rows, (const Tensor& x, const Tensor& out), (x, out))                                                      \
+  X(log_softmax_rows, (const Tensor& x, const Tensor& out), (x, out))                                                  \
+  X(log_softmax_backward_rows, (const Tensor& g, const Tensor& y, const Tensor& gx), (g, y, gx))                       \
   X(layer_norm_rows, (const Tensor& x, int64_t n, const Tensor& weight, const Tensor& bias, double eps,                \
                       const Tensor& out, const Tensor& mean, const Tensor& inv),                                       \
     (x, n, weight, bias, eps, out, mean, inv))                                                                         \
