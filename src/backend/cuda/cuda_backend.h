@@ -53,6 +53,7 @@ class CudaBackend final : public Backend, public FusedKernels {
   void avg_pool2d(const Tensor& x, const Window2d& win, bool count_include_pad, const Tensor& out) override;
   void avg_pool2d_backward(const Tensor& grad, const Window2d& win, bool count_include_pad,
                            const Tensor& grad_x) override;
+  bool max_pool2d_channels_last(const Tensor& x, const Window2d& win, const Tensor& out) override;
 
   // matmul.cpp
   void matmul(const Tensor& a, const Tensor& b, const Tensor& out) override;
@@ -71,7 +72,6 @@ class CudaBackend final : public Backend, public FusedKernels {
   bool log_softmax_backward_rows(const Tensor& g, const Tensor& y, const Tensor& gx) override;
   bool layer_norm_rows(const Tensor& x, int64_t n, const Tensor& weight, const Tensor& bias, double eps,
                        const Tensor& out, const Tensor& mean, const Tensor& inv) override;
-  bool max_pool2d_channels_last(const Tensor& x, const Window2d& win, const Tensor& out) override;
 };
 
 /// The process's one CUDA backend (its device_count is 0 where no driver or GPU is present).

@@ -1,6 +1,5 @@
 // The CUDA backend's fused kernels for training (Note [Fused kernels] in backend/backend.h): batch
-// normalisation's three per-channel passes, Adam's step, softmax and layer normalisation over rows,
-// and channels-last max pooling. Each computes its composite's function in one pass (two for the
+// normalisation's three per-channel passes, Adam's step, softmax and layer normalisation over rows. Each computes its composite's function in one pass (two for the
 // statistics), with the composite's arithmetic where it is elementwise, so that a GPU step runs one
 // launch where the composite ran a dozen (the profile in benchmarks/README.md, "Devices against
 // PyTorch"). Sums accumulate in double, as the composite's reductions do; only their order differs
@@ -307,35 +306,6 @@ unsigned row_threads(int64_t n) {
   return static_cast<unsigned>(p);
 }
 
-// ---- channels-last max pooling (values only) ----
-
-__device__ inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
-__device__ inline int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
-
-// out (N, oh, ow, C in memory) = the max of each window of x (N, h, w, C in memory), NaN winning,
-// padding excluded: one thread per output, channels innermost so that a warp reads neighbours.
-template <typename T>
-__global__ void __launch_bounds__(kThreads)
-    max_pool_nhwc_kernel(const T* x, T* out, int64_t n, int64_t c, Window2d win) {
-  const int64_t total = n * win.oh * win.ow * c;
-  for (int64_t idx = global_index(); idx < total; idx += grid_stride()) {
-    const int64_t ch = idx % c, q = idx / c, ox = q % win.ow, oy = q / win.ow % win.oh, b = q / (win.ow * win.oh);
-    const T* src = x + b * win.h * win.w * c + ch;
-    const int64_t y0 = oy * win.sh - win.ph, x0 = ox * win.sw - win.pw;
-    const int64_t ilo = y0 >= 0 ? 0 : imin(win.kh, (-y0 + win.dh - 1) / win.dh);
-    const int64_t ihi = imax(ilo, y0 >= win.h ? 0 : imin(win.kh, (win.h - 1 - y0) / win.dh + 1));
-    const int64_t jlo = x0 >= 0 ? 0 : imin(win.kw, (-x0 + win.dw - 1) / win.dw);
-    const int64_t jhi = imax(jlo, x0 >= win.w ? 0 : imin(win.kw, (win.w - 1 - x0) / win.dw + 1));
-    T best = src[((y0 + ilo * win.dh) * win.w + x0 + jlo * win.dw) * c];
-    for (int64_t i = ilo; i < ihi; ++i)
-      for (int64_t j = jlo; j < jhi; ++j) {
-        const T v = src[((y0 + i * win.dh) * win.w + x0 + j * win.dw) * c];
-        if (v > best || v != v) best = v;
-      }
-    out[idx] = best;
-  }
-}
-
 // Whether every defined tensor is contiguous and of dtype.
 bool all_contiguous(DType dtype, std::initializer_list<const Tensor*> ts) {
   for (const Tensor* t : ts)
@@ -517,16 +487,5 @@ bool CudaBackend::layer_norm_rows(const Tensor& x, int64_t n, const Tensor& weig
   return true;
 }
 
-bool CudaBackend::max_pool2d_channels_last(const Tensor& x, const Window2d& win, const Tensor& out) {
-  if (x.dim() != 4 || !x.is_channels_last() || !out.is_channels_last() || out.dtype() != x.dtype()) return false;
-  const int64_t n = x.size(0), c = x.size(1), total = n * c * win.oh * win.ow;
-  cuda::Launch l("max_pool2d", x, {out});
-  return cuda::floating(x.dtype(), [&]<typename T>(cuda::Tag<T>) {
-    if (total == 0) return;
-    cuda::max_pool_nhwc_kernel<T><<<cuda::grid_for(total), cuda::kThreads, 0, l.stream>>>(at<T>(x), at<T>(out), n, c,
-                                                                                         win);
-    cuda::check_launch("max_pool2d", "max_pool_nhwc_kernel");
-  });
-}
 
 }  // namespace braid::detail

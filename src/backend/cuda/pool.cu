@@ -1,8 +1,9 @@
 // 2-d max and average pooling and average pooling's adjoint over contiguous (N, C, h, w) planes,
 // one thread per output (per input element for the adjoint, a gather over the windows that hold
 // it, so no atomics). Window clipping, divisors, NaN handling and summation order are those of
-// src/backend/cpu/pool.cpp, so results equal the CPU's bit for bit. The CudaBackend methods that
-// unpack the tensors and launch them follow the kernels (host.h).
+// src/backend/cpu/pool.cpp, so results equal the CPU's bit for bit. Channels-last max pooling (the
+// fused entry of inference, Note [Fused kernels]) takes one thread per output, channels innermost.
+// The CudaBackend methods that unpack the tensors and launch them follow the kernels (host.h).
 #include <cstdint>
 
 #include "backend/cuda/common.cuh"
@@ -137,6 +138,32 @@ void launch_avg_pool2d_backward(DType type, const void* grad, void* grad_x, int6
   });
 }
 
+// ---- channels-last max pooling (values only) ----
+
+// out (N, oh, ow, C in memory) = the max of each window of x (N, h, w, C in memory), NaN winning,
+// padding excluded: one thread per output, channels innermost so that a warp reads neighbours.
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    max_pool_nhwc_kernel(const T* x, T* out, int64_t n, int64_t c, Window2d win) {
+  const int64_t total = n * win.oh * win.ow * c;
+  for (int64_t idx = global_index(); idx < total; idx += grid_stride()) {
+    const int64_t ch = idx % c, q = idx / c, ox = q % win.ow, oy = q / win.ow % win.oh, b = q / (win.ow * win.oh);
+    const T* src = x + b * win.h * win.w * c + ch;
+    const int64_t y0 = oy * win.sh - win.ph, x0 = ox * win.sw - win.pw;
+    const int64_t ilo = y0 >= 0 ? 0 : imin(win.kh, (-y0 + win.dh - 1) / win.dh);
+    const int64_t ihi = imax(ilo, y0 >= win.h ? 0 : imin(win.kh, (win.h - 1 - y0) / win.dh + 1));
+    const int64_t jlo = x0 >= 0 ? 0 : imin(win.kw, (-x0 + win.dw - 1) / win.dw);
+    const int64_t jhi = imax(jlo, x0 >= win.w ? 0 : imin(win.kw, (win.w - 1 - x0) / win.dw + 1));
+    T best = src[((y0 + ilo * win.dh) * win.w + x0 + jlo * win.dw) * c];
+    for (int64_t i = ilo; i < ihi; ++i)
+      for (int64_t j = jlo; j < jhi; ++j) {
+        const T v = src[((y0 + i * win.dh) * win.w + x0 + j * win.dw) * c];
+        if (v > best || v != v) best = v;
+      }
+    out[idx] = best;
+  }
+}
+
 }  // namespace
 }  // namespace braid::detail::cuda
 
@@ -160,6 +187,22 @@ void CudaBackend::max_pool2d(const Tensor& x, const Window2d& win, const Tensor&
   cuda::launch_max_pool2d(x.dtype(), cuda::ptr(x), cuda::ptr(out),
                           static_cast<int64_t*>(cuda::ptr(indices)),  // null when undefined
                           out.shape()[0] * out.shape()[1], win, l.stream);
+}
+
+bool CudaBackend::max_pool2d_channels_last(const Tensor& x, const Window2d& win, const Tensor& out) {
+  if (x.dim() != 4 || !x.is_channels_last() || !out.is_channels_last() || out.dtype() != x.dtype()) return false;
+  const int64_t n = x.size(0), c = x.size(1), total = n * c * win.oh * win.ow;
+  cuda::Launch l("max_pool2d", x, {out});
+  auto run = [&]<typename T>(cuda::Tag<T>) {
+    if (total == 0) return true;
+    cuda::max_pool_nhwc_kernel<T><<<cuda::grid_for(total), cuda::kThreads, 0, l.stream>>>(
+        static_cast<const T*>(cuda::ptr(x)), static_cast<T*>(cuda::ptr(out)), n, c, win);
+    cuda::check_launch("max_pool2d", "max_pool_nhwc_kernel");
+    return true;
+  };
+  if (x.dtype() == kFloat32) return run(cuda::Tag<float>{});
+  if (x.dtype() == kFloat64) return run(cuda::Tag<double>{});
+  return false;  // the composite (a contiguous copy, then max_pool2d) for the other dtypes
 }
 
 void CudaBackend::avg_pool2d(const Tensor& x, const Window2d& win, bool count_include_pad, const Tensor& out) {
