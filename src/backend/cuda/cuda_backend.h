@@ -1,6 +1,7 @@
 // The CUDA backend: the Backend primitives on NVIDIA GPUs (Note [The CUDA backend] in
 // cuda_backend.cpp). This header names no CUDA type, so the registry includes it freely; the
-// methods live in cuda_backend.cpp (memory, transfers), matmul.cpp (cuBLAS) and, for every other
+// methods live in cuda_backend.cpp (memory, transfers), matmul.cpp and matmul_lt.cpp (cuBLAS,
+// cuBLASLt) and, for every other
 // primitive, the .cu file of its kernels, where it unpacks its tensors for them (host.h).
 #pragma once
 
@@ -56,6 +57,9 @@ class CudaBackend final : public Backend, public FusedKernels {
 
   // matmul.cpp
   void matmul(const Tensor& a, const Tensor& b, const Tensor& out) override;
+  // matmul_lt.cpp (cuBLASLt; the steps' pass in epilogue.cu)
+  bool matmul_epilogue(const Tensor& a, const Tensor& b, const std::vector<EpilogueStep>& epilogue,
+                       const Tensor& out) override;
 };
 
 /// The process's one CUDA backend (its device_count is 0 where no driver or GPU is present).
