@@ -15,7 +15,7 @@ float load(const void* p, cudaDataType_t t, int64_t i) {
   if (t == CUDA_R_16F) return braid::detail::half_to_float(static_cast<const uint16_t*>(p)[i]);
   return braid::detail::bfloat16_to_float(static_cast<const uint16_t*>(p)[i]);
 }
-// The problem's sizes when the descriptors agree, else INVALID_VALUE / NOT_SUPPORTED.
+// The problem's sizes when the descriptors agree (else an abort), or NOT_SUPPORTED.
 cublasStatus_t shape(cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c,
                      cublasLtMatrixLayout_t d, int64_t& m, int64_t& n, int64_t& k) {
   const bool tf32 = op->compute == CUBLAS_COMPUTE_32F_FAST_TF32;
@@ -31,8 +31,9 @@ cublasStatus_t shape(cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t a, cublasLt
             c->cols == d->cols && c->ld == d->ld && a->batch == b->batch && a->batch == c->batch && c->batch == d->batch;
   for (cublasLtMatrixLayout_t l : {a, b, c}) ok = ok && l->ld >= std::max<int64_t>(1, static_cast<int64_t>(l->rows)) && l->batch >= 1;
   if (!ok) {
+    // braid takes any refusal of the heuristic for "no algorithm": a bad description must not pass unseen.
     std::fprintf(stderr, "EMU cublasLt: inconsistent layouts m %ld n %ld k %ld/%ld\n", long(m), long(n), long(k), long(kb));
-    return CUBLAS_STATUS_INVALID_VALUE;
+    std::abort();
   }
   return CUBLAS_STATUS_SUCCESS;
 }

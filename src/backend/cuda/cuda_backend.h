@@ -1,8 +1,8 @@
 // The CUDA backend: the Backend primitives on NVIDIA GPUs (Note [The CUDA backend] in
 // cuda_backend.cpp). This header names no CUDA type, so the registry includes it freely; the
-// methods live in cuda_backend.cpp (memory, transfers), matmul.cpp and matmul_lt.cpp (cuBLAS,
-// cuBLASLt) and, for every other
-// primitive, the .cu file of its kernels, where it unpacks its tensors for them (host.h).
+// methods live in cuda_backend.cpp (memory, transfers), matmul.cpp and matmul_lt.cpp (cuBLAS and
+// cuBLASLt) and, for every other primitive, the .cu file of its kernels, where it unpacks its
+// tensors for them (host.h).
 #pragma once
 
 #include "backend/backend.h"

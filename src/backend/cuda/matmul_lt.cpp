@@ -24,8 +24,8 @@ namespace braid::detail {
 // batch count and stride), and a preference that caps the workspace at kWorkspaceLimit and states
 // each pointer's actual alignment (cuBLASLt assumes 256 bytes otherwise, which a view at an offset
 // does not have). The heuristic's first algorithm is kept per device in a table keyed by
-// everything the descriptors hold, so a repeated shape asks the heuristic once; an empty answer is
-// kept too, and those products run cuBLAS's GemmEx (as float64 products always do). The workspace
+// everything the descriptors hold, so a repeated shape asks the heuristic once; an empty answer or
+// a refusal is kept too, and those products run cuBLAS's GemmEx (as float64 products always do). The workspace
 // the algorithm asks for is a byte tensor of that size from the device's caching allocator, freed
 // in stream order after the call: it shows in memory_allocated's peak and never calls cudaMalloc.
 // One cuBLASLt handle per device, made on first use.
@@ -165,7 +165,7 @@ bool cuda::lt_gemm(int device, const Gemm& g, const float* bias) {
       int count = 0;
       const cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(h, d.op, d.layout[0], d.layout[1], d.layout[2],
                                                               d.layout[2], d.pref, 1, &result, &count);
-      if (s != CUBLAS_STATUS_NOT_SUPPORTED) check_lt(s, "cublasLtMatmulAlgoGetHeuristic");
+      // Any refusal (no algorithm, or a layout this cuBLASLt does not take) leaves the product to cuBLAS.
       if (s == CUBLAS_STATUS_SUCCESS && count > 0 && result.state == CUBLAS_STATUS_SUCCESS)
         choice = {true, result.algo, result.workspaceSize};
       t.choices.emplace(key, choice);
