@@ -322,5 +322,29 @@ TEST(Device, EventsOrderWorkAndMeasureBetweenThem) {
   EXPECT_THROW(Event::record(Device::cuda(7)), NotImplementedError);
 }
 
+TEST(Device, Float32MatmulPrecisionIsSetAndCheckedAndTheCpuIgnoresIt) {
+  EXPECT_EQ(float32_matmul_precision(), "highest");  // BRAID_FLOAT32_MATMUL_PRECISION's default
+  // 1 + 2^-12 and 1 + 3 * 2^-12 are not TF32 numbers: a product that rounded its operands would
+  // differ from the float32 one, which is exact here (small whole numbers times 12-bit fractions).
+  const std::vector<float> av = {1 + 0x1p-12f, 1 + 3 * 0x1p-12f, 1, 1 + 0x1p-12f, 1, 1 + 3 * 0x1p-12f};
+  const std::vector<float> bv = {1, 2, 3, 2, 3, 1};
+  const Tensor a = tensor(av, {2, 3}), b = tensor(bv, {3, 2});
+  const std::vector<float> exact = {static_cast<float>(av[0] * 1.0 + av[1] * 3.0 + av[2] * 3.0),
+                                    static_cast<float>(av[0] * 2.0 + av[1] * 2.0 + av[2] * 1.0),
+                                    static_cast<float>(av[3] * 1.0 + av[4] * 3.0 + av[5] * 3.0),
+                                    static_cast<float>(av[3] * 2.0 + av[4] * 2.0 + av[5] * 1.0)};
+  for (const char* p : {"high", "medium", "highest"}) {
+    set_float32_matmul_precision(p);
+    EXPECT_EQ(float32_matmul_precision(), p);
+    EXPECT_EQ(matmul(a, b).cpu().to_vector<float>(), exact) << p;
+  }
+  for (const char* bad : {"fast", "", "High", "tf32"}) {
+    const std::string msg = error_of<ValueError>([&] { set_float32_matmul_precision(bad); });
+    EXPECT_NE(msg.find(std::string("set_float32_matmul_precision: '") + bad + "'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("expected highest, high or medium"), std::string::npos) << msg;
+  }
+  EXPECT_EQ(float32_matmul_precision(), "highest");  // a refused value changes nothing
+}
+
 }  // namespace
 }  // namespace braid

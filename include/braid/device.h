@@ -71,6 +71,15 @@ class Event {
   std::shared_ptr<detail::BackendEvent> impl_;
 };
 
+/// The precision of float32 matrix products, as torch.set_float32_matmul_precision: "highest"
+/// (float32 operands and sums, the default), "high" or "medium" (a CUDA device may round the
+/// operands to TF32, 10 bits of mantissa, and sum in float32: CUBLAS_COMPUTE_32F_FAST_TF32; both
+/// mean that on CUDA). The CPU backend computes float32 products in float32 whatever the setting.
+/// Process-wide; the default is the knob BRAID_FLOAT32_MATMUL_PRECISION. Any other value is a
+/// ValueError naming it and the choices.
+void set_float32_matmul_precision(const std::string& precision);
+std::string float32_matmul_precision();
+
 /// Bytes held by live tensors on device, the most since the last reset_peak_memory_stats, and the
 /// bytes its allocator keeps cached for reuse (as torch.cuda.memory_allocated and friends).
 int64_t memory_allocated(Device device = Device::cpu());

@@ -4,6 +4,7 @@
 
 #include "braid/device.h"
 #include "braid/error.h"
+#include "core/knob_read.h"
 
 namespace braid {
 
@@ -18,7 +19,28 @@ std::atomic<Device>& default_slot() {
   static std::atomic<Device> d{Device::cpu()};
   return d;
 }
+constexpr const char* kPrecisions[] = {"highest", "high", "medium"};
+
+int precision_index(const std::string& p, const char* what) {
+  for (int i = 0; i < 3; ++i)
+    if (p == kPrecisions[i]) return i;
+  throw ValueError(detail::cat(what, ": '", p, "' is not a float32 matmul precision; expected highest, high or medium"));
+}
+
+// The setting's index in kPrecisions; the knob's value until set_float32_matmul_precision.
+std::atomic<int>& precision_slot() {
+  static std::atomic<int> slot{
+      precision_index(detail::knob_text("BRAID_FLOAT32_MATMUL_PRECISION"), "BRAID_FLOAT32_MATMUL_PRECISION")};
+  return slot;
+}
 }  // namespace
+
+void set_float32_matmul_precision(const std::string& precision) {
+  const int i = precision_index(precision, "set_float32_matmul_precision");
+  precision_slot().store(i);
+}
+
+std::string float32_matmul_precision() { return kPrecisions[precision_slot().load()]; }
 
 std::string Device::str() const {
   for (const TypeName& t : kTypes)

@@ -3,7 +3,7 @@
 #include <cstdio>
 #include <mutex>
 #include <map>
-#include "cublas_v2.h"
+#include "cublasLt.h"
 namespace braid::detail { float half_to_float(uint16_t); float bfloat16_to_float(uint16_t); }
 namespace {
 thread_local int current = 0;
@@ -65,6 +65,7 @@ static void check_ptr(const void* p, size_t n) {
   const char* b = static_cast<const char*>(it->first);
   if (static_cast<const char*>(p) + n > b + it->second) { std::fprintf(stderr, "EMU: %p + %zu out of bounds\n", p, n); std::abort(); }
 }
+void emu_check_device(const void* p, size_t n) { check_ptr(p, n); }
 cudaError_t cudaMemcpyAsync(void* d, const void* s, size_t n, cudaMemcpyKind k, cudaStream_t) {
   if (k != cudaMemcpyHostToDevice) check_ptr(s, n);
   if (k != cudaMemcpyDeviceToHost) check_ptr(d, n);
@@ -104,7 +105,8 @@ static cublasStatus_t gemm(cublasOperation_t ta, cublasOperation_t tb, int m, in
     std::fprintf(stderr, "EMU gemm invalid: ta %d tb %d m %d n %d k %d lda %d ldb %d ldc %d\n", ta, tb, m, n, k, lda, ldb, ldc);
     return CUBLAS_STATUS_INVALID_VALUE;
   }
-  const bool ok = (at == bt) && ((at == CUDA_R_32F && ct == CUDA_R_32F && compute == CUBLAS_COMPUTE_32F) ||
+  const bool tf32 = compute == CUBLAS_COMPUTE_32F_FAST_TF32;
+  const bool ok = (at == bt) && ((at == CUDA_R_32F && ct == CUDA_R_32F && (compute == CUBLAS_COMPUTE_32F || tf32)) ||
                                  (at == CUDA_R_64F && ct == CUDA_R_64F && compute == CUBLAS_COMPUTE_64F) ||
                                  ((at == CUDA_R_16F || at == CUDA_R_16BF) && ct == CUDA_R_32F && compute == CUBLAS_COMPUTE_32F));
   if (!ok) return CUBLAS_STATUS_NOT_SUPPORTED;
@@ -116,13 +118,20 @@ static cublasStatus_t gemm(cublasOperation_t ta, cublasOperation_t tb, int m, in
       for (int l = 0; l < k; ++l) {
         const double a = load(A, at, ta == CUBLAS_OP_N ? i + static_cast<long long>(l) * lda : l + static_cast<long long>(i) * lda);
         const double b = load(B, bt, tb == CUBLAS_OP_N ? l + static_cast<long long>(j) * ldb : j + static_cast<long long>(l) * ldb);
-        s += a * b;
+        s += tf32 ? static_cast<double>(emu_tf32(static_cast<float>(a))) * emu_tf32(static_cast<float>(b)) : a * b;
       }
       const long long c = i + static_cast<long long>(j) * ldc;
       double v = al * s + (be != 0 ? be * load(C, ct, c) : 0);
       if (ct == CUDA_R_32F) static_cast<float*>(C)[c] = static_cast<float>(v); else static_cast<double*>(C)[c] = v;
     }
   return CUBLAS_STATUS_SUCCESS;
+}
+float emu_tf32(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  if ((u & 0x7f800000u) != 0x7f800000u) u = (u + 0x1000u) & 0xffffe000u;  // finite: round, ties away
+  std::memcpy(&x, &u, 4);
+  return x;
 }
 static size_t esize(cudaDataType_t t) { return t == CUDA_R_64F ? 8 : t == CUDA_R_32F ? 4 : 2; }
 cublasStatus_t cublasGemmEx(cublasHandle_t, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,

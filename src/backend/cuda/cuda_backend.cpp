@@ -1,6 +1,7 @@
 // The CUDA backend's instance, its memory (a stream-ordered caching allocator over the device's
 // memory pool), host transfers, synchronisation, events and device count. Each primitive is in the
-// .cu file of its kernels, its host side included (host.h); matmul is in matmul.cpp (cuBLAS).
+// .cu file of its kernels, its host side included (host.h); matmul is in matmul.cpp and
+// matmul_lt.cpp (cuBLAS, cuBLASLt).
 #include "backend/cuda/cuda_backend.h"
 
 #include <cuda_runtime_api.h>
@@ -32,9 +33,9 @@ namespace braid::detail {
 // may be freed while kernels that read it are still queued. empty_cache waits for the stream and
 // trims the pool to 0. When an allocation fails, the cache is released and the allocation retried
 // once; then braid::Error names the bytes asked for and the bytes that were cached, as the CPU's
-// allocator does. Kernels' scratch memory (partial sums, packed matmul operands) comes from the
-// same pool. The statistics (memory_allocated and friends) are counted in storage.cpp as for every
-// device.
+// allocator does. Kernels' scratch memory (partial sums, packed matmul operands, cuBLASLt's
+// workspace) comes from the same pool. The statistics (memory_allocated and friends) are counted
+// in storage.cpp as for every device.
 //
 // Errors. Every CUDA and cuBLAS status other than success becomes braid::Error naming the
 // primitive, the call and the status's name and text; launches are checked with cudaGetLastError.

@@ -1,7 +1,8 @@
 // The CUDA backend: the Backend primitives on NVIDIA GPUs (Note [The CUDA backend] in
 // cuda_backend.cpp). This header names no CUDA type, so the registry includes it freely; the
-// methods live in cuda_backend.cpp (memory, transfers), matmul.cpp (cuBLAS) and, for every other
-// primitive, the .cu file of its kernels, where it unpacks its tensors for them (host.h).
+// methods live in cuda_backend.cpp (memory, transfers), matmul.cpp and matmul_lt.cpp (cuBLAS and
+// cuBLASLt) and, for every other primitive, the .cu file of its kernels, where it unpacks its
+// tensors for them (host.h).
 #pragma once
 
 #include "backend/backend.h"
@@ -72,6 +73,10 @@ class CudaBackend final : public Backend, public FusedKernels {
   bool log_softmax_backward_rows(const Tensor& g, const Tensor& y, const Tensor& gx) override;
   bool layer_norm_rows(const Tensor& x, int64_t n, const Tensor& weight, const Tensor& bias, double eps,
                        const Tensor& out, const Tensor& mean, const Tensor& inv) override;
+
+  // matmul_lt.cpp (cuBLASLt; the steps' pass in epilogue.cu)
+  bool matmul_epilogue(const Tensor& a, const Tensor& b, const std::vector<EpilogueStep>& epilogue,
+                       const Tensor& out) override;
 };
 
 /// The process's one CUDA backend (its device_count is 0 where no driver or GPU is present).

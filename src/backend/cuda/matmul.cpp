@@ -1,5 +1,6 @@
-// Batched matmul on cuBLAS: float32 and float64, and float16/bfloat16 operands into a float32 out
-// with float32 accumulation (autocast's case); integers go to a plain kernel (matmul_int.cu). Each
+// Batched matmul on cuBLASLt and cuBLAS: float32 and float64, and float16/bfloat16 operands into a
+// float32 out with float32 accumulation (autocast's case), through cuBLASLt first where it has an
+// algorithm (matmul_lt.cpp; float64 always cuBLAS); integers go to a plain kernel (matmul_int.cu). Each
 // operand is read in place when its last two strides are a row- or column-major layout (so that
 // transposed views cost no copy) and its batch matrices are evenly spaced, else it is packed
 // contiguous first. A weight shared by every batch against a stack of row-major matrices is one
@@ -15,6 +16,7 @@
 #include "backend/blas_layout.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/matmul_lt.h"
 #include "backend/cuda/runtime.h"
 #include "backend/cuda/strided_host.h"
 #include "core/internal.h"
@@ -110,7 +112,7 @@ struct GemmTypes {
 };
 
 GemmTypes gemm_types(DType ab, DType out) {
-  if (ab == kFloat32 && out == kFloat32) return {CUDA_R_32F, CUDA_R_32F, CUBLAS_COMPUTE_32F};
+  if (ab == kFloat32 && out == kFloat32) return {CUDA_R_32F, CUDA_R_32F, cuda::float32_compute()};
   if (ab == kFloat64 && out == kFloat64) return {CUDA_R_64F, CUDA_R_64F, CUBLAS_COMPUTE_64F};
   if (ab == kFloat16 && out == kFloat32) return {CUDA_R_16F, CUDA_R_32F, CUBLAS_COMPUTE_32F};
   if (ab == kBFloat16 && out == kFloat32) return {CUDA_R_16BF, CUDA_R_32F, CUBLAS_COMPUTE_32F};
@@ -118,33 +120,44 @@ GemmTypes gemm_types(DType ab, DType out) {
                       " result are not supported by the CUDA backend"));
 }
 
-// out (batches, m, n) = a @ b. cuBLAS is column-major, so it computes out^T = b^T a^T: a row-major
-// (r, c) matrix is its column-major transpose in place, so each operand's op is its layout's trans.
-void cublas_matmul(const Tensor& a_in, const Tensor& b_in, const Tensor& out, int64_t batches, int device,
-                   CudaBackend& backend) {
-  const GemmTypes types = gemm_types(a_in.dtype(), out.dtype());
-  const Operand a = describe(a_in, backend), b = describe(b_in, backend);
-  const int64_t nd = out.dim(), m = out.shape()[nd - 2], n = out.shape()[nd - 1], k = a_in.shape()[nd - 1];
+// g through cuBLAS (float64, and where cuBLASLt has no algorithm).
+void cublas_gemm(int device, const cuda::Gemm& g) {
   const double one64 = 1.0, zero64 = 0.0;
   const float one32 = 1.0f, zero32 = 0.0f;
-  const bool f64 = types.compute == CUBLAS_COMPUTE_64F;
+  const bool f64 = g.compute == CUBLAS_COMPUTE_64F;
   const void* alpha = f64 ? static_cast<const void*>(&one64) : static_cast<const void*>(&one32);
   const void* beta = f64 ? static_cast<const void*>(&zero64) : static_cast<const void*>(&zero32);
-  const cublasOperation_t op_a = a.layout.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const cublasOperation_t op_b = b.layout.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_a = g.ta ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = g.tb ? CUBLAS_OP_T : CUBLAS_OP_N;
   cublasHandle_t h = handle(device);
-  if (batches > 1 && shared_across_batches(b.t) && rows_fold(a)) {
-    check_cublas(cublasGemmEx(h, op_b, op_a, blas_int(n), blas_int(batches * m), blas_int(k), alpha, device_data(b.t),
-                              types.ab, blas_int(b.layout.ld), device_data(a.t), types.ab, blas_int(a.layout.ld), beta,
-                              device_data(out), types.c, blas_int(n), types.compute, CUBLAS_GEMM_DEFAULT),
+  if (g.batches == 1) {
+    check_cublas(cublasGemmEx(h, op_a, op_b, blas_int(g.m), blas_int(g.n), blas_int(g.k), alpha, g.A, g.ab,
+                              blas_int(g.lda), g.B, g.ab, blas_int(g.ldb), beta, g.C, g.c, blas_int(g.ldc), g.compute,
+                              CUBLAS_GEMM_DEFAULT),
                  "cublasGemmEx");
     return;
   }
-  check_cublas(cublasGemmStridedBatchedEx(h, op_b, op_a, blas_int(n), blas_int(m), blas_int(k), alpha, device_data(b.t),
-                                          types.ab, blas_int(b.layout.ld), b.batch_stride, device_data(a.t), types.ab,
-                                          blas_int(a.layout.ld), a.batch_stride, beta, device_data(out), types.c,
-                                          blas_int(n), m * n, blas_int(batches), types.compute, CUBLAS_GEMM_DEFAULT),
+  check_cublas(cublasGemmStridedBatchedEx(h, op_a, op_b, blas_int(g.m), blas_int(g.n), blas_int(g.k), alpha, g.A, g.ab,
+                                          blas_int(g.lda), g.sa, g.B, g.ab, blas_int(g.ldb), g.sb, beta, g.C, g.c,
+                                          blas_int(g.ldc), g.sc, blas_int(g.batches), g.compute, CUBLAS_GEMM_DEFAULT),
                "cublasGemmStridedBatchedEx");
+}
+
+// out (batches, m, n) = a @ b. cuBLAS is column-major, so it computes out^T = b^T a^T: a row-major
+// (r, c) matrix is its column-major transpose in place, so each operand's op is its layout's trans.
+// cuBLASLt first, cuBLAS where it declines (Note [Products through cuBLASLt] in matmul_lt.cpp).
+void gemm_matmul(const Tensor& a_in, const Tensor& b_in, const Tensor& out, int64_t batches, int device,
+                 CudaBackend& backend) {
+  const GemmTypes types = gemm_types(a_in.dtype(), out.dtype());
+  const Operand a = describe(a_in, backend), b = describe(b_in, backend);
+  const int64_t nd = out.dim(), m = out.shape()[nd - 2], n = out.shape()[nd - 1], k = a_in.shape()[nd - 1];
+  cuda::Gemm g{types.ab, types.c, types.compute, b.layout.trans, a.layout.trans, n, m, k, b.layout.ld, a.layout.ld, n,
+               b.batch_stride, a.batch_stride, m * n, batches, device_data(b.t), device_data(a.t), device_data(out)};
+  if (batches > 1 && shared_across_batches(b.t) && rows_fold(a)) {  // one GEMM of batches * m rows
+    g.n = batches * m;
+    g.sa = g.sb = g.sc = 0;
+    g.batches = 1;
+  }
+  if (!cuda::lt_gemm(device, g, nullptr)) cublas_gemm(device, g);
 }
 
 void int_matmul(const Tensor& a, const Tensor& b, const Tensor& out, int64_t batches, cudaStream_t stream) {
@@ -174,7 +187,7 @@ void CudaBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& out) {
   const int64_t batches = shape_numel(Shape(out.shape().begin(), out.shape().end() - 2));
   if (a.shape()[nd - 1] == 0) return fill(out, 0.0);  // an empty sum; GEMM need not write C when K is 0
   if (out.dtype() == kInt32 || out.dtype() == kInt64) return int_matmul(a, b, out, batches, cuda::stream(device));
-  cublas_matmul(a, b, out, batches, device, *this);
+  gemm_matmul(a, b, out, batches, device, *this);
 }
 
 }  // namespace braid::detail
