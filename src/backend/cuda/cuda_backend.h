@@ -54,6 +54,13 @@ class CudaBackend final : public Backend, public FusedKernels {
   void avg_pool2d_backward(const Tensor& grad, const Window2d& win, bool count_include_pad,
                            const Tensor& grad_x) override;
 
+  // attention.cu
+  bool attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, bool causal,
+                         double scale, const Tensor& out, const Tensor& lse) override;
+  bool attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, bool causal,
+                          double scale, const Tensor& out, const Tensor& lse, const Tensor& grad_out, const Tensor& gq,
+                          const Tensor& gk, const Tensor& gv) override;
+
   // matmul.cpp
   void matmul(const Tensor& a, const Tensor& b, const Tensor& out) override;
 };
