@@ -113,8 +113,7 @@ Tensor rows3(const Tensor& t, const Shape& batch, int64_t r, int64_t c) {
     if (n == 1) stride = b.strides()[i];
     n *= batch[i];
   }
-  if (one_stride) return make_tensor(b.storage(), {n, r, c}, {stride, b.strides()[b.dim() - 2], b.strides()[b.dim() - 1]},
-                                     b.offset(), b.dtype());
+  if (one_stride) return as_strided(b, {n, r, c}, {stride, b.strides()[b.dim() - 2], b.strides()[b.dim() - 1]}, b.offset());
   return contiguous_raw(b).view({n, r, c});
 }
 
