@@ -126,7 +126,6 @@ Tensor fused(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& ma
   int64_t B = 1;
   for (int64_t d : batch) B *= d;
   if (B == 0 || L == 0 || S == 0) return {};
-  NoGradGuard no_grad;
   const auto operand = [&](const Tensor& t, int64_t n, int64_t e) {
     const Tensor x = rd.amp ? cast_raw(t.detach(), rd.low) : t.detach();
     return contiguous_raw(broadcast_view(x, with_rows(batch, n, e))).view({B, n, e});
