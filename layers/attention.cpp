@@ -1,5 +1,5 @@
-// MultiheadAttention: scaled dot-product attention over heads, composed of matmul, softmax and
-// masks turned into additive -inf terms, initialised as PyTorch's (xavier_uniform_ in_proj_weight,
+// MultiheadAttention: scaled_dot_product_attention over heads, with masks turned into one additive
+// term (bool: -inf where true); forward_all, which returns the weights, composes it, initialised as PyTorch's (xavier_uniform_ in_proj_weight,
 // zero biases, out_proj a Linear with zero bias).
 #include <cmath>
 #include <limits>
@@ -50,16 +50,22 @@ Tensor additive_mask(const Tensor& mask, DType dtype, const char* name) {
 
 }  // namespace
 
-Tensor MultiheadAttention::forward(const Tensor& x) { return forward_all(x, x, x)[0]; }
+Tensor MultiheadAttention::forward(const Tensor& x) { return attend(x, x, x, Tensor(), Tensor(), false, false)[0]; }
 
 Tensor MultiheadAttention::forward(const Tensor& query, const Tensor& key, const Tensor& value,
                                    const Tensor& key_padding_mask, const Tensor& attn_mask) {
-  return forward_all(query, key, value, key_padding_mask, attn_mask)[0];
+  return attend(query, key, value, key_padding_mask, attn_mask, false, false)[0];
 }
 
 std::vector<Tensor> MultiheadAttention::forward_all(const Tensor& query, const Tensor& key, const Tensor& value,
                                                     const Tensor& key_padding_mask, const Tensor& attn_mask,
                                                     bool average_attn_weights) {
+  return attend(query, key, value, key_padding_mask, attn_mask, true, average_attn_weights);
+}
+
+std::vector<Tensor> MultiheadAttention::attend(const Tensor& query, const Tensor& key, const Tensor& value,
+                                               const Tensor& key_padding_mask, const Tensor& attn_mask,
+                                               bool need_weights, bool average_attn_weights) {
   const int64_t E = embed_dim_, H = num_heads_, Dh = E / H;
   BRAID_CHECK(query.dim() == 2 || query.dim() == 3, "MultiheadAttention: expected a 3-d (batched) or 2-d (unbatched) "
               "query, got shape ", shape_str(query.shape()));
@@ -87,27 +93,36 @@ std::vector<Tensor> MultiheadAttention::forward_all(const Tensor& query, const T
     q = linear(q, w[0], b[0]), k = linear(k, w[1], b[1]), v = linear(v, w[2], b[2]);
   }
   auto heads = [&](const Tensor& t, int64_t len) { return t.reshape({N, len, H, Dh}).permute({0, 2, 1, 3}); };
-  Tensor scores = matmul(heads(q, L) * (1.0 / std::sqrt(static_cast<double>(Dh))), heads(k, S).mT());  // (N, H, L, S)
-
+  const Tensor qh = heads(q, L), kh = heads(k, S), vh = heads(v, S);  // (N, H, L or S, Dh)
+  Tensor mask;  // additive, broadcasting to (N, H, L, S)
   if (attn_mask.defined()) {
     const bool ok = (attn_mask.dim() == 2 && attn_mask.shape() == Shape{L, S}) ||
                     (attn_mask.dim() == 3 && attn_mask.shape() == Shape{N * H, L, S});
     BRAID_CHECK(ok, "MultiheadAttention: attn_mask must have shape ", shape_str({L, S}), " or ",
                 shape_str({N * H, L, S}), " (batch * num_heads, L, S), got ", shape_str(attn_mask.shape()));
-    Tensor m = additive_mask(attn_mask, scores.dtype(), "attn_mask");
-    scores = scores + (m.dim() == 3 ? m.reshape({N, H, L, S}) : m);
+    mask = additive_mask(attn_mask, qh.dtype(), "attn_mask");
+    if (mask.dim() == 3) mask = mask.reshape({N, H, L, S});
   }
   if (key_padding_mask.defined()) {
     const Shape want = batched ? Shape{N, S} : Shape{S};
     BRAID_CHECK(key_padding_mask.shape() == want, "MultiheadAttention: key_padding_mask must have shape ",
                 shape_str(want), " (batch, source length), got ", shape_str(key_padding_mask.shape()));
-    scores = scores + additive_mask(key_padding_mask, scores.dtype(), "key_padding_mask").reshape({N, 1, 1, S});
+    const Tensor m = additive_mask(key_padding_mask, qh.dtype(), "key_padding_mask").reshape({N, 1, 1, S});
+    mask = mask.defined() ? mask + m : m;
   }
-  Tensor attn = dropout(softmax(scores, -1), dropout_, is_training(), gen_);
-  Tensor out = matmul(attn, heads(v, S)).permute({0, 2, 1, 3}).reshape({N, L, E});
-  out = child("out_proj")->forward(out);
-  Tensor weights = average_attn_weights ? mean(attn, {1}) : attn;
-  if (!batched) return {out.squeeze(0), weights.squeeze(0)};
+  const double scale = 1.0 / std::sqrt(static_cast<double>(Dh));
+  Tensor out, attn;
+  if (need_weights) {  // the probabilities are asked for: the composite, which holds them
+    Tensor scores = matmul(qh * scale, kh.mT());  // (N, H, L, S)
+    if (mask.defined()) scores = scores + mask;
+    attn = dropout(softmax(scores, -1), dropout_, is_training(), gen_);
+    out = matmul(attn, vh);
+  } else {
+    out = scaled_dot_product_attention(qh, kh, vh, mask, is_training() ? dropout_ : 0.0, false, scale, gen_);
+  }
+  out = child("out_proj")->forward(out.permute({0, 2, 1, 3}).reshape({N, L, E}));
+  Tensor weights = !need_weights ? Tensor() : average_attn_weights ? mean(attn, {1}) : attn;
+  if (!batched) return {out.squeeze(0), weights.defined() ? weights.squeeze(0) : weights};
   return {batch_first_ ? out : out.transpose(0, 1), weights};
 }
 

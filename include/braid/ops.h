@@ -199,6 +199,16 @@ std::vector<Tensor> layer_norm_with_stats(const Tensor& x, int64_t normalized_di
 /// 1-d, 2-d and batched (broadcast batch axes) matrix product, as numpy.matmul. Operands of
 /// different dtypes are promoted as in add (PyTorch requires equal dtypes); bool is refused.
 Tensor matmul(const Tensor& a, const Tensor& b);
+/// Scaled dot-product attention, as PyTorch's F.scaled_dot_product_attention: softmax(q k^T * scale
+/// + mask) v for query (..., L, E), key (..., S, E) and value (..., S, Ev) of one floating dtype,
+/// batch axes broadcast, giving (..., L, Ev). attn_mask broadcasts to (..., L, S): bool keeps the
+/// scores where true, floating-point is added to them; is_causal masks key j > query i (upper-left,
+/// not with attn_mask); scale defaults to 1 / sqrt(E); dropout_p drops probabilities with gen's
+/// stream, as dropout() does (pass 0 in evaluation). One autograd node (Note [Attention as one
+/// node] in src/ops/attention.cpp), through the backend's fused kernels where it has them.
+Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, const Tensor& value,
+                                    const Tensor& attn_mask = Tensor(), double dropout_p = 0.0, bool is_causal = false,
+                                    std::optional<double> scale = std::nullopt, Generator* generator = nullptr);
 /// The exact integer product (a - a_zero) @ (b - b_zero) as int32, for a and b of int8 or uint8
 /// (each either; zero points in their operand's range), with matmul's 1-d and batch rules: the
 /// products of quantised inference (ONNX's MatMulInteger). Through the backend's int8 GEMM where

@@ -159,7 +159,8 @@ struct FusedKernelsEpilogueStep {
 // matmul_int8, quantize, dequantize, dynamic_quantize, fake_quantize in src/ops/quant.cpp;
 // matmul_epilogue, matmul_int8_epilogue, elementwise_chain in src/ops/chain.cpp; aminmax and
 // softmax_rows in src/ops/reduce.cpp; layer_norm_rows and the channel_* passes in src/ops/norm.cpp;
-// channel_gate in src/ops/gate.cpp; adam_step in src/optim/adam.cpp.
+// channel_gate in src/ops/gate.cpp; adam_step in src/optim/adam.cpp; attention_forward and
+// attention_backward in src/ops/attention.cpp.
 class FusedKernels {
  public:
   virtual ~FusedKernels() = default;
@@ -267,6 +268,21 @@ class FusedKernels {
   /// a, b, out (N, C, S), the others (C).
   virtual bool channel_affine(const Tensor& a, const Tensor& sa, const Tensor& shift, const Tensor& b,
                               const Tensor& b_mean, const Tensor& sb, const Tensor& out);
+  /// Attention without dropout per batch b (Note [Attention as one node] in src/ops/attention.cpp):
+  /// out[b] (L, Ev) = softmax(q[b] k[b]^T * scale + bias) v[b] for q (B, L, E), k (B, S, E), v (B, S,
+  /// Ev), contiguous, of one dtype (a backend checks the dtypes it takes); bias from mask, undefined
+  /// or (B, L, S) with any strides (0 over axes it is broadcast along), bool (0 where true, -inf
+  /// where false) or float32 (added), or with causal the -inf where key j > query i. lse (B, L)
+  /// float32 = the log-sum-exp of each row of the scaled, biased scores. out float32 for float16 or
+  /// bfloat16 q, else q's dtype. A row with every score -inf gives NaN, as the composite's softmax.
+  virtual bool attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, bool causal,
+                                 double scale, const Tensor& out, const Tensor& lse);
+  /// gq, gk, gv (q's, k's and v's shapes, out's dtype, overwritten) = the gradients of
+  /// attention_forward's out for grad_out (B, L, Ev, out's dtype, contiguous), given the forward's
+  /// operands, out and lse.
+  virtual bool attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, bool causal,
+                                  double scale, const Tensor& out, const Tensor& lse, const Tensor& grad_out,
+                                  const Tensor& gq, const Tensor& gk, const Tensor& gv);
 };
 
 class Backend {

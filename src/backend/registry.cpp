@@ -107,6 +107,15 @@ bool FusedKernels::channel_gate(const Tensor&, bool, const Tensor&, const Tensor
 bool FusedKernels::softmax_rows(const Tensor&, const Tensor&) { return false; }
 bool FusedKernels::log_softmax_rows(const Tensor&, const Tensor&) { return false; }
 bool FusedKernels::log_softmax_backward_rows(const Tensor&, const Tensor&, const Tensor&) { return false; }
+bool FusedKernels::attention_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, bool, double,
+                                     const Tensor&, const Tensor&) {
+  return false;
+}
+bool FusedKernels::attention_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, bool, double,
+                                      const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                      const Tensor&) {
+  return false;
+}
 bool FusedKernels::layer_norm_rows(const Tensor&, int64_t, const Tensor&, const Tensor&, double, const Tensor&,
                               const Tensor&, const Tensor&) {
   return false;

@@ -48,6 +48,12 @@ OPS = {
         "layer_norm_rows",
         "layer_norm_row", "layer_norm_kernel", "launch_layer_norm",
     ],
+    "scaled_dot_product_attention": [
+        "scaled_dot_product_attention", "composite_grads",
+        "attention_forward", "attention_backward",
+        "attention_fwd_block_kernel", "attention_dq_block_kernel", "attention_dkv_block_kernel",
+        "attention_delta_kernel",
+    ],
     "softmax": [
         "softmax",
         "softmax_rows",

@@ -55,6 +55,9 @@ class MultiheadAttention : public Module {
   }
 
  private:
+  std::vector<Tensor> attend(const Tensor& query, const Tensor& key, const Tensor& value,
+                             const Tensor& key_padding_mask, const Tensor& attn_mask, bool need_weights,
+                             bool average_attn_weights);
   int64_t embed_dim_, num_heads_;
   double dropout_;
   bool batch_first_;

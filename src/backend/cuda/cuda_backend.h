@@ -56,6 +56,13 @@ class CudaBackend final : public Backend, public FusedKernels {
                            const Tensor& grad_x) override;
   bool max_pool2d_channels_last(const Tensor& x, const Window2d& win, const Tensor& out) override;
 
+  // attention.cu
+  bool attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, bool causal,
+                         double scale, const Tensor& out, const Tensor& lse) override;
+  bool attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, bool causal,
+                          double scale, const Tensor& out, const Tensor& lse, const Tensor& grad_out, const Tensor& gq,
+                          const Tensor& gk, const Tensor& gv) override;
+
   // matmul.cpp
   void matmul(const Tensor& a, const Tensor& b, const Tensor& out) override;
 

@@ -113,7 +113,13 @@ namespace braid::detail {
   X(channel_grad_sums, (const Tensor& g, const Tensor& x, const Tensor& mean, const Tensor& sum_g,                     \
                         const Tensor& sum_gxc), (g, x, mean, sum_g, sum_gxc))                                          \
   X(channel_affine, (const Tensor& a, const Tensor& sa, const Tensor& shift, const Tensor& b, const Tensor& b_mean,    \
-                     const Tensor& sb, const Tensor& out), (a, sa, shift, b, b_mean, sb, out))
+                     const Tensor& sb, const Tensor& out), (a, sa, shift, b, b_mean, sb, out))               \
+  X(attention_forward, (const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, bool causal,            \
+                        double scale, const Tensor& out, const Tensor& lse), (q, k, v, mask, causal, scale, out, lse)) \
+  X(attention_backward, (const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, bool causal,           \
+                         double scale, const Tensor& out, const Tensor& lse, const Tensor& grad_out, const Tensor& gq, \
+                         const Tensor& gk, const Tensor& gv),                                                          \
+    (q, k, v, mask, causal, scale, out, lse, grad_out, gq, gk, gv))
 // clang-format on
 
 namespace {
