@@ -14,9 +14,9 @@ bool cudnn_benchmark_on();
 
 /// How the convolutions' plans were found since the process started (Note [cuDNN convolutions]):
 /// planned by the heuristics, planned by timing, reused from the per-device table, and declined
-/// (cuDNN refused the case, so the composite ran).
+/// (cuDNN refused the case, so the composite ran); and the passes cuDNN ran.
 struct CudnnConvCounts {
-  std::atomic<int64_t> heuristic{0}, benchmarked{0}, reused{0}, declined{0};
+  std::atomic<int64_t> heuristic{0}, benchmarked{0}, reused{0}, declined{0}, ran{0};
 };
 CudnnConvCounts& cudnn_conv_counts();
 

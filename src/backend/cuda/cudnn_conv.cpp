@@ -300,7 +300,7 @@ Plan timed_plan(cudnnHandle_t h, const Problem& p, const Call& c, int device) {
   const Tensor out = device_bytes(device, p.out_bytes), ws = device_bytes(device, static_cast<int64_t>(most));
   std::array<typename A::Perf, A::kCount> perf{};
   int got = 0;
-  if (!c.ok(A::find(h, p, out.raw_data(), &got, perf.data(), ws.raw_data(), most), A::kNames[1])) return {};
+  if (!c.ok(A::find(h, p, device_data(out), &got, perf.data(), device_data(ws), most), A::kNames[1])) return {};
   for (int i = 0; i < got; ++i)
     if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= most)
       return {true, static_cast<int>(perf[i].algo), perf[i].memory};
@@ -383,9 +383,9 @@ class Pass2d {
     c_.check(cudnnSetConvolutionGroupCount(p_.conv.d, static_cast<int>(groups_)), "cudnnSetConvolutionGroupCount");
     const cudnnMathType_t math = t_ == kFloat64 ? CUDNN_DEFAULT_MATH : tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
     c_.check(cudnnSetConvolutionMathType(p_.conv.d, math), "cudnnSetConvolutionMathType");
-    p_.xp = xs.raw_data();
-    p_.wp = ws.raw_data();
-    p_.yp = ys.raw_data();
+    p_.xp = device_data(xs);
+    p_.wp = device_data(ws);
+    p_.yp = device_data(ys);
     const Tensor& out = P == Pass::Forward ? ys : P == Pass::BackwardData ? xs : ws;
     p_.out_bytes = out.numel() * dtype_size(t_);
     const Key key{static_cast<int64_t>(P), xs_shape[0], xs_shape[1], win_.h,  win_.w,  w_shape[0], win_.kh,
@@ -406,8 +406,9 @@ class Pass2d {
     const void* alpha = t_ == kFloat64 ? static_cast<const void*>(&one) : &onef;
     const void* b = t_ == kFloat64 ? static_cast<const void*>(&beta) : &betaf;
     const cudnnStatus_t s = Api<P>::run(h_, p_, static_cast<typename Api<P>::Algo>(plan_.algo),
-                                        ws.defined() ? ws.raw_data() : nullptr, plan_.workspace, alpha, b);
+                                        ws.defined() ? device_data(ws) : nullptr, plan_.workspace, alpha, b);
     if (!c_.ok(s, Api<P>::kNames[3]) && !may_decline) c_.fail(s, Api<P>::kNames[3]);
+    if (s == CUDNN_STATUS_SUCCESS) ++cudnn_conv_counts().ran;
     return s == CUDNN_STATUS_SUCCESS;
   }
 
@@ -455,7 +456,7 @@ bool CudaBackend::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, c
   Pass2d pass(*this, c, x, w, y, win, groups, nhwc, t);
   const Tensor xs = pass.operand(x, false), ws = pass.operand(w, true);
   if (!pass.prepare<Pass::Forward>(xs, ws, y)) return false;
-  const bool in_place = r.defined() && r.raw_data() == y.raw_data();
+  const bool in_place = r.defined() && device_data(r) == device_data(y);
   if (r.defined() && !in_place) copy(r, y);
   if (!pass.run<Pass::Forward>(r.defined() ? 1.0 : 0.0, !in_place)) return false;
   if (bias.defined()) {
@@ -464,7 +465,7 @@ bool CudaBackend::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, c
     const double one = 1;
     const float onef = 1;
     const void* alpha = t == kFloat64 ? static_cast<const void*>(&one) : &onef;
-    c.check(cudnnAddTensor(pass.handle_(), alpha, bias_desc.d, bias.raw_data(), alpha, pass.problem().y.d, y.raw_data()),
+    c.check(cudnnAddTensor(pass.handle_(), alpha, bias_desc.d, device_data(bias), alpha, pass.problem().y.d, device_data(y)),
             "cudnnAddTensor");
   }
   switch (epilogue.kind) {  // the composite's kernels (apply_activation in src/ops/conv.cpp), in place
