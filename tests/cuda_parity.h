@@ -52,7 +52,7 @@ struct Layout {
 };
 
 // Shape (2, 3, 4) read four ways, plus the 0-d, empty and large cases.
-std::vector<Layout> layouts() {
+[[maybe_unused]] std::vector<Layout> layouts() {
   return {{"contiguous", {2, 3, 4}, {12, 4, 1}, 0},
           {"permuted", {2, 3, 4}, {1, 2, 6}, 0},   // a (4, 3, 2) tensor's transpose
           {"sliced", {2, 3, 4}, {40, 8, 2}, 5},    // every other element of an offset window
@@ -104,7 +104,7 @@ struct Operand {
   }
 };
 
-Operand operand(const Layout& l, DType t, uint32_t seed, const ValueRange& r = {}) {
+[[maybe_unused]] Operand operand(const Layout& l, DType t, uint32_t seed, const ValueRange& r = {}) {
   return {draw(base_numel(l), t, seed, r), l};
 }
 
@@ -157,7 +157,7 @@ void expect_parity(const std::string& what, Tol tol, const std::function<Tensor(
   expect_match(make(kCuda), want, tol, what);
 }
 
-std::string name(DType t, const Layout& l) { return dtype_name(t) + " " + l.name; }
-bool is_int(DType t) { return t == kInt32 || t == kInt64; }
+[[maybe_unused]] std::string name(DType t, const Layout& l) { return dtype_name(t) + " " + l.name; }
+[[maybe_unused]] bool is_int(DType t) { return t == kInt32 || t == kInt64; }
 
 }  // namespace braid

@@ -89,4 +89,10 @@ void reset_peak_memory_stats(Device device = Device::cpu());
 /// Returns device's cached blocks to the system (or the driver).
 void empty_cache(Device device = Device::cpu());
 
+/// Whether cuDNN's convolutions time every candidate algorithm on the first use of each geometry
+/// and keep the fastest (as torch.backends.cudnn.benchmark), rather than take the first choice of
+/// cuDNN's heuristics (the default, or BRAID_CUDNN_BENCHMARK=1). Plans already made are kept.
+void set_cudnn_benchmark(bool on);
+bool cudnn_benchmark();
+
 }  // namespace braid

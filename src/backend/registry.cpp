@@ -5,9 +5,12 @@
 #include <string>
 
 #include "backend/backend.h"
+#include "backend/cudnn_settings.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/shadow/shadow_backend.h"
 #include "braid/config.h"
+#include "braid/device.h"
+#include "core/knob_read.h"
 
 namespace braid {
 
@@ -138,6 +141,26 @@ bool FusedKernels::channel_affine(const Tensor&, const Tensor&, const Tensor&, c
   return false;
 }
 
+namespace {
+std::atomic<int> cudnn_benchmark_setting{-1};  // -1: the knob's value, read on first use
+}  // namespace
+
+bool cudnn_benchmark_on() {
+  int v = cudnn_benchmark_setting.load();
+  if (v < 0) {
+    static const bool knob = knob_flag("BRAID_CUDNN_BENCHMARK");
+    int unset = -1;
+    cudnn_benchmark_setting.compare_exchange_strong(unset, knob ? 1 : 0);
+    v = cudnn_benchmark_setting.load();
+  }
+  return v == 1;
+}
+
+CudnnConvCounts& cudnn_conv_counts() {
+  static CudnnConvCounts counts;
+  return counts;
+}
+
 Backend& backend_for(Device device) {
   Backend* b = find_backend(device.type);
   if (b && device.index >= 0 && device.index < b->device_count()) return *b;
@@ -151,4 +174,8 @@ Backend& backend_for(Device device) {
 }
 
 }  // namespace detail
+
+void set_cudnn_benchmark(bool on) { detail::cudnn_benchmark_setting.store(on ? 1 : 0); }
+bool cudnn_benchmark() { return detail::cudnn_benchmark_on(); }
+
 }  // namespace braid

@@ -47,6 +47,10 @@ const std::vector<Knob> kKnobs = {
     {"BRAID_ONEDNN_MIN_MACS", "number", "1000000",
      "dense float32 convolutions with fewer multiply-adds run braid's own kernels instead of oneDNN's", false},
     {"BRAID_WINOGRAD", "flag", "1", "0: no Winograd kernels for channels-last 3x3 convolutions", false},
+    {"BRAID_CUDNN_BENCHMARK", "flag", "0",
+     "1: cuDNN times its algorithms on each convolution geometry's first use and keeps the fastest "
+     "(braid::set_cudnn_benchmark in code)",
+     false},
     {"BRAID_CHANNELS_LAST", "flag", "1", "0: inference keeps every convolution in NCHW (no channels-last chains)",
      false},
     {"BRAID_FLOAT32_MATMUL_PRECISION", "text", "highest",

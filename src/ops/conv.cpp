@@ -97,7 +97,9 @@ Tensor im2col(const Tensor& x, const Window2d& win, int64_t groups) {
 // forward changes; the backward formulas below serve every case.
 //
 // y (N, C_out, oh, ow) = w (C_out, C / G, kh, kw) convolved with x (N, C, h, w), plus bias; x and w
-// of one dtype, y and bias of that dtype or float32 for half x and w.
+// of one dtype, y and bias of that dtype or float32 for half x and w. The fused entries are handed
+// outputs of the composite's dtype (float32 for half operands, as matmul_raw writes), so that a
+// backend's kernel and the composite give one result.
 // The activation of an epilogue, applied with the ops (recorded when its input needs a gradient).
 Tensor apply_activation(const Tensor& y, const Epilogue& e) {
   switch (e.kind) {
@@ -146,7 +148,7 @@ bool channels_last_enabled() {
 // channels-last or contiguous as asked, and not the memory of x or w. Undefined otherwise.
 Tensor writable_residual(const Epilogue& e, const Tensor& x, const Tensor& w, const Shape& shape, bool channels_last) {
   const Tensor& r = e.residual;
-  if (!e.residual_writable || !r.defined() || r.shape() != shape || r.dtype() != x.dtype() ||
+  if (!e.residual_writable || !r.defined() || r.shape() != shape || r.dtype() != compute_type(x.dtype()) ||
       r.storage() == x.storage() || r.storage() == w.storage())
     return Tensor();
   return (channels_last ? !r.is_contiguous() && r.is_channels_last() : r.is_contiguous()) ? r : Tensor();
@@ -159,14 +161,14 @@ Tensor conv_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const 
   if (any_layout && x.dim() == 4 && channels_last_enabled() &&
       (x_cl || (t_prefer_channels_last && backend_of(x).fused().conv2d_prefers_channels_last(x, w, win, groups)))) {
     Tensor y = writable_residual(epilogue, x, w, {n, c_out, win.oh, win.ow}, true);
-    if (!y.defined()) y = new_channels_last({n, c_out, win.oh, win.ow}, x.dtype(), x.device());
+    if (!y.defined()) y = new_channels_last({n, c_out, win.oh, win.ow}, compute_type(x.dtype()), x.device());
     const Tensor xs = x_cl ? x : contiguous(x);
     if (backend_of(x).fused().conv2d(xs, contiguous(w), bias.defined() ? contiguous(bias) : bias, win, groups, epilogue, y))
       return y;
   }
   {
     Tensor y = writable_residual(epilogue, x, w, {n, c_out, win.oh, win.ow}, false);
-    if (!y.defined()) y = new_like(x, {n, c_out, win.oh, win.ow}, x.dtype());
+    if (!y.defined()) y = new_like(x, {n, c_out, win.oh, win.ow}, compute_type(x.dtype()));
     if (backend_of(x).fused().conv2d(contiguous(x), contiguous(w), bias.defined() ? contiguous(bias) : bias, win, groups,
                              epilogue, y))  // Note [Fused kernels]
       return y;
@@ -212,7 +214,7 @@ class ChannelMajor {
 Tensor conv_adjoint(const ChannelMajor& z, const Tensor& w, const Window2d& win, const Shape& x_shape,
                     const Tensor& bias) {
   const int64_t groups = z.groups();
-  if (Tensor x = new_like(z.z(), x_shape, z.z().dtype());  // Note [Fused kernels]
+  if (Tensor x = new_like(z.z(), x_shape, compute_type(z.z().dtype()));  // Note [Fused kernels]
       backend_of(x).fused().conv2d_backward_input(contiguous(z.z()), contiguous(w), win, groups, x))
     return bias.defined() ? x + bias.view({1, x_shape[1], 1, 1}) : x;
   const Tensor& zcm = z.cm();
@@ -259,7 +261,7 @@ Tensor tiled_transpose(const Tensor& x, const Tensor& w, const Tensor& bias, con
 
 // dL/dw (w_shape) from the convolution's input x (N, C, h, w) and g = dL/dy.
 Tensor conv_weight_grad(const Tensor& x, const ChannelMajor& g, const Window2d& win, const Shape& w_shape) {
-  if (Tensor gw = new_like(x, w_shape, x.dtype());  // Note [Fused kernels]
+  if (Tensor gw = new_like(x, w_shape, compute_type(x.dtype()));  // Note [Fused kernels]
       backend_of(x).fused().conv2d_backward_weight(contiguous(x), contiguous(g.z()), win, g.groups(), gw))
     return gw;
   return matmul_raw(g.cm(), im2col(x, win, g.groups()).mT()).view(w_shape);

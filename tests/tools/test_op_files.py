@@ -65,6 +65,10 @@ OPS = {
         "adam_kernel", "adam_step_kernel", "launch_adam_step",
     ],
 }
+# A backend's kernels that a vendor library runs live beside the backend's own and count as one
+# file with them: src/backend/cuda/cudnn_conv.cpp (cuDNN's convolutions, Note [cuDNN convolutions])
+# is the CUDA part of conv2d with conv.cu, whose kernels are the composite's primitives.
+COMPANIONS = {"src/backend/cuda/cudnn_conv.cpp": "src/backend/cuda/conv.cu"}
 # The backend of a definition's qualifier that is the interface's own (see above).
 INTERFACE_QUALIFIERS = {"Backend", "FusedKernels"}
 TRAILING = re.compile(r"\s*(?:(?:const|override|final|noexcept|mutable)\b\s*)*")
@@ -152,7 +156,7 @@ def op_map(root):
         for name, text in texts.items():
             found = [s for s in symbols if s.split("::")[-1] in text and defines(text, s)]
             if found:
-                files[name] = found
+                files.setdefault(COMPANIONS.get(name, name), []).extend(found)
         result[op] = files
     return result
 

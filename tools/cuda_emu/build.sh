@@ -9,7 +9,7 @@ root=$(cd "$here/../.." && pwd)
 build=$(cd "$root" && cd "${1:-build-cuda}" && pwd)
 emu=${EMU_DIR:-/tmp/braid_cuda_emu}
 mkdir -p "$emu"
-cp -r "$here"/shim "$here"/gen.py "$here"/emu_runtime.cpp "$here"/emu_cublaslt.cpp "$emu"/
+cp -r "$here"/shim "$here"/gen.py "$here"/emu_runtime.cpp "$here"/emu_cublaslt.cpp "$here"/emu_cudnn.cpp "$emu"/
 cd "$emu"
 rm -rf src obj && mkdir -p src/backend/cuda obj
 cp $root/src/backend/cuda/*.h $root/src/backend/cuda/*.cpp src/backend/cuda/
@@ -25,7 +25,7 @@ FLAGS="-std=c++20 -O1 -g -fPIC -Wall -Wextra -I$emu/shim -I$emu/src -I$root/src 
 # The NCCL group (a world of one against shim/nccl.h) where the tree was built with NCCL.
 if grep -q '#define BRAID_HAVE_NCCL' $build/include/braid/config.h; then cp $root/distributed/nccl_group.cpp src/; fi
 objs=()
-for f in src/backend/cuda/*.cpp src/*.cpp emu_runtime.cpp emu_cublaslt.cpp; do
+for f in src/backend/cuda/*.cpp src/*.cpp emu_runtime.cpp emu_cublaslt.cpp emu_cudnn.cpp; do
   o=obj/$(basename $f .cpp).o
   $CXX $FLAGS -c $f -o $o &
   objs+=($o)

@@ -65,7 +65,7 @@ static void check_ptr(const void* p, size_t n) {
   const char* b = static_cast<const char*>(it->first);
   if (static_cast<const char*>(p) + n > b + it->second) { std::fprintf(stderr, "EMU: %p + %zu out of bounds\n", p, n); std::abort(); }
 }
-void emu_check_device(const void* p, size_t n) { check_ptr(p, n); }
+void emu_check_device(const void* p, size_t n) { check_ptr(p, n); }  // for emu_cudnn.cpp
 cudaError_t cudaMemcpyAsync(void* d, const void* s, size_t n, cudaMemcpyKind k, cudaStream_t) {
   if (k != cudaMemcpyHostToDevice) check_ptr(s, n);
   if (k != cudaMemcpyDeviceToHost) check_ptr(d, n);

@@ -54,9 +54,10 @@ namespace braid::detail {
 // CPU bit for bit, while exp, log, tanh, pow, ... (libdevice here, glibc and fast_math.h there) and
 // the order of summation in reductions, matmul and scatter_add's atomics differ in the last bits.
 //
-// Not done. Convolution runs as im2col + a cuBLAS GEMM, as on the CPU; cuDNN's convolutions need a
-// convolution primitive in backend.h (forward and both backward passes, with its workspace from the
-// pool) and are the next step. Device-to-device transfers stage through the host (Note [Transfers]
+// Convolutions run on cuDNN where the build has it (Note [cuDNN convolutions] in cudnn_conv.cpp),
+// else as im2col + a cuBLAS GEMM, as on the CPU.
+//
+// Not done. Device-to-device transfers stage through the host (Note [Transfers]
 // in src/core/tensor.cpp), where cudaMemcpyPeerAsync would do; work on other streams (NCCL) would
 // wait on a CUDA event recorded on this one (braid::Event records one, for timing). Kernels are
 // plain (no vectorised loads, no CUDA graphs).

@@ -84,6 +84,15 @@ class CudaBackend final : public Backend, public FusedKernels {
   // matmul_lt.cpp (cuBLASLt; the steps' pass in epilogue.cu)
   bool matmul_epilogue(const Tensor& a, const Tensor& b, const std::vector<EpilogueStep>& epilogue,
                        const Tensor& out) override;
+
+  // cudnn_conv.cpp: cuDNN's convolutions (Note [cuDNN convolutions]); declining stubs without cuDNN
+  bool conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Window2d& win, int64_t groups,
+              const Epilogue& epilogue, const Tensor& y) override;
+  bool conv2d_prefers_channels_last(const Tensor& x, const Tensor& w, const Window2d& win, int64_t groups) override;
+  bool conv2d_backward_input(const Tensor& gy, const Tensor& w, const Window2d& win, int64_t groups,
+                             const Tensor& gx) override;
+  bool conv2d_backward_weight(const Tensor& x, const Tensor& gy, const Window2d& win, int64_t groups,
+                              const Tensor& gw) override;
 };
 
 /// The process's one CUDA backend (its device_count is 0 where no driver or GPU is present).
