@@ -6,7 +6,8 @@
 //   braid-device-bench --device cuda --suite gemm|conv|resnet50|gpt2|buckets [--small] [--repeats N]
 //                      [--amp off]
 //
-// gemm: C = A B at n^3 in float32 and under autocast(bfloat16) (float32 accumulation, float32 out).
+// gemm: C = A B at n^3 in float32, in TF32 (CUDA only) and under autocast(bfloat16) (float32
+//   accumulation, float32 out).
 // conv: forward + backward (data and filter) of ResNet-50's convolution shapes, batch 64.
 // resnet50: one training step (forward, cross-entropy, backward, SGD with momentum) at batch 64,
 //   224^2, under autocast(bfloat16).
@@ -81,6 +82,11 @@ void gemm(const Options& o) {
     Tensor b = randn({n, n}, kFloat32, nullptr, 0.0, 1.0, o.device);
     const double flop = 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n);
     report(detail::cat("gemm_f32_", n), median_ms(o, [&] { matmul(a, b); }), flop);
+    if (o.device.type == DeviceType::CUDA) {  // TF32 exists on CUDA only (the CPU ignores the setting)
+      set_float32_matmul_precision("high");
+      report(detail::cat("gemm_tf32_", n), median_ms(o, [&] { matmul(a, b); }), flop);
+      set_float32_matmul_precision("highest");
+    }
     report(detail::cat("gemm_bf16_", n), median_ms(o, [&] {
              autocast amp(kBFloat16);
              matmul(a, b);

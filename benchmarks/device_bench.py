@@ -10,7 +10,7 @@ it also prints the model FLOP utilisation against --peak-tflops (H100 SXM bf16 d
 PyTorch runs what braid runs: the same shapes, the same models (ResNet-50 as torchvision lays it
 out, built here so torchvision is not needed; GPT-2-small as pre-norm nn.TransformerEncoderLayer
 blocks under a causal mask), autocast(bfloat16) for the AMP steps, float32 matmul without TF32
-except in the row that says TF32 (braid has no TF32 mode yet).
+except in the rows that say TF32 (braid's set_float32_matmul_precision("high"), PyTorch's allow_tf32).
 
 --json FILE keeps the rows with the run's device, date, commit and command; --markdown prints
 benchmarks/README.md's block (`python3 benchmarks/update_readme.py device_bench_h200` puts the
