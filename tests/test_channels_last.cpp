@@ -91,7 +91,7 @@ TEST(ChannelsLast, ResidualBlockWithoutGradientsIsTheBlockWithThem) {
   EXPECT_TRUE(same_values(inner_free, inner_grad.detach()));
   const char* onednn = std::getenv("BRAID_ONEDNN");
 #ifdef BRAID_HAVE_DNNL
-  const bool expect_cl = test::runs_cpu_fused_kernels(x.device());
+  const bool expect_cl = test::runs_cpu_conv_kernels(x.device());
 #else
   const bool expect_cl = false;
 #endif
@@ -117,7 +117,7 @@ TEST(ChannelsLast, AChannelsLastInputGivesAChannelsLastOutput) {
   EXPECT_TRUE(same_values(got, want));
 #ifdef BRAID_HAVE_DNNL
   const char* onednn = std::getenv("BRAID_ONEDNN");
-  if (test::runs_cpu_fused_kernels(x.device()) && !(onednn && std::string(onednn) == "0")) {
+  if (test::runs_cpu_conv_kernels(x.device()) && !(onednn && std::string(onednn) == "0")) {
     EXPECT_TRUE(got.is_channels_last() && !got.is_contiguous());
   }
 #endif
@@ -167,7 +167,7 @@ TEST(ChannelsLast, AStemOnAnNchwImageGivesAChannelsLastOutput) {
     EXPECT_TRUE(plain.is_contiguous());
 #ifdef BRAID_HAVE_DNNL
     const char* onednn = std::getenv("BRAID_ONEDNN");
-    if (test::runs_cpu_fused_kernels(x.device()) && !(onednn && std::string(onednn) == "0")) {
+    if (test::runs_cpu_conv_kernels(x.device()) && !(onednn && std::string(onednn) == "0")) {
       EXPECT_TRUE(guarded.is_channels_last() && !guarded.is_contiguous()) << c_out;
     }
 #endif

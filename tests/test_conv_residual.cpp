@@ -51,7 +51,7 @@ TEST(ConvActivation, ResidualBeforeTheActivationIsTheAddThenTheActivation) {
     const char* onednn = std::getenv("BRAID_ONEDNN");
 #ifdef BRAID_HAVE_DNNL
     const bool fuses =
-        test::runs_cpu_fused_kernels(x.device()) && !(onednn && std::string(onednn) == "0");
+        test::runs_cpu_conv_kernels(x.device()) && !(onednn && std::string(onednn) == "0");
 #else
     const bool fuses = false;
 #endif

@@ -31,4 +31,9 @@ inline bool runs_cpu_fused_kernels(const Device& d) {
   return !(caps && std::string(caps) == "cuda");
 }
 
+/// Whether convolutions on device d run the CPU backend's kernels (oneDNN's, which prefer
+/// channels-last): on the CPU, and on the shadow device in either capability set, since the CUDA
+/// backend has convolution entries too (cuDNN's) and the shadow device forwards them to the CPU's.
+inline bool runs_cpu_conv_kernels(const Device& d) { return d.is_cpu() || d.type == DeviceType::Shadow; }
+
 }  // namespace braid::test
