@@ -312,9 +312,9 @@ bool CpuBackend::fake_quantize(const Tensor& x, double scale, int64_t zero, DTyp
 // partial sums as the composite's reduction adds a row (reduce.cpp), and the division in float.
 // Where the composite's reduction would split one long row over threads it rounds its sum
 // differently: the two agree to float32 reassociation there, and bit for bit elsewhere.
-BRAID_VECTOR_CLONES void softmax_row(const float* x, float* y, int64_t n) {
-  // The max as a vector max (which any order gives: which zero wins does not matter, as
-  // exp(x - 0) = exp(x + 0)), with NaN counted apart and winning at the end, as in the composite.
+// A row's max as a vector max (which any order gives: which zero wins does not matter, as
+// exp(x - 0) = exp(x + 0)), with NaN counted apart and winning at the end, as in the composite.
+[[gnu::always_inline]] inline float row_max(const float* x, int64_t n) {
   float m = -std::numeric_limits<float>::infinity();
   int nan = 0;
   for (int64_t i = 0; i < n; ++i) {
@@ -322,6 +322,11 @@ BRAID_VECTOR_CLONES void softmax_row(const float* x, float* y, int64_t n) {
     nan |= x[i] != x[i];
   }
   if (nan) m = std::numeric_limits<float>::quiet_NaN();
+  return m;
+}
+
+BRAID_VECTOR_CLONES void softmax_row(const float* x, float* y, int64_t n) {
+  const float m = row_max(x, n);
   for (int64_t i = 0; i < n; ++i) y[i] = exp_f32(x[i] - m);
   double acc = 0;
   int64_t i = 0;
@@ -352,13 +357,7 @@ bool CpuBackend::softmax_rows(const Tensor& x, const Tensor& out) {
 // log_softmax rows: the max as softmax_row's, s = x - m, the sum of exp(s) in double, then s -
 // log(sum): three sweeps over a row that stays in cache where the composite makes six passes.
 BRAID_VECTOR_CLONES void log_softmax_row(const float* x, float* y, int64_t n) {
-  float m = -std::numeric_limits<float>::infinity();
-  int nan = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    m = x[i] > m ? x[i] : m;
-    nan |= x[i] != x[i];
-  }
-  if (nan) m = std::numeric_limits<float>::quiet_NaN();
+  const float m = row_max(x, n);
   for (int64_t i = 0; i < n; ++i) y[i] = exp_f32(x[i] - m);
   const float lse = std::log(static_cast<float>(lane_sum(n, [y](int64_t i) { return static_cast<double>(y[i]); })));
   for (int64_t i = 0; i < n; ++i) y[i] = (x[i] - m) - lse;
