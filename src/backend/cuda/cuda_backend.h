@@ -85,7 +85,7 @@ class CudaBackend final : public Backend, public FusedKernels {
   bool matmul_epilogue(const Tensor& a, const Tensor& b, const std::vector<EpilogueStep>& epilogue,
                        const Tensor& out) override;
 
-  // cudnn_conv.cpp: cuDNN's convolutions (Note [cuDNN convolutions]); declining stubs without cuDNN
+  // cudnn_conv.cpp: cuDNN's convolutions (Note [cuDNN convolutions]); where the build has no cuDNN, entries that decline
   bool conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Window2d& win, int64_t groups,
               const Epilogue& epilogue, const Tensor& y) override;
   bool conv2d_prefers_channels_last(const Tensor& x, const Tensor& w, const Window2d& win, int64_t groups) override;

@@ -218,7 +218,8 @@ __device__ inline float row_max(const float* xr, int64_t n, float* lanes) {
 }
 
 // out = softmax of each row of n: m = the max (NaN when the row holds one), e = exp(x - m), out = e /
-// float(sum of e in double).
+// float(sum of e in double); or, kLog, log_softmax: out = (x - m) - log(float(that sum)).
+template <bool kLog>
 __global__ void __launch_bounds__(kThreads) softmax_rows_block_kernel(const float* x, float* out, int64_t rows,
                                                                       int64_t n) {
   __shared__ float maxes[kThreads];
@@ -230,28 +231,16 @@ __global__ void __launch_bounds__(kThreads) softmax_rows_block_kernel(const floa
     double s = 0;
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
       const float e = expf(xr[i] - m);
-      yr[i] = e;
+      if constexpr (!kLog) yr[i] = e;
       s += static_cast<double>(e);
     }
     const float total = static_cast<float>(block_sum(s, sums));
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = yr[i] / total;
-  }
-}
-
-// out = log_softmax of each row of n: m = row_max, s = x - m, out = s - log(float(sum of exp(s) in
-// double)).
-__global__ void __launch_bounds__(kThreads) log_softmax_rows_block_kernel(const float* x, float* out, int64_t rows,
-                                                                          int64_t n) {
-  __shared__ float maxes[kThreads];
-  __shared__ double sums[kThreads];
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const float* xr = x + r * n;
-    float* yr = out + r * n;
-    const float m = row_max(xr, n, maxes);
-    double s = 0;
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += static_cast<double>(expf(xr[i] - m));
-    const float lse = logf(static_cast<float>(block_sum(s, sums)));
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = (xr[i] - m) - lse;
+    if constexpr (kLog) {
+      const float lse = logf(total);
+      for (int64_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = (xr[i] - m) - lse;
+    } else {
+      for (int64_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = yr[i] / total;
+    }
   }
 }
 
@@ -442,8 +431,9 @@ bool CudaBackend::softmax_rows(const Tensor& x, const Tensor& out) {
   const int64_t n = x.size(-1), rows = n == 0 ? 0 : x.numel() / n;
   if (rows == 0) return true;
   cuda::Launch l("softmax_rows", x, {out});
-  cuda::softmax_rows_block_kernel<<<static_cast<unsigned>(std::min(rows, cuda::kMaxBlocks)), cuda::row_threads(n), 0,
-                                    l.stream>>>(at<float>(x), at<float>(out), rows, n);
+  const unsigned blocks = static_cast<unsigned>(std::min(rows, cuda::kMaxBlocks));
+  cuda::softmax_rows_block_kernel<false><<<blocks, cuda::row_threads(n), 0, l.stream>>>(at<float>(x), at<float>(out),
+                                                                                       rows, n);
   cuda::check_launch("softmax_rows", "softmax_rows_block_kernel");
   return true;
 }
@@ -454,9 +444,10 @@ bool CudaBackend::log_softmax_rows(const Tensor& x, const Tensor& out) {
     return false;
   const int64_t n = x.size(-1), rows = x.numel() / n;
   cuda::Launch l("log_softmax_rows", x, {out});
-  cuda::log_softmax_rows_block_kernel<<<static_cast<unsigned>(std::min(rows, cuda::kMaxBlocks)), cuda::row_threads(n),
-                                        0, l.stream>>>(at<float>(x), at<float>(out), rows, n);
-  cuda::check_launch("log_softmax_rows", "log_softmax_rows_block_kernel");
+  const unsigned blocks = static_cast<unsigned>(std::min(rows, cuda::kMaxBlocks));
+  cuda::softmax_rows_block_kernel<true><<<blocks, cuda::row_threads(n), 0, l.stream>>>(at<float>(x), at<float>(out),
+                                                                                      rows, n);
+  cuda::check_launch("log_softmax_rows", "softmax_rows_block_kernel");
   return true;
 }
 
