@@ -382,7 +382,7 @@ class NcclP2P final : public DeviceP2P, public std::enable_shared_from_this<Nccl
       const std::string gpu = gpu_identity(device_);
       Msg reply;
       reply.kind = kReply;
-      reply.accept = std::strncmp(m.gpu, gpu.c_str(), sizeof m.gpu) != 0;
+      reply.accept = std::strncmp(m.gpu, gpu.c_str(), sizeof m.gpu - 1) != 0;  // as ask() truncated it
       post_control(peer, reply);
       if (!reply.accept) {
         std::fprintf(stderr, "%s: rank %d shares GPU %s; its CUDA tensors travel to this rank through MPI, staged "
