@@ -99,7 +99,30 @@ void register_device_group(DeviceType type, DeviceGroupFactory factory);
 /// The registered factory's group for device, or nullptr (none registered, or it declined).
 ProcessGroupPtr make_native_group(const ProcessGroupPtr& host_group, const Device& device);
 
-/// Registers the NCCL group for CUDA tensors (distributed/nccl_group.cpp, in libbraid_cuda.so).
+/// The tag of the host group that a device's point-to-point transport keeps for its own messages
+/// (Note [NCCL point-to-point] in nccl_p2p.cpp): programs' tags are below it.
+constexpr int kDeviceP2PTag = 32767;
+
+/// A device's own point-to-point transport over a host group's ranks (NCCL for CUDA). Unlike a
+/// native group it is made by one rank alone, on its first transfer of a device tensor, and it
+/// sets up each pair of ranks when they first exchange a tensor.
+class DeviceP2P {
+ public:
+  virtual ~DeviceP2P() = default;
+  virtual WorkPtr isend(const Tensor& t, int dst, int tag) = 0;
+  virtual WorkPtr irecv(Tensor t, int src, int tag) = 0;
+};
+using DeviceP2PFactory = std::shared_ptr<DeviceP2P> (*)(const ProcessGroupPtr& host_group, const Device& device);
+void register_device_p2p(DeviceType type, DeviceP2PFactory factory);
+/// The registered factory's transport for device, or nullptr (none registered, or it declined).
+std::shared_ptr<DeviceP2P> make_device_p2p(const ProcessGroupPtr& host_group, const Device& device);
+/// A transfer of a device tensor staged through host memory over host (Note [Staging device
+/// tensors]): what the groups do where the device has no transport of its own.
+WorkPtr staged_isend(ProcessGroup& host, const Tensor& t, int dst, int tag);
+WorkPtr staged_irecv(ProcessGroup& host, Tensor t, int src, int tag);
+
+/// Registers the NCCL group and NCCL's point-to-point transport for CUDA tensors
+/// (distributed/nccl_group.cpp and nccl_p2p.cpp, in libbraid_cuda.so).
 void register_nccl();
 
 /// The world of one: every collective is an identity (Average divides by one).

@@ -1,7 +1,12 @@
 // The world of one: a real process group whose collectives are identities, so that every model,
 // test and the training program run unchanged without a launcher.
-#include "distributed/internal.h"
+#include <deque>
+#include <map>
+#include <mutex>
+
+#include "braid/autograd.h"
 #include "braid/ops.h"
+#include "distributed/internal.h"
 
 namespace braid::distributed::detail {
 
@@ -55,15 +60,39 @@ class LocalGroup : public ProcessGroup {
     return std::make_shared<DoneWork>();
   }
   void barrier() override {}
-  WorkPtr isend(const Tensor& t, int dst, int) override {
+  // A rank may send to itself, as under MPI: a send is kept (a copy) until the receive with its tag
+  // takes it, in order per tag. A receive with nothing sent is an error at once: no other rank can
+  // send it later.
+  WorkPtr isend(const Tensor& t, int dst, int tag) override {
     check_collective_tensor(t, "isend");
     check_peer(dst, 1, "isend");
-    throw DistributedError("isend: a world of one has no peer to send to (launch with mpiexec -n N)");
+    traffic_.add(&Traffic::send, t);
+    NoGradGuard guard;
+    std::lock_guard<std::mutex> lock(mu_);
+    sent_[tag].push_back(t.detach().clone());
+    return std::make_shared<DoneWork>();
   }
-  WorkPtr irecv(Tensor t, int src, int) override {
+  WorkPtr irecv(Tensor t, int src, int tag) override {
     check_collective_tensor(t, "irecv");
     check_peer(src, 1, "irecv");
-    throw DistributedError("irecv: a world of one has no peer to receive from (launch with mpiexec -n N)");
+    traffic_.add(&Traffic::recv, t);
+    Tensor sent;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = sent_.find(tag);
+      BRAID_CHECK_T(DistributedError, it != sent_.end() && !it->second.empty(), "irecv: rank 0 of a world of one ",
+                    "receives from itself with tag ", tag, ", but sent nothing with that tag (launch with mpiexec -n N "
+                    "for peers)");
+      sent = std::move(it->second.front());
+      it->second.pop_front();
+    }
+    BRAID_CHECK_T(DistributedError, sent.dtype() == t.dtype() && sent.numel() == t.numel(),
+                  "irecv: rank 0 receives from itself with tag ", tag, " into ", dtype_name(t.dtype()), " ",
+                  shape_str(t.shape()), " what it sent as ", dtype_name(sent.dtype()), " ", shape_str(sent.shape()),
+                  " (sender and receiver disagree on shape or dtype)");
+    NoGradGuard guard;
+    t.copy_(sent.reshape(t.shape()));
+    return std::make_shared<DoneWork>();
   }
   std::shared_ptr<ProcessGroup> split(int color, int) override {
     if (color < 0) return nullptr;
@@ -75,6 +104,8 @@ class LocalGroup : public ProcessGroup {
  private:
   std::string name_;
   TrafficCounter traffic_;
+  std::mutex mu_;
+  std::map<int, std::deque<Tensor>> sent_;  // sends to self not yet received, by tag
 };
 
 }  // namespace

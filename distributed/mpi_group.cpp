@@ -530,7 +530,8 @@ class P2PWork : public Work {
 WorkPtr MpiGroup::p2p(const Tensor& t, int peer, int tag, bool is_send) {
   const int64_t bytes = t.numel() * t.element_size();
   BRAID_CHECK(bytes < kMaxMessage, is_send ? "isend" : "irecv", ": ", bytes, " bytes is more than one message holds");
-  BRAID_CHECK(tag >= 0 && tag < 32767, is_send ? "isend" : "irecv", ": tag must be in [0, 32767), got ", tag);
+  // kDeviceP2PTag is the device transports' (Note [NCCL point-to-point]); the staging group keeps programs below it.
+  BRAID_CHECK(tag >= 0 && tag <= kDeviceP2PTag, is_send ? "isend" : "irecv", ": tag must be in [0, 32767), got ", tag);
   MPI_Request req;
   if (is_send)
     check_mpi(MPI_Isend(t.raw_data(), static_cast<int>(bytes), MPI_BYTE, peer, tag, p2p_, &req), "MPI_Isend");

@@ -16,8 +16,7 @@
 
 #include "braid/autograd.h"
 #include "braid/ops.h"
-#include "distributed/internal.h"
-#include "src/backend/cuda/runtime.h"
+#include "distributed/nccl_internal.h"
 #include "core/knob_read.h"
 
 namespace braid::distributed::detail {
@@ -50,28 +49,8 @@ using Clock = std::chrono::steady_clock;
 // tensor and adds them in rank order (p times the memory of the tensor, bitwise the same on every
 // rank and every run), and a compressed wire casts to float16/bfloat16, reduces in that dtype and
 // casts back (as Horovod's compression does; the MPI path instead adds in the tensor's own dtype).
-// Point-to-point transfers are staged through MPI (Note [Native device groups]).
-
-void check_nccl(ncclResult_t r, const std::string& where, const char* call) {
-  if (r == ncclSuccess || r == ncclInProgress) return;
-  throw DistributedError(::braid::detail::cat(where, ": ", call, " failed: ", ncclGetErrorString(r), " (",
-                                              ncclGetLastError(nullptr), ")"));
-}
-
-ncclDataType_t nccl_dtype(DType d, const char* op) {
-  switch (d) {
-    case DType::Float32: return ncclFloat32;
-    case DType::Float64: return ncclFloat64;
-    case DType::Float16: return ncclFloat16;
-    case DType::BFloat16: return ncclBfloat16;
-    case DType::Int32: return ncclInt32;
-    case DType::Int64: return ncclInt64;
-    case DType::Int8: return ncclInt8;
-    case DType::UInt8:
-    case DType::Bool: return ncclUint8;
-  }
-  throw TypeError(::braid::detail::cat(op, ": dtype ", dtype_name(d), " has no NCCL type"));
-}
+// Point-to-point transfers go to NCCL's point-to-point transport (Note [NCCL point-to-point] in
+// nccl_p2p.cpp), or are staged through the host group where it is off.
 
 ncclRedOp_t nccl_op(ReduceOp op) {
   switch (op) {
@@ -84,22 +63,6 @@ ncclRedOp_t nccl_op(ReduceOp op) {
 }
 
 double abort_grace_seconds() { return braid::detail::knob_number("BRAID_NCCL_ABORT_GRACE"); }
-
-/// A CUDA event that records one point of the communication stream.
-struct Event {
-  explicit Event(int device) : device(device) {
-    cuda::check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "nccl", "cudaEventCreateWithFlags");
-  }
-  ~Event() {
-    cuda::DeviceGuard guard(device);
-    cudaEventDestroy(event);
-  }
-  Event(const Event&) = delete;
-  Event& operator=(const Event&) = delete;
-  bool done() const { return cudaEventQuery(event) == cudaSuccess; }
-  int device;
-  cudaEvent_t event = nullptr;
-};
 
 /// An operation the watchdog waits for: its event, what it keeps alive, and how to name it.
 struct Pending {
@@ -247,8 +210,20 @@ class NcclGroup final : public ProcessGroup, public std::enable_shared_from_this
     all_reduce_async(one, ReduceOp::Sum, {})->wait();
   }
 
-  WorkPtr isend(const Tensor&, int, int) override { throw_not_native("isend"); }
-  WorkPtr irecv(Tensor, int, int) override { throw_not_native("irecv"); }
+  WorkPtr isend(const Tensor& t, int dst, int tag) override {
+    check_collective_tensor(t, "isend");
+    check_peer(dst, size(), "isend");
+    check_device(t, "isend");
+    if (DeviceP2P* p = p2p()) return p->isend(t, dst, tag);
+    return staged_isend(*host_, t, dst, tag);
+  }
+  WorkPtr irecv(Tensor t, int src, int tag) override {
+    check_collective_tensor(t, "irecv");
+    check_peer(src, size(), "irecv");
+    check_device(t, "irecv");
+    if (DeviceP2P* p = p2p()) return p->irecv(std::move(t), src, tag);
+    return staged_irecv(*host_, std::move(t), src, tag);
+  }
   std::shared_ptr<ProcessGroup> split(int, int) override { throw_not_native("split"); }
 
   /// Throws the group's failure, if any, marking it seen.
@@ -261,6 +236,13 @@ class NcclGroup final : public ProcessGroup, public std::enable_shared_from_this
 
  private:
   static void* ptr(const Tensor& t) { return reinterpret_cast<void*>(t.data_ptr()); }
+
+  /// NCCL's point-to-point transport over the host group (shared with the routing group's), or
+  /// nullptr where BRAID_NCCL_P2P=0.
+  DeviceP2P* p2p() {
+    std::call_once(p2p_once_, [&] { p2p_ = make_nccl_p2p(host_, device_); });
+    return p2p_.get();
+  }
 
   [[noreturn]] void throw_not_native(const char* op) const {
     throw DistributedError(::braid::detail::cat(where_, ": ", op, " is not an NCCL operation of braid's; the "
@@ -402,6 +384,8 @@ class NcclGroup final : public ProcessGroup, public std::enable_shared_from_this
   bool seen_ = false;
   bool stop_ = false;
   std::thread watchdog_;
+  std::once_flag p2p_once_;
+  std::shared_ptr<DeviceP2P> p2p_;
 };
 
 void NcclWork::wait() {
@@ -418,11 +402,9 @@ void NcclWork::wait() {
   }
 }
 
-/// "host:pci-bus-id" of the GPU this rank would use, padded to a fixed width.
-Tensor gpu_identity(const Device& device) {
-  char bus[64] = {0};
-  cuda::check(cudaDeviceGetPCIBusId(bus, sizeof bus - 1, device.index), "nccl", "cudaDeviceGetPCIBusId");
-  const std::string id = world_info().host + ":" + bus;
+/// gpu_identity, padded to a fixed width.
+Tensor gpu_identity_tensor(const Device& device) {
+  const std::string id = gpu_identity(device);
   Tensor t = zeros({128}, kUInt8, Device::cpu());
   std::memcpy(t.raw_data(), id.data(), std::min<size_t>(id.size(), 127));
   return t;
@@ -433,7 +415,7 @@ Tensor gpu_identity(const Device& device) {
 // where BRAID_NCCL=0. Every rank gathers the same identities, so every rank makes the same choice.
 ProcessGroupPtr make_nccl_group(const ProcessGroupPtr& host, const Device& device) {
   if (!braid::detail::knob_flag("BRAID_NCCL")) return nullptr;  // every rank has the same environment
-  Tensor ids = host->all_gather(gpu_identity(device));
+  Tensor ids = host->all_gather(gpu_identity_tensor(device));
   const auto* p = static_cast<const char*>(ids.raw_data());
   for (int a = 0; a < host->size(); ++a)
     for (int b = a + 1; b < host->size(); ++b)
@@ -450,6 +432,9 @@ ProcessGroupPtr make_nccl_group(const ProcessGroupPtr& host, const Device& devic
 
 }  // namespace
 
-void register_nccl() { register_device_group(DeviceType::CUDA, &make_nccl_group); }
+void register_nccl() {
+  register_device_group(DeviceType::CUDA, &make_nccl_group);
+  register_device_p2p(DeviceType::CUDA, &make_nccl_p2p);
+}
 
 }  // namespace braid::distributed::detail

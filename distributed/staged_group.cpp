@@ -3,6 +3,7 @@
 // there, and copies the result back when the work completes.
 #include <array>
 #include <map>
+#include <mutex>
 
 #include "braid/autograd.h"
 #include "braid/ops.h"
@@ -40,12 +41,17 @@ void write_back(const Tensor& host, Tensor& dst) {
 // the host group's ranks (a collective act: every rank reaches it at the same call, since
 // collectives are called in the same order everywhere), and from then on that device's
 // collectives go to it. Where no factory is registered, or it declines (two ranks share a GPU, or
-// BRAID_NCCL=0), the device's tensors are staged. Point-to-point transfers of device tensors are
-// staged in every case for now: NCCL matches sends and receives by call order and not by tag,
-// while a pipeline stage's transfers to one peer interleave by tag, and a send queued before a
-// receive on one NCCL stream can deadlock against the peer's mirror image.
+// BRAID_NCCL=0), the device's tensors are staged. Point-to-point transfers cannot make a group:
+// only two ranks take part, so nothing collective may happen at them. They go to the device's
+// point-to-point transport instead (register_device_p2p; NCCL's, Note [NCCL point-to-point] in
+// nccl_p2p.cpp), which each rank makes alone on its first transfer of a device tensor and which
+// sets up each ordered pair of ranks lazily; where there is none (BRAID_NCCL=0, BRAID_NCCL_P2P=0,
+// or a build without NCCL) the transfers are staged, and the transport itself stages the pairs
+// whose two ranks share a GPU. The host group's tag kDeviceP2PTag is kept for the transport's own
+// messages.
 std::mutex g_factories_mu;
 std::array<DeviceGroupFactory, 3> g_factories{};
+std::array<DeviceP2PFactory, 3> g_p2p_factories{};
 
 DeviceGroupFactory factory_for(DeviceType type) {
   std::lock_guard<std::mutex> lock(g_factories_mu);
@@ -134,18 +140,22 @@ class StagedGroup final : public ProcessGroup {
   }
   void barrier() override { inner_->barrier(); }
   WorkPtr isend(const Tensor& t, int dst, int tag) override {
+    check_tag(tag, "isend");
     traffic_.add(&Traffic::send, t);
     if (on_host(t)) return inner_->isend(t, dst, tag);
     check_collective_tensor(t, "isend");
-    Tensor h = to_host(t);
-    return std::make_shared<StagedWork>(inner_->isend(h, dst, tag), h, Tensor());
+    check_peer(dst, size(), "isend");
+    if (DeviceP2P* p = p2p(t)) return p->isend(t, dst, tag);
+    return staged_isend(*inner_, t, dst, tag);
   }
   WorkPtr irecv(Tensor t, int src, int tag) override {
+    check_tag(tag, "irecv");
     traffic_.add(&Traffic::recv, t);
     if (on_host(t)) return inner_->irecv(std::move(t), src, tag);
     check_collective_tensor(t, "irecv");
-    Tensor h = to_host(t, /*fill=*/false);
-    return std::make_shared<StagedWork>(inner_->irecv(h, src, tag), h, t);
+    check_peer(src, size(), "irecv");
+    if (DeviceP2P* p = p2p(t)) return p->irecv(std::move(t), src, tag);
+    return staged_irecv(*inner_, std::move(t), src, tag);
   }
   std::shared_ptr<ProcessGroup> split(int color, int key) override {
     ProcessGroupPtr child = inner_->split(color, key);
@@ -167,9 +177,27 @@ class StagedGroup final : public ProcessGroup {
     return it->second.get();
   }
 
+  /// The point-to-point transport of t's device, made on first use (by this rank alone); nullptr
+  /// to stage t.
+  DeviceP2P* p2p(const Tensor& t) {
+    if (!route_) return nullptr;
+    const Device d = t.device();
+    const auto key = std::make_pair(static_cast<int>(d.type), d.index);
+    std::lock_guard<std::mutex> lock(p2p_mu_);
+    auto it = p2ps_.find(key);
+    if (it == p2ps_.end()) it = p2ps_.emplace(key, make_device_p2p(inner_, d)).first;
+    return it->second.get();
+  }
+
+  static void check_tag(int tag, const char* op) {
+    BRAID_CHECK(tag >= 0 && tag < kDeviceP2PTag, op, ": tag must be in [0, ", kDeviceP2PTag, "), got ", tag);
+  }
+
   ProcessGroupPtr inner_;
   bool route_;
   std::map<std::pair<int, int>, ProcessGroupPtr> natives_;  // by (device type, index); null: staged
+  std::mutex p2p_mu_;
+  std::map<std::pair<int, int>, std::shared_ptr<DeviceP2P>> p2ps_;  // likewise
   TrafficCounter traffic_;
 };
 
@@ -178,6 +206,30 @@ class StagedGroup final : public ProcessGroup {
 void register_device_group(DeviceType type, DeviceGroupFactory factory) {
   std::lock_guard<std::mutex> lock(g_factories_mu);
   g_factories[static_cast<size_t>(type)] = factory;
+}
+
+void register_device_p2p(DeviceType type, DeviceP2PFactory factory) {
+  std::lock_guard<std::mutex> lock(g_factories_mu);
+  g_p2p_factories[static_cast<size_t>(type)] = factory;
+}
+
+std::shared_ptr<DeviceP2P> make_device_p2p(const ProcessGroupPtr& host_group, const Device& device) {
+  DeviceP2PFactory f = nullptr;
+  if (!device.is_cpu()) {
+    std::lock_guard<std::mutex> lock(g_factories_mu);
+    f = g_p2p_factories[static_cast<size_t>(device.type)];
+  }
+  return f ? f(host_group, device) : nullptr;
+}
+
+WorkPtr staged_isend(ProcessGroup& host, const Tensor& t, int dst, int tag) {
+  Tensor h = to_host(t);
+  return std::make_shared<StagedWork>(host.isend(h, dst, tag), h, Tensor());
+}
+
+WorkPtr staged_irecv(ProcessGroup& host, Tensor t, int src, int tag) {
+  Tensor h = to_host(t, /*fill=*/false);
+  return std::make_shared<StagedWork>(host.irecv(h, src, tag), h, std::move(t));
 }
 
 ProcessGroupPtr make_native_group(const ProcessGroupPtr& host_group, const Device& device) {

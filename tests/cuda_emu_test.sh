@@ -16,7 +16,7 @@ mkdir -p "$emu"
   # Stale when braid or the test changed, or a source the emulation compiles itself (the backend's, the
   # NCCL group's, the emulation's own), which an incremental build of libbraid.so does not relink.
   newer=$(find "$src/src/backend/cuda" "$src/tools/cuda_emu" "$src/distributed" -newer "$emu/libbraid.so" \
-    \( -path "$src/src/backend/cuda/*" -o -path "$src/tools/cuda_emu/*" -o -name 'nccl*.cpp' \) -print -quit 2>/dev/null || true)
+    \( -path "$src/src/backend/cuda/*" -o -path "$src/tools/cuda_emu/*" -o -name 'nccl*.cpp' -o -name 'nccl*.h' \) -print -quit 2>/dev/null || true)
   if [[ ! -x "$emu/$prog" || ! -f "$emu/libbraid.so" || -n $newer || "$build/libbraid.so" -nt "$emu/libbraid.so" ||
     "$(dirname "$0")/cuda_parity.h" -nt "$emu/$prog" || "$(dirname "$0")/$prog.cpp" -nt "$emu/$prog" ]]; then
     EMU_DIR="$emu" "$(dirname "$0")/../tools/cuda_emu/build.sh" "$build" >"$emu/build.log" 2>&1 ||

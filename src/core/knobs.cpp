@@ -41,6 +41,10 @@ const std::vector<Knob> kKnobs = {
      "every K consecutive ranks count as one node for the hierarchical all-reduce (to try a layout on one machine)",
      false},
     {"BRAID_NCCL", "flag", "1", "0: CUDA tensors' collectives go through MPI, staged in host memory, not NCCL", false},
+    {"BRAID_NCCL_P2P", "flag", "1",
+     "0: CUDA tensors' point-to-point transfers (pipeline stages) go through MPI, staged in host memory, not NCCL "
+     "send/recv",
+     false},
     {"BRAID_NCCL_ABORT_GRACE", "seconds", "30",
      "how long an NCCL error the program has not collected may wait before the watchdog ends the job", false},
     {"BRAID_ONEDNN", "flag", "1", "0: CPU convolutions run as im2col + BLAS instead of through oneDNN", false},

@@ -22,8 +22,8 @@ done
 CXX="g++"
 if command -v ccache >/dev/null; then CXX="ccache g++"; fi
 FLAGS="-std=c++20 -O1 -g -fPIC -Wall -Wextra -I$emu/shim -I$emu/src -I$root/src -I$root/include -I$build/include -I$root -DBRAID_BUILDING_LIBRARY"
-# The NCCL group (a world of one against shim/nccl.h) where the tree was built with NCCL.
-if grep -q '#define BRAID_HAVE_NCCL' $build/include/braid/config.h; then cp $root/distributed/nccl_group.cpp src/; fi
+# The NCCL group and its point-to-point transport (a world of one against shim/nccl.h) where the tree was built with NCCL.
+if grep -q '#define BRAID_HAVE_NCCL' $build/include/braid/config.h; then cp $root/distributed/nccl_group.cpp $root/distributed/nccl_p2p.cpp src/; fi
 objs=()
 for f in src/backend/cuda/*.cpp src/*.cpp emu_runtime.cpp emu_cublaslt.cpp emu_cudnn.cpp; do
   o=obj/$(basename $f .cpp).o

@@ -1,5 +1,8 @@
 #include <algorithm>
 #include <chrono>
+#include <cstring>
+#include <deque>
+#include <vector>
 #include <cstdio>
 #include <mutex>
 #include <map>
@@ -174,7 +177,9 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
 }
 cudaError_t cudaEventQuery(cudaEvent_t e) {
   if (e->ms < 0 && e->held && !holding()) e->ms = now_ms();
-  return e->ms < 0 ? emu::fail(cudaErrorNotReady) : cudaSuccess;
+  // Not an error: the runtime does not record it for cudaGetLastError (a kernel launch checked after
+  // a query of a pending event must not see it).
+  return e->ms < 0 ? cudaErrorNotReady : cudaSuccess;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) { *ms = static_cast<float>(b->ms - a->ms); return cudaSuccess; }
@@ -211,6 +216,7 @@ struct ncclComm {
   int nranks = 1;
   int pending = 0;  // calls that have returned ncclInProgress and not yet been polled
   bool aborted = false;
+  std::deque<std::pair<const void*, size_t>> sends;  // sends to self not yet received (bytes)
 };
 namespace {
 size_t nccl_size(ncclDataType_t t) {
@@ -260,4 +266,35 @@ ncclResult_t ncclAllGather(const void* s, void* r, size_t n, ncclDataType_t t, n
 ncclResult_t ncclReduceScatter(const void* s, void* r, size_t n, ncclDataType_t t, ncclRedOp_t, ncclComm_t c,
                                cudaStream_t) {
   return copy(s, r, n, t, c);
+}
+// Send/recv to self, which NCCL allows inside one group (ncclGroupStart/End): a send outside a
+// group, or a group that ends with a send nobody received, would wait forever on a GPU, so here it
+// is an error; a receive is matched with the oldest send of the same size.
+namespace {
+int group_depth = 0;
+std::vector<ncclComm_t> group_comms;
+}  // namespace
+ncclResult_t ncclGroupStart() { ++group_depth; return ncclSuccess; }
+ncclResult_t ncclGroupEnd() {
+  if (group_depth == 0) return ncclInvalidUsage;
+  if (--group_depth > 0) return ncclSuccess;
+  ncclResult_t r = ncclSuccess;
+  for (ncclComm_t c : group_comms)
+    if (!c->sends.empty()) { c->sends.clear(); r = ncclInvalidUsage; }
+  group_comms.clear();
+  return r;
+}
+ncclResult_t ncclSend(const void* s, size_t n, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t) {
+  if (c->aborted) return ncclInvalidUsage;
+  if (peer != 0 || group_depth == 0) return ncclInvalidUsage;
+  c->sends.emplace_back(s, n * nccl_size(t));
+  group_comms.push_back(c);
+  return in_progress(c);
+}
+ncclResult_t ncclRecv(void* r, size_t n, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t) {
+  if (c->aborted) return ncclInvalidUsage;
+  if (peer != 0 || c->sends.empty() || c->sends.front().second != n * nccl_size(t)) return ncclInvalidUsage;
+  if (r != c->sends.front().first) std::memmove(r, c->sends.front().first, n * nccl_size(t));
+  c->sends.pop_front();
+  return in_progress(c);
 }

@@ -1,5 +1,5 @@
-// The part of NCCL's API that distributed/nccl_group.cpp uses, for the host emulation (a world of
-// one; emu_runtime.cpp). Not part of braid.
+// The part of NCCL's API that distributed/nccl_group.cpp and nccl_p2p.cpp use, for the host emulation
+// (a world of one, and a rank's sends to itself; emu_runtime.cpp). Not part of braid.
 #pragma once
 #include <cstddef>
 #include "cuda_runtime.h"
@@ -41,3 +41,7 @@ ncclResult_t ncclBroadcast(const void* s, void* r, size_t n, ncclDataType_t t, i
 ncclResult_t ncclAllGather(const void* s, void* r, size_t n, ncclDataType_t t, ncclComm_t c, cudaStream_t st);
 ncclResult_t ncclReduceScatter(const void* s, void* r, size_t n, ncclDataType_t t, ncclRedOp_t op, ncclComm_t c,
                                cudaStream_t st);
+ncclResult_t ncclSend(const void* s, size_t n, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t st);
+ncclResult_t ncclRecv(void* r, size_t n, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t st);
+ncclResult_t ncclGroupStart();
+ncclResult_t ncclGroupEnd();
