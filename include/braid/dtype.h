@@ -30,6 +30,9 @@ int64_t dtype_size(DType t);
 std::string dtype_name(DType t);
 /// float16, bfloat16, float32 or float64.
 bool is_floating(DType t);
+/// float16 or bfloat16: the half types, which the elementwise ops and reductions compute in float32
+/// and round once (Note [Half arithmetic] in src/backend/backend.h).
+inline bool is_half(DType t) { return t == DType::Float16 || t == DType::BFloat16; }
 /// Types the compute kernels run on (all but float16/bfloat16 and int8/uint8, which are storage only).
 bool is_compute_type(DType t);
 /// The compute type a storage type widens to without loss: float32 for float16/bfloat16, int32 for

@@ -285,6 +285,16 @@ class FusedKernels {
                                   const Tensor& gq, const Tensor& gk, const Tensor& gv);
 };
 
+// Note [Half arithmetic]
+// float16 and bfloat16 tensors compute as PyTorch's do: each element of unary, binary and where, and
+// each sum, product, maximum and minimum of reduce, is computed in float32 (a reduction accumulates
+// in float32) and the result is rounded once to the operands' dtype. So a half op gives exactly the
+// float32 op on the widened operands, rounded: every backend agrees with the CPU's, which widens to
+// float32 scratch and runs its float32 kernels (an extra pass; the CPU has no half arithmetic to
+// gain from), where a GPU reads and writes the halves directly, which is the point of them: half
+// the memory traffic of float32 activations (Note [Autocast] in src/ops/autocast.cpp). matmul takes
+// half operands into a float32 or a same-dtype out, rounded once from the float32 accumulation.
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -327,18 +337,21 @@ class Backend {
   virtual void fill(const Tensor& dst, double value) = 0;
   /// dst[i] = start + i * step over dst's row-major order.
   virtual void iota(const Tensor& dst, double start, double step) = 0;
-  /// out = op(x); same shape and dtype (bool for LogicalNot/IsNan).
+  /// out = op(x); same shape and dtype (bool for LogicalNot/IsNan); float16 and bfloat16 too (Note
+  /// [Half arithmetic]).
   virtual void unary(UnaryOp op, const Tensor& x, const Tensor& out, double p0, double p1) = 0;
-  /// out = op(a, b); a and b have out's shape and the same dtype; out is that dtype or bool.
+  /// out = op(a, b); a and b have out's shape and the same dtype; out is that dtype or bool. The half
+  /// types too (Note [Half arithmetic]).
   virtual void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) = 0;
-  /// out = cond ? a : b; all of out's shape, cond bool, a/b out's dtype.
+  /// out = cond ? a : b; all of out's shape, cond bool, a/b out's dtype (any dtype).
   virtual void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) = 0;
-  /// out has x's shape with the reduced axes set to 1; ArgMax/ArgMin reduce one axis into int64.
+  /// out has x's shape with the reduced axes set to 1; ArgMax/ArgMin reduce one axis into int64. The
+  /// half types accumulate in float32 and round once (Note [Half arithmetic]).
   virtual void reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t>& axes, const Tensor& out) = 0;
   /// out (..., M, N) = a (..., M, K) @ b (..., K, N); batch axes already broadcast; out contiguous.
   /// a, b and out share a compute dtype, or (autocast, Note [Autocast] in src/ops/autocast.cpp) a
-  /// and b are both Float16 or both BFloat16 and out is Float32: the products accumulate in float32
-  /// (cuBLAS: half inputs, float32 output and compute type).
+  /// and b are both Float16 or both BFloat16 and out is Float32 or their dtype: the products
+  /// accumulate in float32, rounded once into a half out (cuBLAS: half inputs, float32 compute type).
   virtual void matmul(const Tensor& a, const Tensor& b, const Tensor& out) = 0;
   /// out[..i..] = x[..index[..i..]..] along axis; index int64 of out's shape, values in range.
   virtual void gather(const Tensor& x, int64_t axis, const Tensor& index, const Tensor& out) = 0;

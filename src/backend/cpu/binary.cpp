@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "backend/cpu/cpu_backend.h"
+#include "core/internal.h"
 #include "backend/cpu/dispatch.h"
 #include "backend/cpu/loop.h"
 
@@ -165,6 +166,12 @@ void CpuBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, const Ten
                    a.shape() == out.shape() && b.shape() == out.shape(),
                name, ": got ", dtype_name(a.dtype()), " ", shape_str(a.shape()), ", ", dtype_name(b.dtype()), " ",
                shape_str(b.shape()), " -> ", dtype_name(out.dtype()), " ", shape_str(out.shape()));
+  if (is_half(a.dtype())) {  // Note [Half arithmetic]: float32 kernels, one rounding
+    const Tensor f = is_bool_result(op) ? out : new_tensor(out.shape(), kFloat32, out.device());
+    binary(op, widen_to_float32(a), widen_to_float32(b), f);
+    if (!is_bool_result(op)) copy(f, out);
+    return;
+  }
   StridedLoop loop(out.shape(), {loop_operand(out), loop_operand(a), loop_operand(b)});
   dispatch_compute(a.dtype(), name, [&]<typename T>() {
     if (is_bool_result(op))

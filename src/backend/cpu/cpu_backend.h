@@ -23,6 +23,11 @@ struct CompositeOnly {
   CompositeOnly& operator=(const CompositeOnly&) = delete;
 };
 
+/// t (float16 or bfloat16) as float32 scratch of t's shape, its broadcast (stride-0) axes kept
+/// broadcast (matmul.cpp): the CPU runs half operands through its float32 kernels (Note [Half
+/// arithmetic] in src/backend/backend.h).
+Tensor widen_to_float32(const Tensor& t);
+
 class CpuBackend final : public Backend, public FusedKernels {
  public:
   FusedKernels& fused() override { return *this; }  // Note [Fused kernels]: the entries below that return bool

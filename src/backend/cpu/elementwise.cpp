@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "backend/cpu/cpu_backend.h"
+#include "core/internal.h"
 #include "backend/cpu/dispatch.h"
 #include "backend/cpu/fast_math.h"
 #include "backend/cpu/loop.h"
@@ -299,6 +300,12 @@ void CpuBackend::unary(UnaryOp op, const Tensor& x, const Tensor& out, double p0
   BRAID_ASSERT(out.dtype() == (bool_out ? kBool : x.dtype()) && out.shape() == x.shape(), name, ": got ",
                dtype_name(x.dtype()), " ", shape_str(x.shape()), " -> ", dtype_name(out.dtype()), " ",
                shape_str(out.shape()));
+  if (is_half(x.dtype())) {  // Note [Half arithmetic]: float32 kernels, one rounding
+    const Tensor f = bool_out ? out : new_tensor(out.shape(), kFloat32, out.device());
+    unary(op, widen_to_float32(x), f, p0, p1);
+    if (!bool_out) copy(f, out);
+    return;
+  }
   StridedLoop loop(out.shape(), {loop_operand(out), loop_operand(x)});
   dispatch_compute(x.dtype(), name, [&]<typename T>() {
     if (op == UnaryOp::LogicalNot) return map_unary<bool, T>(loop, [](T v) { return v == T(0); });
@@ -321,7 +328,7 @@ void CpuBackend::where(const Tensor& cond, const Tensor& a, const Tensor& b, con
   BRAID_ASSERT(cond.dtype() == kBool && a.dtype() == out.dtype() && b.dtype() == out.dtype(),
                "where: dtypes do not match");
   StridedLoop loop(out.shape(), {loop_operand(out), loop_operand(cond), loop_operand(a), loop_operand(b)});
-  dispatch_compute(out.dtype(), "where", [&]<typename T>() {
+  dispatch_all(out.dtype(), "where", [&]<typename T>() {
     loop.run([](char* const* p, const int64_t* s, int64_t n) {
       T* __restrict o = reinterpret_cast<T*>(p[0]);
       const bool* __restrict c = reinterpret_cast<const bool*>(p[1]);

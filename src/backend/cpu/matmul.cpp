@@ -210,9 +210,11 @@ void loop_matmul(const Tensor& a, const Tensor& b, const Tensor& out, int64_t ba
   });
 }
 
-// t (float16 or bfloat16) as float32 scratch of t's shape. Only the elements t reads are converted:
-// its broadcast (stride-0) axes stay broadcast, so a weight shared by every batch is widened once,
-// and its matrices keep their layout up to a transpose (a transposed view becomes row-major).
+}  // namespace
+
+// Only the elements t reads are converted: its broadcast (stride-0) axes stay broadcast, so a weight
+// shared by every batch is widened once, and its matrices keep their layout up to a transpose (a
+// transposed view becomes row-major).
 Tensor widen_to_float32(const Tensor& t) {
   Shape compact = t.shape(), strides = t.strides();
   for (size_t d = 0; d < compact.size(); ++d)
@@ -225,19 +227,22 @@ Tensor widen_to_float32(const Tensor& t) {
   return as_strided(f, t.shape(), fs, 0);
 }
 
-}  // namespace
-
 void CpuBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& out) {
   const int64_t nd = out.dim();
   if (out.numel() == 0) return;
   const bool half = !is_compute_type(a.dtype());
   BRAID_ASSERT(nd >= 2 && a.dim() == nd && b.dim() == nd && out.is_contiguous() && a.dtype() == b.dtype() &&
-                   (half ? out.dtype() == kFloat32 : a.dtype() == out.dtype()),
+                   (half ? out.dtype() == kFloat32 || out.dtype() == a.dtype() : a.dtype() == out.dtype()),
                "matmul: operands must be batch-broadcast, of one dtype, into a contiguous out of that dtype "
-               "(float32 for half operands)");
+               "(or float32 for half operands)");
   const int64_t batches = shape_numel(Shape(out.shape().begin(), out.shape().end() - 2));
   const int64_t k = a.shape()[nd - 1];
   if (k == 0) return fill(out, 0.0);  // an empty sum; BLAS need not write C when K is 0
+  if (half && out.dtype() != kFloat32) {  // accumulated in float32, rounded once
+    Tensor f = new_tensor(out.shape(), kFloat32, out.device());
+    matmul(a, b, f);
+    return copy(f, out);
+  }
   if (half) return blas_matmul<float>(widen_to_float32(a), widen_to_float32(b), out, batches);
   dispatch_compute(out.dtype(), "matmul", [&]<typename T>() {
     if constexpr (std::is_floating_point_v<T>)

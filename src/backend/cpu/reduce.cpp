@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "core/internal.h"
 #include "backend/cpu/dispatch.h"
 #include "backend/cpu/fast_math.h"
 #include "backend/cpu/loop.h"
@@ -250,6 +251,12 @@ void CpuBackend::reduce(ReduceOp op, const Tensor& x, const std::vector<int64_t>
   Shape rshape(x.shape().size(), 1);
   for (int64_t a : axes) rshape[a] = x.shape()[a];
   if (arg) BRAID_ASSERT(axes.size() == 1, name, " reduces exactly one axis");
+  if (is_half(x.dtype())) {  // Note [Half arithmetic]: accumulated in float32, rounded once
+    const Tensor f = arg ? out : new_tensor(out.shape(), kFloat32, out.device());
+    reduce(op, widen_to_float32(x), axes, f);
+    if (!arg) copy(f, out);
+    return;
+  }
   dispatch_compute(x.dtype(), name, [&]<typename T>() {
     switch (op) {
       case ReduceOp::Sum:

@@ -87,7 +87,6 @@ enum class Pass { Forward, BackwardData, BackwardFilter };
 
 constexpr size_t kMaxFindWorkspace = size_t{1} << 31;  // bytes a timed candidate may ask for
 
-bool is_half(DType t) { return t == kFloat16 || t == kBFloat16; }
 bool channels_last(const Tensor& t) { return t.dim() == 4 && !t.is_contiguous() && t.is_channels_last(); }
 
 // One call of an entry: what its errors name.
