@@ -11,6 +11,10 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator* gen) {
   BRAID_CHECK_T(TypeError, is_floating(x.dtype()), "dropout: expected a floating-point input, got ",
                 dtype_name(x.dtype()));
   if (p == 1.0) return x * 0.0;  // keeps the graph, so the gradient is zero rather than missing
+  if (is_half(x.dtype())) {  // x times the float32 scaled mask, rounded once (PyTorch's float32 opmath)
+    const Tensor keep = bernoulli(x.shape(), 1.0 - p, kFloat32, gen, x.device()) * (1.0 / (1.0 - p));
+    return (x * keep).to(x.dtype());
+  }
   return x * (bernoulli(x.shape(), 1.0 - p, x.dtype(), gen, x.device()) * (1.0 / (1.0 - p)));
 }
 

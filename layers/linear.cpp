@@ -2,6 +2,7 @@
 // a = sqrt(5), i.e. U(-1/sqrt(in), 1/sqrt(in)), for weight and bias alike).
 #include <cmath>
 
+#include "braid/amp.h"
 #include "braid/nn/init.h"
 #include "braid/nn/layers.h"
 #include "braid/ops.h"
@@ -14,7 +15,8 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   BRAID_CHECK(x.dim() >= 1 && weight.dim() == 2 && x.size(-1) == weight.size(1), "linear: input shape ",
               shape_str(x.shape()), " does not match weight shape ", shape_str(weight.shape()));
   Tensor y = x.dim() <= 2 ? matmul(x, weight.mT()) : matmul(x.reshape({-1, x.size(-1)}), weight.mT());
-  if (bias.defined()) y = y + bias;
+  // Half activations (Note [Autocast]): the bias rounded to the product's dtype, as PyTorch's linear.
+  if (bias.defined()) y = y + (is_half(y.dtype()) && !is_half(bias.dtype()) && autocast_enabled() ? bias.to(y.dtype()) : bias);
   if (x.dim() <= 2) return y;
   Shape out = x.shape();
   out.back() = weight.size(0);

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "braid/amp.h"
 #include "braid/ops.h"
 
 namespace braid::nn {
@@ -134,8 +135,10 @@ void check_class_input(const Tensor& input, const char* op) {
 
 }  // namespace
 
-Tensor cross_entropy(const Tensor& input, const Tensor& target, const Tensor& weight, int64_t ignore_index,
+Tensor cross_entropy(const Tensor& input_in, const Tensor& target_in, const Tensor& weight, int64_t ignore_index,
                      const std::string& reduction, double label_smoothing) {
+  // On autocast's float32 list (Note [Autocast]).
+  const Tensor input = autocast_float32(input_in), target = autocast_float32(target_in);
   const char* op = "cross_entropy";
   const Reduction r = parse_reduction(reduction, op);
   check_class_input(input, op);
@@ -173,8 +176,10 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target, const Tensor& we
   });
 }
 
-Tensor nll_loss(const Tensor& input, const Tensor& target, const Tensor& weight, int64_t ignore_index,
+Tensor nll_loss(const Tensor& input_in, const Tensor& target_in, const Tensor& weight, int64_t ignore_index,
                 const std::string& reduction) {
+  // On autocast's float32 list (Note [Autocast]).
+  const Tensor input = autocast_float32(input_in), target = autocast_float32(target_in);
   const char* op = "nll_loss";
   const Reduction r = parse_reduction(reduction, op);
   check_class_input(input, op);
@@ -185,21 +190,27 @@ Tensor nll_loss(const Tensor& input, const Tensor& target, const Tensor& weight,
   });
 }
 
-Tensor mse_loss(const Tensor& input, const Tensor& target, const std::string& reduction) {
+Tensor mse_loss(const Tensor& input_in, const Tensor& target_in, const std::string& reduction) {
+  // On autocast's float32 list (Note [Autocast]).
+  const Tensor input = autocast_float32(input_in), target = autocast_float32(target_in);
   const Reduction r = parse_reduction(reduction, "mse_loss");
   check_floating_input(input, "mse_loss");
   check_same_shape(input, target, "mse_loss");
   return reduce(square(input - target), r);
 }
 
-Tensor l1_loss(const Tensor& input, const Tensor& target, const std::string& reduction) {
+Tensor l1_loss(const Tensor& input_in, const Tensor& target_in, const std::string& reduction) {
+  // On autocast's float32 list (Note [Autocast]).
+  const Tensor input = autocast_float32(input_in), target = autocast_float32(target_in);
   const Reduction r = parse_reduction(reduction, "l1_loss");
   check_floating_input(input, "l1_loss");
   check_same_shape(input, target, "l1_loss");
   return reduce(abs(input - target), r);
 }
 
-Tensor smooth_l1_loss(const Tensor& input, const Tensor& target, const std::string& reduction, double beta) {
+Tensor smooth_l1_loss(const Tensor& input_in, const Tensor& target_in, const std::string& reduction, double beta) {
+  // On autocast's float32 list (Note [Autocast]).
+  const Tensor input = autocast_float32(input_in), target = autocast_float32(target_in);
   const Reduction r = parse_reduction(reduction, "smooth_l1_loss");
   check_floating_input(input, "smooth_l1_loss");
   check_same_shape(input, target, "smooth_l1_loss");
@@ -212,8 +223,10 @@ Tensor smooth_l1_loss(const Tensor& input, const Tensor& target, const std::stri
   return reduce(where(lt(ad, scalar_like(ad, beta)), quadratic, ad - 0.5 * beta), r);
 }
 
-Tensor binary_cross_entropy_with_logits(const Tensor& input, const Tensor& target, const Tensor& weight,
+Tensor binary_cross_entropy_with_logits(const Tensor& input_in, const Tensor& target_in, const Tensor& weight,
                                         const std::string& reduction, const Tensor& pos_weight) {
+  // On autocast's float32 list (Note [Autocast]).
+  const Tensor input = autocast_float32(input_in), target = autocast_float32(target_in);
   const char* op = "binary_cross_entropy_with_logits";
   const Reduction r = parse_reduction(reduction, op);
   check_floating_input(input, op);

@@ -19,6 +19,7 @@
 #include "braid/nn/nn.h"
 #include "braid/optim.h"
 #include "braid/random.h"
+#include "test_device.h"
 
 namespace braid {
 namespace {
@@ -55,14 +56,23 @@ struct Ref {
   }
 };
 
-/// Checks got (float32) against ref within float32 accumulation of `terms` products; returns the
-/// largest error relative to the bound (<= 1 passes).
-void expect_close(const Tensor& got, const Ref& ref, int64_t terms, const std::string& what) {
-  ASSERT_EQ(got.dtype(), kFloat32) << what;
+/// The dtype autocast's products return on the device under test inside a scope of low (Note
+/// [Autocast]): low where the device keeps half activations, float32 on the CPU.
+DType amp_out(DType low) { return test::autocast_keeps_half(test::test_device()) ? low : kFloat32; }
+
+/// A gradient of dtype `out` as the engine hands it on: rounded to out when out is half.
+std::vector<double> as_grad_of(const std::vector<double>& g, DType out) { return out == kFloat32 ? g : rounded(g, out); }
+
+/// Checks got (of dtype out) against ref within float32 accumulation of `terms` products, plus, for a
+/// half out, its roundings to it (half an ulp each: 2^-8 relative for bfloat16, 2^-11 for float16).
+void expect_close(const Tensor& got, const Ref& ref, int64_t terms, const std::string& what, DType out = kFloat32) {
+  ASSERT_EQ(got.dtype(), out) << what;
   const std::vector<double> g = host(got);
   ASSERT_EQ(g.size(), ref.value.size()) << what;
+  const double half_ulp = out == kBFloat16 ? 0x1p-8 : out == kFloat16 ? 0x1p-11 : 0.0;
   for (size_t i = 0; i < g.size(); ++i) {
-    const double bound = static_cast<double>(terms + 2) * kU * ref.abs[i] + 1e-30;
+    double bound = static_cast<double>(terms + 2) * kU * ref.abs[i] + 1e-30;
+    bound += 2 * half_ulp * ref.abs[i];  // up to two roundings: a product's, then a bias sum's
     ASSERT_LE(std::fabs(g[i] - ref.value[i]), bound) << what << " element " << i;
   }
 }
@@ -109,7 +119,7 @@ TEST(Autocast, MatmulRoundsOperandsAndAccumulatesInFloat32) {
       c = matmul(a, w.mT());
     }
     EXPECT_EQ(c.shape(), (Shape{batch, m, n}));
-    expect_close(c, ref_matmul(rounded(host(a), low), rounded(bt, low), batch, m, k, n), k, what);
+    expect_close(c, ref_matmul(rounded(host(a), low), rounded(bt, low), batch, m, k, n), k, what, amp_out(low));
     EXPECT_GT(excess_over_bound(c, plain, k), 20.0) << what << ": the operands were not rounded";
     // 1-d operands take the same path.
     Tensor v;
@@ -119,7 +129,7 @@ TEST(Autocast, MatmulRoundsOperandsAndAccumulatesInFloat32) {
     }
     EXPECT_EQ(v.shape(), (Shape{n}));
     expect_close(v, ref_matmul(rounded(host(a.select(0, 0).select(0, 0)), low), rounded(bt, low), 1, 1, k, n), k,
-                 what + " 1-d");
+                 what + " 1-d", amp_out(low));
   }
 }
 
@@ -142,25 +152,33 @@ TEST(Autocast, LinearGradientsReachFloat32ParametersInFloat32) {
       y = nn::linear(x, w, b);
     }
     y.backward(g);
-    const std::vector<double> xr = rounded(xv, low), wr = rounded(wv, low);
+    const std::vector<double> xr = rounded(xv, low), wr = rounded(wv, low), gr = as_grad_of(gv, amp_out(low));
+    // With half outputs the bias is rounded too and added to the rounded product (PyTorch rounds it).
+    const std::vector<double> br = amp_out(low) == kFloat32 ? bv : rounded(bv, low);
     Ref ry(static_cast<size_t>(m * n)), rdx(static_cast<size_t>(m * k)), rdw(static_cast<size_t>(n * k));
     Ref rdb(static_cast<size_t>(n));
     for (int64_t i = 0; i < m; ++i)
       for (int64_t j = 0; j < n; ++j) {
-        ry.add(i * n + j, bv[j]);
-        rdb.add(j, gv[i * n + j]);
+        ry.add(i * n + j, br[j]);
+        rdb.add(j, gr[i * n + j]);
         for (int64_t l = 0; l < k; ++l) {
           ry.add(i * n + j, xr[i * k + l] * wr[j * k + l]);
-          rdx.add(i * k + l, gv[i * n + j] * wr[j * k + l]);  // dx = G W_r
-          rdw.add(j * k + l, gv[i * n + j] * xr[i * k + l]);  // dW = G^T x_r
+          rdx.add(i * k + l, gr[i * n + j] * wr[j * k + l]);  // dx = G W_r
+          rdw.add(j * k + l, gr[i * n + j] * xr[i * k + l]);  // dW = G^T x_r
         }
       }
-    expect_close(y, ry, k + 1, what + " y");
+    // The half output rounds twice (the product, then the sum with the bias).
+    expect_close(y, ry, k + 1, what + " y", amp_out(low));
+    if (amp_out(low) != kFloat32) {  // the bias gradient is summed in half, as PyTorch's
+      EXPECT_EQ(b.grad().dtype(), kFloat32);
+      const std::vector<double> db = host(b.grad());
+      for (int64_t j = 0; j < n; ++j) EXPECT_NEAR(db[j], rdb.value[j], 0x1p-7 * rdb.abs[j] + 1e-6) << what << " db";
+    }
     // float32 gradients of the rounded-operand product: the float32 bound, 2^13 (float16) to 2^16
     // (bfloat16) times tighter than a gradient that passed through the half dtype.
     expect_close(x.grad(), rdx, n, what + " dx");
     expect_close(w.grad(), rdw, m, what + " dW");
-    expect_close(b.grad(), rdb, m, what + " db");
+    if (amp_out(low) == kFloat32) expect_close(b.grad(), rdb, m, what + " db");
   }
 }
 
@@ -227,9 +245,9 @@ TEST(Autocast, Conv2dOnEveryPathMatchesTheRoundedReferenceWithFloat32Gradients) 
         y = conv2d(x, w, bias, {k.stride, k.stride}, {k.pad, k.pad}, {k.dil, k.dil}, k.groups);
       }
       Tensor g = randn(y.shape(), kFloat32, &gen);
-      const ConvRef r = ref_conv2d(k, rounded(xv, low), rounded(wv, low), bv, host(g));
+      const ConvRef r = ref_conv2d(k, rounded(xv, low), rounded(wv, low), bv, as_grad_of(host(g), amp_out(low)));
       ASSERT_EQ(y.shape(), (Shape{k.n, k.o, r.oh, r.ow})) << what;
-      expect_close(y, r.y, terms + 1, what + " y");
+      expect_close(y, r.y, terms + 1, what + " y", amp_out(low));
       EXPECT_GT(excess_over_bound(y, ref_conv2d(k, xv, wv, bv, host(g)).y, terms + 1), 20.0) << what;
       y.backward(g);
       expect_close(x.grad(), r.dx, k.o * k.kh * k.kw, what + " dx");
@@ -258,7 +276,7 @@ TEST(Autocast, Conv1dAndConvTranspose2dAreAutocastToo) {
       for (int64_t i = 0; i < 11; ++i) xp[static_cast<size_t>(r * 13 + i + 1)] = xv[static_cast<size_t>(r * 11 + i)];
     k2.wd = 13;
     const ConvRef r = ref_conv2d(k2, xp, rounded(host(w), low), {}, std::vector<double>(2 * 5 * 11, 0.0));
-    expect_close(y, r.y, 9, "conv1d");
+    expect_close(y, r.y, 9, "conv1d", amp_out(low));
   }
   {  // conv_transpose2d: each input element scatters w times it into the output
     const int64_t n = 2, c = 4, h = 5, o = 3, kk = 3, s = 2, p = 1, op = 1;
@@ -273,7 +291,8 @@ TEST(Autocast, Conv1dAndConvTranspose2dAreAutocastToo) {
     ASSERT_EQ(y.shape(), (Shape{n, o, oh, oh}));
     Tensor g = randn(y.shape(), kFloat32, &gen);
     y.backward(g);
-    const std::vector<double> xr = rounded(host(x), low), wr = rounded(host(w), low), gv = host(g);
+    const std::vector<double> xr = rounded(host(x), low), wr = rounded(host(w), low),
+                              gv = as_grad_of(host(g), amp_out(low));
     Ref ry(static_cast<size_t>(n * o * oh * oh)), rdx(xr.size()), rdw(wr.size());
     for (int64_t b = 0; b < n; ++b)
       for (int64_t ci = 0; ci < c; ++ci)
@@ -291,7 +310,7 @@ TEST(Autocast, Conv1dAndConvTranspose2dAreAutocastToo) {
                   rdx.add(xi, gv[yi] * wr[wi]);
                   rdw.add(wi, gv[yi] * xr[xi]);
                 }
-    expect_close(y, ry, c * kk * kk, "conv_transpose2d y");
+    expect_close(y, ry, c * kk * kk, "conv_transpose2d y", amp_out(low));
     expect_close(x.grad(), rdx, o * kk * kk, "conv_transpose2d dx");
     expect_close(w.grad(), rdw, n * h * h, "conv_transpose2d dw");
   }
@@ -338,11 +357,11 @@ TEST(Autocast, ScopesNestRestoreAndStayOnTheirThread) {
     autocast outer(kBFloat16);
     EXPECT_TRUE(autocast_enabled());
     EXPECT_EQ(autocast_dtype(), kBFloat16);
-    expect_close(matmul(a, b), bf, 40, "bfloat16 scope");
+    expect_close(matmul(a, b), bf, 40, "bfloat16 scope", amp_out(kBFloat16));
     {
       autocast inner(kFloat16);
       EXPECT_EQ(autocast_dtype(), kFloat16);
-      expect_close(matmul(a, b), fp, 40, "float16 inside bfloat16");
+      expect_close(matmul(a, b), fp, 40, "float16 inside bfloat16", amp_out(kFloat16));
       {
         autocast off(kFloat16, false);
         EXPECT_FALSE(autocast_enabled());
@@ -351,7 +370,7 @@ TEST(Autocast, ScopesNestRestoreAndStayOnTheirThread) {
       EXPECT_TRUE(autocast_enabled());
     }
     EXPECT_EQ(autocast_dtype(), kBFloat16);
-    expect_close(matmul(a, b), bf, 40, "bfloat16 again after the inner scopes");
+    expect_close(matmul(a, b), bf, 40, "bfloat16 again after the inner scopes", amp_out(kBFloat16));
     bool other_thread_enabled = true;
     std::thread([&] { other_thread_enabled = autocast_enabled(); }).join();
     EXPECT_FALSE(other_thread_enabled) << "autocast is per thread";
@@ -361,7 +380,7 @@ TEST(Autocast, ScopesNestRestoreAndStayOnTheirThread) {
   EXPECT_THROW({ autocast bad(kFloat32); }, TypeError);
 }
 
-TEST(Autocast, OtherOpsAreUnchangedAndHalfOperandsNeedTheScope) {
+TEST(Autocast, OtherOpsAreUnchangedAndHalfOperandsKeepTheirDtypeOutsideTheScope) {
   Generator gen(7);
   Tensor x = randn({5, 8}, kFloat32, &gen), y = randn({5, 8}, kFloat32, &gen);
   auto others = [&] { return host(softmax(relu(x + y) * 1.5, -1) + tanh(x).sum({0}, true) + nn::mse_loss(x, y)); };
@@ -370,14 +389,13 @@ TEST(Autocast, OtherOpsAreUnchangedAndHalfOperandsNeedTheScope) {
     autocast guard(kFloat16);
     EXPECT_EQ(others(), outside);
   }
-  // Half tensors are storage outside a scope; inside, the product takes them and returns float32.
+  // Outside a scope a product of half tensors accumulates in float32 and returns their dtype, as in
+  // PyTorch (Note [Half arithmetic]); inside, autocast's rule for the device.
   Tensor xh = x.to(kBFloat16), wh = y.to(kBFloat16).mT();
-  EXPECT_THROW(matmul(xh, wh), TypeError);
+  const Ref ref = ref_matmul(rounded(host(x), kBFloat16), rounded(host(y.mT()), kBFloat16), 1, 5, 8, 5);
+  expect_close(matmul(xh, wh), ref, 8, "bfloat16 operands outside a scope", kBFloat16);
   autocast guard(kBFloat16);
-  Tensor z = matmul(xh, wh);
-  EXPECT_EQ(z.dtype(), kFloat32);
-  expect_close(z, ref_matmul(rounded(host(x), kBFloat16), rounded(host(y.mT()), kBFloat16), 1, 5, 8, 5), 8,
-               "bfloat16 operands");
+  expect_close(matmul(xh, wh), ref, 8, "bfloat16 operands", amp_out(kBFloat16));
 }
 
 TEST(Autocast, BackwardInsideTheScopeGivesTheSameGradients) {

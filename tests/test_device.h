@@ -31,6 +31,15 @@ inline bool runs_cpu_fused_kernels(const Device& d) {
   return !(caps && std::string(caps) == "cuda");
 }
 
+/// Whether autocast keeps activations in half precision on device d (Note [Autocast] in
+/// src/ops/autocast.cpp), as PyTorch's CUDA autocast does: a GPU, and the shadow device offering the
+/// CUDA backend's capabilities (BRAID_SHADOW_CAPS=cuda); the CPU's products return float32.
+inline bool autocast_keeps_half(const Device& d) {
+  if (d.type == DeviceType::CUDA) return true;
+  const char* caps = std::getenv("BRAID_SHADOW_CAPS");
+  return d.type == DeviceType::Shadow && caps && std::string(caps) == "cuda";
+}
+
 /// Whether convolutions on device d run the CPU backend's kernels (oneDNN's, which prefer
 /// channels-last): on the CPU, and on the shadow device in either capability set, since the CUDA
 /// backend has convolution entries too (cuDNN's) and the shadow device forwards them to the CPU's.

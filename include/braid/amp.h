@@ -5,6 +5,7 @@
 #pragma once
 
 #include "braid/dtype.h"
+#include "braid/tensor.h"
 
 namespace braid {
 
@@ -13,10 +14,13 @@ namespace braid {
 ///     { braid::autocast guard(kBFloat16); loss = loss_fn(model(x), y); }
 ///     loss.backward();
 ///
-/// Inside, matmul (so linear, attention and the recurrent layers), conv1d, conv2d and
-/// conv_transpose2d round their float32/float16/bfloat16 operands to dtype, multiply them with
-/// float32 accumulation and return float32; gradients reach float32 parameters in float32. Every
-/// other op, and any product with a float64 or integer operand, is unchanged. The state is
+/// Inside, matmul (so linear, attention and the recurrent layers), conv1d, conv2d, conv_transpose2d
+/// and scaled_dot_product_attention round their float32/float16/bfloat16 operands to dtype and
+/// multiply them with float32 accumulation; they return dtype on a GPU, whose kernels compute in
+/// half, and float32 on the CPU. The numerically sensitive ops (softmax, log_softmax, layer_norm,
+/// sum, exp, log, the losses, ...) widen a half input to float32; every other op runs in its inputs'
+/// dtype. Gradients reach float32 parameters in float32. Any product with a float64 or integer operand
+/// is unchanged. The lists and the rule are Note [Autocast] in src/ops/autocast.cpp. The state is
 /// thread-local; scopes nest, the innermost winning, and enabled = false turns autocast off for a
 /// scope inside another. dtype must be kFloat16 or kBFloat16 (TypeError otherwise).
 class autocast {
@@ -30,6 +34,11 @@ class autocast {
   bool prev_enabled_;
   DType prev_dtype_;
 };
+
+/// For an op on autocast's float32 list (softmax, losses, ...; Note [Autocast]), braid's or a user's
+/// own, as torch.amp.custom_fwd(cast_inputs=torch.float32): x widened to float32 (a recorded cast)
+/// inside an autocast scope when it is float16 or bfloat16, else x itself.
+Tensor autocast_float32(const Tensor& x);
 
 /// Whether an autocast scope is in effect on this thread.
 bool autocast_enabled();

@@ -33,7 +33,8 @@ bool is_floating(DType t);
 /// float16 or bfloat16: the half types, which the elementwise ops and reductions compute in float32
 /// and round once (Note [Half arithmetic] in src/backend/backend.h).
 inline bool is_half(DType t) { return t == DType::Float16 || t == DType::BFloat16; }
-/// Types the compute kernels run on (all but float16/bfloat16 and int8/uint8, which are storage only).
+/// Types the backend's kernels take in every primitive: all but float16/bfloat16 (which the elementwise
+/// ops and reductions take: Note [Half arithmetic]) and int8/uint8 (storage only).
 bool is_compute_type(DType t);
 /// The compute type a storage type widens to without loss: float32 for float16/bfloat16, int32 for
 /// int8/uint8; a compute type itself.
@@ -41,8 +42,10 @@ DType compute_type(DType t);
 // Note [Type promotion]
 // braid follows PyTorch's rules, with the differences marked (*).
 //
-// Two tensors: the higher of the two dtypes, bool < int32 < int64 < float32 < float64 (the storage
-// types count as their compute_type: float16 and bfloat16 as float32, int8 and uint8 as int32). The
+// Two tensors: the higher of the two dtypes, bool < int32 < int64 < {float16, bfloat16} < float32 <
+// float64 (int8 and uint8 count as int32; float16 with bfloat16 gives float32, as in PyTorch; two
+// half tensors of one dtype keep it, computed in float32 and rounded once: Note [Half arithmetic]
+// in src/backend/backend.h). The
 // dtype of a 0-d tensor counts like any other (*: PyTorch lets a 0-d tensor act as a scalar, so
 // int32[n] + int64[] is int32 there and int64 here; braid's result type depends on dtypes alone, as
 // NumPy 2's does).
@@ -51,7 +54,9 @@ DType compute_type(DType t);
 // its dtype. For an integer tensor a whole-number scalar that fits the dtype acts as a Python int
 // (the dtype stays; for bool it becomes int64); any other scalar (fractional, NaN, inf, or a whole
 // number out of range) acts as a Python float and the result is float32 (*: PyTorch wraps an
-// out-of-range Python int around; braid never converts a scalar out of range).
+// out-of-range Python int around; braid never converts a scalar out of range). With a float16 or
+// bfloat16 tensor the scalar is rounded to that dtype, as NumPy does (*: PyTorch keeps it at float32
+// precision inside the half op).
 //
 //   op                                      | bool, bool | int, int   | int, float | float, float
 //   add, mul, maximum, minimum, where       | bool       | promoted   | float      | promoted

@@ -7,6 +7,7 @@
 #include <unordered_set>
 
 #include "autograd/function.h"
+#include "braid/amp.h"
 #include "braid/autograd.h"
 #include "braid/ops.h"
 
@@ -142,6 +143,9 @@ void run_graph(const std::vector<std::pair<std::shared_ptr<Node>, Tensor>>& root
 // every leaf's grad-ready hooks fire once, after its last contribution from any root.
 void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& root_grads, bool retain_graph) {
   NoGradGuard no_grad;
+  // Backward formulas run as they would outside an autocast scope (Note [Autocast]), so backward()
+  // inside one, as a pipeline's train_step calls it, gives the gradients it gives outside.
+  autocast no_autocast(kBFloat16, false);
   std::vector<std::function<void()>> callbacks;
   auto* outer = t_backward_callbacks;
   t_backward_callbacks = &callbacks;

@@ -383,6 +383,11 @@ class Backend {
 
   /// Its table of fused kernels (Note [Fused kernels]); the default offers none.
   virtual FusedKernels& fused();
+  /// Whether autocast keeps activations in float16/bfloat16 on this device (Note [Autocast] in
+  /// src/ops/autocast.cpp): true where the kernels read and write halves directly, so that half
+  /// outputs halve the activations' memory and traffic (a GPU); false, the default, where half
+  /// arithmetic widens to float32 anyway (the CPU), and autocast's products return float32.
+  virtual bool autocast_half_activations() const { return false; }
 };
 
 /// The backend that runs tensors on device; NotImplementedError when the device is not compiled

@@ -56,9 +56,10 @@ DType compute_type(DType t) {
   return t;
 }
 
-// The table is in dtype.h (Note [Type promotion]). Storage types promote to their compute_type,
-// since kernels do not compute in them.
+// The table is in dtype.h (Note [Type promotion]). int8 and uint8 promote as int32; the half types
+// rank between the integers and float32, and two different ones meet in float32.
 DType promote_types(DType a, DType b) {
+  if (a == b && is_half(a)) return a;
   auto rank = [](DType t) {
     switch (t) {
       case DType::Bool: return 0;
@@ -67,14 +68,18 @@ DType promote_types(DType a, DType b) {
       case DType::Int32: return 1;
       case DType::Int64: return 2;
       case DType::Float16:
-      case DType::BFloat16:
-      case DType::Float32: return 3;
-      case DType::Float64: return 4;
+      case DType::BFloat16: return 3;
+      case DType::Float32: return 4;
+      case DType::Float64: return 5;
     }
     return 0;
   };
-  static const DType by_rank[] = {DType::Bool, DType::Int32, DType::Int64, DType::Float32, DType::Float64};
-  return by_rank[std::max(rank(a), rank(b))];
+  const int ra = rank(a), rb = rank(b);
+  if (ra == 3 && rb < 3) return a;  // a half tensor with an integer or bool one keeps its dtype
+  if (rb == 3 && ra < 3) return b;
+  static const DType by_rank[] = {DType::Bool, DType::Int32, DType::Int64, DType::Float32, DType::Float32,
+                                  DType::Float64};
+  return by_rank[std::max(ra, rb)];
 }
 
 bool scalar_fits(double v, DType t) {
@@ -99,7 +104,7 @@ bool scalar_fits(double v, DType t) {
 }
 
 DType scalar_result_type(DType t, double v) {
-  if (is_floating(t)) return is_compute_type(t) ? t : DType::Float32;
+  if (is_floating(t)) return t;
   const DType as_int = t == DType::Bool ? DType::Int64 : compute_type(t);
   const bool whole = std::isfinite(v) && v == std::trunc(v);
   return whole && scalar_fits(v, as_int) ? as_int : DType::Float32;

@@ -4,6 +4,7 @@
 // is no dropout. Both directions' formulas live here.
 #include <cmath>
 #include <limits>
+#include <optional>
 
 #include "braid/amp.h"
 #include "ops/common.h"
@@ -59,10 +60,21 @@ struct Composite {
   Tensor out, probs, keep;  // keep: dropout's scaled mask, undefined without dropout
 };
 
-// The composite forward with forward ops (recorded, and traced, when the caller lets them be).
+// The operands as the products read them: rounded to the autocast dtype and widened to float32.
+struct Rounding {
+  bool amp = false;
+  DType low = kBFloat16;
+  Tensor operator()(const Tensor& t) const { return amp ? cast(cast(t, low), kFloat32) : t; }
+};
+
+// The composite forward with forward ops (recorded, and traced, when the caller lets them be). Under
+// autocast (rd.amp) the products read operands rounded as rd rounds them and the rest runs in float32,
+// whatever the device's rule for products (Note [Autocast]): the op's output is rounded once, after.
 Composite composite(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, bool causal, double scale,
-                    double p, Generator* gen) {
-  Tensor s = matmul(q * scale, k.mT());
+                    double p, Generator* gen, const Rounding& rd = Rounding{}) {
+  std::optional<autocast> off;
+  if (rd.amp) off.emplace(rd.low, false);
+  Tensor s = matmul(rd(q * scale), rd(k).mT());
   const Tensor bias = score_bias(mask, causal, s);
   if (bias.defined()) s = s + bias;
   Composite c;
@@ -75,16 +87,9 @@ Composite composite(const Tensor& q, const Tensor& k, const Tensor& v, const Ten
     c.keep = bernoulli(a.shape(), 1.0 - p, a.dtype(), gen, a.device()) * (1.0 / (1.0 - p));
     a = a * c.keep;
   }
-  c.out = matmul(a, v);
+  c.out = matmul(rd(a), rd(v));
   return c;
 }
-
-// The operands as the products read them: rounded to the autocast dtype and widened back.
-struct Rounding {
-  bool amp = false;
-  DType low = kBFloat16;
-  Tensor operator()(const Tensor& t) const { return amp ? cast(cast(t, low), t.dtype()) : t; }
-};
 
 // Note [Attention as one node]'s backward of the composite, into r's slots q, k, v, mask.
 void composite_grads(const Tensor& g, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& probs,
@@ -204,23 +209,31 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   Rounding rd;
   rd.amp = autocasts(q, k) && autocasts(q, v);
   rd.low = rd.amp ? autocast_dtype() : kBFloat16;
+  if (!rd.amp && is_half(q.dtype())) {  // half operands outside a scope: float32 inside, rounded once
+    const Tensor m = attn_mask.defined() && is_half(attn_mask.dtype()) ? cast(attn_mask, kFloat32) : attn_mask;
+    return cast(scaled_dot_product_attention(cast(q, kFloat32), cast(k, kFloat32), cast(v, kFloat32), m, dropout_p,
+                                             is_causal, sc, gen),
+                q.dtype());
+  }
+  // On autocast's lower-precision list: the float32 result rounded to the device's output dtype.
+  const auto rounded = [&](const Tensor& out) { return rd.amp ? cast(out, autocast_output_dtype(q)) : out; };
   const bool mask_grad = attn_mask.defined() && attn_mask.dtype() != kBool && needs_grad(attn_mask);
   if (dropout_p == 0.0 && !mask_grad) {
     Tensor out = fused(q, k, v, attn_mask, is_causal, sc, rd);
-    if (out.defined()) return out;
+    if (out.defined()) return rounded(out);
   }
   const bool grad = needs_grad({q, k, v, attn_mask});
   Composite c;
   {
     NoGradGuard no_grad;
     c = composite(q.detach(), k.detach(), v.detach(), attn_mask.defined() ? attn_mask.detach() : attn_mask, is_causal,
-                  sc, dropout_p, gen);
+                  sc, dropout_p, gen, rd);
   }
-  if (!grad) return c.out;
+  if (!grad) return rounded(c.out);
   const Tensor mask_in = mask_grad ? attn_mask : Tensor();
-  return record(op, c.out, {q, k, v, mask_in},
-                [q = q.detach(), k = k.detach(), v = v.detach(), probs = c.probs, keep = c.keep, sc, rd](
-                    const Tensor& g, Grads& r) { composite_grads(g, q, k, v, probs, keep, sc, rd, r); });
+  return rounded(record(op, c.out, {q, k, v, mask_in},
+                        [q = q.detach(), k = k.detach(), v = v.detach(), probs = c.probs, keep = c.keep, sc, rd](
+                            const Tensor& g, Grads& r) { composite_grads(g, q, k, v, probs, keep, sc, rd, r); }));
 }
 
 }  // namespace braid

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <string_view>
 
+#include "braid/amp.h"
 #include "ops/common.h"
 
 namespace braid {
@@ -89,6 +90,8 @@ Tensor div(const Tensor& a, const Tensor& b) {
 }
 
 Tensor pow(const Tensor& a, const Tensor& b) {
+  if (autocast_enabled() && ((a.defined() && is_half(a.dtype())) || (b.defined() && is_half(b.dtype()))))
+    return pow(autocast_float32(a), autocast_float32(b));  // on autocast's float32 list (Note [Autocast])
   return arith("pow", BinaryOp::Pow, a, b, [](const Tensor& g, const Tensor& a, const Tensor& b, const Tensor& o, Grads& r) {
     Tensor zero = scalar_like(o, 0);
     if (r.needs(0)) r.set(0, where(eq(b, zero), scalar_like(o, 0), g * b * pow(a, b - 1.0)));

@@ -2,7 +2,10 @@
 // recorded) building blocks that run a backend primitive into a fresh output.
 #pragma once
 
+#include <optional>
+
 #include "autograd/function.h"
+#include "braid/amp.h"
 #include "backend/backend.h"
 #include "braid/autograd.h"
 #include "braid/ops.h"
@@ -13,13 +16,35 @@ namespace braid::detail {
 
 inline Backend& backend_of(const Tensor& t) { return backend_for(t.device()); }
 
-/// Rejects undefined tensors and the storage-only types (float16, bfloat16, int8, uint8).
+/// Rejects undefined tensors and the storage-only types (int8, uint8). float16 and bfloat16 compute
+/// (Note [Half arithmetic] in backend/backend.h); an op that does not take them uses check_no_half too.
 inline void check_compute(const Tensor& t, const char* op) {
   BRAID_CHECK(t.defined(), op, ": got an undefined tensor");
-  BRAID_CHECK_T(TypeError, is_compute_type(t.dtype()), op, ": ", dtype_name(t.dtype()), " is a storage type; cast to ",
-                dtype_name(compute_type(t.dtype())), " first (x.to(k", is_floating(t.dtype()) ? "Float32" : "Int32",
-                "))");
+  BRAID_CHECK_T(TypeError, is_compute_type(t.dtype()) || is_half(t.dtype()), op, ": ", dtype_name(t.dtype()),
+                " is a storage type; cast to ", dtype_name(compute_type(t.dtype())), " first (x.to(kInt32))");
 }
+
+/// check_compute, and float16/bfloat16 refused too: for the ops that have no half form.
+inline void check_no_half(const Tensor& t, const char* op) {
+  check_compute(t, op);
+  BRAID_CHECK_T(TypeError, !is_half(t.dtype()), op, ": ", dtype_name(t.dtype()),
+                " is not supported here; cast to float32 first (x.to(kFloat32))");
+}
+
+/// f(x), for an op of several steps that a half input would round at each: f runs on x widened to
+/// float32 and its result is rounded once to x's dtype, as PyTorch's float32 "opmath" does (Note
+/// [Half arithmetic]); both casts are recorded, so the gradient comes back in x's dtype. f(x) itself
+/// for every other dtype.
+template <typename F>
+Tensor via_float32(const Tensor& x, F&& f) {
+  if (!x.defined() || !is_half(x.dtype())) return f(x);
+  return cast(f(cast(x, kFloat32)), x.dtype());
+}
+
+/// The dtype the lower-precision list (the matmul class, convolutions, attention) returns on x's
+/// device inside an autocast scope: the scope's dtype where the device keeps half activations, else
+/// float32 (Note [Autocast]).
+DType autocast_output_dtype(const Tensor& x);
 
 /// Floating-point ops promote integer and bool input to float32, as PyTorch does.
 inline Tensor float_input(const Tensor& t, const char* op) {
@@ -33,9 +58,9 @@ bool autocast_eligible(const Tensor& t);
 /// eligible. The matmul class checks this before check_compute, which refuses the half types.
 bool autocasts(const Tensor& a, const Tensor& b);
 /// A matrix product through the backend, not recorded: a and b (..., M, K) and (..., K, N) of one
-/// dtype with broadcastable batch axes, the shapes checked here; out has a's dtype, or float32 for
-/// half operands (Note [Autocast]).
-Tensor matmul_raw(const Tensor& a, const Tensor& b);
+/// dtype with broadcastable batch axes, the shapes checked here; out has a's dtype, or for half
+/// operands float32 unless out_dtype gives their own dtype (Note [Autocast]).
+Tensor matmul_raw(const Tensor& a, const Tensor& b, std::optional<DType> out_dtype = std::nullopt);
 
 inline void check_same_device(const Tensor& a, const Tensor& b, const char* op) {
   BRAID_CHECK_T(TypeError, a.device() == b.device(), op, ": tensors are on different devices (", a.device().str(),

@@ -42,6 +42,21 @@ Tensor operand(const Tensor& t, bool amp) { return amp ? cast_raw(t.detach(), au
 // A saved operand as backward uses it: the rounded half operands of autocast widened to float32.
 Tensor widened(const Tensor& t) { return is_compute_type(t.dtype()) ? t : cast(t, kFloat32); }
 
+// The dtype a convolution returns: autocast's rule on x's device (Note [Autocast]), else x's own
+// (half operands outside a scope give half, as in PyTorch). The products accumulate in float32.
+DType output_dtype(const Tensor& x, bool amp) { return amp ? autocast_output_dtype(x) : x.dtype(); }
+
+// The saved operands x and w and the output gradient g as the backward products read them: with a
+// half gradient (half activations, Note [Autocast]) the half operands as they are, into float32
+// results; otherwise widened to float32.
+struct BackwardOperands {
+  Tensor x, w, g;
+};
+BackwardOperands backward_operands(const Tensor& xs, const Tensor& ws, const Tensor& g) {
+  if (is_half(g.dtype()) && is_half(xs.dtype())) return {xs, ws, cast_raw(g, xs.dtype())};
+  return {widened(xs), widened(ws), widened(g)};
+}
+
 // x (N, C, *spatial) and weight (C_out, C / groups, *kernel), or (C, C_out / groups, *kernel) when
 // transposed, plus the optional bias (C_out). Under autocast the three may have different dtypes.
 void check_conv(const char* op, const Tensor& x, const Tensor& w, const Tensor& bias, int64_t groups, int64_t spatial,
@@ -281,14 +296,15 @@ Tensor conv_recorded(const Tensor& x, const Tensor& w, const Tensor& bias_in, co
   const bool amp = conv_autocasts(x, w, bias_in);
   // Nothing to record or trace: the operands as they are (detaching them makes three TensorImpls
   // that only backward would read; Note [Channels-last activations in inference] applies).
-  if (!records && !amp) return conv_forward(x, w, bias_in, win, groups, epilogue, true);
+  if (!records && !amp) return cast_raw(conv_forward(x, w, bias_in, win, groups, epilogue, true), x.dtype());
   const Tensor bias = amp && bias_in.defined() ? cast(bias_in, kFloat32) : bias_in;
   const Tensor xs = operand(x, amp), ws = operand(w, amp);
   // Note [Channels-last activations in inference]: only where no node records.
   Tensor out = conv_forward(xs, ws, bias.defined() ? bias.detach() : bias, win, groups, epilogue, !records);
+  out = cast_raw(out, output_dtype(x, amp));
   traced("conv2d", out, {x, w, bias}, {{win.kh, win.kw, win.sh, win.sw, win.ph, win.pw, win.dh, win.dw, groups}, {}});
-  return record("conv2d", out, {x, w, bias}, [xs, ws, win, groups](const Tensor& g, Grads& r) {
-    const Tensor x = widened(xs), w = widened(ws);
+  return record("conv2d", out, {x, w, bias}, [xs, ws, win, groups](const Tensor& g_in, Grads& r) {
+    const auto [x, w, g] = backward_operands(xs, ws, g_in);
     const ChannelMajor gz(g, groups);
     if (r.needs(0)) r.set(0, conv_adjoint(gz, w, win, x.shape(), Tensor()));
     if (r.needs(1)) r.set(1, conv_weight_grad(x, gz, win, w.shape()));
@@ -461,8 +477,9 @@ Tensor conv_transpose2d(const Tensor& x, const Tensor& weight, const Tensor& bia
                      win.dw == 1 && out_pad[0] == 0 && out_pad[1] == 0 && is_compute_type(xs.dtype());
   Tensor out = tiles ? tiled_transpose(xs, ws, b.defined() ? b.detach() : b, win)
                      : conv_adjoint(ChannelMajor(xs, groups), ws, win, out_shape, b.defined() ? b.detach() : b);
-  return record(op, out, {x, weight, b}, [xs, ws, win, groups](const Tensor& g, Grads& r) {
-    const Tensor x = widened(xs), w = widened(ws);
+  out = cast_raw(out, output_dtype(x, amp));
+  return record(op, out, {x, weight, b}, [xs, ws, win, groups](const Tensor& g_in, Grads& r) {
+    const auto [x, w, g] = backward_operands(xs, ws, g_in);
     if (r.needs(0)) r.set(0, conv_forward(g, w, Tensor(), win, groups));
     if (r.needs(1)) r.set(1, conv_weight_grad(g, ChannelMajor(x, groups), win, w.shape()));
     if (r.needs(2)) r.set(2, sum(g, {0, 2, 3}));

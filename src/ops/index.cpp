@@ -1,5 +1,6 @@
 // Indexing ops: gather, index_select, scatter_add and one_hot. Index values are checked against
 // the axis size at the front door, so the kernels never read or write out of bounds.
+#include "braid/amp.h"
 #include "ops/common.h"
 
 namespace braid {
@@ -20,6 +21,10 @@ Tensor gather_raw(const Tensor& x, int64_t a, const Tensor& idx) {
   backend_of(x).gather(x, a, idx, out);
   return out;
 }
+// A gradient that scatter_add sums into: a half one widened to float32, so that the sums round once
+// (the engine rounds the result to the input's dtype).
+Tensor accumulable(const Tensor& g) { return is_half(g.dtype()) ? cast(g, kFloat32) : g; }
+
 }  // namespace
 
 Tensor gather(const Tensor& x, int64_t axis, const Tensor& index) {
@@ -34,9 +39,10 @@ Tensor gather(const Tensor& x, int64_t axis, const Tensor& index) {
   Tensor idx = checked_index(index, x.shape()[a], "gather", axis);
   Tensor out = gather_raw(x, a, idx);
   traced("gather", out, {x, index}, {{a}, {}});
-  if (!is_floating(x.dtype()) || !is_compute_type(x.dtype())) return out;
+  if (!is_floating(x.dtype())) return out;
   Shape in_shape = x.shape();
-  return record("gather", out, {x}, [idx, a, in_shape](const Tensor& g, Grads& r) {
+  return record("gather", out, {x}, [idx, a, in_shape](const Tensor& g_in, Grads& r) {
+    const Tensor g = accumulable(g_in);
     r.set(0, scatter_add(zeros(in_shape, g.dtype(), g.device()), a, idx, g));
   });
 }
@@ -59,9 +65,10 @@ Tensor index_select(const Tensor& x, int64_t axis, const Tensor& index) {
   Tensor wide = broadcast_view(idx.reshape(view_shape), out_shape);
   Tensor out = gather_raw(x, a, wide);
   traced("index_select", out, {x, index}, {{a}, {}});
-  if (!is_floating(x.dtype()) || !is_compute_type(x.dtype())) return out;
+  if (!is_floating(x.dtype())) return out;
   Shape in_shape = x.shape();
-  return record("index_select", out, {x}, [wide, a, in_shape](const Tensor& g, Grads& r) {
+  return record("index_select", out, {x}, [wide, a, in_shape](const Tensor& g_in, Grads& r) {
+    const Tensor g = accumulable(g_in);
     r.set(0, scatter_add(zeros(in_shape, g.dtype(), g.device()), a, wide, g));
   });
 }
@@ -69,6 +76,12 @@ Tensor index_select(const Tensor& x, int64_t axis, const Tensor& index) {
 Tensor scatter_add(const Tensor& x, int64_t axis, const Tensor& index, const Tensor& src) {
   check_compute(x, "scatter_add");
   check_compute(src, "scatter_add");
+  if (autocast_enabled() && x.dtype() != src.dtype() && is_floating(x.dtype()) && is_floating(src.dtype())) {
+    const DType t = promote_types(x.dtype(), src.dtype());  // on autocast's promote list (Note [Autocast])
+    return scatter_add(cast(x, t), axis, index, cast(src, t));
+  }
+  if (is_half(x.dtype()) && src.dtype() == x.dtype())  // float32 sums, rounded once (Note [Half arithmetic])
+    return cast(scatter_add(cast(x, kFloat32), axis, index, cast(src, kFloat32)), x.dtype());
   check_same_device(x, index, "scatter_add");
   check_same_device(x, src, "scatter_add");
   BRAID_CHECK_T(TypeError, src.dtype() == x.dtype(), "scatter_add: src is ", dtype_name(src.dtype()), " but the input is ",

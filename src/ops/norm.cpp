@@ -4,6 +4,7 @@
 // broadcast arithmetic where it does not.
 #include <tuple>
 
+#include "braid/amp.h"
 #include "ops/common.h"
 
 namespace braid {
@@ -64,6 +65,13 @@ Tensor affine(const Tensor& a, const Tensor& sa, const Tensor& shift, const Tens
 
 std::vector<Tensor> batch_norm_training(const Tensor& x, const Tensor& weight_in, const Tensor& bias_in, double eps) {
   const char* op = "batch_norm_training";
+  if (x.defined() && is_half(x.dtype())) {
+    // Half activations (Note [Autocast]): the statistics and the normalisation in float32, y rounded
+    // once to x's dtype, as PyTorch's mixed-dtype batch norm. The node keeps the float32 copy of x.
+    std::vector<Tensor> r = batch_norm_training(cast(x, kFloat32), weight_in, bias_in, eps);
+    r[0] = cast(r[0], x.dtype());
+    return r;
+  }
   check_compute(x, op);
   BRAID_CHECK_T(TypeError, is_floating(x.dtype()), op, ": input must be floating-point, got ", dtype_name(x.dtype()));
   BRAID_CHECK(x.dim() >= 2, op, ": expected an (N, C, ...) input, got shape ", shape_str(x.shape()));
@@ -112,6 +120,8 @@ Tensor channel_affine(const Tensor& x, const Tensor& scale, const Tensor& shift)
       x.dim() >= 2 && scale.dim() == 1 && shift.dim() == 1 && scale.numel() == x.size(1) && shift.numel() == x.size(1),
       "channel_affine: expected x (N, C, ...) with scale and shift (C), got shapes ", shape_str(x.shape()), ", ",
       shape_str(scale.shape()), " and ", shape_str(shift.shape()));
+  if (is_half(x.dtype()) && scale.dtype() != x.dtype())  // float32 arithmetic, rounded once (Note [Half arithmetic])
+    return via_float32(x, [&](const Tensor& w) { return channel_affine(w, scale, shift); });
   if (!needs_grad(x) && !needs_grad(scale) && !needs_grad(shift) && active_trace() == nullptr && x.numel() > 0 &&
       scale.dtype() == x.dtype() && shift.dtype() == x.dtype() && scale.device() == x.device() &&
       shift.device() == x.device()) {
@@ -170,6 +180,12 @@ std::vector<Tensor> layer_norm_values(const Tensor& x, int64_t n, const std::vec
 std::vector<Tensor> layer_norm_with_stats(const Tensor& x, int64_t k, const Tensor& weight, const Tensor& bias,
                                           double eps) {
   BRAID_CHECK(x.defined(), "layer_norm: the input is undefined");
+  if (is_half(x.dtype())) {
+    // On autocast's float32 list (Note [Autocast]); outside a scope float32 inside, y rounded once.
+    std::vector<Tensor> r = layer_norm_with_stats(cast(x, kFloat32), k, weight, bias, eps);
+    if (!autocast_enabled()) r[0] = cast(r[0], x.dtype());
+    return r;
+  }
   BRAID_CHECK(k >= 1 && k <= x.dim(), "layer_norm: normalized_dims ", k, " is out of range for input shape ",
               shape_str(x.shape()));
   BRAID_CHECK(eps >= 0, "layer_norm: eps must be non-negative, got ", eps);

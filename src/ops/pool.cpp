@@ -79,6 +79,8 @@ Tensor max_pool2d(const Tensor& x, const std::vector<int64_t>& kernel, const std
                   const std::vector<int64_t>& padding, const std::vector<int64_t>& dilation, bool ceil_mode) {
   if (x.defined() && x.dim() == 3)
     return max_pool2d(x.unsqueeze(0), kernel, stride, padding, dilation, ceil_mode).squeeze(0);
+  if (x.defined() && is_half(x.dtype()))  // through float32 (exact: a max rounds nothing), Note [Half arithmetic]
+    return via_float32(x, [&](const Tensor& w) { return max_pool2d(w, kernel, stride, padding, dilation, ceil_mode); });
   check_pool_input(x, "max_pool2d");
   const Window2d win = pool_window("max_pool2d", x, kernel, stride, padding, dilation, ceil_mode);
   const int64_t n = x.shape()[0], c = x.shape()[1];
@@ -108,6 +110,8 @@ Tensor avg_pool2d(const Tensor& x, const std::vector<int64_t>& kernel, const std
                   const std::vector<int64_t>& padding, bool ceil_mode, bool count_include_pad) {
   if (x.defined() && x.dim() == 3)
     return avg_pool2d(x.unsqueeze(0), kernel, stride, padding, ceil_mode, count_include_pad).squeeze(0);
+  if (x.defined() && is_half(x.dtype()))  // float32 sums, rounded once (Note [Half arithmetic])
+    return via_float32(x, [&](const Tensor& w) { return avg_pool2d(w, kernel, stride, padding, ceil_mode, count_include_pad); });
   check_pool_input(x, "avg_pool2d");
   const Window2d win = pool_window("avg_pool2d", x, kernel, stride, padding, {1, 1}, ceil_mode);
   Tensor out = new_like(x, {x.shape()[0], x.shape()[1], win.oh, win.ow}, x.dtype());

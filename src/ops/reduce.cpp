@@ -2,6 +2,7 @@
 // numerically stable softmax family. Gradients of reductions broadcast back over reduced axes.
 #include <cmath>
 
+#include "braid/amp.h"
 #include "ops/common.h"
 
 namespace braid {
@@ -31,7 +32,8 @@ Tensor stable_shift(const Tensor& x, const std::vector<int64_t>& axes, bool fini
 
 }  // namespace
 
-Tensor sum(const Tensor& x, const std::vector<int64_t>& axes_in, bool keepdim) {
+Tensor sum(const Tensor& x_in, const std::vector<int64_t>& axes_in, bool keepdim) {
+  const Tensor x = autocast_float32(x_in);  // on autocast's float32 list (Note [Autocast])
   check_compute(x, "sum");
   std::vector<int64_t> axes = normalize_axes(axes_in, x.dim(), "sum");
   DType t = accumulate_type(x.dtype());
@@ -45,6 +47,7 @@ Tensor sum(const Tensor& x, const std::vector<int64_t>& axes_in, bool keepdim) {
 }
 
 Tensor mean(const Tensor& x, const std::vector<int64_t>& axes_in, bool keepdim) {
+  if (x.defined() && is_half(x.dtype())) return via_float32(x, [&](const Tensor& w) { return mean(w, axes_in, keepdim); });
   Tensor xf = float_input(x, "mean");
   std::vector<int64_t> axes = normalize_axes(axes_in, x.dim(), "mean");
   int64_t n = 1;
@@ -52,7 +55,8 @@ Tensor mean(const Tensor& x, const std::vector<int64_t>& axes_in, bool keepdim) 
   return sum(xf, axes, keepdim) / static_cast<double>(n);
 }
 
-Tensor prod(const Tensor& x, const std::vector<int64_t>& axes_in, bool keepdim) {
+Tensor prod(const Tensor& x_in, const std::vector<int64_t>& axes_in, bool keepdim) {
+  const Tensor x = autocast_float32(x_in);  // on autocast's float32 list (Note [Autocast])
   check_compute(x, "prod");
   std::vector<int64_t> axes = normalize_axes(axes_in, x.dim(), "prod");
   DType t = accumulate_type(x.dtype());
@@ -151,6 +155,8 @@ Tensor all(const Tensor& x, const std::vector<int64_t>& axes, bool keepdim) {
 }
 
 Tensor var(const Tensor& x_in, const std::vector<int64_t>& axes_in, int64_t correction, bool keepdim) {
+  if (x_in.defined() && is_half(x_in.dtype()))
+    return via_float32(x_in, [&](const Tensor& w) { return var(w, axes_in, correction, keepdim); });
   Tensor x = float_input(x_in, "var");
   std::vector<int64_t> axes = normalize_axes(axes_in, x.dim(), "var");
   int64_t n = 1;
@@ -167,6 +173,9 @@ Tensor std(const Tensor& x, const std::vector<int64_t>& axes, int64_t correction
 }
 
 Tensor logsumexp(const Tensor& x_in, const std::vector<int64_t>& axes_in, bool keepdim) {
+  if (x_in.defined() && is_half(x_in.dtype()))  // on autocast's float32 list; else rounded once (Note [Autocast])
+    return autocast_enabled() ? logsumexp(cast(x_in, kFloat32), axes_in, keepdim)
+                              : via_float32(x_in, [&](const Tensor& w) { return logsumexp(w, axes_in, keepdim); });
   Tensor x = float_input(x_in, "logsumexp");
   std::vector<int64_t> axes = normalize_axes(axes_in, x.dim(), "logsumexp");
   // Shifting by the (constant) max keeps exp in range and does not change the gradient. A sum of
@@ -177,6 +186,9 @@ Tensor logsumexp(const Tensor& x_in, const std::vector<int64_t>& axes_in, bool k
 }
 
 Tensor softmax(const Tensor& x_in, int64_t axis) {
+  if (x_in.defined() && is_half(x_in.dtype()))  // on autocast's float32 list; else rounded once (Note [Autocast])
+    return autocast_enabled() ? softmax(cast(x_in, kFloat32), axis)
+                              : via_float32(x_in, [&](const Tensor& w) { return softmax(w, axis); });
   Tensor x = float_input(x_in, "softmax");
   int64_t a = normalize_axis_or_scalar(axis, x.dim(), "softmax");
   Tensor y;
@@ -199,6 +211,9 @@ Tensor softmax(const Tensor& x_in, int64_t axis) {
 }
 
 Tensor log_softmax(const Tensor& x_in, int64_t axis) {
+  if (x_in.defined() && is_half(x_in.dtype()))  // on autocast's float32 list; else rounded once (Note [Autocast])
+    return autocast_enabled() ? log_softmax(cast(x_in, kFloat32), axis)
+                              : via_float32(x_in, [&](const Tensor& w) { return log_softmax(w, axis); });
   Tensor x = float_input(x_in, "log_softmax");
   int64_t a = normalize_axis_or_scalar(axis, x.dim(), "log_softmax");
   Tensor y;

@@ -54,17 +54,17 @@ Tensor abs(const Tensor& x) {
   return any_unary("abs", UnaryOp::Abs, x, [](const Tensor& g, const Tensor& x, const Tensor&) { return g * sign(x); });
 }
 Tensor exp(const Tensor& x) {
-  return float_unary("exp", UnaryOp::Exp, x, [](const Tensor& g, const Tensor&, const Tensor& y) { return g * y; });
+  return float_unary("exp", UnaryOp::Exp, autocast_float32(x), [](const Tensor& g, const Tensor&, const Tensor& y) { return g * y; });
 }
 Tensor log(const Tensor& x) {
-  return float_unary("log", UnaryOp::Log, x, [](const Tensor& g, const Tensor& x, const Tensor&) { return g / x; });
+  return float_unary("log", UnaryOp::Log, autocast_float32(x), [](const Tensor& g, const Tensor& x, const Tensor&) { return g / x; });
 }
 Tensor log1p(const Tensor& x) {
-  return float_unary("log1p", UnaryOp::Log1p, x,
+  return float_unary("log1p", UnaryOp::Log1p, autocast_float32(x),
                      [](const Tensor& g, const Tensor& x, const Tensor&) { return g / (x + 1.0); });
 }
 Tensor expm1(const Tensor& x) {
-  return float_unary("expm1", UnaryOp::Expm1, x,
+  return float_unary("expm1", UnaryOp::Expm1, autocast_float32(x),
                      [](const Tensor& g, const Tensor&, const Tensor& y) { return g * (y + 1.0); });
 }
 Tensor sqrt(const Tensor& x) {
@@ -72,7 +72,7 @@ Tensor sqrt(const Tensor& x) {
                      [](const Tensor& g, const Tensor&, const Tensor& y) { return g * 0.5 / y; });
 }
 Tensor rsqrt(const Tensor& x) {
-  return float_unary("rsqrt", UnaryOp::Rsqrt, x,
+  return float_unary("rsqrt", UnaryOp::Rsqrt, autocast_float32(x),
                      [](const Tensor& g, const Tensor&, const Tensor& y) { return g * -0.5 * y * y * y; });
 }
 Tensor square(const Tensor& input) {
@@ -82,7 +82,7 @@ Tensor square(const Tensor& input) {
                    [](const Tensor& g, const Tensor& x, const Tensor&) { return g * 2.0 * x; });
 }
 Tensor reciprocal(const Tensor& x) {
-  return float_unary("reciprocal", UnaryOp::Reciprocal, x,
+  return float_unary("reciprocal", UnaryOp::Reciprocal, autocast_float32(x),
                      [](const Tensor& g, const Tensor&, const Tensor& y) { return -g * y * y; });
 }
 Tensor sin(const Tensor& x) {
@@ -140,7 +140,7 @@ Tensor hardswish(const Tensor& x) {
   });
 }
 Tensor softplus(const Tensor& x) {
-  return float_unary("softplus", UnaryOp::Softplus, x,
+  return float_unary("softplus", UnaryOp::Softplus, autocast_float32(x),
                      [](const Tensor& g, const Tensor& x, const Tensor&) { return g * sigmoid(x); });
 }
 Tensor erf(const Tensor& x) {
@@ -150,11 +150,11 @@ Tensor erf(const Tensor& x) {
 }
 // d asin = 1 / sqrt(1 - x^2), d acos = -1 / sqrt(1 - x^2), d atan = 1 / (1 + x^2).
 Tensor asin(const Tensor& x) {
-  return float_unary("asin", UnaryOp::Asin, x,
+  return float_unary("asin", UnaryOp::Asin, autocast_float32(x),
                      [](const Tensor& g, const Tensor& x, const Tensor&) { return g * rsqrt(1.0 - x * x); });
 }
 Tensor acos(const Tensor& x) {
-  return float_unary("acos", UnaryOp::Acos, x,
+  return float_unary("acos", UnaryOp::Acos, autocast_float32(x),
                      [](const Tensor& g, const Tensor& x, const Tensor&) { return -g * rsqrt(1.0 - x * x); });
 }
 Tensor atan(const Tensor& x) {
@@ -184,9 +184,10 @@ Tensor gelu(const Tensor& input, const std::string& approximate) {
   });
 }
 
-Tensor pow(const Tensor& x, double p) {
+Tensor pow(const Tensor& x_in, double p) {
   // The exponent is a scalar operand: a whole one keeps integer input integer (x ** 2), as PyTorch's
-  // Python int exponent does.
+  // Python int exponent does. On autocast's float32 list (Note [Autocast]).
+  const Tensor x = autocast_float32(x_in);
   check_compute(x, "pow");
   if (!is_floating(x.dtype()) && !is_floating(scalar_result_type(x.dtype(), p))) {
     BRAID_CHECK(p >= 0, "pow: integers to negative integer powers are not allowed (", dtype_name(x.dtype()), " ** ", p,

@@ -12,6 +12,9 @@ namespace braid::detail {
 class CudaBackend final : public Backend, public FusedKernels {
  public:
   FusedKernels& fused() override { return *this; }  // Note [Fused kernels]: the entries below that return bool
+  // Note [Autocast]: the kernels read and write float16/bfloat16 directly.
+  static constexpr bool kAutocastHalfActivations = true;
+  bool autocast_half_activations() const override { return kAutocastHalfActivations; }
   // cuda_backend.cpp: memory, transfers, ordering
   void* allocate(Device device, int64_t nbytes) override;
   void deallocate(Device device, void* p, int64_t nbytes) override;

@@ -124,15 +124,17 @@ namespace braid::detail {
 
 namespace {
 
-bool offered(bool cuda_declares) {
+bool offers_all() {
   static const bool all = [] {
     const std::string mode = detail::knob_text("BRAID_SHADOW_CAPS");
     if (mode == "cpu") return true;
     if (mode == "cuda") return false;
     throw ValueError(cat("BRAID_SHADOW_CAPS: expected 'cpu' or 'cuda', got '", mode, "'"));
   }();
-  return all || cuda_declares;
+  return all;
 }
+
+bool offered(bool cuda_declares) { return offers_all() || cuda_declares; }
 
 constexpr int kShadowDevices = 2;
 std::atomic<int64_t> g_pinned_allocations{0};
@@ -221,6 +223,11 @@ bool forward_fused(const char* primitive, Method method, Args&&... args) {
 class ShadowBackend final : public Backend, public FusedKernels {
  public:
   FusedKernels& fused() override { return *this; }  // Note [Fused kernels]
+  // As the CUDA backend under "cuda" capabilities, as the CPU otherwise (Note [The shadow device's
+  // capability set]).
+  bool autocast_half_activations() const override {
+    return offers_all() ? cpu_backend().autocast_half_activations() : CudaBackend::kAutocastHalfActivations;
+  }
   void* allocate(Device device, int64_t nbytes) override {
     void* p = std::aligned_alloc(64, static_cast<size_t>(nbytes));
     if (!p) throw Error(cat("out of memory allocating ", nbytes, " bytes on ", device.str()));
