@@ -4,6 +4,7 @@
 // with a per-dtype tolerance (bitwise where both sides round the same IEEE operations). Also the
 // Philox stream bit for bit, the allocator's statistics and out-of-memory error, and, on a machine
 // without a GPU (where every other test skips with the reason), that the absence is reported.
+// The half types' arithmetic (unary, binary, where, reduce) has its own suite, test_cuda_half.cpp.
 #include "cuda_parity.h"
 
 namespace braid {

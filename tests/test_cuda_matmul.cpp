@@ -1,8 +1,7 @@
 // Matrix products on CUDA through cuBLASLt (Note [Products through cuBLASLt] in
 // src/backend/cuda/matmul_lt.cpp) against the CPU backend: float32, float16 and bfloat16 operands
-// (half ones into float32 and into their own dtype)
-// in every layout the product takes, matmul_epilogue against its composite (the product, then the
-// steps as CPU ops), the algorithm table, the workspace in the allocator's statistics, and the
+// (half ones into float32 and into their own dtype) in every layout the product takes,
+// matmul_epilogue against its composite (the product, then the steps as CPU ops), the algorithm table, the workspace in the allocator's statistics, and the
 // TF32 mode of set_float32_matmul_precision against closed forms. Under the host emulation
 // (tools/cuda_emu) the emulated cuBLASLt's counters, read through weak symbols, also show which
 // library ran each product; on a GPU those checks are skipped and the values are still compared.
