@@ -1,7 +1,7 @@
 // Matrix products on CUDA through cuBLASLt (Note [Products through cuBLASLt] in
 // src/backend/cuda/matmul_lt.cpp) against the CPU backend: float32, float16 and bfloat16 operands
-// in every layout the product takes, matmul_epilogue against its composite (the product, then the
-// steps as CPU ops), the algorithm table, the workspace in the allocator's statistics, and the
+// (half ones into float32 and into their own dtype) in every layout the product takes,
+// matmul_epilogue against its composite (the product, then the steps as CPU ops), the algorithm table, the workspace in the allocator's statistics, and the
 // TF32 mode of set_float32_matmul_precision against closed forms. Under the host emulation
 // (tools/cuda_emu) the emulated cuBLASLt's counters, read through weak symbols, also show which
 // library ran each product; on a GPU those checks are skipped and the values are still compared.
@@ -63,17 +63,25 @@ TEST(CudaMatmul, LtProductsMatchTheCpu) {
        {"", {2, 3, k, n}, {3 * k * n, k * n, n, 1}}},
       {"batch-transposed", {"", {3, m, k}, {k, 3 * k, 1}}, {"", {3, k, n}, {k * n, n, 1}}},
   };
-  for (DType t : {kFloat32, kFloat16, kBFloat16}) {
+  // Half operands into float32 and into their own dtype (C/D of the half type, float32 compute):
+  // float32 results a few ulp apart, so halves equal or one ulp apart.
+  for (const auto& [t, out_t] : std::vector<std::pair<DType, DType>>{{kFloat32, kFloat32},
+                                                                     {kFloat16, kFloat32},
+                                                                     {kBFloat16, kFloat32},
+                                                                     {kFloat16, kFloat16},
+                                                                     {kBFloat16, kBFloat16}}) {
+    const Tol tol = out_t == kFloat16 ? Tol{1e-3, 1e-4} : out_t == kBFloat16 ? Tol{8e-3, 1e-4} : Tol{1e-5, 1e-5};
     for (const Case& c : cases) {
       const Operand a = operand(c.a, t, 61, {-1, 1, false}), b = operand(c.b, t, 62, {-1, 1, false});
       const long before = lt_products();
-      expect_parity("matmul " + c.name + " " + dtype_name(t), {1e-5, 1e-5}, [&](Device d) {
-        Tensor out = fresh(product_shape(c.a, c.b), kFloat32, d);
+      const std::string what = "matmul " + c.name + " " + dtype_name(t) + " -> " + dtype_name(out_t);
+      expect_parity(what, tol, [&](Device d) {
+        Tensor out = fresh(product_shape(c.a, c.b), out_t, d);
         backend(d).matmul(a.on(d), b.on(d), out);
         return out;
       });
       if (emulated()) {
-        EXPECT_GT(lt_products(), before) << c.name << " " << dtype_name(t) << ": not through cuBLASLt";
+        EXPECT_GT(lt_products(), before) << what << ": not through cuBLASLt";
       }
     }
   }
@@ -146,10 +154,12 @@ TEST(CudaMatmul, FallsBackToCublasWhereLtHasNoAlgorithm) {
   setenv("EMU_LT_DECLINE", "1", 1);
   const long before = lt_products();
   const Layout la{"", {11, 13}, {13, 1}}, lb{"", {13, 3}, {3, 1}};  // shapes no other test asks for
-  for (DType t : {kFloat32, kFloat16}) {
+  for (const auto& [t, out_t] : std::vector<std::pair<DType, DType>>{
+           {kFloat32, kFloat32}, {kFloat16, kFloat32}, {kFloat16, kFloat16}, {kBFloat16, kBFloat16}}) {
     const Operand a = operand(la, t, 12, {-1, 1, false}), b = operand(lb, t, 13, {-1, 1, false});
-    expect_parity("matmul through cuBLAS " + dtype_name(t), {1e-5, 1e-5}, [&](Device d) {
-      Tensor out = fresh({11, 3}, kFloat32, d);
+    const Tol tol = out_t == kFloat16 ? Tol{1e-3, 1e-4} : out_t == kBFloat16 ? Tol{8e-3, 1e-4} : Tol{1e-5, 1e-5};
+    expect_parity("matmul through cuBLAS " + dtype_name(t) + " -> " + dtype_name(out_t), tol, [&](Device d) {
+      Tensor out = fresh({11, 3}, out_t, d);
       backend(d).matmul(a.on(d), b.on(d), out);
       return out;
     });

@@ -1,10 +1,13 @@
 // cuBLASLt on the host: layouts with batch count and stride, transposes, the bias epilogue, TF32
-// operands; the heuristic offers one algorithm that asks for a workspace (1 MiB, or the limit).
+// operands, half operands into a float32 or a same-type half C/D (float32 compute, one rounding);
+// the heuristic offers one algorithm that asks for a workspace (1 MiB, or the limit).
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include "cublasLt.h"
-namespace braid::detail { float half_to_float(uint16_t); float bfloat16_to_float(uint16_t); }
+namespace braid::detail {
+float half_to_float(uint16_t); float bfloat16_to_float(uint16_t); uint16_t float_to_half(float); uint16_t float_to_bfloat16(float);
+}
 namespace {
 std::atomic<long> heuristic_calls{0}, matmul_calls{0};
 std::atomic<size_t> last_workspace{0};
@@ -20,7 +23,8 @@ cublasStatus_t shape(cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t a, cublasLt
                      cublasLtMatrixLayout_t d, int64_t& m, int64_t& n, int64_t& k) {
   const bool tf32 = op->compute == CUBLAS_COMPUTE_32F_FAST_TF32;
   if (op->scale != CUDA_R_32F || (op->compute != CUBLAS_COMPUTE_32F && !tf32) || a->type != b->type ||
-      c->type != CUDA_R_32F || d->type != CUDA_R_32F || a->type == CUDA_R_64F || (tf32 && a->type != CUDA_R_32F) ||
+      (c->type != CUDA_R_32F && c->type != a->type) || d->type != c->type || a->type == CUDA_R_64F ||
+      (tf32 && a->type != CUDA_R_32F) || (c->type != CUDA_R_32F && op->epilogue != CUBLASLT_EPILOGUE_DEFAULT) ||
       (op->epilogue != CUBLASLT_EPILOGUE_DEFAULT && op->epilogue != CUBLASLT_EPILOGUE_BIAS))
     return CUBLAS_STATUS_NOT_SUPPORTED;
   m = static_cast<int64_t>(op->transa ? a->cols : a->rows);
@@ -136,10 +140,11 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t op, const v
           if (tf32) { x = emu_tf32(x); y = emu_tf32(y); }
           sum += static_cast<double>(x) * y;
         }
-        float* out = static_cast<float*>(D) + t * d->stride + i + j * d->ld;
-        float v = static_cast<float>(al * sum + (be != 0 ? be * static_cast<double>(*out) : 0.0));
+        const int64_t at = t * d->stride + i + j * d->ld;
+        float v = static_cast<float>(al * sum + (be != 0 ? be * static_cast<double>(load(D, d->type, at)) : 0.0));
         if (bias) v = v + static_cast<const float*>(op->bias)[i];
-        *out = v;
+        if (d->type == CUDA_R_32F) static_cast<float*>(D)[at] = v;
+        else static_cast<uint16_t*>(D)[at] = d->type == CUDA_R_16F ? braid::detail::float_to_half(v) : braid::detail::float_to_bfloat16(v);
       }
   return CUBLAS_STATUS_SUCCESS;
 }

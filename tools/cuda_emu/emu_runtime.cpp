@@ -7,7 +7,9 @@
 #include <mutex>
 #include <map>
 #include "cublasLt.h"
-namespace braid::detail { float half_to_float(uint16_t); float bfloat16_to_float(uint16_t); }
+namespace braid::detail {
+float half_to_float(uint16_t); float bfloat16_to_float(uint16_t); uint16_t float_to_half(float); uint16_t float_to_bfloat16(float);
+}
 namespace {
 thread_local int current = 0;
 std::mutex mu;
@@ -111,7 +113,8 @@ static cublasStatus_t gemm(cublasOperation_t ta, cublasOperation_t tb, int m, in
   const bool tf32 = compute == CUBLAS_COMPUTE_32F_FAST_TF32;
   const bool ok = (at == bt) && ((at == CUDA_R_32F && ct == CUDA_R_32F && (compute == CUBLAS_COMPUTE_32F || tf32)) ||
                                  (at == CUDA_R_64F && ct == CUDA_R_64F && compute == CUBLAS_COMPUTE_64F) ||
-                                 ((at == CUDA_R_16F || at == CUDA_R_16BF) && ct == CUDA_R_32F && compute == CUBLAS_COMPUTE_32F));
+                                 ((at == CUDA_R_16F || at == CUDA_R_16BF) && (ct == CUDA_R_32F || ct == at) &&
+                                  compute == CUBLAS_COMPUTE_32F));
   if (!ok) return CUBLAS_STATUS_NOT_SUPPORTED;
   const double al = compute == CUBLAS_COMPUTE_64F ? *static_cast<const double*>(alpha) : *static_cast<const float*>(alpha);
   const double be = compute == CUBLAS_COMPUTE_64F ? *static_cast<const double*>(beta) : *static_cast<const float*>(beta);
@@ -125,7 +128,11 @@ static cublasStatus_t gemm(cublasOperation_t ta, cublasOperation_t tb, int m, in
       }
       const long long c = i + static_cast<long long>(j) * ldc;
       double v = al * s + (be != 0 ? be * load(C, ct, c) : 0);
-      if (ct == CUDA_R_32F) static_cast<float*>(C)[c] = static_cast<float>(v); else static_cast<double*>(C)[c] = v;
+      // A half C is rounded once from float32, as cuBLAS rounds its float32 result.
+      if (ct == CUDA_R_32F) static_cast<float*>(C)[c] = static_cast<float>(v);
+      else if (ct == CUDA_R_64F) static_cast<double*>(C)[c] = v;
+      else if (ct == CUDA_R_16F) static_cast<uint16_t*>(C)[c] = braid::detail::float_to_half(static_cast<float>(v));
+      else static_cast<uint16_t*>(C)[c] = braid::detail::float_to_bfloat16(static_cast<float>(v));
     }
   return CUBLAS_STATUS_SUCCESS;
 }

@@ -1,7 +1,10 @@
 // Binary elementwise kernels and where, with the CPU backend's rules (src/backend/cpu/binary.cpp):
 // arithmetic in the operands' dtype (integers wrap; bool + is or, * is and), comparisons and logic
-// into bool, maximum/minimum with NaN winning. An integer division by zero or a negative integer
-// power sets a device flag that is read back after the kernel and reported as the CPU reports it.
+// into bool, maximum/minimum with NaN winning. float16 and bfloat16 operands are loaded as float32,
+// go through the float32 functors and are rounded once on the store (Note [Half arithmetic] in
+// src/backend/backend.h). An integer division by zero or a negative integer power sets a device
+// flag that is read back after the kernel and reported as the CPU reports it. where moves the bits
+// of any dtype.
 // The CudaBackend methods, which unpack the tensors for them (host.h), follow the kernels.
 #include <iterator>
 #include <type_traits>
@@ -84,13 +87,17 @@ struct IntPow {
   }
 };
 
+// Elements of T computed as Compute<T> (float for the half types), stored as O.
 template <typename O, typename T, typename Op>
 struct BinaryFn {
+  using V = Compute<T>;
   O* out;
   const T* a;
   const T* b;
   Op op;
-  __device__ void operator()(const int64_t* off) const { out[off[0]] = static_cast<O>(op(a[off[1]], b[off[2]])); }
+  __device__ void operator()(const int64_t* off) const {
+    out[off[0]] = cast<O>(op(cast<V>(a[off[1]]), cast<V>(b[off[2]])));
+  }
 };
 
 template <typename T>
@@ -157,7 +164,7 @@ void arithmetic(BinaryOp op, const Launch<T>& l, int device, DType type) {
       default:
         BRAID_ASSERT(false, "unhandled binary op ", binary_name(op));
     }
-  } else {
+  } else {  // float, double and the half types (computed in float)
     switch (op) {
       case BinaryOp::Add:
         return l.template run<T, Add>();
@@ -217,7 +224,7 @@ struct WhereFn {
 void launch_binary(BinaryOp op, DType type, const Indexer<3>& ix, int64_t n, void* out, const void* a, const void* b,
                    int device, cudaStream_t stream) {
   const char* name = binary_name(op);
-  dispatch_compute(type, name, [&](auto tag) {
+  dispatch_arith(type, name, [&](auto tag) {
     using T = typename decltype(tag)::type;
     const Launch<T> l{ix, n, out, a, b, stream, name};
     if (op >= BinaryOp::Eq)
@@ -229,8 +236,8 @@ void launch_binary(BinaryOp op, DType type, const Indexer<3>& ix, int64_t n, voi
 
 void launch_where(DType type, const Indexer<4>& ix, int64_t n, void* out, const bool* cond, const void* a,
                   const void* b, cudaStream_t stream) {
-  // where moves bits; the dtype check keeps the CPU's set (the compute types).
-  if (!is_compute_type(type)) unsupported_dtype("where", type);
+  // where moves bits: every dtype, as the CPU (dispatch_all); the check names any other.
+  dispatch_all(type, "where", [](auto) {});
   dispatch_bits(static_cast<int>(dtype_size(type)), "where", [&](auto tag) {
     using B = typename decltype(tag)::type;
     launch_elementwise(ix, n,

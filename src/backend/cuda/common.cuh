@@ -78,6 +78,16 @@ void dispatch_compute(DType t, const char* op, F&& f) {
   unsupported_dtype(op, t);
 }
 
+/// dispatch_compute plus float16 and bfloat16, which the arithmetic kernels (unary, binary, reduce)
+/// load and compute in float32 and round once on the store (Note [Half arithmetic] in
+/// src/backend/backend.h).
+template <typename F>
+void dispatch_arith(DType t, const char* op, F&& f) {
+  if (t == DType::Float16) return f(Tag<F16>{});
+  if (t == DType::BFloat16) return f(Tag<BF16>{});
+  dispatch_compute(t, op, f);
+}
+
 /// dispatch_compute plus the storage types float16, bfloat16, int8 and uint8.
 template <typename F>
 void dispatch_all(DType t, const char* op, F&& f) {

@@ -97,4 +97,19 @@ __device__ inline To convert(From x) {
   }
 }
 
+/// The type a kernel computes an element of T in: float for the half types (Note [Half arithmetic]
+/// in src/backend/backend.h), T itself otherwise.
+template <typename T>
+using Compute = std::conditional_t<kIsHalf<T>, float, T>;
+
+/// x as To: convert where either side is a half type (widening exactly, narrowing with one rounding
+/// to nearest even), a plain static_cast otherwise.
+template <typename To, typename From>
+__device__ inline To cast(From x) {
+  if constexpr (kIsHalf<To> || kIsHalf<From>)
+    return convert<To>(x);
+  else
+    return static_cast<To>(x);
+}
+
 }  // namespace braid::detail::cuda

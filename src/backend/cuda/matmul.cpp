@@ -1,5 +1,6 @@
 // Batched matmul on cuBLASLt and cuBLAS: float32 and float64, and float16/bfloat16 operands into a
-// float32 out with float32 accumulation (autocast's case), through cuBLASLt first where it has an
+// float32 or a same-dtype out with float32 accumulation (autocast's case; a half out is C/D of the
+// half type, rounded once from the float32 accumulation), through cuBLASLt first where it has an
 // algorithm (matmul_lt.cpp; float64 always cuBLAS); integers go to a plain kernel (matmul_int.cu). Each
 // operand is read in place when its last two strides are a row- or column-major layout (so that
 // transposed views cost no copy) and its batch matrices are evenly spaced, else it is packed
@@ -116,6 +117,8 @@ GemmTypes gemm_types(DType ab, DType out) {
   if (ab == kFloat64 && out == kFloat64) return {CUDA_R_64F, CUDA_R_64F, CUBLAS_COMPUTE_64F};
   if (ab == kFloat16 && out == kFloat32) return {CUDA_R_16F, CUDA_R_32F, CUBLAS_COMPUTE_32F};
   if (ab == kBFloat16 && out == kFloat32) return {CUDA_R_16BF, CUDA_R_32F, CUBLAS_COMPUTE_32F};
+  if (ab == kFloat16 && out == kFloat16) return {CUDA_R_16F, CUDA_R_16F, CUBLAS_COMPUTE_32F};
+  if (ab == kBFloat16 && out == kBFloat16) return {CUDA_R_16BF, CUDA_R_16BF, CUBLAS_COMPUTE_32F};
   throw TypeError(cat("matmul: ", dtype_name(ab), " operands into a ", dtype_name(out),
                       " result are not supported by the CUDA backend"));
 }
@@ -175,7 +178,7 @@ void int_matmul(const Tensor& a, const Tensor& b, const Tensor& out, int64_t bat
 void CudaBackend::matmul(const Tensor& a, const Tensor& b, const Tensor& out) {
   const int64_t nd = out.dim();
   if (out.numel() == 0) return;
-  const bool mixed = (a.dtype() == kFloat16 || a.dtype() == kBFloat16) && out.dtype() == kFloat32;
+  const bool mixed = is_half(a.dtype()) && out.dtype() == kFloat32;  // a half out of a's dtype is the other case
   BRAID_ASSERT(nd >= 2 && a.dim() == nd && b.dim() == nd && out.is_contiguous() && a.dtype() == b.dtype() &&
                    (a.dtype() == out.dtype() || mixed),
                "matmul: operands must be batch-broadcast, of one dtype, into a contiguous out");

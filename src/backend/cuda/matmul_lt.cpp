@@ -1,4 +1,5 @@
-// Matrix products through cuBLASLt (float32, float16 and bfloat16 operands into a float32 result)
+// Matrix products through cuBLASLt (float32, float16 and bfloat16 operands into a float32 result,
+// or half operands into a result of their dtype)
 // and matmul_epilogue, the product with its bias in cuBLASLt's epilogue and its other steps in one
 // more pass (epilogue.cu).
 #include <cublasLt.h>
@@ -19,7 +20,8 @@ namespace braid::detail {
 
 // Note [Products through cuBLASLt]
 // Every float32, float16 and bfloat16 product (batched or not, operands in place in either
-// layout, as matmul.cpp describes them to cuBLAS) first asks cuBLASLt: a matmul descriptor
+// layout, as matmul.cpp describes them to cuBLAS; a half product into float32 or its own dtype,
+// always with CUBLAS_COMPUTE_32F and float32 alpha/beta) first asks cuBLASLt: a matmul descriptor
 // (compute type, transposes, epilogue), one layout per matrix (rows, columns, leading dimension,
 // batch count and stride), and a preference that caps the workspace at kWorkspaceLimit and states
 // each pointer's actual alignment (cuBLASLt assumes 256 bytes otherwise, which a view at an offset

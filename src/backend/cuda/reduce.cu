@@ -3,6 +3,10 @@
 // uint64 (wrapping), max/min propagate NaN, an empty reduction gives the identity, arg-reductions
 // give the first extreme with a NaN counting as the extreme. Only the order of the additions
 // differs from the CPU, so float64 sums agree to rounding and float32 sums almost always exactly.
+// float16 and bfloat16 (Note [Half arithmetic] in src/backend/backend.h) read their 2-byte elements
+// as float32 and reduce exactly as float32 does (sums and products in the same double accumulator,
+// rounded to float32 and then to the half type, as the CPU's float32 kernel and its copy to the
+// half out round them; max, min and the arg-reductions compare the float32 values).
 //
 // Two kernels cover the layouts. When x's innermost kept axis is more contiguous than its innermost
 // reduced axis (column sums, bias gradients) a thread reduces one output, so a warp reads
@@ -70,43 +74,59 @@ __device__ T highest() {
 }
 
 template <typename T>
-using WideAcc = std::conditional_t<kIsFloat<T>, double, uint64_t>;
+using WideAcc = std::conditional_t<kIsFloat<Compute<T>>, double, uint64_t>;
+
+// An element of T as its compute type (float for the half types).
+template <typename T>
+__device__ Compute<T> load(T x) {
+  return cast<Compute<T>>(x);
+}
+
+// A float accumulator's result as T: a half type through float32, as the CPU's float32 kernel
+// rounds its double sum to float32 and its copy to the half out rounds that.
+template <typename T, typename Acc>
+__device__ T finish_as(Acc a) {
+  if constexpr (kIsHalf<T>)
+    return convert<T>(static_cast<float>(a));
+  else
+    return static_cast<T>(a);
+}
 
 template <typename T>
 struct SumR {
   using Acc = WideAcc<T>;
   static __device__ Acc init() { return Acc(0); }
-  static __device__ Acc step(Acc a, T x) { return a + static_cast<Acc>(x); }
+  static __device__ Acc step(Acc a, T x) { return a + static_cast<Acc>(load(x)); }
   static __device__ Acc combine(Acc a, Acc b) { return a + b; }
-  static __device__ T finish(Acc a) { return static_cast<T>(a); }
+  static __device__ T finish(Acc a) { return finish_as<T>(a); }
 };
 
 template <typename T>
 struct ProdR {
   using Acc = WideAcc<T>;
   static __device__ Acc init() { return Acc(1); }
-  static __device__ Acc step(Acc a, T x) { return a * static_cast<Acc>(x); }
+  static __device__ Acc step(Acc a, T x) { return a * static_cast<Acc>(load(x)); }
   static __device__ Acc combine(Acc a, Acc b) { return a * b; }
-  static __device__ T finish(Acc a) { return static_cast<T>(a); }
+  static __device__ T finish(Acc a) { return finish_as<T>(a); }
 };
 
 // A NaN x is taken (every comparison with it is false) and a NaN accumulator kept.
 template <typename T>
 struct MaxR {
-  using Acc = T;
-  static __device__ Acc init() { return lowest<T>(); }
-  static __device__ Acc step(Acc a, T x) { return (a > x) | is_nan(a) ? a : x; }
-  static __device__ Acc combine(Acc a, Acc b) { return step(a, b); }
-  static __device__ T finish(Acc a) { return a; }
+  using Acc = Compute<T>;
+  static __device__ Acc init() { return lowest<Acc>(); }
+  static __device__ Acc combine(Acc a, Acc x) { return (a > x) | is_nan(a) ? a : x; }
+  static __device__ Acc step(Acc a, T x) { return combine(a, load(x)); }
+  static __device__ T finish(Acc a) { return cast<T>(a); }  // exact: a is one of the elements
 };
 
 template <typename T>
 struct MinR {
-  using Acc = T;
-  static __device__ Acc init() { return highest<T>(); }
-  static __device__ Acc step(Acc a, T x) { return (a < x) | is_nan(a) ? a : x; }
-  static __device__ Acc combine(Acc a, Acc b) { return step(a, b); }
-  static __device__ T finish(Acc a) { return a; }
+  using Acc = Compute<T>;
+  static __device__ Acc init() { return highest<Acc>(); }
+  static __device__ Acc combine(Acc a, Acc x) { return (a < x) | is_nan(a) ? a : x; }
+  static __device__ Acc step(Acc a, T x) { return combine(a, load(x)); }
+  static __device__ T finish(Acc a) { return cast<T>(a); }
 };
 
 // Result (or partial, when the reduced range is split) for output o of split blockIdx.y.
@@ -213,9 +233,10 @@ void reduce_with(const ReduceShape& s, const T* x, T* out, int device, cudaStrea
 
 // The CPU's scan: the first strict improvement wins, and the first NaN ends it.
 template <typename T, bool kMax>
-__device__ void arg_scan(const T* v, int64_t begin, int64_t end, int64_t step, int64_t stride, T& best, int64_t& at) {
+__device__ void arg_scan(const T* v, int64_t begin, int64_t end, int64_t step, int64_t stride, Compute<T>& best,
+                         int64_t& at) {
   for (int64_t k = begin; k < end && !is_nan(best); k += step) {
-    const T c = v[k * stride];
+    const Compute<T> c = load(v[k * stride]);
     if ((kMax ? c > best : c < best) || is_nan(c)) {
       best = c;
       at = k;
@@ -228,7 +249,7 @@ __global__ void __launch_bounds__(kThreads)
     arg_thread_kernel(Indexer<1> kept, int64_t nout, int64_t len, int64_t stride, const T* x, int64_t* out) {
   for (int64_t o = global_index(); o < nout; o += grid_stride()) {
     const T* v = x + kept.offset(o);  // (len) with stride
-    T best = v[0];
+    Compute<T> best = load(v[0]);
     int64_t at = 0;
     arg_scan<T, kMax>(v, 1, len, 1, stride, best, at);
     out[o] = at;
@@ -246,14 +267,15 @@ __device__ bool arg_better(T c, int64_t ci, T b, int64_t bi) {
 template <typename T, bool kMax>
 __global__ void __launch_bounds__(kThreads)
     arg_block_kernel(Indexer<1> kept, int64_t nout, int64_t len, int64_t stride, const T* x, int64_t* out) {
-  __shared__ T values[kThreads];
+  using V = Compute<T>;
+  __shared__ V values[kThreads];
   __shared__ int64_t indices[kThreads];
   for (int64_t o = blockIdx.x; o < nout; o += gridDim.x) {
     const T* v = x + kept.offset(o);
-    T best = kMax ? lowest<T>() : highest<T>();
+    V best = kMax ? lowest<V>() : highest<V>();
     int64_t at = INT64_MAX;  // no element: loses every tie
     if (threadIdx.x < len) {
-      best = v[threadIdx.x * stride];
+      best = load(v[threadIdx.x * stride]);
       at = threadIdx.x;
       arg_scan<T, kMax>(v, threadIdx.x + blockDim.x, len, blockDim.x, stride, best, at);
     }
@@ -261,7 +283,7 @@ __global__ void __launch_bounds__(kThreads)
     indices[threadIdx.x] = at;
     __syncthreads();
     for (unsigned w = blockDim.x / 2; w > 0; w >>= 1) {
-      if (threadIdx.x < w && arg_better<T, kMax>(values[threadIdx.x + w], indices[threadIdx.x + w], values[threadIdx.x],
+      if (threadIdx.x < w && arg_better<V, kMax>(values[threadIdx.x + w], indices[threadIdx.x + w], values[threadIdx.x],
                                                  indices[threadIdx.x])) {
         values[threadIdx.x] = values[threadIdx.x + w];
         indices[threadIdx.x] = indices[threadIdx.x + w];
@@ -277,7 +299,7 @@ void launch_reduce(ReduceOp op, DType type, const ReduceShape& shape, const void
                    cudaStream_t stream) {
   static const char* const kNames[] = {"sum", "prod", "max", "min", "argmax", "argmin"};
   const char* name = kNames[static_cast<int>(op)];
-  dispatch_compute(type, name, [&](auto tag) {
+  dispatch_arith(type, name, [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T* px = static_cast<const T*>(x);
     T* po = static_cast<T*>(out);
@@ -304,7 +326,7 @@ void launch_arg_reduce(bool is_max, DType type, const Indexer<1>& kept, int64_t 
   if (nout == 0) return;
   // Long rows with few of them get a block each; otherwise a thread scans one row.
   const bool block_mode = len >= 256 && nout < 8192;
-  dispatch_compute(type, name, [&](auto tag) {
+  dispatch_arith(type, name, [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T* px = static_cast<const T*>(x);
     const unsigned blocks = block_mode ? static_cast<unsigned>(imin(nout, kMaxBlocks)) : grid_for(nout);

@@ -1,8 +1,12 @@
 // Unary elementwise kernels: one small functor per op, mapped over the strided indexer, with the
 // CPU backend's formulas (src/backend/cpu/elementwise.cpp) and its dtype rules: floats take every op,
-// integers the sign, rounding and clamp families (wrapping), every dtype logical_not and isnan.
+// integers the sign, rounding and clamp families (wrapping), every compute dtype logical_not and
+// isnan. float16 and bfloat16 take the float ops too (Note [Half arithmetic] in
+// src/backend/backend.h): each element is loaded as float32, goes through the float32 functor (the
+// parameters as float32) and is rounded once on the store, so the kernels move 2-byte elements.
 // float32 uses CUDA's libdevice functions where the CPU uses its own polynomials (fast_math.h), so
-// the two agree to a few ulp, not bit for bit.
+// the two agree to a few ulp, not bit for bit (after the rounding to a half type, exactly or by one
+// half ulp).
 // The CudaBackend methods, which unpack the tensors for them (host.h), follow the kernels.
 #include <cmath>
 #include <iterator>
@@ -117,22 +121,25 @@ BRAID_UNARY_OP(LogicalNot, x == T(0))
 BRAID_UNARY_OP(IsNan, x != x)  // false for integers and bool
 #undef BRAID_UNARY_OP
 
+// Elements of T computed as V = Compute<T> (float for the half types), stored as O.
 template <typename O, typename T, typename Op>
 struct UnaryFn {
+  using V = Compute<T>;
   O* out;
   const T* x;
-  T p0, p1;
-  __device__ void operator()(const int64_t* off) const { out[off[0]] = static_cast<O>(Op{}(x[off[1]], p0, p1)); }
+  V p0, p1;
+  __device__ void operator()(const int64_t* off) const { out[off[0]] = cast<O>(Op{}(cast<V>(x[off[1]]), p0, p1)); }
 };
 
 // The operands of one launch; run<Op>() maps Op over them.
 template <typename T>
 struct Launch {
+  using V = Compute<T>;
   const Indexer<2>& ix;
   int64_t n;
   void* out;
   const void* x;
-  T p0, p1;
+  V p0, p1;
   cudaStream_t stream;
   const char* name;
 
@@ -142,6 +149,7 @@ struct Launch {
   }
 };
 
+// T float, double, or a half type (computed in float).
 template <typename T>
 void float_unary(UnaryOp op, const Launch<T>& l, double p0) {
   switch (op) {
@@ -265,14 +273,15 @@ void int_unary(UnaryOp op, Launch<T> l, double p0, double p1, DType type) {
 void launch_unary(UnaryOp op, DType type, const Indexer<2>& ix, int64_t n, void* out, const void* x, double p0,
                   double p1, cudaStream_t stream) {
   const char* name = unary_name(op);
-  dispatch_compute(type, name, [&](auto tag) {
+  dispatch_arith(type, name, [&](auto tag) {
     using T = typename decltype(tag)::type;
+    using V = Compute<T>;
     // Integer ops take no parameter but clamp's bounds, which int_unary converts itself.
-    const T q0 = kIsFloat<T> ? static_cast<T>(p0) : T(0), q1 = kIsFloat<T> ? static_cast<T>(p1) : T(0);
+    const V q0 = kIsFloat<V> ? static_cast<V>(p0) : V(0), q1 = kIsFloat<V> ? static_cast<V>(p1) : V(0);
     Launch<T> l{ix, n, out, x, q0, q1, stream, name};
     if (op == UnaryOp::LogicalNot) return l.template run<LogicalNot, bool>();
     if (op == UnaryOp::IsNan) return l.template run<IsNan, bool>();
-    if constexpr (kIsFloat<T>)
+    if constexpr (kIsFloat<V>)
       float_unary<T>(op, l, p0);
     else if constexpr (kIsInt<T>)
       int_unary<T>(op, l, p0, p1, type);

@@ -1,0 +1,199 @@
+// The CUDA backend's half arithmetic against the CPU backend (Note [Half arithmetic] in
+// src/backend/backend.h): unary, binary, where and reduce on float16 and bfloat16 operands, which the
+// CUDA kernels read and write as 2-byte elements, computing each in float32 and rounding once, where
+// the CPU widens to float32 scratch and runs its float32 kernels. Over the layouts of cuda_parity.h
+// (contiguous, permuted, sliced, broadcast (stride-0), 0-d, empty and large). The IEEE operations
+// both sides round alike give equal halves; libdevice against the CPU's own functions (a few float32
+// ulp apart) gives halves equal or one half ulp apart, which the per-dtype tolerances allow. Matmul
+// with half outs is in test_cuda_backend.cpp and test_cuda_matmul.cpp.
+#include "cuda_parity.h"
+
+namespace braid {
+namespace {
+
+const DType kHalfTypes[] = {kFloat16, kBFloat16};
+
+// One half ulp, relative (2^-10 for float16, 2^-7 for bfloat16), and a little absolute room near 0.
+Tol half_ulp(DType t) { return t == kFloat16 ? Tol{1e-3, 1e-6} : Tol{8e-3, 1e-6}; }
+
+struct UnaryCase {
+  UnaryOp op;
+  const char* name;
+  double p0 = 0, p1 = 0;
+};
+
+TEST(CudaHalf, Unary) {
+  REQUIRE_CUDA();
+  using U = UnaryOp;
+  // clang-format off
+  // The same correctly rounded float32 operations on both sides, then one rounding: equal.
+  const std::vector<UnaryCase> exact = {
+      {U::Neg, "neg"}, {U::Abs, "abs"}, {U::Sqrt, "sqrt"}, {U::Rsqrt, "rsqrt"}, {U::Square, "square"},
+      {U::Reciprocal, "reciprocal"}, {U::Relu, "relu"}, {U::Sign, "sign"}, {U::Floor, "floor"}, {U::Ceil, "ceil"},
+      {U::Round, "round"}, {U::LogicalNot, "logical_not"}, {U::IsNan, "isnan"}, {U::PowScalar, "pow 2", 2},
+      {U::PowScalar, "pow 0.5", 0.5}, {U::PowScalar, "pow -0.5", -0.5}, {U::PowScalar, "pow 1", 1},
+      {U::PowScalar, "pow -1", -1}, {U::Clamp, "clamp", -1.5, 2}, {U::Clamp, "clamp -inf..1", -kInf, 1},
+      {U::LeakyRelu, "leaky_relu", 0.01}, {U::HardSigmoid, "hardsigmoid", 1.0 / 6.0, 0.5}, {U::HardSwish, "hardswish"}};
+  // libdevice against the CPU's functions: a few float32 ulp, so equal halves or one half ulp apart.
+  const std::vector<UnaryCase> approximate = {
+      {U::Exp, "exp"}, {U::Log, "log"}, {U::Log1p, "log1p"}, {U::Expm1, "expm1"}, {U::Sin, "sin"}, {U::Cos, "cos"},
+      {U::Tanh, "tanh"}, {U::Sigmoid, "sigmoid"}, {U::Erf, "erf"}, {U::PowScalar, "pow 3", 3},
+      {U::PowScalar, "pow 1.7", 1.7}, {U::Elu, "elu", 1.3}, {U::Softplus, "softplus"}, {U::GeluTanh, "gelu_tanh"},
+      {U::Gelu, "gelu"}, {U::GeluHalfLast, "gelu (half last)"}, {U::Asin, "asin"}, {U::Acos, "acos"},
+      {U::Atan, "atan"}};
+  // clang-format on
+  for (DType t : kHalfTypes) {
+    for (const auto& [cases, tol] : {std::pair{exact, Tol{}}, std::pair{approximate, half_ulp(t)}}) {
+      for (const UnaryCase& c : cases) {
+        const bool bool_out = c.op == UnaryOp::LogicalNot || c.op == UnaryOp::IsNan;
+        for (const Layout& l : layouts()) {
+          const Operand x = operand(l, t, 7, {-3, 3});
+          expect_parity(std::string(c.name) + " " + name(t, l), bool_out ? Tol{} : tol, [&](Device d) {
+            Tensor out = fresh(l.shape, bool_out ? kBool : t, d);
+            backend(d).unary(c.op, x.on(d), out, c.p0, c.p1);
+            return out;
+          });
+        }
+      }
+    }
+  }
+}
+
+TEST(CudaHalf, BinaryAndWhere) {
+  REQUIRE_CUDA();
+  const std::vector<Layout> ls = layouts();
+  const BinaryOp ops[] = {BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div, BinaryOp::Pow, BinaryOp::Max,
+                          BinaryOp::Min, BinaryOp::Eq,  BinaryOp::Ne,  BinaryOp::Lt,  BinaryOp::Le,  BinaryOp::Gt,
+                          BinaryOp::Ge,  BinaryOp::And, BinaryOp::Or,  BinaryOp::Xor};
+  for (DType t : kHalfTypes) {
+    for (BinaryOp op : ops) {
+      for (size_t i = 0; i < ls.size(); ++i) {
+        // Each layout with the next one of the same shape (a contiguous a with a permuted b, a sliced
+        // a with a broadcast b, ...).
+        const Layout& la = ls[i];
+        const Layout& lb = i + 1 < ls.size() && ls[i + 1].shape == la.shape ? ls[i + 1] : ls[i];
+        const Operand a = operand(la, t, 21, {-3, 3, true}), b = operand(lb, t, 22, {-3, 3, true});
+        const bool bool_out = op >= BinaryOp::Eq;
+        // +, -, *, / and max/min are correctly rounded float32 operations on both sides; pow is not.
+        expect_parity("binary op " + std::to_string(static_cast<int>(op)) + " " + name(t, la) + ", " + lb.name,
+                      op == BinaryOp::Pow ? half_ulp(t) : Tol{}, [&](Device d) {
+                        Tensor out = fresh(la.shape, bool_out ? kBool : t, d);
+                        backend(d).binary(op, a.on(d), b.on(d), out);
+                        return out;
+                      });
+      }
+    }
+  }
+  // where moves the bits of every dtype, the storage types included.
+  for (DType t : {kFloat16, kBFloat16, kInt8, kUInt8}) {
+    for (const Layout& l : ls) {
+      const Operand c = operand(l, kBool, 31), a = operand(l, t, 32),
+                    b = operand(ls[0].shape == l.shape ? ls[3] : l, t, 33);  // b broadcast where the shapes allow
+      expect_parity("where " + name(t, l), {}, [&](Device d) {
+        Tensor out = fresh(l.shape, t, d);
+        backend(d).where(c.on(d), a.on(d), b.on(d), out);
+        return out;
+      });
+    }
+  }
+}
+
+TEST(CudaHalf, Reductions) {
+  REQUIRE_CUDA();
+  struct Case {
+    Layout layout;
+    std::vector<int64_t> axes;
+  };
+  std::vector<Case> cases;
+  for (const Layout& l : layouts()) {
+    const int64_t nd = static_cast<int64_t>(l.shape.size());
+    std::vector<int64_t> all(static_cast<size_t>(nd));
+    std::iota(all.begin(), all.end(), 0);
+    for (int64_t a = 0; a < nd; ++a) cases.push_back({l, {a}});
+    if (nd == 3) cases.push_back({l, {0, 2}});
+    if (nd > 1) cases.push_back({l, all});
+  }
+  // Few outputs over many inputs (split reductions, partial results combined), many over few.
+  for (const Layout& l : {Layout{"rows", {3, 20001}, {20001, 1}, 0}, Layout{"columns", {20001, 3}, {3, 1}, 0}})
+    for (std::vector<int64_t> axes : {std::vector<int64_t>{0}, {1}, {0, 1}}) cases.push_back({l, axes});
+  for (DType t : kHalfTypes) {
+    for (const Case& c : cases) {
+      Shape out_shape = c.layout.shape;
+      for (int64_t a : c.axes) out_shape[a] = 1;
+      std::string axes;
+      for (int64_t a : c.axes) axes += std::to_string(a) + ",";
+      for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min}) {
+        const bool prod = op == ReduceOp::Prod, extreme = op == ReduceOp::Max || op == ReduceOp::Min;
+        const Operand x = operand(c.layout, t, 41, prod ? ValueRange{0.5, 1.5, false} : ValueRange{-3, 3, extreme});
+        // Sums in another order: float32 results a rounding apart at most, so halves equal or one ulp apart.
+        const Tol tol = extreme ? Tol{} : t == kFloat16 ? Tol{1e-3, 1e-5} : Tol{8e-3, 1e-5};
+        expect_parity("reduce " + std::to_string(static_cast<int>(op)) + " " + name(t, c.layout) + " axes " + axes, tol,
+                      [&](Device d) {
+                        Tensor out = fresh(out_shape, t, d);
+                        backend(d).reduce(op, x.on(d), c.axes, out);
+                        return out;
+                      });
+      }
+      if (c.axes.size() != 1 || out_shape == c.layout.shape || c.layout.shape[c.axes[0]] == 0) continue;
+      // Ties everywhere (few distinct values) and NaN now and then: the first extreme wins.
+      const Operand x = operand(c.layout, t, 43, {-2, 2, true});
+      for (ReduceOp op : {ReduceOp::ArgMax, ReduceOp::ArgMin})
+        expect_parity("arg-reduce " + std::to_string(static_cast<int>(op)) + " " + name(t, c.layout) + " axes " + axes,
+                      {}, [&](Device d) {
+                        Tensor out = fresh(out_shape, kInt64, d);
+                        backend(d).reduce(op, x.on(d), c.axes, out);
+                        return out;
+                      });
+    }
+  }
+  // Long rows (one block per output) for the arg-reductions.
+  for (DType t : kHalfTypes)
+    for (const Layout& l : {Layout{"long rows", {3, 5000}, {5000, 1}, 0}, Layout{"long columns", {5000, 3}, {3, 1}, 0}})
+      for (int64_t axis : {0, 1})
+        for (ReduceOp op : {ReduceOp::ArgMax, ReduceOp::ArgMin}) {
+          const Operand x = operand(l, t, 44, {-2, 2, true});
+          Shape out_shape = l.shape;
+          out_shape[axis] = 1;
+          expect_parity("arg-reduce " + std::to_string(static_cast<int>(op)) + " " + name(t, l) + " axis " +
+                            std::to_string(axis),
+                        {}, [&](Device d) {
+                          Tensor out = fresh(out_shape, kInt64, d);
+                          backend(d).reduce(op, x.on(d), {axis}, out);
+                          return out;
+                        });
+        }
+}
+
+// A half accumulator would lose each 1 against 2048 (float16's spacing there is 2); float32 keeps them.
+TEST(CudaHalf, SumsAccumulateInFloat32AndRoundOnce) {
+  REQUIRE_CUDA();
+  std::vector<float> v(9, 1.0f);
+  v[0] = 2048;
+  for (DType t : kHalfTypes) {
+    const Tensor x = tensor(v, {9}, kCuda).to(t);
+    Tensor out = fresh({1}, t, kCuda);
+    backend(kCuda).reduce(ReduceOp::Sum, x, {0}, out);
+    EXPECT_EQ(values_of(out), std::vector<double>{t == kFloat16 ? 2056.0 : 2048.0}) << dtype_name(t);
+    // bfloat16's spacing at 2048 is 16: 2056 rounds to even, 2048.
+  }
+}
+
+// What stays unsupported is refused as before, naming the op and the dtype.
+TEST(CudaHalf, StorageIntegersAreStillRefusedByName) {
+  REQUIRE_CUDA();
+  const Tensor x = fresh({4}, kInt8, kCuda);
+  Tensor out = fresh({4}, kInt8, kCuda), bout = fresh({4}, kBool, kCuda), r = fresh({1}, kInt8, kCuda);
+  EXPECT_NE(error_of<TypeError>([&] { backend(kCuda).unary(UnaryOp::Exp, x, out, 0, 0); }).find("exp: dtype int8"),
+            std::string::npos);
+  EXPECT_NE(error_of<TypeError>([&] { backend(kCuda).binary(BinaryOp::Lt, x, x, bout); }).find("lt: dtype int8"),
+            std::string::npos);
+  EXPECT_NE(error_of<TypeError>([&] { backend(kCuda).reduce(ReduceOp::Sum, x, {0}, r); }).find("sum: dtype int8"),
+            std::string::npos);
+  // The CPU refuses them too.
+  EXPECT_THROW(backend(Device::cpu()).unary(UnaryOp::Exp, fresh({4}, kInt8, Device::cpu()),
+                                            fresh({4}, kInt8, Device::cpu()), 0, 0),
+               TypeError);
+}
+
+}  // namespace
+}  // namespace braid
