@@ -13,6 +13,7 @@
 #include "braid/optim.h"
 #include "braid/random.h"
 #include "mpi_test_main.h"
+#include "test_device.h"
 
 using namespace braid;
 using namespace braid::distributed;
@@ -171,7 +172,10 @@ TEST_F(AmpDistributed, DataParallelEqualsOneProcessUnderAutocastAndGradScaler) {
   ASSERT_EQ(w.size(), ref_w.size());
   double worst = 0;
   for (size_t i = 0; i < w.size(); ++i) worst = std::max(worst, std::fabs(static_cast<double>(w[i]) - ref_w[i]));
-  EXPECT_LE(worst, 1e-5) << "rank " << R();
+  // Where autocast keeps activations in bfloat16 (a GPU's rule, Note [Autocast]), each rank's partial
+  // sums of a gradient (a bias's, over its rows) round to 8 bits where one process rounds the whole
+  // sum once: reduction order shows at bfloat16's precision, 2^-8 relative.
+  EXPECT_LE(worst, test::autocast_keeps_half(test::test_device()) ? 1e-3 : 1e-5) << "rank " << R();
 }
 
 int main(int argc, char** argv) { return braid::testing::mpi_test_main(argc, argv); }
