@@ -66,7 +66,10 @@ namespace braid::detail {
 // and cuDNN adds the product to it (beta = 1); the bias follows (cudnnAddTensor), then the
 // activation runs in place with the backend's own unary kernel, the one the composite would run.
 // So the sums are (conv + residual) + bias where the composite adds (conv + bias) + residual: equal
-// up to rounding. An epilogue's scale or shift declines.
+// up to rounding. On a half y each of the three steps rounds to y's dtype (the residual, of y's
+// dtype, blended in float32 by the pass; the bias rounded to y's dtype; the activation's half
+// arithmetic, Note [Half arithmetic]) where the composite rounds once at the end, as PyTorch's half
+// convolutions do. An epilogue's scale or shift declines.
 //
 // Handles and errors. One cuDNN handle per device, made on first use and bound to the device's
 // stream (runtime.cpp), as cuBLAS's in matmul.cpp. A status in cuDNN's NOT_SUPPORTED family
