@@ -2,9 +2,12 @@
 // against the CPU: braid::conv2d and its gradients on cuda:0, and the FusedKernels entries called
 // directly, in float32, float64 and (under autocast, or as half operands) float16 and bfloat16, on
 // NCHW and channels-last activations, over strides, padding, dilation, groups, depthwise, 1x1 and
-// small ResNet-50-like shapes. Also the algorithm table, the benchmark setting, the workspace
-// from the allocator, cuDNN's errors as braid::Error, and declining where cuDNN refuses. CI runs it
-// against the host emulation (tools/cuda_emu/emu_cudnn.cpp), where the failure cases are marked.
+// small ResNet-50-like shapes. Half operands with half outputs (cuDNN's PSEUDO_HALF_CONFIG and
+// PSEUDO_BFLOAT16_CONFIG, Note [Half outputs] in src/ops/conv.cpp) in all three passes, against
+// the CPU's float32 composite of the rounded operands rounded once. Also the algorithm table, the
+// benchmark setting, the workspace from the allocator, cuDNN's errors as braid::Error, and
+// declining where cuDNN refuses. CI runs it against the host emulation
+// (tools/cuda_emu/emu_cudnn.cpp), where the failure cases are marked.
 #include <dlfcn.h>
 
 #include "backend/cudnn_settings.h"
@@ -61,6 +64,11 @@ Tensor conv(const Geometry& g, const Tensor& x, const Tensor& w, const Tensor& b
 
 // Sums of up to C / G * kh * kw products of values in [-1, 1]: float32's rounding of such sums.
 const Tol kFloat32Sums{1e-5, 2e-5};
+// A half result against the CPU's float32 one rounded once to its dtype: one ulp (the two float32
+// sums may straddle a rounding boundary), and near zero the float32 sums' own difference; with a
+// bias added to the rounded product (a second rounding, Note [cuDNN convolutions]) half an ulp of
+// the product more, which for cancelling sums of magnitude up to ~2 is what atol allows.
+Tol half_sums(DType t) { return t == kFloat16 ? Tol{1e-3, 2e-3} : Tol{8e-3, 1.6e-2}; }
 
 int64_t ran() { return cudnn_conv_counts().ran; }
 
@@ -81,12 +89,15 @@ TEST(CudnnConv, ForwardMatchesTheCpuInEveryDtypeAndLayout) {
         const bool half = t == kFloat16 || t == kBFloat16;
         const std::string what = g.name + " " + dtype_name(t) + (cl ? " channels-last" : "");
         const int64_t before = ran();
-        expect_parity(what, t == kFloat64 ? approx(t) : kFloat32Sums, [&](Device d) {
+        // half: products of rounded operands; the GPU keeps the activation in half (half out from
+        // cuDNN), the CPU returns float32, rounded once here to compare.
+        expect_parity(what, t == kFloat64 ? approx(t) : half ? half_sums(t) : kFloat32Sums, [&](Device d) {
           const DType operand_type = half ? kFloat32 : t;
           Tensor x = o.x.to(operand_type).to(d), w = o.w.to(operand_type).to(d), b = o.b.to(operand_type).to(d);
           if (cl) x = channels_last(x);
-          autocast scope(half ? t : kBFloat16, half);  // half: products of rounded operands, float32 out
-          return conv(g, x, w, b).contiguous();
+          autocast scope(half ? t : kBFloat16, half);
+          const Tensor y = conv(g, x, w, b).contiguous();
+          return half && d.is_cpu() ? y.to(t) : y;
         });
         // float64 on channels-last activations is refused (declined, then run in NCHW): still cuDNN.
         EXPECT_GT(ran(), before) << what << ": cuDNN ran";
@@ -97,22 +108,17 @@ TEST(CudnnConv, GradientsMatchTheCpu) {
   REQUIRE_CUDA();
   uint32_t seed = 100;
   for (const Geometry& g : kGeometries)
-    for (DType t : {kFloat32, kFloat64, kBFloat16}) {
+    for (DType t : {kFloat32, kFloat64}) {
       const Operands o = operands(g, seed += 4);
-      const bool half = t == kBFloat16;
       const Window2d win = window(g);
       const Tensor gy = values({g.n, g.k, win.oh, win.ow}, seed + 3);
       Tensor grads[2][3];
       const int64_t runs = ran();
       for (int side = 0; side < 2; ++side) {
         const Device d = side ? kCuda : Device::cpu();
-        const DType operand_type = half ? kFloat32 : t;
-        Tensor x = o.x.to(operand_type).to(d), w = o.w.to(operand_type).to(d), b = o.b.to(operand_type).to(d);
+        Tensor x = o.x.to(t).to(d), w = o.w.to(t).to(d), b = o.b.to(t).to(d);
         for (Tensor* v : {&x, &w, &b}) *v = v->detach().set_requires_grad();
-        {
-          autocast scope(kBFloat16, half);
-          sum(conv(g, x, w, b) * gy.to(operand_type).to(d)).backward();
-        }
+        sum(conv(g, x, w, b) * gy.to(t).to(d)).backward();
         grads[side][0] = x.grad(), grads[side][1] = w.grad(), grads[side][2] = b.grad();
       }
       EXPECT_EQ(ran() - runs, 3) << g.name << " " << dtype_name(t) << ": the three passes ran on cuDNN";
@@ -123,6 +129,104 @@ TEST(CudnnConv, GradientsMatchTheCpu) {
         expect_match(grads[1][i], grads[0][i], tol, g.name + " " + dtype_name(t) + " " + names[i]);
       }
     }
+}
+
+// Training under autocast on the GPU: half activations (Note [Autocast]), so the three passes take
+// half operands into half outputs (Note [Half outputs]). Against the CPU's float32 composite of the
+// rounded operands, the same output gradient, each result rounded once where the GPU's is half:
+// y, x's gradient (x a half activation), w's (the half gw that the engine widens) and the bias's
+// (a half sum, widened). A float32 input (a network's first layer) keeps a float32 gradient.
+TEST(CudnnConv, GradientsUnderAutocastTakeHalfOutputs) {
+  REQUIRE_CUDA();
+  uint32_t seed = 300;
+  for (const Geometry& g : kGeometries)
+    for (DType t : {kFloat16, kBFloat16})
+      for (bool half_x : {true, false}) {
+        const Operands o = operands(g, seed += 4);
+        const Window2d win = window(g);
+        const Tensor gy = values({g.n, g.k, win.oh, win.ow}, seed + 3).to(t);  // what the GPU's y gets
+        const std::string what = g.name + " " + dtype_name(t) + (half_x ? " half x" : " float32 x");
+        Tensor got[4], want[4];
+        const int64_t runs = ran();
+        for (int side = 0; side < 2; ++side) {
+          const Device d = side ? kCuda : Device::cpu();
+          Tensor x = o.x.to(half_x ? t : kFloat32).to(d), w = o.w.to(d), b = o.b.to(d);
+          for (Tensor* v : {&x, &w, &b}) *v = v->detach().set_requires_grad();
+          Tensor y;
+          {
+            autocast scope(t);
+            y = conv(g, x, w, b);
+            sum(y * gy.to(d)).backward();  // the CPU's float32 y times the half gy: the same gradient
+          }
+          Tensor* out = side ? got : want;
+          out[0] = y, out[1] = x.grad(), out[2] = w.grad(), out[3] = b.grad();
+        }
+        EXPECT_EQ(ran() - runs, 3) << what << ": the three passes ran on cuDNN";
+        ASSERT_EQ(got[0].dtype(), t) << what << ": the activation stays half";
+        const char* names[] = {"y", "dx", "dw", "db"};
+        for (int i = 0; i < 4; ++i) {
+          // The GPU's results that went through half: y, dw, db, and dx of a half x.
+          const bool rounded = i != 1 || half_x;
+          const Tensor w_i = rounded ? want[i].to(t).to(got[i].dtype()) : want[i];
+          expect_match(got[i], w_i, rounded ? half_sums(t) : Tol{1e-5, 1e-4}, what + " " + names[i]);
+        }
+      }
+}
+
+// The entries called with half outputs: y, gx and gw of the operands' half dtype, each the CPU's
+// float32 composite of the rounded operands rounded once; y also channels-last, with a float32
+// bias (rounded to y's dtype and added to the rounded product), a half bias and a half residual.
+TEST(CudnnConv, HalfOutputEntriesMatchTheCompositeRoundedOnce) {
+  REQUIRE_CUDA();
+  detail::FusedKernels& fused = backend(kCuda).fused();
+  uint32_t seed = 500;
+  for (const Geometry& g : kGeometries)
+    for (DType t : {kFloat16, kBFloat16}) {
+      const Window2d win = window(g);
+      const Operands o = operands(g, seed += 5);
+      const Tensor x = o.x.to(t), w = o.w.to(t), gy = values({g.n, g.k, win.oh, win.ow}, seed + 3).to(t);
+      const Tensor r = values({g.n, g.k, win.oh, win.ow}, seed + 4).to(t);
+      Tensor xf = x.to(kFloat32).detach().set_requires_grad(), wf = w.to(kFloat32).detach().set_requires_grad();
+      const Tensor yf = conv(g, xf, wf, Tensor());
+      sum(yf * gy.to(kFloat32)).backward();
+      const std::string base = g.name + " " + dtype_name(t);
+      const Tol tol = half_sums(t);
+      for (bool cl : {false, true}) {
+        const std::string what = base + (cl ? " channels-last" : "");
+        const Tensor xd = cl ? channels_last(x.to(kCuda)) : x.to(kCuda), wd = w.to(kCuda);
+        const auto out = [&] { return cl ? detail::new_channels_last(yf.shape(), t, kCuda) : fresh(yf.shape(), t, kCuda); };
+        Tensor y = out();
+        ASSERT_TRUE(fused.conv2d(xd, wd, Tensor(), win, g.groups, Epilogue(), y)) << what;
+        expect_match(y.contiguous(), yf.detach().to(t), tol, what + " y");
+        // A float32 bias (autocast's) and a half one.
+        for (DType bt : {kFloat32, t}) {
+          const Tensor b = o.b.to(t).to(bt);
+          Tensor yb = out();
+          ASSERT_TRUE(fused.conv2d(xd, wd, b.to(kCuda), win, g.groups, Epilogue(), yb)) << what;
+          const Tensor want = (yf.detach().to(t).to(kFloat32) + b.to(kFloat32).view({1, g.k, 1, 1})).to(t);
+          expect_match(yb.contiguous(), want, tol, what + " y + " + dtype_name(bt) + " bias");
+        }
+        // A half residual blended in by the pass, then ReLU.
+        Epilogue e;
+        e.kind = Epilogue::Kind::Relu;
+        e.residual = cl ? channels_last(r.to(kCuda)) : r.to(kCuda);
+        Tensor yr = out();
+        ASSERT_TRUE(fused.conv2d(xd, wd, Tensor(), win, g.groups, e, yr)) << what;
+        expect_match(yr.contiguous(), relu(yf.detach() + r.to(kFloat32)).to(t), tol, what + " relu(y + residual)");
+      }
+      Tensor gx = fresh(x.shape(), t, kCuda), gw = fresh(w.shape(), t, kCuda);
+      ASSERT_TRUE(fused.conv2d_backward_input(gy.to(kCuda), w.to(kCuda), win, g.groups, gx)) << base;
+      ASSERT_TRUE(fused.conv2d_backward_weight(x.to(kCuda), gy.to(kCuda), win, g.groups, gw)) << base;
+      expect_match(gx, xf.grad().to(t), tol, base + " gx");
+      expect_match(gw, wf.grad().to(t), tol, base + " gw");
+    }
+  // Mixed half dtypes, or half operands into a half output of the other type, decline.
+  const Geometry& g = kGeometries[0];
+  const Window2d win = window(g);
+  const Tensor x = fresh({g.n, g.c, g.h, g.w}, kFloat16, kCuda), w = fresh({g.k, g.c, g.kh, g.kw}, kBFloat16, kCuda);
+  EXPECT_FALSE(fused.conv2d(x, w, Tensor(), win, 1, Epilogue(), fresh({g.n, g.k, win.oh, win.ow}, kFloat16, kCuda)));
+  EXPECT_FALSE(fused.conv2d(x, w.to(kFloat16), Tensor(), win, 1, Epilogue(),
+                            fresh({g.n, g.k, win.oh, win.ow}, kBFloat16, kCuda)));
 }
 
 TEST(CudnnConv, EntriesMatchTheCompositeWithEpilogues) {
@@ -193,12 +297,18 @@ TEST(CudnnConv, BackwardEntriesTakeHalfOperands) {
       expect_match(gx, xf.grad(), kFloat32Sums, what + " gx");
       expect_match(gw, wf.grad(), Tol{1e-5, 1e-4}, what + " gw");
     }
-  // conv_transpose2d under autocast runs conv2d_backward_input on its rounded operands.
+  // conv_transpose2d under autocast runs conv2d_backward_input on its rounded operands: into a half
+  // output without a bias, into float32 with one (added, then rounded once); the GPU keeps the
+  // activation half, the CPU's float32 is rounded here to compare.
   const Tensor x = values({2, 4, 5, 5}, 31), w = values({4, 3, 3, 3}, 32), b = values({3}, 33);
-  expect_parity("conv_transpose2d under autocast", kFloat32Sums, [&](Device d) {
-    autocast scope(kFloat16);
-    return conv_transpose2d(x.to(d), w.to(d), b.to(d), {2, 2}, {1, 1}, {1, 1});
-  });
+  for (bool with_bias : {true, false})
+    expect_parity(with_bias ? "conv_transpose2d under autocast" : "conv_transpose2d under autocast, no bias",
+                  half_sums(kFloat16), [&](Device d) {
+                    autocast scope(kFloat16);
+                    const Tensor y = conv_transpose2d(x.to(d), w.to(d), with_bias ? b.to(d) : Tensor(), {2, 2},
+                                                      {1, 1}, {1, 1});
+                    return d.is_cpu() ? y.to(kFloat16) : y;
+                  });
 }
 
 TEST(CudnnConv, ChannelsLastIsPreferredForHalfOperands) {

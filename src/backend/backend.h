@@ -169,7 +169,11 @@ class FusedKernels {
   /// y (N, C_out, oh, ow) = epilogue(x (N, C, h, w) convolved with w (C_out, C / groups, kh, kw),
   /// plus bias (C_out) when defined). w and bias contiguous; x and y each contiguous or channels-last
   /// (Note [Channels-last activations in inference]), which a backend that does not take that layout
-  /// declines. The backend checks the dtypes it takes.
+  /// declines. The backend checks the dtypes it takes: y of x's compute dtype (float32 for half x
+  /// and w), or, for float16/bfloat16 x and w of one dtype, y of that dtype too (Note [Half outputs]
+  /// in src/ops/conv.cpp: the product accumulated in float32 and rounded once; a bias or residual
+  /// may then be added to the rounded product, rounding again, as PyTorch's half convolutions do),
+  /// which a backend without such a kernel declines.
   virtual bool conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Window2d& win, int64_t groups,
                       const Epilogue& epilogue, const Tensor& y);
   /// max_pool2d's values (no positions) for channels-last x and out (Note [Channels-last
@@ -179,11 +183,12 @@ class FusedKernels {
   /// output in that layout saves it a conversion (Note [Channels-last activations in inference]).
   virtual bool conv2d_prefers_channels_last(const Tensor& x, const Tensor& w, const Window2d& win, int64_t groups);
   /// gx (N, C, h, w) = the adjoint of conv2d in x applied to gy (N, C_out, oh, ow) (overwritten, not
-  /// accumulated); w as conv2d's. All contiguous.
+  /// accumulated); w as conv2d's. All contiguous. gx of gy's compute dtype, or of gy's and w's half
+  /// dtype where they share one (float32 accumulation, one rounding; declined where not taken).
   virtual bool conv2d_backward_input(const Tensor& gy, const Tensor& w, const Window2d& win, int64_t groups,
                                      const Tensor& gx);
   /// gw (C_out, C / groups, kh, kw) = the gradient of conv2d's weight, given its input x (N, C, h, w)
-  /// and gy (N, C_out, oh, ow) (overwritten). All contiguous.
+  /// and gy (N, C_out, oh, ow) (overwritten). All contiguous. gw's dtypes as conv2d_backward_input's gx.
   virtual bool conv2d_backward_weight(const Tensor& x, const Tensor& gy, const Window2d& win, int64_t groups,
                                       const Tensor& gw);
   /// out (M, N) int32 = (a - a_zero)(b - b_zero) for a (M, K) and b (K, N), each int8 or uint8, zero

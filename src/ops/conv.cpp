@@ -114,7 +114,23 @@ Tensor im2col(const Tensor& x, const Window2d& win, int64_t groups) {
 // y (N, C_out, oh, ow) = w (C_out, C / G, kh, kw) convolved with x (N, C, h, w), plus bias; x and w
 // of one dtype, y and bias of that dtype or float32 for half x and w. The fused entries are handed
 // outputs of the composite's dtype (float32 for half operands, as matmul_raw writes), so that a
-// backend's kernel and the composite give one result.
+// backend's kernel and the composite give one result; see Note [Half outputs] for the exception.
+
+// Note [Half outputs]
+// Where a product's operands are float16/bfloat16 and the op wants its result in that dtype anyway
+// (autocast's half activations on a GPU, Note [Autocast]; half tensors outside a scope; in backward
+// a half gradient), the fused entry is first offered an output of the operands' dtype: the tensor
+// cores' half-in/half-out configuration (cuDNN's PSEUDO_HALF_CONFIG, as PyTorch runs), float32
+// accumulation rounded once, with no float32 intermediate and no rounding pass after it. A backend
+// without that kernel (the CPU's oneDNN entries take float32 only) declines, and the op takes
+// today's path exactly: a float32 output from the entry or the composite, rounded by cast_raw. So
+// the CPU's values never change. Each product says where it makes the offer (half_out below).
+
+// Whether a product of operands a and b is offered an output of dtype out first (Note [Half outputs]).
+bool half_out(const Tensor& a, const Tensor& b, DType out) {
+  return is_half(out) && a.dtype() == out && b.dtype() == out;
+}
+
 // The activation of an epilogue, applied with the ops (recorded when its input needs a gradient).
 Tensor apply_activation(const Tensor& y, const Epilogue& e) {
   switch (e.kind) {
@@ -161,33 +177,44 @@ bool channels_last_enabled() {
 // The epilogue's residual as the convolution's output, where its caller gives its memory up
 // (Epilogue::residual_writable) and it is what the output would be: of that shape and dtype, and
 // channels-last or contiguous as asked, and not the memory of x or w. Undefined otherwise.
-Tensor writable_residual(const Epilogue& e, const Tensor& x, const Tensor& w, const Shape& shape, bool channels_last) {
+Tensor writable_residual(const Epilogue& e, const Tensor& x, const Tensor& w, const Shape& shape, DType dtype,
+                         bool channels_last) {
   const Tensor& r = e.residual;
-  if (!e.residual_writable || !r.defined() || r.shape() != shape || r.dtype() != compute_type(x.dtype()) ||
+  if (!e.residual_writable || !r.defined() || r.shape() != shape || r.dtype() != dtype ||
       r.storage() == x.storage() || r.storage() == w.storage())
     return Tensor();
   return (channels_last ? !r.is_contiguous() && r.is_channels_last() : r.is_contiguous()) ? r : Tensor();
 }
 
-Tensor conv_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Window2d& win, int64_t groups,
-                    const Epilogue& epilogue = Epilogue(), bool any_layout = false) {
+// The fused conv2d entry's y of dtype y_dtype (Note [Fused kernels]); undefined where it declines.
+Tensor fused_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Window2d& win, int64_t groups,
+                     const Epilogue& epilogue, bool any_layout, DType y_dtype) {
   const int64_t n = x.shape()[0], c_out = w.shape()[0];
   const bool x_cl = x.dim() == 4 && !x.is_contiguous() && x.is_channels_last();
   if (any_layout && x.dim() == 4 && channels_last_enabled() &&
       (x_cl || (t_prefer_channels_last && backend_of(x).fused().conv2d_prefers_channels_last(x, w, win, groups)))) {
-    Tensor y = writable_residual(epilogue, x, w, {n, c_out, win.oh, win.ow}, true);
-    if (!y.defined()) y = new_channels_last({n, c_out, win.oh, win.ow}, compute_type(x.dtype()), x.device());
+    Tensor y = writable_residual(epilogue, x, w, {n, c_out, win.oh, win.ow}, y_dtype, true);
+    if (!y.defined()) y = new_channels_last({n, c_out, win.oh, win.ow}, y_dtype, x.device());
     const Tensor xs = x_cl ? x : contiguous(x);
     if (backend_of(x).fused().conv2d(xs, contiguous(w), bias.defined() ? contiguous(bias) : bias, win, groups, epilogue, y))
       return y;
   }
-  {
-    Tensor y = writable_residual(epilogue, x, w, {n, c_out, win.oh, win.ow}, false);
-    if (!y.defined()) y = new_like(x, {n, c_out, win.oh, win.ow}, compute_type(x.dtype()));
-    if (backend_of(x).fused().conv2d(contiguous(x), contiguous(w), bias.defined() ? contiguous(bias) : bias, win, groups,
-                             epilogue, y))  // Note [Fused kernels]
-      return y;
-  }
+  Tensor y = writable_residual(epilogue, x, w, {n, c_out, win.oh, win.ow}, y_dtype, false);
+  if (!y.defined()) y = new_like(x, {n, c_out, win.oh, win.ow}, y_dtype);
+  if (backend_of(x).fused().conv2d(contiguous(x), contiguous(w), bias.defined() ? contiguous(bias) : bias, win, groups,
+                                   epilogue, y))
+    return y;
+  return Tensor();
+}
+
+// half_y: the caller wants y in x's half dtype (Note [Half outputs]); y may then be of that dtype.
+Tensor conv_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Window2d& win, int64_t groups,
+                    const Epilogue& epilogue = Epilogue(), bool any_layout = false, bool half_y = false) {
+  const int64_t n = x.shape()[0], c_out = w.shape()[0];
+  if (half_y && half_out(x, w, x.dtype()))
+    if (Tensor y = fused_forward(x, w, bias, win, groups, epilogue, any_layout, x.dtype()); y.defined()) return y;
+  if (Tensor y = fused_forward(x, w, bias, win, groups, epilogue, any_layout, compute_type(x.dtype())); y.defined())
+    return y;  // Note [Fused kernels]
   if (epilogue.any()) return apply_epilogue(conv_forward(x, w, bias, win, groups, Epilogue(), any_layout), epilogue);
   if (groups > 1 && groups == x.shape()[1]) {
     if (!is_compute_type(x.dtype()))  // the direct kernel has no half form (Note [Autocast])
@@ -225,10 +252,15 @@ class ChannelMajor {
   mutable Tensor cm_;
 };
 
-// x (x_shape) = bias + the adjoint of x -> conv_forward(x, w) applied to z.
+// x (x_shape) = bias + the adjoint of x -> conv_forward(x, w) applied to z; half_x: x may be of z's
+// half dtype where there is no bias (Note [Half outputs]).
 Tensor conv_adjoint(const ChannelMajor& z, const Tensor& w, const Window2d& win, const Shape& x_shape,
-                    const Tensor& bias) {
+                    const Tensor& bias, bool half_x = false) {
   const int64_t groups = z.groups();
+  if (half_x && !bias.defined() && half_out(z.z(), w, z.z().dtype()))
+    if (Tensor x = new_like(z.z(), x_shape, z.z().dtype());
+        backend_of(x).fused().conv2d_backward_input(contiguous(z.z()), contiguous(w), win, groups, x))
+      return x;
   if (Tensor x = new_like(z.z(), x_shape, compute_type(z.z().dtype()));  // Note [Fused kernels]
       backend_of(x).fused().conv2d_backward_input(contiguous(z.z()), contiguous(w), win, groups, x))
     return bias.defined() ? x + bias.view({1, x_shape[1], 1, 1}) : x;
@@ -274,8 +306,14 @@ Tensor tiled_transpose(const Tensor& x, const Tensor& w, const Tensor& bias, con
   return keep_cl ? y : contiguous(y);
 }
 
-// dL/dw (w_shape) from the convolution's input x (N, C, h, w) and g = dL/dy.
-Tensor conv_weight_grad(const Tensor& x, const ChannelMajor& g, const Window2d& win, const Shape& w_shape) {
+// dL/dw (w_shape) from the convolution's input x (N, C, h, w) and g = dL/dy; half_gw: gw may be of
+// their half dtype (Note [Half outputs]; a parameter's gradient is widened by the engine anyway).
+Tensor conv_weight_grad(const Tensor& x, const ChannelMajor& g, const Window2d& win, const Shape& w_shape,
+                        bool half_gw = false) {
+  if (half_gw && half_out(x, g.z(), x.dtype()))
+    if (Tensor gw = new_like(x, w_shape, x.dtype());
+        backend_of(x).fused().conv2d_backward_weight(contiguous(x), contiguous(g.z()), win, g.groups(), gw))
+      return gw;
   if (Tensor gw = new_like(x, w_shape, compute_type(x.dtype()));  // Note [Fused kernels]
       backend_of(x).fused().conv2d_backward_weight(contiguous(x), contiguous(g.z()), win, g.groups(), gw))
     return gw;
@@ -296,18 +334,25 @@ Tensor conv_recorded(const Tensor& x, const Tensor& w, const Tensor& bias_in, co
   const bool amp = conv_autocasts(x, w, bias_in);
   // Nothing to record or trace: the operands as they are (detaching them makes three TensorImpls
   // that only backward would read; Note [Channels-last activations in inference] applies).
-  if (!records && !amp) return cast_raw(conv_forward(x, w, bias_in, win, groups, epilogue, true), x.dtype());
+  if (!records && !amp)
+    return cast_raw(conv_forward(x, w, bias_in, win, groups, epilogue, true, is_half(x.dtype())), x.dtype());
   const Tensor bias = amp && bias_in.defined() ? cast(bias_in, kFloat32) : bias_in;
   const Tensor xs = operand(x, amp), ws = operand(w, amp);
+  const DType out_dtype = output_dtype(x, amp);
   // Note [Channels-last activations in inference]: only where no node records.
-  Tensor out = conv_forward(xs, ws, bias.defined() ? bias.detach() : bias, win, groups, epilogue, !records);
-  out = cast_raw(out, output_dtype(x, amp));
+  Tensor out = conv_forward(xs, ws, bias.defined() ? bias.detach() : bias, win, groups, epilogue, !records,
+                            out_dtype == xs.dtype());
+  out = cast_raw(out, out_dtype);
   traced("conv2d", out, {x, w, bias}, {{win.kh, win.kw, win.sh, win.sw, win.ph, win.pw, win.dh, win.dw, groups}, {}});
-  return record("conv2d", out, {x, w, bias}, [xs, ws, win, groups](const Tensor& g_in, Grads& r) {
+  // Note [Half outputs]: x's gradient in half where x itself is (the engine would round it so), w's
+  // wherever the gradient is half.
+  const bool x_half = x.dtype() == xs.dtype();
+  return record("conv2d", out, {x, w, bias}, [xs, ws, win, groups, x_half](const Tensor& g_in, Grads& r) {
     const auto [x, w, g] = backward_operands(xs, ws, g_in);
+    const bool half = is_half(g.dtype());
     const ChannelMajor gz(g, groups);
-    if (r.needs(0)) r.set(0, conv_adjoint(gz, w, win, x.shape(), Tensor()));
-    if (r.needs(1)) r.set(1, conv_weight_grad(x, gz, win, w.shape()));
+    if (r.needs(0)) r.set(0, conv_adjoint(gz, w, win, x.shape(), Tensor(), half && x_half));
+    if (r.needs(1)) r.set(1, conv_weight_grad(x, gz, win, w.shape(), half));
     if (r.needs(2)) r.set(2, sum(g, {0, 2, 3}));
   });
 }
@@ -475,13 +520,17 @@ Tensor conv_transpose2d(const Tensor& x, const Tensor& weight, const Tensor& bia
   const Tensor xs = operand(x, amp), ws = operand(weight, amp);
   const bool tiles = groups == 1 && win.sh == win.kh && win.sw == win.kw && win.ph == 0 && win.pw == 0 && win.dh == 1 &&
                      win.dw == 1 && out_pad[0] == 0 && out_pad[1] == 0 && is_compute_type(xs.dtype());
+  const DType out_dtype = output_dtype(x, amp);
   Tensor out = tiles ? tiled_transpose(xs, ws, b.defined() ? b.detach() : b, win)
-                     : conv_adjoint(ChannelMajor(xs, groups), ws, win, out_shape, b.defined() ? b.detach() : b);
-  out = cast_raw(out, output_dtype(x, amp));
-  return record(op, out, {x, weight, b}, [xs, ws, win, groups](const Tensor& g_in, Grads& r) {
+                     : conv_adjoint(ChannelMajor(xs, groups), ws, win, out_shape, b.defined() ? b.detach() : b,
+                                    out_dtype == xs.dtype());
+  out = cast_raw(out, out_dtype);
+  const bool x_half = x.dtype() == xs.dtype();  // as conv_recorded's (Note [Half outputs])
+  return record(op, out, {x, weight, b}, [xs, ws, win, groups, x_half](const Tensor& g_in, Grads& r) {
     const auto [x, w, g] = backward_operands(xs, ws, g_in);
-    if (r.needs(0)) r.set(0, conv_forward(g, w, Tensor(), win, groups));
-    if (r.needs(1)) r.set(1, conv_weight_grad(g, ChannelMajor(x, groups), win, w.shape()));
+    const bool half = is_half(g.dtype());
+    if (r.needs(0)) r.set(0, conv_forward(g, w, Tensor(), win, groups, Epilogue(), false, half && x_half));
+    if (r.needs(1)) r.set(1, conv_weight_grad(g, ChannelMajor(x, groups), win, w.shape(), half));
     if (r.needs(2)) r.set(2, sum(g, {0, 2, 3}));
   });
 }

@@ -2,7 +2,13 @@
 // computed naively in double from the descriptors, with the checks and refusals of the real library
 // for what braid could get wrong (dimensions, data and compute types, layouts, workspace sizes and
 // memory), TF32 rounding of float inputs unless the math type is FMA, and a test hook that makes
-// the next call of a named function fail (emu_cudnn_fail).
+// the next call of a named function fail (emu_cudnn_fail). Half descriptors (CUDNN_DATA_HALF,
+// CUDNN_DATA_BFLOAT16) with a float compute type are cuDNN's PSEUDO_HALF_CONFIG and
+// PSEUDO_BFLOAT16_CONFIG: the half operands read exactly, the sums (and alpha, beta times the
+// output's old value) in double, each output element rounded once to float and then to its half
+// type (the two roundings can differ from one only at a near-tie); a bfloat16 problem
+// with a half compute type is refused as cuDNN refuses it. cudnnAddTensor wants its two tensors of
+// one data type, as cuDNN's (BAD_PARAM otherwise), and computes in double, rounding once.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>

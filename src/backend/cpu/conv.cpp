@@ -205,7 +205,8 @@ void CpuBackend::col2im(const Tensor& cols, const Window2d& win, const Tensor& x
 bool CpuBackend::pointwise_conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Window2d& win,
                                   int64_t groups, const Epilogue& e, const Tensor& y) {
   if (groups != 1 || win.kh != 1 || win.kw != 1 || win.sh != 1 || win.sw != 1 || win.ph != 0 || win.pw != 0 ||
-      win.oh != win.h || win.ow != win.w || x.dtype() != kFloat32 || w.dtype() != kFloat32 || y.numel() == 0 ||
+      win.oh != win.h || win.ow != win.w || x.dtype() != kFloat32 || w.dtype() != kFloat32 ||
+      y.dtype() != kFloat32 || y.numel() == 0 ||
       e.residual.defined() || !x.is_contiguous() || !w.is_contiguous() || !y.is_contiguous() ||
       (bias.defined() && (bias.dtype() != kFloat32 || !bias.is_contiguous())))
     return false;
@@ -515,6 +516,9 @@ Key key_of(Pass pass, const Shape& x, int64_t c_out, const Window2d& win, int64_
 bool CpuBackend::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Window2d& win, int64_t groups,
                         const Epilogue& epilogue, const Tensor& y) {
   if (composite_only_active()) return false;  // the composite of tests/test_fused_values.cpp
+  // float32 only, every tensor checked before its memory is read: half operands, and a half output
+  // (Note [Half outputs] in src/ops/conv.cpp), decline to the op's composite, as in the two
+  // backward entries below.
   // Note [Channels-last activations in inference]: x and y may each be channels-last, which only
   // oneDNN's kernels here take: on such activations the kernel is asked for NHWC (brgemm's own choice
   // for wide dense convolutions), at every size, since braid's kernels would convert them first.

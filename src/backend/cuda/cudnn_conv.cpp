@@ -27,14 +27,22 @@ namespace braid::detail {
 // API whose algorithm choice PyTorch's benchmark mode made familiar).
 //
 // Dtypes. cuDNN reads float32 and float64 as they are; float32 runs on FMA kernels only
-// (CUDNN_FMA_MATH), so that results are float32 sums like the composite's, never TF32's. Autocast
-// hands the entries float16/bfloat16 operands and wants float32 out, accumulated in float32 (Note
-// [Autocast]), which no configuration of this API offers (its half configurations write half). So
-// half operands are widened to float32 scratch first and the product runs with TF32 tensor cores
-// allowed (CUDNN_DEFAULT_MATH): every float16 and bfloat16 value is exact in TF32 (10 mantissa bits,
-// float32's exponent range), so the tensor cores multiply the rounded operands exactly and
-// accumulate in float32, which is the composite's arithmetic. The price is the widening pass, and
-// TF32's rate instead of float16's. A product with one half and one float32 operand stays on FMA.
+// (CUDNN_FMA_MATH), so that results are float32 sums like the composite's, never TF32's.
+// Half operands with a half output (Note [Half outputs] in src/ops/conv.cpp: autocast's half
+// activations on a GPU, their half gradients in backward) run as PyTorch runs them, in cuDNN's
+// PSEUDO_HALF_CONFIG / PSEUDO_BFLOAT16_CONFIG: x, w and y described as CUDNN_DATA_HALF or
+// CUDNN_DATA_BFLOAT16, the convolution's compute type CUDNN_DATA_FLOAT, tensor-op math
+// (CUDNN_TENSOR_OP_MATH): the tensor cores at the half rate, float32 accumulation, one rounding
+// into y, with no widening pass and no float32 intermediate. cudnnAddTensor wants the bias of y's
+// dtype (its two descriptors of one data type), so a float32 bias (autocast's) is rounded to it
+// first, C_out values, and added to the rounded product: a second rounding, PyTorch's arithmetic
+// (its autocast rounds the bias too). A residual is blended in by the pass (beta = 1, in float32).
+// Half operands with a float32 output (conv_transpose2d with a bias under autocast, or half
+// operands whose result is wanted in float32) are widened to float32 scratch first and run with
+// TF32 tensor cores allowed (CUDNN_DEFAULT_MATH): every float16 and bfloat16 value is exact in TF32
+// (10 mantissa bits, float32's exponent range), so the tensor cores multiply the rounded operands
+// exactly and accumulate in float32, which is the composite's arithmetic; the price is the
+// widening pass, and TF32's rate. A product with one half and one float32 operand stays on FMA.
 //
 // Layouts. cuDNN's NHWC kernels want the filter in KRSC order too: a convolution whose output is
 // channels-last runs in NHWC, its input and filter copied into that layout where they are not (the
@@ -58,7 +66,10 @@ namespace braid::detail {
 // and cuDNN adds the product to it (beta = 1); the bias follows (cudnnAddTensor), then the
 // activation runs in place with the backend's own unary kernel, the one the composite would run.
 // So the sums are (conv + residual) + bias where the composite adds (conv + bias) + residual: equal
-// up to rounding. An epilogue's scale or shift declines.
+// up to rounding. On a half y each of the three steps rounds to y's dtype (the residual, of y's
+// dtype, blended in float32 by the pass; the bias rounded to y's dtype; the activation's half
+// arithmetic, Note [Half arithmetic]) where the composite rounds once at the end, as PyTorch's half
+// convolutions do. An epilogue's scale or shift declines.
 //
 // Handles and errors. One cuDNN handle per device, made on first use and bound to the device's
 // stream (runtime.cpp), as cuBLAS's in matmul.cpp. A status in cuDNN's NOT_SUPPORTED family
@@ -151,7 +162,10 @@ using TensorDesc = Desc<cudnnTensorDescriptor_t, cudnnDestroyTensorDescriptor>;
 using FilterDesc = Desc<cudnnFilterDescriptor_t, cudnnDestroyFilterDescriptor>;
 using ConvDesc = Desc<cudnnConvolutionDescriptor_t, cudnnDestroyConvolutionDescriptor>;
 
-cudnnDataType_t data_type(DType t) { return t == kFloat64 ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT; }
+cudnnDataType_t data_type(DType t) {
+  return t == kFloat64 ? CUDNN_DATA_DOUBLE : t == kFloat16 ? CUDNN_DATA_HALF : t == kBFloat16 ? CUDNN_DATA_BFLOAT16
+                                                                                              : CUDNN_DATA_FLOAT;
+}
 
 // An NCHW-shaped tensor as cuDNN reads it, its strides those of its layout (dense in either).
 void describe(TensorDesc& desc, const Tensor& t, bool nhwc, const Call& c) {
@@ -329,7 +343,8 @@ Plan plan_for(cudnnHandle_t h, const Problem& p, const Call& c, int device, cons
 
 // Everything a pass needs, from the tensors it reads and writes (x, w and y of the forward
 // convolution, whichever of them the pass writes): operands widened and laid out as cuDNN takes
-// them, descriptors, the plan. Returns false to decline.
+// them, descriptors, the plan. Returns false to decline. t is the dtype of all three descriptors:
+// float32 or float64 (half operands widened to float32), or a half dtype (the PSEUDO configs).
 class Pass2d {
  public:
   Pass2d(CudaBackend& b, const Call& c, const Tensor& x, const Tensor& w, const Tensor& y, const Window2d& win,
@@ -377,10 +392,14 @@ class Pass2d {
     c_.check(cudnnSetConvolution2dDescriptor(p_.conv.d, static_cast<int>(win_.ph), static_cast<int>(win_.pw),
                                              static_cast<int>(win_.sh), static_cast<int>(win_.sw),
                                              static_cast<int>(win_.dh), static_cast<int>(win_.dw),
-                                             CUDNN_CROSS_CORRELATION, data_type(t_)),
+                                             CUDNN_CROSS_CORRELATION,
+                                             is_half(t_) ? CUDNN_DATA_FLOAT : data_type(t_)),
              "cudnnSetConvolution2dDescriptor");
     c_.check(cudnnSetConvolutionGroupCount(p_.conv.d, static_cast<int>(groups_)), "cudnnSetConvolutionGroupCount");
-    const cudnnMathType_t math = t_ == kFloat64 ? CUDNN_DEFAULT_MATH : tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
+    const cudnnMathType_t math = t_ == kFloat64 ? CUDNN_DEFAULT_MATH
+                                 : is_half(t_)  ? CUDNN_TENSOR_OP_MATH
+                                 : tf32         ? CUDNN_DEFAULT_MATH
+                                                : CUDNN_FMA_MATH;
     c_.check(cudnnSetConvolutionMathType(p_.conv.d, math), "cudnnSetConvolutionMathType");
     p_.xp = device_data(xs);
     p_.wp = device_data(ws);
@@ -428,10 +447,12 @@ class Pass2d {
   cudnnHandle_t h_ = nullptr;
 };
 
-// The dtype cuDNN computes in for operands a and b and the output out: out's, where it is float32
-// or float64 and each operand is of it or (for float32) a half type; kInt8 (decline) otherwise.
+// The dtype of cuDNN's descriptors for operands a and b and the output out: out's, where it is
+// float32 or float64 and each operand is of it or (for float32) a half type, or where out and both
+// operands are of one half type (the PSEUDO configs); kInt8 (decline) otherwise.
 DType compute_dtype(const Tensor& a, const Tensor& b, const Tensor& out) {
   const DType t = out.dtype();
+  if (is_half(t)) return a.dtype() == t && b.dtype() == t ? t : kInt8;
   if (t != kFloat32 && t != kFloat64) return kInt8;
   for (const Tensor* v : {&a, &b})
     if (v->dtype() != t && !(t == kFloat32 && is_half(v->dtype()))) return kInt8;
@@ -445,10 +466,11 @@ bool CudaBackend::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, c
   const DType t = compute_dtype(x, w, y);
   const Tensor& r = epilogue.residual;
   const bool nhwc = channels_last(y);
+  // A half y takes a bias of its dtype or float32 (rounded to y's below).
   if (t == kInt8 || x.dim() != 4 || epilogue.scale != 1 || epilogue.shift != 0 ||
-      (bias.defined() && (bias.dtype() != t || !bias.is_contiguous())) ||
+      (bias.defined() && ((bias.dtype() != t && !(is_half(t) && bias.dtype() == kFloat32)) || !bias.is_contiguous())) ||
       (r.defined() && (r.dtype() != t || r.shape() != y.shape() || (nhwc ? !channels_last(r) : !r.is_contiguous()))) ||
-      (!nhwc && !y.is_contiguous()) || compute_type(x.dtype()) != t)
+      (!nhwc && !y.is_contiguous()) || (is_half(t) ? x.dtype() != t : compute_type(x.dtype()) != t))
     return false;
   const Call c("conv2d", {{"x", &x}, {"w", &w}, {"bias", &bias}, {"y", &y}}, win, groups);
   cuda::DeviceGuard guard(x.device().index);
@@ -459,12 +481,18 @@ bool CudaBackend::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, c
   if (r.defined() && !in_place) copy(r, y);
   if (!pass.run<Pass::Forward>(r.defined() ? 1.0 : 0.0, !in_place)) return false;
   if (bias.defined()) {
+    // cudnnAddTensor's bias is of y's data type: a float32 bias onto a half y is rounded first.
+    Tensor b = bias;
+    if (b.dtype() != t) {
+      b = new_tensor(bias.shape(), t, bias.device());
+      copy(bias, b);
+    }
     TensorDesc bias_desc;
-    describe(bias_desc, bias.view({1, bias.numel(), 1, 1}), false, c);
+    describe(bias_desc, b.view({1, b.numel(), 1, 1}), false, c);
     const double one = 1;
     const float onef = 1;
     const void* alpha = t == kFloat64 ? static_cast<const void*>(&one) : &onef;
-    c.check(cudnnAddTensor(pass.handle_(), alpha, bias_desc.d, device_data(bias), alpha, pass.problem().y.d, device_data(y)),
+    c.check(cudnnAddTensor(pass.handle_(), alpha, bias_desc.d, device_data(b), alpha, pass.problem().y.d, device_data(y)),
             "cudnnAddTensor");
   }
   switch (epilogue.kind) {  // the composite's kernels (apply_activation in src/ops/conv.cpp), in place
