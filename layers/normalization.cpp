@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <sstream>
 
+#include "braid/amp.h"
 #include "braid/autograd.h"
 #include "braid/nn/layers.h"
 #include "braid/ops.h"
@@ -139,9 +140,14 @@ GroupNorm::GroupNorm(int64_t num_groups, int64_t num_channels, double eps, bool 
   }
 }
 
-Tensor GroupNorm::forward(const Tensor& x) {
-  BRAID_CHECK(x.dim() >= 2 && x.size(1) == channels_, "GroupNorm: expected input (N, ", channels_,
-              ", *) with num_channels at axis 1, got shape ", shape_str(x.shape()));
+Tensor GroupNorm::forward(const Tensor& x_in) {
+  BRAID_CHECK(x_in.dim() >= 2 && x_in.size(1) == channels_, "GroupNorm: expected input (N, ", channels_,
+              ", *) with num_channels at axis 1, got shape ", shape_str(x_in.shape()));
+  if (is_half(x_in.dtype())) {  // on autocast's float32 list; outside a scope float32 inside, rounded once
+    const Tensor y = forward(x_in.to(kFloat32));
+    return autocast_enabled() ? y : y.to(x_in.dtype());
+  }
+  const Tensor& x = x_in;
   Tensor g = x.reshape({x.size(0), groups_, -1});
   Tensor y = ((g - mean(g, {2}, true)) * rsqrt(var(g, {2}, 0, true) + eps_)).reshape(x.shape());
   if (!affine_) return y;

@@ -94,6 +94,7 @@ std::vector<Case> listed_cases() {
       {"sum", [=](DType h) { return sum(input(mat, h), {1}); }},
       {"logsumexp", [=](DType h) { return logsumexp(input(mat, h), {1}); }},
       {"softplus", [](DType h) { return softplus(input({8}, h)); }},
+      {"group_norm", [](DType h) { return nn::GroupNorm(2, 4).forward(input({2, 4, 3}, h)); }},
       {"binary_cross_entropy_with_logits",
        [=](DType h) { return nn::binary_cross_entropy_with_logits(input(mat, h), input(mat, h, 0, 1)); }},
       {"nll_loss", [=](DType) { return nn::nll_loss(input(mat, kFloat32), zeros({8}, kInt64, test::test_device())); }},

@@ -15,7 +15,7 @@ namespace braid {
 //     conv2d, conv_transpose2d, scaled_dot_product_attention: each float32/float16/bfloat16 operand
 //     is rounded to the scope's dtype and the product accumulates in float32;
 //   float32 list: exp, expm1, log, log1p, reciprocal, rsqrt, pow, acos, asin, softplus, sum, prod,
-//     logsumexp, softmax, log_softmax, layer_norm and the losses (cross_entropy, nll_loss, mse_loss,
+//     logsumexp, softmax, log_softmax, layer_norm, GroupNorm and the losses (cross_entropy, nll_loss, mse_loss,
 //     l1_loss, smooth_l1_loss, binary_cross_entropy_with_logits): a float16 or bfloat16 input is
 //     widened to float32 first (braid::autocast_float32, a recorded cast), so they compute and
 //     return float32;

@@ -85,8 +85,8 @@ class set_grad_enabled(no_grad):
 
 
 class autocast(_contextlib.ContextDecorator):
-    """Mixed precision in its scope: matmul, linear, attention, recurrent layers and convolutions
-    round their operands to dtype (bfloat16 or float16) and accumulate in float32."""
+    """Mixed precision in its scope, as torch.autocast and with its op lists (braid/amp.h): products
+    and convolutions round operands to dtype and return dtype on a GPU, float32 on the CPU."""
 
     def __init__(self, dtype=dtype.bfloat16, enabled=True):
         self._dtype, self._enabled = dtype, enabled
