@@ -18,29 +18,37 @@ constexpr double kTwoOverSqrtPi = 1.1283791670955126;
 constexpr double kGeluK = 0.7978845608028654;  // sqrt(2 / pi)
 constexpr double kGeluC = 0.044715;
 
-// y = op(x) for a floating op, with backward grad = formula(g, x, y) (x, y detached).
-template <typename F>
+// What a unary op's node keeps for its formula: its input, its output, both or neither (as
+// PyTorch's derivatives do, so that relu after a layer keeps one activation, not two). The formula
+// is handed an undefined tensor for what is not kept.
+enum class Saves { Input, Output, Both, None };
+
+template <Saves S, typename F>
+Tensor record_unary(const char* name, const Tensor& x, const Tensor& y, F formula) {
+  const Tensor sx = S == Saves::Input || S == Saves::Both ? x.detach() : Tensor();
+  const Tensor sy = S == Saves::Output || S == Saves::Both ? y.detach() : Tensor();
+  return record(name, y, {x}, [sx, sy, formula](const Tensor& g, Grads& r) { r.set(0, formula(g, sx, sy)); });
+}
+
+// y = op(x) for a floating op, with backward grad = formula(g, x, y) (x, y detached, as S keeps them).
+template <Saves S, typename F>
 Tensor float_unary(const char* name, UnaryOp op, const Tensor& input, F formula, double p0 = 0, double p1 = 0) {
   Tensor x = float_input(input, name);
   Tensor y = unary_raw(op, x, p0, p1);
   traced(name, y, {x}, {{}, {p0, p1}});
   if (!needs_grad(x)) return y;
-  return record(name, y, {x}, [x = x.detach(), y = y.detach(), formula](const Tensor& g, Grads& r) {
-    r.set(0, formula(g, x, y));
-  });
+  return record_unary<S>(name, x, y, formula);
 }
 
 // Ops that keep integer dtypes (neg, abs, relu, ...); the gradient applies to floating input only.
-template <typename F>
+template <Saves S, typename F>
 Tensor any_unary(const char* name, UnaryOp op, const Tensor& x, F formula, double p0 = 0, double p1 = 0) {
   check_compute(x, name);
   BRAID_CHECK_T(TypeError, x.dtype() != kBool, name, ": not defined for bool tensors");
   Tensor y = unary_raw(op, x, p0, p1);
   traced(name, y, {x}, {{}, {p0, p1}});
   if (!is_floating(x.dtype()) || !needs_grad(x)) return y;
-  return record(name, y, {x}, [x = x.detach(), y = y.detach(), formula](const Tensor& g, Grads& r) {
-    r.set(0, formula(g, x, y));
-  });
+  return record_unary<S>(name, x, y, formula);
 }
 
 Tensor step_mask(const Tensor& x) { return cast(gt(x, scalar_like(x, 0)), x.dtype()); }
@@ -48,63 +56,63 @@ Tensor step_mask(const Tensor& x) { return cast(gt(x, scalar_like(x, 0)), x.dtyp
 }  // namespace
 
 Tensor neg(const Tensor& x) {
-  return any_unary("neg", UnaryOp::Neg, x, [](const Tensor& g, const Tensor&, const Tensor&) { return -g; });
+  return any_unary<Saves::None>("neg", UnaryOp::Neg, x, [](const Tensor& g, const Tensor&, const Tensor&) { return -g; });
 }
 Tensor abs(const Tensor& x) {
-  return any_unary("abs", UnaryOp::Abs, x, [](const Tensor& g, const Tensor& x, const Tensor&) { return g * sign(x); });
+  return any_unary<Saves::Input>("abs", UnaryOp::Abs, x, [](const Tensor& g, const Tensor& x, const Tensor&) { return g * sign(x); });
 }
 Tensor exp(const Tensor& x) {
-  return float_unary("exp", UnaryOp::Exp, autocast_float32(x), [](const Tensor& g, const Tensor&, const Tensor& y) { return g * y; });
+  return float_unary<Saves::Output>("exp", UnaryOp::Exp, autocast_float32(x), [](const Tensor& g, const Tensor&, const Tensor& y) { return g * y; });
 }
 Tensor log(const Tensor& x) {
-  return float_unary("log", UnaryOp::Log, autocast_float32(x), [](const Tensor& g, const Tensor& x, const Tensor&) { return g / x; });
+  return float_unary<Saves::Input>("log", UnaryOp::Log, autocast_float32(x), [](const Tensor& g, const Tensor& x, const Tensor&) { return g / x; });
 }
 Tensor log1p(const Tensor& x) {
-  return float_unary("log1p", UnaryOp::Log1p, autocast_float32(x),
+  return float_unary<Saves::Input>("log1p", UnaryOp::Log1p, autocast_float32(x),
                      [](const Tensor& g, const Tensor& x, const Tensor&) { return g / (x + 1.0); });
 }
 Tensor expm1(const Tensor& x) {
-  return float_unary("expm1", UnaryOp::Expm1, autocast_float32(x),
+  return float_unary<Saves::Output>("expm1", UnaryOp::Expm1, autocast_float32(x),
                      [](const Tensor& g, const Tensor&, const Tensor& y) { return g * (y + 1.0); });
 }
 Tensor sqrt(const Tensor& x) {
-  return float_unary("sqrt", UnaryOp::Sqrt, x,
+  return float_unary<Saves::Output>("sqrt", UnaryOp::Sqrt, x,
                      [](const Tensor& g, const Tensor&, const Tensor& y) { return g * 0.5 / y; });
 }
 Tensor rsqrt(const Tensor& x) {
-  return float_unary("rsqrt", UnaryOp::Rsqrt, autocast_float32(x),
+  return float_unary<Saves::Output>("rsqrt", UnaryOp::Rsqrt, autocast_float32(x),
                      [](const Tensor& g, const Tensor&, const Tensor& y) { return g * -0.5 * y * y * y; });
 }
 Tensor square(const Tensor& input) {
   check_compute(input, "square");
   Tensor x = input.dtype() == kBool ? cast(input, kInt64) : input;  // as x * x would
-  return any_unary("square", UnaryOp::Square, x,
+  return any_unary<Saves::Input>("square", UnaryOp::Square, x,
                    [](const Tensor& g, const Tensor& x, const Tensor&) { return g * 2.0 * x; });
 }
 Tensor reciprocal(const Tensor& x) {
-  return float_unary("reciprocal", UnaryOp::Reciprocal, autocast_float32(x),
+  return float_unary<Saves::Output>("reciprocal", UnaryOp::Reciprocal, autocast_float32(x),
                      [](const Tensor& g, const Tensor&, const Tensor& y) { return -g * y * y; });
 }
 Tensor sin(const Tensor& x) {
-  return float_unary("sin", UnaryOp::Sin, x, [](const Tensor& g, const Tensor& x, const Tensor&) { return g * cos(x); });
+  return float_unary<Saves::Input>("sin", UnaryOp::Sin, x, [](const Tensor& g, const Tensor& x, const Tensor&) { return g * cos(x); });
 }
 Tensor cos(const Tensor& x) {
-  return float_unary("cos", UnaryOp::Cos, x, [](const Tensor& g, const Tensor& x, const Tensor&) { return -g * sin(x); });
+  return float_unary<Saves::Input>("cos", UnaryOp::Cos, x, [](const Tensor& g, const Tensor& x, const Tensor&) { return -g * sin(x); });
 }
 Tensor tanh(const Tensor& x) {
-  return float_unary("tanh", UnaryOp::Tanh, x,
+  return float_unary<Saves::Output>("tanh", UnaryOp::Tanh, x,
                      [](const Tensor& g, const Tensor&, const Tensor& y) { return g * (1.0 - y * y); });
 }
 Tensor sigmoid(const Tensor& x) {
-  return float_unary("sigmoid", UnaryOp::Sigmoid, x,
+  return float_unary<Saves::Output>("sigmoid", UnaryOp::Sigmoid, x,
                      [](const Tensor& g, const Tensor&, const Tensor& y) { return g * y * (1.0 - y); });
 }
 Tensor relu(const Tensor& x) {
-  return any_unary("relu", UnaryOp::Relu, x,
-                   [](const Tensor& g, const Tensor& x, const Tensor&) { return g * step_mask(x); });
+  return any_unary<Saves::Output>("relu", UnaryOp::Relu, x,
+                   [](const Tensor& g, const Tensor&, const Tensor& y) { return g * step_mask(y); });  // y > 0 iff x > 0
 }
 Tensor leaky_relu(const Tensor& x, double slope) {
-  return float_unary(
+  return float_unary<Saves::Input>(
       "leaky_relu", UnaryOp::LeakyRelu, x,
       [slope](const Tensor& g, const Tensor& x, const Tensor&) {
         return g * where(gt(x, scalar_like(x, 0)), scalar_like(x, 1), scalar_like(x, slope));
@@ -112,7 +120,7 @@ Tensor leaky_relu(const Tensor& x, double slope) {
       slope);
 }
 Tensor elu(const Tensor& x, double alpha) {
-  return float_unary(
+  return float_unary<Saves::Both>(
       "elu", UnaryOp::Elu, x,
       [alpha](const Tensor& g, const Tensor& x, const Tensor& y) {
         return g * where(gt(x, scalar_like(x, 0)), scalar_like(x, 1), y + alpha);
@@ -122,7 +130,7 @@ Tensor elu(const Tensor& x, double alpha) {
 Tensor silu(const Tensor& x) { return x * sigmoid(x); }
 // d hardsigmoid = alpha where 0 < alpha x + beta < 1, else 0.
 Tensor hardsigmoid(const Tensor& x, double alpha, double beta) {
-  return float_unary(
+  return float_unary<Saves::Input>(
       "hardsigmoid", UnaryOp::HardSigmoid, x,
       [alpha, beta](const Tensor& g, const Tensor& x, const Tensor&) {
         Tensor v = x * alpha + beta;
@@ -133,32 +141,32 @@ Tensor hardsigmoid(const Tensor& x, double alpha, double beta) {
 }
 // d hardswish = 0 below -3, 1 above 3, (2 x + 3) / 6 between.
 Tensor hardswish(const Tensor& x) {
-  return float_unary("hardswish", UnaryOp::HardSwish, x, [](const Tensor& g, const Tensor& x, const Tensor&) {
+  return float_unary<Saves::Input>("hardswish", UnaryOp::HardSwish, x, [](const Tensor& g, const Tensor& x, const Tensor&) {
     Tensor mid = x * (1.0 / 3.0) + 0.5;
     return g * where(lt(x, scalar_like(x, -3.0)), scalar_like(x, 0),
                      where(gt(x, scalar_like(x, 3.0)), scalar_like(x, 1), mid));
   });
 }
 Tensor softplus(const Tensor& x) {
-  return float_unary("softplus", UnaryOp::Softplus, autocast_float32(x),
+  return float_unary<Saves::Input>("softplus", UnaryOp::Softplus, autocast_float32(x),
                      [](const Tensor& g, const Tensor& x, const Tensor&) { return g * sigmoid(x); });
 }
 Tensor erf(const Tensor& x) {
-  return float_unary("erf", UnaryOp::Erf, x, [](const Tensor& g, const Tensor& x, const Tensor&) {
+  return float_unary<Saves::Input>("erf", UnaryOp::Erf, x, [](const Tensor& g, const Tensor& x, const Tensor&) {
     return g * kTwoOverSqrtPi * exp(-(x * x));
   });
 }
 // d asin = 1 / sqrt(1 - x^2), d acos = -1 / sqrt(1 - x^2), d atan = 1 / (1 + x^2).
 Tensor asin(const Tensor& x) {
-  return float_unary("asin", UnaryOp::Asin, autocast_float32(x),
+  return float_unary<Saves::Input>("asin", UnaryOp::Asin, autocast_float32(x),
                      [](const Tensor& g, const Tensor& x, const Tensor&) { return g * rsqrt(1.0 - x * x); });
 }
 Tensor acos(const Tensor& x) {
-  return float_unary("acos", UnaryOp::Acos, autocast_float32(x),
+  return float_unary<Saves::Input>("acos", UnaryOp::Acos, autocast_float32(x),
                      [](const Tensor& g, const Tensor& x, const Tensor&) { return -g * rsqrt(1.0 - x * x); });
 }
 Tensor atan(const Tensor& x) {
-  return float_unary("atan", UnaryOp::Atan, x,
+  return float_unary<Saves::Input>("atan", UnaryOp::Atan, x,
                      [](const Tensor& g, const Tensor& x, const Tensor&) { return g / (x * x + 1.0); });
 }
 
@@ -166,7 +174,7 @@ Tensor gelu(const Tensor& input, const std::string& approximate) {
   BRAID_CHECK(approximate == "none" || approximate == "tanh", "gelu: approximate must be 'none' or 'tanh', got '",
               approximate, "'");
   if (approximate == "tanh") {
-    return float_unary("gelu", UnaryOp::GeluTanh, input, [](const Tensor& g, const Tensor& x, const Tensor&) {
+    return float_unary<Saves::Input>("gelu", UnaryOp::GeluTanh, input, [](const Tensor& g, const Tensor& x, const Tensor&) {
       Tensor x2 = x * x;
       Tensor t = tanh(kGeluK * (x + kGeluC * x2 * x));
       return g * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * kGeluK * (1.0 + 3.0 * kGeluC * x2));
@@ -194,7 +202,7 @@ Tensor pow(const Tensor& x_in, double p) {
                 "); use a float exponent or cast the tensor to float");
     return pow(x, scalar_operand(x, p));
   }
-  return float_unary(
+  return float_unary<Saves::Input>(
       "pow", UnaryOp::PowScalar, x,
       [p](const Tensor& g, const Tensor& x, const Tensor&) {
         return p == 0 ? zeros_like(g) : g * p * pow(x, p - 1);
@@ -213,7 +221,7 @@ Tensor clamp(const Tensor& input, std::optional<double> lo, std::optional<double
   for (const std::optional<double>& bound : {lo, hi})
     if (bound) t = promote_types(t, scalar_result_type(input.dtype(), *bound));
   Tensor x = cast(input, t);
-  return any_unary(
+  return any_unary<Saves::Input>(
       "clamp", UnaryOp::Clamp, x,
       [a, b](const Tensor& g, const Tensor& x, const Tensor&) {
         return g * cast(logical_and(ge(x, scalar_like(x, a)), le(x, scalar_like(x, b))), x.dtype());
@@ -224,7 +232,7 @@ Tensor clamp(const Tensor& input, std::optional<double> lo, std::optional<double
 namespace {
 // Piecewise-constant ops: their gradient is zero wherever it exists (as in PyTorch).
 Tensor flat_unary(const char* name, UnaryOp op, const Tensor& x) {
-  return any_unary(name, op, x, [](const Tensor& g, const Tensor&, const Tensor&) { return zeros_like(g); });
+  return any_unary<Saves::None>(name, op, x, [](const Tensor& g, const Tensor&, const Tensor&) { return zeros_like(g); });
 }
 }  // namespace
 
