@@ -37,14 +37,23 @@ DType arith_type(const Tensor& a, const Tensor& b, const char* op, bool true_div
   return t;
 }
 
+// Which of a, b and the output a node keeps for its formula (the others reach it undefined): add
+// and sub keep nothing, so a product's output followed by a bias add is not kept twice.
+struct Keeps {
+  bool a, b, out;
+};
+
 template <typename F>
-Tensor arith(const char* name, BinaryOp op, const Tensor& a, const Tensor& b, F formula, bool true_div = false) {
+Tensor arith(const char* name, BinaryOp op, const Tensor& a, const Tensor& b, Keeps keeps, F formula,
+             bool true_div = false) {
   DType t = arith_type(a, b, name, true_div);
   Tensor out = binary_raw(op, a, b, t, t, name);
   traced(name, out, {a, b});
   if (!is_floating(t) || !needs_grad({a, b})) return out;
+  const auto kept = [](bool keep, const Tensor& x) { return keep ? x.detach() : Tensor(); };
   return record(name, out, {a, b},
-                [a = a.detach(), b = b.detach(), o = out.detach(), formula](const Tensor& g, Grads& r) {
+                [a = kept(keeps.a, a), b = kept(keeps.b, b), o = kept(keeps.out, out), formula](const Tensor& g,
+                                                                                                 Grads& r) {
                   formula(g, a, b, o, r);
                 });
 }
@@ -53,7 +62,7 @@ Tensor arith(const char* name, BinaryOp op, const Tensor& a, const Tensor& b, F 
 
 Tensor add(const Tensor& a, const Tensor& b, double alpha) {
   if (alpha != 1.0) return add(a, mul(b, scalar_operand(b, alpha)));
-  return arith("add", BinaryOp::Add, a, b, [](const Tensor& g, const Tensor&, const Tensor&, const Tensor&, Grads& r) {
+  return arith("add", BinaryOp::Add, a, b, Keeps{false, false, false}, [](const Tensor& g, const Tensor&, const Tensor&, const Tensor&, Grads& r) {
     r.set(0, g);
     r.set(1, g);
   });
@@ -66,14 +75,14 @@ Tensor sub(const Tensor& a, const Tensor& b, double alpha) {
                 dtype_name(a.dtype()), " - ", dtype_name(b.dtype()), "); to invert a mask use logical_not, to compare "
                 "two masks logical_xor");
   if (alpha != 1.0) return sub(a, mul(b, scalar_operand(b, alpha)));
-  return arith("sub", BinaryOp::Sub, a, b, [](const Tensor& g, const Tensor&, const Tensor&, const Tensor&, Grads& r) {
+  return arith("sub", BinaryOp::Sub, a, b, Keeps{false, false, false}, [](const Tensor& g, const Tensor&, const Tensor&, const Tensor&, Grads& r) {
     r.set(0, g);
     if (r.needs(1)) r.set(1, -g);
   });
 }
 
 Tensor mul(const Tensor& a, const Tensor& b) {
-  return arith("mul", BinaryOp::Mul, a, b, [](const Tensor& g, const Tensor& a, const Tensor& b, const Tensor&, Grads& r) {
+  return arith("mul", BinaryOp::Mul, a, b, Keeps{true, true, false}, [](const Tensor& g, const Tensor& a, const Tensor& b, const Tensor&, Grads& r) {
     if (r.needs(0)) r.set(0, g * b);
     if (r.needs(1)) r.set(1, g * a);
   });
@@ -81,7 +90,7 @@ Tensor mul(const Tensor& a, const Tensor& b) {
 
 Tensor div(const Tensor& a, const Tensor& b) {
   return arith(
-      "div", BinaryOp::Div, a, b,
+      "div", BinaryOp::Div, a, b, Keeps{false, true, true},
       [](const Tensor& g, const Tensor&, const Tensor& b, const Tensor& o, Grads& r) {
         if (r.needs(0)) r.set(0, g / b);
         if (r.needs(1)) r.set(1, -g * o / b);
@@ -92,7 +101,7 @@ Tensor div(const Tensor& a, const Tensor& b) {
 Tensor pow(const Tensor& a, const Tensor& b) {
   if (autocast_enabled() && ((a.defined() && is_half(a.dtype())) || (b.defined() && is_half(b.dtype()))))
     return pow(autocast_float32(a), autocast_float32(b));  // on autocast's float32 list (Note [Autocast])
-  return arith("pow", BinaryOp::Pow, a, b, [](const Tensor& g, const Tensor& a, const Tensor& b, const Tensor& o, Grads& r) {
+  return arith("pow", BinaryOp::Pow, a, b, Keeps{true, true, true}, [](const Tensor& g, const Tensor& a, const Tensor& b, const Tensor& o, Grads& r) {
     Tensor zero = scalar_like(o, 0);
     if (r.needs(0)) r.set(0, where(eq(b, zero), scalar_like(o, 0), g * b * pow(a, b - 1.0)));
     // d/db a^b = a^b log a; at a == 0 the limit is 0 for b > 0 (PyTorch's convention).
@@ -111,13 +120,13 @@ void extremum_grad(const Tensor& g, const Tensor& a, const Tensor& b, bool max, 
 }  // namespace
 
 Tensor maximum(const Tensor& a, const Tensor& b) {
-  return arith("maximum", BinaryOp::Max, a, b, [](const Tensor& g, const Tensor& a, const Tensor& b, const Tensor&, Grads& r) {
+  return arith("maximum", BinaryOp::Max, a, b, Keeps{true, true, false}, [](const Tensor& g, const Tensor& a, const Tensor& b, const Tensor&, Grads& r) {
     extremum_grad(g, a, b, true, r);
   });
 }
 
 Tensor minimum(const Tensor& a, const Tensor& b) {
-  return arith("minimum", BinaryOp::Min, a, b, [](const Tensor& g, const Tensor& a, const Tensor& b, const Tensor&, Grads& r) {
+  return arith("minimum", BinaryOp::Min, a, b, Keeps{true, true, false}, [](const Tensor& g, const Tensor& a, const Tensor& b, const Tensor&, Grads& r) {
     extremum_grad(g, a, b, false, r);
   });
 }
