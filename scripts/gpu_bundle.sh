@@ -34,7 +34,7 @@ mkdir -p "$out" "$stage/bin" "$stage/lib"
 # braid's tests together would not fit in what the device tool carries.
 # BRAID_BUNDLE_TESTS="" carries braid-train alone (with BRAID_BUNDLE_TRAIN_IMAGES=60000 and
 # BRAID_BUNDLE_ONNX_DATA=0: the main job on all of Fashion-MNIST, within the 64 MiB).
-checked=(${BRAID_BUNDLE_TESTS-cuda_backend cuda_fused cuda_conv cuda_matmul cuda_attention tensor ops_golden gradcheck autograd loss optim conv layers sequence_layers
+checked=(${BRAID_BUNDLE_TESTS-cuda_backend cuda_half cuda_fused cuda_conv cuda_matmul cuda_attention tensor ops_golden gradcheck autograd loss optim conv layers sequence_layers
   checkpoint device amp onnx_module onnx_conformance differential nccl distributed pipeline amp_distributed})
 programs=("$build/model_zoo/braid-train" "$build/benchmarks/braid-device-bench")
 for t in "${checked[@]}"; do programs+=("$build/tests/test_$t"); done

@@ -129,7 +129,7 @@ device_benchmarks() {
 
 # The CUDA parity suites (tests/test_cuda_*.cpp: every primitive and fused kernel against the CPU).
 parity_suites() {
-  for t in cuda_backend cuda_fused cuda_conv cuda_matmul cuda_attention; do
+  for t in cuda_backend cuda_half cuda_fused cuda_conv cuda_matmul cuda_attention; do
     step "$t" "$t.txt" "$work/bin/test_$t"
   done
 }
