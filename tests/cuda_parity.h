@@ -160,4 +160,63 @@ void expect_parity(const std::string& what, Tol tol, const std::function<Tensor(
 [[maybe_unused]] std::string name(DType t, const Layout& l) { return dtype_name(t) + " " + l.name; }
 [[maybe_unused]] bool is_int(DType t) { return t == kInt32 || t == kInt64; }
 
+// ---- the unary ops both parity suites run (test_cuda_backend.cpp, test_cuda_half.cpp) ----
+
+struct UnaryCase {
+  detail::UnaryOp op;
+  const char* name;
+  double p0 = 0, p1 = 0;
+};
+
+// The same correctly rounded IEEE operations on both backends: equal results (for the half types
+// after their one rounding too).
+inline const std::vector<UnaryCase>& exact_unary_cases() {
+  using U = detail::UnaryOp;
+  // clang-format off
+  static const std::vector<UnaryCase> cases = {
+      {U::Neg, "neg"}, {U::Abs, "abs"}, {U::Sqrt, "sqrt"}, {U::Rsqrt, "rsqrt"}, {U::Square, "square"},
+      {U::Reciprocal, "reciprocal"}, {U::Relu, "relu"}, {U::Sign, "sign"}, {U::Floor, "floor"}, {U::Ceil, "ceil"},
+      {U::Round, "round"}, {U::LogicalNot, "logical_not"}, {U::IsNan, "isnan"}, {U::PowScalar, "pow 2", 2},
+      {U::PowScalar, "pow 0.5", 0.5}, {U::PowScalar, "pow -0.5", -0.5}, {U::PowScalar, "pow 1", 1},
+      {U::PowScalar, "pow -1", -1}, {U::Clamp, "clamp", -1.5, 2}, {U::Clamp, "clamp -inf..1", -kInf, 1},
+      {U::LeakyRelu, "leaky_relu", 0.01}, {U::HardSigmoid, "hardsigmoid", 1.0 / 6.0, 0.5}, {U::HardSwish, "hardswish"}};
+  // clang-format on
+  return cases;
+}
+
+// libdevice against glibc and the CPU's polynomials (fast_math.h): a few float32 ulp apart (so equal
+// halves, or one half ulp apart).
+inline const std::vector<UnaryCase>& approximate_unary_cases() {
+  using U = detail::UnaryOp;
+  // clang-format off
+  static const std::vector<UnaryCase> cases = {
+      {U::Exp, "exp"}, {U::Log, "log"}, {U::Log1p, "log1p"}, {U::Expm1, "expm1"}, {U::Sin, "sin"}, {U::Cos, "cos"},
+      {U::Tanh, "tanh"}, {U::Sigmoid, "sigmoid"}, {U::Erf, "erf"}, {U::PowScalar, "pow 3", 3},
+      {U::PowScalar, "pow 1.7", 1.7}, {U::Elu, "elu", 1.3}, {U::Softplus, "softplus"}, {U::GeluTanh, "gelu_tanh"},
+      {U::Gelu, "gelu"}, {U::GeluHalfLast, "gelu (half last)"}, {U::Asin, "asin"}, {U::Acos, "acos"},
+      {U::Atan, "atan"}};
+  // clang-format on
+  return cases;
+}
+
+// Every unary case on every layout of dtype t, CUDA against the CPU: the exact cases equal, the
+// approximate ones within `approximate` (bool results always equal).
+[[maybe_unused]] inline void unary_parity(DType t, Tol approximate) {
+  for (const auto& [cases, tol] :
+       {std::pair{exact_unary_cases(), Tol{}}, std::pair{approximate_unary_cases(), approximate}}) {
+    for (const UnaryCase& c : cases) {
+      const bool bool_out = c.op == detail::UnaryOp::LogicalNot || c.op == detail::UnaryOp::IsNan;
+      for (const Layout& l : layouts()) {
+        const Operand x = operand(l, t, 7, {-3, 3});
+        const Tol within = bool_out || !is_floating(t) ? Tol{} : tol;
+        expect_parity(std::string(c.name) + " " + name(t, l), within, [&](Device d) {
+          Tensor out = fresh(l.shape, bool_out ? kBool : t, d);
+          backend(d).unary(c.op, x.on(d), out, c.p0, c.p1);
+          return out;
+        });
+      }
+    }
+  }
+}
+
 }  // namespace braid

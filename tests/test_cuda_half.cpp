@@ -16,47 +16,9 @@ const DType kHalfTypes[] = {kFloat16, kBFloat16};
 // One half ulp, relative (2^-10 for float16, 2^-7 for bfloat16), and a little absolute room near 0.
 Tol half_ulp(DType t) { return t == kFloat16 ? Tol{1e-3, 1e-6} : Tol{8e-3, 1e-6}; }
 
-struct UnaryCase {
-  UnaryOp op;
-  const char* name;
-  double p0 = 0, p1 = 0;
-};
-
 TEST(CudaHalf, Unary) {
   REQUIRE_CUDA();
-  using U = UnaryOp;
-  // clang-format off
-  // The same correctly rounded float32 operations on both sides, then one rounding: equal.
-  const std::vector<UnaryCase> exact = {
-      {U::Neg, "neg"}, {U::Abs, "abs"}, {U::Sqrt, "sqrt"}, {U::Rsqrt, "rsqrt"}, {U::Square, "square"},
-      {U::Reciprocal, "reciprocal"}, {U::Relu, "relu"}, {U::Sign, "sign"}, {U::Floor, "floor"}, {U::Ceil, "ceil"},
-      {U::Round, "round"}, {U::LogicalNot, "logical_not"}, {U::IsNan, "isnan"}, {U::PowScalar, "pow 2", 2},
-      {U::PowScalar, "pow 0.5", 0.5}, {U::PowScalar, "pow -0.5", -0.5}, {U::PowScalar, "pow 1", 1},
-      {U::PowScalar, "pow -1", -1}, {U::Clamp, "clamp", -1.5, 2}, {U::Clamp, "clamp -inf..1", -kInf, 1},
-      {U::LeakyRelu, "leaky_relu", 0.01}, {U::HardSigmoid, "hardsigmoid", 1.0 / 6.0, 0.5}, {U::HardSwish, "hardswish"}};
-  // libdevice against the CPU's functions: a few float32 ulp, so equal halves or one half ulp apart.
-  const std::vector<UnaryCase> approximate = {
-      {U::Exp, "exp"}, {U::Log, "log"}, {U::Log1p, "log1p"}, {U::Expm1, "expm1"}, {U::Sin, "sin"}, {U::Cos, "cos"},
-      {U::Tanh, "tanh"}, {U::Sigmoid, "sigmoid"}, {U::Erf, "erf"}, {U::PowScalar, "pow 3", 3},
-      {U::PowScalar, "pow 1.7", 1.7}, {U::Elu, "elu", 1.3}, {U::Softplus, "softplus"}, {U::GeluTanh, "gelu_tanh"},
-      {U::Gelu, "gelu"}, {U::GeluHalfLast, "gelu (half last)"}, {U::Asin, "asin"}, {U::Acos, "acos"},
-      {U::Atan, "atan"}};
-  // clang-format on
-  for (DType t : kHalfTypes) {
-    for (const auto& [cases, tol] : {std::pair{exact, Tol{}}, std::pair{approximate, half_ulp(t)}}) {
-      for (const UnaryCase& c : cases) {
-        const bool bool_out = c.op == UnaryOp::LogicalNot || c.op == UnaryOp::IsNan;
-        for (const Layout& l : layouts()) {
-          const Operand x = operand(l, t, 7, {-3, 3});
-          expect_parity(std::string(c.name) + " " + name(t, l), bool_out ? Tol{} : tol, [&](Device d) {
-            Tensor out = fresh(l.shape, bool_out ? kBool : t, d);
-            backend(d).unary(c.op, x.on(d), out, c.p0, c.p1);
-            return out;
-          });
-        }
-      }
-    }
-  }
+  for (DType t : kHalfTypes) unary_parity(t, half_ulp(t));
 }
 
 TEST(CudaHalf, BinaryAndWhere) {
