@@ -13,8 +13,10 @@
 #include <string>
 #include <vector>
 
+#include "backend/backend.h"
 #include "braid/braid.h"
 #include "braid/nn/layers.h"
+#include "core/internal.h"
 #include "test_device.h"
 
 namespace braid {
@@ -102,6 +104,21 @@ TEST(HalfBatchNorm, TrainingStepIsTheFloat32StepRoundedOnce) {
       NoGradGuard no_grad;
       expect_near(bh.forward(xh.detach()), bf.forward(xf.detach()).to(t), half_rtol(t), 0, what + " eval y");
     }
+}
+
+// The CPU's passes take float32 and float64 only: the mixed dtypes (half x, float32 statistics) are
+// declined, not misread, and batch_norm_training takes the float32 node (the test above).
+TEST(HalfBatchNorm, TheCpuPassesDeclineHalfOperands) {
+  detail::FusedKernels& f = detail::backend_for(Device::cpu()).fused();
+  const auto fresh = [](const Shape& s, DType t) { return detail::new_tensor(s, t, Device::cpu()); };
+  for (DType t : kHalfTypes) {
+    const Tensor x = drawn({2, 3, 4}, t, 8).cpu(), g = drawn({2, 3, 4}, t, 9).cpu();
+    const Tensor m = drawn({3}, kFloat32, 10).cpu(), s = drawn({3}, kFloat32, 11).cpu();
+    EXPECT_FALSE(f.channel_moments(x, fresh({3}, kFloat32), fresh({3}, kFloat32))) << dtype_name(t);
+    EXPECT_FALSE(f.channel_grad_sums(g, x, m, fresh({3}, kFloat32), fresh({3}, kFloat32))) << dtype_name(t);
+    EXPECT_FALSE(f.channel_affine(x, s, m, Tensor(), Tensor(), Tensor(), fresh({2, 3, 4}, t))) << dtype_name(t);
+    EXPECT_FALSE(f.channel_affine(x, s, m, g, m, s, fresh({2, 3, 4}, t))) << dtype_name(t);
+  }
 }
 
 struct PoolCase {
