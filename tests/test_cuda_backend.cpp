@@ -382,7 +382,9 @@ TEST(CudaParity, Pooling) {
   for (const Window2d& w : windows()) {
     if (w.ph * 2 > w.kh || w.pw * 2 > w.kw) continue;  // padding at most half the window, as the ops allow
     const Shape x_shape = {batch, c, w.h, w.w}, out_shape = {batch, c, w.oh, w.ow};
-    for (DType t : {kFloat32, kFloat64, kInt32}) {
+    // float16/bfloat16: the CPU widens to float32 and rounds once, cuda computes each in float32 and
+    // rounds once (Note [Half arithmetic]): equal.
+    for (DType t : {kFloat32, kFloat64, kInt32, kFloat16, kBFloat16}) {
       const Operand x = operand(dense(x_shape), t, 81, {-2, 2, true});  // ties and NaN
       for (bool want_indices : {false, true})
         expect_parity(

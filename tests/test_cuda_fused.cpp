@@ -68,6 +68,47 @@ TEST(CudaFused, BatchNormPassesMatchTheCpu) {
     }
 }
 
+// A half x (g, a, b, out) with float32 per-channel tensors, the mixed dtypes of backend.h, against
+// the CPU's float32 pass on the widened operands (the CPU declines the mixed dtypes), out rounded
+// once: the statistics to float32 sums' rounding, out bitwise (the float32 passes agree bitwise).
+TEST(CudaFused, HalfBatchNormPassesMatchTheCpuInFloat32) {
+  REQUIRE_CUDA();
+  for (DType t : {kFloat16, kBFloat16})
+    for (const Ncs& d : kChannelShapes) {
+      const std::string what = dtype_name(t) + " (" + std::to_string(d.n) + ", " + std::to_string(d.c) + ", " +
+                               std::to_string(d.s) + ")";
+      // The half operand as the device takes it: widened on the CPU.
+      const auto in = [&](const Tensor& h, Device dev) { return dev.is_cpu() ? h.to(kFloat32) : h; };
+      const auto stats = [&](Device dev) { return detail::new_tensor({d.c}, kFloat32, dev); };
+      auto moments = [&](Device dev) {
+        Tensor x = in(values({d.n, d.c, d.s}, t, 11, dev, false, 100, 101), dev), m = stats(dev), v = stats(dev);
+        EXPECT_TRUE(fused(dev).channel_moments(x, m, v)) << what;
+        return concat({m, v});
+      };
+      expect_parity("half channel_moments " + what, sums(kFloat32), moments);
+      auto grad_sums = [&](Device dev) {
+        Tensor x = in(values({d.n, d.c, d.s}, t, 12, dev), dev), g = in(values({d.n, d.c, d.s}, t, 13, dev), dev);
+        Tensor m = values({d.c}, kFloat32, 14, dev), sg = stats(dev), sgx = stats(dev);
+        EXPECT_TRUE(fused(dev).channel_grad_sums(g, x, m, sg, sgx)) << what;
+        return concat({sg, sgx});
+      };
+      expect_parity("half channel_grad_sums " + what, sums(kFloat32), grad_sums);
+      for (bool with_b : {false, true}) {
+        auto affine = [&](Device dev) {
+          Tensor a = in(values({d.n, d.c, d.s}, t, 15, dev, true), dev);
+          Tensor b = with_b ? in(values({d.n, d.c, d.s}, t, 16, dev), dev) : Tensor();
+          Tensor sa = values({d.c}, kFloat32, 17, dev), shift = values({d.c}, kFloat32, 18, dev);
+          Tensor bm = with_b ? values({d.c}, kFloat32, 19, dev) : Tensor();
+          Tensor sb = with_b ? values({d.c}, kFloat32, 20, dev) : Tensor();
+          Tensor out = detail::new_tensor({d.n, d.c, d.s}, a.dtype(), dev);
+          EXPECT_TRUE(fused(dev).channel_affine(a, sa, shift, b, bm, sb, out)) << what;
+          return out.to(t);  // the CPU's float32 out rounded once
+        };
+        expect_parity("half channel_affine " + what + (with_b ? " with b" : ""), Tol{}, affine);
+      }
+    }
+}
+
 TEST(CudaFused, BatchNormTrainingStepMatchesTheCpu) {
   REQUIRE_CUDA();
   for (bool channels_last : {false, true}) {
@@ -83,6 +124,32 @@ TEST(CudaFused, BatchNormTrainingStepMatchesTheCpu) {
     };
     expect_parity(channels_last ? "batch_norm channels-last" : "batch_norm", Tol{2e-5, 2e-5}, step);
   }
+}
+
+// A half x through the op: cuda's half passes (the node keeping the half x) against the CPU's
+// float32 node on a float32 copy, y and dL/dx rounded once. Statistics that differ in float32's last
+// bits may move a rounding: y and dL/dx to a half ulp (and a little room where dL/dx cancels).
+TEST(CudaFused, HalfBatchNormTrainingStepMatchesTheCpu) {
+  REQUIRE_CUDA();
+  for (DType t : {kFloat16, kBFloat16})
+    for (bool channels_last : {false, true}) {
+      auto step = [&](Device dev) {
+        Tensor x = values({4, 6, 5, 7}, t, 21, dev);
+        if (channels_last) x = x.permute({0, 2, 3, 1}).contiguous().permute({0, 3, 1, 2});
+        x.set_requires_grad(true);
+        Tensor w = values({6}, kFloat32, 22, dev).set_requires_grad(true), b = values({6}, kFloat32, 23, dev);
+        b.set_requires_grad(true);
+        std::vector<Tensor> r = batch_norm_training(x, w, b, 1e-5);
+        EXPECT_EQ(r[0].dtype(), t);
+        EXPECT_EQ(r[1].dtype(), kFloat32);
+        (r[0] * values({4, 6, 5, 7}, t, 24, dev)).sum().backward();
+        EXPECT_EQ(x.grad().dtype(), t);
+        return concat({r[0].to(kFloat32).reshape({-1}), r[1], r[2], x.grad().to(kFloat32).reshape({-1}), w.grad(),
+                       b.grad()});
+      };
+      expect_parity("half batch_norm " + dtype_name(t) + (channels_last ? " channels-last" : ""),
+                    t == kFloat16 ? Tol{1e-3, 2e-3} : Tol{8e-3, 2e-2}, step);
+    }
 }
 
 TEST(CudaFused, AdamStepMatchesTheCpuBitForBit) {
@@ -230,7 +297,7 @@ TEST(CudaFused, ChannelsLastMaxPoolingMatchesTheCpu) {
   const std::vector<std::vector<int64_t>> geometries = {
       // kernel, stride, padding, dilation
       {3, 2, 1, 1}, {2, 2, 0, 1}, {3, 1, 1, 2}, {1, 1, 0, 1}};
-  for (DType t : {kFloat32, kFloat64})
+  for (DType t : {kFloat32, kFloat64, kFloat16, kBFloat16})  // the CPU pools half planes contiguous: equal maxima
     for (const auto& g : geometries) {
       auto run = [&](Device dev) {
         NoGradGuard no_grad;
@@ -250,7 +317,10 @@ TEST(CudaFused, EntriesDeclineWhatTheyDoNotTake) {
   Tensor x = values({2, 3, 4}, kFloat32, 71, kCuda);
   Tensor m = detail::new_tensor({3}, kFloat32, kCuda), v = detail::new_tensor({3}, kFloat32, kCuda);
   EXPECT_FALSE(fused(kCuda).channel_moments(x.permute({0, 2, 1}), m, v)) << "not contiguous";
-  EXPECT_FALSE(fused(kCuda).channel_moments(x.to(kBFloat16), m, v)) << "a storage dtype";
+  EXPECT_FALSE(fused(kCuda).channel_moments(x.to(kBFloat16), m.to(kBFloat16), v.to(kBFloat16))) << "half statistics";
+  EXPECT_FALSE(fused(kCuda).channel_moments(x.to(kFloat16), m.to(kFloat64), v.to(kFloat64))) << "float64 statistics";
+  EXPECT_TRUE(fused(kCuda).channel_moments(x.to(kBFloat16), m, v)) << "half x, float32 statistics";
+  EXPECT_FALSE(fused(Device::cpu()).channel_moments(x.cpu().to(kBFloat16), m.cpu(), v.cpu())) << "the CPU's: float32";
   EXPECT_FALSE(fused(kCuda).channel_moments(values({2, 3, 0}, kFloat32, 72, kCuda), m, v)) << "empty: NaN moments";
   Tensor p = values({8}, kFloat32, 73, kCuda);
   EXPECT_FALSE(fused(kCuda).adam_step(p, values({8}, kFloat64, 74, kCuda), p.clone(), p.clone(), Tensor(),
@@ -262,6 +332,8 @@ TEST(CudaFused, EntriesDeclineWhatTheyDoNotTake) {
   EXPECT_TRUE(fused(kCuda).max_pool2d_channels_last(xl, win, detail::new_channels_last({1, 2, 2, 2}, kFloat32, kCuda)));
   EXPECT_FALSE(fused(kCuda).max_pool2d_channels_last(xl.contiguous(), win,
                                                      detail::new_channels_last({1, 2, 2, 2}, kFloat32, kCuda)));
+  const Tensor xh = values({1, 4, 4, 2}, kFloat16, 75, kCuda).permute({0, 3, 1, 2});
+  EXPECT_TRUE(fused(kCuda).max_pool2d_channels_last(xh, win, detail::new_channels_last({1, 2, 2, 2}, kFloat16, kCuda)));
   EXPECT_FALSE(fused(kCuda).max_pool2d_channels_last(xl.to(kInt32), win,
                                                      detail::new_channels_last({1, 2, 2, 2}, kInt32, kCuda)));
 }

@@ -177,7 +177,8 @@ class FusedKernels {
   virtual bool conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Window2d& win, int64_t groups,
                       const Epilogue& epilogue, const Tensor& y);
   /// max_pool2d's values (no positions) for channels-last x and out (Note [Channels-last
-  /// activations in inference]); false where the backend has no such kernel.
+  /// activations in inference]), of one dtype, float16 and bfloat16 included; false where the
+  /// backend has no such kernel (for that dtype).
   virtual bool max_pool2d_channels_last(const Tensor& x, const Window2d& win, const Tensor& out);
   /// Whether conv2d's kernel for this geometry works on channels-last activations, so that an
   /// output in that layout saves it a conversion (Note [Channels-last activations in inference]).
@@ -263,7 +264,11 @@ class FusedKernels {
   /// (false). The optimizer falls back to adam_step per parameter, then to the composite.
   virtual bool adam_steps(const std::vector<AdamTensors>& params, const AdamStep& s);
   // Batch normalisation's passes over x viewed as (N, C, S), per channel c (src/ops/norm.cpp). All
-  // contiguous and of one dtype.
+  // contiguous and of one dtype, or mixed: x, g, a, b and out of one half dtype (float16 or
+  // bfloat16) with the per-channel tensors (mean, var, sum_g, sum_gxc, sa, shift, b_mean, sb)
+  // float32, each element widened to float32, the sums accumulated in float32 or wider and out
+  // rounded once to the half dtype (PyTorch's mixed-dtype batch norm; Note [BatchNorm as one node]).
+  // A backend without such a kernel declines the mixed dtypes (the CPU's take float32 and float64).
   /// mean (C) and the biased variance var (C) of x over N and S.
   virtual bool channel_moments(const Tensor& x, const Tensor& mean, const Tensor& var);
   /// sum_g (C) = the sum of g, and sum_gxc (C) = the sum of g * (x - mean[c]), over N and S.
@@ -377,7 +382,10 @@ class Backend {
                                 const Tensor& y) = 0;
   /// out (N, C, oh, ow) = the max of each window of x (N, C, h, w), padding excluded, NaN winning;
   /// indices (int64, out's shape) = its position y * w + x in the plane, when defined (undefined
-  /// when no gradient will need them). Every window holds an element of x. All contiguous.
+  /// when no gradient will need them). Every window holds an element of x. All contiguous. The
+  /// pooling primitives take float32, float64, float16 and bfloat16 (x, out, grad and grad_x of one
+  /// dtype): a half maximum is exact, a half average or adjoint sums and divides in float32 and
+  /// rounds once (Note [Half arithmetic]; the CPU widens to float32 scratch).
   virtual void max_pool2d(const Tensor& x, const Window2d& win, const Tensor& out, const Tensor& indices) = 0;
   /// out (N, C, oh, ow) = each window's sum over x (N, C, h, w) (dilation 1) divided by its size
   /// clipped to [-ph, h + ph) x [-pw, w + pw) when count_include_pad, else to the input. All contiguous.

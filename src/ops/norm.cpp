@@ -28,6 +28,16 @@ namespace {
 // themselves (mean, biased var) come out of the node without gradients: BatchNorm updates its
 // running statistics from them. SyncBatchNorm, whose statistics are all-reduced across ranks, keeps
 // the composite batch_norm_apply, through which autograd reaches every rank's share.
+//
+// A float16/bfloat16 x (autocast's half activations on a GPU, Note [Autocast]) keeps float32
+// statistics, parameters and per-channel terms, as PyTorch's mixed-dtype batch norm: the backend's
+// passes read the half x (and g) and write a half y (and dL/dx), each element computed in float32
+// and rounded once (FusedKernels::channel_moments in backend/backend.h), and the node saves the half
+// x, so a half activation costs half the memory it would in float32. The values are those of the
+// float32 node on the widened x with y and dL/dx rounded once. Where the backend declines the half
+// moments (the CPU, whose kernels take float32 and float64 only), the op is that float32 node on a
+// float32 copy of x, y cast back: the same function, computed the long way round. A backward pass
+// that a backend declines for half operands likewise runs the float32 pass on widened copies.
 
 // The (N, C, S) view of a (N, C, *) tensor, made contiguous.
 Tensor channels(const Tensor& t) {
@@ -38,40 +48,57 @@ Tensor channels(const Tensor& t) {
 // A (C) vector as (1, C, 1), against a channel view.
 Tensor per_channel(const Tensor& v) { return v.view({1, v.numel(), 1}); }
 
-// mean and the biased variance (C) of x3 (N, C, S) over N and S.
+// The dtype of the per-channel tensors against x of dtype t: float32 for float16/bfloat16 x.
+DType stat_dtype(DType t) { return is_half(t) ? kFloat32 : t; }
+
+// mean and the biased variance (C) of x3 (N, C, S) over N and S; for a half x3 the backend's half
+// pass, or two undefined tensors where it has none (the caller then takes the float32 node).
 std::pair<Tensor, Tensor> moments(const Tensor& x3) {
-  Tensor m = new_tensor({x3.size(1)}, x3.dtype(), x3.device()), v = new_tensor({x3.size(1)}, x3.dtype(), x3.device());
+  const DType sd = stat_dtype(x3.dtype());
+  Tensor m = new_tensor({x3.size(1)}, sd, x3.device()), v = new_tensor({x3.size(1)}, sd, x3.device());
   if (backend_of(x3).fused().channel_moments(x3, m, v)) return {m, v};  // Note [Fused kernels]
+  if (is_half(x3.dtype())) return {};
   return {braid::mean(x3, {0, 2}), braid::var(x3, {0, 2}, 0)};
 }
 
 // sum(g) and sum(g * (x - mean)) (C) over N and S.
 std::pair<Tensor, Tensor> grad_sums(const Tensor& g3, const Tensor& x3, const Tensor& m) {
-  Tensor sg = new_tensor({x3.size(1)}, x3.dtype(), x3.device()), sgx = new_tensor({x3.size(1)}, x3.dtype(), x3.device());
+  const DType sd = stat_dtype(x3.dtype());
+  Tensor sg = new_tensor({x3.size(1)}, sd, x3.device()), sgx = new_tensor({x3.size(1)}, sd, x3.device());
   if (backend_of(x3).fused().channel_grad_sums(g3, x3, m, sg, sgx)) return {sg, sgx};
+  if (is_half(x3.dtype())) return grad_sums(cast(g3, kFloat32), cast(x3, kFloat32), m);  // the float32 pass
   return {sum(g3, {0, 2}), sum(g3 * (x3 - per_channel(m)), {0, 2})};
 }
 
-// (a * sa + shift) + (b - b_mean) * sb per channel, the last term only when b is defined.
+// The backend's channel_affine (below), or undefined where it declines.
+Tensor fused_affine(const Tensor& a, const Tensor& sa, const Tensor& shift, const Tensor& b, const Tensor& b_mean,
+                    const Tensor& sb) {
+  Tensor out = new_tensor(a.shape(), a.dtype(), a.device());
+  return backend_of(a).fused().channel_affine(a, sa, shift, b, b_mean, sb, out) ? out : Tensor();
+}
+
+// (a * sa + shift) + (b - b_mean) * sb per channel, the last term only when b is defined; for a half
+// a with float32 per-channel terms, in float32 and rounded once to a's dtype.
 Tensor affine(const Tensor& a, const Tensor& sa, const Tensor& shift, const Tensor& b, const Tensor& b_mean,
               const Tensor& sb) {
-  Tensor out = new_tensor(a.shape(), a.dtype(), a.device());
-  if (backend_of(a).fused().channel_affine(a, sa, shift, b, b_mean, sb, out)) return out;
+  if (Tensor out = fused_affine(a, sa, shift, b, b_mean, sb); out.defined()) return out;
+  if (is_half(a.dtype()) && sa.dtype() != a.dtype())  // the float32 pass on widened copies, rounded once
+    return cast(affine(cast(a, kFloat32), sa, shift, b.defined() ? cast(b, kFloat32) : b, b_mean, sb), a.dtype());
   Tensor y = a * per_channel(sa) + per_channel(shift);
   return b.defined() ? y + (b - per_channel(b_mean)) * per_channel(sb) : y;
+}
+
+// The float32 node on a float32 copy of the half x, y cast back (Note [BatchNorm as one node]).
+std::vector<Tensor> batch_norm_via_float32(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
+  std::vector<Tensor> r = batch_norm_training(cast(x, kFloat32), weight, bias, eps);
+  r[0] = cast(r[0], x.dtype());
+  return r;
 }
 
 }  // namespace
 
 std::vector<Tensor> batch_norm_training(const Tensor& x, const Tensor& weight_in, const Tensor& bias_in, double eps) {
   const char* op = "batch_norm_training";
-  if (x.defined() && is_half(x.dtype())) {
-    // Half activations (Note [Autocast]): the statistics and the normalisation in float32, y rounded
-    // once to x's dtype, as PyTorch's mixed-dtype batch norm. The node keeps the float32 copy of x.
-    std::vector<Tensor> r = batch_norm_training(cast(x, kFloat32), weight_in, bias_in, eps);
-    r[0] = cast(r[0], x.dtype());
-    return r;
-  }
   check_compute(x, op);
   BRAID_CHECK_T(TypeError, is_floating(x.dtype()), op, ": input must be floating-point, got ", dtype_name(x.dtype()));
   BRAID_CHECK(x.dim() >= 2, op, ": expected an (N, C, ...) input, got shape ", shape_str(x.shape()));
@@ -85,21 +112,33 @@ std::vector<Tensor> batch_norm_training(const Tensor& x, const Tensor& weight_in
                 "input shape ", shape_str(x.shape()), "), got ", shape_str(p->shape()));
   }
   // float32 parameters against a float64 input compute in float64, as the composite's promotion did;
-  // the cast is recorded, so the parameters' gradients come back in their own dtype.
-  const auto like_x = [&](const Tensor& p) { return p.defined() && p.dtype() != x.dtype() ? p.to(x.dtype()) : p; };
-  const Tensor weight = like_x(weight_in), bias = like_x(bias_in);
+  // the cast is recorded, so the parameters' gradients come back in their own dtype. A half x keeps
+  // float32 parameters and statistics.
+  const DType sd = stat_dtype(x.dtype());
+  const auto like_x = [&](const Tensor& p) { return p.defined() && p.dtype() != sd ? p.to(sd) : p; };
   Tensor x3, m, v, invstd, y;
   {
     NoGradGuard no_grad;
     x3 = channels(x.detach());
     std::tie(m, v) = moments(x3);
-    invstd = rsqrt(v + eps);
-    const Tensor scale = weight.defined() ? invstd * weight.detach() : invstd;
-    const Tensor shift = bias.defined() ? bias.detach() - m * scale : -(m * scale);
-    y = affine(x3, scale, shift, Tensor(), Tensor(), Tensor()).view(x.shape());
   }
+  if (!m.defined()) return batch_norm_via_float32(x, weight_in, bias_in, eps);  // no half pass here
+  {
+    NoGradGuard no_grad;
+    const Tensor wd = like_x(weight_in.defined() ? weight_in.detach() : weight_in);
+    const Tensor bd = like_x(bias_in.defined() ? bias_in.detach() : bias_in);
+    invstd = rsqrt(v + eps);
+    const Tensor scale = wd.defined() ? invstd * wd : invstd;
+    const Tensor shift = bd.defined() ? bd - m * scale : -(m * scale);
+    y = is_half(x.dtype()) ? fused_affine(x3, scale, shift, Tensor(), Tensor(), Tensor())
+                           : affine(x3, scale, shift, Tensor(), Tensor(), Tensor());
+  }
+  if (!y.defined()) return batch_norm_via_float32(x, weight_in, bias_in, eps);  // no half pass here
+  y = y.view(x.shape());
+  const Tensor weight = like_x(weight_in), bias = like_x(bias_in);
   const Tensor w = weight.defined() ? weight.detach() : Tensor();
-  y = record("batch_norm", y, {x, weight, bias}, [x3, m, invstd, w, shape = x.shape()](const Tensor& g, Grads& r) {
+  y = record("batch_norm", y, {x, weight, bias}, [x3, m, invstd, w, shape = x.shape()](const Tensor& g_in, Grads& r) {
+    const Tensor g = g_in.dtype() == x3.dtype() ? g_in : cast(g_in, x3.dtype());
     const Tensor g3 = channels(g);
     const auto [sum_g, sum_gxc] = grad_sums(g3, x3, m);
     if (r.needs(2)) r.set(2, sum_g);
@@ -120,23 +159,30 @@ Tensor channel_affine(const Tensor& x, const Tensor& scale, const Tensor& shift)
       x.dim() >= 2 && scale.dim() == 1 && shift.dim() == 1 && scale.numel() == x.size(1) && shift.numel() == x.size(1),
       "channel_affine: expected x (N, C, ...) with scale and shift (C), got shapes ", shape_str(x.shape()), ", ",
       shape_str(scale.shape()), " and ", shape_str(shift.shape()));
-  if (is_half(x.dtype()) && scale.dtype() != x.dtype())  // float32 arithmetic, rounded once (Note [Half arithmetic])
-    return via_float32(x, [&](const Tensor& w) { return channel_affine(w, scale, shift); });
+  // A half x with float32 scale and shift: the backend's half pass (float32 arithmetic, rounded
+  // once, Note [Half arithmetic]) where it has one, else the float32 op on a widened copy.
+  const bool half = is_half(x.dtype()) && scale.dtype() != x.dtype();
   if (!needs_grad(x) && !needs_grad(scale) && !needs_grad(shift) && active_trace() == nullptr && x.numel() > 0 &&
-      scale.dtype() == x.dtype() && shift.dtype() == x.dtype() && scale.device() == x.device() &&
+      scale.dtype() == stat_dtype(x.dtype()) && shift.dtype() == scale.dtype() && scale.device() == x.device() &&
       shift.device() == x.device()) {
     NoGradGuard no_grad;
+    // The backend's pass on x's (N, C, S) channels; undefined where it declines a half x.
+    const auto pass = [&](const Tensor& x3) {
+      return half ? fused_affine(x3, contiguous(scale), contiguous(shift), Tensor(), Tensor(), Tensor())
+                  : affine(x3, contiguous(scale), contiguous(shift), Tensor(), Tensor(), Tensor());
+    };
     const Shape& s = x.shape();
     if (s.size() == 4 && !x.is_contiguous() && x.is_channels_last()) {
       // Note [Channels-last activations in inference] (ops/conv.cpp): NHWC memory is (N*H*W, C, 1)
       // channels, and the result stays channels-last.
-      const Tensor y = affine(x.permute({0, 2, 3, 1}).view({s[0] * s[2] * s[3], s[1], 1}), contiguous(scale),
-                              contiguous(shift), Tensor(), Tensor(), Tensor());
-      return y.view({s[0], s[2], s[3], s[1]}).permute({0, 3, 1, 2});
+      const Tensor y = pass(x.permute({0, 2, 3, 1}).view({s[0] * s[2] * s[3], s[1], 1}));
+      if (y.defined()) return y.view({s[0], s[2], s[3], s[1]}).permute({0, 3, 1, 2});
+    } else if (const Tensor y = pass(channels(x)); y.defined()) {
+      return y.view(x.shape());
     }
-    const Tensor y = affine(channels(x), contiguous(scale), contiguous(shift), Tensor(), Tensor(), Tensor());
-    return y.view(x.shape());
   }
+  if (half)  // float32 arithmetic, rounded once (Note [Half arithmetic])
+    return via_float32(x, [&](const Tensor& w) { return channel_affine(w, scale, shift); });
   Shape cs(static_cast<size_t>(x.dim()), 1);
   cs[1] = x.size(1);
   return x * scale.reshape(cs) + shift.reshape(cs);

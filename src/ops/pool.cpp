@@ -1,6 +1,8 @@
 // Pooling (braid/conv.h): max and average pooling through the backend's pooling primitives (and its
 // channels-last max pooling in inference), adaptive average pooling composed of means. Each op
-// checks its arguments at the front door and records one autograd node.
+// checks its arguments at the front door and records one autograd node. float16 and bfloat16
+// planes go to the same primitives, which every backend takes in those dtypes (a maximum exact, an
+// average summed in float32 and rounded once, Note [Half arithmetic] in backend/backend.h).
 #include <vector>
 
 #include "braid/conv.h"
@@ -79,8 +81,6 @@ Tensor max_pool2d(const Tensor& x, const std::vector<int64_t>& kernel, const std
                   const std::vector<int64_t>& padding, const std::vector<int64_t>& dilation, bool ceil_mode) {
   if (x.defined() && x.dim() == 3)
     return max_pool2d(x.unsqueeze(0), kernel, stride, padding, dilation, ceil_mode).squeeze(0);
-  if (x.defined() && is_half(x.dtype()))  // through float32 (exact: a max rounds nothing), Note [Half arithmetic]
-    return via_float32(x, [&](const Tensor& w) { return max_pool2d(w, kernel, stride, padding, dilation, ceil_mode); });
   check_pool_input(x, "max_pool2d");
   const Window2d win = pool_window("max_pool2d", x, kernel, stride, padding, dilation, ceil_mode);
   const int64_t n = x.shape()[0], c = x.shape()[1];
@@ -98,10 +98,13 @@ Tensor max_pool2d(const Tensor& x, const std::vector<int64_t>& kernel, const std
   }
   traced("max_pool2d", out, {x}, {{win.kh, win.kw, win.sh, win.sw, win.ph, win.pw, win.dh, win.dw, ceil_mode}, {}});
   return record("max_pool2d", out, {x}, [indices, x_shape = x.shape()](const Tensor& g, Grads& r) {
-    // Each output's gradient goes to the element it took, through the flattened planes.
+    // Each output's gradient goes to the element it took, through the flattened planes. Overlapping
+    // windows may send several to one element: a half gradient sums in float32, and the engine
+    // rounds the sum once to x's dtype.
     const Shape flat{x_shape[0], x_shape[1], -1};
-    Tensor gx = zeros({x_shape[0], x_shape[1], x_shape[2] * x_shape[3]}, g.dtype(), g.device());
-    backend_of(g).scatter_add(gx, 2, indices.view(flat), g.reshape(flat));
+    const Tensor gs = is_half(g.dtype()) ? cast(g, kFloat32) : g;
+    Tensor gx = zeros({x_shape[0], x_shape[1], x_shape[2] * x_shape[3]}, gs.dtype(), g.device());
+    backend_of(g).scatter_add(gx, 2, indices.view(flat), gs.reshape(flat));
     r.set(0, gx.view(x_shape));
   });
 }
@@ -110,8 +113,6 @@ Tensor avg_pool2d(const Tensor& x, const std::vector<int64_t>& kernel, const std
                   const std::vector<int64_t>& padding, bool ceil_mode, bool count_include_pad) {
   if (x.defined() && x.dim() == 3)
     return avg_pool2d(x.unsqueeze(0), kernel, stride, padding, ceil_mode, count_include_pad).squeeze(0);
-  if (x.defined() && is_half(x.dtype()))  // float32 sums, rounded once (Note [Half arithmetic])
-    return via_float32(x, [&](const Tensor& w) { return avg_pool2d(w, kernel, stride, padding, ceil_mode, count_include_pad); });
   check_pool_input(x, "avg_pool2d");
   const Window2d win = pool_window("avg_pool2d", x, kernel, stride, padding, {1, 1}, ceil_mode);
   Tensor out = new_like(x, {x.shape()[0], x.shape()[1], win.oh, win.ow}, x.dtype());

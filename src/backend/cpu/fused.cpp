@@ -172,7 +172,9 @@ void affine_kernel(const T* a, const T* sa, const T* shift, const T* b, const T*
   });
 }
 
-// Whether every defined tensor is contiguous and of dtype; the kernels take float32 and float64.
+// Whether every defined tensor is contiguous and of dtype; the kernels take float32 and float64. So
+// the batch-norm passes decline a float16/bfloat16 x with float32 per-channel tensors (the mixed
+// dtypes of backend.h), and batch_norm_training takes its float32 detour here.
 bool fusable(DType dtype, std::initializer_list<const Tensor*> ts) {
   if (!fused_on() || (dtype != kFloat32 && dtype != kFloat64)) return false;
   for (const Tensor* t : ts)

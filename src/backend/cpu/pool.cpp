@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "backend/cpu/cpu_backend.h"
+#include "core/internal.h"
 #include "backend/cpu/dispatch.h"
 #include "backend/cpu/fast_math.h"
 #include "backend/cpu/loop.h"
@@ -305,6 +306,12 @@ void CpuBackend::max_pool2d(const Tensor& x, const Window2d& win, const Tensor& 
       "max_pool2d: indices must be contiguous int64 of out's shape");
   const int64_t planes = out.shape()[0] * out.shape()[1];
   if (out.numel() == 0) return;
+  if (is_half(x.dtype())) {  // Note [Half arithmetic]: the float32 kernel on widened scratch (a max rounds nothing)
+    const Tensor f = new_tensor(out.shape(), kFloat32, out.device());
+    max_pool2d(widen_to_float32(x), win, f, indices);
+    copy(f, out);
+    return;
+  }
   dispatch_compute(x.dtype(), "max_pool2d", [&]<typename T>() {
     if constexpr (std::is_floating_point_v<T>)
       max_pool_kernel<T>(x.data<T>(), out.data<T>(), indices.defined() ? indices.data<int64_t>() : nullptr, planes,
@@ -332,6 +339,12 @@ void CpuBackend::avg_pool2d(const Tensor& x, const Window2d& win, bool count_inc
   check_planes(x, out, "avg_pool2d");
   const int64_t planes = out.shape()[0] * out.shape()[1];
   if (out.numel() == 0) return;
+  if (is_half(x.dtype())) {  // Note [Half arithmetic]: float32 sums on widened scratch, rounded once
+    const Tensor f = new_tensor(out.shape(), kFloat32, out.device());
+    avg_pool2d(widen_to_float32(x), win, count_include_pad, f);
+    copy(f, out);
+    return;
+  }
   dispatch_compute(x.dtype(), "avg_pool2d", [&]<typename T>() {
     if constexpr (std::is_floating_point_v<T>)
       avg_pool_kernel<T>(x.data<T>(), out.data<T>(), planes, win, count_include_pad);
@@ -345,6 +358,12 @@ void CpuBackend::avg_pool2d_backward(const Tensor& grad, const Window2d& win, bo
   check_planes(grad_x, grad, "avg_pool2d_backward");
   const int64_t planes = grad.shape()[0] * grad.shape()[1];
   if (grad.numel() == 0) return;
+  if (is_half(grad.dtype())) {  // float32 accumulation into widened grad_x, rounded once
+    const Tensor f = widen_to_float32(grad_x);
+    avg_pool2d_backward(widen_to_float32(grad), win, count_include_pad, f);
+    copy(f, grad_x);
+    return;
+  }
   dispatch_compute(grad.dtype(), "avg_pool2d_backward", [&]<typename T>() {
     if constexpr (std::is_floating_point_v<T>)
       avg_pool_backward_kernel<T>(grad.data<T>(), grad_x.data<T>(), planes, win, count_include_pad);

@@ -14,9 +14,16 @@
 // and finishes it. The variance needs the mean first: the moments are two such rounds, the mean's
 // and then the centred squares' (two-pass, as the composite: no cancellation when the mean is large
 // against the spread).
+//
+// The three passes are templates on T, the type of x, g, a, b and out, and S, the type of the
+// per-channel tensors: S = T for float32 and float64, S = float for float16 and bfloat16 x (the
+// mixed dtypes of FusedKernels::channel_moments in backend.h): each element is widened to float32,
+// the arithmetic is the float32 pass's, and out is rounded once, so a half x gives the float32
+// pass's values on the widened x without a float32 copy of it.
 #include <cstdint>
 
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/convert.cuh"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/host.h"
 
@@ -51,25 +58,25 @@ struct Ncs {
 enum class ChannelPass { Sum, Centred2, GradSums };
 
 // partial[(y * 2 + k) * C + c] = sum k of block y's share of channel c (k = 1 for GradSums only).
-template <ChannelPass P, typename T>
-__global__ void __launch_bounds__(kThreads) channel_sums_block_kernel(const T* x, const T* g, const T* mean, Ncs d,
+template <ChannelPass P, typename T, typename S>
+__global__ void __launch_bounds__(kThreads) channel_sums_block_kernel(const T* x, const T* g, const S* mean, Ncs d,
                                                                       int64_t chunk, double* partial) {
   __shared__ double lanes[kThreads];
   const int64_t c = blockIdx.x, total = d.n * d.s;
   const int64_t j0 = blockIdx.y * chunk, j1 = j0 + chunk < total ? j0 + chunk : total;
-  const T m = P == ChannelPass::Sum ? T(0) : mean[c];
+  const S m = P == ChannelPass::Sum ? S(0) : mean[c];
   double s0 = 0, s1 = 0;
   for (int64_t j = j0 + threadIdx.x; j < j1; j += blockDim.x) {
     const int64_t at = (j / d.s * d.c + c) * d.s + j % d.s;
     if constexpr (P == ChannelPass::Sum) {
-      s0 += static_cast<double>(x[at]);
+      s0 += static_cast<double>(cast<S>(x[at]));
     } else if constexpr (P == ChannelPass::Centred2) {
-      const T centred = x[at] - m;
+      const S centred = cast<S>(x[at]) - m;
       s0 += static_cast<double>(centred * centred);
     } else {
-      const T gi = g[at];
+      const S gi = cast<S>(g[at]);
       s0 += static_cast<double>(gi);
-      s1 += static_cast<double>(gi * (x[at] - m));
+      s1 += static_cast<double>(gi * (cast<S>(x[at]) - m));
     }
   }
   s0 = block_sum(s0, lanes);
@@ -82,7 +89,7 @@ __global__ void __launch_bounds__(kThreads) channel_sums_block_kernel(const T* x
 
 // out0[c] (and out1[c] for GradSums) = the splits' partials added in order, divided by `count` for
 // the moments' means (count 0: the sums themselves).
-template <ChannelPass P, typename T>
+template <ChannelPass P, typename T>  // T: the per-channel type
 __global__ void __launch_bounds__(kThreads)
     channel_finish_kernel(const double* partial, int64_t splits, int64_t channels, double count, T* out0, T* out1) {
   for (int64_t c = global_index(); c < channels; c += grid_stride()) {
@@ -97,8 +104,8 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // One round of Note [Per-channel sums on the GPU] into out0 (and out1).
-template <ChannelPass P, typename T>
-void channel_round(const T* x, const T* g, const T* mean, Ncs d, double count, T* out0, T* out1, int device,
+template <ChannelPass P, typename T, typename S>
+void channel_round(const T* x, const T* g, const S* mean, Ncs d, double count, S* out0, S* out1, int device,
                    cudaStream_t stream, const char* op) {
   const int64_t total = d.n * d.s;
   const int threads = static_cast<int>(std::min<int64_t>(kThreads, std::max<int64_t>(32, [&] {
@@ -112,22 +119,22 @@ void channel_round(const T* x, const T* g, const T* mean, Ncs d, double count, T
   const int64_t chunk = ceil_div(std::max<int64_t>(total, 1), splits_wanted), splits = ceil_div(std::max<int64_t>(total, 1), chunk);
   Scratch partial(device, splits * 2 * d.c * static_cast<int64_t>(sizeof(double)));
   double* p = static_cast<double*>(partial.get());
-  channel_sums_block_kernel<P, T><<<dim3(static_cast<unsigned>(d.c), static_cast<unsigned>(splits)),
+  channel_sums_block_kernel<P, T, S><<<dim3(static_cast<unsigned>(d.c), static_cast<unsigned>(splits)),
                                     static_cast<unsigned>(threads), 0, stream>>>(x, g, mean, d, chunk, p);
   check_launch(op, "channel_sums_block_kernel");
-  channel_finish_kernel<P, T><<<grid_for(d.c), kThreads, 0, stream>>>(p, splits, d.c, count, out0, out1);
+  channel_finish_kernel<P, S><<<grid_for(d.c), kThreads, 0, stream>>>(p, splits, d.c, count, out0, out1);
   check_launch(op, "channel_finish_kernel");
 }
 
 // out = (a * sa[c] + shift[c]) + (b - b_mean[c]) * sb[c], the last term only when b is given.
-template <typename T>
-__global__ void __launch_bounds__(kThreads) channel_affine_kernel(const T* a, const T* sa, const T* shift, const T* b,
-                                                                  const T* b_mean, const T* sb, T* out, Ncs d) {
+template <typename T, typename S>
+__global__ void __launch_bounds__(kThreads) channel_affine_kernel(const T* a, const S* sa, const S* shift, const T* b,
+                                                                  const S* b_mean, const S* sb, T* out, Ncs d) {
   const int64_t total = d.n * d.c * d.s;
   for (int64_t i = global_index(); i < total; i += grid_stride()) {
     const int64_t c = i / d.s % d.c;
-    const T y = a[i] * sa[c] + shift[c];
-    out[i] = b != nullptr ? y + (b[i] - b_mean[c]) * sb[c] : y;
+    const S y = cast<S>(a[i]) * sa[c] + shift[c];
+    out[i] = cast<T>(b != nullptr ? y + (cast<S>(b[i]) - b_mean[c]) * sb[c] : y);
   }
 }
 
@@ -302,6 +309,20 @@ bool all_contiguous(DType dtype, std::initializer_list<const Tensor*> ts) {
   return true;
 }
 
+// f(Tag<T>{}, Tag<S>{}) for batch normalisation's element dtype t and per-channel dtype s: both
+// float32 or both float64, or float16/bfloat16 t with float32 s; false for the others.
+template <typename F>
+bool channel_types(DType t, DType s, F&& f) {
+  if (t == kFloat32 && s == kFloat32) return f(Tag<float>{}, Tag<float>{}), true;
+  if (t == kFloat64 && s == kFloat64) return f(Tag<double>{}, Tag<double>{}), true;
+  if (t == kFloat16 && s == kFloat32) return f(Tag<F16>{}, Tag<float>{}), true;
+  if (t == kBFloat16 && s == kFloat32) return f(Tag<BF16>{}, Tag<float>{}), true;
+  return false;
+}
+
+// The per-channel dtype batch normalisation's passes take with elements of dtype t.
+DType channel_dtype(DType t) { return t == kFloat16 || t == kBFloat16 ? kFloat32 : t; }
+
 template <typename F>
 bool floating(DType t, F&& f) {
   if (t == kFloat32) return f(Tag<float>{}), true;
@@ -322,46 +343,53 @@ namespace braid::detail {
 using cuda::at;
 
 bool CudaBackend::channel_moments(const Tensor& x, const Tensor& mean, const Tensor& var) {
-  if (x.dim() != 3 || !cuda::all_contiguous(x.dtype(), {&x, &mean, &var})) return false;
+  const DType sd = cuda::channel_dtype(x.dtype());
+  if (x.dim() != 3 || !cuda::all_contiguous(x.dtype(), {&x}) || !cuda::all_contiguous(sd, {&mean, &var}) ||
+      !cuda::channel_types(x.dtype(), sd, [](auto, auto) {}))
+    return false;
   const cuda::Ncs d{x.size(0), x.size(1), x.size(2)};
   if (d.n * d.s == 0) return false;  // the composite's NaN moments of nothing
   if (d.c == 0) return true;
   cuda::Launch l("channel_moments", x, {mean, var});
   const double count = static_cast<double>(d.n * d.s);
-  return cuda::floating(x.dtype(), [&]<typename T>(cuda::Tag<T>) {
+  return cuda::channel_types(x.dtype(), sd, [&]<typename T, typename S>(cuda::Tag<T>, cuda::Tag<S>) {
     using P = cuda::ChannelPass;
-    cuda::channel_round<P::Sum, T>(at<T>(x), nullptr, nullptr, d, count, at<T>(mean), nullptr, l.device, l.stream,
-                                   "channel_moments");
-    cuda::channel_round<P::Centred2, T>(at<T>(x), nullptr, at<T>(mean), d, count, at<T>(var), nullptr, l.device,
-                                        l.stream, "channel_moments");
+    cuda::channel_round<P::Sum, T, S>(at<T>(x), nullptr, nullptr, d, count, at<S>(mean), nullptr, l.device, l.stream,
+                                      "channel_moments");
+    cuda::channel_round<P::Centred2, T, S>(at<T>(x), nullptr, at<S>(mean), d, count, at<S>(var), nullptr, l.device,
+                                           l.stream, "channel_moments");
   });
 }
 
 bool CudaBackend::channel_grad_sums(const Tensor& g, const Tensor& x, const Tensor& mean, const Tensor& sum_g,
                                     const Tensor& sum_gxc) {
-  if (x.dim() != 3 || g.shape() != x.shape() || !cuda::all_contiguous(x.dtype(), {&g, &x, &mean, &sum_g, &sum_gxc}))
+  const DType sd = cuda::channel_dtype(x.dtype());
+  if (x.dim() != 3 || g.shape() != x.shape() || !cuda::all_contiguous(x.dtype(), {&g, &x}) ||
+      !cuda::all_contiguous(sd, {&mean, &sum_g, &sum_gxc}) || !cuda::channel_types(x.dtype(), sd, [](auto, auto) {}))
     return false;
   const cuda::Ncs d{x.size(0), x.size(1), x.size(2)};
   if (d.c == 0) return true;
   cuda::Launch l("channel_grad_sums", x, {g, mean, sum_g, sum_gxc});
-  return cuda::floating(x.dtype(), [&]<typename T>(cuda::Tag<T>) {
-    cuda::channel_round<cuda::ChannelPass::GradSums, T>(at<T>(x), at<T>(g), at<T>(mean), d, 0, at<T>(sum_g),
-                                                         at<T>(sum_gxc), l.device, l.stream, "channel_grad_sums");
+  return cuda::channel_types(x.dtype(), sd, [&]<typename T, typename S>(cuda::Tag<T>, cuda::Tag<S>) {
+    cuda::channel_round<cuda::ChannelPass::GradSums, T, S>(at<T>(x), at<T>(g), at<S>(mean), d, 0, at<S>(sum_g),
+                                                            at<S>(sum_gxc), l.device, l.stream, "channel_grad_sums");
   });
 }
 
 bool CudaBackend::channel_affine(const Tensor& a, const Tensor& sa, const Tensor& shift, const Tensor& b,
                                  const Tensor& b_mean, const Tensor& sb, const Tensor& out) {
+  const DType sd = cuda::channel_dtype(a.dtype());
   if (a.dim() != 3 || out.shape() != a.shape() || (b.defined() && b.shape() != a.shape()) ||
-      !cuda::all_contiguous(a.dtype(), {&a, &sa, &shift, &b, &b_mean, &sb, &out}))
+      !cuda::all_contiguous(a.dtype(), {&a, &b, &out}) || !cuda::all_contiguous(sd, {&sa, &shift, &b_mean, &sb}) ||
+      !cuda::channel_types(a.dtype(), sd, [](auto, auto) {}))
     return false;
   const cuda::Ncs d{a.size(0), a.size(1), a.size(2)};
   const int64_t n = a.numel();
   cuda::Launch l("channel_affine", a, {sa, shift, b, b_mean, sb, out});
-  return cuda::floating(a.dtype(), [&]<typename T>(cuda::Tag<T>) {
+  return cuda::channel_types(a.dtype(), sd, [&]<typename T, typename S>(cuda::Tag<T>, cuda::Tag<S>) {
     if (n == 0) return;
-    cuda::channel_affine_kernel<T><<<cuda::grid_for(n), cuda::kThreads, 0, l.stream>>>(
-        at<T>(a), at<T>(sa), at<T>(shift), at<T>(b), at<T>(b_mean), at<T>(sb), at<T>(out), d);
+    cuda::channel_affine_kernel<T, S><<<cuda::grid_for(n), cuda::kThreads, 0, l.stream>>>(
+        at<T>(a), at<S>(sa), at<S>(shift), at<T>(b), at<S>(b_mean), at<S>(sb), at<T>(out), d);
     cuda::check_launch("channel_affine", "channel_affine_kernel");
   });
 }

@@ -3,10 +3,14 @@
 // it, so no atomics). Window clipping, divisors, NaN handling and summation order are those of
 // src/backend/cpu/pool.cpp, so results equal the CPU's bit for bit. Channels-last max pooling (the
 // fused entry of inference, Note [Fused kernels]) takes one thread per output, channels innermost.
+// float16 and bfloat16 planes load each element as float32 and round once on the store (Note [Half
+// arithmetic] in backend/backend.h): a maximum is exact, an average sums and divides in float32, as
+// the CPU's float32 kernels on the widened planes.
 // The CudaBackend methods that unpack the tensors and launch them follow the kernels (host.h).
 #include <cstdint>
 
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/convert.cuh"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/host.h"
 
@@ -34,18 +38,18 @@ __global__ void __launch_bounds__(kThreads)
     taps(y0, win.dh, win.kh, win.h, ilo, ihi);
     taps(x0, win.dw, win.kw, win.w, jlo, jhi);
     int64_t best_at = (y0 + ilo * win.dh) * win.w + x0 + jlo * win.dw;
-    T best = src[best_at];
+    Compute<T> best = cast<Compute<T>>(src[best_at]);
     for (int64_t i = ilo; i < ihi; ++i) {
       const int64_t row = (y0 + i * win.dh) * win.w + x0;
       for (int64_t j = jlo; j < jhi; ++j) {
-        const T v = src[row + j * win.dw];
+        const Compute<T> v = cast<Compute<T>>(src[row + j * win.dw]);
         if (v > best || v != v) {  // NaN propagates (the last NaN's index, as the CPU's scan)
           best = v;
           best_at = row + j * win.dw;
         }
       }
     }
-    out[idx] = best;
+    out[idx] = cast<T>(best);
     if (indices != nullptr) indices[idx] = best_at;  // null when no gradient needs them
   }
 }
@@ -72,10 +76,11 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t t = idx / p, q = idx % p;
     const T* src = x + t * win.h * win.w;
     const AvgWindow a = avg_window(win, q / win.ow, q % win.ow, count_include_pad);
-    T sum = 0;
+    using C = Compute<T>;
+    C sum = 0;
     for (int64_t y = a.y0; y < a.y1; ++y)
-      for (int64_t xx = a.x0; xx < a.x1; ++xx) sum += src[y * win.w + xx];
-    out[idx] = sum / static_cast<T>(a.divisor);
+      for (int64_t xx = a.x0; xx < a.x1; ++xx) sum += cast<C>(src[y * win.w + xx]);
+    out[idx] = cast<T>(sum / static_cast<C>(a.divisor));
   }
 }
 
@@ -91,22 +96,32 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t ylo = y + win.ph - win.kh + 1, xlo = xx + win.pw - win.kw + 1;
     const int64_t oy0 = ylo <= 0 ? 0 : (ylo + win.sh - 1) / win.sh, oy1 = imin(win.oh - 1, (y + win.ph) / win.sh);
     const int64_t ox0 = xlo <= 0 ? 0 : (xlo + win.sw - 1) / win.sw, ox1 = imin(win.ow - 1, (xx + win.pw) / win.sw);
-    T acc = gx[idx];
+    using C = Compute<T>;
+    C acc = cast<C>(gx[idx]);
     for (int64_t oy = oy0; oy <= oy1; ++oy) {
       for (int64_t ox = ox0; ox <= ox1; ++ox) {
         const AvgWindow a = avg_window(win, oy, ox, count_include_pad);
-        if (y >= a.y0 && y < a.y1 && xx >= a.x0 && xx < a.x1) acc += g[oy * win.ow + ox] / static_cast<T>(a.divisor);
+        if (y >= a.y0 && y < a.y1 && xx >= a.x0 && xx < a.x1)
+          acc += cast<C>(g[oy * win.ow + ox]) / static_cast<C>(a.divisor);
       }
     }
-    gx[idx] = acc;
+    gx[idx] = cast<T>(acc);
   }
+}
+
+// f(Tag<T>{}) for the dtypes the pooling kernels take: float, double, float16 and bfloat16.
+template <typename F>
+void dispatch_pooled(DType t, const char* op, F&& f) {
+  if (t == DType::Float16) return f(Tag<F16>{});
+  if (t == DType::BFloat16) return f(Tag<BF16>{});
+  dispatch_floating(t, op, f);
 }
 
 void launch_max_pool2d(DType type, const void* x, void* out, int64_t* indices, int64_t planes, const Window2d& win,
                        cudaStream_t stream) {
   const int64_t total = planes * win.oh * win.ow;
   if (total == 0) return;
-  dispatch_floating(type, "max_pool2d", [&](auto tag) {
+  dispatch_pooled(type, "max_pool2d", [&](auto tag) {
     using T = typename decltype(tag)::type;
     max_pool_kernel<T><<<grid_for(total), kThreads, 0, stream>>>(static_cast<const T*>(x), static_cast<T*>(out),
                                                                  indices, planes, win);
@@ -118,7 +133,7 @@ void launch_avg_pool2d(DType type, const void* x, void* out, int64_t planes, con
                        bool count_include_pad, cudaStream_t stream) {
   const int64_t total = planes * win.oh * win.ow;
   if (total == 0) return;
-  dispatch_floating(type, "avg_pool2d", [&](auto tag) {
+  dispatch_pooled(type, "avg_pool2d", [&](auto tag) {
     using T = typename decltype(tag)::type;
     avg_pool_kernel<T><<<grid_for(total), kThreads, 0, stream>>>(static_cast<const T*>(x), static_cast<T*>(out), planes,
                                                                  win, count_include_pad);
@@ -130,7 +145,7 @@ void launch_avg_pool2d_backward(DType type, const void* grad, void* grad_x, int6
                                 bool count_include_pad, cudaStream_t stream) {
   const int64_t total = planes * win.h * win.w;
   if (total == 0) return;
-  dispatch_floating(type, "avg_pool2d_backward", [&](auto tag) {
+  dispatch_pooled(type, "avg_pool2d_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
     avg_pool_backward_kernel<T><<<grid_for(total), kThreads, 0, stream>>>(
         static_cast<const T*>(grad), static_cast<T*>(grad_x), planes, win, count_include_pad);
@@ -154,13 +169,13 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t ihi = imax(ilo, y0 >= win.h ? 0 : imin(win.kh, (win.h - 1 - y0) / win.dh + 1));
     const int64_t jlo = x0 >= 0 ? 0 : imin(win.kw, (-x0 + win.dw - 1) / win.dw);
     const int64_t jhi = imax(jlo, x0 >= win.w ? 0 : imin(win.kw, (win.w - 1 - x0) / win.dw + 1));
-    T best = src[((y0 + ilo * win.dh) * win.w + x0 + jlo * win.dw) * c];
+    Compute<T> best = cast<Compute<T>>(src[((y0 + ilo * win.dh) * win.w + x0 + jlo * win.dw) * c]);
     for (int64_t i = ilo; i < ihi; ++i)
       for (int64_t j = jlo; j < jhi; ++j) {
-        const T v = src[((y0 + i * win.dh) * win.w + x0 + j * win.dw) * c];
+        const Compute<T> v = cast<Compute<T>>(src[((y0 + i * win.dh) * win.w + x0 + j * win.dw) * c]);
         if (v > best || v != v) best = v;
       }
-    out[idx] = best;
+    out[idx] = cast<T>(best);
   }
 }
 
@@ -202,6 +217,8 @@ bool CudaBackend::max_pool2d_channels_last(const Tensor& x, const Window2d& win,
   };
   if (x.dtype() == kFloat32) return run(cuda::Tag<float>{});
   if (x.dtype() == kFloat64) return run(cuda::Tag<double>{});
+  if (x.dtype() == kFloat16) return run(cuda::Tag<cuda::F16>{});
+  if (x.dtype() == kBFloat16) return run(cuda::Tag<cuda::BF16>{});
   return false;  // the composite (a contiguous copy, then max_pool2d) for the other dtypes
 }
 
