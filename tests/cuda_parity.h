@@ -115,7 +115,15 @@ struct Tol {
 };
 
 // The tolerance of computed floating results: a few ulp of float32 / float64.
-Tol approx(DType t) { return t == kFloat64 ? Tol{1e-13, 1e-14} : Tol{3e-6, 1e-6}; }
+// A few ulp of t: float32 and float64 results of different functions (libdevice against the CPU's),
+// and for the half types one half ulp (2^-10 for float16, 2^-7 for bfloat16), with a little absolute
+// room near 0.
+Tol approx(DType t) {
+  return t == kFloat64    ? Tol{1e-13, 1e-14}
+         : t == kFloat16  ? Tol{1e-3, 1e-6}
+         : t == kBFloat16 ? Tol{8e-3, 1e-6}
+                          : Tol{3e-6, 1e-6};
+}
 
 std::vector<double> values_of(const Tensor& t) {
   const Tensor c = t.cpu();
@@ -217,6 +225,73 @@ inline const std::vector<UnaryCase>& approximate_unary_cases() {
       }
     }
   }
+}
+
+// Every binary op on every pair of layouts of dtype t, CUDA against the CPU: equal, except pow of
+// floating operands (within approx(t)).
+[[maybe_unused]] inline void binary_parity(DType t) {
+  using detail::BinaryOp;
+  const std::vector<Layout> ls = layouts();
+  const BinaryOp ops[] = {BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div, BinaryOp::Pow, BinaryOp::Max,
+                          BinaryOp::Min, BinaryOp::Eq,  BinaryOp::Ne,  BinaryOp::Lt,  BinaryOp::Le,  BinaryOp::Gt,
+                          BinaryOp::Ge,  BinaryOp::And, BinaryOp::Or,  BinaryOp::Xor};
+  for (BinaryOp op : ops) {
+    const bool pow = op == BinaryOp::Pow, div = op == BinaryOp::Div;
+    const ValueRange ra = pow && is_int(t) ? ValueRange{-5, 5, false} : ValueRange{-3, 3, true};
+    const ValueRange rb = pow && is_int(t) ? ValueRange{0, 6, false} : ValueRange{-3, 3, !is_int(t), div && is_int(t)};
+    for (size_t i = 0; i < ls.size(); ++i) {
+      // Pair each layout with the next one of the same shape (a contiguous a with a broadcast b, ...).
+      const Layout& la = ls[i];
+      const Layout& lb = i + 1 < ls.size() && ls[i + 1].shape == la.shape ? ls[i + 1] : ls[i];
+      const Operand a = operand(la, t, 21, ra), b = operand(lb, t, 22, rb);
+      const bool bool_out = op >= BinaryOp::Eq, exact = op != BinaryOp::Pow || is_int(t);
+      expect_parity("binary op " + std::to_string(static_cast<int>(op)) + " " + name(t, la) + ", " + lb.name,
+                    exact ? Tol{} : approx(t), [&](Device d) {
+                      Tensor out = fresh(la.shape, bool_out ? kBool : t, d);
+                      backend(d).binary(op, a.on(d), b.on(d), out);
+                      return out;
+                    });
+    }
+  }
+}
+
+// where over every layout of dtype t (bits moved, so equal), b taken from layout b_layout where its
+// shape is the first layout's.
+[[maybe_unused]] inline void where_parity(DType t, size_t b_layout) {
+  const std::vector<Layout> ls = layouts();
+  for (const Layout& l : ls) {
+    const Operand c = operand(l, kBool, 31), a = operand(l, t, 32),
+                  b = operand(ls[0].shape == l.shape ? ls[b_layout] : l, t, 33);
+    expect_parity("where " + name(t, l), {}, [&](Device d) {
+      Tensor out = fresh(l.shape, t, d);
+      backend(d).where(c.on(d), a.on(d), b.on(d), out);
+      return out;
+    });
+  }
+}
+
+// A reduction's input layout and axes.
+struct ReductionCase {
+  Layout layout;
+  std::vector<int64_t> axes;
+};
+
+// Each layout over each single axis, two axes of a 3-d one and all axes; then few outputs over
+// `long_len` inputs (split reductions, partial results combined) and many outputs over few, in the
+// given long layouts.
+[[maybe_unused]] inline std::vector<ReductionCase> reduction_cases(const std::vector<Layout>& long_layouts) {
+  std::vector<ReductionCase> cases;
+  for (const Layout& l : layouts()) {
+    const int64_t nd = static_cast<int64_t>(l.shape.size());
+    std::vector<int64_t> all(static_cast<size_t>(nd));
+    std::iota(all.begin(), all.end(), 0);
+    for (int64_t a = 0; a < nd; ++a) cases.push_back({l, {a}});
+    if (nd == 3) cases.push_back({l, {0, 2}});
+    if (nd > 1) cases.push_back({l, all});
+  }
+  for (const Layout& l : long_layouts)
+    for (std::vector<int64_t> axes : {std::vector<int64_t>{0}, {1}, {0, 1}}) cases.push_back({l, axes});
+  return cases;
 }
 
 }  // namespace braid

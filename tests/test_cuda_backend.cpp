@@ -80,39 +80,9 @@ TEST(CudaParity, Unary) {
 
 TEST(CudaParity, BinaryAndWhere) {
   REQUIRE_CUDA();
-  const std::vector<Layout> ls = layouts();
-  const BinaryOp ops[] = {BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div, BinaryOp::Pow, BinaryOp::Max,
-                          BinaryOp::Min, BinaryOp::Eq,  BinaryOp::Ne,  BinaryOp::Lt,  BinaryOp::Le,  BinaryOp::Gt,
-                          BinaryOp::Ge,  BinaryOp::And, BinaryOp::Or,  BinaryOp::Xor};
   for (DType t : kComputeTypes) {
-    for (BinaryOp op : ops) {
-      const bool pow = op == BinaryOp::Pow, div = op == BinaryOp::Div;
-      const ValueRange ra = pow && is_int(t) ? ValueRange{-5, 5, false} : ValueRange{-3, 3, true};
-      const ValueRange rb =
-          pow && is_int(t) ? ValueRange{0, 6, false} : ValueRange{-3, 3, !is_int(t), div && is_int(t)};
-      for (size_t i = 0; i < ls.size(); ++i) {
-        // Pair each layout with the next one of the same shape (a contiguous a with a broadcast b, ...).
-        const Layout& la = ls[i];
-        const Layout& lb = i + 1 < ls.size() && ls[i + 1].shape == la.shape ? ls[i + 1] : ls[i];
-        const Operand a = operand(la, t, 21, ra), b = operand(lb, t, 22, rb);
-        const bool bool_out = op >= BinaryOp::Eq, exact = op != BinaryOp::Pow || is_int(t);
-        expect_parity("binary op " + std::to_string(static_cast<int>(op)) + " " + name(t, la) + ", " + lb.name,
-                      exact ? Tol{} : approx(t), [&](Device d) {
-                        Tensor out = fresh(la.shape, bool_out ? kBool : t, d);
-                        backend(d).binary(op, a.on(d), b.on(d), out);
-                        return out;
-                      });
-      }
-    }
-    for (const Layout& l : ls) {
-      const Operand c = operand(l, kBool, 31), a = operand(l, t, 32),
-                    b = operand(ls[0].shape == l.shape ? ls[0] : l, t, 33);
-      expect_parity("where " + name(t, l), {}, [&](Device d) {
-        Tensor out = fresh(l.shape, t, d);
-        backend(d).where(c.on(d), a.on(d), b.on(d), out);
-        return out;
-      });
-    }
+    binary_parity(t);
+    where_parity(t, 0);
   }
 }
 
@@ -143,23 +113,11 @@ TEST(CudaParity, IntegerErrorsAreTheCpusAndInPlaceUpdatesWork) {
 
 TEST(CudaParity, Reductions) {
   REQUIRE_CUDA();
-  struct Case {
-    Layout layout;
-    std::vector<int64_t> axes;
-  };
-  std::vector<Case> cases;
-  for (const Layout& l : layouts()) {
-    const int64_t nd = static_cast<int64_t>(l.shape.size());
-    std::vector<int64_t> all(static_cast<size_t>(nd));
-    std::iota(all.begin(), all.end(), 0);
-    for (int64_t a = 0; a < nd; ++a) cases.push_back({l, {a}});
-    if (nd == 3) cases.push_back({l, {0, 2}});
-    if (nd > 1) cases.push_back({l, all});
-  }
+  using Case = ReductionCase;
   // Few outputs over many inputs (split reductions), many outputs over few, strided columns.
-  for (const Layout& l : {Layout{"rows", {3, 70001}, {70001, 1}, 0}, Layout{"columns", {70001, 3}, {3, 1}, 0},
-                          Layout{"column-major", {70001, 3}, {1, 70001}, 0}})
-    for (std::vector<int64_t> axes : {std::vector<int64_t>{0}, {1}, {0, 1}}) cases.push_back({l, axes});
+  const std::vector<Case> cases = reduction_cases({Layout{"rows", {3, 70001}, {70001, 1}, 0},
+                                                   Layout{"columns", {70001, 3}, {3, 1}, 0},
+                                                   Layout{"column-major", {70001, 3}, {1, 70001}, 0}});
   for (DType t : kComputeTypes) {
     for (const Case& c : cases) {
       Shape out_shape = c.layout.shape;

@@ -13,8 +13,8 @@ namespace {
 
 const DType kHalfTypes[] = {kFloat16, kBFloat16};
 
-// One half ulp, relative (2^-10 for float16, 2^-7 for bfloat16), and a little absolute room near 0.
-Tol half_ulp(DType t) { return t == kFloat16 ? Tol{1e-3, 1e-6} : Tol{8e-3, 1e-6}; }
+// One half ulp (cuda_parity.h's approx for the half types).
+Tol half_ulp(DType t) { return approx(t); }
 
 TEST(CudaHalf, Unary) {
   REQUIRE_CUDA();
@@ -23,61 +23,17 @@ TEST(CudaHalf, Unary) {
 
 TEST(CudaHalf, BinaryAndWhere) {
   REQUIRE_CUDA();
-  const std::vector<Layout> ls = layouts();
-  const BinaryOp ops[] = {BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div, BinaryOp::Pow, BinaryOp::Max,
-                          BinaryOp::Min, BinaryOp::Eq,  BinaryOp::Ne,  BinaryOp::Lt,  BinaryOp::Le,  BinaryOp::Gt,
-                          BinaryOp::Ge,  BinaryOp::And, BinaryOp::Or,  BinaryOp::Xor};
-  for (DType t : kHalfTypes) {
-    for (BinaryOp op : ops) {
-      for (size_t i = 0; i < ls.size(); ++i) {
-        // Each layout with the next one of the same shape (a contiguous a with a permuted b, a sliced
-        // a with a broadcast b, ...).
-        const Layout& la = ls[i];
-        const Layout& lb = i + 1 < ls.size() && ls[i + 1].shape == la.shape ? ls[i + 1] : ls[i];
-        const Operand a = operand(la, t, 21, {-3, 3, true}), b = operand(lb, t, 22, {-3, 3, true});
-        const bool bool_out = op >= BinaryOp::Eq;
-        // +, -, *, / and max/min are correctly rounded float32 operations on both sides; pow is not.
-        expect_parity("binary op " + std::to_string(static_cast<int>(op)) + " " + name(t, la) + ", " + lb.name,
-                      op == BinaryOp::Pow ? half_ulp(t) : Tol{}, [&](Device d) {
-                        Tensor out = fresh(la.shape, bool_out ? kBool : t, d);
-                        backend(d).binary(op, a.on(d), b.on(d), out);
-                        return out;
-                      });
-      }
-    }
-  }
-  // where moves the bits of every dtype, the storage types included.
-  for (DType t : {kFloat16, kBFloat16, kInt8, kUInt8}) {
-    for (const Layout& l : ls) {
-      const Operand c = operand(l, kBool, 31), a = operand(l, t, 32),
-                    b = operand(ls[0].shape == l.shape ? ls[3] : l, t, 33);  // b broadcast where the shapes allow
-      expect_parity("where " + name(t, l), {}, [&](Device d) {
-        Tensor out = fresh(l.shape, t, d);
-        backend(d).where(c.on(d), a.on(d), b.on(d), out);
-        return out;
-      });
-    }
-  }
+  for (DType t : kHalfTypes) binary_parity(t);
+  // where moves the bits of every dtype, the storage types included (b broadcast where the shapes allow).
+  for (DType t : {kFloat16, kBFloat16, kInt8, kUInt8}) where_parity(t, 3);
 }
 
 TEST(CudaHalf, Reductions) {
   REQUIRE_CUDA();
-  struct Case {
-    Layout layout;
-    std::vector<int64_t> axes;
-  };
-  std::vector<Case> cases;
-  for (const Layout& l : layouts()) {
-    const int64_t nd = static_cast<int64_t>(l.shape.size());
-    std::vector<int64_t> all(static_cast<size_t>(nd));
-    std::iota(all.begin(), all.end(), 0);
-    for (int64_t a = 0; a < nd; ++a) cases.push_back({l, {a}});
-    if (nd == 3) cases.push_back({l, {0, 2}});
-    if (nd > 1) cases.push_back({l, all});
-  }
+  using Case = ReductionCase;
   // Few outputs over many inputs (split reductions, partial results combined), many over few.
-  for (const Layout& l : {Layout{"rows", {3, 20001}, {20001, 1}, 0}, Layout{"columns", {20001, 3}, {3, 1}, 0}})
-    for (std::vector<int64_t> axes : {std::vector<int64_t>{0}, {1}, {0, 1}}) cases.push_back({l, axes});
+  const std::vector<Case> cases =
+      reduction_cases({Layout{"rows", {3, 20001}, {20001, 1}, 0}, Layout{"columns", {20001, 3}, {3, 1}, 0}});
   for (DType t : kHalfTypes) {
     for (const Case& c : cases) {
       Shape out_shape = c.layout.shape;
