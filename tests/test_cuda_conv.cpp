@@ -10,6 +10,8 @@
 // (tools/cuda_emu/emu_cudnn.cpp), where the failure cases are marked.
 #include <dlfcn.h>
 
+#include <array>
+
 #include "backend/cudnn_settings.h"
 #include "cuda_parity.h"
 
@@ -75,6 +77,13 @@ int64_t ran() { return cudnn_conv_counts().ran; }
 // The emulation's hook (tools/cuda_emu/emu_cudnn.cpp); nullptr against the real cuDNN.
 using FailHook = void (*)(const char*, int);
 FailHook emu_fail() { return reinterpret_cast<FailHook>(dlsym(RTLD_DEFAULT, "emu_cudnn_fail")); }
+// The emulation's count of passes run in NHWC (forward, backward-data, backward-filter); zeros
+// against the real cuDNN.
+std::array<long, 3> nhwc_runs() {
+  using Count = long (*)(int);
+  const auto count = reinterpret_cast<Count>(dlsym(RTLD_DEFAULT, "emu_cudnn_nhwc_runs"));
+  return count ? std::array<long, 3>{count(0), count(1), count(2)} : std::array<long, 3>{};
+}
 #define REQUIRE_EMULATION()                                                               \
   REQUIRE_CUDA();                                                                         \
   if (!emu_fail()) GTEST_SKIP() << "marks cuDNN failures, which only the host emulation can"
@@ -171,6 +180,49 @@ TEST(CudnnConv, GradientsUnderAutocastTakeHalfOutputs) {
           expect_match(got[i], w_i, rounded ? half_sums(t) : Tol{1e-5, 1e-4}, what + " " + names[i]);
         }
       }
+}
+
+// Training under autocast runs channels-last (Note [Channels-last training] in src/ops/conv.cpp): y
+// comes out NHWC from a float32 NCHW x, BatchNorm keeps the layout, so the gradient reaches the
+// convolution NHWC, and all three passes run on cuDNN in NHWC (none declined, none redone in NCHW),
+// dL/dx of the float32 x included. The values are the same step's with set_channels_last(false):
+// the same products, summed in another order on a GPU.
+TEST(CudnnConv, TrainingUnderAutocastRunsChannelsLast) {
+  REQUIRE_CUDA();
+  uint32_t seed = 500;
+  for (const Geometry& g : kGeometries)
+    for (DType t : {kFloat16, kBFloat16}) {
+      const Operands o = operands(g, seed += 4);
+      const Window2d win = window(g);
+      const Tensor probe = values({g.n, g.k, win.oh, win.ow}, seed + 3).to(kCuda);
+      const std::string what = g.name + " " + dtype_name(t);
+      Tensor got[2][3];
+      for (int cl = 0; cl < 2; ++cl) {
+        set_channels_last(cl == 1);
+        Tensor x = o.x.to(kCuda), w = o.w.to(kCuda), gamma = ones({g.k}, kFloat32, kCuda);
+        for (Tensor* v : {&x, &w, &gamma}) *v = v->detach().set_requires_grad();
+        const int64_t runs = ran(), declined = cudnn_conv_counts().declined;
+        const std::array<long, 3> nhwc_before = nhwc_runs();
+        {
+          autocast scope(t);
+          const Tensor y = conv(g, x, w, Tensor());
+          EXPECT_EQ(!y.is_contiguous() && y.is_channels_last(), cl == 1) << what << ": y's layout";
+          sum(batch_norm_training(y, gamma, Tensor(), 1e-5)[0] * probe).backward();
+          got[cl][0] = y;
+        }
+        EXPECT_EQ(ran() - runs, 3) << what << (cl ? " channels-last" : " NCHW") << ": three cuDNN passes";
+        EXPECT_EQ(cudnn_conv_counts().declined - declined, 0) << what << ": none refused";
+        if (emu_fail()) {  // the emulation also says which layout each pass ran in
+          for (int p = 0; p < 3; ++p)
+            EXPECT_EQ(nhwc_runs()[p] - nhwc_before[p], cl) << what << ": pass " << p << " in NHWC";
+        }
+        got[cl][1] = x.grad(), got[cl][2] = w.grad();
+      }
+      set_channels_last(true);
+      const char* names[] = {"y", "dx", "dw"};
+      for (int i = 0; i < 3; ++i)
+        expect_match(got[1][i].contiguous(), got[0][i].contiguous(), half_sums(t), what + " " + names[i]);
+    }
 }
 
 // The entries called with half outputs: y, gx and gw of the operands' half dtype, each the CPU's
@@ -317,8 +369,9 @@ TEST(CudnnConv, ChannelsLastIsPreferredForHalfOperands) {
   const Geometry& g = kGeometries[0];
   for (DType t : {kFloat32, kFloat64, kFloat16, kBFloat16}) {
     const Tensor x = fresh({g.n, g.c, g.h, g.w}, t, kCuda), w = fresh({g.k, g.c, g.kh, g.kw}, t, kCuda);
-    EXPECT_EQ(fused.conv2d_prefers_channels_last(x, w, window(g), 1), t == kFloat16 || t == kBFloat16)
-        << dtype_name(t);
+    for (bool training : {false, true})  // Note [Channels-last training]: the same in both
+      EXPECT_EQ(fused.conv2d_prefers_channels_last(x, w, window(g), 1, training), t == kFloat16 || t == kBFloat16)
+          << dtype_name(t) << (training ? " training" : " inference");
   }
 }
 

@@ -119,6 +119,7 @@ TEST(CudaFused, BatchNormTrainingStepMatchesTheCpu) {
       Tensor w = values({6}, kFloat32, 22, dev).set_requires_grad(true), b = values({6}, kFloat32, 23, dev);
       b.set_requires_grad(true);
       std::vector<Tensor> r = batch_norm_training(x, w, b, 1e-5);
+      EXPECT_EQ(!r[0].is_contiguous() && r[0].is_channels_last(), channels_last) << "y keeps x's layout";
       (r[0] * values({4, 6, 5, 7}, kFloat32, 24, dev)).sum().backward();
       return concat({r[0].reshape({-1}), r[1], r[2], x.grad().reshape({-1}), w.grad(), b.grad()});
     };
@@ -141,6 +142,7 @@ TEST(CudaFused, HalfBatchNormTrainingStepMatchesTheCpu) {
         b.set_requires_grad(true);
         std::vector<Tensor> r = batch_norm_training(x, w, b, 1e-5);
         EXPECT_EQ(r[0].dtype(), t);
+        EXPECT_EQ(!r[0].is_contiguous() && r[0].is_channels_last(), channels_last) << "y keeps x's layout";
         EXPECT_EQ(r[1].dtype(), kFloat32);
         (r[0] * values({4, 6, 5, 7}, t, 24, dev)).sum().backward();
         EXPECT_EQ(x.grad().dtype(), t);
@@ -312,6 +314,28 @@ TEST(CudaFused, ChannelsLastMaxPoolingMatchesTheCpu) {
     }
 }
 
+// Training (Note [Channels-last training]): the channels-last pass writes the positions too, and the
+// gradient scatters through them into channels-last memory; the CPU declines the positions and pools
+// a contiguous copy. Distinct values, so no ties: one gradient per window, in either order.
+TEST(CudaFused, ChannelsLastMaxPoolingTrainsAsTheCpu) {
+  REQUIRE_CUDA();
+  const std::vector<std::vector<int64_t>> geometries = {{3, 2, 1, 1}, {2, 2, 0, 1}, {3, 1, 1, 2}};
+  for (DType t : {kFloat32, kFloat64, kFloat16, kBFloat16})
+    for (const auto& g : geometries) {
+      auto run = [&](Device dev) {
+        Tensor x = values({2, 9, 10, 3}, t, 62, dev, true).permute({0, 3, 1, 2});
+        x.set_requires_grad(true);
+        Tensor y = max_pool2d(x, {g[0], g[0]}, {g[1], g[1]}, {g[2], g[2]}, {g[3], g[3]});
+        EXPECT_TRUE(!y.is_contiguous() && y.is_channels_last()) << "the output follows x's layout";
+        (y * values(y.shape(), t, 63, dev)).sum().backward();
+        return concat({y.contiguous().reshape({-1}), x.grad().contiguous().reshape({-1})});
+      };
+      expect_parity("max_pool2d channels-last training " + dtype_name(t) + " k" + std::to_string(g[0]) + " s" +
+                        std::to_string(g[1]) + " p" + std::to_string(g[2]) + " d" + std::to_string(g[3]),
+                    Tol{}, run);
+    }
+}
+
 TEST(CudaFused, EntriesDeclineWhatTheyDoNotTake) {
   REQUIRE_CUDA();
   Tensor x = values({2, 3, 4}, kFloat32, 71, kCuda);
@@ -329,13 +353,13 @@ TEST(CudaFused, EntriesDeclineWhatTheyDoNotTake) {
   // Max pooling takes channels-last operands only (the op hands it no other), and the dtypes it has.
   const Window2d win{4, 4, 2, 2, 2, 2, 2, 2, 0, 0, 1, 1};
   Tensor xl = values({1, 4, 4, 2}, kFloat32, 75, kCuda).permute({0, 3, 1, 2});
-  EXPECT_TRUE(fused(kCuda).max_pool2d_channels_last(xl, win, detail::new_channels_last({1, 2, 2, 2}, kFloat32, kCuda)));
+  EXPECT_TRUE(fused(kCuda).max_pool2d_channels_last(xl, win, detail::new_channels_last({1, 2, 2, 2}, kFloat32, kCuda), Tensor()));
   EXPECT_FALSE(fused(kCuda).max_pool2d_channels_last(xl.contiguous(), win,
-                                                     detail::new_channels_last({1, 2, 2, 2}, kFloat32, kCuda)));
+                                                     detail::new_channels_last({1, 2, 2, 2}, kFloat32, kCuda), Tensor()));
   const Tensor xh = values({1, 4, 4, 2}, kFloat16, 75, kCuda).permute({0, 3, 1, 2});
-  EXPECT_TRUE(fused(kCuda).max_pool2d_channels_last(xh, win, detail::new_channels_last({1, 2, 2, 2}, kFloat16, kCuda)));
+  EXPECT_TRUE(fused(kCuda).max_pool2d_channels_last(xh, win, detail::new_channels_last({1, 2, 2, 2}, kFloat16, kCuda), Tensor()));
   EXPECT_FALSE(fused(kCuda).max_pool2d_channels_last(xl.to(kInt32), win,
-                                                     detail::new_channels_last({1, 2, 2, 2}, kInt32, kCuda)));
+                                                     detail::new_channels_last({1, 2, 2, 2}, kInt32, kCuda), Tensor()));
 }
 
 }  // namespace

@@ -39,6 +39,12 @@ class ChannelsLastGuard {
  private:
   bool prev_;
 };
+/// Whether convolutions may run channels-last at all (default: BRAID_CHANNELS_LAST, on): in
+/// inference as above, and in training where the backend's kernels prefer it (Note [Channels-last
+/// training] in src/ops/conv.cpp: CUDA's half convolutions under autocast). Off, every convolution
+/// keeps NCHW, for a comparison; the values are the same up to rounding either way.
+void set_channels_last(bool on);
+bool channels_last();
 /// PyTorch's padding='same' for stride 1, per axis as {before, after} (the extra element of an odd
 /// total goes after): {top, bottom, left, right} for conv2d; conv1d takes the padding itself when
 /// before == after, else pad() the input first.

@@ -176,20 +176,26 @@ class FusedKernels {
   /// which a backend without such a kernel declines.
   virtual bool conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Window2d& win, int64_t groups,
                       const Epilogue& epilogue, const Tensor& y);
-  /// max_pool2d's values (no positions) for channels-last x and out (Note [Channels-last
-  /// activations in inference]), of one dtype, float16 and bfloat16 included; false where the
-  /// backend has no such kernel (for that dtype).
-  virtual bool max_pool2d_channels_last(const Tensor& x, const Window2d& win, const Tensor& out);
+  /// max_pool2d for channels-last x and out of one dtype, float16 and bfloat16 included: the values,
+  /// and, where indices is defined (training, Note [Channels-last training] in src/ops/conv.cpp),
+  /// each maximum's position h * W + w in its plane, as max_pool2d's, into channels-last int64
+  /// indices of out's shape; false where the backend has no such kernel (for that dtype).
+  virtual bool max_pool2d_channels_last(const Tensor& x, const Window2d& win, const Tensor& out,
+                                        const Tensor& indices);
   /// Whether conv2d's kernel for this geometry works on channels-last activations, so that an
-  /// output in that layout saves it a conversion (Note [Channels-last activations in inference]).
-  virtual bool conv2d_prefers_channels_last(const Tensor& x, const Tensor& w, const Window2d& win, int64_t groups);
+  /// output in that layout saves it a conversion: in inference (Note [Channels-last activations in
+  /// inference]) or, with training, also for the two backward passes (Note [Channels-last training]).
+  virtual bool conv2d_prefers_channels_last(const Tensor& x, const Tensor& w, const Window2d& win, int64_t groups,
+                                            bool training);
   /// gx (N, C, h, w) = the adjoint of conv2d in x applied to gy (N, C_out, oh, ow) (overwritten, not
-  /// accumulated); w as conv2d's. All contiguous. gx of gy's compute dtype, or of gy's and w's half
-  /// dtype where they share one (float32 accumulation, one rounding; declined where not taken).
+  /// accumulated); w as conv2d's, contiguous. gy and gx both contiguous, or both channels-last, which
+  /// a backend that does not take that layout declines. gx of gy's compute dtype, or of gy's and w's
+  /// half dtype where they share one (float32 accumulation, one rounding; declined where not taken).
   virtual bool conv2d_backward_input(const Tensor& gy, const Tensor& w, const Window2d& win, int64_t groups,
                                      const Tensor& gx);
   /// gw (C_out, C / groups, kh, kw) = the gradient of conv2d's weight, given its input x (N, C, h, w)
-  /// and gy (N, C_out, oh, ow) (overwritten). All contiguous. gw's dtypes as conv2d_backward_input's gx.
+  /// and gy (N, C_out, oh, ow) (overwritten). gw contiguous; x and gy contiguous or channels-last, as
+  /// the backend takes them (it declines otherwise). gw's dtypes as conv2d_backward_input's gx.
   virtual bool conv2d_backward_weight(const Tensor& x, const Tensor& gy, const Window2d& win, int64_t groups,
                                       const Tensor& gw);
   /// out (M, N) int32 = (a - a_zero)(b - b_zero) for a (M, K) and b (K, N), each int8 or uint8, zero

@@ -84,8 +84,12 @@ bool FusedKernels::conv2d(const Tensor&, const Tensor&, const Tensor&, const Win
 }
 void* Backend::allocate_pinned(Device, int64_t) { return nullptr; }
 void Backend::deallocate_pinned(Device, void*, int64_t) {}
-bool FusedKernels::max_pool2d_channels_last(const Tensor&, const Window2d&, const Tensor&) { return false; }
-bool FusedKernels::conv2d_prefers_channels_last(const Tensor&, const Tensor&, const Window2d&, int64_t) { return false; }
+bool FusedKernels::max_pool2d_channels_last(const Tensor&, const Window2d&, const Tensor&, const Tensor&) {
+  return false;
+}
+bool FusedKernels::conv2d_prefers_channels_last(const Tensor&, const Tensor&, const Window2d&, int64_t, bool) {
+  return false;
+}
 bool FusedKernels::conv2d_backward_input(const Tensor&, const Tensor&, const Window2d&, int64_t, const Tensor&) {
   return false;
 }

@@ -55,8 +55,8 @@ const std::vector<Knob> kKnobs = {
      "1: cuDNN times its algorithms on each convolution geometry's first use and keeps the fastest "
      "(braid::set_cudnn_benchmark in code)",
      false},
-    {"BRAID_CHANNELS_LAST", "flag", "1", "0: inference keeps every convolution in NCHW (no channels-last chains)",
-     false},
+    {"BRAID_CHANNELS_LAST", "flag", "1",
+     "0: every convolution keeps NCHW, inference and training (braid::set_channels_last in code)", false},
     {"BRAID_FLOAT32_MATMUL_PRECISION", "text", "highest",
      "float32 matrix products on CUDA: highest (float32), high or medium (TF32 operands; the CPU ignores it)",
      false},

@@ -16,9 +16,14 @@ Tensor broadcast_view(const Tensor& t, const Shape& shape) {
   return as_strided(t.detach(), shape, strides, t.offset());
 }
 
+bool is_channels_last_layout(const Tensor& t) { return t.dim() == 4 && !t.is_contiguous() && t.is_channels_last(); }
+
+// A channels-last tensor keeps its layout, as PyTorch's preserve_format (Note [Channels-last
+// training] in ops/conv.cpp); anything else comes out contiguous.
 Tensor cast_raw(const Tensor& t, DType dtype) {
   if (t.dtype() == dtype) return t;
-  Tensor out = new_tensor(t.shape(), dtype, t.device());
+  Tensor out = is_channels_last_layout(t) ? new_channels_last(t.shape(), dtype, t.device())
+                                          : new_tensor(t.shape(), dtype, t.device());
   backend_of(t).copy(t, out);
   return out;
 }
@@ -30,18 +35,24 @@ Tensor contiguous_raw(const Tensor& t) {
   return out;
 }
 
+Tensor as_channels_last(const Tensor& t) {
+  if (is_channels_last_layout(t)) return t;
+  Tensor out = new_channels_last(t.shape(), t.dtype(), t.device());
+  backend_of(t).copy(t, out);
+  return out;
+}
+
 // An elementwise result of shape s: channels-last when its first operand of that shape is (Note
 // [Channels-last activations in inference] in ops/conv.cpp), otherwise contiguous.
 static Tensor new_elementwise(const Shape& s, DType dtype, const Tensor& first, const Tensor* second = nullptr) {
   const Tensor* lead = first.shape() == s ? &first : second != nullptr && second->shape() == s ? second : nullptr;
-  if (lead != nullptr && !lead->is_contiguous() && lead->is_channels_last())
-    return new_channels_last(s, dtype, first.device());
+  if (lead != nullptr && is_channels_last_layout(*lead)) return new_channels_last(s, dtype, first.device());
   return new_tensor(s, dtype, first.device());
 }
 
 SameLayout same_layout(const Tensor& x, DType dtype) {
   const Shape& s = x.shape();
-  if (s.size() == 4 && !x.is_contiguous() && x.is_channels_last()) {
+  if (is_channels_last_layout(x)) {
     Tensor result = new_channels_last(s, dtype, x.device());
     return {x.permute({0, 2, 3, 1}), result.permute({0, 2, 3, 1}), result};
   }

@@ -69,10 +69,16 @@ inline void check_same_device(const Tensor& a, const Tensor& b, const char* op) 
 
 /// A stride-0 view of t broadcast to shape (no autograd; shapes already checked).
 Tensor broadcast_view(const Tensor& t, const Shape& shape);
-/// t converted to dtype without recording (t itself when it already has it).
+/// Whether t is a 4-d channels-last view of NHWC memory that is not also contiguous (PyTorch's
+/// channels_last memory format; Note [Channels-last training] in ops/conv.cpp).
+bool is_channels_last_layout(const Tensor& t);
+/// t converted to dtype without recording (t itself when it already has it), in t's layout where t
+/// is channels-last, else contiguous.
 Tensor cast_raw(const Tensor& t, DType dtype);
 /// A contiguous copy without recording (t itself when already contiguous).
 Tensor contiguous_raw(const Tensor& t);
+/// A channels-last copy of a 4-d t without recording (t itself when already channels-last).
+Tensor as_channels_last(const Tensor& t);
 /// An elementwise pass over x's memory in x's own layout (Note [Channels-last activations in
 /// inference] in ops/conv.cpp): `result` is a new tensor of x's shape and `dtype`, channels-last when
 /// x is; `in` and `out` are x and result as contiguous views of the same memory (their NHWC views

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 
 #include "braid/amp.h"
 #include "ops/window.h"
@@ -165,13 +166,34 @@ Tensor apply_epilogue(const Tensor& y, const Epilogue& e) {
 // are the same either way, bit for bit, but for the dense 3x3 convolutions of stride 1 that take
 // Winograd's kernels on channels-last activations (Note [Winograd convolutions in inference] in
 // src/backend/cpu/conv.cpp), which round differently (measured: benchmarks/README.md, What changed
-// what, run M). Training keeps NCHW throughout, and BRAID_CHANNELS_LAST=0 keeps it everywhere, for a
-// comparison.
+// what, run M). Training takes channels-last where its backend asks for it (Note [Channels-last
+// training]), and BRAID_CHANNELS_LAST=0 keeps NCHW everywhere, for a comparison.
 thread_local bool t_prefer_channels_last = false;
 
+// Note [Channels-last training]
+// cuDNN's tensor-core kernels for half operands are NHWC ones: fed NCHW activations, it transposes
+// them on the way into and out of every pass. So where the backend says a recorded convolution
+// prefers channels-last (Backend::conv2d_prefers_channels_last with training set: CUDA for half
+// operands, every convolution under autocast's GPU rule; never the CPU, whose oneDNN backward plans
+// are NCHW), conv_recorded lays its (rounded) input out NHWC, once at the first convolution, and y
+// comes out NHWC, as PyTorch's channels_last memory format. The ops after it keep the layout
+// (elementwise ops, casts, BatchNorm's NHWC channel view in norm.cpp, max pooling in pool.cpp), so
+// the next convolution finds its input NHWC. Backward offers the fused entries the gradient in the
+// layout it arrives in, and dL/dx comes back in it; an entry that declines gets contiguous copies,
+// and the composite runs on contiguous copies, its output laid out as x. The values are the NCHW
+// path's wherever the same kernels run: tests/test_channels_last_training.cpp.
+
+// set_channels_last's value: -1 until set or first read (then BRAID_CHANNELS_LAST's).
+std::atomic<int> g_channels_last{-1};
+
 bool channels_last_enabled() {
-  static const bool on = detail::knob_flag("BRAID_CHANNELS_LAST");
-  return on;
+  int v = g_channels_last.load();
+  if (v < 0) {
+    int unset = -1;
+    g_channels_last.compare_exchange_strong(unset, detail::knob_flag("BRAID_CHANNELS_LAST") ? 1 : 0);
+    v = g_channels_last.load();
+  }
+  return v == 1;
 }
 
 // The epilogue's residual as the convolution's output, where its caller gives its memory up
@@ -190,9 +212,10 @@ Tensor writable_residual(const Epilogue& e, const Tensor& x, const Tensor& w, co
 Tensor fused_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Window2d& win, int64_t groups,
                      const Epilogue& epilogue, bool any_layout, DType y_dtype) {
   const int64_t n = x.shape()[0], c_out = w.shape()[0];
-  const bool x_cl = x.dim() == 4 && !x.is_contiguous() && x.is_channels_last();
+  const bool x_cl = is_channels_last_layout(x);
   if (any_layout && x.dim() == 4 && channels_last_enabled() &&
-      (x_cl || (t_prefer_channels_last && backend_of(x).fused().conv2d_prefers_channels_last(x, w, win, groups)))) {
+      (x_cl ||
+       (t_prefer_channels_last && backend_of(x).fused().conv2d_prefers_channels_last(x, w, win, groups, false)))) {
     Tensor y = writable_residual(epilogue, x, w, {n, c_out, win.oh, win.ow}, y_dtype, true);
     if (!y.defined()) y = new_channels_last({n, c_out, win.oh, win.ow}, y_dtype, x.device());
     const Tensor xs = x_cl ? x : contiguous(x);
@@ -207,15 +230,25 @@ Tensor fused_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const
   return Tensor();
 }
 
+Tensor conv_composite(const Tensor& x, const Tensor& w, const Tensor& bias, const Window2d& win, int64_t groups);
+
 // half_y: the caller wants y in x's half dtype (Note [Half outputs]); y may then be of that dtype.
+// any_layout: y may be channels-last (Note [Channels-last activations in inference], Note
+// [Channels-last training]), and is where x is.
 Tensor conv_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Window2d& win, int64_t groups,
                     const Epilogue& epilogue = Epilogue(), bool any_layout = false, bool half_y = false) {
-  const int64_t n = x.shape()[0], c_out = w.shape()[0];
   if (half_y && half_out(x, w, x.dtype()))
     if (Tensor y = fused_forward(x, w, bias, win, groups, epilogue, any_layout, x.dtype()); y.defined()) return y;
   if (Tensor y = fused_forward(x, w, bias, win, groups, epilogue, any_layout, compute_type(x.dtype())); y.defined())
     return y;  // Note [Fused kernels]
   if (epilogue.any()) return apply_epilogue(conv_forward(x, w, bias, win, groups, Epilogue(), any_layout), epilogue);
+  const Tensor y = conv_composite(x, w, bias, win, groups);
+  return any_layout && channels_last_enabled() && is_channels_last_layout(x) ? as_channels_last(y) : y;
+}
+
+// conv_forward's composite, without an epilogue: y contiguous.
+Tensor conv_composite(const Tensor& x, const Tensor& w, const Tensor& bias, const Window2d& win, int64_t groups) {
+  const int64_t n = x.shape()[0], c_out = w.shape()[0];
   if (groups > 1 && groups == x.shape()[1]) {
     if (!is_compute_type(x.dtype()))  // the direct kernel has no half form (Note [Autocast])
       return conv_forward(cast_raw(x, kFloat32), cast_raw(w, kFloat32), bias, win, groups);
@@ -252,17 +285,29 @@ class ChannelMajor {
   mutable Tensor cm_;
 };
 
+// The fused backward-data entry's x (x_shape) of dtype dt from gy, offered gy's own layout first
+// where it is channels-last (Note [Channels-last training]); undefined where the entry declines.
+Tensor fused_adjoint(const Tensor& gy, const Tensor& w, const Window2d& win, int64_t groups, const Shape& x_shape,
+                     DType dt) {
+  FusedKernels& fused = backend_of(gy).fused();
+  if (is_channels_last_layout(gy))
+    if (Tensor x = new_channels_last(x_shape, dt, gy.device());
+        fused.conv2d_backward_input(gy, contiguous(w), win, groups, x))
+      return x;
+  if (Tensor x = new_like(gy, x_shape, dt); fused.conv2d_backward_input(contiguous(gy), contiguous(w), win, groups, x))
+    return x;
+  return Tensor();
+}
+
 // x (x_shape) = bias + the adjoint of x -> conv_forward(x, w) applied to z; half_x: x may be of z's
 // half dtype where there is no bias (Note [Half outputs]).
 Tensor conv_adjoint(const ChannelMajor& z, const Tensor& w, const Window2d& win, const Shape& x_shape,
                     const Tensor& bias, bool half_x = false) {
   const int64_t groups = z.groups();
   if (half_x && !bias.defined() && half_out(z.z(), w, z.z().dtype()))
-    if (Tensor x = new_like(z.z(), x_shape, z.z().dtype());
-        backend_of(x).fused().conv2d_backward_input(contiguous(z.z()), contiguous(w), win, groups, x))
-      return x;
-  if (Tensor x = new_like(z.z(), x_shape, compute_type(z.z().dtype()));  // Note [Fused kernels]
-      backend_of(x).fused().conv2d_backward_input(contiguous(z.z()), contiguous(w), win, groups, x))
+    if (Tensor x = fused_adjoint(z.z(), w, win, groups, x_shape, z.z().dtype()); x.defined()) return x;
+  // Note [Fused kernels]
+  if (Tensor x = fused_adjoint(z.z(), w, win, groups, x_shape, compute_type(z.z().dtype())); x.defined())
     return bias.defined() ? x + bias.view({1, x_shape[1], 1, 1}) : x;
   const Tensor& zcm = z.cm();
   Tensor cols = matmul_raw(w.reshape({groups, zcm.shape()[1], -1}).mT(), zcm);  // (G, C / G * K, N * P)
@@ -310,13 +355,20 @@ Tensor tiled_transpose(const Tensor& x, const Tensor& w, const Tensor& bias, con
 // their half dtype (Note [Half outputs]; a parameter's gradient is widened by the engine anyway).
 Tensor conv_weight_grad(const Tensor& x, const ChannelMajor& g, const Window2d& win, const Shape& w_shape,
                         bool half_gw = false) {
-  if (half_gw && half_out(x, g.z(), x.dtype()))
-    if (Tensor gw = new_like(x, w_shape, x.dtype());
-        backend_of(x).fused().conv2d_backward_weight(contiguous(x), contiguous(g.z()), win, g.groups(), gw))
+  // The fused entry's gw of dtype dt, offered x and g in their own layouts first where either is
+  // channels-last (Note [Channels-last training]); undefined where it declines.
+  const auto fused = [&](DType dt) {
+    FusedKernels& f = backend_of(x).fused();
+    const Tensor& gy = g.z();
+    if (is_channels_last_layout(x) || is_channels_last_layout(gy))
+      if (Tensor gw = new_like(x, w_shape, dt); f.conv2d_backward_weight(x, gy, win, g.groups(), gw)) return gw;
+    if (Tensor gw = new_like(x, w_shape, dt); f.conv2d_backward_weight(contiguous(x), contiguous(gy), win, g.groups(), gw))
       return gw;
-  if (Tensor gw = new_like(x, w_shape, compute_type(x.dtype()));  // Note [Fused kernels]
-      backend_of(x).fused().conv2d_backward_weight(contiguous(x), contiguous(g.z()), win, g.groups(), gw))
-    return gw;
+    return Tensor();
+  };
+  if (half_gw && half_out(x, g.z(), x.dtype()))
+    if (Tensor gw = fused(x.dtype()); gw.defined()) return gw;
+  if (Tensor gw = fused(compute_type(x.dtype())); gw.defined()) return gw;  // Note [Fused kernels]
   return matmul_raw(g.cm(), im2col(x, win, g.groups()).mT()).view(w_shape);
 }
 
@@ -337,10 +389,15 @@ Tensor conv_recorded(const Tensor& x, const Tensor& w, const Tensor& bias_in, co
   if (!records && !amp)
     return cast_raw(conv_forward(x, w, bias_in, win, groups, epilogue, true, is_half(x.dtype())), x.dtype());
   const Tensor bias = amp && bias_in.defined() ? cast(bias_in, kFloat32) : bias_in;
-  const Tensor xs = operand(x, amp), ws = operand(w, amp);
+  Tensor xs = operand(x, amp);
+  const Tensor ws = operand(w, amp);
   const DType out_dtype = output_dtype(x, amp);
-  // Note [Channels-last activations in inference]: only where no node records.
-  Tensor out = conv_forward(xs, ws, bias.defined() ? bias.detach() : bias, win, groups, epilogue, !records,
+  // Note [Channels-last training]: where the backend's passes want NHWC, x is laid out so (once,
+  // at the first convolution) and y follows; otherwise NHWC only where no node records.
+  const bool nhwc = records && channels_last_enabled() &&
+                    backend_of(x).fused().conv2d_prefers_channels_last(xs, ws, win, groups, true);
+  if (nhwc) xs = as_channels_last(xs);
+  Tensor out = conv_forward(xs, ws, bias.defined() ? bias.detach() : bias, win, groups, epilogue, !records || nhwc,
                             out_dtype == xs.dtype());
   out = cast_raw(out, out_dtype);
   traced("conv2d", out, {x, w, bias}, {{win.kh, win.kw, win.sh, win.sw, win.ph, win.pw, win.dh, win.dw, groups}, {}});
@@ -426,6 +483,9 @@ Tensor conv2d_with(const Tensor& x, const Tensor& weight, const Tensor& bias, co
 }
 
 }  // namespace
+
+void set_channels_last(bool on) { g_channels_last.store(on ? 1 : 0); }
+bool channels_last() { return channels_last_enabled(); }
 
 ChannelsLastGuard::ChannelsLastGuard() : prev_(t_prefer_channels_last) { t_prefer_channels_last = true; }
 ChannelsLastGuard::~ChannelsLastGuard() { t_prefer_channels_last = prev_; }

@@ -39,10 +39,19 @@ namespace {
 // float32 copy of x, y cast back: the same function, computed the long way round. A backward pass
 // that a backend declines for half operands likewise runs the float32 pass on widened copies.
 
-// The (N, C, S) view of a (N, C, *) tensor, made contiguous.
-Tensor channels(const Tensor& t) {
+// The channel view of a (N, C, *) tensor that the passes read: (N, C, S), made contiguous; or, with
+// nhwc, channels-last memory as (N * H * W, C, 1), made channels-last (Note [Channels-last training]
+// in ops/conv.cpp), which the passes read as they read any (N, C, S).
+Tensor channels(const Tensor& t, bool nhwc = false) {
   const int64_t n = t.size(0), c = t.size(1);
+  if (nhwc) return as_channels_last(t).permute({0, 2, 3, 1}).view({t.numel() / c, c, 1});
   return contiguous_raw(t).view({n, c, t.numel() / (n * c)});
+}
+
+// The tensor of shape `shape` whose channel view (channels(), with the same nhwc) is v.
+Tensor unchannels(const Tensor& v, const Shape& shape, bool nhwc) {
+  if (nhwc) return v.view({shape[0], shape[2], shape[3], shape[1]}).permute({0, 3, 1, 2});
+  return v.view(shape);
 }
 
 // A (C) vector as (1, C, 1), against a channel view.
@@ -117,9 +126,10 @@ std::vector<Tensor> batch_norm_training(const Tensor& x, const Tensor& weight_in
   const DType sd = stat_dtype(x.dtype());
   const auto like_x = [&](const Tensor& p) { return p.defined() && p.dtype() != sd ? p.to(sd) : p; };
   Tensor x3, m, v, invstd, y;
+  const bool nhwc = is_channels_last_layout(x);  // the layout y and dL/dx keep
   {
     NoGradGuard no_grad;
-    x3 = channels(x.detach());
+    x3 = channels(x.detach(), nhwc);
     std::tie(m, v) = moments(x3);
   }
   if (!m.defined()) return batch_norm_via_float32(x, weight_in, bias_in, eps);  // no half pass here
@@ -134,12 +144,13 @@ std::vector<Tensor> batch_norm_training(const Tensor& x, const Tensor& weight_in
                            : affine(x3, scale, shift, Tensor(), Tensor(), Tensor());
   }
   if (!y.defined()) return batch_norm_via_float32(x, weight_in, bias_in, eps);  // no half pass here
-  y = y.view(x.shape());
+  y = unchannels(y, x.shape(), nhwc);
   const Tensor weight = like_x(weight_in), bias = like_x(bias_in);
   const Tensor w = weight.defined() ? weight.detach() : Tensor();
-  y = record("batch_norm", y, {x, weight, bias}, [x3, m, invstd, w, shape = x.shape()](const Tensor& g_in, Grads& r) {
+  y = record("batch_norm", y, {x, weight, bias},
+             [x3, m, invstd, w, shape = x.shape(), nhwc](const Tensor& g_in, Grads& r) {
     const Tensor g = g_in.dtype() == x3.dtype() ? g_in : cast(g_in, x3.dtype());
-    const Tensor g3 = channels(g);
+    const Tensor g3 = channels(g, nhwc);
     const auto [sum_g, sum_gxc] = grad_sums(g3, x3, m);
     if (r.needs(2)) r.set(2, sum_g);
     if (r.needs(1)) r.set(1, sum_gxc * invstd);
@@ -147,7 +158,7 @@ std::vector<Tensor> batch_norm_training(const Tensor& x, const Tensor& weight_in
       const double n = static_cast<double>(x3.size(0) * x3.size(2));
       const Tensor a = w.defined() ? invstd * w : invstd;
       const Tensor k = -(a * invstd * invstd * sum_gxc) / n;
-      r.set(0, affine(g3, a, -(a * sum_g) / n, x3, m, k).view(shape));
+      r.set(0, unchannels(affine(g3, a, -(a * sum_g) / n, x3, m, k), shape, nhwc));
     }
   });
   return {y, m, v};
@@ -171,15 +182,10 @@ Tensor channel_affine(const Tensor& x, const Tensor& scale, const Tensor& shift)
       return half ? fused_affine(x3, contiguous(scale), contiguous(shift), Tensor(), Tensor(), Tensor())
                   : affine(x3, contiguous(scale), contiguous(shift), Tensor(), Tensor(), Tensor());
     };
-    const Shape& s = x.shape();
-    if (s.size() == 4 && !x.is_contiguous() && x.is_channels_last()) {
-      // Note [Channels-last activations in inference] (ops/conv.cpp): NHWC memory is (N*H*W, C, 1)
-      // channels, and the result stays channels-last.
-      const Tensor y = pass(x.permute({0, 2, 3, 1}).view({s[0] * s[2] * s[3], s[1], 1}));
-      if (y.defined()) return y.view({s[0], s[2], s[3], s[1]}).permute({0, 3, 1, 2});
-    } else if (const Tensor y = pass(channels(x)); y.defined()) {
-      return y.view(x.shape());
-    }
+    // Note [Channels-last activations in inference] (ops/conv.cpp): NHWC memory is (N*H*W, C, 1)
+    // channels, and the result stays channels-last.
+    const bool nhwc = is_channels_last_layout(x);
+    if (const Tensor y = pass(channels(x, nhwc)); y.defined()) return unchannels(y, x.shape(), nhwc);
   }
   if (half)  // float32 arithmetic, rounded once (Note [Half arithmetic])
     return via_float32(x, [&](const Tensor& w) { return channel_affine(w, scale, shift); });

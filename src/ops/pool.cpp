@@ -84,28 +84,36 @@ Tensor max_pool2d(const Tensor& x, const std::vector<int64_t>& kernel, const std
   check_pool_input(x, "max_pool2d");
   const Window2d win = pool_window("max_pool2d", x, kernel, stride, padding, dilation, ceil_mode);
   const int64_t n = x.shape()[0], c = x.shape()[1];
-  // The positions only backward reads: not written in inference.
-  Tensor out, indices = needs_grad(x) ? new_like(x, {n, c, win.oh, win.ow}, kInt64) : Tensor();
-  // Note [Channels-last activations in inference]: a channels-last input stays so where the backend
-  // pools that layout.
-  if (!indices.defined() && x.dim() == 4 && !x.is_contiguous() && x.is_channels_last()) {
-    out = new_channels_last({n, c, win.oh, win.ow}, x.dtype(), x.device());
-    if (!backend_of(x).fused().max_pool2d_channels_last(x.detach(), win, out)) out = Tensor();
+  const Shape out_shape{n, c, win.oh, win.ow};
+  const bool grad = needs_grad(x);  // the positions only backward reads: not written in inference
+  // A channels-last input gives a channels-last output, as in PyTorch: Note [Channels-last
+  // activations in inference] and Note [Channels-last training] (ops/conv.cpp). The backend's pass
+  // in that layout where it has one, else the planes' kernel on a contiguous copy, its output then
+  // laid out as x (the positions are per plane either way).
+  const bool x_cl = !x.is_contiguous() && x.is_channels_last();
+  Tensor out, indices;
+  if (x_cl) {
+    out = new_channels_last(out_shape, x.dtype(), x.device());
+    indices = grad ? new_channels_last(out_shape, kInt64, x.device()) : Tensor();
+    if (!backend_of(x).fused().max_pool2d_channels_last(x.detach(), win, out, indices)) out = Tensor();
   }
   if (!out.defined()) {
-    out = new_like(x, {n, c, win.oh, win.ow}, x.dtype());
+    out = new_like(x, out_shape, x.dtype());
+    indices = grad ? new_like(x, out_shape, kInt64) : Tensor();
     backend_of(x).max_pool2d(contiguous(x.detach()), win, out, indices);
+    if (x_cl) out = as_channels_last(out);
   }
   traced("max_pool2d", out, {x}, {{win.kh, win.kw, win.sh, win.sw, win.ph, win.pw, win.dh, win.dw, ceil_mode}, {}});
-  return record("max_pool2d", out, {x}, [indices, x_shape = x.shape()](const Tensor& g, Grads& r) {
-    // Each output's gradient goes to the element it took, through the flattened planes. Overlapping
-    // windows may send several to one element: a half gradient sums in float32, and the engine
-    // rounds the sum once to x's dtype.
+  return record("max_pool2d", out, {x}, [indices, x_shape = x.shape(), x_cl](const Tensor& g, Grads& r) {
+    // Each output's gradient goes to the element it took, through the flattened planes (views of
+    // either layout). Overlapping windows may send several to one element: a half gradient sums in
+    // float32, and the engine rounds the sum once to x's dtype.
     const Shape flat{x_shape[0], x_shape[1], -1};
     const Tensor gs = is_half(g.dtype()) ? cast(g, kFloat32) : g;
-    Tensor gx = zeros({x_shape[0], x_shape[1], x_shape[2] * x_shape[3]}, gs.dtype(), g.device());
-    backend_of(g).scatter_add(gx, 2, indices.view(flat), gs.reshape(flat));
-    r.set(0, gx.view(x_shape));
+    Tensor gx = x_cl ? new_channels_last(x_shape, gs.dtype(), g.device()) : new_tensor(x_shape, gs.dtype(), g.device());
+    backend_of(gx).fill(gx, 0.0);
+    backend_of(g).scatter_add(gx.view(flat), 2, indices.view(flat), gs.reshape(flat));
+    r.set(0, gx);
   });
 }
 

@@ -2,7 +2,8 @@
 // computed naively in double from the descriptors, with the checks and refusals of the real library
 // for what braid could get wrong (dimensions, data and compute types, layouts, workspace sizes and
 // memory), TF32 rounding of float inputs unless the math type is FMA, and a test hook that makes
-// the next call of a named function fail (emu_cudnn_fail). Half descriptors (CUDNN_DATA_HALF,
+// the next call of a named function fail (emu_cudnn_fail), and one that counts the passes run in
+// NHWC (emu_cudnn_nhwc_runs). Half descriptors (CUDNN_DATA_HALF,
 // CUDNN_DATA_BFLOAT16) with a float compute type are cuDNN's PSEUDO_HALF_CONFIG and
 // PSEUDO_BFLOAT16_CONFIG: the half operands read exactly, the sums (and alpha, beta times the
 // output's old value) in double, each output element rounded once to float and then to its half
@@ -124,10 +125,15 @@ size_t workspace_of(int algo, const cudnnTensorStruct& y) {
 }
 
 enum class Pass { Fwd, Data, Filter };
+long nhwc_runs[3];  // the passes computed in NHWC (an NHWC filter), per Pass, for emu_cudnn_nhwc_runs
 // The convolution of x and w into y, or its adjoints (into x or into w); alpha and beta as cuDNN's.
 void compute(Pass pass, const cudnnTensorStruct& x, const void* xp, const cudnnFilterStruct& w, const void* wp,
              const cudnnConvolutionStruct& c, const cudnnTensorStruct& y, const void* yp, void* out,
              const void* alpha_p, const void* beta_p) {
+  if (w.f == CUDNN_TENSOR_NHWC) {
+    std::lock_guard<std::mutex> l(mu);
+    ++nhwc_runs[static_cast<int>(pass)];
+  }
   const bool dbl = x.t == CUDNN_DATA_DOUBLE;
   const double alpha = dbl ? *static_cast<const double*>(alpha_p) : *static_cast<const float*>(alpha_p);
   const double beta = dbl ? *static_cast<const double*>(beta_p) : *static_cast<const float*>(beta_p);
@@ -219,6 +225,8 @@ cudnnStatus_t find(cudnnStatus_t ok, const cudnnTensorStruct& y, void* ws, size_
 }  // namespace
 
 extern "C" void emu_cudnn_fail(const char* call, int status) { std::lock_guard<std::mutex> l(mu); failing[call] = status; }
+// The passes computed in NHWC so far: forward, backward-data, backward-filter (a test's probe).
+extern "C" long emu_cudnn_nhwc_runs(int pass) { std::lock_guard<std::mutex> l(mu); return nhwc_runs[pass]; }
 
 cudnnStatus_t cudnnCreate(cudnnHandle_t* h) { EMU_HOOK("cudnnCreate"); *h = new cudnnContext; return CUDNN_STATUS_SUCCESS; }
 cudnnStatus_t cudnnDestroy(cudnnHandle_t h) { delete h; return CUDNN_STATUS_SUCCESS; }

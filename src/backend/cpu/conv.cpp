@@ -552,8 +552,11 @@ bool CpuBackend::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, co
   return true;
 }
 
-bool CpuBackend::conv2d_prefers_channels_last(const Tensor& x, const Tensor& w, const Window2d& win, int64_t groups) {
-  if (x.dtype() != kFloat32 || w.dtype() != kFloat32 || x.dim() != 4) return false;
+// Training keeps NCHW on the CPU: oneDNN's backward plans here are NCHW ones (Note [Channels-last
+// training] in src/ops/conv.cpp).
+bool CpuBackend::conv2d_prefers_channels_last(const Tensor& x, const Tensor& w, const Window2d& win, int64_t groups,
+                                              bool training) {
+  if (training || x.dtype() != kFloat32 || w.dtype() != kFloat32 || x.dim() != 4) return false;
   const Key key = key_of(Pass::Forward, x.shape(), w.shape()[0], win, groups, false);
   return wanted(key);
 }

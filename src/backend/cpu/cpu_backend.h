@@ -57,7 +57,8 @@ class CpuBackend final : public Backend, public FusedKernels {
   void depthwise_conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Window2d& win,
                         const Tensor& y) override;
   void max_pool2d(const Tensor& x, const Window2d& win, const Tensor& out, const Tensor& indices) override;
-  bool max_pool2d_channels_last(const Tensor& x, const Window2d& win, const Tensor& out) override;
+  bool max_pool2d_channels_last(const Tensor& x, const Window2d& win, const Tensor& out,
+                                const Tensor& indices) override;
   void avg_pool2d(const Tensor& x, const Window2d& win, bool count_include_pad, const Tensor& out) override;
   void avg_pool2d_backward(const Tensor& grad, const Window2d& win, bool count_include_pad,
                            const Tensor& grad_x) override;
@@ -94,7 +95,8 @@ class CpuBackend final : public Backend, public FusedKernels {
   // conv.cpp: float32 convolutions through oneDNN (Note [oneDNN convolutions])
   bool conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Window2d& win, int64_t groups,
               const Epilogue& epilogue, const Tensor& y) override;
-  bool conv2d_prefers_channels_last(const Tensor& x, const Tensor& w, const Window2d& win, int64_t groups) override;
+  bool conv2d_prefers_channels_last(const Tensor& x, const Tensor& w, const Window2d& win, int64_t groups,
+                                    bool training) override;
   bool conv2d_backward_input(const Tensor& gy, const Tensor& w, const Window2d& win, int64_t groups,
                              const Tensor& gx) override;
   bool conv2d_backward_weight(const Tensor& x, const Tensor& gy, const Window2d& win, int64_t groups,

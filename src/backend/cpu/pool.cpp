@@ -321,8 +321,11 @@ void CpuBackend::max_pool2d(const Tensor& x, const Window2d& win, const Tensor& 
   });
 }
 
-bool CpuBackend::max_pool2d_channels_last(const Tensor& x, const Window2d& win, const Tensor& out) {
-  if (composite_only_active()) return false;  // the composite of tests/test_fused_values.cpp
+// Values only: training (indices wanted) takes the composite, as the CPU's training keeps NCHW
+// convolutions anyway (Note [Channels-last training] in src/ops/conv.cpp).
+bool CpuBackend::max_pool2d_channels_last(const Tensor& x, const Window2d& win, const Tensor& out,
+                                          const Tensor& indices) {
+  if (composite_only_active() || indices.defined()) return false;  // the composite of tests/test_fused_values.cpp
   if (x.dim() != 4 || out.dim() != 4 || !x.is_channels_last() || !out.is_channels_last() || x.dtype() != out.dtype() ||
       x.shape()[0] != out.shape()[0] || x.shape()[1] != out.shape()[1] ||
       (x.dtype() != kFloat32 && x.dtype() != kFloat64))

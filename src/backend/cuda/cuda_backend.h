@@ -15,6 +15,12 @@ class CudaBackend final : public Backend, public FusedKernels {
   // Note [Autocast]: the kernels read and write float16/bfloat16 directly.
   static constexpr bool kAutocastHalfActivations = true;
   bool autocast_half_activations() const override { return kAutocastHalfActivations; }
+  // Note [cuDNN convolutions]: half operands run on the tensor cores, whose kernels are NHWC ones, in
+  // inference and training alike (conv2d_prefers_channels_last where cuDNN is built in; the shadow
+  // device's "cuda" capability set answers with it too).
+  static bool channels_last_rule(const Tensor& x, const Tensor& w) {
+    return x.dim() == 4 && is_half(x.dtype()) && is_half(w.dtype());
+  }
   // cuda_backend.cpp: memory, transfers, ordering
   void* allocate(Device device, int64_t nbytes) override;
   void deallocate(Device device, void* p, int64_t nbytes) override;
@@ -57,7 +63,8 @@ class CudaBackend final : public Backend, public FusedKernels {
   void avg_pool2d(const Tensor& x, const Window2d& win, bool count_include_pad, const Tensor& out) override;
   void avg_pool2d_backward(const Tensor& grad, const Window2d& win, bool count_include_pad,
                            const Tensor& grad_x) override;
-  bool max_pool2d_channels_last(const Tensor& x, const Window2d& win, const Tensor& out) override;
+  bool max_pool2d_channels_last(const Tensor& x, const Window2d& win, const Tensor& out,
+                                const Tensor& indices) override;
 
   // attention.cu
   bool attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, bool causal,
@@ -91,7 +98,8 @@ class CudaBackend final : public Backend, public FusedKernels {
   // cudnn_conv.cpp: cuDNN's convolutions (Note [cuDNN convolutions]); where the build has no cuDNN, entries that decline
   bool conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Window2d& win, int64_t groups,
               const Epilogue& epilogue, const Tensor& y) override;
-  bool conv2d_prefers_channels_last(const Tensor& x, const Tensor& w, const Window2d& win, int64_t groups) override;
+  bool conv2d_prefers_channels_last(const Tensor& x, const Tensor& w, const Window2d& win, int64_t groups,
+                                    bool training) override;
   bool conv2d_backward_input(const Tensor& gy, const Tensor& w, const Window2d& win, int64_t groups,
                              const Tensor& gx) override;
   bool conv2d_backward_weight(const Tensor& x, const Tensor& gy, const Window2d& win, int64_t groups,

@@ -46,9 +46,12 @@ namespace braid::detail {
 //
 // Layouts. cuDNN's NHWC kernels want the filter in KRSC order too: a convolution whose output is
 // channels-last runs in NHWC, its input and filter copied into that layout where they are not (the
-// filter of a depthwise or 1x1 convolution already is); otherwise in NCHW. The entries' inputs
-// never mix layouts inside one cuDNN call. conv2d_prefers_channels_last is true for half operands,
-// which run on tensor cores, whose kernels are NHWC ones.
+// filter of a depthwise or 1x1 convolution already is); otherwise in NCHW. In backward (Note
+// [Channels-last training] in src/ops/conv.cpp) the data pass runs in gx's layout, and the filter
+// pass in NHWC where x or gy is channels-last, its KRSC filter gradient copied into the contiguous
+// gw. The entries' inputs never mix layouts inside one cuDNN call. conv2d_prefers_channels_last is
+// true for half operands, which run on tensor cores, whose kernels are NHWC ones, in inference and
+// training alike.
 //
 // Plans. The algorithm of each geometry (pass, shapes, window, groups, dtype, layout, math type) is
 // chosen once per device and kept in a table: by default cuDNN's heuristics' first choice that it
@@ -82,7 +85,9 @@ bool CudaBackend::conv2d(const Tensor&, const Tensor&, const Tensor&, const Wind
                          const Tensor&) {
   return false;
 }
-bool CudaBackend::conv2d_prefers_channels_last(const Tensor&, const Tensor&, const Window2d&, int64_t) { return false; }
+bool CudaBackend::conv2d_prefers_channels_last(const Tensor&, const Tensor&, const Window2d&, int64_t, bool) {
+  return false;
+}
 bool CudaBackend::conv2d_backward_input(const Tensor&, const Tensor&, const Window2d&, int64_t, const Tensor&) {
   return false;
 }
@@ -505,30 +510,41 @@ bool CudaBackend::conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, c
   return true;
 }
 
-bool CudaBackend::conv2d_prefers_channels_last(const Tensor& x, const Tensor& w, const Window2d&, int64_t) {
-  return x.dim() == 4 && is_half(x.dtype()) && is_half(w.dtype());
+bool CudaBackend::conv2d_prefers_channels_last(const Tensor& x, const Tensor& w, const Window2d&, int64_t, bool) {
+  return channels_last_rule(x, w);
 }
 
+// gx's layout is the pass's (Note [Channels-last training] in src/ops/conv.cpp: channels-last where
+// gy arrives so), gy and w copied into it where they are not.
 bool CudaBackend::conv2d_backward_input(const Tensor& gy, const Tensor& w, const Window2d& win, int64_t groups,
                                         const Tensor& gx) {
   const DType t = compute_dtype(gy, w, gx);
-  if (t == kInt8 || gx.dim() != 4 || !gx.is_contiguous()) return false;
+  const bool nhwc = channels_last(gx);
+  if (t == kInt8 || gx.dim() != 4 || (!nhwc && !gx.is_contiguous())) return false;
   const Call c("conv2d_backward_input", {{"gy", &gy}, {"w", &w}, {"gx", &gx}}, win, groups);
   cuda::DeviceGuard guard(gx.device().index);
-  Pass2d pass(*this, c, gx, w, gy, win, groups, false, t);
+  Pass2d pass(*this, c, gx, w, gy, win, groups, nhwc, t);
   const Tensor gys = pass.operand(gy, false), ws = pass.operand(w, true);
   return pass.prepare<Pass::BackwardData>(gx, ws, gys) && pass.run<Pass::BackwardData>(0, true);
 }
 
+// The pass runs in NHWC where x or gy is channels-last (both then copied into that layout where they
+// are not); its filter gradient is then KRSC, written to scratch in that layout and copied into the
+// contiguous gw (C_out * C / groups * kh * kw values), but where the two orders coincide.
 bool CudaBackend::conv2d_backward_weight(const Tensor& x, const Tensor& gy, const Window2d& win, int64_t groups,
                                          const Tensor& gw) {
   const DType t = compute_dtype(x, gy, gw);
   if (t == kInt8 || gw.dim() != 4 || !gw.is_contiguous()) return false;
+  const bool nhwc = channels_last(x) || channels_last(gy);
+  const bool same_order = gw.shape()[1] == 1 || (gw.shape()[2] == 1 && gw.shape()[3] == 1);
+  const Tensor gws = nhwc && !same_order ? new_channels_last(gw.shape(), gw.dtype(), gw.device()) : gw;
   const Call c("conv2d_backward_weight", {{"x", &x}, {"gy", &gy}, {"gw", &gw}}, win, groups);
   cuda::DeviceGuard guard(x.device().index);
-  Pass2d pass(*this, c, x, gw, gy, win, groups, false, t);
+  Pass2d pass(*this, c, x, gws, gy, win, groups, nhwc, t);
   const Tensor xs = pass.operand(x, false), gys = pass.operand(gy, false);
-  return pass.prepare<Pass::BackwardFilter>(xs, gw, gys) && pass.run<Pass::BackwardFilter>(0, true);
+  if (!pass.prepare<Pass::BackwardFilter>(xs, gws, gys) || !pass.run<Pass::BackwardFilter>(0, true)) return false;
+  if (gws.storage() != gw.storage()) copy(gws, gw);
+  return true;
 }
 
 #endif  // BRAID_HAVE_CUDNN

@@ -153,13 +153,14 @@ void launch_avg_pool2d_backward(DType type, const void* grad, void* grad_x, int6
   });
 }
 
-// ---- channels-last max pooling (values only) ----
+// ---- channels-last max pooling ----
 
 // out (N, oh, ow, C in memory) = the max of each window of x (N, h, w, C in memory), NaN winning,
-// padding excluded: one thread per output, channels innermost so that a warp reads neighbours.
+// padding excluded, and, where indices is given, its position y * w + x in the plane, as
+// max_pool_kernel's: one thread per output, channels innermost so that a warp reads neighbours.
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
-    max_pool_nhwc_kernel(const T* x, T* out, int64_t n, int64_t c, Window2d win) {
+    max_pool_nhwc_kernel(const T* x, T* out, int64_t* indices, int64_t n, int64_t c, Window2d win) {
   const int64_t total = n * win.oh * win.ow * c;
   for (int64_t idx = global_index(); idx < total; idx += grid_stride()) {
     const int64_t ch = idx % c, q = idx / c, ox = q % win.ow, oy = q / win.ow % win.oh, b = q / (win.ow * win.oh);
@@ -169,13 +170,16 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t ihi = imax(ilo, y0 >= win.h ? 0 : imin(win.kh, (win.h - 1 - y0) / win.dh + 1));
     const int64_t jlo = x0 >= 0 ? 0 : imin(win.kw, (-x0 + win.dw - 1) / win.dw);
     const int64_t jhi = imax(jlo, x0 >= win.w ? 0 : imin(win.kw, (win.w - 1 - x0) / win.dw + 1));
-    Compute<T> best = cast<Compute<T>>(src[((y0 + ilo * win.dh) * win.w + x0 + jlo * win.dw) * c]);
+    int64_t at = (y0 + ilo * win.dh) * win.w + x0 + jlo * win.dw;
+    Compute<T> best = cast<Compute<T>>(src[at * c]);
     for (int64_t i = ilo; i < ihi; ++i)
       for (int64_t j = jlo; j < jhi; ++j) {
-        const Compute<T> v = cast<Compute<T>>(src[((y0 + i * win.dh) * win.w + x0 + j * win.dw) * c]);
-        if (v > best || v != v) best = v;
+        const int64_t p = (y0 + i * win.dh) * win.w + x0 + j * win.dw;
+        const Compute<T> v = cast<Compute<T>>(src[p * c]);
+        if (v > best || v != v) best = v, at = p;  // NaN propagates (the last NaN's index, as max_pool_kernel)
       }
     out[idx] = cast<T>(best);
+    if (indices) indices[idx] = at;
   }
 }
 
@@ -204,14 +208,18 @@ void CudaBackend::max_pool2d(const Tensor& x, const Window2d& win, const Tensor&
                           out.shape()[0] * out.shape()[1], win, l.stream);
 }
 
-bool CudaBackend::max_pool2d_channels_last(const Tensor& x, const Window2d& win, const Tensor& out) {
-  if (x.dim() != 4 || !x.is_channels_last() || !out.is_channels_last() || out.dtype() != x.dtype()) return false;
+bool CudaBackend::max_pool2d_channels_last(const Tensor& x, const Window2d& win, const Tensor& out,
+                                           const Tensor& indices) {
+  if (x.dim() != 4 || !x.is_channels_last() || !out.is_channels_last() || out.dtype() != x.dtype() ||
+      (indices.defined() && (indices.dtype() != kInt64 || indices.shape() != out.shape() || !indices.is_channels_last())))
+    return false;
   const int64_t n = x.size(0), c = x.size(1), total = n * c * win.oh * win.ow;
-  cuda::Launch l("max_pool2d", x, {out});
+  cuda::Launch l("max_pool2d", x, {out, indices});
   auto run = [&]<typename T>(cuda::Tag<T>) {
     if (total == 0) return true;
     cuda::max_pool_nhwc_kernel<T><<<cuda::grid_for(total), cuda::kThreads, 0, l.stream>>>(
-        static_cast<const T*>(cuda::ptr(x)), static_cast<T*>(cuda::ptr(out)), n, c, win);
+        static_cast<const T*>(cuda::ptr(x)), static_cast<T*>(cuda::ptr(out)),
+        static_cast<int64_t*>(cuda::ptr(indices)), n, c, win);  // indices null when undefined
     cuda::check_launch("max_pool2d", "max_pool_nhwc_kernel");
     return true;
   };

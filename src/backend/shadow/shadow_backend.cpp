@@ -75,9 +75,8 @@ namespace braid::detail {
 #define BRAID_SHADOW_OPTIONAL(X)                                                                                       \
   X(conv2d, (const Tensor& x, const Tensor& w, const Tensor& bias, const Window2d& win, int64_t groups,                \
              const Epilogue& epilogue, const Tensor& y), (x, w, bias, win, groups, epilogue, y))                       \
-  X(max_pool2d_channels_last, (const Tensor& x, const Window2d& win, const Tensor& out), (x, win, out))                \
-  X(conv2d_prefers_channels_last, (const Tensor& x, const Tensor& w, const Window2d& win, int64_t groups),             \
-    (x, w, win, groups))                                                                                               \
+  X(max_pool2d_channels_last, (const Tensor& x, const Window2d& win, const Tensor& out, const Tensor& indices),      \
+    (x, win, out, indices))                                                                                            \
   X(conv2d_backward_input, (const Tensor& gy, const Tensor& w, const Window2d& win, int64_t groups, const Tensor& gx), \
     (gy, w, win, groups, gx))                                                                                          \
   X(conv2d_backward_weight, (const Tensor& x, const Tensor& gy, const Window2d& win, int64_t groups, const Tensor& gw), \
@@ -227,6 +226,15 @@ class ShadowBackend final : public Backend, public FusedKernels {
   // capability set]).
   bool autocast_half_activations() const override {
     return offers_all() ? cpu_backend().autocast_half_activations() : CudaBackend::kAutocastHalfActivations;
+  }
+  // Likewise the layout a convolution prefers: CUDA's rule (half operands channels-last, training
+  // included, Note [Channels-last training] in src/ops/conv.cpp), whose passes then run on the CPU's
+  // kernels or their composites.
+  bool conv2d_prefers_channels_last(const Tensor& x, const Tensor& w, const Window2d& win, int64_t groups,
+                                    bool training) override {
+    if (!offers_all()) return CudaBackend::channels_last_rule(x, w);
+    return forward_fused("conv2d_prefers_channels_last", &FusedKernels::conv2d_prefers_channels_last, x, w, win, groups,
+                         training);
   }
   void* allocate(Device device, int64_t nbytes) override {
     void* p = std::aligned_alloc(64, static_cast<size_t>(nbytes));
