@@ -294,4 +294,56 @@ struct ReductionCase {
   return cases;
 }
 
+// Every reduction of dtype t over every case, CUDA against the CPU: sum and prod within `sums` (the
+// order of the terms differs; integers equal), max and min equal; then argmax and argmin, equal,
+// where a case reduces one non-empty axis of several (ties everywhere and NaN now and then: the first
+// extreme wins).
+[[maybe_unused]] inline void reduction_parity(DType t, const std::vector<ReductionCase>& cases, Tol sums) {
+  for (const ReductionCase& c : cases) {
+    Shape out_shape = c.layout.shape;
+    for (int64_t a : c.axes) out_shape[a] = 1;
+    std::string axes;
+    for (int64_t a : c.axes) axes += std::to_string(a) + ",";
+    const std::string what = name(t, c.layout) + " axes " + axes;
+    for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min}) {
+      const bool prod = op == ReduceOp::Prod, extreme = op == ReduceOp::Max || op == ReduceOp::Min;
+      // NaN and infinities only where they do not swamp every sum (max and min propagate NaN).
+      const Operand x = operand(c.layout, t, 41, prod ? ValueRange{0.5, 1.5, false} : ValueRange{-3, 3, extreme});
+      expect_parity("reduce " + std::to_string(static_cast<int>(op)) + " " + what,
+                    extreme || !is_floating(t) ? Tol{} : sums, [&](Device d) {
+                      Tensor out = fresh(out_shape, t, d);
+                      backend(d).reduce(op, x.on(d), c.axes, out);
+                      return out;
+                    });
+    }
+    if (c.axes.size() != 1 || out_shape == c.layout.shape || c.layout.shape[c.axes[0]] == 0) continue;
+    const Operand x = operand(c.layout, t, 43, {-2, 2, true});
+    for (ReduceOp op : {ReduceOp::ArgMax, ReduceOp::ArgMin})
+      expect_parity("arg-reduce " + std::to_string(static_cast<int>(op)) + " " + what, {}, [&](Device d) {
+        Tensor out = fresh(out_shape, kInt64, d);
+        backend(d).reduce(op, x.on(d), c.axes, out);
+        return out;
+      });
+  }
+}
+
+// argmax and argmin of dtype t along each axis of long rows and long columns (one block per output),
+// CUDA against the CPU, equal.
+[[maybe_unused]] inline void long_arg_reduction_parity(DType t) {
+  for (const Layout& l : {Layout{"long rows", {3, 5000}, {5000, 1}, 0}, Layout{"long columns", {5000, 3}, {3, 1}, 0}})
+    for (int64_t axis : {0, 1}) {
+      const Operand x = operand(l, t, 44, {-2, 2, true});
+      Shape out_shape = l.shape;
+      out_shape[axis] = 1;
+      for (ReduceOp op : {ReduceOp::ArgMax, ReduceOp::ArgMin})
+        expect_parity(
+            "arg-reduce " + std::to_string(static_cast<int>(op)) + " " + name(t, l) + " axis " + std::to_string(axis),
+            {}, [&](Device d) {
+              Tensor out = fresh(out_shape, kInt64, d);
+              backend(d).reduce(op, x.on(d), {axis}, out);
+              return out;
+            });
+    }
+}
+
 }  // namespace braid

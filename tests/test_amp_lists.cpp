@@ -8,10 +8,8 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
-#include <fstream>
 #include <functional>
 #include <map>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -33,17 +31,7 @@ namespace {
 const std::map<std::string, std::string>& torch_lists() {
   static const std::map<std::string, std::string> lists = [] {
     std::map<std::string, std::string> m;
-    const std::string path = std::string(test::data_dir()) + "/autocast_lists.txt";
-    std::ifstream in(path);
-    EXPECT_TRUE(in.good()) << "cannot read " << path;
-    std::string line;
-    while (std::getline(in, line)) {
-      if (line.empty() || line[0] == '#') continue;
-      std::istringstream fields(line);
-      std::string list, op;
-      fields >> list >> op;
-      m[op] = list;
-    }
+    for (const std::vector<std::string>& row : test::data_rows("autocast_lists.txt")) m[row.at(1)] = row.at(0);
     return m;
   }();
   return lists;

@@ -113,55 +113,12 @@ TEST(CudaParity, IntegerErrorsAreTheCpusAndInPlaceUpdatesWork) {
 
 TEST(CudaParity, Reductions) {
   REQUIRE_CUDA();
-  using Case = ReductionCase;
   // Few outputs over many inputs (split reductions), many outputs over few, strided columns.
-  const std::vector<Case> cases = reduction_cases({Layout{"rows", {3, 70001}, {70001, 1}, 0},
-                                                   Layout{"columns", {70001, 3}, {3, 1}, 0},
-                                                   Layout{"column-major", {70001, 3}, {1, 70001}, 0}});
-  for (DType t : kComputeTypes) {
-    for (const Case& c : cases) {
-      Shape out_shape = c.layout.shape;
-      for (int64_t a : c.axes) out_shape[a] = 1;
-      for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min}) {
-        const bool prod = op == ReduceOp::Prod;
-        // NaN and infinities only where they do not swamp every sum (max and min propagate NaN).
-        const bool extreme = op == ReduceOp::Max || op == ReduceOp::Min;
-        const Operand x = operand(c.layout, t, 41, prod ? ValueRange{0.5, 1.5, false} : ValueRange{-3, 3, extreme});
-        const bool exact = !is_floating(t) || op == ReduceOp::Max || op == ReduceOp::Min;
-        const Tol tol = exact ? Tol{} : t == kFloat64 ? Tol{1e-11, 1e-11} : Tol{2e-6, 1e-6};
-        std::string axes;
-        for (int64_t a : c.axes) axes += std::to_string(a) + ",";
-        expect_parity("reduce " + std::to_string(static_cast<int>(op)) + " " + name(t, c.layout) + " axes " + axes, tol,
-                      [&](Device d) {
-                        Tensor out = fresh(out_shape, t, d);
-                        backend(d).reduce(op, x.on(d), c.axes, out);
-                        return out;
-                      });
-      }
-      if (c.axes.size() != 1 || out_shape == c.layout.shape || c.layout.shape[c.axes[0]] == 0) continue;
-      // Ties everywhere (few distinct values) and NaN now and then: the first extreme wins.
-      const Operand x = operand(c.layout, t, 43, {-2, 2, true});
-      for (ReduceOp op : {ReduceOp::ArgMax, ReduceOp::ArgMin})
-        expect_parity("arg-reduce " + std::to_string(static_cast<int>(op)) + " " + name(t, c.layout), {},
-                      [&](Device d) {
-                        Tensor out = fresh(out_shape, kInt64, d);
-                        backend(d).reduce(op, x.on(d), c.axes, out);
-                        return out;
-                      });
-    }
-  }
-  // Long rows (one block per output) for the arg-reductions.
-  for (const Layout& l : {Layout{"long rows", {3, 5000}, {5000, 1}, 0}, Layout{"long columns", {5000, 3}, {3, 1}, 0}})
-    for (int64_t axis : {0, 1}) {
-      const Operand x = operand(l, kFloat32, 44, {-2, 2, true});
-      Shape out_shape = l.shape;
-      out_shape[axis] = 1;
-      expect_parity("argmax " + l.name + " axis " + std::to_string(axis), {}, [&](Device d) {
-        Tensor out = fresh(out_shape, kInt64, d);
-        backend(d).reduce(ReduceOp::ArgMax, x.on(d), {axis}, out);
-        return out;
-      });
-    }
+  const std::vector<ReductionCase> cases =
+      reduction_cases({Layout{"rows", {3, 70001}, {70001, 1}, 0}, Layout{"columns", {70001, 3}, {3, 1}, 0},
+                       Layout{"column-major", {70001, 3}, {1, 70001}, 0}});
+  for (DType t : kComputeTypes) reduction_parity(t, cases, t == kFloat64 ? Tol{1e-11, 1e-11} : Tol{2e-6, 1e-6});
+  long_arg_reduction_parity(kFloat32);
 }
 
 // ---- matmul ----

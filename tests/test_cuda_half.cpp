@@ -30,56 +30,14 @@ TEST(CudaHalf, BinaryAndWhere) {
 
 TEST(CudaHalf, Reductions) {
   REQUIRE_CUDA();
-  using Case = ReductionCase;
   // Few outputs over many inputs (split reductions, partial results combined), many over few.
-  const std::vector<Case> cases =
+  const std::vector<ReductionCase> cases =
       reduction_cases({Layout{"rows", {3, 20001}, {20001, 1}, 0}, Layout{"columns", {20001, 3}, {3, 1}, 0}});
   for (DType t : kHalfTypes) {
-    for (const Case& c : cases) {
-      Shape out_shape = c.layout.shape;
-      for (int64_t a : c.axes) out_shape[a] = 1;
-      std::string axes;
-      for (int64_t a : c.axes) axes += std::to_string(a) + ",";
-      for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min}) {
-        const bool prod = op == ReduceOp::Prod, extreme = op == ReduceOp::Max || op == ReduceOp::Min;
-        const Operand x = operand(c.layout, t, 41, prod ? ValueRange{0.5, 1.5, false} : ValueRange{-3, 3, extreme});
-        // Sums in another order: float32 results a rounding apart at most, so halves equal or one ulp apart.
-        const Tol tol = extreme ? Tol{} : t == kFloat16 ? Tol{1e-3, 1e-5} : Tol{8e-3, 1e-5};
-        expect_parity("reduce " + std::to_string(static_cast<int>(op)) + " " + name(t, c.layout) + " axes " + axes, tol,
-                      [&](Device d) {
-                        Tensor out = fresh(out_shape, t, d);
-                        backend(d).reduce(op, x.on(d), c.axes, out);
-                        return out;
-                      });
-      }
-      if (c.axes.size() != 1 || out_shape == c.layout.shape || c.layout.shape[c.axes[0]] == 0) continue;
-      // Ties everywhere (few distinct values) and NaN now and then: the first extreme wins.
-      const Operand x = operand(c.layout, t, 43, {-2, 2, true});
-      for (ReduceOp op : {ReduceOp::ArgMax, ReduceOp::ArgMin})
-        expect_parity("arg-reduce " + std::to_string(static_cast<int>(op)) + " " + name(t, c.layout) + " axes " + axes,
-                      {}, [&](Device d) {
-                        Tensor out = fresh(out_shape, kInt64, d);
-                        backend(d).reduce(op, x.on(d), c.axes, out);
-                        return out;
-                      });
-    }
+    // Sums in another order: float32 results a rounding apart at most, so halves equal or one ulp apart.
+    reduction_parity(t, cases, t == kFloat16 ? Tol{1e-3, 1e-5} : Tol{8e-3, 1e-5});
+    long_arg_reduction_parity(t);
   }
-  // Long rows (one block per output) for the arg-reductions.
-  for (DType t : kHalfTypes)
-    for (const Layout& l : {Layout{"long rows", {3, 5000}, {5000, 1}, 0}, Layout{"long columns", {5000, 3}, {3, 1}, 0}})
-      for (int64_t axis : {0, 1})
-        for (ReduceOp op : {ReduceOp::ArgMax, ReduceOp::ArgMin}) {
-          const Operand x = operand(l, t, 44, {-2, 2, true});
-          Shape out_shape = l.shape;
-          out_shape[axis] = 1;
-          expect_parity("arg-reduce " + std::to_string(static_cast<int>(op)) + " " + name(t, l) + " axis " +
-                            std::to_string(axis),
-                        {}, [&](Device d) {
-                          Tensor out = fresh(out_shape, kInt64, d);
-                          backend(d).reduce(op, x.on(d), {axis}, out);
-                          return out;
-                        });
-        }
 }
 
 // A half accumulator would lose each 1 against 2048 (float16's spacing there is 2); float32 keeps them.

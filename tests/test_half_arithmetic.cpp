@@ -4,9 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <fstream>
+#include <cstdlib>
 #include <map>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -23,17 +22,9 @@ using Values = std::vector<double>;
 const std::map<std::string, std::map<std::string, Values>>& reference() {
   static const auto ref = [] {
     std::map<std::string, std::map<std::string, Values>> m;
-    const std::string path = std::string(test::data_dir()) + "/half_reference.txt";
-    std::ifstream in(path);
-    EXPECT_TRUE(in.good()) << "cannot read " << path;
-    std::string line;
-    while (std::getline(in, line)) {
-      if (line.empty() || line[0] == '#') continue;
-      std::istringstream fields(line);
-      std::string dtype, name;
-      fields >> dtype >> name;
-      Values& v = m[dtype][name];
-      for (double d; fields >> d;) v.push_back(d);
+    for (const std::vector<std::string>& row : test::data_rows("half_reference.txt")) {
+      Values& v = m[row.at(0)][row.at(1)];
+      for (size_t i = 2; i < row.size(); ++i) v.push_back(std::strtod(row[i].c_str(), nullptr));
     }
     return m;
   }();

@@ -4,7 +4,8 @@
 // keeps float32 statistics and parameters whichever path computes it: a backend's half passes, or
 // the float32 node on a float32 copy where the backend declines them (the CPU, the shadow device),
 // which gives these values exactly; on a GPU the statistics may differ in float32's last bits, so
-// y and dL/dx are held to a half ulp. Pooling goes to the backend's primitives in the half dtype
+// y and dL/dx are held to a half ulp. Both paths are held too to an independent float64 BatchNorm
+// written out here from its definition. Pooling goes to the backend's primitives in the half dtype
 // (a maximum exact, an average summed in float32 and rounded once; a max-pooling gradient that
 // several windows send to one element sums in float32 and is rounded once): exact on every device.
 #include <gtest/gtest.h>
@@ -54,6 +55,44 @@ void expect_near(const Tensor& got, const Tensor& want, double rtol, double atol
   }
 }
 
+// A training BatchNorm of an (N, C, H, W) x in float64, from the definition and not from braid: per
+// channel the batch mean and the biased variance, x^ = (x - mean) / sqrt(var + eps), y = w x^ + b;
+// for the upstream gradient g the closed forms dL/db = sum g, dL/dw = sum g x^ and
+// dL/dx = w / sqrt(var + eps) (g - mean(g) - x^ mean(g x^)), sums and means over N, H and W.
+struct BatchNormReference {
+  Tensor y, dx, dweight, dbias;  // float64, on the CPU
+};
+
+BatchNormReference batch_norm_reference(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& g,
+                                        double eps) {
+  const Shape& s = x.shape();
+  const int64_t n = s[0], c = s[1], hw = s[2] * s[3];
+  const std::vector<double> xv = host(x), gv = host(g), w = host(weight), b = host(bias);
+  std::vector<double> y(xv.size()), dx(xv.size()), dw(static_cast<size_t>(c)), db(static_cast<size_t>(c));
+  const double count = static_cast<double>(n * hw);
+  for (int64_t ch = 0; ch < c; ++ch) {
+    const auto each = [&](const auto& f) {  // f(element index) over the channel's elements
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < hw; ++j) f(static_cast<size_t>((i * c + ch) * hw + j));
+    };
+    const size_t k = static_cast<size_t>(ch);
+    double mean = 0, var = 0;
+    each([&](size_t e) { mean += xv[e]; });
+    mean /= count;
+    each([&](size_t e) { var += (xv[e] - mean) * (xv[e] - mean); });
+    var /= count;
+    const double inv = 1 / std::sqrt(var + eps);
+    each([&](size_t e) {
+      y[e] = w[k] * (xv[e] - mean) * inv + b[k];
+      db[k] += gv[e];
+      dw[k] += gv[e] * (xv[e] - mean) * inv;
+    });
+    each([&](size_t e) { dx[e] = w[k] * inv * (gv[e] - db[k] / count - (xv[e] - mean) * inv * dw[k] / count); });
+  }
+  return {tensor(y, s, Device::cpu()), tensor(dx, s, Device::cpu()), tensor(dw, {c}, Device::cpu()),
+          tensor(db, {c}, Device::cpu())};
+}
+
 // A half ulp of dtype t, relative: exact (0) on devices whose half BatchNorm is the float32 node.
 double half_rtol(DType t) {
   if (test::test_device().type != DeviceType::CUDA) return 0;
@@ -92,6 +131,23 @@ TEST(HalfBatchNorm, TrainingStepIsTheFloat32StepRoundedOnce) {
         ASSERT_EQ(ph.grad().dtype(), kFloat32) << what;
         expect_near(ph.grad(), pf.grad(), stat_rtol, stat_rtol, what + " " + bh.named_parameters()[i].first + " grad");
       }
+      // The float64 reference. y and dL/dx are a float32 computation rounded once to t: within the
+      // rounding, u |want| (u = 2^-11 for float16, 2^-8 for bfloat16: half of t's ulp relative), plus the
+      // float32 computation's own error. Here |x| <= 6, |w|, |b|, |g| <= 3, channels of 120 elements,
+      // var ~ 1.3: float32 sums of 120 terms err by at most 120 * 2^-24 = 7.2e-6 of their magnitude, so
+      // the mean by <= 4.3e-5, x^ by <= 4e-5 and y by <= 1.2e-4 < 2e-4; dL/dx's means of g (|g| <= 3) and
+      // g x^ (<= 6, times |x^| <= 2) by <= 2e-5 and 9e-5, times w / sqrt(var + eps) <= 2.7: < 5e-4. The
+      // parameters' gradients stay float32 sums of 120 terms: 7.2e-6 of sum |g| <= 360 (2.6e-3) for
+      // dL/db, and for dL/dw that of sum |g x^| <= 720 plus sum |g| times x^'s 4e-5: 5.2e-3 + 1.4e-2 < 2e-2
+      // (worst cases; seen on the CPU: y and dL/dx within 0.95 of their bounds, dL/dw off by 4e-6, dL/db
+      // exact). The same reference with the unbiased variance misses each of y, dL/dx and dL/dw by 7x-48x.
+      const double u = t == kFloat16 ? 0x1p-11 : 0x1p-8;
+      const BatchNormReference ref =
+          batch_norm_reference(xh, bh.named_parameters()[0].second, bh.named_parameters()[1].second, up, bh.eps());
+      expect_near(yh, ref.y, u, 2e-4, what + " y against float64");
+      expect_near(xh.grad(), ref.dx, u, 5e-4, what + " dL/dx against float64");
+      expect_near(bh.named_parameters()[0].second.grad(), ref.dweight, 0, 2e-2, what + " dL/dweight against float64");
+      expect_near(bh.named_parameters()[1].second.grad(), ref.dbias, 0, 2.6e-3, what + " dL/dbias against float64");
       const auto bufs_h = bh.named_buffers(), bufs_f = bf.named_buffers();
       ASSERT_EQ(bufs_h.size(), bufs_f.size());
       for (size_t i = 0; i < bufs_h.size(); ++i) {
