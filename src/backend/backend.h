@@ -284,12 +284,13 @@ class FusedKernels {
   /// or (B, L, S) with any strides (0 over axes it is broadcast along), bool (0 where true, -inf
   /// where false) or float32 (added), or with causal the -inf where key j > query i. lse (B, L)
   /// float32 = the log-sum-exp of each row of the scaled, biased scores. out float32 for float16 or
-  /// bfloat16 q, else q's dtype. A row with every score -inf gives NaN, as the composite's softmax.
+  /// bfloat16 q (or q's half dtype, rounded once from float32; a backend may decline it), else q's
+  /// dtype. A row with every score -inf gives NaN, as the composite's softmax.
   virtual bool attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, bool causal,
                                  double scale, const Tensor& out, const Tensor& lse);
-  /// gq, gk, gv (q's, k's and v's shapes, out's dtype, overwritten) = the gradients of
-  /// attention_forward's out for grad_out (B, L, Ev, out's dtype, contiguous), given the forward's
-  /// operands, out and lse.
+  /// gq, gk, gv (q's, k's and v's shapes, overwritten; one dtype, float32 or for half q q's dtype,
+  /// rounded once) = the gradients of attention_forward's out for grad_out (B, L, Ev, out's dtype,
+  /// contiguous), given the forward's operands, out and lse.
   virtual bool attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, bool causal,
                                   double scale, const Tensor& out, const Tensor& lse, const Tensor& grad_out,
                                   const Tensor& gq, const Tensor& gk, const Tensor& gv);
