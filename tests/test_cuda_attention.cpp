@@ -3,7 +3,8 @@
 // autograd's gradients of it): out, the log-sum-exp and the three gradients for float32, float16
 // and bfloat16 operands (the CPU given the same rounded values widened to float32), unmasked,
 // causal, with a broadcast bool mask and a float one, sequence lengths off the tiles, head dims 16,
-// 64 and 128, empty and 1-length sequences; then the op itself on cuda:0 against the CPU.
+// 64 and 128, empty and 1-length sequences; half out and gradients (rounded once from float32); then
+// the op itself on cuda:0 against the CPU, and under autocast.
 // cuda_parity.h's helpers live in an anonymous namespace; this suite uses a few of them.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wunused-function"
@@ -92,6 +93,69 @@ TEST(CudaAttention, EntriesMatchTheCompositeForEveryDtypeAndMask) {
   for (DType t : {kFloat32, kFloat16, kBFloat16})
     for (Mask m : {Mask::None, Mask::Causal, Mask::Bool, Mask::Float})
       for (const Geometry& g : geometries) check_entries(t, m, g);
+}
+
+// Half out, grad_out and gradients (autocast's half activations): the kernels compute in float32 and
+// round once on the store, so out is bit for bit the float32 out rounded, and the gradients those of
+// the float32 entries given the same (half, widened) out and grad_out, rounded once.
+TEST(CudaAttention, HalfOutAndGradientsAreTheFloat32ValuesRoundedOnce) {
+  REQUIRE_CUDA();
+  const Geometry geometries[] = {{2, 33, 17, 16, 16}, {1, 20, 45, 64, 32}};
+  for (DType t : {kFloat16, kBFloat16})
+    for (Mask m : {Mask::None, Mask::Causal, Mask::Bool})
+      for (const Geometry& g : geometries) {
+        const std::string w = what(t, m, g);
+        SCOPED_TRACE(w);
+        const Tensor q = uniform({g.B, g.L, g.E}, 1).to(t).to(kCuda), k = uniform({g.B, g.S, g.E}, 2).to(t).to(kCuda),
+                     v = uniform({g.B, g.S, g.Ev}, 3).to(t).to(kCuda);
+        const Tensor go = uniform({g.B, g.L, g.Ev}, 4).to(t).to(kCuda);
+        const Tensor mask = make_mask(m, g);
+        const Tensor dmask = mask.defined() ? mask.to(kCuda).expand({g.B, g.L, g.S}) : Tensor();
+        const bool causal = m == Mask::Causal;
+        auto& fused = backend(kCuda).fused();
+        Tensor out32 = fresh({g.B, g.L, g.Ev}, kFloat32, kCuda), lse32 = fresh({g.B, g.L}, kFloat32, kCuda);
+        Tensor outh = fresh({g.B, g.L, g.Ev}, t, kCuda), lseh = fresh({g.B, g.L}, kFloat32, kCuda);
+        ASSERT_TRUE(fused.attention_forward(q, k, v, dmask, causal, 0.25, out32, lse32));
+        ASSERT_TRUE(fused.attention_forward(q, k, v, dmask, causal, 0.25, outh, lseh));
+        expect_match(outh, out32.to(t), {}, w + " half out");
+        expect_match(lseh, lse32, {}, w + " lse");
+        const auto grads = [&](const Tensor& out, const Tensor& g_out, DType gt) {
+          std::vector<Tensor> r = {fresh(q.shape(), gt, kCuda), fresh(k.shape(), gt, kCuda), fresh(v.shape(), gt, kCuda)};
+          EXPECT_TRUE(fused.attention_backward(q, k, v, dmask, causal, 0.25, out, lseh, g_out, r[0], r[1], r[2]));
+          return r;
+        };
+        const std::vector<Tensor> want = grads(outh.to(kFloat32), go.to(kFloat32), kFloat32);
+        const std::vector<Tensor> half = grads(outh, go, t), wide = grads(outh, go, kFloat32);
+        for (size_t i = 0; i < 3; ++i) {
+          expect_match(half[i], want[i].to(t), {}, w + " half gradient " + std::to_string(i));
+          expect_match(wide[i], want[i], {}, w + " float32 gradient " + std::to_string(i));
+        }
+      }
+}
+
+// The op under autocast on cuda:0 (half activations): a half result, bit for bit the fused float32
+// result rounded once, and half gradients for half operands.
+TEST(CudaAttention, AutocastOpReturnsTheRoundedFloat32Result) {
+  REQUIRE_CUDA();
+  for (DType t : {kFloat16, kBFloat16}) {
+    SCOPED_TRACE(dtype_name(t));
+    const Tensor q = uniform({2, 3, 9, 16}, 1).to(t).to(kCuda).set_requires_grad(true),
+                 k = uniform({2, 3, 7, 16}, 2).to(t).to(kCuda).set_requires_grad(true),
+                 v = uniform({2, 3, 7, 16}, 3).to(t).to(kCuda).set_requires_grad(true);
+    Tensor out;
+    {
+      autocast on(t);
+      out = scaled_dot_product_attention(q, k, v, Tensor(), 0.0, true);
+    }
+    ASSERT_EQ(out.dtype(), t);
+    Tensor want = fresh({6, 9, 16}, kFloat32, kCuda), lse = fresh({6, 9}, kFloat32, kCuda);
+    ASSERT_TRUE(backend(kCuda).fused().attention_forward(q.detach().reshape({6, 9, 16}), k.detach().reshape({6, 7, 16}),
+                                                         v.detach().reshape({6, 7, 16}), Tensor(), true, 0.25, want,
+                                                         lse));
+    expect_match(out.detach().reshape({6, 9, 16}), want.to(t), {}, "autocast out");
+    sum(out.to(kFloat32) * uniform(out.shape(), 9).to(kCuda)).backward();
+    for (const Tensor* x : {&q, &k, &v}) EXPECT_EQ(x->grad().dtype(), t);
+  }
 }
 
 TEST(CudaAttention, EmptySequencesAndWhollyMaskedRows) {

@@ -2,7 +2,8 @@
 // src/backend/backend.h): unary, binary, where and reduce on float16 and bfloat16 operands, which the
 // CUDA kernels read and write as 2-byte elements, computing each in float32 and rounding once, where
 // the CPU widens to float32 scratch and runs its float32 kernels. Over the layouts of cuda_parity.h
-// (contiguous, permuted, sliced, broadcast (stride-0), 0-d, empty and large). The IEEE operations
+// (contiguous, permuted, sliced, broadcast (stride-0), 0-d, empty and large), and binary and where of
+// a float32 operand with a half one. The IEEE operations
 // both sides round alike give equal halves; libdevice against the CPU's own functions (a few float32
 // ulp apart) gives halves equal or one half ulp apart, which the per-dtype tolerances allow. Matmul
 // with half outs is in test_cuda_backend.cpp and test_cuda_matmul.cpp.
@@ -26,6 +27,46 @@ TEST(CudaHalf, BinaryAndWhere) {
   for (DType t : kHalfTypes) binary_parity(t);
   // where moves the bits of every dtype, the storage types included (b broadcast where the shapes allow).
   for (DType t : {kFloat16, kBFloat16, kInt8, kUInt8}) where_parity(t, 3);
+}
+
+// A float32 operand with a half one (arithmetic into float32, where), the half one widened on the load
+// (Note [Half arithmetic]): on CUDA equal to the same op on the half operand cast to float32 first, the
+// old path (widening is exact), and to the CPU's (pow within float32's approx, other libraries).
+TEST(CudaHalf, MixedWithFloat32EqualsCastingFirst) {
+  REQUIRE_CUDA();
+  const std::vector<Layout> ls = layouts();
+  const BinaryOp ops[] = {BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div,
+                          BinaryOp::Pow, BinaryOp::Max, BinaryOp::Min};
+  for (DType h : kHalfTypes) {
+    for (size_t i = 0; i < ls.size(); ++i) {
+      const Layout& la = ls[i];
+      const Layout& lb = i + 1 < ls.size() && ls[i + 1].shape == la.shape ? ls[i + 1] : ls[i];
+      const Operand f = operand(la, kFloat32, 51), x = operand(lb, h, 52), c = operand(la, kBool, 53);
+      for (bool half_first : {false, true}) {
+        const std::string what = dtype_name(h) + (half_first ? " first, " : " second, ") + la.name + ", " + lb.name;
+        // half: x as it is, or cast to float32 first (the same layout over a float32 copy of its base).
+        const auto run = [&](BinaryOp op, Device d, bool cast_first) {
+          const Tensor half = cast_first ? Operand{x.base.to(kFloat32), x.layout}.on(d) : x.on(d);
+          Tensor out = fresh(la.shape, kFloat32, d);
+          backend(d).binary(op, half_first ? half : f.on(d), half_first ? f.on(d) : half, out);
+          return out;
+        };
+        for (BinaryOp op : ops) {
+          const std::string o = "mixed binary op " + std::to_string(static_cast<int>(op)) + " " + what;
+          expect_match(run(op, kCuda, false), run(op, kCuda, true), Tol{}, o + " (cast first)");
+          expect_parity(o, op == BinaryOp::Pow ? approx(kFloat32) : Tol{}, [&](Device d) { return run(op, d, false); });
+        }
+        const auto where_run = [&](Device d, bool cast_first) {
+          const Tensor half = cast_first ? Operand{x.base.to(kFloat32), x.layout}.on(d) : x.on(d);
+          Tensor out = fresh(la.shape, kFloat32, d);
+          backend(d).where(c.on(d), half_first ? half : f.on(d), half_first ? f.on(d) : half, out);
+          return out;
+        };
+        expect_match(where_run(kCuda, false), where_run(kCuda, true), Tol{}, "mixed where " + what + " (cast first)");
+        expect_parity("mixed where " + what, {}, [&](Device d) { return where_run(d, false); });
+      }
+    }
+  }
 }
 
 TEST(CudaHalf, Reductions) {

@@ -290,12 +290,13 @@ class FusedKernels {
   /// or (B, L, S) with any strides (0 over axes it is broadcast along), bool (0 where true, -inf
   /// where false) or float32 (added), or with causal the -inf where key j > query i. lse (B, L)
   /// float32 = the log-sum-exp of each row of the scaled, biased scores. out float32 for float16 or
-  /// bfloat16 q, else q's dtype. A row with every score -inf gives NaN, as the composite's softmax.
+  /// bfloat16 q (or q's half dtype, rounded once from float32; a backend may decline it), else q's
+  /// dtype. A row with every score -inf gives NaN, as the composite's softmax.
   virtual bool attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, bool causal,
                                  double scale, const Tensor& out, const Tensor& lse);
-  /// gq, gk, gv (q's, k's and v's shapes, out's dtype, overwritten) = the gradients of
-  /// attention_forward's out for grad_out (B, L, Ev, out's dtype, contiguous), given the forward's
-  /// operands, out and lse.
+  /// gq, gk, gv (q's, k's and v's shapes, overwritten; one dtype, float32 or for half q q's dtype,
+  /// rounded once) = the gradients of attention_forward's out for grad_out (B, L, Ev, out's dtype,
+  /// contiguous), given the forward's operands, out and lse.
   virtual bool attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, bool causal,
                                   double scale, const Tensor& out, const Tensor& lse, const Tensor& grad_out,
                                   const Tensor& gq, const Tensor& gk, const Tensor& gv);
@@ -310,6 +311,18 @@ class FusedKernels {
 // gain from), where a GPU reads and writes the halves directly, which is the point of them: half
 // the memory traffic of float32 activations (Note [Autocast] in src/ops/autocast.cpp). matmul takes
 // half operands into a float32 or a same-dtype out, rounded once from the float32 accumulation.
+// binary's arithmetic and where also take one float32 and one half operand into a float32 out
+// (mixed_half_operands), reading the half one in its own dtype and widening it on the load, as
+// PyTorch's TensorIterator casts inline: a float32 residual stream plus a bfloat16 product's output
+// costs no separate cast pass. Widening is exact, so the values are those of casting first; only
+// this pair is taken (not float16 with bfloat16, nor a half with float64), which keeps a GPU's
+// kernels to two per op, and the ops cast any other mixture first.
+
+/// Whether binary (arithmetic, into a float32 out) and where take operands of dtypes a and b as they
+/// are although they differ: one float32 and one float16 or bfloat16 (Note [Half arithmetic]).
+inline bool mixed_half_operands(DType a, DType b) {
+  return (a == DType::Float32 && is_half(b)) || (is_half(a) && b == DType::Float32);
+}
 
 class Backend {
  public:
@@ -357,9 +370,11 @@ class Backend {
   /// [Half arithmetic]).
   virtual void unary(UnaryOp op, const Tensor& x, const Tensor& out, double p0, double p1) = 0;
   /// out = op(a, b); a and b have out's shape and the same dtype; out is that dtype or bool. The half
-  /// types too (Note [Half arithmetic]).
+  /// types too, and for the arithmetic ops (out not bool) a float32 out from one float32 and one
+  /// half operand (mixed_half_operands; Note [Half arithmetic]).
   virtual void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) = 0;
-  /// out = cond ? a : b; all of out's shape, cond bool, a/b out's dtype (any dtype).
+  /// out = cond ? a : b; all of out's shape, cond bool, a/b out's dtype (any dtype), or for a
+  /// float32 out one of a/b float16 or bfloat16 (widened exactly; mixed_half_operands).
   virtual void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) = 0;
   /// out has x's shape with the reduced axes set to 1; ArgMax/ArgMin reduce one axis into int64. The
   /// half types accumulate in float32 and round once (Note [Half arithmetic]).

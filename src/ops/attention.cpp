@@ -30,7 +30,11 @@ namespace {
 // gradient. Dropout keeps the composite too: its mask is drawn from the generator as dropout's is,
 // so a seeded run gives the values it gave before the op existed. Under autocast (Note [Autocast])
 // both products read operands rounded to the scope's dtype, as two matmuls would, and the
-// backward multiplies by those rounded operands widened to float32. An active ONNX trace runs the
+// backward multiplies by those rounded operands widened to float32. Where autocast's output is half
+// (a GPU), the fused forward writes it directly, rounded once from float32, and the backward reads
+// that half out and gradient and writes half gradients when q, k and v are half: its rowsum(g * out)
+// then sees the rounded out, as PyTorch's fused kernels do (the gradients move within that rounding;
+// the output is bit for bit the float32 result rounded once). An active ONNX trace runs the
 // composite's ops one by one, as the exporter knows them.
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
@@ -138,17 +142,29 @@ Tensor fused(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& ma
   const Tensor q3 = operand(q, L, E), k3 = operand(k, S, E), v3 = operand(v, S, Ev);
   Tensor m3;
   if (mask.defined()) m3 = rows3(mask.dtype() == kBool ? mask : cast_raw(mask, kFloat32), batch, L, S);
-  const DType out_dtype = rd.amp ? kFloat32 : q.dtype();
-  Tensor out3 = new_tensor({B, L, Ev}, out_dtype, q.device()), lse = new_tensor({B, L}, kFloat32, q.device());
-  if (!backend_of(q).fused().attention_forward(q3, k3, v3, m3, causal, scale, out3, lse)) return {};
+  // Under autocast with half activations the kernel offers to round its float32 result once into a
+  // half out, which saves the cast's pass; a backend that declines writes float32, which the caller
+  // rounds: one rounding of the same value either way.
+  const DType compute = rd.amp ? kFloat32 : q.dtype(), want = rd.amp ? autocast_output_dtype(q) : compute;
+  Tensor out3, lse = new_tensor({B, L}, kFloat32, q.device());
+  const auto forward = [&](DType dtype) {
+    out3 = new_tensor({B, L, Ev}, dtype, q.device());
+    return backend_of(q).fused().attention_forward(q3, k3, v3, m3, causal, scale, out3, lse);
+  };
+  if (!(want != compute && want == rd.low && forward(want)) && !forward(compute)) return {};
+  const DType out_dtype = out3.dtype();
+  // Gradients in that half dtype when every operand has it (the engine would round them to it anyway).
+  const bool half_grads = out_dtype != compute && q.dtype() == out_dtype && k.dtype() == out_dtype &&
+                          v.dtype() == out_dtype;
+  const DType grad_dtype = half_grads ? out_dtype : compute;
   const Tensor out = out3.view(with_rows(batch, L, Ev));
   if (!needs_grad({q, k, v})) return out;
   return record("scaled_dot_product_attention", out, {q, k, v},
                 [=, saved_out = out3](const Tensor& g, Grads& r) {
                   const Tensor g3 = contiguous_raw(g).view({B, L, Ev});
-                  Tensor gq = new_tensor(q3.shape(), out_dtype, q3.device());
-                  Tensor gk = new_tensor(k3.shape(), out_dtype, q3.device());
-                  Tensor gv = new_tensor(v3.shape(), out_dtype, q3.device());
+                  Tensor gq = new_tensor(q3.shape(), grad_dtype, q3.device());
+                  Tensor gk = new_tensor(k3.shape(), grad_dtype, q3.device());
+                  Tensor gv = new_tensor(v3.shape(), grad_dtype, q3.device());
                   if (backend_of(q3).fused().attention_backward(q3, k3, v3, m3, causal, scale, saved_out, lse, g3, gq,
                                                                   gk, gv)) {
                     r.set(0, gq.view(with_rows(batch, L, E)));
@@ -157,7 +173,7 @@ Tensor fused(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& ma
                     return;
                   }
                   // The backend has a forward but no backward: recompute the probabilities.
-                  const auto wide = [&](const Tensor& t) { return cast(t, out_dtype); };
+                  const auto wide = [&](const Tensor& t) { return cast(t, compute); };
                   Tensor probs;
                   {
                     NoGradGuard inner;
@@ -166,7 +182,7 @@ Tensor fused(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& ma
                     const Tensor bias = score_bias(m3, causal, s);
                     probs = softmax(bias.defined() ? s + bias : s, -1);
                   }
-                  composite_grads(g3, wide(q3), wide(k3), wide(v3), probs, Tensor(), scale, Rounding{}, r);
+                  composite_grads(wide(g3), wide(q3), wide(k3), wide(v3), probs, Tensor(), scale, Rounding{}, r);
                   for (size_t i = 0; i < 3; ++i)
                     if (r.needs(i)) r.all()[i] = r.all()[i].view(with_rows(batch, i == 0 ? L : S, i == 2 ? Ev : E));
                 });

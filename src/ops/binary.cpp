@@ -138,7 +138,9 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   check_same_device(cond, a, "where");
   Shape s = broadcast_shapes(broadcast_shapes(cond.shape(), a.shape(), "where"), b.shape(), "where");
   Tensor out = new_tensor(s, t, a.device());
-  backend_of(a).where(broadcast_view(cond, s), broadcast_view(cast_raw(a, t), s), broadcast_view(cast_raw(b, t), s), out);
+  const bool as_they_are = t == kFloat32 && mixed_half_operands(a.dtype(), b.dtype());  // Note [Half arithmetic]
+  const auto operand = [&](const Tensor& x) { return broadcast_view(as_they_are ? x : cast_raw(x, t), s); };
+  backend_of(a).where(broadcast_view(cond, s), operand(a), operand(b), out);
   traced("where", out, {cond, a, b});
   if (!is_floating(t) || !needs_grad({a, b})) return out;
   return record("where", out, {a, b}, [c = cond.detach()](const Tensor& g, Grads& r) {

@@ -70,7 +70,11 @@ Tensor binary_raw(BinaryOp op, const Tensor& a, const Tensor& b, DType compute, 
   check_same_device(a, b, name);
   Shape s = broadcast_shapes(a.shape(), b.shape(), name);
   Tensor out = new_elementwise(s, out_dtype, a, &b);
-  backend_of(a).binary(op, broadcast_view(cast_raw(a, compute), s), broadcast_view(cast_raw(b, compute), s), out);
+  // A float32 and a half operand go in as they are: the backend widens the half one on the load
+  // (Note [Half arithmetic]), which saves the pass of a cast.
+  const bool as_they_are = compute == kFloat32 && out_dtype == compute && mixed_half_operands(a.dtype(), b.dtype());
+  const auto operand = [&](const Tensor& t) { return broadcast_view(as_they_are ? t : cast_raw(t, compute), s); };
+  backend_of(a).binary(op, operand(a), operand(b), out);
   return out;
 }
 

@@ -292,7 +292,10 @@ Tensor& Tensor::add_(const Tensor& other, double alpha) {
   check_result_kind(*this, promote_types(dtype(), o.dtype()), "add_");
   BRAID_CHECK(broadcast_shapes(o.shape(), shape(), "add_") == shape(), "add_: shape ", shape_str(o.shape()),
               " does not broadcast to ", shape_str(shape()));
-  backend_of(*this).binary(BinaryOp::Add, *this, broadcast_view(cast_raw(unaliased(o, *this), dtype()), shape()), *this);
+  // A half o adds into a float32 tensor as it is (Note [Half arithmetic]): gradient accumulation.
+  const Tensor src = unaliased(o, *this);
+  const Tensor addend = dtype() == kFloat32 && is_half(src.dtype()) ? src : cast_raw(src, dtype());
+  backend_of(*this).binary(BinaryOp::Add, *this, broadcast_view(addend, shape()), *this);
   return *this;
 }
 

@@ -162,10 +162,16 @@ bool is_bool_result(BinaryOp op) { return op >= BinaryOp::Eq; }
 
 void CpuBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
   const char* name = binary_name(op);
-  BRAID_ASSERT(a.dtype() == b.dtype() && out.dtype() == (is_bool_result(op) ? kBool : a.dtype()) &&
+  const bool mixed = mixed_half_operands(a.dtype(), b.dtype()) && out.dtype() == kFloat32 && !is_bool_result(op);
+  BRAID_ASSERT((a.dtype() == b.dtype() || mixed) &&
+                   out.dtype() == (is_bool_result(op) ? kBool : mixed ? kFloat32 : a.dtype()) &&
                    a.shape() == out.shape() && b.shape() == out.shape(),
                name, ": got ", dtype_name(a.dtype()), " ", shape_str(a.shape()), ", ", dtype_name(b.dtype()), " ",
                shape_str(b.shape()), " -> ", dtype_name(out.dtype()), " ", shape_str(out.shape()));
+  if (mixed) {  // Note [Half arithmetic]: the half operand widened exactly, the float32 kernel into out
+    const auto wide = [](const Tensor& t) { return is_half(t.dtype()) ? widen_to_float32(t) : t; };
+    return binary(op, wide(a), wide(b), out);
+  }
   if (is_half(a.dtype())) {  // Note [Half arithmetic]: float32 kernels, one rounding
     const Tensor f = is_bool_result(op) ? out : new_tensor(out.shape(), kFloat32, out.device());
     binary(op, widen_to_float32(a), widen_to_float32(b), f);

@@ -325,6 +325,10 @@ void CpuBackend::unary(UnaryOp op, const Tensor& x, const Tensor& out, double p0
 }
 
 void CpuBackend::where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) {
+  if (out.dtype() == kFloat32 && mixed_half_operands(a.dtype(), b.dtype())) {  // Note [Half arithmetic]
+    const auto wide = [](const Tensor& t) { return is_half(t.dtype()) ? widen_to_float32(t) : t; };
+    return where(cond, wide(a), wide(b), out);
+  }
   BRAID_ASSERT(cond.dtype() == kBool && a.dtype() == out.dtype() && b.dtype() == out.dtype(),
                "where: dtypes do not match");
   StridedLoop loop(out.shape(), {loop_operand(out), loop_operand(cond), loop_operand(a), loop_operand(b)});

@@ -3,7 +3,9 @@
 // tiles with an online softmax and keeps each row's log-sum-exp; the backward recomputes the
 // probabilities from it, once per key tile for dK and dV and once per query tile for dQ, so no
 // (L, S) matrix is stored and no atomics are needed. Operands float32, float16 or bfloat16, widened
-// to float32 in shared memory; accumulation, out and gradients in float32. Head dims up to 128.
+// to float32 in shared memory; accumulation in float32. out, grad_out and the gradients are float32,
+// or for half operands their dtype, rounded once on the store (so autocast's half activations cost
+// no cast pass; the kernels are instantiated for those pairs only). Head dims up to 128.
 #include <cstdint>
 
 #include "backend/cuda/common.cuh"
@@ -67,10 +69,10 @@ __device__ inline float dot(const float* a, const float* b, int64_t n) {
   return s;
 }
 
-// One block per (batch, tile of kFwdRows queries): out (B, L, Ev) and lse (B, L).
-template <typename T>
+// One block per (batch, tile of kFwdRows queries): out (B, L, Ev) of O (float32 or T) and lse (B, L).
+template <typename T, typename O>
 __global__ void __launch_bounds__(kAttnThreads)
-    attention_fwd_block_kernel(const T* q, const T* k, const T* v, Bias bias, Dims d, int64_t tiles, float* out,
+    attention_fwd_block_kernel(const T* q, const T* k, const T* v, Bias bias, Dims d, int64_t tiles, O* out,
                                float* lse) {
   __shared__ float sq[kFwdRows][kPad];
   __shared__ float skv[kFwdKeys][kPad];
@@ -117,21 +119,22 @@ __global__ void __launch_bounds__(kAttnThreads)
   if (i >= d.L) return;
   // l = 0: every key masked, NaN as the composite's softmax, or no keys at all, out = 0 (an empty sum).
   const float inv = d.S == 0 ? 0.0f : 1.0f / l;
-  float* o = out + (b * d.L + i) * d.Ev;
+  O* o = out + (b * d.L + i) * d.Ev;
   for (int t = 0; t < kMaxHead / kFwdLanes; ++t) {
     const int col = lane + t * kFwdLanes;
     if (col >= d.Ev) break;
-    o[col] = d.S == 0 ? 0.0f : acc[t] * inv;
+    o[col] = cast<O>(d.S == 0 ? 0.0f : acc[t] * inv);
   }
   if (lane == 0) lse[b * d.L + i] = (m == -INFINITY ? 0.0f : m) + logf(l);
 }
 
-// delta (B * L) = rowsum(grad_out * out), the term of dS = P (dP - delta).
+// delta (B * L) = rowsum(grad_out * out), the term of dS = P (dP - delta); g and out of G.
+template <typename G>
 __global__ void __launch_bounds__(kThreads)
-    attention_delta_kernel(const float* g, const float* out, int64_t rows, int64_t ev, float* delta) {
+    attention_delta_kernel(const G* g, const G* out, int64_t rows, int64_t ev, float* delta) {
   for (int64_t i = global_index(); i < rows; i += grid_stride()) {
     float s = 0;
-    for (int64_t c = 0; c < ev; ++c) s += g[i * ev + c] * out[i * ev + c];
+    for (int64_t c = 0; c < ev; ++c) s += widen(g[i * ev + c]) * widen(out[i * ev + c]);
     delta[i] = s;
   }
 }
@@ -139,11 +142,11 @@ __global__ void __launch_bounds__(kThreads)
 // p = exp(s - lse) for the valid (query i, key j) pair, else 0.
 __device__ inline float prob(float s, float lse, bool valid) { return valid ? expf(s - lse) : 0.0f; }
 
-// One block per (batch, tile of kDqRows queries): gq (B, L, E).
-template <typename T>
+// One block per (batch, tile of kDqRows queries): gq (B, L, E) of GO from g of G.
+template <typename T, typename G, typename GO>
 __global__ void __launch_bounds__(kAttnThreads)
-    attention_dq_block_kernel(const T* q, const T* k, const T* v, Bias bias, Dims d, int64_t tiles, const float* g,
-                              const float* lse, const float* delta, float* gq) {
+    attention_dq_block_kernel(const T* q, const T* k, const T* v, Bias bias, Dims d, int64_t tiles, const G* g,
+                              const float* lse, const float* delta, GO* gq) {
   __shared__ float sq[kDqRows][kPad];
   __shared__ float sg[kDqRows][kPad];
   __shared__ float skv[kDqKeys][kPad];
@@ -185,15 +188,15 @@ __global__ void __launch_bounds__(kAttnThreads)
   for (int t = 0; t < kMaxHead / kDqLanes; ++t) {
     const int col = lane + t * kDqLanes;
     if (col >= d.E) break;
-    gq[(b * d.L + i) * d.E + col] = acc[t] * d.scale;
+    gq[(b * d.L + i) * d.E + col] = cast<GO>(acc[t] * d.scale);
   }
 }
 
-// One block per (batch, tile of kDkvKeys keys): gk (B, S, E) and gv (B, S, Ev).
-template <typename T>
+// One block per (batch, tile of kDkvKeys keys): gk (B, S, E) and gv (B, S, Ev) of GO from g of G.
+template <typename T, typename G, typename GO>
 __global__ void __launch_bounds__(kAttnThreads)
-    attention_dkv_block_kernel(const T* q, const T* k, const T* v, Bias bias, Dims d, int64_t tiles, const float* g,
-                               const float* lse, const float* delta, float* gk, float* gv) {
+    attention_dkv_block_kernel(const T* q, const T* k, const T* v, Bias bias, Dims d, int64_t tiles, const G* g,
+                               const float* lse, const float* delta, GO* gk, GO* gv) {
   __shared__ float sk[kDkvKeys][kPad];
   __shared__ float sv[kDkvKeys][kPad];
   __shared__ float sq[kDkvRows][kPad];
@@ -248,8 +251,8 @@ __global__ void __launch_bounds__(kAttnThreads)
   if (j >= d.S) return;
   for (int t = 0; t < kMaxHead / kDkvLanes; ++t) {
     const int col = lane + t * kDkvLanes;
-    if (col < d.E) gk[(b * d.S + j) * d.E + col] = ak[t] * d.scale;
-    if (col < d.Ev) gv[(b * d.S + j) * d.Ev + col] = av[t];
+    if (col < d.E) gk[(b * d.S + j) * d.E + col] = cast<GO>(ak[t] * d.scale);
+    if (col < d.Ev) gv[(b * d.S + j) * d.Ev + col] = cast<GO>(av[t]);
   }
 }
 
@@ -262,10 +265,14 @@ bool dispatch_attention(DType t, F&& f) {
   return false;
 }
 
+// Whether dtype is float32 or the half dtype t of the operands: what out, grad_out and the gradients
+// may be.
+bool float_or_half(DType dtype, DType t) { return dtype == DType::Float32 || (dtype == t && is_half(t)); }
+
 // Whether the kernels take these operands (attention_forward's contract, backend.h).
 bool takes(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, const Tensor& out) {
   const DType t = q.dtype();
-  if (k.dtype() != t || v.dtype() != t || out.dtype() != DType::Float32) return false;
+  if (k.dtype() != t || v.dtype() != t || !float_or_half(out.dtype(), t)) return false;
   if (q.size(2) > kMaxHead || v.size(2) > kMaxHead) return false;
   return !mask.defined() || mask.dtype() == DType::Bool || mask.dtype() == DType::Float32;
 }
@@ -288,6 +295,15 @@ Dims dims_of(const Tensor& q, const Tensor& k, const Tensor& v, double scale) {
 
 int64_t tiles_of(int64_t n, int64_t tile) { return (n + tile - 1) / tile; }
 
+// f(Tag<O>{}) for O float or T (a half operand dtype) as dtype says (float_or_half).
+template <typename T, typename F>
+void dispatch_float_or(DType dtype, F&& f) {
+  if (dtype == DType::Float32)
+    f(Tag<float>{});
+  else if constexpr (kIsHalf<T>)
+    f(Tag<T>{});
+}
+
 }  // namespace
 }  // namespace braid::detail::cuda
 
@@ -305,43 +321,55 @@ bool CudaBackend::attention_forward(const Tensor& q, const Tensor& k, const Tens
   if (d.B * tiles > INT32_MAX) return false;
   return dispatch_attention(q.dtype(), [&](auto tag) {
     using T = typename decltype(tag)::type;
-    attention_fwd_block_kernel<T><<<static_cast<unsigned>(d.B * tiles), kAttnThreads, 0, at.stream>>>(
-        static_cast<const T*>(ptr(q)), static_cast<const T*>(ptr(k)), static_cast<const T*>(ptr(v)),
-        bias_of(mask, causal), d, tiles, static_cast<float*>(ptr(out)), static_cast<float*>(ptr(lse)));
-    check_launch("attention_forward", "attention_fwd_block_kernel");
+    dispatch_float_or<T>(out.dtype(), [&](auto out_tag) {
+      using O = typename decltype(out_tag)::type;
+      attention_fwd_block_kernel<T, O><<<static_cast<unsigned>(d.B * tiles), kAttnThreads, 0, at.stream>>>(
+          static_cast<const T*>(ptr(q)), static_cast<const T*>(ptr(k)), static_cast<const T*>(ptr(v)),
+          bias_of(mask, causal), d, tiles, static_cast<O*>(ptr(out)), static_cast<float*>(ptr(lse)));
+      check_launch("attention_forward", "attention_fwd_block_kernel");
+    });
   });
 }
 
 bool CudaBackend::attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, bool causal,
                                      double scale, const Tensor& out, const Tensor& lse, const Tensor& grad_out,
                                      const Tensor& gq, const Tensor& gk, const Tensor& gv) {
-  if (!takes(q, k, v, mask, out) || q.size(0) * tiles_of(q.size(1) + k.size(1), kDqRows) > INT32_MAX) return false;
+  const DType t = q.dtype(), gt = gq.dtype();
+  if (!takes(q, k, v, mask, out) || grad_out.dtype() != out.dtype() || gk.dtype() != gt || gv.dtype() != gt ||
+      !float_or_half(gt, t) || q.size(0) * tiles_of(q.size(1) + k.size(1), kDqRows) > INT32_MAX)
+    return false;
   Launch at("attention_backward", q, {k, v, mask, out, lse, grad_out, gq, gk, gv});
   const Dims d = dims_of(q, k, v, scale);
-  const float* g = static_cast<const float*>(ptr(grad_out));
   const float* l = static_cast<const float*>(ptr(lse));
   Scratch delta(at.device, d.B * d.L * static_cast<int64_t>(sizeof(float)));
   float* dl = static_cast<float*>(delta.get());
-  if (d.B * d.L > 0) {
-    attention_delta_kernel<<<grid_for(d.B * d.L), kThreads, 0, at.stream>>>(
-        g, static_cast<const float*>(ptr(out)), d.B * d.L, d.Ev, dl);
-    check_launch("attention_backward", "attention_delta_kernel");
-  }
   const int64_t q_tiles = tiles_of(d.L, kDqRows), k_tiles = tiles_of(d.S, kDkvKeys);
-  return dispatch_attention(q.dtype(), [&](auto tag) {
+  return dispatch_attention(t, [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T *pq = static_cast<const T*>(ptr(q)), *pk = static_cast<const T*>(ptr(k)), *pv = static_cast<const T*>(ptr(v));
     const Bias bias = bias_of(mask, causal);
-    if (d.B * q_tiles > 0) {
-      attention_dq_block_kernel<T><<<static_cast<unsigned>(d.B * q_tiles), kAttnThreads, 0, at.stream>>>(
-          pq, pk, pv, bias, d, q_tiles, g, l, dl, static_cast<float*>(ptr(gq)));
-      check_launch("attention_backward", "attention_dq_block_kernel");
-    }
-    if (d.B * k_tiles > 0) {
-      attention_dkv_block_kernel<T><<<static_cast<unsigned>(d.B * k_tiles), kAttnThreads, 0, at.stream>>>(
-          pq, pk, pv, bias, d, k_tiles, g, l, dl, static_cast<float*>(ptr(gk)), static_cast<float*>(ptr(gv)));
-      check_launch("attention_backward", "attention_dkv_block_kernel");
-    }
+    dispatch_float_or<T>(out.dtype(), [&](auto g_tag) {  // grad_out and out
+      using G = typename decltype(g_tag)::type;
+      const G* g = static_cast<const G*>(ptr(grad_out));
+      if (d.B * d.L > 0) {
+        attention_delta_kernel<G><<<grid_for(d.B * d.L), kThreads, 0, at.stream>>>(
+            g, static_cast<const G*>(ptr(out)), d.B * d.L, d.Ev, dl);
+        check_launch("attention_backward", "attention_delta_kernel");
+      }
+      dispatch_float_or<T>(gt, [&](auto go_tag) {  // the gradients
+        using GO = typename decltype(go_tag)::type;
+        if (d.B * q_tiles > 0) {
+          attention_dq_block_kernel<T, G, GO><<<static_cast<unsigned>(d.B * q_tiles), kAttnThreads, 0, at.stream>>>(
+              pq, pk, pv, bias, d, q_tiles, g, l, dl, static_cast<GO*>(ptr(gq)));
+          check_launch("attention_backward", "attention_dq_block_kernel");
+        }
+        if (d.B * k_tiles > 0) {
+          attention_dkv_block_kernel<T, G, GO><<<static_cast<unsigned>(d.B * k_tiles), kAttnThreads, 0, at.stream>>>(
+              pq, pk, pv, bias, d, k_tiles, g, l, dl, static_cast<GO*>(ptr(gk)), static_cast<GO*>(ptr(gv)));
+          check_launch("attention_backward", "attention_dkv_block_kernel");
+        }
+      });
+    });
   });
 }
 

@@ -2,7 +2,8 @@
 // arithmetic in the operands' dtype (integers wrap; bool + is or, * is and), comparisons and logic
 // into bool, maximum/minimum with NaN winning. float16 and bfloat16 operands are loaded as float32,
 // go through the float32 functors and are rounded once on the store (Note [Half arithmetic] in
-// src/backend/backend.h). An integer division by zero or a negative integer power sets a device
+// src/backend/backend.h); a float32 operand with a half one (arithmetic, where) widens the half one
+// on the load into a float32 out. An integer division by zero or a negative integer power sets a device
 // flag that is read back after the kernel and reported as the CPU reports it. where moves the bits
 // of any dtype.
 // The CudaBackend methods, which unpack the tensors for them (host.h), follow the kernels.
@@ -97,6 +98,24 @@ struct BinaryFn {
   Op op;
   __device__ void operator()(const int64_t* off) const {
     out[off[0]] = cast<O>(op(cast<V>(a[off[1]]), cast<V>(b[off[2]])));
+  }
+};
+
+// One float32 operand and one of the half type H, a_half saying which is a (Note [Half arithmetic]):
+// the half one widened on the load, the float32 functor, a float32 out. The side is a launch
+// argument rather than a template one, which keeps these kernels to one per op and half type.
+template <typename H, typename Op>
+struct MixedFn {
+  float* out;
+  const void* a;
+  const void* b;
+  bool a_half;
+  Op op;
+  __device__ static float load(const void* p, bool half, int64_t i) {
+    return half ? cast<float>(static_cast<const H*>(p)[i]) : static_cast<const float*>(p)[i];
+  }
+  __device__ void operator()(const int64_t* off) const {
+    out[off[0]] = op(load(a, a_half, off[1]), load(b, !a_half, off[2]));
   }
 };
 
@@ -212,6 +231,34 @@ void compare_or_logic(BinaryOp op, const Launch<T>& l) {
   }
 }
 
+// The arithmetic ops of a float32 out from a float32 and an H operand.
+template <typename H>
+void mixed_arithmetic(BinaryOp op, const Indexer<3>& ix, int64_t n, float* out, const void* a, const void* b,
+                      bool a_half, cudaStream_t stream) {
+  const char* name = binary_name(op);
+  const auto run = [&](auto op) {
+    launch_elementwise(ix, n, MixedFn<H, decltype(op)>{out, a, b, a_half, op}, stream, name);
+  };
+  switch (op) {
+    case BinaryOp::Add:
+      return run(Add{});
+    case BinaryOp::Sub:
+      return run(Sub{});
+    case BinaryOp::Mul:
+      return run(Mul{});
+    case BinaryOp::Div:
+      return run(Div{});
+    case BinaryOp::Pow:
+      return run(FloatPow{});
+    case BinaryOp::Max:
+      return run(Max{});
+    case BinaryOp::Min:
+      return run(Min{});
+    default:
+      BRAID_ASSERT(false, "binary: ", name, " takes one dtype");
+  }
+}
+
 template <typename T>
 struct WhereFn {
   T* out;
@@ -246,22 +293,61 @@ void launch_where(DType type, const Indexer<4>& ix, int64_t n, void* out, const 
   });
 }
 
+// where of a float32 out from a float32 and an H operand: the half one widened on the load.
+template <typename H>
+struct WhereMixedFn {
+  float* out;
+  const bool* cond;
+  const void* a;
+  const void* b;
+  bool a_half;
+  __device__ void operator()(const int64_t* off) const {
+    out[off[0]] = cond[off[1]] ? MixedFn<H, Add>::load(a, a_half, off[2]) : MixedFn<H, Add>::load(b, !a_half, off[3]);
+  }
+};
+
 }  // namespace
 }  // namespace braid::detail::cuda
 
 namespace braid::detail {
 
 void CudaBackend::binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out) {
-  BRAID_ASSERT(a.dtype() == b.dtype() && out.dtype() == (op >= BinaryOp::Eq ? kBool : a.dtype()) &&
+  const bool mixed = mixed_half_operands(a.dtype(), b.dtype()) && out.dtype() == kFloat32 && op < BinaryOp::Eq;
+  BRAID_ASSERT((a.dtype() == b.dtype() || mixed) &&
+                   out.dtype() == (op >= BinaryOp::Eq ? kBool : mixed ? kFloat32 : a.dtype()) &&
                    a.shape() == out.shape() && b.shape() == out.shape(),
                "binary: got ", dtype_name(a.dtype()), " ", shape_str(a.shape()), ", ", dtype_name(b.dtype()), " ",
                shape_str(b.shape()), " -> ", dtype_name(out.dtype()), " ", shape_str(out.shape()));
   cuda::Launch l("binary", out, {a, b});
+  if (mixed) {  // Note [Half arithmetic]: the half operand widened on the load
+    const bool a_half = is_half(a.dtype());
+    const auto ix = cuda::indexer<3>(out.shape(), {&out, &a, &b});
+    float* o = static_cast<float*>(cuda::ptr(out));
+    if ((a_half ? a.dtype() : b.dtype()) == kFloat16)
+      cuda::mixed_arithmetic<cuda::F16>(op, ix, out.numel(), o, cuda::ptr(a), cuda::ptr(b), a_half, l.stream);
+    else
+      cuda::mixed_arithmetic<cuda::BF16>(op, ix, out.numel(), o, cuda::ptr(a), cuda::ptr(b), a_half, l.stream);
+    return;
+  }
   cuda::launch_binary(op, a.dtype(), cuda::indexer<3>(out.shape(), {&out, &a, &b}), out.numel(), cuda::ptr(out),
                       cuda::ptr(a), cuda::ptr(b), l.device, l.stream);
 }
 
 void CudaBackend::where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& out) {
+  if (out.dtype() == kFloat32 && mixed_half_operands(a.dtype(), b.dtype())) {  // Note [Half arithmetic]
+    cuda::Launch l("where", out, {cond, a, b});
+    const bool a_half = is_half(a.dtype());
+    const auto ix = cuda::indexer<4>(out.shape(), {&out, &cond, &a, &b});
+    float* o = static_cast<float*>(cuda::ptr(out));
+    const bool* c = static_cast<const bool*>(cuda::ptr(cond));
+    if ((a_half ? a.dtype() : b.dtype()) == kFloat16)
+      cuda::launch_elementwise(ix, out.numel(), cuda::WhereMixedFn<cuda::F16>{o, c, cuda::ptr(a), cuda::ptr(b), a_half},
+                               l.stream, "where");
+    else
+      cuda::launch_elementwise(ix, out.numel(), cuda::WhereMixedFn<cuda::BF16>{o, c, cuda::ptr(a), cuda::ptr(b), a_half},
+                               l.stream, "where");
+    return;
+  }
   BRAID_ASSERT(cond.dtype() == kBool && a.dtype() == out.dtype() && b.dtype() == out.dtype(),
                "where: dtypes do not match");
   cuda::Launch l("where", out, {cond, a, b});
