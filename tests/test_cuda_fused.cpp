@@ -109,22 +109,28 @@ TEST(CudaFused, HalfBatchNormPassesMatchTheCpuInFloat32) {
     }
 }
 
+// Channels-last x reaches the passes as (N * H * W, C, 1) rows: 40 channels are two blocks of the
+// row kernel, the second one partly idle.
 TEST(CudaFused, BatchNormTrainingStepMatchesTheCpu) {
   REQUIRE_CUDA();
-  for (bool channels_last : {false, true}) {
-    auto step = [&](Device dev) {
-      Tensor x = values({4, 6, 5, 7}, kFloat32, 21, dev);
-      if (channels_last) x = x.permute({0, 2, 3, 1}).contiguous().permute({0, 3, 1, 2});
-      x.set_requires_grad(true);
-      Tensor w = values({6}, kFloat32, 22, dev).set_requires_grad(true), b = values({6}, kFloat32, 23, dev);
-      b.set_requires_grad(true);
-      std::vector<Tensor> r = batch_norm_training(x, w, b, 1e-5);
-      EXPECT_EQ(!r[0].is_contiguous() && r[0].is_channels_last(), channels_last) << "y keeps x's layout";
-      (r[0] * values({4, 6, 5, 7}, kFloat32, 24, dev)).sum().backward();
-      return concat({r[0].reshape({-1}), r[1], r[2], x.grad().reshape({-1}), w.grad(), b.grad()});
-    };
-    expect_parity(channels_last ? "batch_norm channels-last" : "batch_norm", Tol{2e-5, 2e-5}, step);
-  }
+  for (const Shape& shape : {Shape{4, 6, 5, 7}, Shape{3, 40, 4, 5}})
+    for (bool channels_last : {false, true}) {
+      const int64_t c = shape[1];
+      auto step = [&](Device dev) {
+        Tensor x = values(shape, kFloat32, 21, dev);
+        if (channels_last) x = x.permute({0, 2, 3, 1}).contiguous().permute({0, 3, 1, 2});
+        x.set_requires_grad(true);
+        Tensor w = values({c}, kFloat32, 22, dev).set_requires_grad(true), b = values({c}, kFloat32, 23, dev);
+        b.set_requires_grad(true);
+        std::vector<Tensor> r = batch_norm_training(x, w, b, 1e-5);
+        EXPECT_EQ(!r[0].is_contiguous() && r[0].is_channels_last(), channels_last) << "y keeps x's layout";
+        (r[0] * values(shape, kFloat32, 24, dev)).sum().backward();
+        return concat({r[0].reshape({-1}), r[1], r[2], x.grad().reshape({-1}), w.grad(), b.grad()});
+      };
+      expect_parity(std::string(channels_last ? "batch_norm channels-last " : "batch_norm ") + std::to_string(c) +
+                        " channels",
+                    Tol{2e-5, 2e-5}, step);
+    }
 }
 
 // A half x through the op: cuda's half passes (the node keeping the half x) against the CPU's

@@ -20,6 +20,10 @@
 // mixed dtypes of FusedKernels::channel_moments in backend.h): each element is widened to float32,
 // the arithmetic is the float32 pass's, and out is rounded once, so a half x gives the float32
 // pass's values on the widened x without a float32 copy of it.
+//
+// Channels-last activations reach the passes as (N * H * W, C, 1) (Note [Channels-last training] in
+// src/ops/conv.cpp), where one block per channel would read with a stride of C: a second kernel
+// takes 32 neighbouring channels per block and splits the rows, into the same partials.
 #include <cstdint>
 
 #include "backend/cuda/common.cuh"
@@ -87,6 +91,50 @@ __global__ void __launch_bounds__(kThreads) channel_sums_block_kernel(const T* x
   }
 }
 
+// The same partials for channels-last memory, x viewed as (N * H * W, C, 1) (d.s == 1; Note
+// [Channels-last training] in src/ops/conv.cpp): a block takes kRowLanes channels side by side, so
+// that a warp reads a row's neighbouring channels (one block per channel would read with stride C),
+// and kThreads / kRowLanes rows at a time of its chunk of rows, summed over the rows at the end.
+constexpr int kRowLanes = 32;
+template <ChannelPass P, typename T, typename S>
+__global__ void __launch_bounds__(kThreads) channel_rows_sums_block_kernel(const T* x, const T* g, const S* mean,
+                                                                           Ncs d, int64_t chunk, double* partial) {
+  __shared__ double lanes[2][kThreads];
+  const int lane = static_cast<int>(threadIdx.x) % kRowLanes, group = static_cast<int>(threadIdx.x) / kRowLanes;
+  const int groups = static_cast<int>(blockDim.x) / kRowLanes;
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kRowLanes + lane;
+  const int64_t j0 = blockIdx.y * chunk, j1 = j0 + chunk < d.n ? j0 + chunk : d.n;
+  double s0 = 0, s1 = 0;
+  if (c < d.c) {
+    const S m = P == ChannelPass::Sum ? S(0) : mean[c];
+    for (int64_t j = j0 + group; j < j1; j += groups) {
+      const int64_t at = j * d.c + c;
+      if constexpr (P == ChannelPass::Sum) {
+        s0 += static_cast<double>(cast<S>(x[at]));
+      } else if constexpr (P == ChannelPass::Centred2) {
+        const S centred = cast<S>(x[at]) - m;
+        s0 += static_cast<double>(centred * centred);
+      } else {
+        const S gi = cast<S>(g[at]);
+        s0 += static_cast<double>(gi);
+        s1 += static_cast<double>(gi * (cast<S>(x[at]) - m));
+      }
+    }
+  }
+  lanes[0][threadIdx.x] = s0;
+  lanes[1][threadIdx.x] = s1;
+  __syncthreads();
+  if (group == 0 && c < d.c) {
+    double t0 = 0, t1 = 0;
+    for (int k = 0; k < groups; ++k) {
+      t0 += lanes[0][k * kRowLanes + lane];
+      t1 += lanes[1][k * kRowLanes + lane];
+    }
+    partial[(blockIdx.y * 2) * d.c + c] = t0;
+    if constexpr (P == ChannelPass::GradSums) partial[(blockIdx.y * 2 + 1) * d.c + c] = t1;
+  }
+}
+
 // out0[c] (and out1[c] for GradSums) = the splits' partials added in order, divided by `count` for
 // the moments' means (count 0: the sums themselves).
 template <ChannelPass P, typename T>  // T: the per-channel type
@@ -122,6 +170,24 @@ void channel_round(const T* x, const T* g, const S* mean, Ncs d, double count, S
   channel_sums_block_kernel<P, T, S><<<dim3(static_cast<unsigned>(d.c), static_cast<unsigned>(splits)),
                                     static_cast<unsigned>(threads), 0, stream>>>(x, g, mean, d, chunk, p);
   check_launch(op, "channel_sums_block_kernel");
+  channel_finish_kernel<P, S><<<grid_for(d.c), kThreads, 0, stream>>>(p, splits, d.c, count, out0, out1);
+  check_launch(op, "channel_finish_kernel");
+}
+
+// channel_round for channels-last rows (d.s == 1): kRowLanes channels per block, rows split so
+// that there are a few blocks per SM, each row group taking at least 8 rows.
+template <ChannelPass P, typename T, typename S>
+void channel_rows_round(const T* x, const T* g, const S* mean, Ncs d, double count, S* out0, S* out1, int device,
+                        cudaStream_t stream, const char* op) {
+  const int64_t tiles = ceil_div(d.c, kRowLanes), rows_per_pass = kThreads / kRowLanes;
+  const int64_t want = std::max<int64_t>(1, ceil_div(4 * static_cast<int64_t>(sm_count(device)), tiles));
+  const int64_t splits_wanted = std::min({want, std::max<int64_t>(1, d.n / (rows_per_pass * 8)), int64_t{65535}});
+  const int64_t chunk = ceil_div(std::max<int64_t>(d.n, 1), splits_wanted), splits = ceil_div(std::max<int64_t>(d.n, 1), chunk);
+  Scratch partial(device, splits * 2 * d.c * static_cast<int64_t>(sizeof(double)));
+  double* p = static_cast<double*>(partial.get());
+  channel_rows_sums_block_kernel<P, T, S><<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(splits)), kThreads,
+                                         0, stream>>>(x, g, mean, d, chunk, p);
+  check_launch(op, "channel_rows_sums_block_kernel");
   channel_finish_kernel<P, S><<<grid_for(d.c), kThreads, 0, stream>>>(p, splits, d.c, count, out0, out1);
   check_launch(op, "channel_finish_kernel");
 }
@@ -354,10 +420,12 @@ bool CudaBackend::channel_moments(const Tensor& x, const Tensor& mean, const Ten
   const double count = static_cast<double>(d.n * d.s);
   return cuda::channel_types(x.dtype(), sd, [&]<typename T, typename S>(cuda::Tag<T>, cuda::Tag<S>) {
     using P = cuda::ChannelPass;
-    cuda::channel_round<P::Sum, T, S>(at<T>(x), nullptr, nullptr, d, count, at<S>(mean), nullptr, l.device, l.stream,
-                                      "channel_moments");
-    cuda::channel_round<P::Centred2, T, S>(at<T>(x), nullptr, at<S>(mean), d, count, at<S>(var), nullptr, l.device,
-                                           l.stream, "channel_moments");
+    // Channels-last rows (N * H * W, C, 1) take the row kernel (Note [Per-channel sums on the GPU]).
+    const auto round = d.s == 1 && d.c > 1 ? cuda::channel_rows_round<P::Sum, T, S> : cuda::channel_round<P::Sum, T, S>;
+    const auto centred = d.s == 1 && d.c > 1 ? cuda::channel_rows_round<P::Centred2, T, S>
+                                             : cuda::channel_round<P::Centred2, T, S>;
+    round(at<T>(x), nullptr, nullptr, d, count, at<S>(mean), nullptr, l.device, l.stream, "channel_moments");
+    centred(at<T>(x), nullptr, at<S>(mean), d, count, at<S>(var), nullptr, l.device, l.stream, "channel_moments");
   });
 }
 
@@ -371,8 +439,9 @@ bool CudaBackend::channel_grad_sums(const Tensor& g, const Tensor& x, const Tens
   if (d.c == 0) return true;
   cuda::Launch l("channel_grad_sums", x, {g, mean, sum_g, sum_gxc});
   return cuda::channel_types(x.dtype(), sd, [&]<typename T, typename S>(cuda::Tag<T>, cuda::Tag<S>) {
-    cuda::channel_round<cuda::ChannelPass::GradSums, T, S>(at<T>(x), at<T>(g), at<S>(mean), d, 0, at<S>(sum_g),
-                                                            at<S>(sum_gxc), l.device, l.stream, "channel_grad_sums");
+    const auto round = d.s == 1 && d.c > 1 ? cuda::channel_rows_round<cuda::ChannelPass::GradSums, T, S>
+                                           : cuda::channel_round<cuda::ChannelPass::GradSums, T, S>;
+    round(at<T>(x), at<T>(g), at<S>(mean), d, 0, at<S>(sum_g), at<S>(sum_gxc), l.device, l.stream, "channel_grad_sums");
   });
 }
 
