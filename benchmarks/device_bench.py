@@ -11,6 +11,8 @@ PyTorch runs what braid runs: the same shapes, the same models (ResNet-50 as tor
 out, built here so torchvision is not needed; GPT-2-small as pre-norm nn.TransformerEncoderLayer
 blocks under a causal mask), autocast(bfloat16) for the AMP steps, float32 matmul without TF32
 except in the rows that say TF32 (braid's set_float32_matmul_precision("high"), PyTorch's allow_tf32).
+On a GPU the ResNet-50 AMP step runs channels-last in both: braid by itself, PyTorch asked to
+(model and input in torch.channels_last, its recommended AMP recipe).
 
 --json FILE keeps the rows with the run's device, date, commit and command; --markdown prints
 benchmarks/README.md's block (`python3 benchmarks/update_readme.py device_bench_h200` puts the
@@ -143,6 +145,11 @@ def resnet50_step(dev, small, repeats, amp):
     assert sum(p.numel() for p in model.parameters()) == 25557032
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
     x = torch.randn(batch, 3, hw, hw, device=dev)
+    if amp and dev.type == "cuda":
+        # braid's AMP step runs channels-last on a GPU (Note [Channels-last training]); PyTorch's fastest
+        # AMP recipe does too, by asking for it.
+        model = model.to(memory_format=torch.channels_last)
+        x = x.to(memory_format=torch.channels_last)
     y = torch.randint(0, 1000, (batch,), device=dev)
 
     def step():

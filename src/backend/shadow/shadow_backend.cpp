@@ -227,12 +227,13 @@ class ShadowBackend final : public Backend, public FusedKernels {
   bool autocast_half_activations() const override {
     return offers_all() ? cpu_backend().autocast_half_activations() : CudaBackend::kAutocastHalfActivations;
   }
-  // Likewise the layout a convolution prefers: CUDA's rule (half operands channels-last, training
-  // included, Note [Channels-last training] in src/ops/conv.cpp), whose passes then run on the CPU's
-  // kernels or their composites.
+  // Likewise the layout a training convolution prefers: CUDA's rule (half operands channels-last,
+  // Note [Channels-last training] in src/ops/conv.cpp), whose passes then run on the CPU's kernels
+  // or their composites; the CPU never trains channels-last, so its answer would leave that path
+  // untested. Inference keeps the CPU's answer, whose channels-last kernels the shadow pass checks.
   bool conv2d_prefers_channels_last(const Tensor& x, const Tensor& w, const Window2d& win, int64_t groups,
                                     bool training) override {
-    if (!offers_all()) return CudaBackend::channels_last_rule(x, w);
+    if (!offers_all() && training) return CudaBackend::channels_last_rule(x, w);
     return forward_fused("conv2d_prefers_channels_last", &FusedKernels::conv2d_prefers_channels_last, x, w, win, groups,
                          training);
   }
