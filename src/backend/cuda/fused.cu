@@ -61,6 +61,22 @@ struct Ncs {
 // and g * (x - mean) (GradSums, two sums).
 enum class ChannelPass { Sum, Centred2, GradSums };
 
+// One element's share of a pass's sums: x[at] (Sum), its centred square (Centred2), or g[at] and
+// g[at] * (x[at] - m) (GradSums), each widened to S and added in double.
+template <ChannelPass P, typename T, typename S>
+__device__ void channel_accumulate(const T* x, const T* g, S m, int64_t at, double& s0, double& s1) {
+  if constexpr (P == ChannelPass::Sum) {
+    s0 += static_cast<double>(cast<S>(x[at]));
+  } else if constexpr (P == ChannelPass::Centred2) {
+    const S centred = cast<S>(x[at]) - m;
+    s0 += static_cast<double>(centred * centred);
+  } else {
+    const S gi = cast<S>(g[at]);
+    s0 += static_cast<double>(gi);
+    s1 += static_cast<double>(gi * (cast<S>(x[at]) - m));
+  }
+}
+
 // partial[(y * 2 + k) * C + c] = sum k of block y's share of channel c (k = 1 for GradSums only).
 template <ChannelPass P, typename T, typename S>
 __global__ void __launch_bounds__(kThreads) channel_sums_block_kernel(const T* x, const T* g, const S* mean, Ncs d,
@@ -70,19 +86,8 @@ __global__ void __launch_bounds__(kThreads) channel_sums_block_kernel(const T* x
   const int64_t j0 = blockIdx.y * chunk, j1 = j0 + chunk < total ? j0 + chunk : total;
   const S m = P == ChannelPass::Sum ? S(0) : mean[c];
   double s0 = 0, s1 = 0;
-  for (int64_t j = j0 + threadIdx.x; j < j1; j += blockDim.x) {
-    const int64_t at = (j / d.s * d.c + c) * d.s + j % d.s;
-    if constexpr (P == ChannelPass::Sum) {
-      s0 += static_cast<double>(cast<S>(x[at]));
-    } else if constexpr (P == ChannelPass::Centred2) {
-      const S centred = cast<S>(x[at]) - m;
-      s0 += static_cast<double>(centred * centred);
-    } else {
-      const S gi = cast<S>(g[at]);
-      s0 += static_cast<double>(gi);
-      s1 += static_cast<double>(gi * (cast<S>(x[at]) - m));
-    }
-  }
+  for (int64_t j = j0 + threadIdx.x; j < j1; j += blockDim.x)
+    channel_accumulate<P, T, S>(x, g, m, (j / d.s * d.c + c) * d.s + j % d.s, s0, s1);
   s0 = block_sum(s0, lanes);
   if constexpr (P == ChannelPass::GradSums) s1 = block_sum(s1, lanes);
   if (threadIdx.x == 0) {
@@ -107,19 +112,7 @@ __global__ void __launch_bounds__(kThreads) channel_rows_sums_block_kernel(const
   double s0 = 0, s1 = 0;
   if (c < d.c) {
     const S m = P == ChannelPass::Sum ? S(0) : mean[c];
-    for (int64_t j = j0 + group; j < j1; j += groups) {
-      const int64_t at = j * d.c + c;
-      if constexpr (P == ChannelPass::Sum) {
-        s0 += static_cast<double>(cast<S>(x[at]));
-      } else if constexpr (P == ChannelPass::Centred2) {
-        const S centred = cast<S>(x[at]) - m;
-        s0 += static_cast<double>(centred * centred);
-      } else {
-        const S gi = cast<S>(g[at]);
-        s0 += static_cast<double>(gi);
-        s1 += static_cast<double>(gi * (cast<S>(x[at]) - m));
-      }
-    }
+    for (int64_t j = j0 + group; j < j1; j += groups) channel_accumulate<P, T, S>(x, g, m, j * d.c + c, s0, s1);
   }
   lanes[0][threadIdx.x] = s0;
   lanes[1][threadIdx.x] = s1;
