@@ -9,21 +9,7 @@
 
 namespace braid::nn {
 
-// Leading axes are folded into one before the product, so that (N, L, in) inputs run as one GEMM
-// rather than a batch of small ones against a broadcast weight.
-Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  BRAID_CHECK(x.dim() >= 1 && weight.dim() == 2 && x.size(-1) == weight.size(1), "linear: input shape ",
-              shape_str(x.shape()), " does not match weight shape ", shape_str(weight.shape()));
-  Tensor y = x.dim() <= 2 ? matmul(x, weight.mT()) : matmul(x.reshape({-1, x.size(-1)}), weight.mT());
-  // Half activations (Note [Autocast]): the bias rounded to the product's dtype, as PyTorch's linear.
-  if (bias.defined()) y = y + (is_half(y.dtype()) && !is_half(bias.dtype()) && autocast_enabled() ? bias.to(y.dtype()) : bias);
-  if (x.dim() <= 2) return y;
-  Shape out = x.shape();
-  out.back() = weight.size(0);
-  // The leading axis follows from the others: a traced ONNX export keeps it symbolic (the batch).
-  if (y.numel() > 0) out.front() = -1;
-  return y.reshape(out);
-}
+// nn::linear, the op, is in src/ops/linalg.cpp (Note [Linear as one node]).
 
 Linear::Linear(int64_t in_features, int64_t out_features, bool bias)
     : Module("Linear"), in_(in_features), out_(out_features) {

@@ -7,11 +7,13 @@
 // library ran each product; on a GPU those checks are skipped and the values are still compared.
 // cuda_parity.h's helpers are internal functions of each suite; this one leaves some unused.
 #pragma GCC diagnostic ignored "-Wunused-function"
+#include "braid/nn/layers.h"
 #include "cuda_parity.h"
 
 extern "C" long emu_lt_heuristic_calls() __attribute__((weak));
 extern "C" long emu_lt_matmul_calls() __attribute__((weak));
 extern "C" size_t emu_lt_last_workspace() __attribute__((weak));
+extern "C" long emu_lt_bias_calls() __attribute__((weak));
 
 namespace braid {
 namespace {
@@ -245,6 +247,72 @@ TEST(CudaMatmul, EpilogueDeclinesWhatItDoesNotTake) {
   const Tensor af = fresh({4, 0}, kFloat32, kCuda), bf = fresh({0, 2}, kFloat32, kCuda);
   Tensor outf = fresh({4, 2}, kFloat32, kCuda);
   EXPECT_FALSE(backend(kCuda).fused().matmul_epilogue(af, bf, {Step{Kind::Add, Tensor(), 1}}, outf));
+}
+
+// ---- a linear layer's bias in the epilogue (Note [Linear as one node] in src/ops/linalg.cpp) ----
+
+// Whole numbers: products of [-4, 4] over K = 5 and a bias in [-50, 50] stay within 130, exact in
+// float32, float16 and bfloat16 alike, so the entry (the bias added before the one rounding) must
+// give the composite's values bit for bit, into float32 and into the operands' half dtype.
+TEST(CudaMatmul, LinearBiasRidesInTheEpilogue) {
+  REQUIRE_CUDA();
+  const Tensor x = round(draw(9 * 5, kFloat32, 41, {-4, 4, false})).reshape({9, 5});
+  const Tensor w = round(draw(6 * 5, kFloat32, 42, {-4, 4, false})).reshape({6, 5});
+  const Tensor bias = round(draw(6, kFloat32, 43, {-50, 50, false}));
+  for (DType t : {kFloat32, kFloat16, kBFloat16})
+    for (DType out_t : {t, kFloat32}) {
+      const std::string what = dtype_name(t) + " into " + dtype_name(out_t);
+      Tensor out = fresh({9, 6}, out_t, kCuda);
+      const long before = lt_products();
+      ASSERT_TRUE(backend(kCuda).fused().linear_bias(x.to(t).to(kCuda), w.to(t).to(kCuda), bias.to(out_t).to(kCuda), out))
+          << what;
+      expect_match(out, (matmul(x, w.mT()) + bias).to(out_t), {}, what);
+      if (emulated()) {
+        EXPECT_EQ(lt_products() - before, 1) << what << ": one cuBLASLt product, the bias in its epilogue";
+      }
+    }
+  Tensor out = fresh({9, 6}, kFloat32, kCuda);  // a bias of another dtype than out's is declined
+  EXPECT_FALSE(backend(kCuda).fused().linear_bias(x.to(kCuda), w.to(kCuda), bias.to(kFloat16).to(kCuda), out));
+}
+
+// nn::linear with a bias trains through the entry on CUDA (one node: forward in the epilogue,
+// backward the product's gradients and the bias's sum) against the CPU's composite: in float32, and
+// under autocast, where the GPU's output is half (its gradient too) and the CPU's float32: the CPU's
+// y rounded once to compare, its gradients against the GPU's within the half rounding of y's gradient.
+TEST(CudaMatmul, LinearLayerTrainsThroughTheEntry) {
+  REQUIRE_CUDA();
+  const Tensor x0 = draw(2 * 7 * 5, kFloat32, 51, {-1, 1, false}).reshape({2, 7, 5});
+  const Tensor w0 = draw(6 * 5, kFloat32, 52, {-1, 1, false}).reshape({6, 5}), b0 = draw(6, kFloat32, 53, {-1, 1, false});
+  const Tensor probe = draw(2 * 7 * 6, kFloat32, 54, {-1, 1, false}).reshape({2, 7, 6});
+  for (DType t : {kFloat32, kBFloat16, kFloat16}) {
+    const bool amp = t != kFloat32;
+    const std::string what = amp ? "autocast " + dtype_name(t) : std::string("float32");
+    Tensor got[4], want[4];
+    long bias_products = 0;
+    for (int side = 0; side < 2; ++side) {
+      const Device d = side ? kCuda : Device::cpu();
+      Tensor x = x0.to(d), w = w0.to(d), b = b0.to(d);
+      for (Tensor* v : {&x, &w, &b}) *v = v->detach().set_requires_grad();
+      const long before = emu_lt_bias_calls ? emu_lt_bias_calls() : 0;
+      Tensor y;
+      {
+        autocast scope(amp ? t : kBFloat16, amp);
+        y = nn::linear(x, w, b);
+      }
+      if (side) bias_products = (emu_lt_bias_calls ? emu_lt_bias_calls() : 0) - before;
+      sum(y.to(kFloat32) * probe.to(d)).backward();
+      Tensor* out = side ? got : want;
+      out[0] = y, out[1] = x.grad(), out[2] = w.grad(), out[3] = b.grad();
+    }
+    if (emu_lt_bias_calls) {
+      EXPECT_EQ(bias_products, 1) << what << ": the forward's bias rode in the epilogue";
+    }
+    EXPECT_EQ(got[0].dtype(), t) << what << ": the GPU keeps the activation in " << dtype_name(t);
+    const Tol tol = !amp ? Tol{1e-5, 1e-5} : t == kFloat16 ? Tol{2e-3, 2e-3} : Tol{1.6e-2, 1.6e-2};
+    const char* names[] = {"y", "dx", "dw", "db"};
+    for (int i = 0; i < 4; ++i)
+      expect_match(got[i], i == 0 ? want[i].to(t) : want[i], tol, what + " " + names[i]);
+  }
 }
 
 // ---- TF32 ----

@@ -157,7 +157,8 @@ struct FusedKernelsEpilogueStep {
 // composite lives: conv2d, conv2d_backward_input/weight and conv2d_prefers_channels_last in
 // src/ops/conv.cpp (im2col + matmul, col2im); max_pool2d_channels_last in src/ops/pool.cpp;
 // matmul_int8, quantize, dequantize, dynamic_quantize, fake_quantize in src/ops/quant.cpp;
-// matmul_epilogue, matmul_int8_epilogue, elementwise_chain in src/ops/chain.cpp; aminmax and
+// matmul_epilogue, matmul_int8_epilogue, elementwise_chain in src/ops/chain.cpp; linear_bias in
+// src/ops/linalg.cpp; aminmax and
 // softmax_rows in src/ops/reduce.cpp; layer_norm_rows and the channel_* passes in src/ops/norm.cpp;
 // channel_gate in src/ops/gate.cpp; adam_step in src/optim/adam.cpp; attention_forward and
 // attention_backward in src/ops/attention.cpp.
@@ -213,6 +214,11 @@ class FusedKernels {
   /// as ops (braid::matmul_chain: a linear layer's bias and a residual).
   virtual bool matmul_epilogue(const Tensor& a, const Tensor& b, const std::vector<EpilogueStep>& epilogue,
                                const Tensor& out);
+  /// out (M, N) = x (M, K) w (N, K)^T + bias (N), the bias added to the float32 product in its
+  /// epilogue, before its one rounding to out (a linear layer in training, Note [Linear as one node]
+  /// in src/ops/linalg.cpp). x and w contiguous, of one dtype: float32, float16 or bfloat16; out of
+  /// that dtype, or float32 for half x and w; bias contiguous, of out's dtype.
+  virtual bool linear_bias(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out);
   /// out (float32, x's shape) = (x - zero) * scale for x int8 or uint8, contiguous; the subtraction
   /// and the multiplication in float32 (braid::dequantize).
   virtual bool dequantize(const Tensor& x, double scale, int64_t zero, const Tensor& out);

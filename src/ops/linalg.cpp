@@ -3,6 +3,7 @@
 // autocast the product reads half-precision operands and writes float32, or the half dtype on a
 // device that keeps half activations (Note [Autocast]).
 #include "braid/amp.h"
+#include "braid/nn/layers.h"
 #include "ops/common.h"
 
 namespace braid {
@@ -75,6 +76,70 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
     if (r.needs(0)) r.set(0, matmul(g, b.mT()));
     if (r.needs(1)) r.set(1, matmul(a.mT(), g));
   });
+}
+
+namespace {
+
+// Note [Linear as one node]
+// A linear layer with a bias, y = x W^T + b, is a product and an add: two launches, the add reading
+// and writing the whole output again. Where the backend has linear_bias (CUDA: cuBLASLt's bias
+// epilogue, as PyTorch's addmm), the layer is one node: the bias is added to the float32 product
+// before its one rounding, and backward is the product's two gradients (the formulas of matmul's
+// node, autocast's included) and the bias's sum. The composite, matmul and then the add (under
+// autocast the bias rounded to a half product's dtype first, as PyTorch's linear), is the
+// definition: it runs wherever the entry declines (the CPU has none) and while an ONNX trace
+// records. With a half output the composite rounds twice, the product and then the sum, where the
+// entry rounds once: the two agree within one rounding.
+Tensor linear_composite(const Tensor& x, const Tensor& w, const Tensor& bias) {
+  const Tensor y = matmul(x, w.mT());
+  if (!bias.defined()) return y;
+  return y + (is_half(y.dtype()) && !is_half(bias.dtype()) && autocast_enabled() ? bias.to(y.dtype()) : bias);
+}
+
+// x (M, K) W^T + b as one node where the backend's linear_bias takes it, else the composite.
+Tensor linear_with_bias(const Tensor& x, const Tensor& w, const Tensor& bias) {
+  if (active_trace() != nullptr || x.dim() != 2 || bias.dim() != 1 || bias.size(0) != w.size(0) ||
+      x.device() != w.device() || bias.device() != x.device())
+    return linear_composite(x, w, bias);
+  const bool amp = autocasts(x, w) && autocast_eligible(bias);
+  const DType in = amp ? autocast_dtype() : x.dtype(), out_dtype = amp ? autocast_output_dtype(x) : x.dtype();
+  if (!amp && (w.dtype() != in || bias.dtype() != in || (in != kFloat32 && !is_half(in))))
+    return linear_composite(x, w, bias);
+  const Tensor a = contiguous_raw(cast_raw(x.detach(), in)), wt = contiguous_raw(cast_raw(w.detach(), in));
+  Tensor out = new_tensor({x.size(0), w.size(0)}, out_dtype, x.device());
+  if (!backend_of(x).fused().linear_bias(a, wt, contiguous_raw(cast_raw(bias.detach(), out_dtype)), out))
+    return linear_composite(x, w, bias);
+  if (!needs_grad({x, w, bias})) return out;
+  return record("linear", out, {x, w, bias}, [a, wt, amp, in](const Tensor& g, Grads& r) {
+    autocast off(amp ? in : kBFloat16, false);  // Note [Autocast]: the formulas run as outside a scope
+    if (amp && is_half(g.dtype())) {  // half activations: half x half products into float32
+      const Tensor gl = cast_raw(g, in);
+      if (r.needs(0)) r.set(0, matmul_raw(gl, wt, kFloat32));
+      if (r.needs(1)) r.set(1, matmul_raw(gl.mT(), a, kFloat32));
+    } else {
+      const auto wide = [amp](const Tensor& t) { return amp ? cast(t, kFloat32) : t; };
+      if (r.needs(0)) r.set(0, matmul(g, wide(wt)));
+      if (r.needs(1)) r.set(1, matmul(g.mT(), wide(a)));
+    }
+    if (r.needs(2)) r.set(2, sum(g, {0}));
+  });
+}
+
+}  // namespace
+
+// Leading axes are folded into one before the product, so that (N, L, in) inputs run as one GEMM
+// rather than a batch of small ones against a broadcast weight.
+Tensor nn::linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  BRAID_CHECK(x.dim() >= 1 && weight.dim() == 2 && x.size(-1) == weight.size(1), "linear: input shape ",
+              shape_str(x.shape()), " does not match weight shape ", shape_str(weight.shape()));
+  const Tensor x2 = x.dim() <= 2 ? x : x.reshape({-1, x.size(-1)});
+  Tensor y = bias.defined() ? linear_with_bias(x2, weight, bias) : matmul(x2, weight.mT());
+  if (x.dim() <= 2) return y;
+  Shape out = x.shape();
+  out.back() = weight.size(0);
+  // The leading axis follows from the others: a traced ONNX export keeps it symbolic (the batch).
+  if (y.numel() > 0) out.front() = -1;
+  return y.reshape(out);
 }
 
 }  // namespace braid

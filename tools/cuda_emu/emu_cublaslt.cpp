@@ -1,4 +1,5 @@
-// cuBLASLt on the host: layouts with batch count and stride, transposes, the bias epilogue, TF32
+// cuBLASLt on the host: layouts with batch count and stride, transposes, the bias epilogue (its bias
+// of D's type, cuBLASLt's default), TF32
 // operands, half operands into a float32 or a same-type half C/D (float32 compute, one rounding);
 // the heuristic offers one algorithm that asks for a workspace (1 MiB, or the limit).
 #include <algorithm>
@@ -9,7 +10,7 @@ namespace braid::detail {
 float half_to_float(uint16_t); float bfloat16_to_float(uint16_t); uint16_t float_to_half(float); uint16_t float_to_bfloat16(float);
 }
 namespace {
-std::atomic<long> heuristic_calls{0}, matmul_calls{0};
+std::atomic<long> heuristic_calls{0}, matmul_calls{0}, bias_calls{0};
 std::atomic<size_t> last_workspace{0};
 constexpr size_t kWorkspace = size_t{1} << 20;
 size_t esize(cudaDataType_t t) { return t == CUDA_R_64F ? 8 : t == CUDA_R_32F ? 4 : 2; }
@@ -24,8 +25,7 @@ cublasStatus_t shape(cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t a, cublasLt
   const bool tf32 = op->compute == CUBLAS_COMPUTE_32F_FAST_TF32;
   if (op->scale != CUDA_R_32F || (op->compute != CUBLAS_COMPUTE_32F && !tf32) || a->type != b->type ||
       (c->type != CUDA_R_32F && c->type != a->type) || d->type != c->type || a->type == CUDA_R_64F ||
-      (tf32 && a->type != CUDA_R_32F) || (c->type != CUDA_R_32F && op->epilogue != CUBLASLT_EPILOGUE_DEFAULT) ||
-      (op->epilogue != CUBLASLT_EPILOGUE_DEFAULT && op->epilogue != CUBLASLT_EPILOGUE_BIAS))
+      (tf32 && a->type != CUDA_R_32F) || (op->epilogue != CUBLASLT_EPILOGUE_DEFAULT && op->epilogue != CUBLASLT_EPILOGUE_BIAS))
     return CUBLAS_STATUS_NOT_SUPPORTED;
   m = static_cast<int64_t>(op->transa ? a->cols : a->rows);
   k = static_cast<int64_t>(op->transa ? a->rows : a->cols);
@@ -56,6 +56,7 @@ void check_align(const void* p, uint64_t align, const char* what) {
 }  // namespace
 extern "C" long emu_lt_heuristic_calls() { return heuristic_calls.load(); }
 extern "C" long emu_lt_matmul_calls() { return matmul_calls.load(); }
+extern "C" long emu_lt_bias_calls() { return bias_calls.load(); }  // the products with a bias epilogue
 extern "C" size_t emu_lt_last_workspace() { return last_workspace.load(); }
 cublasStatus_t cublasLtCreate(cublasLtHandle_t* h) { *h = new EmuLtHandle{0}; return CUBLAS_STATUS_SUCCESS; }
 const char* cublasLtGetStatusName(cublasStatus_t s) { return cublasGetStatusName(s); }
@@ -127,8 +128,9 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t op, const v
   check_extent(A, a); check_extent(B, b); check_extent(D, d);
   check_align(A, algo->data[0], "A"); check_align(B, algo->data[1], "B"); check_align(D, algo->data[3], "D");
   const bool tf32 = op->compute == CUBLAS_COMPUTE_32F_FAST_TF32, bias = op->epilogue == CUBLASLT_EPILOGUE_BIAS;
-  if (bias) emu_check_device(op->bias, static_cast<size_t>(m) * 4);
+  if (bias) emu_check_device(op->bias, static_cast<size_t>(m) * esize(d->type));  // of D's type
   ++matmul_calls;
+  if (bias) ++bias_calls;
   last_workspace = workspace_bytes;
   for (int64_t t = 0; t < d->batch; ++t)
     for (int64_t j = 0; j < n; ++j)
@@ -142,7 +144,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t op, const v
         }
         const int64_t at = t * d->stride + i + j * d->ld;
         float v = static_cast<float>(al * sum + (be != 0 ? be * static_cast<double>(load(D, d->type, at)) : 0.0));
-        if (bias) v = v + static_cast<const float*>(op->bias)[i];
+        if (bias) v = v + load(op->bias, d->type, i);
         if (d->type == CUDA_R_32F) static_cast<float*>(D)[at] = v;
         else static_cast<uint16_t*>(D)[at] = d->type == CUDA_R_16F ? braid::detail::float_to_half(v) : braid::detail::float_to_bfloat16(v);
       }

@@ -92,6 +92,7 @@ class CudaBackend final : public Backend, public FusedKernels {
                        const Tensor& out, const Tensor& mean, const Tensor& inv) override;
 
   // matmul_lt.cpp (cuBLASLt; the steps' pass in epilogue.cu)
+  bool linear_bias(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) override;
   bool matmul_epilogue(const Tensor& a, const Tensor& b, const std::vector<EpilogueStep>& epilogue,
                        const Tensor& out) override;
 

@@ -132,7 +132,7 @@ cublasComputeType_t cuda::float32_compute() {
   return float32_matmul_precision() == "highest" ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_FAST_TF32;
 }
 
-bool cuda::lt_gemm(int device, const Gemm& g, const float* bias) {
+bool cuda::lt_gemm(int device, const Gemm& g, const void* bias) {
   if (g.ab == CUDA_R_64F || g.batches > INT32_MAX) return false;
   Descriptors d;
   check_lt(cublasLtMatmulDescCreate(&d.op, g.compute, CUDA_R_32F), "cublasLtMatmulDescCreate");
@@ -140,7 +140,7 @@ bool cuda::lt_gemm(int device, const Gemm& g, const float* bias) {
   set_op(d.op, CUBLASLT_MATMUL_DESC_TRANSB, static_cast<int32_t>(g.tb ? CUBLAS_OP_T : CUBLAS_OP_N));
   if (bias) {
     set_op(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE, static_cast<uint32_t>(CUBLASLT_EPILOGUE_BIAS));
-    set_op(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, static_cast<const void*>(bias));
+    set_op(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);  // of C's type, cuBLASLt's default
   }
   d.layout[0] = g.ta ? make_layout(g.ab, g.k, g.m, g.lda, g.batches, g.sa) : make_layout(g.ab, g.m, g.k, g.lda, g.batches, g.sa);
   d.layout[1] = g.tb ? make_layout(g.ab, g.n, g.k, g.ldb, g.batches, g.sb) : make_layout(g.ab, g.k, g.n, g.ldb, g.batches, g.sb);
@@ -185,6 +185,28 @@ bool cuda::lt_gemm(int device, const Gemm& g, const float* bias) {
   return true;
 }
 
+// out (M, N) = x (M, K) w (N, K)^T + bias as cuBLASLt sees it: out^T (N, M) = w x^T, with w's
+// row-major (N, K) memory read as a column-major (K, N) matrix, transposed (linear_bias, backend.h).
+// The bias is CUBLASLT_EPILOGUE_BIAS's, of out's type, added before the one rounding. No Lt
+// algorithm: declined, and the op runs its composite.
+bool CudaBackend::linear_bias(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) {
+  const DType t = x.dtype();
+  if ((t != kFloat32 && !is_half(t)) || w.dtype() != t || (out.dtype() != t && out.dtype() != kFloat32) ||
+      bias.dtype() != out.dtype() || x.dim() != 2 || w.dim() != 2 || bias.dim() != 1 || out.dim() != 2 ||
+      !x.is_contiguous() || !w.is_contiguous() || !bias.is_contiguous() || !out.is_contiguous())
+    return false;
+  const int64_t m = x.size(0), k = x.size(1), n = w.size(0);
+  if (m == 0 || n == 0 || k == 0 || w.size(1) != k || bias.numel() != n || out.size(0) != m || out.size(1) != n ||
+      reinterpret_cast<uintptr_t>(device_data(bias)) % 16 != 0)
+    return false;
+  const int device = out.device().index;
+  cuda::DeviceGuard guard(device);
+  const auto type = [](DType d) { return d == kFloat32 ? CUDA_R_32F : d == kFloat16 ? CUDA_R_16F : CUDA_R_16BF; };
+  const cuda::Gemm g{type(t), type(out.dtype()), t == kFloat32 ? cuda::float32_compute() : CUBLAS_COMPUTE_32F,
+                     true, false, n, m, k, k, k, n, 0, 0, 0, 1, device_data(w), device_data(x), device_data(out)};
+  return cuda::lt_gemm(device, g, device_data(bias));
+}
+
 // out (M, N) = a (M, K) @ b (K, N) as cuBLAS sees it: out^T = b^T a^T, all column-major in place.
 bool CudaBackend::matmul_epilogue(const Tensor& a, const Tensor& b, const std::vector<EpilogueStep>& epilogue,
                                   const Tensor& out) {
@@ -208,7 +230,7 @@ bool CudaBackend::matmul_epilogue(const Tensor& a, const Tensor& b, const std::v
   const cuda::Gemm g{CUDA_R_32F, CUDA_R_32F, cuda::float32_compute(), false, false, n, m, k, n, k, n, 0, 0, 0, 1,
                      device_data(b), device_data(a), device_data(out)};
   size_t done = 0;
-  if (cuda::lt_gemm(device, g, bias ? static_cast<const float*>(device_data(first.operand)) : nullptr))
+  if (cuda::lt_gemm(device, g, bias ? device_data(first.operand) : nullptr))
     done = bias ? 1 : 0;
   else
     matmul(a, b, out);

@@ -25,9 +25,9 @@ struct Gemm {
 /// braid::float32_matmul_precision() is "high" or "medium".
 cublasComputeType_t float32_compute();
 
-/// g through cuBLASLt on device, plus bias (m float32 values, one per row of C: one per column of
-/// braid's row-major result) when not null. False where cuBLASLt has no algorithm for it (its
+/// g through cuBLASLt on device, plus bias (m values of C's type, one per row of C: one per column
+/// of braid's row-major result) when not null. False where cuBLASLt has no algorithm for it (its
 /// heuristic returns none), so that the caller runs cuBLAS; any other failure throws.
-bool lt_gemm(int device, const Gemm& g, const float* bias);
+bool lt_gemm(int device, const Gemm& g, const void* bias);
 
 }  // namespace braid::detail::cuda

@@ -86,6 +86,7 @@ namespace braid::detail {
   X(matmul_int8_epilogue, (const Tensor& a, int64_t a_zero, const Tensor& b, int64_t b_zero,                           \
                            const std::vector<EpilogueStep>& epilogue, const Tensor& out),                              \
     (a, a_zero, b, b_zero, epilogue, out))                                                                             \
+  X(linear_bias, (const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out), (x, w, bias, out))         \
   X(matmul_epilogue, (const Tensor& a, const Tensor& b, const std::vector<EpilogueStep>& epilogue, const Tensor& out), \
     (a, b, epilogue, out))                                                                                             \
   X(dequantize, (const Tensor& x, double scale, int64_t zero, const Tensor& out), (x, scale, zero, out))               \
