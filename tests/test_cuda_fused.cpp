@@ -238,6 +238,76 @@ TEST(CudaFused, MultiTensorAdamMatchesTheCpuBitForBit) {
   }
 }
 
+// Note [Multi-tensor SGD] (src/backend/cuda/sgd.cu): the entry against SGD's composite written as
+// CPU ops in its order, then the optimizer over 53 parameters (empty and one-element ones among
+// them, more than one launch takes), whose first step makes the buffers one by one and whose later
+// steps go through the entry; each of torch.optim.SGD's options; bitwise, as Adam's.
+TEST(CudaFused, MultiTensorSgdMatchesTheCpuBitForBit) {
+  REQUIRE_CUDA();
+  struct Case {
+    const char* name;
+    double momentum, dampening, weight_decay;
+    bool nesterov, maximize;
+  };
+  const Case cases[] = {{"momentum, weight decay", 0.9, 0, 1e-2, false, false},
+                        {"nesterov", 0.9, 0, 0, true, false},
+                        {"dampening, maximize", 0.8, 0.1, 1e-2, false, true},
+                        {"no momentum", 0, 0, 1e-2, false, false}};
+  for (const Case& c : cases)
+    for (DType t : {kFloat32, kFloat64}) {
+      const std::string what = std::string(c.name) + " " + dtype_name(t);
+      const detail::SgdStep s{0.05, c.momentum, c.dampening, c.weight_decay, c.nesterov, c.maximize};
+      // The entry: p, g, buf of 40 and 7 values.
+      auto entry = [&](Device dev) {
+        std::vector<detail::SgdTensors> list;
+        std::vector<Tensor> out;
+        uint32_t seed = 400;
+        for (int64_t n : {40, 7}) {
+          detail::SgdTensors q{values({n}, t, seed++, dev), values({n}, t, seed++, dev),
+                               c.momentum != 0 ? values({n}, t, seed++, dev) : Tensor()};
+          list.push_back(q);
+          out.push_back(q.p);
+          if (q.buf.defined()) out.push_back(q.buf);
+        }
+        if (dev.is_cpu()) {  // the composite's operations, in its order (SGD::update)
+          NoGradGuard no_grad;
+          for (detail::SgdTensors& q : list) {
+            Tensor d = c.maximize ? (c.weight_decay != 0 ? q.p * c.weight_decay - q.g : -q.g)
+                                  : (c.weight_decay != 0 ? q.p * c.weight_decay + q.g : q.g);
+            if (c.momentum != 0) {
+              q.buf.mul_(c.momentum);
+              q.buf.add_(c.dampening != 0 ? d * (1 - c.dampening) : d);
+              d = c.nesterov ? q.buf * c.momentum + d : q.buf;
+            }
+            q.p.add_(d * -s.lr);
+          }
+        } else {
+          EXPECT_TRUE(fused(dev).sgd_steps(list, s)) << what;
+        }
+        return concat(out);
+      };
+      expect_parity("sgd_steps " + what, Tol{}, entry);
+      std::vector<int64_t> sizes;
+      for (int k = 0; k < 53; ++k) sizes.push_back(k % 7 == 0 ? 0 : k % 5 == 0 ? 1 : 37 * k % 300 + 1);
+      auto steps = [&](Device dev) {
+        std::vector<Tensor> params;
+        uint32_t seed = 500;
+        for (int64_t n : sizes) params.push_back(values({n}, t, seed++, dev).set_requires_grad(true));
+        optim::SGD opt(params, optim::SGDOptions{0.05, c.momentum, c.dampening, c.weight_decay, c.nesterov, c.maximize});
+        for (int step = 0; step < 3; ++step) {
+          opt.zero_grad();
+          Tensor loss = zeros({}, t, dev);
+          for (size_t k = 0; k < params.size(); ++k)
+            if (!(step == 1 && k == 3)) loss = loss + (params[k] * params[k]).sum() * static_cast<double>(k + 1);
+          loss.backward();
+          opt.step();
+        }
+        return concat(params).detach();
+      };
+      expect_parity("SGD over 53 parameters, " + what, Tol{}, steps);
+    }
+}
+
 TEST(CudaFused, SoftmaxRowsMatchTheCpu) {
   REQUIRE_CUDA();
   // One value, short rows, rows longer than a block, specials (NaN rows, infinities, -inf rows).

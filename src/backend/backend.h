@@ -131,6 +131,18 @@ struct AdamTensors {
   Tensor p, g, m, v, max_v;
 };
 
+/// One multi-tensor SGD step's numbers (FusedKernels::sgd_steps): torch.optim.SGD's options.
+struct SgdStep {
+  double lr, momentum, dampening, weight_decay;
+  bool nesterov, maximize;
+};
+
+/// One parameter of sgd_steps: the parameter, its gradient and its momentum buffer (undefined
+/// without momentum).
+struct SgdTensors {
+  Tensor p, g, buf;
+};
+
 /// A backend's event; each backend derives its own (the default's is a host timestamp).
 struct BackendEvent {
   virtual ~BackendEvent() = default;
@@ -160,7 +172,7 @@ struct FusedKernelsEpilogueStep {
 // matmul_epilogue, matmul_int8_epilogue, elementwise_chain in src/ops/chain.cpp; linear_bias in
 // src/ops/linalg.cpp; aminmax and
 // softmax_rows in src/ops/reduce.cpp; layer_norm_rows and the channel_* passes in src/ops/norm.cpp;
-// channel_gate in src/ops/gate.cpp; adam_step in src/optim/adam.cpp; attention_forward and
+// channel_gate in src/ops/gate.cpp; adam_step in src/optim/adam.cpp; sgd_steps in src/optim/sgd.cpp; attention_forward and
 // attention_backward in src/ops/attention.cpp.
 class FusedKernels {
  public:
@@ -275,6 +287,13 @@ class FusedKernels {
   /// backend can (PyTorch's fused multi-tensor Adam): every parameter is stepped (true) or none is
   /// (false). The optimizer falls back to adam_step per parameter, then to the composite.
   virtual bool adam_steps(const std::vector<AdamTensors>& params, const AdamStep& s);
+  /// torch.optim.SGD's step after the first for each parameter (the momentum buffers exist, or the
+  /// momentum is 0): d = g (negated when maximize) + weight_decay * p; with momentum buf = momentum *
+  /// buf + (1 - dampening) * d and d = nesterov ? d + momentum * buf : buf; p += -lr * d. Each
+  /// operation one rounding in p's dtype, in the order of SGD::update's composite
+  /// (src/optim/sgd.cpp), so that the result is the composite's bit for bit. All contiguous, of one
+  /// dtype (float32 or float64) and one device.
+  virtual bool sgd_steps(const std::vector<SgdTensors>& params, const SgdStep& s);
   // Batch normalisation's passes over x viewed as (N, C, S), per channel c (src/ops/norm.cpp). All
   // contiguous and of one dtype, or mixed: x, g, a, b and out of one half dtype (float16 or
   // bfloat16) with the per-channel tensors (mean, var, sum_g, sum_gxc, sa, shift, b_mean, sb)

@@ -97,6 +97,7 @@ bool FusedKernels::conv2d_backward_weight(const Tensor&, const Tensor&, const Wi
   return false;
 }
 bool FusedKernels::matmul_int8(const Tensor&, int64_t, const Tensor&, int64_t, const Tensor&) { return false; }
+bool FusedKernels::sgd_steps(const std::vector<SgdTensors>&, const SgdStep&) { return false; }
 bool FusedKernels::linear_bias(const Tensor&, const Tensor&, const Tensor&, const Tensor&) { return false; }
 bool FusedKernels::matmul_epilogue(const Tensor&, const Tensor&, const std::vector<EpilogueStep>&, const Tensor&) {
   return false;

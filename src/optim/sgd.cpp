@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "backend/backend.h"
 #include "optim/update.h"
 
 namespace braid::optim {
@@ -72,6 +73,39 @@ void SGD::update(const ParamGroup& group, const Tensor& param, const Tensor& gra
   mul_into(scratch, d, -lr);
   Tensor p = param;
   p.add_(scratch);
+}
+
+// Runs of neighbours on one device and dtype that are past their first step (their momentum buffers
+// exist, or there is no momentum) go to the backend's multi-tensor step (Note [Multi-tensor SGD] in
+// src/backend/cuda/sgd.cu); the rest, and a backend without one, step one by one.
+void SGD::update_group(const ParamGroup& group, const std::vector<ParamUpdate>& params) {
+  const double momentum = group.get("momentum");
+  const braid::detail::SgdStep s{group.get("lr"), momentum, group.get("dampening"), group.get("weight_decay"),
+                                 group.get("nesterov") != 0, group.get("maximize") != 0};
+  const auto ready = [&](const ParamUpdate& u) { return momentum == 0 || u.state->tensors.count("momentum_buffer") > 0; };
+  for (size_t i = 0; i < params.size();) {
+    const Tensor& p0 = params[i].param;
+    size_t j = i;
+    while (j < params.size() && ready(params[j]) && params[j].param.device() == p0.device() &&
+           params[j].param.dtype() == p0.dtype())
+      ++j;
+    if (j - i > 1) {
+      std::vector<braid::detail::SgdTensors> run;
+      for (size_t k = i; k < j; ++k)
+        run.push_back({params[k].param, params[k].grad,
+                       momentum != 0 ? params[k].state->tensors.at("momentum_buffer") : Tensor()});
+      if (braid::detail::backend_for(p0.device()).fused().sgd_steps(run, s)) {
+        for (const auto& t : run)
+          for (const Tensor* u : {&t.p, &t.buf})
+            if (u->defined()) u->storage()->bump_version();  // Note [Storage versions]
+        i = j;
+        continue;
+      }
+    }
+    j = std::max(j, i + 1);
+    for (size_t k = i; k < j; ++k) update(group, params[k].param, params[k].grad, *params[k].state);
+    i = j;
+  }
 }
 
 }  // namespace braid::optim

@@ -35,6 +35,7 @@ class SGD : public Optimizer {
  protected:
   void check_options(const ParamGroup& group, size_t index) const override;
   void update(const ParamGroup& group, const Tensor& param, const Tensor& grad, ParamState& state) override;
+  void update_group(const ParamGroup& group, const std::vector<ParamUpdate>& params) override;
   std::vector<std::string> state_tensor_names() const override { return {"momentum_buffer"}; }
   std::vector<std::string> state_scalar_names() const override { return {}; }
 };

@@ -85,6 +85,7 @@ class CudaBackend final : public Backend, public FusedKernels {
   bool adam_step(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const Tensor& max_v,
                  const AdamStep& s) override;
   bool adam_steps(const std::vector<AdamTensors>& params, const AdamStep& s) override;
+  bool sgd_steps(const std::vector<SgdTensors>& params, const SgdStep& s) override;  // sgd.cu
   bool softmax_rows(const Tensor& x, const Tensor& out) override;
   bool log_softmax_rows(const Tensor& x, const Tensor& out) override;
   bool log_softmax_backward_rows(const Tensor& g, const Tensor& y, const Tensor& gx) override;

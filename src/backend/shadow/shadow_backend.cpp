@@ -109,6 +109,7 @@ namespace braid::detail {
   X(adam_step, (const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v, const Tensor& max_v,               \
                 const AdamStep& s), (p, g, m, v, max_v, s))                                                            \
   X(adam_steps, (const std::vector<AdamTensors>& params, const AdamStep& s), (params, s))                              \
+  X(sgd_steps, (const std::vector<SgdTensors>& params, const SgdStep& s), (params, s))                                \
   X(channel_moments, (const Tensor& x, const Tensor& mean, const Tensor& var), (x, mean, var))                         \
   X(channel_grad_sums, (const Tensor& g, const Tensor& x, const Tensor& mean, const Tensor& sum_g,                     \
                         const Tensor& sum_gxc), (g, x, mean, sum_g, sum_gxc))                                          \
@@ -152,6 +153,9 @@ struct Call {
   void find_anchor(const std::vector<AdamTensors>& params) {
     for (const AdamTensors& t : params) find_anchor(t.p);
   }
+  void find_anchor(const std::vector<SgdTensors>& params) {
+    for (const SgdTensors& t : params) find_anchor(t.p);
+  }
   template <typename A>
   void find_anchor(const A&) {}
 
@@ -192,9 +196,15 @@ struct Call {
     for (const AdamTensors& t : params) h.push_back({host(t.p), host(t.g), host(t.m), host(t.v), host(t.max_v)});
     return h;
   }
+  std::vector<SgdTensors> on_host(const std::vector<SgdTensors>& params) const {
+    std::vector<SgdTensors> h;
+    for (const SgdTensors& t : params) h.push_back({host(t.p), host(t.g), host(t.buf)});
+    return h;
+  }
   template <typename A>
     requires(!std::is_same_v<std::remove_cvref_t<A>, Tensor> && !std::is_same_v<std::remove_cvref_t<A>, Epilogue> &&
              !std::is_same_v<std::remove_cvref_t<A>, std::vector<AdamTensors>> &&
+             !std::is_same_v<std::remove_cvref_t<A>, std::vector<SgdTensors>> &&
              !std::is_same_v<std::remove_cvref_t<A>, std::vector<FusedKernels::EpilogueStep>> &&
              !std::is_same_v<std::remove_cvref_t<A>, std::vector<ChainStep>>)
   A&& on_host(A&& a) const {  // numbers, enums, windows, axes, the out-parameters of dynamic_quantize
