@@ -96,19 +96,20 @@ Tensor linear_composite(const Tensor& x, const Tensor& w, const Tensor& bias) {
   return y + (is_half(y.dtype()) && !is_half(bias.dtype()) && autocast_enabled() ? bias.to(y.dtype()) : bias);
 }
 
-// x (M, K) W^T + b as one node where the backend's linear_bias takes it, else the composite.
-Tensor linear_with_bias(const Tensor& x, const Tensor& w, const Tensor& bias) {
+// x (M, K) W^T + b as one node where the backend's linear_bias takes it; undefined where it does not,
+// its scratch released before the caller runs the composite (a peak of memory the composite alone
+// would not reach, which the recomputation tests measure).
+Tensor linear_node(const Tensor& x, const Tensor& w, const Tensor& bias) {
   if (active_trace() != nullptr || x.dim() != 2 || bias.dim() != 1 || bias.size(0) != w.size(0) ||
       x.device() != w.device() || bias.device() != x.device())
-    return linear_composite(x, w, bias);
+    return Tensor();
   const bool amp = autocasts(x, w) && autocast_eligible(bias);
   const DType in = amp ? autocast_dtype() : x.dtype(), out_dtype = amp ? autocast_output_dtype(x) : x.dtype();
-  if (!amp && (w.dtype() != in || bias.dtype() != in || (in != kFloat32 && !is_half(in))))
-    return linear_composite(x, w, bias);
+  if (!amp && (w.dtype() != in || bias.dtype() != in || (in != kFloat32 && !is_half(in)))) return Tensor();
   const Tensor a = contiguous_raw(cast_raw(x.detach(), in)), wt = contiguous_raw(cast_raw(w.detach(), in));
   Tensor out = new_tensor({x.size(0), w.size(0)}, out_dtype, x.device());
   if (!backend_of(x).fused().linear_bias(a, wt, contiguous_raw(cast_raw(bias.detach(), out_dtype)), out))
-    return linear_composite(x, w, bias);
+    return Tensor();
   if (!needs_grad({x, w, bias})) return out;
   return record("linear", out, {x, w, bias}, [a, wt, amp, in](const Tensor& g, Grads& r) {
     autocast off(amp ? in : kBFloat16, false);  // Note [Autocast]: the formulas run as outside a scope
@@ -133,7 +134,8 @@ Tensor nn::linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   BRAID_CHECK(x.dim() >= 1 && weight.dim() == 2 && x.size(-1) == weight.size(1), "linear: input shape ",
               shape_str(x.shape()), " does not match weight shape ", shape_str(weight.shape()));
   const Tensor x2 = x.dim() <= 2 ? x : x.reshape({-1, x.size(-1)});
-  Tensor y = bias.defined() ? linear_with_bias(x2, weight, bias) : matmul(x2, weight.mT());
+  Tensor y = bias.defined() ? linear_node(x2, weight, bias) : matmul(x2, weight.mT());
+  if (!y.defined()) y = linear_composite(x2, weight, bias);
   if (x.dim() <= 2) return y;
   Shape out = x.shape();
   out.back() = weight.size(0);
