@@ -114,5 +114,25 @@ TEST(ChannelsLastTraining, ActivationsStayChannelsLastAndMatchTheNchwStep) {
   }
 }
 
+// conv1d runs as conv2d over a height of 1, but keeps NCHW in training wherever conv2d would go
+// channels-last: a 3-d tensor has no channels-last layout, and a strided (N, C, L) output would
+// surprise what follows (a view of it, as in PyTorch, where conv1d's output is contiguous).
+TEST(ChannelsLastTraining, Conv1dKeepsItsLayout) {
+  const Device d = test::test_device();
+  Generator gen(11);
+  Tensor x = randn({2, 4, 9}, kFloat32, &gen, 0.0, 1.0, d), w = randn({6, 4, 3}, kFloat32, &gen, 0.0, 0.3, d);
+  x.set_requires_grad(true);
+  w.set_requires_grad(true);
+  Tensor y;
+  {
+    autocast scope(kBFloat16);
+    y = conv1d(x, w, Tensor(), 1, 1);
+  }
+  EXPECT_TRUE(y.is_contiguous()) << "strides " << shape_str(y.strides());
+  EXPECT_EQ(y.shape(), (Shape{2, 6, 9}));
+  y.to(kFloat32).sum().backward();
+  EXPECT_TRUE(x.grad().defined() && x.grad().shape() == x.shape());
+}
+
 }  // namespace
 }  // namespace braid

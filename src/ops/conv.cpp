@@ -376,8 +376,9 @@ Tensor conv_weight_grad(const Tensor& x, const ChannelMajor& g, const Window2d& 
 // operands and adds a float32 bias (Note [Autocast]).
 // With an epilogue, fused into the convolution only where nothing records: no gradient is needed
 // and no trace for export is active; otherwise the convolution's node and the activation's.
+// rows: conv1d's (a height of 1), NCHW in training too: a 3-d tensor has no channels-last layout.
 Tensor conv_recorded(const Tensor& x, const Tensor& w, const Tensor& bias_in, const Window2d& win, int64_t groups,
-                     const Epilogue& epilogue = Epilogue()) {
+                     const Epilogue& epilogue = Epilogue(), bool rows = false) {
   // Whether a node records this convolution (a gradient wanted, or a trace for export active).
   const bool records = (is_grad_enabled() &&
                         (x.requires_grad() || w.requires_grad() || (bias_in.defined() && bias_in.requires_grad()))) ||
@@ -394,7 +395,7 @@ Tensor conv_recorded(const Tensor& x, const Tensor& w, const Tensor& bias_in, co
   const DType out_dtype = output_dtype(x, amp);
   // Note [Channels-last training]: where the backend's passes want NHWC, x is laid out so (once,
   // at the first convolution) and y follows; otherwise NHWC only where no node records.
-  const bool nhwc = records && channels_last_enabled() &&
+  const bool nhwc = records && !rows && channels_last_enabled() &&
                     backend_of(x).fused().conv2d_prefers_channels_last(xs, ws, win, groups, true);
   if (nhwc) xs = as_channels_last(xs);
   Tensor out = conv_forward(xs, ws, bias.defined() ? bias.detach() : bias, win, groups, epilogue, !records || nhwc,
@@ -446,7 +447,8 @@ Tensor conv_nd(const char* op, const Tensor& x, const Tensor& w, const Tensor& b
   }
   if (spatial == 2) return conv_recorded(x, w, bias, make_window(axes[0], axes[1]), groups, epilogue);
   const Axis unit{1, 1, 1, 1, 0, 1};  // conv1d is conv2d over a height of 1
-  return conv_recorded(x.unsqueeze(2), w.unsqueeze(2), bias, make_window(unit, axes[0]), groups, epilogue).squeeze(2);
+  return conv_recorded(x.unsqueeze(2), w.unsqueeze(2), bias, make_window(unit, axes[0]), groups, epilogue, true)
+      .squeeze(2);
 }
 
 }  // namespace
